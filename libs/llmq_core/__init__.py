@@ -1,0 +1,1 @@
+"""Shared code of every llmq service: wire schemas, names, settings, clients, telemetry."""

@@ -1,0 +1,88 @@
+"""Every Kafka topic, Redis key and header name llmq uses, in one place."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- traffic classes and tiers (highest priority first) ---
+INTERACTIVE: Final = "interactive"
+NEAR_INTERACTIVE: Final = "near_interactive"
+DEFERRED: Final = "deferred"
+TRAFFIC_CLASSES: Final = (INTERACTIVE, NEAR_INTERACTIVE, DEFERRED)
+TIER_PAID: Final = "paid"
+TIER_FREE: Final = "free"
+TIERS: Final = (TIER_PAID, TIER_FREE)
+
+# --- Kafka topics ---
+TOPIC_REQUESTS_PREFIX: Final = "llmq.requests."
+TOPIC_BATCHES: Final = "llmq.batches"
+TOPIC_RESULTS: Final = "llmq.results"
+TOPIC_DEAD_LETTERS: Final = "llmq.dead-letters"
+
+
+def requests_topic(traffic_class: str) -> str:
+    """Kafka topic that carries GenerationRequests of one traffic class, e.g. ``llmq.requests.interactive``."""
+    return f"{TOPIC_REQUESTS_PREFIX}{traffic_class}"
+
+
+REQUEST_TOPICS: Final = tuple(requests_topic(c) for c in TRAFFIC_CLASSES)
+
+# --- Kafka consumer groups ---
+GROUP_BATCHER: Final = "llmq-batcher"
+GROUP_RESULT_ROUTER: Final = "llmq-result-router"
+
+
+def worker_group(partition: int) -> str:
+    """Consumer group that stores a worker's committed offset of its llmq.batches partition."""
+    return f"llmq-worker-{partition}"
+
+
+# --- Kafka headers ---
+HEADER_CONTENT_TYPE: Final = "content-type"
+HEADER_TRACEPARENT: Final = "traceparent"
+CONTENT_TYPE_MSGPACK: Final = "application/msgpack"
+CONTENT_TYPE_JSON: Final = "application/json"
+
+# --- Redis channels and keys ---
+REDIS_REPLIES_PREFIX: Final = "llmq:replies:"
+REDIS_HEARTBEATS_CHANNEL: Final = "llmq:heartbeats"
+REDIS_CANCELS_CHANNEL: Final = "llmq:cancels"
+REDIS_RESULT_PREFIX: Final = "llmq:results:"
+REDIS_DELIVERED_PREFIX: Final = "llmq:delivered:"
+REDIS_POD_PREFIX: Final = "llmq:pods:"
+REDIS_STATS_PREFIX: Final = "llmq:stats:"
+REDIS_ALIVE_PREFIX: Final = "llmq:alive:"
+STATS_BATCHER: Final = "llmq:stats:batcher"  # hash: batches, requests, flush_size, flush_wait, flush_drain
+
+
+def replies_channel(instance_id: str) -> str:
+    """Redis pub/sub channel of one API pod: token chunks and final results for the requests it holds."""
+    return f"{REDIS_REPLIES_PREFIX}{instance_id}"
+
+
+def result_key(request_id: str) -> str:
+    """Redis key of a stored FinalResult (msgpack), kept for ``result_ttl_s``."""
+    return f"{REDIS_RESULT_PREFIX}{request_id}"
+
+
+def delivered_key(request_id: str) -> str:
+    """Redis key set once a result was delivered to a Kafka reply topic: suppresses duplicate deliveries."""
+    return f"{REDIS_DELIVERED_PREFIX}{request_id}"
+
+
+def pod_key(instance_id: str) -> str:
+    """Redis key that exists while an API pod is alive (refreshed by its heartbeat, expires otherwise)."""
+    return f"{REDIS_POD_PREFIX}{instance_id}"
+
+
+def alive_key(service: str, instance: str) -> str:
+    """Redis key a running service process refreshes (PX ttl) with its latest heartbeat: ``llmq dev status`` reads it."""
+    return f"{REDIS_ALIVE_PREFIX}{service}:{instance}"
+
+
+# --- HTTP headers ---
+HTTP_REQUEST_ID: Final = "x-request-id"
+HTTP_TIMEOUT_MS: Final = "x-llmq-timeout-ms"
+HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
+HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
+HTTP_RETRY_AFTER: Final = "retry-after"

@@ -1,0 +1,100 @@
+"""Kafka clients as every llmq service configures them (aiokafka), and topic creation."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from llmq_core import wire
+from llmq_core.constants import (
+    CONTENT_TYPE_MSGPACK,
+    HEADER_CONTENT_TYPE,
+    REQUEST_TOPICS,
+    TOPIC_BATCHES,
+    TOPIC_DEAD_LETTERS,
+    TOPIC_RESULTS,
+)
+from llmq_core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
+    """An idempotent producer (acks=all) that waits at most 2 ms to group records."""
+    options = dict(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=2,
+        request_timeout_ms=10_000,
+    )
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def make_consumer(settings: Settings, *topics: str, group_id: str | None, **overrides) -> AIOKafkaConsumer:
+    """A consumer that commits by hand (at-least-once) and starts at the earliest uncommitted record."""
+    options = dict(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=500,
+        session_timeout_ms=10_000,
+        heartbeat_interval_ms=1_000,
+        rebalance_timeout_ms=10_000,
+    )
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)
+
+
+def headers(content_type: str = CONTENT_TYPE_MSGPACK) -> list[tuple[str, bytes]]:
+    return [(HEADER_CONTENT_TYPE, content_type.encode())]
+
+
+async def send_message(
+    producer: AIOKafkaProducer,
+    topic: str,
+    message: wire.Message,
+    *,
+    key: str | None = None,
+    partition: int | None = None,
+    content_type: str = CONTENT_TYPE_MSGPACK,
+):
+    """Produce one wire message and wait for the broker's acknowledgement. Returns its RecordMetadata."""
+    return await producer.send_and_wait(
+        topic,
+        wire.encode(message, content_type),
+        key=key.encode() if key else None,
+        partition=partition,
+        headers=headers(content_type),
+    )
+
+
+def topic_layout(settings: Settings) -> dict[str, int]:
+    """Every llmq topic and its partition count."""
+    layout = {topic: settings.request_topic_partitions for topic in REQUEST_TOPICS}
+    layout[TOPIC_BATCHES] = settings.batch_topic_partitions
+    layout[TOPIC_RESULTS] = settings.results_topic_partitions
+    layout[TOPIC_DEAD_LETTERS] = 1
+    return layout
+
+
+async def ensure_topics(settings: Settings) -> None:
+    """Create the llmq topics that do not exist yet (replication factor 1: local and test stacks)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(t, n, 1) for t, n in topic_layout(settings).items() if t not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+            log.info("created topics %s", [t.name for t in missing])
+    finally:
+        await admin.close()

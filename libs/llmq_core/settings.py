@@ -1,0 +1,49 @@
+"""Settings of every llmq service, from environment variables ``LLMQ_<NAME>`` (e.g. ``LLMQ_REDIS_URL``).
+
+README.md's configuration table lists them; keep the two together.
+"""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore")
+
+    # connections
+    kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+    # topics
+    request_topic_partitions: int = 4
+    batch_topic_partitions: int = 16
+    results_topic_partitions: int = 4
+
+    # api
+    instance_id: str = ""  # empty: generated at start (hostname + random suffix)
+    default_timeout_ms: int = 30_000
+    max_timeout_ms: int = 600_000
+    result_ttl_s: int = 3600
+    pod_heartbeat_interval_ms: int = 1000
+    pod_heartbeat_ttl_ms: int = 5000
+
+    # batcher
+    interactive_max_wait_ms: int = 0
+    near_interactive_max_wait_ms: int = 50
+    deferred_max_wait_ms: int = 500
+    fixed_engine_max_wait_ms: int = 20
+    worker_heartbeat_timeout_ms: int = 2000
+    batcher_max_queued: int = 100_000
+
+    # worker
+    heartbeat_interval_ms: int = 250
+
+    # ops
+    log_level: str = "INFO"
+    shutdown_grace_s: float = 10.0
+
+
+def load_settings() -> Settings:
+    """Settings from the environment (``LLMQ_*``), with the defaults above."""
+    return Settings()

@@ -1,0 +1,270 @@
+"""Wire messages of llmq: frozen, keyword-only, tagged, versioned msgspec Structs.
+
+Every Kafka value and Redis pub/sub payload is one of these. Kafka values are msgpack by default; internal producers may
+send JSON instead and say so in the ``content-type`` header (see :func:`decode`). New fields get defaults; a field never
+changes type. Times are epoch milliseconds (``*_ms``) unless the name says otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+import msgspec
+
+from llmq_core.constants import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK
+
+SCHEMA_VERSION = 1
+
+TrafficClass = Literal["interactive", "near_interactive", "deferred"]
+Tier = Literal["paid", "free"]
+Endpoint = Literal["completions", "chat.completions"]
+FlushReason = Literal["size", "wait", "drain"]
+FinishReason = Literal["stop", "length"]
+
+
+class Outcome(str, enum.Enum):
+    """Terminal outcome of one request. Per-request outcomes spell ``canceled`` (OpenAI batch statuses keep ``cancelled``)."""
+
+    SUCCEEDED = "succeeded"
+    ERRORED = "errored"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
+
+
+class RequestState(str, enum.Enum):
+    """Lifecycle of a request as one process sees it; the last four are terminal (see :data:`TERMINAL_STATES`)."""
+
+    ACCEPTED = "accepted"
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    ERRORED = "errored"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
+
+
+TERMINAL_STATES = frozenset({RequestState.SUCCEEDED, RequestState.ERRORED, RequestState.CANCELED, RequestState.EXPIRED})
+
+
+class _Struct(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of plain (untagged) nested structs."""
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of top-level wire messages: tagged by ``type``, versioned by ``schema_version``."""
+
+    schema_version: int = SCHEMA_VERSION
+
+
+# --- reply targets: where a request's outcome goes -------------------------------------------------------------------
+
+
+class HttpReply(_Struct, kw_only=True, tag="http", tag_field="kind"):
+    """The API pod ``instance_id`` holds the caller's connection; results go to its Redis channel."""
+
+    instance_id: str
+
+
+class KafkaReply(_Struct, kw_only=True, tag="kafka", tag_field="kind"):
+    """An internal producer consumes its results from Kafka ``topic`` (JSON or msgpack per ``content_type``)."""
+
+    topic: str
+    content_type: str = CONTENT_TYPE_JSON
+
+
+class JobReply(_Struct, kw_only=True, tag="job", tag_field="kind"):
+    """A line of batch job ``batch_id``, joined back by ``custom_id``."""
+
+    batch_id: str
+    custom_id: str
+
+
+ReplyTo = HttpReply | KafkaReply | JobReply
+
+
+# --- requests ----------------------------------------------------------------------------------------------------------
+
+
+class ChatMessage(_Struct, kw_only=True):
+    role: str
+    content: str
+
+
+class SamplingParams(_Struct, kw_only=True):
+    """OpenAI sampling controls. ``max_tokens`` counts completion tokens per choice; ``n`` is the number of choices."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = []
+    seed: int | None = None
+    n: int = 1
+
+
+class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
+    """One caller's request, as produced to ``llmq.requests.<traffic_class>`` (Kafka key = request_id).
+
+    Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set. ``deadline_ms`` is absolute (epoch ms);
+    ``prompt_tokens`` is the API pod's count with the model's tokenizer (0 when the producer did not count).
+    """
+
+    request_id: str
+    tenant_id: str = "default"
+    traffic_class: TrafficClass = "interactive"
+    tier: Tier = "paid"
+    model: str
+    endpoint: Endpoint = "completions"
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = SamplingParams()
+    stream: bool = False
+    created_ms: int
+    deadline_ms: int
+    reply_to: ReplyTo
+    attempt: int = 0
+    idempotency_key: str | None = None
+    prompt_tokens: int = 0
+
+
+class Batch(_Message, kw_only=True, tag="batch"):
+    """Requests of one model sent to one worker, produced to its partition of ``llmq.batches``."""
+
+    batch_id: str
+    worker_id: str
+    model: str
+    requests: list[GenerationRequest]
+    formed_ms: int
+    flush_reason: FlushReason
+
+
+class Cancel(_Message, kw_only=True, tag="cancel"):
+    """Drop ``request_id`` wherever it is (queued in the batcher or running on a worker)."""
+
+    request_id: str
+    reason: str = "client_disconnected"
+
+
+# --- results -----------------------------------------------------------------------------------------------------------
+
+
+class Usage(_Struct, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class Timings(_Struct, kw_only=True):
+    """Milliseconds: ``queued_ms`` from created to engine start, ``ttft_ms`` created to first token, ``total_ms`` to end."""
+
+    queued_ms: int = 0
+    ttft_ms: int = 0
+    total_ms: int = 0
+
+
+class ErrorInfo(_Struct, kw_only=True):
+    type: str
+    message: str
+    code: str | None = None
+    retryable: bool = False
+
+
+class Choice(_Struct, kw_only=True):
+    index: int
+    text: str
+    finish_reason: FinishReason | None = None
+
+
+class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
+    """New text of one choice of a streaming request; ``seq`` counts chunks of the request from 0."""
+
+    request_id: str
+    index: int = 0
+    text: str
+    seq: int
+    sent_ms: int
+
+
+class FinalResult(_Message, kw_only=True, tag="final_result"):
+    """The one terminal outcome of a request. Published to its pod (HTTP) and always to ``llmq.results``."""
+
+    request_id: str
+    outcome: Outcome
+    model: str
+    tenant_id: str = "default"
+    endpoint: Endpoint = "completions"
+    reply_to: ReplyTo
+    choices: list[Choice] = []
+    usage: Usage = Usage()
+    timings: Timings = Timings()
+    error: ErrorInfo | None = None
+    worker_id: str | None = None
+    created_ms: int = 0
+    finished_ms: int = 0
+    batch_size: int = 0
+
+
+# --- heartbeats --------------------------------------------------------------------------------------------------------
+
+
+class WorkerHeartbeat(_Message, kw_only=True, tag="worker_heartbeat"):
+    """A worker's capacity, sent every ``heartbeat_interval_ms`` on Redis channel ``llmq:heartbeats``.
+
+    ``free_slots`` = ``max_slots`` - running - queued. ``fixed_batch_time_ms`` > 0 marks a fixed-time batch engine (the
+    batcher then holds a short wait window). ``last_batch_id`` is the newest Batch the worker has taken from its partition,
+    so the batcher can subtract batches it dispatched since then from ``free_slots``.
+    """
+
+    worker_id: str
+    partition: int
+    model: str
+    max_slots: int
+    running: int
+    queued: int
+    free_slots: int
+    est_drain_ms: int
+    sent_ms: int
+    fixed_batch_time_ms: int = 0
+    context_window: int = 0
+    last_batch_id: str = ""
+
+
+class PodHeartbeat(_Message, kw_only=True, tag="pod_heartbeat"):
+    """An API pod is alive; work whose pod stops sending these is cancelled."""
+
+    instance_id: str
+    sent_ms: int
+
+
+Message = GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat
+
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_json_encoder = msgspec.json.Encoder()
+_msgpack_decoder = msgspec.msgpack.Decoder(Message)
+_json_decoder = msgspec.json.Decoder(Message)
+
+
+def encode(message: Message, content_type: str = CONTENT_TYPE_MSGPACK) -> bytes:
+    """Serialise a wire message as msgpack (default) or JSON."""
+    if content_type == CONTENT_TYPE_JSON:
+        return _json_encoder.encode(message)
+    return _msgpack_encoder.encode(message)
+
+
+def decode(data: bytes, content_type: str | None = None) -> Message:
+    """Parse a wire message. JSON when ``content_type`` says so or the payload starts with ``{``; msgpack otherwise.
+
+    Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` for undecodable or invalid payloads.
+    """
+    if content_type == CONTENT_TYPE_JSON or (content_type is None and data[:1] == b"{"):
+        return _json_decoder.decode(data)
+    return _msgpack_decoder.decode(data)
+
+
+def content_type_of(headers: list[tuple[str, bytes]] | tuple | None) -> str | None:
+    """The ``content-type`` header value of a Kafka record, if any."""
+    for key, value in headers or ():
+        if key == "content-type":
+            return value.decode()
+    return None
