@@ -44,3 +44,16 @@ class IncrementalDetokenizer:
     def finish(self) -> str:
         """Text still held back at the end of generation (incomplete trailing bytes are dropped)."""
         return self._decoder.decode(b"", final=True)
+
+
+def render_chat(messages: list[tuple[str, str]] | list) -> str:
+    """The prompt text of a chat for the built-in models: one ``<|role|>`` header line per message, then the assistant's.
+
+    ``messages`` holds ``(role, content)`` pairs or objects with ``role`` and ``content`` (e.g. ``wire.ChatMessage``).
+    """
+    parts = []
+    for message in messages:
+        role, content = message if isinstance(message, tuple) else (message.role, message.content)
+        parts.append(f"<|{role}|>\n{content}\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
