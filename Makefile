@@ -1,0 +1,43 @@
+# The two commands of README.md: `make demo` and `make test`. Each installs what is missing first (idempotent):
+# a .venv with the Python packages (uv, cached under ~/.cache/uv), redis-server and kcat (apt) and the Kafka broker's
+# jars (Maven Central, cached under ~/.cache/llmq).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := UV_PYTHON_DOWNLOADS=never python3 -m uv
+APT_PACKAGES := redis-server kcat
+
+.PHONY: setup demo test down clean
+
+setup: $(VENV)/.installed system-packages kafka
+
+$(VENV)/.installed: pyproject.toml
+	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	@[ -x $(PY) ] || $(UV) venv --quiet --python python3 $(VENV)
+	$(UV) pip install --quiet --python $(PY) -e ".[dev,worker]"
+	@touch $@
+
+.PHONY: system-packages
+system-packages:
+	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v kcat >/dev/null || missing="$$missing kcat"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing (apt)"; SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+.PHONY: kafka
+kafka: $(VENV)/.installed
+	@$(VENV)/bin/llmq dev install >/dev/null
+
+demo: setup
+	$(VENV)/bin/llmq demo
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+down:
+	$(VENV)/bin/llmq dev down
+
+clean: down
+	rm -rf var $(VENV)

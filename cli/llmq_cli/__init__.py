@@ -1,0 +1,1 @@
+"""The ``llmq`` command: local dev stack, demo, simulator and capacity math."""

@@ -1,0 +1,274 @@
+"""The local llmq stack as plain processes: Kafka, Redis, API pods, batcher, workers, result-router.
+
+Each process started here gets a pid file (``<state>/pids/<name>.json``) and a log file (``<state>/logs/<name>.log``);
+``down`` stops exactly those processes (it checks each pid's command line first) and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis as redis_sync
+
+from llmq_cli import kafka_dist
+from llmq_core import constants
+from llmq_core.kafka import ensure_topics
+from llmq_core.settings import Settings
+
+
+@dataclass(frozen=True)
+class ProcSpec:
+    """One process of the stack. ``marker`` must appear in its command line (guards against reused pids)."""
+
+    name: str
+    kind: str
+    argv: list[str]
+    marker: str
+    model: str = ""
+    port: int = 0
+    alive: str = ""  # Redis liveness key for services without an HTTP port
+
+
+@dataclass
+class StackConfig:
+    """Shape of a local stack. Ports are on 127.0.0.1."""
+
+    state_dir: Path = Path("var/dev")
+    kafka_port: int = 9092
+    redis_port: int = 6379
+    api_ports: tuple[int, ...] = (8000, 8001)
+    tiny_workers: int = 1
+    sim_workers: int = 2
+    sim_batch_time_ms: int = 500
+    sim_max_batch_size: int = 64
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def settings(self) -> Settings:
+        return Settings(kafka_bootstrap_servers=self.kafka_bootstrap, redis_url=self.redis_url)
+
+
+def _python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def service_specs(cfg: StackConfig) -> list[ProcSpec]:
+    """The llmq services of the stack (Kafka and Redis excluded), in start order."""
+    specs = [
+        ProcSpec(name="result-router", kind="result-router", marker="llmq_result_router.main",
+                 argv=_python_module("llmq_result_router.main", "--instance-id", "result-router-0"),
+                 alive=constants.alive_key("result-router", "result-router-0")),
+        ProcSpec(name="batcher", kind="batcher", marker="llmq_batcher.main",
+                 argv=_python_module("llmq_batcher.main", "--instance-id", "batcher-0"),
+                 alive=constants.alive_key("batcher", "batcher-0")),
+    ]
+    partition = 0
+    for model, engine, count, extra in (
+        ("llmq-tiny", "transformers", cfg.tiny_workers, []),
+        ("llmq-sim", "simulated", cfg.sim_workers,
+         ["--batch-time-ms", str(cfg.sim_batch_time_ms), "--max-batch-size", str(cfg.sim_max_batch_size)]),
+    ):
+        for i in range(count):
+            worker_id = f"{model.removeprefix('llmq-')}-{i}"
+            specs.append(ProcSpec(
+                name=f"worker-{worker_id}", kind="worker", marker="llmq_worker.main", model=model,
+                argv=_python_module("llmq_worker.main", "--worker-id", worker_id, "--partition", str(partition),
+                                    "--model", model, "--engine", engine, *extra),
+                alive=constants.alive_key("worker", worker_id),
+            ))
+            partition += 1
+    for i, port in enumerate(cfg.api_ports):
+        specs.append(ProcSpec(
+            name=f"api-{i}", kind="api", marker="llmq_api.main", port=port,
+            argv=_python_module("llmq_api.main", "--host", "127.0.0.1", "--port", str(port), "--instance-id", f"api-{i}"),
+        ))
+    return specs
+
+
+class DevStack:
+    """Starts, inspects and stops one local stack described by a :class:`StackConfig`."""
+
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.state = cfg.state_dir.resolve()
+        self.pids = self.state / "pids"
+        self.logs = self.state / "logs"
+
+    # --- start ---------------------------------------------------------------------------------------------------
+
+    def up(self, timeout_s: float = 180.0, log=print, services: bool = True) -> None:
+        """Start every process that is not running yet and wait until all are healthy. Raises RuntimeError otherwise.
+
+        ``services=False`` starts only Kafka and Redis (what the test suite needs under its own services).
+        """
+        for folder in (self.pids, self.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout_s
+        self._start_redis()
+        self._start_kafka()
+        _wait(lambda: _redis_ping(self.cfg.redis_url), deadline, "redis")
+        _wait(lambda: _tcp_open(self.cfg.kafka_port), deadline, "kafka")
+        _wait(lambda: _try(lambda: asyncio.run(ensure_topics(self.cfg.settings()))), deadline, "kafka topics")
+        for spec in service_specs(self.cfg) if services else ():
+            self._spawn(spec)
+        for row in self._wait_healthy(deadline):
+            log(f"  {row['name']:<18} pid {row['pid']:<8} {row['health']}")
+
+    def _start_redis(self) -> None:
+        spec = ProcSpec(name="redis", kind="redis", marker="redis-server",
+                        argv=["redis-server", "--port", str(self.cfg.redis_port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no", "--dir", str(self.state)])
+        self._spawn(spec)
+
+    def _start_kafka(self) -> None:
+        if self._running_pid("kafka"):
+            return
+        libs = kafka_dist.ensure_installed()
+        data = self.state / "kafka-data"
+        config = self.state / "kafka.properties"
+        config.write_text(kafka_dist.server_properties(data, self.cfg.kafka_port, self.cfg.kafka_port + 1))
+        log4j = self.state / "kafka-log4j2.yaml"
+        log4j.write_text(kafka_dist.LOG4J2_YAML)
+        kafka_dist.format_storage(libs, config, data)
+        argv = kafka_dist.java_command(libs, f"-Dlog4j2.configurationFile={log4j}", "kafka.Kafka", str(config))
+        self._spawn(ProcSpec(name="kafka", kind="kafka", marker="kafka.Kafka", argv=argv, port=self.cfg.kafka_port))
+
+    def _spawn(self, spec: ProcSpec) -> None:
+        if self._running_pid(spec.name):
+            return
+        env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": self.cfg.kafka_bootstrap,
+               "LLMQ_REDIS_URL": self.cfg.redis_url, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env}
+        with open(self.logs / f"{spec.name}.log", "ab") as log_file:
+            proc = subprocess.Popen(spec.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+        record = {"pid": proc.pid, "kind": spec.kind, "model": spec.model, "port": spec.port, "alive": spec.alive,
+                  "marker": spec.marker, "started": time.time()}
+        (self.pids / f"{spec.name}.json").write_text(json.dumps(record))
+
+    def _wait_healthy(self, deadline: float) -> list[dict]:
+        while True:
+            rows = self.status()
+            if all(row["health"] == "healthy" for row in rows):
+                return rows
+            dead = [row["name"] for row in rows if row["health"] == "exited"]
+            if dead or time.monotonic() > deadline:
+                bad = dead or [row["name"] for row in rows if row["health"] != "healthy"]
+                raise RuntimeError(f"not healthy: {', '.join(bad)}; see logs in {self.logs}")
+            time.sleep(0.5)
+
+    # --- inspect -------------------------------------------------------------------------------------------------
+
+    def _records(self) -> list[tuple[str, dict]]:
+        if not self.pids.exists():
+            return []
+        return [(path.stem, json.loads(path.read_text())) for path in sorted(self.pids.glob("*.json"))]
+
+    def _running_pid(self, name: str) -> int | None:
+        path = self.pids / f"{name}.json"
+        if not path.exists():
+            return None
+        record = json.loads(path.read_text())
+        return record["pid"] if _is_ours(record["pid"], record["marker"]) else None
+
+    def status(self) -> list[dict]:
+        """One row per process started here: name, kind, model, pid, health (healthy | starting | exited)."""
+        client = redis_sync.Redis.from_url(self.cfg.redis_url, socket_timeout=1)
+        rows = []
+        for name, record in self._records():
+            health = "exited"
+            if _is_ours(record["pid"], record["marker"]):
+                health = "healthy" if _healthy(record, self.cfg, client) else "starting"
+            rows.append({"name": name, "kind": record["kind"], "model": record["model"], "pid": record["pid"],
+                         "port": record["port"], "health": health, "log": str(self.logs / f"{name}.log")})
+        return rows
+
+    # --- stop ----------------------------------------------------------------------------------------------------
+
+    def down(self, timeout_s: float = 20.0) -> list[str]:
+        """SIGTERM every process started here (services first, Kafka and Redis last); SIGKILL what outlives the bound."""
+        order = {"api": 0, "batcher": 1, "worker": 2, "result-router": 3, "kafka": 4, "redis": 5}
+        stopped = []
+        records = sorted(self._records(), key=lambda item: order.get(item[1]["kind"], 9))
+        for group in sorted({order.get(r["kind"], 9) for _, r in records}):
+            members = [(n, r) for n, r in records if order.get(r["kind"], 9) == group]
+            for name, record in members:
+                if _is_ours(record["pid"], record["marker"]):
+                    os.killpg(record["pid"], signal.SIGTERM)
+            for name, record in members:
+                _wait_gone(record["pid"], record["marker"], timeout_s)
+                (self.pids / f"{name}.json").unlink(missing_ok=True)
+                stopped.append(name)
+        return stopped
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _is_ours(pid: int, marker: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return marker in cmdline and stat.split(")")[-1].split()[0] != "Z"
+
+
+def _wait_gone(pid: int, marker: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _is_ours(pid, marker):
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+        time.sleep(0.1)
+
+
+def _healthy(record: dict, cfg: StackConfig, client: redis_sync.Redis) -> bool:
+    kind = record["kind"]
+    if kind == "redis":
+        return _redis_ping(cfg.redis_url)
+    if kind == "kafka":
+        return _tcp_open(record["port"])
+    if kind == "api":
+        return _try(lambda: httpx.get(f"http://127.0.0.1:{record['port']}/readyz", timeout=1).status_code == 200)
+    return _try(lambda: bool(client.exists(record["alive"])))
+
+
+def _redis_ping(url: str) -> bool:
+    return _try(lambda: redis_sync.Redis.from_url(url, socket_timeout=1).ping())
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _try(check) -> bool:
+    try:
+        return bool(check())
+    except Exception:
+        return False
+
+
+def _wait(check, deadline: float, what: str) -> None:
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up in time")
+        time.sleep(0.3)

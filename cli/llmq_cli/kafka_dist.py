@@ -1,0 +1,116 @@
+"""An Apache Kafka broker (KRaft) assembled from Maven Central jars, cached outside the clone.
+
+apache.org downloads may be unreachable where Maven Central is not, so the broker's jars are resolved with Maven into
+``~/.cache/llmq/kafka-<version>-r<recipe>/libs`` once; every later clone reuses them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+KAFKA_VERSION = os.environ.get("LLMQ_KAFKA_VERSION", "4.1.2")
+LOG4J_VERSION = "2.24.3"
+RECIPE = 2  # bump when the jar set changes, so caches of an older recipe are not reused
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
+
+POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dev.llmq</groupId><artifactId>kafka-broker</artifactId><version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+LOG4J2_YAML = """Configuration:
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        Pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+    Logger:
+      - name: kafka.server.BrokerServer
+        level: INFO
+"""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LLMQ_CACHE_DIR", Path.home() / ".cache" / "llmq"))
+
+
+def libs_dir(version: str = KAFKA_VERSION) -> Path:
+    return cache_dir() / f"kafka-{version}-r{RECIPE}" / "libs"
+
+
+def ensure_installed(version: str = KAFKA_VERSION) -> Path:
+    """Resolve the broker's jars with Maven unless cached. Returns the folder of jars.
+
+    Raises RuntimeError when Maven is missing or the resolution fails.
+    """
+    libs = libs_dir(version)
+    marker = libs.parent / ".complete"
+    if marker.exists():
+        return libs
+    if shutil.which("mvn") is None:
+        raise RuntimeError("mvn (Apache Maven) is required to assemble the Kafka broker: apt-get install maven")
+    libs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        pom = Path(work) / "pom.xml"
+        pom.write_text(POM.format(kafka=version, log4j=LOG4J_VERSION))
+        subprocess.run(
+            ["mvn", "-B", "-q", "-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+             f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+            check=True,
+        )
+    marker.touch()
+    return libs
+
+
+def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+    """A single-node KRaft broker+controller on 127.0.0.1, tuned for fast consumer-group joins in tests."""
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={data_dir}",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=4",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "num.partitions=1",
+        "auto.create.topics.enable=true",
+        "",
+    ])
+
+
+def java_command(libs: Path, *args: str, heap: str = "-Xmx512m") -> list[str]:
+    return ["java", "-Xms256m", heap, "-XX:+UseSerialGC", "-cp", f"{libs}/*", *args]
+
+
+def format_storage(libs: Path, config: Path, data_dir: Path) -> None:
+    """Format the KRaft storage once (a formatted data dir is kept: re-formatting with a new cluster id would fail)."""
+    if (data_dir / "meta.properties").exists():
+        return
+    cluster_id = subprocess.run(
+        java_command(libs, "kafka.tools.StorageTool", "random-uuid"), check=True, capture_output=True, text=True
+    ).stdout.strip().splitlines()[-1]
+    subprocess.run(
+        java_command(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), "--ignore-formatted"),
+        check=True, capture_output=True,
+    )

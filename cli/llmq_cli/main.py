@@ -1,0 +1,123 @@
+"""``llmq``: the command line of the project (local stack, demo, simulator, capacity math)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmq_cli import demo as demo_mod
+from llmq_cli import kafka_dist, prompts
+from llmq_cli.devstack import DevStack, StackConfig
+
+app = typer.Typer(help="llmq: a batching system for LLM queries over Kafka and Redis.", no_args_is_help=True)
+dev = typer.Typer(help="Run the local stack as processes (Kafka, Redis, API pods, batcher, workers, result-router).",
+                  no_args_is_help=True)
+app.add_typer(dev, name="dev")
+console = Console()
+
+STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
+
+
+def _stack(state_dir: Path, tiny_workers: int = 1, sim_workers: int = 2, sim_batch_time_ms: int = 500) -> DevStack:
+    return DevStack(StackConfig(state_dir=state_dir, tiny_workers=tiny_workers, sim_workers=sim_workers,
+                                sim_batch_time_ms=sim_batch_time_ms))
+
+
+@dev.command("install")
+def dev_install() -> None:
+    """Assemble the Kafka broker from Maven Central (cached under ~/.cache/llmq)."""
+    console.print(f"kafka jars: {kafka_dist.ensure_installed()}")
+
+
+@dev.command("up")
+def dev_up(
+    state_dir: Path = STATE_DIR,
+    tiny_workers: int = typer.Option(1, help="Workers serving llmq-tiny (transformers engine)."),
+    sim_workers: int = typer.Option(2, help="Workers serving llmq-sim (simulated engine)."),
+    sim_batch_time_ms: int = typer.Option(500, help="llmq-sim's fixed time per batch, ms."),
+) -> None:
+    """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
+    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms)
+    started = time.perf_counter()
+    try:
+        stack.up(log=console.print)
+    except RuntimeError as exc:
+        console.print(f"[red]dev up failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"stack healthy in {time.perf_counter() - started:.1f}s; logs in {stack.logs}")
+
+
+@dev.command("status")
+def dev_status(state_dir: Path = STATE_DIR, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Each process the stack started: name, model, pid and health."""
+    rows = DevStack(StackConfig(state_dir=state_dir)).status()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("process", "kind", "model", "pid", "port", "health")
+    for row in rows:
+        colour = {"healthy": "green", "starting": "yellow"}.get(row["health"], "red")
+        table.add_row(row["name"], row["kind"], row["model"], str(row["pid"]), str(row["port"] or ""),
+                      f"[{colour}]{row['health']}[/{colour}]")
+    console.print(table)
+
+
+@dev.command("down")
+def dev_down(state_dir: Path = STATE_DIR) -> None:
+    """Stop exactly the processes `llmq dev up` started (from their pid files)."""
+    stopped = DevStack(StackConfig(state_dir=state_dir)).down()
+    console.print(f"stopped: {', '.join(stopped) or 'nothing'}")
+
+
+@app.command("prompts")
+def make_prompts(count: int = typer.Option(300), seed: int = typer.Option(0),
+                 output: Path = typer.Option(Path("var/demo/prompts-code.jsonl"), "-o")) -> None:
+    """Write code-completion prompts cut from this machine's Python standard library as JSONL."""
+    console.print(f"wrote {prompts.write_jsonl(prompts.cut_prompts(count, seed=seed), output)}")
+
+
+@app.command("demo")
+def run_demo(
+    requests: int = typer.Option(300, help="How many prompts to send."),
+    concurrency: int = typer.Option(32, help="Requests in flight at once."),
+    models: str = typer.Option("llmq-tiny,llmq-sim", help="Comma-separated models, used in turn."),
+    up: bool = typer.Option(True, help="Start the local stack first (no-op for what already runs)."),
+    state_dir: Path = STATE_DIR,
+) -> None:
+    """Send real code-completion prompts through the openai SDK to both API pods and print a latency table."""
+    stack = _stack(state_dir)
+    if up:
+        dev_up(state_dir=state_dir, tiny_workers=1, sim_workers=2, sim_batch_time_ms=500)
+    cut = prompts.cut_prompts(requests)
+    prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
+    batches_before, requests_before = demo_mod.batcher_counts(stack.cfg.redis_url)
+    started = time.perf_counter()
+    reports = asyncio.run(demo_mod.run_demo(cut, [f"http://127.0.0.1:{p}/v1" for p in stack.cfg.api_ports],
+                                            models.split(","), concurrency))
+    wall_s = time.perf_counter() - started
+    batches_after, requests_after = demo_mod.batcher_counts(stack.cfg.redis_url)
+    batches = batches_after - batches_before
+    mean_batch = (requests_after - requests_before) / batches if batches else 0.0
+    table = Table("model", "requests", "successes", "errors", "p50 ms", "p95 ms", "p99 ms",
+                  title=f"llmq demo: {requests} prompts, {concurrency} in flight, {wall_s:.1f}s, "
+                        f"mean batch size {mean_batch:.1f}")
+    rows = demo_mod.summary_rows(reports)
+    for row in rows:
+        table.add_row(row["model"], str(row["requests"]), str(row["successes"]), str(row["errors"]),
+                      f"{row['p50_ms']:.0f}", f"{row['p95_ms']:.0f}", f"{row['p99_ms']:.0f}")
+    console.print(table)
+    if any(row["errors"] for row in rows):
+        for report in reports:
+            if report.errors:
+                console.print(f"[red]{report.model} errors:[/red] {report.errors}")
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,57 @@
+"""Code-completion prompts cut from the Python standard library's own source files on this machine.
+
+Each prompt is the code before a cursor placed at random in a stdlib module (sometimes mid-line), as an IDE plugin would
+send it. Deterministic for a given seed and Python installation; needs nothing outside the machine.
+"""
+
+from __future__ import annotations
+
+import random
+import sysconfig
+from pathlib import Path
+
+import msgspec
+
+
+class CodePrompt(msgspec.Struct, frozen=True, kw_only=True):
+    """One JSONL line: ``id`` (module-offset), ``prompt`` (code before the cursor) and ``max_tokens``."""
+
+    id: str
+    prompt: str
+    max_tokens: int
+
+
+def stdlib_sources() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
+
+
+def cut_prompts(count: int, *, seed: int = 0, min_chars: int = 200, max_chars: int = 3000) -> list[CodePrompt]:
+    """``count`` prompts of ``min_chars``..``max_chars`` characters; a third end mid-line, the rest at a line end."""
+    rng = random.Random(seed)
+    sources = stdlib_sources()
+    prompts = []
+    while len(prompts) < count:
+        path = rng.choice(sources)
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        cursor = rng.randrange(min_chars, len(text))
+        if rng.random() >= 1 / 3:  # snap the cursor to the end of its line
+            end = text.find("\n", cursor)
+            cursor = end + 1 if end != -1 else len(text)
+        start = max(0, cursor - rng.randrange(min_chars, max_chars))
+        prompt = text[start:cursor]
+        if prompt.strip():
+            prompts.append(CodePrompt(id=f"{path.stem}-{cursor}", prompt=prompt, max_tokens=rng.choice((16, 32, 48, 64))))
+    return prompts
+
+
+def write_jsonl(prompts: list[CodePrompt], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    encoder = msgspec.json.Encoder()
+    path.write_bytes(b"".join(encoder.encode(p) + b"\n" for p in prompts))
+    return path
+
+
+def read_jsonl(path: Path) -> list[CodePrompt]:
+    decoder = msgspec.json.Decoder(CodePrompt)
+    return [decoder.decode(line) for line in path.read_bytes().splitlines() if line.strip()]

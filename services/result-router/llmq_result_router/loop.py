@@ -1,0 +1,76 @@
+"""The result-router loop: consume llmq.results -> plan -> store in Redis / produce to reply topics -> commit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from redis.asyncio import Redis
+
+from llmq_core import constants, kafka, wire
+from llmq_core.settings import Settings
+from llmq_result_router.routing import Delivery, plan_delivery
+
+log = logging.getLogger(__name__)
+
+
+class ResultRouter:
+    """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery."""
+
+    def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis) -> None:
+        self.settings = settings
+        self.consumer = consumer
+        self.producer = producer
+        self.redis = redis
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            batches = await self.consumer.getmany(timeout_ms=200, max_records=500)
+            for records in batches.values():
+                for record in records:
+                    await self._handle(record)
+            if batches:
+                await self.consumer.commit()
+
+    async def _handle(self, record) -> None:
+        try:
+            message = wire.decode(record.value, wire.content_type_of(record.headers))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self._dead_letter(record, str(exc))
+            return
+        if not isinstance(message, wire.FinalResult):
+            await self._dead_letter(record, f"not a final_result: {type(message).__name__}")
+            return
+        await self._deliver(plan_delivery(message))
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        ttl_ms = self.settings.result_ttl_s * 1000
+        # The first stored result wins: a redelivered duplicate never overwrites what callers may already have read.
+        await self.redis.set(constants.result_key(delivery.request_id), delivery.store, px=ttl_ms, nx=True)
+        if delivery.reply_topic is None:
+            return
+        key = constants.delivered_key(delivery.request_id)
+        if await self.redis.exists(key):
+            return  # already answered once; this is a redelivery
+        await self.producer.send_and_wait(
+            delivery.reply_topic,
+            delivery.reply_value,
+            key=delivery.request_id.encode(),
+            headers=kafka.headers(delivery.reply_content_type),
+        )
+        await self.redis.set(key, b"1", px=ttl_ms)
+
+    async def _dead_letter(self, record, reason: str) -> None:
+        log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
+        await self.producer.send_and_wait(
+            constants.TOPIC_DEAD_LETTERS,
+            record.value,
+            key=record.key,
+            headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])],
+        )

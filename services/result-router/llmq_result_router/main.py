@@ -1,0 +1,53 @@
+"""result-router process: wires settings, clients and logging to the ResultRouter loop.
+
+Run: ``python -m llmq_result_router.main [--instance-id ID]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+
+from redis.asyncio import Redis
+
+from llmq_core import constants, kafka, runtime
+from llmq_core.settings import load_settings
+from llmq_core.telemetry import setup_logging
+from llmq_result_router.loop import ResultRouter
+
+
+async def serve(instance_id: str) -> None:
+    settings = load_settings()
+    setup_logging("result-router", settings.log_level)
+    await kafka.ensure_topics(settings)
+    redis = Redis.from_url(settings.redis_url)
+    producer = kafka.make_producer(settings)
+    consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
+    await producer.start()
+    await consumer.start()
+    router = ResultRouter(settings, consumer, producer, redis)
+    stop = runtime.stop_event()
+    alive = asyncio.create_task(runtime.keep_alive(redis, "result-router", instance_id, {"pid": os.getpid()}))
+    task = asyncio.create_task(router.run())
+    await stop.wait()
+    router.stop()
+    try:
+        await asyncio.wait_for(task, settings.shutdown_grace_s)
+    finally:
+        alive.cancel()
+        await consumer.stop()
+        await producer.stop()
+        await redis.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="llmq result-router")
+    parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
+    args = parser.parse_args()
+    runtime.run(lambda: serve(args.instance_id))
+
+
+if __name__ == "__main__":
+    main()
