@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     result_ttl_s: int = 3600
     pod_heartbeat_interval_ms: int = 1000
     pod_heartbeat_ttl_ms: int = 5000
+    api_max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
+    api_produce_timeout_ms: int = 2000  # bound on producing one request to Kafka; past it the client gets 503
+    api_max_in_flight: int = 10_000  # waiters per pod; past it new requests get 429
 
     # batcher
     interactive_max_wait_ms: int = 0
