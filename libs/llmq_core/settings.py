@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     fixed_engine_max_wait_ms: int = 20
     worker_heartbeat_timeout_ms: int = 2000
     batcher_max_queued: int = 100_000
+    batcher_deferred_reserved_share: float = 0.25  # share of each worker's slots deferred work never fills
+    batcher_tenant_max_inflight: int = 4096  # dispatched, not yet finished requests per tenant
+    batcher_tenant_weights: dict[str, float] = {}  # fair-share weight per tenant_id (JSON in env); others weigh 1
 
     # worker
     heartbeat_interval_ms: int = 250
