@@ -1,0 +1,1 @@
+"""batcher: forms accelerator batches from queued requests and routes each to a worker."""

@@ -1,0 +1,290 @@
+"""The batcher loop: consume requests and signals -> policy.schedule -> produce batches and answers -> commit.
+
+Tasks: Kafka request consumer (GROUP_BATCHER, manual commits), Redis subscriber (heartbeats, cancels), an optional
+llmq.results tail (feeds ``policy.on_result``), and the decider, which runs the policy on every event and at its
+wake-up time. All of them share one asyncio thread, so the policy needs no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from redis.asyncio import Redis
+
+from llmq_core import constants, kafka, wire
+from llmq_core.clock import Clock
+from llmq_batcher.offsets import OffsetTracker
+from llmq_batcher.outcomes import final_result
+from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
+
+log = logging.getLogger(__name__)
+
+COMMIT_INTERVAL_MS = 200
+LOAD_STATS_INTERVAL_MS = 1000
+IDLE_WAKE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Topics, channels and keys the loop uses: llmq's own by default; tests pass private ones."""
+
+    request_topics: tuple[str, ...] = constants.REQUEST_TOPICS
+    deferred_topic: str = constants.requests_topic(constants.DEFERRED)
+    batches_topic: str = constants.TOPIC_BATCHES
+    results_topic: str = constants.TOPIC_RESULTS
+    dead_letters_topic: str = constants.TOPIC_DEAD_LETTERS
+    heartbeats_channel: str = constants.REDIS_HEARTBEATS_CHANNEL
+    cancels_channel: str = constants.REDIS_CANCELS_CHANNEL
+    stats_key: str = constants.STATS_BATCHER
+
+
+class BatcherLoop:
+    """Owns the policy and the offsets; ``run()`` returns after ``stop()`` once held work is dispatched or uncommitted."""
+
+    def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
+                 clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
+                 names: Names = Names()) -> None:
+        self.policy = policy
+        self.consumer = consumer
+        self.producer = producer
+        self.redis = redis
+        self.results = results
+        self.clock = clock
+        self.max_queued = max_queued
+        self.names = names
+        self.offsets = OffsetTracker()
+        self._held: dict[str, list[tuple[TopicPartition, int]]] = {}  # request id -> records not settled yet
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._last_commit_ms = 0
+        self._last_load_ms = 0
+
+    def subscribe(self) -> None:
+        """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
+        self.consumer.subscribe(list(self.names.request_topics), listener=_Revocations(self))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        feeders = [asyncio.create_task(self._consume()), asyncio.create_task(self._signals())]
+        if self.results is not None:
+            feeders.append(asyncio.create_task(self._tail_results()))
+        try:
+            await self._decide()
+        finally:
+            for task in feeders:
+                task.cancel()
+            await asyncio.gather(*feeders, return_exceptions=True)
+
+    # --- inputs -------------------------------------------------------------------------------------------------------
+
+    async def _consume(self) -> None:
+        while not self._stopping.is_set():
+            records = await self.consumer.getmany(timeout_ms=100, max_records=500)
+            for tp, batch in records.items():
+                for record in batch:
+                    await self._ingest(tp, record)
+            if records:
+                self._wake.set()
+
+    async def _ingest(self, tp: TopicPartition, record) -> None:
+        self.offsets.track(tp, record.offset)
+        try:
+            message = wire.decode(record.value, wire.content_type_of(record.headers))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self._dead_letter(tp, record, str(exc))
+            return
+        if not isinstance(message, wire.GenerationRequest):
+            await self._dead_letter(tp, record, f"not a generation_request: {type(message).__name__}")
+            return
+        status = self.policy.add(message)
+        if status is AddStatus.DUPLICATE and message.request_id not in self._held:
+            self.offsets.settle(tp, record.offset)  # its twin already went out
+        else:
+            self._held.setdefault(message.request_id, []).append((tp, record.offset))
+
+    async def _signals(self) -> None:
+        pubsub = self.redis.pubsub()
+        await pubsub.subscribe(self.names.heartbeats_channel, self.names.cancels_channel)
+        try:
+            while not self._stopping.is_set():
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+                if message is not None:
+                    self._on_signal(message["data"])
+        finally:
+            await pubsub.aclose()
+
+    def _on_signal(self, data: bytes) -> None:
+        try:
+            message = wire.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("ignoring undecodable signal: %s", exc)
+            return
+        if isinstance(message, wire.WorkerHeartbeat):
+            self.policy.on_heartbeat(message)
+        elif isinstance(message, wire.Cancel):
+            self.policy.cancel(message.request_id, message.reason)
+        else:
+            return
+        self._wake.set()
+
+    async def _tail_results(self) -> None:
+        while not self._stopping.is_set():
+            records = await self.results.getmany(timeout_ms=200, max_records=1000)
+            for batch in records.values():
+                for record in batch:
+                    if record.key:
+                        self.policy.on_result(record.key.decode())
+            if records:
+                self._wake.set()
+
+    # --- decisions and outputs ----------------------------------------------------------------------------------------
+
+    async def _decide(self) -> None:
+        while True:
+            stopping = self._stopping.is_set()
+            decision = self.policy.schedule(self.clock.now_ms(), drain=stopping)
+            await self._act(decision)
+            self._pause_deferred()
+            await self._commit(force=stopping)
+            if stopping:
+                return
+            await self._sleep_until(decision.next_wake_ms)
+
+    async def _sleep_until(self, wake_ms: int | None) -> None:
+        timeout_s = IDLE_WAKE_S if wake_ms is None else min(max(wake_ms - self.clock.now_ms(), 0) / 1000, IDLE_WAKE_S)
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def _act(self, decision: Decision) -> None:
+        sent = await asyncio.gather(*(self._send_batch(b) for b in decision.batches))
+        await asyncio.gather(*(self._send_answer(a) for a in decision.answers))
+        for request_id in decision.dropped:
+            self._settle(request_id)
+        await self._record_stats([b for b, ok in zip(decision.batches, sent) if ok], decision)
+
+    async def _send_batch(self, batch: BatchDispatch) -> bool:
+        try:
+            await kafka.send_message(self.producer, self.names.batches_topic, batch.to_wire(), key=batch.batch_id,
+                                     partition=batch.partition)
+        except Exception as exc:  # broker trouble: hand the requests back to the policy, they go out again later
+            log.error("producing batch failed, re-queueing: %s", exc, extra={"batch_id": batch.batch_id})
+            self.policy.undispatch(batch)
+            return False
+        for request in batch.requests:
+            self._settle(request.request_id)
+        return True
+
+    async def _send_answer(self, answer: Answer) -> None:
+        result = final_result(answer, self.clock.now_ms())
+        payload = wire.encode(result)
+        try:
+            if isinstance(result.reply_to, wire.HttpReply):
+                await self.redis.publish(constants.replies_channel(result.reply_to.instance_id), payload)
+            await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id)
+        except Exception as exc:  # left unsettled: the request is redelivered after a restart and answered again
+            log.error("answering %s failed: %s", result.outcome.value, exc, extra={"request_id": result.request_id})
+            return
+        self._settle(result.request_id)
+
+    def _settle(self, request_id: str) -> None:
+        for tp, offset in self._held.pop(request_id, ()):
+            self.offsets.settle(tp, offset)
+
+    async def _dead_letter(self, tp: TopicPartition, record, reason: str) -> None:
+        log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
+        headers = list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])]
+        await self.producer.send_and_wait(self.names.dead_letters_topic, record.value, key=record.key, headers=headers)
+        self.offsets.settle(tp, record.offset)
+
+    def _pause_deferred(self) -> None:
+        """Deferred records stay in Kafka while other work waits, no worker has idle room, or the queue is half full."""
+        now_ms = self.clock.now_ms()
+        blocked = self.policy.deferred_blocked(now_ms) or self.policy.queued_total * 2 >= self.max_queued
+        deferred = [tp for tp in self.consumer.assignment() if tp.topic == self.names.deferred_topic]
+        paused = self.consumer.paused()
+        if blocked:
+            todo = [tp for tp in deferred if tp not in paused]
+            if todo:
+                self.consumer.pause(*todo)
+        else:
+            todo = [tp for tp in deferred if tp in paused]
+            if todo:
+                self.consumer.resume(*todo)
+
+    async def _commit(self, force: bool = False) -> None:
+        now_ms = self.clock.now_ms()
+        if not force and now_ms - self._last_commit_ms < COMMIT_INTERVAL_MS:
+            return
+        positions = self.offsets.commit_positions()
+        if not positions:
+            return
+        assigned = self.consumer.assignment()
+        positions = {tp: offset for tp, offset in positions.items() if tp in assigned}
+        try:
+            if positions:
+                await self.consumer.commit(positions)
+                self.offsets.mark_committed(positions)
+        except Exception as exc:  # a rebalance in progress: the next round retries
+            log.warning("offset commit failed: %s", exc)
+        self._last_commit_ms = now_ms
+
+    async def _record_stats(self, sent: list[BatchDispatch], decision: Decision) -> None:
+        counts: Counter[str] = Counter()
+        for batch in sent:
+            counts["batches"] += 1
+            counts["requests"] += len(batch.requests)
+            counts[f"flush_{batch.flush_reason}"] += 1
+        for answer in decision.answers:
+            counts[answer.outcome.value if answer.error_type != "overloaded" else "rejected"] += 1
+        now_ms = self.clock.now_ms()
+        load = {}
+        if now_ms - self._last_load_ms >= LOAD_STATS_INTERVAL_MS:
+            self._last_load_ms = now_ms
+            for key in CLASS_KEYS:
+                load[f"queued_{key}"] = decision.load[key].depth
+                load[f"oldest_ms_{key}"] = decision.load[key].oldest_age_ms
+        if not counts and not load:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name, value in counts.items():
+                    pipe.hincrby(self.names.stats_key, name, value)
+                if load:
+                    pipe.hset(self.names.stats_key, mapping=load)
+                await pipe.execute()
+        except Exception as exc:  # stats are best effort
+            log.warning("stats update failed: %s", exc)
+
+    async def commit_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Before losing partitions: commit what is settled on them, then forget them."""
+        positions = {tp: self.offsets.committable(tp) for tp in revoked}
+        positions = {tp: offset for tp, offset in positions.items() if offset is not None}
+        try:
+            if positions:
+                await self.consumer.commit(positions)
+        except Exception as exc:
+            log.warning("commit on revocation failed: %s", exc)
+        for tp in revoked:
+            self.offsets.forget(tp)
+
+
+class _Revocations(ConsumerRebalanceListener):
+    def __init__(self, loop: BatcherLoop) -> None:
+        self.loop = loop
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self.loop.commit_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        pass

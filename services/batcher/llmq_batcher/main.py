@@ -1,0 +1,67 @@
+"""batcher process: wires settings, clients and logging to the BatcherLoop.
+
+Run: ``python -m llmq_batcher.main [--instance-id ID]``. Env ``LLMQ_*`` (see llmq_core.settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import uuid
+
+from redis.asyncio import Redis
+
+from llmq_core import constants, kafka, runtime
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.settings import load_settings
+from llmq_core.telemetry import setup_logging
+from llmq_batcher.loop import BatcherLoop
+from llmq_batcher.policy import BatchPolicy, PolicyConfig
+
+log = logging.getLogger(__name__)
+
+
+async def serve(instance_id: str) -> None:
+    settings = load_settings()
+    setup_logging("batcher", settings.log_level)
+    await kafka.ensure_topics(settings)
+    redis = Redis.from_url(settings.redis_url)
+    producer = kafka.make_producer(settings)
+    consumer = kafka.make_consumer(settings, group_id=constants.GROUP_BATCHER)
+    results = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=None, auto_offset_reset="latest")
+    # Batch ids must be unique across restarts: workers report them back as last_batch_id.
+    policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"), SYSTEM_CLOCK)
+    loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=settings.batcher_max_queued,
+                       results=results)
+    await producer.start()
+    loop.subscribe()
+    await consumer.start()
+    await results.start()
+    stop = runtime.stop_event()
+    alive = asyncio.create_task(runtime.keep_alive(redis, "batcher", instance_id, {"pid": os.getpid()}))
+    task = asyncio.create_task(loop.run())
+    log.info("batcher %s started", instance_id)
+    await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    loop.stop()
+    try:
+        await asyncio.wait_for(task, settings.shutdown_grace_s)
+    finally:
+        alive.cancel()
+        for client in (consumer, results, producer):
+            await client.stop()
+        await redis.aclose()
+        log.info("batcher %s stopped", instance_id)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="llmq batcher")
+    parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
+    args = parser.parse_args()
+    runtime.run(lambda: serve(args.instance_id))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The FinalResult the batcher sends for a request it answers itself (expired, canceled, overloaded)."""
+
+from __future__ import annotations
+
+from llmq_core import wire
+from llmq_batcher.policy import Answer
+
+
+def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
+    """A terminal result for ``answer.request`` stamped at ``now_ms`` (epoch ms); it never reached a worker."""
+    request = answer.request
+    waited_ms = max(now_ms - request.created_ms, 0)
+    return wire.FinalResult(
+        request_id=request.request_id,
+        outcome=answer.outcome,
+        model=request.model,
+        tenant_id=request.tenant_id,
+        endpoint=request.endpoint,
+        reply_to=request.reply_to,
+        timings=wire.Timings(queued_ms=waited_ms, total_ms=waited_ms),
+        error=wire.ErrorInfo(type=answer.error_type, message=answer.message, retryable=answer.retryable),
+        created_ms=request.created_ms,
+        finished_ms=now_ms,
+    )

@@ -1,0 +1,480 @@
+"""The batching policy: a pure class (no I/O, no asyncio) driven by events and ``schedule(now_ms)``.
+
+Events in: :meth:`BatchPolicy.add`, :meth:`~BatchPolicy.cancel`, :meth:`~BatchPolicy.on_heartbeat`,
+:meth:`~BatchPolicy.on_result`, :meth:`~BatchPolicy.undispatch`. Decisions out: :meth:`~BatchPolicy.schedule` returns the
+batches to send, the requests to answer (expired, canceled, overloaded) and when to call it again.
+
+Rules (DESIGN.md, traffic classes): classes ``interactive:paid`` > ``interactive:free`` > ``near_interactive`` >
+``deferred`` in strict precedence; deferred only fills capacity above a reserved share of a worker's slots and only while
+no other class waits; within a class tenants share by weighted fair queueing on estimated tokens (see fairshare.py) with
+a per-tenant in-flight cap; one model per batch; each batch goes to the live worker of its model with the least
+outstanding work; a batch flushes on size (the worker's free slots, capped by the model's max batch) or when its oldest
+request has waited the class's window (adaptive: ``bound * room / (room + pending)``, so it shrinks as work piles up).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+
+from llmq_core import constants, wire
+from llmq_core.clock import Clock
+from llmq_core.models import BUILTIN_MODELS
+from llmq_core.settings import Settings
+from llmq_batcher.fairshare import DISPATCHED, DONE, QUEUED, Entry, FairQueue
+from llmq_batcher.workers import WorkerPool, WorkerView
+
+CLASS_KEYS = ("interactive:paid", "interactive:free", "near_interactive", "deferred")
+DEFERRED = 3
+_CLASS_INDEX = {
+    (constants.INTERACTIVE, constants.TIER_PAID): 0,
+    (constants.INTERACTIVE, constants.TIER_FREE): 1,
+}
+
+
+def class_index(request: wire.GenerationRequest) -> int:
+    """Index into CLASS_KEYS of a request (tier matters only for interactive traffic)."""
+    if request.traffic_class == constants.INTERACTIVE:
+        return _CLASS_INDEX[(constants.INTERACTIVE, request.tier)]
+    return 2 if request.traffic_class == constants.NEAR_INTERACTIVE else DEFERRED
+
+
+def estimated_tokens(request: wire.GenerationRequest) -> int:
+    """Work estimate for fair sharing: prompt tokens (or characters when the producer did not count) + max_tokens * n."""
+    prompt = request.prompt_tokens
+    if prompt <= 0:
+        if request.prompt is not None:
+            prompt = len(request.prompt)
+        elif request.messages:
+            prompt = sum(len(m.content) for m in request.messages)
+    return max(prompt + request.sampling.max_tokens * request.sampling.n, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Tunables. ``max_wait_ms`` is the wait bound per class (CLASS_KEYS order); times in ms."""
+
+    max_wait_ms: tuple[int, int, int, int] = (0, 0, 50, 500)
+    fixed_engine_max_wait_ms: int = 20
+    worker_heartbeat_timeout_ms: int = 2000
+    max_queued: int = 100_000
+    deferred_reserved_share: float = 0.25
+    tenant_max_inflight: int = 4096
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    model_max_batch: Mapping[str, int] = field(default_factory=lambda: {m.name: m.max_batch_size
+                                                                        for m in BUILTIN_MODELS.values()})
+    batch_id_prefix: str = "b"
+    recent_cancels_max: int = 100_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
+        """The policy's configuration from service settings; batch ids are ``<batch_id_prefix>-<n>``."""
+        interactive = settings.interactive_max_wait_ms
+        return cls(
+            max_wait_ms=(interactive, interactive, settings.near_interactive_max_wait_ms, settings.deferred_max_wait_ms),
+            fixed_engine_max_wait_ms=settings.fixed_engine_max_wait_ms,
+            worker_heartbeat_timeout_ms=settings.worker_heartbeat_timeout_ms,
+            max_queued=settings.batcher_max_queued,
+            deferred_reserved_share=settings.batcher_deferred_reserved_share,
+            tenant_max_inflight=settings.batcher_tenant_max_inflight,
+            tenant_weights=dict(settings.batcher_tenant_weights),
+            batch_id_prefix=batch_id_prefix,
+        )
+
+
+class AddStatus(enum.Enum):
+    QUEUED = "queued"
+    DUPLICATE = "duplicate"  # the request id is already queued or in flight here
+    ANSWERED = "answered"  # rejected, expired or canceled on arrival: its Answer comes with the next decision
+
+
+@dataclass(slots=True)
+class BatchDispatch:
+    """A batch to produce to ``llmq.batches`` at ``partition``."""
+
+    batch_id: str
+    worker_id: str
+    partition: int
+    model: str
+    requests: list[wire.GenerationRequest]
+    flush_reason: wire.FlushReason
+    formed_ms: int
+
+    def to_wire(self) -> wire.Batch:
+        return wire.Batch(batch_id=self.batch_id, worker_id=self.worker_id, model=self.model, requests=self.requests,
+                          formed_ms=self.formed_ms, flush_reason=self.flush_reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A request the batcher itself answers: ``outcome`` is expired, canceled or errored (``error_type`` overloaded)."""
+
+    request: wire.GenerationRequest
+    outcome: wire.Outcome
+    error_type: str
+    message: str
+    retryable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClassLoad:
+    depth: int
+    oldest_age_ms: int
+
+
+@dataclass(slots=True)
+class Decision:
+    """What to do now. ``dropped``: request ids settled without an answer (a result for them was already seen).
+    ``next_wake_ms``: call schedule again then at the latest (None: only on the next event)."""
+
+    batches: list[BatchDispatch]
+    answers: list[Answer]
+    dropped: list[str]
+    next_wake_ms: int | None
+    load: dict[str, ClassLoad]
+
+
+class _Model:
+    __slots__ = ("name", "queues", "pool")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queues = [FairQueue() for _ in CLASS_KEYS]
+        self.pool = WorkerPool()
+
+    def depth(self) -> int:
+        return sum(q.depth for q in self.queues)
+
+
+class BatchPolicy:
+    """The batcher's decisions. Not thread-safe; every method is O(log n) per request touched."""
+
+    def __init__(self, config: PolicyConfig, clock: Clock) -> None:
+        self.config = config
+        self._clock = clock
+        self._models: dict[str, _Model] = {}
+        self._workers: dict[str, WorkerView] = {}
+        self._index: dict[str, Entry] = {}
+        self._deadlines: list[tuple[int, int, Entry]] = []  # queued entries by deadline (lazy)
+        self._releases: list[tuple[int, int, Entry]] = []  # in-flight entries by deadline + grace (lazy)
+        self._liveness: list[tuple[int, str]] = []  # (expires_ms, worker_id), lazy
+        self._tenant_inflight: dict[str, int] = {}
+        self._parked: dict[str, list[FairQueue]] = {}
+        self._recent_cancels: OrderedDict[str, str] = OrderedDict()
+        self._answers: list[Answer] = []
+        self._dropped: list[str] = []
+        self._seq = 0
+        self._batches = 0
+        self.queued_total = 0
+        self.inflight_total = 0
+
+    # --- events -------------------------------------------------------------------------------------------------------
+
+    def add(self, request: wire.GenerationRequest) -> AddStatus:
+        """Queue a request. Duplicates of a request held here are ignored; expired, cancelled-before-arrival and
+        over-the-bound requests are answered in the next decision."""
+        request_id = request.request_id
+        if request_id in self._index:
+            return AddStatus.DUPLICATE
+        now_ms = self._clock.now_ms()
+        reason = self._recent_cancels.pop(request_id, None)
+        if reason is not None:
+            return self._answer(request, wire.Outcome.CANCELED, "canceled", reason)
+        if request.deadline_ms <= now_ms:
+            return self._answer(request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
+        if self.queued_total >= self.config.max_queued:
+            return self._answer(request, wire.Outcome.ERRORED, "overloaded", "batcher queue is full", retryable=True)
+        entry = Entry(request, self._next_seq(), class_index(request), estimated_tokens(request), now_ms)
+        self._enqueue(entry)
+        return AddStatus.QUEUED
+
+    def cancel(self, request_id: str, reason: str = "canceled") -> bool:
+        """Cancel a queued request (answered as canceled). Unknown ids are remembered, so a request that arrives after
+        its cancel is answered at once. Returns True when a queued request was cancelled here."""
+        entry = self._index.get(request_id)
+        if entry is None:
+            self._remember_cancel(request_id, reason)
+            return False
+        if entry.state != QUEUED:
+            return False  # already dispatched: the worker obeys the same Cancel
+        self._settle_queued(entry)
+        self._answer(entry.request, wire.Outcome.CANCELED, "canceled", reason)
+        return True
+
+    def on_heartbeat(self, hb: wire.WorkerHeartbeat) -> None:
+        """Learn a worker's capacity; a new worker joins its model's pool, one that changed model or partition rejoins."""
+        now_ms = self._clock.now_ms()
+        worker = self._workers.get(hb.worker_id)
+        if worker is not None and (worker.model != hb.model or worker.partition != hb.partition):
+            self._remove_worker(worker)
+            worker = None
+        if worker is None:
+            worker = self._workers[hb.worker_id] = WorkerView(hb)
+            self._model(hb.model).pool.add(worker)
+        if worker.apply_heartbeat(hb, now_ms, self.config.worker_heartbeat_timeout_ms):
+            for entry in list(worker.inflight.values()):
+                self._release(entry)
+        self._model(hb.model).pool.touch(worker)
+        heapq.heappush(self._liveness, (now_ms + self.config.worker_heartbeat_timeout_ms + 1, hb.worker_id))
+
+    def on_result(self, request_id: str) -> None:
+        """A final result for ``request_id`` exists (from llmq.results): free its in-flight slot; a queued copy of it
+        (re-queued or redelivered) is dropped and reported in ``Decision.dropped``."""
+        entry = self._index.get(request_id)
+        if entry is None:
+            return
+        if entry.state == DISPATCHED:
+            self._release(entry)
+        elif entry.state == QUEUED:
+            self._settle_queued(entry)
+            self._dropped.append(request_id)
+
+    def undispatch(self, batch: BatchDispatch) -> None:
+        """Producing ``batch`` failed: take it back from its worker's count and re-queue its requests in front."""
+        worker = self._workers.get(batch.worker_id)
+        if worker is not None:
+            worker.forget_batch(batch.batch_id)
+            self._model(worker.model).pool.touch(worker)
+        entries = [self._index.get(r.request_id) for r in batch.requests]
+        self._requeue([e for e in entries if e is not None and e.state == DISPATCHED])
+
+    # --- decisions ----------------------------------------------------------------------------------------------------
+
+    def schedule(self, now_ms: int, drain: bool = False) -> Decision:
+        """Decide at ``now_ms``: expire, form and route batches. ``drain`` flushes every batch that has a worker,
+        ignoring wait windows (shutdown)."""
+        self._expire_workers(now_ms)
+        self._expire_deadlines(now_ms)
+        self._release_overdue(now_ms)
+        batches: list[BatchDispatch] = []
+        wakes = [self._next_housekeeping_ms()]
+        for model in self._models.values():
+            if model.depth():
+                wakes.append(self._schedule_model(model, now_ms, drain, batches))
+        answers, self._answers = self._answers, []
+        dropped, self._dropped = self._dropped, []
+        future = [t for t in wakes if t is not None and t > now_ms]
+        return Decision(batches, answers, dropped, min(future) if future else None, self.load(now_ms))
+
+    def load(self, now_ms: int) -> dict[str, ClassLoad]:
+        """Queue depth and oldest queued age (ms) per class, over all models."""
+        out = {}
+        for index, key in enumerate(CLASS_KEYS):
+            depth, oldest = 0, now_ms
+            for model in self._models.values():
+                queue = model.queues[index]
+                if queue.depth:
+                    depth += queue.depth
+                    oldest = min(oldest, queue.oldest_enqueued_ms() or now_ms)
+            out[key] = ClassLoad(depth, now_ms - oldest)
+        return out
+
+    def deferred_blocked(self, now_ms: int) -> bool:
+        """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work."""
+        if any(sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):
+            return True
+        share = self.config.deferred_reserved_share
+        return not any(w.free_slots(now_ms) > w.reserved_slots(share) for w in self._workers.values())
+
+    # --- forming batches ----------------------------------------------------------------------------------------------
+
+    def _schedule_model(self, model: _Model, now_ms: int, drain: bool, out: list[BatchDispatch]) -> int | None:
+        """Dispatch batches of ``model`` while a worker has room and a batch is due; returns when to look again."""
+        while model.depth():
+            worker = model.pool.best(now_ms)
+            if worker is None:
+                return model.pool.next_ready_ms()
+            room, deferred_room = self._rooms(model, worker, now_ms)
+            reason, due_ms = self._due(model, room, deferred_room, now_ms, worker.fixed, drain)
+            if reason is None:
+                return due_ms
+            entries = self._take(model, room, deferred_room)
+            if not entries:
+                return None  # every queued tenant is at its in-flight cap: results will wake us
+            if reason != "drain" and len(entries) >= room:
+                reason = "size"
+            out.append(self._dispatch(model, worker, entries, reason, now_ms))
+        return None
+
+    def _rooms(self, model: _Model, worker: WorkerView, now_ms: int) -> tuple[int, int]:
+        """Slots for this batch, and how many of them deferred work may use (never the reserved last ones)."""
+        free = worker.free_slots(now_ms)
+        room = min(free, self.config.model_max_batch.get(model.name, worker.max_slots) or free)
+        deferred = min(room, free - worker.reserved_slots(self.config.deferred_reserved_share))
+        return room, max(deferred, 0)
+
+    def _due(self, model: _Model, room: int, deferred_room: int, now_ms: int, fixed: bool,
+             drain: bool) -> tuple[wire.FlushReason | None, int | None]:
+        """Whether a batch flushes now and why; else (None, when its oldest request's window ends)."""
+        queues = model.queues
+        pending = sum(q.depth for q in queues[:DEFERRED])
+        classes = [i for i in range(DEFERRED) if queues[i].depth]
+        if not pending and deferred_room:
+            pending, classes = min(queues[DEFERRED].depth, deferred_room), [DEFERRED]
+        if not classes:
+            return None, None
+        if drain:
+            return "drain", None
+        if pending >= room:
+            return "size", None
+        due_ms = min(queues[i].oldest_enqueued_ms() + self._wait_ms(i, fixed, room, pending) for i in classes)
+        return ("wait", None) if due_ms <= now_ms else (None, due_ms)
+
+    def _wait_ms(self, cls: int, fixed: bool, room: int, pending: int) -> int:
+        bound = self.config.max_wait_ms[cls]
+        if fixed:
+            bound = max(bound, self.config.fixed_engine_max_wait_ms)
+        return bound * room // (room + pending)
+
+    def _take(self, model: _Model, room: int, deferred_room: int) -> list[Entry]:
+        """Pop up to ``room`` entries in class precedence, fair across tenants; deferred only after all others."""
+        taken: list[Entry] = []
+        for cls, queue in enumerate(model.queues):
+            limit = room if cls != DEFERRED else min(room, deferred_room)
+            if cls == DEFERRED and any(q.depth for q in model.queues[:DEFERRED]):
+                break
+            while len(taken) < limit and queue.depth:
+                entry = queue.pop(self._is_capped, self._park)
+                if entry is None:
+                    break
+                self._tenant_inflight[entry.tenant] = self._tenant_inflight.get(entry.tenant, 0) + 1
+                taken.append(entry)
+        return taken
+
+    def _dispatch(self, model: _Model, worker: WorkerView, entries: list[Entry], reason: wire.FlushReason,
+                  now_ms: int) -> BatchDispatch:
+        self._batches += 1
+        batch_id = f"{self.config.batch_id_prefix}-{self._batches}"
+        grace_ms = self.config.worker_heartbeat_timeout_ms
+        for entry in entries:
+            entry.state = DISPATCHED
+            entry.worker_id = worker.worker_id
+            worker.inflight[entry.request.request_id] = entry
+            heapq.heappush(self._releases, (entry.request.deadline_ms + grace_ms, entry.seq, entry))
+        self.queued_total -= len(entries)
+        self.inflight_total += len(entries)
+        worker.record_dispatch(batch_id, len(entries), now_ms)
+        model.pool.touch(worker)
+        return BatchDispatch(batch_id, worker.worker_id, worker.partition, model.name,
+                             [e.request for e in entries], reason, now_ms)
+
+    # --- housekeeping -------------------------------------------------------------------------------------------------
+
+    def _expire_workers(self, now_ms: int) -> None:
+        liveness = self._liveness
+        while liveness and liveness[0][0] <= now_ms:
+            _, worker_id = heapq.heappop(liveness)
+            worker = self._workers.get(worker_id)
+            if worker is not None and worker.last_heard_ms + self.config.worker_heartbeat_timeout_ms < now_ms:
+                self._remove_worker(worker)
+
+    def _expire_deadlines(self, now_ms: int) -> None:
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now_ms:
+            entry = heapq.heappop(deadlines)[2]
+            if entry.state == QUEUED:
+                self._settle_queued(entry)
+                self._answer(entry.request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
+        if len(deadlines) > 2 * self.queued_total + 4096:  # dispatched entries linger until their deadline: compact
+            self._deadlines = [item for item in deadlines if item[2].state == QUEUED]
+            heapq.heapify(self._deadlines)
+
+    def _release_overdue(self, now_ms: int) -> None:
+        # A worker finishes or expires a request by its deadline; without a result seen by then, stop counting it.
+        releases = self._releases
+        while releases and releases[0][0] <= now_ms:
+            entry = heapq.heappop(releases)[2]
+            if entry.state == DISPATCHED:
+                self._release(entry)
+        if len(releases) > 2 * self.inflight_total + 4096:
+            self._releases = [item for item in releases if item[2].state == DISPATCHED]
+            heapq.heapify(self._releases)
+
+    def _next_housekeeping_ms(self) -> int | None:
+        tops = [heap[0][0] for heap in (self._deadlines, self._liveness) if heap]
+        return min(tops) if tops else None
+
+    def _remove_worker(self, worker: WorkerView) -> None:
+        """Forget a silent worker and re-queue, in front, what it holds that is not known finished."""
+        self._workers.pop(worker.worker_id, None)
+        self._model(worker.model).pool.remove(worker)
+        self._requeue(list(worker.inflight.values()))
+
+    def _requeue(self, entries: list[Entry]) -> None:
+        for old in sorted(entries, key=lambda e: e.seq, reverse=True):  # push_front: last first keeps their order
+            self._release(old)
+            request = msgspec.structs.replace(old.request, attempt=old.request.attempt + 1)
+            entry = Entry(request, self._next_seq(), old.cls, old.cost, old.enqueued_ms)
+            self._index[request.request_id] = entry
+            self._model(request.model).queues[entry.cls].push_front(entry)
+            heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))
+            self.queued_total += 1
+
+    # --- bookkeeping --------------------------------------------------------------------------------------------------
+
+    def _enqueue(self, entry: Entry) -> None:
+        request = entry.request
+        self._index[request.request_id] = entry
+        weight = self.config.tenant_weights.get(entry.tenant, 1.0)
+        self._model(request.model).queues[entry.cls].push(entry, weight)
+        heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))
+        self.queued_total += 1
+
+    def _settle_queued(self, entry: Entry) -> None:
+        """A queued entry leaves without dispatch (cancel, expiry, result seen)."""
+        entry.state = DONE
+        self._models[entry.request.model].queues[entry.cls].discard()
+        self._index.pop(entry.request.request_id, None)
+        self.queued_total -= 1
+
+    def _release(self, entry: Entry) -> None:
+        """An in-flight entry is finished (or handed back): free its worker and tenant counts."""
+        if entry.state != DISPATCHED:
+            return
+        entry.state = DONE
+        request_id = entry.request.request_id
+        if self._index.get(request_id) is entry:
+            del self._index[request_id]
+        worker = self._workers.get(entry.worker_id)
+        if worker is not None:
+            worker.inflight.pop(request_id, None)
+        self.inflight_total -= 1
+        count = self._tenant_inflight[entry.tenant] - 1
+        if count:
+            self._tenant_inflight[entry.tenant] = count
+        else:
+            del self._tenant_inflight[entry.tenant]
+        if count < self.config.tenant_max_inflight and entry.tenant in self._parked:
+            for queue in self._parked.pop(entry.tenant):
+                queue.activate(entry.tenant)
+
+    def _is_capped(self, tenant: str) -> bool:
+        return self._tenant_inflight.get(tenant, 0) >= self.config.tenant_max_inflight
+
+    def _park(self, tenant: str, queue: FairQueue) -> None:
+        self._parked.setdefault(tenant, []).append(queue)
+
+    def _answer(self, request: wire.GenerationRequest, outcome: wire.Outcome, error_type: str, message: str,
+                retryable: bool = False) -> AddStatus:
+        self._answers.append(Answer(request, outcome, error_type, message, retryable))
+        return AddStatus.ANSWERED
+
+    def _remember_cancel(self, request_id: str, reason: str) -> None:
+        self._recent_cancels[request_id] = reason
+        if len(self._recent_cancels) > self.config.recent_cancels_max:
+            self._recent_cancels.popitem(last=False)
+
+    def _model(self, name: str) -> _Model:
+        model = self._models.get(name)
+        if model is None:
+            model = self._models[name] = _Model(name)
+        return model
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq

@@ -1,0 +1,161 @@
+"""The batcher loop against a real broker and Redis, on private topics and channels so it disturbs no one."""
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from redis.asyncio import Redis
+
+from llmq_core import constants, kafka, wire
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.settings import Settings
+from llmq_batcher.loop import BatcherLoop, Names
+from llmq_batcher.policy import BatchPolicy, PolicyConfig
+
+pytestmark = pytest.mark.integration
+
+MODEL = "llmq-sim"
+WORKER_PARTITION = 2
+
+
+def _names(tag: str) -> Names:
+    prefix = f"test.batcher.{tag}"
+    requests = tuple(f"{prefix}.requests.{c}" for c in constants.TRAFFIC_CLASSES)
+    return Names(request_topics=requests, deferred_topic=requests[2], batches_topic=f"{prefix}.batches",
+                 results_topic=f"{prefix}.results", dead_letters_topic=f"{prefix}.dead-letters",
+                 heartbeats_channel=f"test:{tag}:heartbeats", cancels_channel=f"test:{tag}:cancels",
+                 stats_key=f"test:{tag}:stats")
+
+
+async def _create_topics(settings: Settings, names: Names) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        layout = {t: 2 for t in names.request_topics}
+        layout.update({names.batches_topic: 4, names.results_topic: 1, names.dead_letters_topic: 1})
+        await admin.create_topics([NewTopic(t, n, 1) for t, n in layout.items()])
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="module")
+async def batcher():
+    settings = Settings()
+    tag = uuid.uuid4().hex[:8]
+    names = _names(tag)
+    await _create_topics(settings, names)
+    redis = Redis.from_url(settings.redis_url)
+    producer = kafka.make_producer(settings)
+    consumer = kafka.make_consumer(settings, group_id=f"test-batcher-{tag}")
+    policy = BatchPolicy(PolicyConfig(batch_id_prefix=tag), SYSTEM_CLOCK)
+    loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=1000, names=names)
+    await producer.start()
+    loop.subscribe()
+    await consumer.start()
+    task = asyncio.create_task(loop.run())
+    heartbeat = asyncio.create_task(_heartbeats(redis, names))
+    try:
+        yield names, producer, redis, consumer
+    finally:
+        heartbeat.cancel()
+        loop.stop()
+        await asyncio.wait_for(task, 15)
+        await consumer.stop()
+        await producer.stop()
+        await redis.aclose()
+
+
+async def _heartbeats(redis: Redis, names: Names) -> None:
+    while True:
+        hb = wire.WorkerHeartbeat(worker_id="w-test", partition=WORKER_PARTITION, model=MODEL, max_slots=8, running=0,
+                                  queued=0, free_slots=8, est_drain_ms=0, sent_ms=SYSTEM_CLOCK.now_ms())
+        await redis.publish(names.heartbeats_channel, wire.encode(hb))
+        await asyncio.sleep(0.2)
+
+
+def _request(request_id: str, pod: str, deadline_in_ms: int = 30_000) -> wire.GenerationRequest:
+    now = SYSTEM_CLOCK.now_ms()
+    return wire.GenerationRequest(request_id=request_id, model=MODEL, prompt="abc", created_ms=now,
+                                  deadline_ms=now + deadline_in_ms, reply_to=wire.HttpReply(instance_id=pod))
+
+
+async def _read_one(settings: Settings, topic: str, match, timeout_s: float = 30):
+    """The first record of ``topic`` (from its start) for which ``match(record)`` is true."""
+    reader = kafka.make_consumer(settings, topic, group_id=None)
+    await reader.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for records in (await reader.getmany(timeout_ms=500)).values():
+                for record in records:
+                    if match(record):
+                        return record
+        raise AssertionError(f"no matching record on {topic}")
+    finally:
+        await reader.stop()
+
+
+async def test_json_request_becomes_a_batch_at_the_workers_partition_and_is_committed(batcher):
+    names, producer, _, consumer = batcher
+    settings = Settings()
+    request = _request(f"req-{uuid.uuid4().hex}", "pod-x")
+    meta = await producer.send_and_wait(names.request_topics[0], wire.encode(request, constants.CONTENT_TYPE_JSON),
+                                        key=request.request_id.encode())  # kcat style: no content-type header
+
+    def has_request(record):
+        batch = wire.decode(record.value)
+        return any(r.request_id == request.request_id for r in batch.requests)
+
+    record = await _read_one(settings, names.batches_topic, has_request)
+    batch = wire.decode(record.value, wire.content_type_of(record.headers))
+    assert record.partition == WORKER_PARTITION
+    assert batch.worker_id == "w-test" and batch.model == MODEL
+    assert [r.request_id for r in batch.requests] == [request.request_id]
+    tp = TopicPartition(meta.topic, meta.partition)
+    for _ in range(50):
+        if (await consumer.committed(tp) or 0) > meta.offset:
+            break
+        await asyncio.sleep(0.2)
+    assert await consumer.committed(tp) == meta.offset + 1
+
+
+async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batcher):
+    names, producer, redis, _ = batcher
+    pod = f"pod-{uuid.uuid4().hex[:8]}"
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(constants.replies_channel(pod))
+    request = _request(f"req-{uuid.uuid4().hex}", pod, deadline_in_ms=-1)
+    await kafka.send_message(producer, names.request_topics[1], request, key=request.request_id)
+    message = None
+    for _ in range(100):
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3)
+        if message:
+            break
+    await pubsub.aclose()
+    assert message is not None, "no reply on the pod channel"
+    result = wire.decode(message["data"])
+    assert result.request_id == request.request_id and result.outcome is wire.Outcome.EXPIRED
+    logged = await _read_one(Settings(), names.results_topic, lambda r: r.key == request.request_id.encode())
+    assert wire.decode(logged.value).outcome is wire.Outcome.EXPIRED
+
+
+async def test_cancel_before_arrival_answers_canceled(batcher):
+    names, producer, redis, _ = batcher
+    request = _request(f"req-{uuid.uuid4().hex}", "pod-y")
+    await redis.publish(names.cancels_channel, wire.encode(wire.Cancel(request_id=request.request_id)))
+    await asyncio.sleep(0.5)  # the cancel is seen before the request is consumed
+    await kafka.send_message(producer, names.request_topics[0], request, key=request.request_id)
+    logged = await _read_one(Settings(), names.results_topic, lambda r: r.key == request.request_id.encode())
+    assert wire.decode(logged.value).outcome is wire.Outcome.CANCELED
+
+
+async def test_undecodable_record_goes_to_dead_letters(batcher):
+    names, producer, _, _ = batcher
+    key = f"junk-{uuid.uuid4().hex}".encode()
+    await producer.send_and_wait(names.request_topics[0], b"\xc1not a message", key=key)
+    record = await _read_one(Settings(), names.dead_letters_topic, lambda r: r.key == key)
+    assert record.value == b"\xc1not a message"
+    assert any(k == "x-llmq-error" for k, _ in record.headers)
