@@ -1,0 +1,46 @@
+"""OpenAI-style error responses: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+TIMEOUT_ERROR = "timeout_error"
+CANCELED_ERROR = "canceled_error"
+RATE_LIMIT_ERROR = "rate_limit_error"
+
+
+class ApiError(Exception):
+    """A request's terminal error as the client sees it.
+
+    ``status`` is the HTTP status; ``param`` names the offending request field or header (``None`` when none does);
+    ``headers`` are extra response headers such as ``retry-after``.
+    """
+
+    def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None,
+                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict:
+        """The OpenAI error object: ``{"error": {"message": str, "type": str, "param": str|None, "code": str|None}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def __repr__(self) -> str:
+        return f"ApiError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400 ``invalid_request_error``."""
+    return ApiError(400, message, param=param, code=code)
+
+
+def unavailable(message: str, retry_after_s: int, code: str = "service_unavailable") -> ApiError:
+    """A 503 the client should retry after ``retry_after_s`` seconds."""
+    return ApiError(503, message, type=SERVER_ERROR, code=code, headers={"retry-after": str(retry_after_s)})

@@ -1,0 +1,87 @@
+"""From a validated request to a produced GenerationRequest with its waiter registered first."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from llmq_core import wire
+from llmq_core.clock import Clock
+from llmq_api.auth import Principal
+from llmq_api.errors import RATE_LIMIT_ERROR, ApiError, unavailable
+from llmq_api.exchange import CancelPublisher
+from llmq_api.validation import ValidRequest
+from llmq_api.waiters import Abandoned, Waiter, WaiterRegistry
+
+log = logging.getLogger(__name__)
+
+PRODUCE_FAILED_REASON = "produce_failed"
+RETRY_AFTER_S = 1
+
+
+class RequestProducer(Protocol):
+    ready: bool  # True once it can produce
+
+    async def run(self) -> None:
+        """Connect (retrying as needed) and return once ready, or run until cancelled."""
+        ...
+
+    async def produce(self, request: wire.GenerationRequest) -> None:
+        """Write ``request`` to its traffic class's topic and wait for the broker's ack; raises on failure."""
+        ...
+
+    async def stop(self) -> None:
+        ...
+
+
+class Gateway:
+    """Builds GenerationRequests for this pod and submits them: register the waiter, then produce (bounded)."""
+
+    def __init__(self, *, instance_id: str, registry: WaiterRegistry, producer: RequestProducer,
+                 publish_cancel: CancelPublisher, clock: Clock, produce_timeout_ms: int,
+                 accepting: Callable[[], bool] = lambda: True) -> None:
+        self.instance_id = instance_id
+        self.registry = registry
+        self.producer = producer
+        self.publish_cancel = publish_cancel
+        self.clock = clock
+        self.produce_timeout_s = produce_timeout_ms / 1000
+        self.accepting = accepting
+
+    def build(self, valid: ValidRequest, *, request_id: str, principal: Principal, traffic_class: str,
+              timeout_ms: int, idempotency_key: str | None = None) -> wire.GenerationRequest:
+        """The wire request; ``deadline_ms`` = now + ``timeout_ms`` (epoch ms); replies go to this pod's channel."""
+        now_ms = self.clock.now_ms()
+        return wire.GenerationRequest(
+            request_id=request_id, tenant_id=principal.tenant_id, traffic_class=traffic_class, tier=principal.tier,
+            model=valid.model, endpoint=valid.endpoint, prompt=valid.prompt, messages=valid.messages,
+            sampling=valid.sampling, stream=valid.stream, created_ms=now_ms, deadline_ms=now_ms + timeout_ms,
+            reply_to=wire.HttpReply(instance_id=self.instance_id), idempotency_key=idempotency_key,
+            prompt_tokens=valid.prompt_tokens)
+
+    async def submit(self, request: wire.GenerationRequest) -> Waiter:
+        """Register the request's waiter, then produce it. Returns the waiter.
+
+        Raises ApiError 503 (+ Retry-After) when the pod is draining, Kafka is not ready, or producing failed or took
+        longer than the produce timeout (a Cancel then follows, in case the record lands later); 429 when the pod
+        already holds its maximum of waiters.
+        """
+        if not self.accepting() or not self.producer.ready:
+            raise unavailable("The service is not accepting requests right now", RETRY_AFTER_S)
+        if self.registry.full:
+            raise ApiError(429, "Too many requests in flight on this server", type=RATE_LIMIT_ERROR,
+                           code="too_many_requests", headers={"retry-after": str(RETRY_AFTER_S)})
+        waiter = self.registry.register(request.request_id, request.stream)
+        try:
+            await asyncio.wait_for(self.producer.produce(request), self.produce_timeout_s)
+        except BaseException as exc:
+            self.registry.resolve(waiter, Abandoned(PRODUCE_FAILED_REASON))
+            await self.publish_cancel(request.request_id, PRODUCE_FAILED_REASON)
+            if isinstance(exc, Exception):
+                log.warning("producing %s failed: %r", request.request_id, exc, extra={"request_id": request.request_id})
+                raise unavailable("The request queue is unavailable; retry shortly", RETRY_AFTER_S) from None
+            raise
+        return waiter
+

@@ -1,0 +1,58 @@
+"""API pod process: wires settings, logging, the pod and uvicorn (uvloop).
+
+Run: ``python -m llmq_api.main --host 127.0.0.1 --port 8000 [--instance-id api-0]``.
+SIGTERM/SIGINT: readiness turns 503 and new generation requests get 503 at once; uvicorn stops accepting connections,
+lets in-flight requests finish for up to ~80% of ``shutdown_grace_s`` (the rest is for closing clients), then exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import socket
+from types import FrameType
+
+import uvicorn
+
+from llmq_core.settings import load_settings
+from llmq_core.telemetry import setup_logging
+from llmq_api.app import create_app
+from llmq_api.pod import Pod
+
+GRACE_SHARE_FOR_REQUESTS = 0.8
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, plus: the first exit signal marks the pod as draining before uvicorn's graceful shutdown begins."""
+
+    def __init__(self, config: uvicorn.Config, pod: Pod) -> None:
+        super().__init__(config)
+        self.pod = pod
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.pod.draining = True
+        super().handle_exit(sig, frame)
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{secrets.token_hex(3)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="llmq API pod")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--instance-id", default=None, help="default: LLMQ_INSTANCE_ID, else hostname + random")
+    args = parser.parse_args()
+    settings = load_settings()
+    setup_logging("api", settings.log_level)
+    instance_id = args.instance_id or settings.instance_id or default_instance_id()
+    pod = Pod(settings, instance_id)
+    config = uvicorn.Config(create_app(pod), host=args.host, port=args.port, loop="uvloop",
+                            log_config=None, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s * GRACE_SHARE_FOR_REQUESTS)))
+    DrainingServer(config, pod).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""OpenAI response shapes built from llmq results, the SSE framing, and the outcome -> HTTP status mapping.
+
+Status mapping of a resolution (see :func:`error_for`):
+  succeeded -> 200; errored -> 400 for the worker's ``invalid_request_error``, 503 + Retry-After when retryable,
+  500 otherwise; expired (the system's deadline) or the pod's own deadline -> 504; canceled by the system while the
+  client still waits -> 409 (``request_canceled``; retrying is safe). A client that left gets nothing (logged as 499).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from llmq_core import wire
+from llmq_api.errors import CANCELED_ERROR, INVALID_REQUEST, SERVER_ERROR, TIMEOUT_ERROR, ApiError
+from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
+
+CLIENT_GONE_STATUS = 499  # recorded in metrics/logs only: nobody is there to receive it
+RETRY_AFTER_S = 1
+
+_encode = msgspec.json.encode
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict) -> bytes:
+    """One Server-Sent Event carrying ``payload`` as JSON."""
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+def usage_dict(usage: wire.Usage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens}
+
+
+def response_body(result: wire.FinalResult, request_id: str, endpoint: wire.Endpoint, created_s: int) -> dict:
+    """The non-streaming body of a succeeded result: a ``text_completion`` or a ``chat.completion``."""
+    choices = sorted(result.choices, key=lambda c: c.index)
+    if endpoint == "chat.completions":
+        return {"id": request_id, "object": "chat.completion", "created": created_s, "model": result.model,
+                "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                             "logprobs": None, "finish_reason": c.finish_reason} for c in choices],
+                "usage": usage_dict(result.usage), "system_fingerprint": None}
+    return {"id": request_id, "object": "text_completion", "created": created_s, "model": result.model,
+            "choices": [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+                        for c in choices],
+            "usage": usage_dict(result.usage), "system_fingerprint": None}
+
+
+class ChunkFormatter:
+    """Stream chunks of one request (``text_completion`` or ``chat.completion.chunk``), all with the same id."""
+
+    def __init__(self, request_id: str, endpoint: wire.Endpoint, model: str, created_s: int, include_usage: bool):
+        self.chat = endpoint == "chat.completions"
+        self.include_usage = include_usage
+        self._head = {"id": request_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                      "created": created_s, "model": model, "system_fingerprint": None}
+
+    def _chunk(self, choices: list[dict]) -> bytes:
+        payload = {**self._head, "choices": choices}
+        if self.include_usage:
+            payload["usage"] = None  # OpenAI: null on every chunk but the last one
+        return sse(payload)
+
+    def role(self, n: int) -> bytes:
+        """Chat's opening chunk: the assistant role for each of ``n`` choices (empty for completions)."""
+        if not self.chat:
+            return b""
+        return self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None} for i in range(n)])
+
+    def text(self, index: int, text: str, finish_reason: str | None = None) -> bytes:
+        """New ``text`` of choice ``index``; with ``finish_reason`` set it is that choice's last chunk."""
+        if self.chat:
+            delta = {"content": text} if text else {}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return self._chunk([choice])
+
+    def usage(self, usage: wire.Usage) -> bytes:
+        """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+        return sse({**self._head, "choices": [], "usage": usage_dict(usage)})
+
+
+def error_for(resolution: Resolution) -> ApiError | None:
+    """The client's error for a resolution; ``None`` for a succeeded result."""
+    if isinstance(resolution, DeadlineExceeded):
+        return ApiError(504, "The request did not complete before its deadline", type=TIMEOUT_ERROR,
+                        code="deadline_exceeded")
+    if isinstance(resolution, Abandoned):
+        return ApiError(CLIENT_GONE_STATUS, f"The request was abandoned: {resolution.reason}", type=CANCELED_ERROR,
+                        code=resolution.reason)
+    if resolution.outcome == wire.Outcome.SUCCEEDED:
+        return None
+    if resolution.outcome == wire.Outcome.EXPIRED:
+        return ApiError(504, "The request expired before it completed", type=TIMEOUT_ERROR, code="deadline_exceeded")
+    if resolution.outcome == wire.Outcome.CANCELED:
+        reason = resolution.error.message if resolution.error else "canceled"
+        return ApiError(409, f"The request was canceled: {reason}", type=CANCELED_ERROR, code="request_canceled")
+    return _errored(resolution.error)
+
+
+def _errored(error: wire.ErrorInfo | None) -> ApiError:
+    if error is None:
+        return ApiError(500, "The request failed", type=SERVER_ERROR)
+    if error.type == INVALID_REQUEST:
+        return ApiError(400, error.message, type=error.type, code=error.code)
+    if error.retryable:
+        return ApiError(503, error.message, type=error.type, code=error.code,
+                        headers={"retry-after": str(RETRY_AFTER_S)})
+    return ApiError(500, error.message, type=error.type or SERVER_ERROR, code=error.code)
+
+
+def outcome_label(resolution: Resolution) -> str:
+    """The metrics label of a resolution: the wire outcome, ``deadline`` (the pod's timer) or ``abandoned``."""
+    if isinstance(resolution, DeadlineExceeded):
+        return "deadline"
+    if isinstance(resolution, Abandoned):
+        return "abandoned"
+    return resolution.outcome.value

@@ -1,0 +1,218 @@
+"""The pod's I/O edges: the Kafka producer, the Redis reply/heartbeat subscription, cancels and the pod heartbeat.
+
+:class:`Pod` owns them and the shared state (waiters, model catalog, metrics) that the HTTP handlers use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
+
+from llmq_core import constants, kafka, runtime, wire
+from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.settings import Settings
+from llmq_api.auth import AcceptAnyKey, Authenticator
+from llmq_api.catalog import ModelCatalog
+from llmq_api.gateway import Gateway, RequestProducer
+from llmq_api.metrics import ApiMetrics
+from llmq_api.waiters import WaiterRegistry
+
+log = logging.getLogger(__name__)
+
+RETRY_CONNECT_S = 1.0
+REDIS_OP_TIMEOUT_S = 1.0
+POLL_S = 1.0  # pub/sub read timeout: lets health checks (PING) notice a dead connection
+
+
+class KafkaRequestProducer:
+    """Produces GenerationRequests to ``requests_topic(traffic_class)`` (key = request_id, msgpack).
+
+    :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        self.ready = False
+
+    async def run(self) -> None:
+        while self._producer is None:
+            producer = kafka.make_producer(self._settings)
+            try:
+                await producer.start()
+            except Exception as exc:
+                log.warning("Kafka producer not started (%r); retrying in %.0fs", exc, RETRY_CONNECT_S)
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                await asyncio.sleep(RETRY_CONNECT_S)
+                continue
+            self._producer, self.ready = producer, True
+            log.info("Kafka producer ready")
+
+    async def produce(self, request: wire.GenerationRequest) -> None:
+        if self._producer is None:
+            raise ConnectionError("Kafka producer is not started")
+        await kafka.send_message(self._producer, constants.requests_topic(request.traffic_class), request,
+                                 key=request.request_id)
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self._producer is not None:
+            await self._producer.stop()
+
+
+class ReplyListener:
+    """One Redis pub/sub connection: the pod's replies channel feeds the waiters, the heartbeats channel the catalog.
+
+    ``subscribed`` is True while the replies channel subscription is confirmed. After every (re)subscription the
+    results of requests still waiting are looked up in the result store, in case they were published while the
+    subscription was down.
+    """
+
+    def __init__(self, redis: Redis, instance_id: str, registry: WaiterRegistry, catalog: ModelCatalog,
+                 metrics: ApiMetrics) -> None:
+        self._redis = redis
+        self._replies = constants.replies_channel(instance_id)
+        self._registry = registry
+        self._catalog = catalog
+        self._metrics = metrics
+        self.subscribed = False
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("Redis subscription lost (%r); resubscribing in %.0fs", exc, RETRY_CONNECT_S)
+            self.subscribed = False
+            await asyncio.sleep(RETRY_CONNECT_S)
+
+    async def _listen(self) -> None:
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(self._replies, constants.REDIS_HEARTBEATS_CHANNEL)
+            while True:
+                message = await pubsub.get_message(timeout=POLL_S)
+                if message is not None:
+                    await self._handle(message)
+        finally:
+            self.subscribed = False
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def _handle(self, message: dict) -> None:
+        channel = message["channel"].decode()
+        if message["type"] == "subscribe" and channel == self._replies:
+            self.subscribed = True
+            await self._recover()
+        elif message["type"] == "message":
+            self.deliver(channel, message["data"])
+
+    def deliver(self, channel: str, data: bytes) -> None:
+        """Decode one pub/sub payload and hand it to the waiters (replies) or the catalog (heartbeats)."""
+        try:
+            decoded = wire.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("undecodable message on %s: %s", channel, exc)
+            return
+        if channel == self._replies and isinstance(decoded, (wire.TokenChunk, wire.FinalResult)):
+            if not self._registry.dispatch(decoded):
+                self._metrics.dropped_replies.inc()
+        elif isinstance(decoded, wire.WorkerHeartbeat):
+            self._catalog.observe(decoded)
+
+    async def _recover(self) -> None:
+        request_ids = self._registry.request_ids()
+        if not request_ids:
+            return
+        try:
+            stored = await self._redis.mget([constants.result_key(r) for r in request_ids])
+        except Exception as exc:
+            log.warning("result recovery failed: %r", exc)
+            return
+        for data in filter(None, stored):
+            self.deliver(self._replies, data)
+
+
+async def pod_heartbeat(redis: Redis, instance_id: str, clock: Clock, interval_ms: int, ttl_ms: int) -> None:
+    """SET ``pod_key(instance_id)`` to a PodHeartbeat (PX ``ttl_ms``) every ``interval_ms`` until cancelled."""
+    key = constants.pod_key(instance_id)
+    while True:
+        beat = wire.PodHeartbeat(instance_id=instance_id, sent_ms=clock.now_ms())
+        try:
+            await asyncio.wait_for(redis.set(key, wire.encode(beat), px=ttl_ms), REDIS_OP_TIMEOUT_S)
+        except Exception as exc:  # Redis down: keep serving; the batcher may treat the pod as gone meanwhile
+            log.warning("pod heartbeat failed: %r", exc)
+        await asyncio.sleep(interval_ms / 1000)
+
+
+class Pod:
+    """One API pod: settings, clients, background loops and the state shared by its HTTP handlers."""
+
+    def __init__(self, settings: Settings, instance_id: str, *, clock: Clock = SYSTEM_CLOCK,
+                 producer: RequestProducer | None = None, authenticator: Authenticator | None = None,
+                 redis: Redis | None = None) -> None:
+        self.settings = settings
+        self.instance_id = instance_id
+        self.clock = clock
+        self.draining = False
+        self.registry = WaiterRegistry(settings.api_max_in_flight)
+        self.catalog = ModelCatalog(clock)
+        self.metrics = ApiMetrics(lambda: len(self.registry))
+        self.authenticator = authenticator or AcceptAnyKey()
+        self.redis = redis or Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
+                                             health_check_interval=10)
+        self.producer = producer or KafkaRequestProducer(settings)
+        self.listener = ReplyListener(self.redis, instance_id, self.registry, self.catalog, self.metrics)
+        self.gateway = Gateway(instance_id=instance_id, registry=self.registry, producer=self.producer,
+                               publish_cancel=self.publish_cancel, clock=clock,
+                               produce_timeout_ms=settings.api_produce_timeout_ms,
+                               accepting=lambda: not self.draining)
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def ready(self) -> bool:
+        """Kafka producer started, replies subscription confirmed, not draining."""
+        return self.producer.ready and self.listener.subscribed and not self.draining
+
+    async def start(self) -> None:
+        """Start the background loops (they keep retrying their connections; see :attr:`ready`)."""
+        settings = self.settings
+        loops = [self.listener.run(),
+                 pod_heartbeat(self.redis, self.instance_id, self.clock, settings.pod_heartbeat_interval_ms,
+                               settings.pod_heartbeat_ttl_ms),
+                 runtime.keep_alive(self.redis, "api", self.instance_id, {"pid": os.getpid()},
+                                    settings.pod_heartbeat_interval_ms),
+                 self.producer.run()]
+        self._tasks = [asyncio.create_task(loop) for loop in loops]
+
+    async def stop(self) -> None:
+        """Stop the loops, drop the pod's keys and close the clients."""
+        self.draining = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.redis.delete(constants.pod_key(self.instance_id),
+                                                     constants.alive_key("api", self.instance_id)),
+                                   REDIS_OP_TIMEOUT_S)
+        await self.producer.stop()
+        await self.redis.aclose()
+
+    async def publish_cancel(self, request_id: str, reason: str) -> None:
+        """Publish a Cancel on REDIS_CANCELS_CHANNEL (best effort, bounded; never raises)."""
+        cancel = wire.Cancel(request_id=request_id, reason=reason)
+        try:
+            await asyncio.wait_for(self.redis.publish(constants.REDIS_CANCELS_CHANNEL, wire.encode(cancel)),
+                                   REDIS_OP_TIMEOUT_S)
+            self.metrics.cancels.labels(reason).inc()
+        except Exception as exc:
+            log.warning("publishing cancel of %s failed: %r", request_id, exc, extra={"request_id": request_id})

@@ -1,0 +1,154 @@
+"""ASGI responses that hold the connection until the request's resolution: one JSON body, or an SSE stream.
+
+Both watch the connection themselves (``receive`` -> ``http.disconnect``) so a client that leaves resolves its waiter
+at once and a Cancel goes out; neither writes anything once the client is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from llmq_core import wire
+from llmq_core.clock import Clock
+from llmq_core.constants import HTTP_REQUEST_ID
+from llmq_api.exchange import CancelPublisher, wait_for_resolution
+from llmq_api.metrics import ApiMetrics
+from llmq_api.openai_format import (
+    CLIENT_GONE_STATUS, SSE_DONE, ChunkFormatter, error_for, outcome_label, response_body, sse)
+from llmq_api.waiters import Abandoned, Resolution, Waiter, WaiterRegistry
+
+log = logging.getLogger(__name__)
+
+
+class PendingRequest:
+    """Everything one held connection needs: the produced request, its waiter, and the pod's shared parts."""
+
+    def __init__(self, *, request: wire.GenerationRequest, waiter: Waiter, include_usage: bool,
+                 registry: WaiterRegistry, publish_cancel: CancelPublisher, metrics: ApiMetrics, clock: Clock) -> None:
+        self.request = request
+        self.waiter = waiter
+        self.include_usage = include_usage
+        self.registry = registry
+        self.publish_cancel = publish_cancel
+        self.metrics = metrics
+        self.clock = clock
+        self.started_s = time.perf_counter()
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def created_s(self) -> int:
+        return self.request.created_ms // 1000
+
+    async def resolution(self, receive: Receive, on_chunk=None) -> Resolution:
+        """Wait for the resolution, giving up at the request's deadline or when the client disconnects."""
+        remaining_s = max(0.0, (self.request.deadline_ms - self.clock.now_ms()) / 1000)
+        return await wait_for_resolution(
+            self.registry, self.waiter, deadline=asyncio.sleep(remaining_s), client_gone=_disconnected(receive),
+            publish_cancel=self.publish_cancel, on_chunk=on_chunk)
+
+    def record(self, resolution: Resolution, status: int) -> None:
+        self.metrics.finished(self.request.endpoint, outcome_label(resolution), status,
+                              time.perf_counter() - self.started_s)
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Completes when the client has gone (the request body was already read, so only disconnects arrive)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _headers(pending: PendingRequest, content_type: bytes, extra: dict[str, str] | None = None) -> list:
+    headers = [(b"content-type", content_type), (HTTP_REQUEST_ID.encode(), pending.request_id.encode())]
+    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+    return headers
+
+
+class ResultResponse(Response):
+    """Non-streaming: waits for the resolution, then sends one JSON body (the completion or an error)."""
+
+    def __init__(self, pending: PendingRequest) -> None:
+        self.pending = pending
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pending = self.pending
+        resolution = await pending.resolution(receive)
+        error = error_for(resolution)
+        if isinstance(resolution, Abandoned):
+            pending.record(resolution, CLIENT_GONE_STATUS)
+            return
+        if error is None:
+            status, payload, extra = 200, response_body(resolution, pending.request_id, pending.request.endpoint,
+                                                        pending.created_s), None
+        else:
+            status, payload, extra = error.status, error.body(), error.headers
+        body = msgspec.json.encode(payload)
+        headers = _headers(pending, b"application/json", extra) + [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        pending.record(resolution, status)
+
+
+class StreamResponse(Response):
+    """``stream: true``: a 200 ``text/event-stream`` of OpenAI chunks, each written as soon as its TokenChunk arrives.
+
+    Ends with the finish chunks (plus the usage chunk when asked), or an ``{"error": ...}`` event, then ``[DONE]``.
+    Text the chunks missed is taken from the FinalResult, so the stream always adds up to the result's text.
+    """
+
+    def __init__(self, pending: PendingRequest) -> None:
+        self.pending = pending
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pending, request = self.pending, self.pending.request
+        fmt = ChunkFormatter(pending.request_id, request.endpoint, request.model, pending.created_s,
+                             pending.include_usage)
+        sent: dict[int, str] = {}
+
+        async def write(data: bytes) -> None:
+            if data:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async def on_chunk(chunk: wire.TokenChunk) -> None:
+            if not sent:
+                pending.metrics.ttft.labels(request.endpoint).observe(time.perf_counter() - pending.started_s)
+            sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
+            await write(fmt.text(chunk.index, chunk.text))
+
+        headers = _headers(pending, b"text/event-stream; charset=utf-8",
+                           {"cache-control": "no-cache", "x-accel-buffering": "no"})
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await write(fmt.role(request.sampling.n))
+        resolution = await pending.resolution(receive, on_chunk)
+        if isinstance(resolution, Abandoned):
+            pending.record(resolution, CLIENT_GONE_STATUS)
+            return
+        error = error_for(resolution)
+        if error is None:
+            await write(_finish_chunks(fmt, resolution, sent))
+        else:
+            await write(sse(error.body()))
+        await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+        pending.record(resolution, 200 if error is None else error.status)
+
+
+def _finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
+    """Per choice: whatever text the stream has not carried yet, with the finish reason; then the usage if asked."""
+    parts = []
+    for choice in sorted(result.choices, key=lambda c: c.index):
+        already = sent.get(choice.index, "")
+        rest = choice.text[len(already):] if choice.text.startswith(already) else ""
+        parts.append(fmt.text(choice.index, rest, choice.finish_reason))
+    if fmt.include_usage:
+        parts.append(fmt.usage(result.usage))
+    return b"".join(parts)

@@ -1,0 +1,308 @@
+"""Pure validation of OpenAI request bodies and llmq headers; every client mistake becomes an :class:`ApiError` (4xx).
+
+Nothing here does I/O: the app passes in the raw body, header values and the known models (name -> context window in
+tokens, 0 when unknown), and gets back a :class:`ValidRequest` ready to become a ``wire.GenerationRequest``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from llmq_core import wire
+from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, TRAFFIC_CLASSES
+from llmq_core.tokenizer import count_tokens, render_chat
+from llmq_api.errors import ApiError, invalid
+
+DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's completions default (16), used for chat too
+MAX_N = 128
+MAX_STOP_SEQUENCES = 4
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A request that passed validation. Exactly one of ``prompt`` / ``messages`` is set; ``prompt_tokens`` counts the
+    prompt (chat: its ``render_chat`` text) with the built-in byte tokenizer."""
+
+    endpoint: wire.Endpoint
+    model: str
+    prompt: str | None = None
+    messages: list[wire.ChatMessage] | None = None
+    sampling: wire.SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    prompt_tokens: int
+
+
+# --- request bodies (unknown fields are ignored, as OpenAI-compatible servers do) -------------------------------------
+
+
+class _StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+
+
+class _CommonBody(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None
+
+
+class _CompletionBody(_CommonBody, kw_only=True):
+    prompt: str | list[Any] | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class _ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class _Message(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[_ContentPart] | None = None
+    name: str | None = None
+
+
+class _ResponseFormat(msgspec.Struct, kw_only=True):
+    type: str
+
+
+class _ChatBody(_CommonBody, kw_only=True):
+    messages: list[_Message] | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: _ResponseFormat | None = None
+
+
+# --- headers ------------------------------------------------------------------------------------------------------------
+
+
+def check_content_type(content_type: str | None) -> None:
+    """Accept ``application/json`` (parameters such as ``charset`` allowed); raise 415 otherwise, also when missing."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, got {content_type or 'none'!r}",
+                       param="content-type", code="unsupported_media_type")
+
+
+def check_declared_length(content_length: str | None, limit_bytes: int) -> None:
+    """Raise 413 when the ``content-length`` header exceeds ``limit_bytes`` (the body is then never read)."""
+    if content_length is not None and content_length.strip().isdigit() and int(content_length) > limit_bytes:
+        raise too_large(limit_bytes)
+
+
+def too_large(limit_bytes: int) -> ApiError:
+    """The 413 for a body over ``limit_bytes``."""
+    return ApiError(413, f"Request body is larger than the limit of {limit_bytes} bytes", code="request_too_large")
+
+
+def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
+    """The request's timeout in ms from the ``x-llmq-timeout-ms`` header: ``default_ms`` when absent, clamped to
+    ``max_ms``; 400 when it is not a positive integer."""
+    if value is None:
+        return min(default_ms, max_ms)
+    text = value.strip()
+    if not re.fullmatch(r"\+?[0-9]+", text) or int(text) <= 0:
+        raise invalid(f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds, got {value!r}",
+                      param=HTTP_TIMEOUT_MS)
+    return min(int(text), max_ms)
+
+
+def parse_traffic_class(value: str | None) -> str:
+    """The traffic class from the ``x-llmq-class`` header (default interactive); 400 for an unknown class."""
+    if value is None:
+        return INTERACTIVE
+    traffic_class = value.strip().lower()
+    if traffic_class not in TRAFFIC_CLASSES:
+        raise invalid(f"{HTTP_TRAFFIC_CLASS} must be one of {', '.join(TRAFFIC_CLASSES)}, got {value!r}",
+                      param=HTTP_TRAFFIC_CLASS)
+    return traffic_class
+
+
+# --- bodies ---------------------------------------------------------------------------------------------------------------
+
+
+def parse_completion(body: bytes, models: Mapping[str, int]) -> ValidRequest:
+    """Validate a ``/v1/completions`` body. ``models`` maps served model names to context windows (0: unknown).
+
+    Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
+    """
+    raw = _decode(body, _CompletionBody)
+    context_window = _model_window(raw.model, models)
+    _reject_unsupported(raw, echo=bool(raw.echo), logprobs=raw.logprobs is not None,
+                        best_of=raw.best_of not in (None, 1), suffix=bool(raw.suffix))
+    prompt = _single_prompt(raw.prompt)
+    sampling = _sampling(raw, raw.max_tokens)
+    prompt_tokens = count_tokens(prompt)
+    _check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
+    return ValidRequest(endpoint="completions", model=raw.model, prompt=prompt, sampling=sampling,
+                        stream=bool(raw.stream), include_usage=_include_usage(raw), prompt_tokens=prompt_tokens)
+
+
+def parse_chat(body: bytes, models: Mapping[str, int]) -> ValidRequest:
+    """Validate a ``/v1/chat/completions`` body; ``max_completion_tokens`` wins over ``max_tokens``.
+
+    Raises :class:`ApiError` like :func:`parse_completion`.
+    """
+    raw = _decode(body, _ChatBody)
+    context_window = _model_window(raw.model, models)
+    _reject_unsupported(raw, logprobs=bool(raw.logprobs), top_logprobs=bool(raw.top_logprobs), tools=bool(raw.tools),
+                        functions=bool(raw.functions),
+                        response_format=raw.response_format is not None and raw.response_format.type != "text")
+    messages = _chat_messages(raw.messages)
+    max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
+    max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
+    sampling = _sampling(raw, max_tokens, max_param)
+    prompt_tokens = count_tokens(render_chat(messages))
+    _check_context(prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param)
+    return ValidRequest(endpoint="chat.completions", model=raw.model, messages=messages, sampling=sampling,
+                        stream=bool(raw.stream), include_usage=_include_usage(raw), prompt_tokens=prompt_tokens)
+
+
+_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+
+
+def _decode(body: bytes, kind: type) -> Any:
+    if not body.strip():
+        raise invalid("Request body is empty; expected a JSON object")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise _type_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def _type_error(text: str) -> ApiError:
+    """Turn msgspec's message into a 400 naming the field, e.g. ``messages[0].role``."""
+    match = _PATH.search(text)
+    path = match.group("path") if match else ""
+    missing = _MISSING.match(text)
+    if missing:
+        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
+    if not path and text.startswith("Expected `object`"):
+        return invalid("Request body must be a JSON object", code="invalid_json")
+    return invalid(f"Invalid request: {_PATH.sub('', text)}" + (f" (at '{path}')" if path else ""),
+                   param=path or None, code="invalid_type")
+
+
+def _model_window(model: str, models: Mapping[str, int]) -> int:
+    if model not in models:
+        raise ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+    return models[model]
+
+
+def _reject_unsupported(raw: _CommonBody, **used: bool) -> None:
+    for param, is_used in used.items():
+        if is_used:
+            raise invalid(f"'{param}' is not supported by this server", param=param, code="unsupported_parameter")
+    for param in ("presence_penalty", "frequency_penalty"):
+        if getattr(raw, param) not in (None, 0):
+            raise invalid(f"'{param}' is not supported by this server (only 0)", param=param,
+                          code="unsupported_parameter")
+
+
+def _single_prompt(prompt: str | list[Any] | None) -> str:
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise invalid("'prompt' must be a string or a list of exactly one string (token arrays and batched "
+                          "prompts are not supported)", param="prompt")
+        prompt = prompt[0]
+    if prompt is None:
+        raise invalid("'prompt' is required", param="prompt")
+    if not prompt:
+        raise invalid("'prompt' must not be empty", param="prompt")
+    return prompt
+
+
+def _chat_messages(messages: list[_Message] | None) -> list[wire.ChatMessage]:
+    if not messages:
+        raise invalid("'messages' must be a non-empty list", param="messages")
+    return [_chat_message(i, message) for i, message in enumerate(messages)]
+
+
+def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
+    if message.role not in CHAT_ROLES:
+        raise invalid(f"Unsupported role {message.role!r}; expected one of {', '.join(sorted(CHAT_ROLES))}",
+                      param=f"messages[{i}].role")
+    content = message.content
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if part.type != "text" or part.text is None:
+                raise invalid(f"Only text content parts are supported, got {part.type!r}",
+                              param=f"messages[{i}].content[{j}]")
+        content = "".join(part.text for part in content)
+    if content is None:
+        raise invalid("Message content is required", param=f"messages[{i}].content")
+    return wire.ChatMessage(role=message.role, content=content)
+
+
+def _sampling(raw: _CommonBody, max_tokens: int | None, max_param: str = "max_tokens") -> wire.SamplingParams:
+    _in_range(max_param, max_tokens, 1, INT64_MAX)
+    _in_range("temperature", raw.temperature, 0.0, 2.0)
+    _in_range("top_p", raw.top_p, 0.0, 1.0)
+    _in_range("n", raw.n, 1, MAX_N)
+    _in_range("seed", raw.seed, INT64_MIN, INT64_MAX)
+    defaults = wire.SamplingParams()
+    return wire.SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
+        temperature=raw.temperature if raw.temperature is not None else defaults.temperature,
+        top_p=raw.top_p if raw.top_p is not None else defaults.top_p,
+        stop=_stop(raw.stop),
+        seed=raw.seed,
+        n=raw.n if raw.n is not None else defaults.n,
+    )
+
+
+def _in_range(param: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not low <= value <= high:
+        raise invalid(f"'{param}' must be between {low} and {high}, got {value}", param=param, code="out_of_range")
+
+
+def _stop(stop: str | list[str] | None) -> list[str]:
+    sequences = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(sequences) > MAX_STOP_SEQUENCES:
+        raise invalid(f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences", param="stop")
+    if any(not s for s in sequences):
+        raise invalid("'stop' sequences must not be empty", param="stop")
+    return sequences
+
+
+def _include_usage(raw: _CommonBody) -> bool:
+    if raw.stream_options is None:
+        return False
+    if not raw.stream:
+        raise invalid("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    return bool(raw.stream_options.include_usage)
+
+
+def _check_context(prompt_tokens: int, max_tokens: int, context_window: int, prompt_param: str,
+                   max_tokens_given: bool, max_param: str = "max_tokens") -> None:
+    if context_window <= 0 or prompt_tokens + max_tokens <= context_window:
+        return
+    param = max_param if max_tokens_given and prompt_tokens < context_window else prompt_param
+    raise invalid(
+        f"This model's maximum context length is {context_window} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} for the "
+        f"completion). Please reduce the length of the {prompt_param} or the completion.",
+        param=param, code="context_length_exceeded")

@@ -1,0 +1,114 @@
+"""The pod's waiters: request_id -> the HTTP exchange waiting for that request's chunks and its one resolution.
+
+A waiter is resolved exactly once, by whichever comes first: the request's FinalResult, its deadline, or its client
+leaving (see :meth:`WaiterRegistry.resolve`). Messages for unknown or already resolved requests are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from llmq_core import wire
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineExceeded:
+    """The request's deadline passed before its result arrived."""
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """Nobody waits any more; ``reason`` becomes the Cancel's reason (e.g. ``client_disconnected``)."""
+
+    reason: str
+
+
+Resolution = wire.FinalResult | DeadlineExceeded | Abandoned
+Event = wire.TokenChunk | Resolution
+
+
+class DuplicateRequestError(Exception):
+    """A waiter for this request_id is already registered."""
+
+
+class Waiter:
+    """One request's mailbox: TokenChunks (streaming only, in ``seq`` order, duplicates dropped), then its resolution."""
+
+    def __init__(self, request_id: str, stream: bool) -> None:
+        self.request_id = request_id
+        self.stream = stream
+        self.resolution: Resolution | None = None
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._last_seq = -1
+
+    @property
+    def done(self) -> bool:
+        return self.resolution is not None
+
+    async def next_event(self) -> Event:
+        """The next chunk, or the resolution (always the last event: stop reading after it)."""
+        return await self._events.get()
+
+    def _push_chunk(self, chunk: wire.TokenChunk) -> bool:
+        if not self.stream or self.done or chunk.seq <= self._last_seq:
+            return False
+        self._last_seq = chunk.seq
+        self._events.put_nowait(chunk)
+        return True
+
+    def _resolve(self, resolution: Resolution) -> None:
+        self.resolution = resolution
+        self._events.put_nowait(resolution)
+
+
+class WaiterRegistry:
+    """All waiters of this pod, at most ``max_waiters`` at once. Not thread-safe: use from the event loop only."""
+
+    def __init__(self, max_waiters: int) -> None:
+        self.max_waiters = max_waiters
+        self._waiters: dict[str, Waiter] = {}
+        self.dropped = 0  # messages for unknown or finished requests
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._waiters
+
+    @property
+    def full(self) -> bool:
+        return len(self._waiters) >= self.max_waiters
+
+    def request_ids(self) -> list[str]:
+        return list(self._waiters)
+
+    def register(self, request_id: str, stream: bool) -> Waiter:
+        """A new waiter; register it BEFORE the request is produced so no reply can outrun it.
+
+        Raises :class:`DuplicateRequestError` for a request_id already waited for.
+        """
+        if request_id in self._waiters:
+            raise DuplicateRequestError(request_id)
+        waiter = self._waiters[request_id] = Waiter(request_id, stream)
+        return waiter
+
+    def dispatch(self, message: wire.TokenChunk | wire.FinalResult) -> bool:
+        """Route a reply to its waiter. Returns False (and counts it) when it was dropped."""
+        waiter = self._waiters.get(message.request_id)
+        if waiter is not None:
+            if isinstance(message, wire.FinalResult):
+                self.resolve(waiter, message)
+                return True
+            if waiter._push_chunk(message):
+                return True
+        self.dropped += 1
+        return False
+
+    def resolve(self, waiter: Waiter, resolution: Resolution) -> Resolution:
+        """Resolve ``waiter`` unless it already is; returns the resolution that holds (the first one)."""
+        if waiter.resolution is None:
+            waiter._resolve(resolution)
+            if self._waiters.get(waiter.request_id) is waiter:
+                del self._waiters[waiter.request_id]
+        return waiter.resolution

@@ -1,0 +1,204 @@
+"""The app end to end in-process (httpx ASGI transport), with a fake producer standing in for Kafka and the workers."""
+
+import asyncio
+
+import httpx
+import msgspec
+import pytest
+
+from llmq_core import constants, wire
+from llmq_core.settings import Settings
+from llmq_api.app import create_app
+from llmq_api.pod import Pod
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes]] = []
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        self.published.append((channel, data))
+        return 0
+
+
+class FakeWorker:
+    """Produces into nothing; answers like llmq-sim (replays the prompt) unless told to stay silent or fail."""
+
+    ready = True
+
+    def __init__(self) -> None:
+        self.pod: Pod | None = None
+        self.produced: list[wire.GenerationRequest] = []
+        self.silent = False
+        self.error: wire.ErrorInfo | None = None
+
+    async def run(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def produce(self, request: wire.GenerationRequest) -> None:
+        self.produced.append(request)
+        if not self.silent:
+            asyncio.get_running_loop().call_soon(self._answer, request)
+
+    def _answer(self, request: wire.GenerationRequest) -> None:
+        source = request.prompt if request.prompt is not None else request.messages[-1].content
+        text = (source * request.sampling.max_tokens)[: request.sampling.max_tokens]
+        if request.stream:
+            for seq, start in enumerate(range(0, len(text), 2)):
+                self.pod.registry.dispatch(wire.TokenChunk(request_id=request.request_id, text=text[start:start + 2],
+                                                           seq=seq, sent_ms=0))
+        outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
+        self.pod.registry.dispatch(wire.FinalResult(
+            request_id=request.request_id, outcome=outcome, model=request.model, reply_to=request.reply_to,
+            error=self.error, choices=[] if self.error else [wire.Choice(index=0, text=text, finish_reason="length")],
+            usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
+                             total_tokens=request.prompt_tokens + len(text))))
+
+
+@pytest.fixture
+async def setup():
+    worker, redis = FakeWorker(), FakeRedis()
+    pod = Pod(Settings(api_max_body_bytes=2000), "pod-test", producer=worker, redis=redis)
+    worker.pod = pod
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api")
+    yield client, pod, worker, redis
+    await client.aclose()
+
+
+async def test_completion_200_with_usage_and_request_id(setup):
+    client, pod, worker, _ = setup
+    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
+                                 headers={"x-llmq-class": "near_interactive", "authorization": "Bearer k"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"].startswith("cmpl-") and response.headers["x-request-id"] == body["id"]
+    assert body["choices"][0]["text"] == "abcab"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    (request,) = worker.produced
+    assert request.request_id == body["id"] and request.traffic_class == "near_interactive"
+    assert len(pod.registry) == 0
+
+
+async def test_chat_stream_events(setup):
+    client, _, _, _ = setup
+    response = await client.post("/v1/chat/completions", json={
+        "model": "llmq-sim", "messages": [{"role": "user", "content": "hey"}], "max_tokens": 5, "stream": True,
+        "stream_options": {"include_usage": True}})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    frames = [f[6:] for f in response.content.split(b"\n\n") if f]
+    assert frames[-1] == b"[DONE]"
+    chunks = [msgspec.json.decode(f) for f in frames[:-1]]
+    assert {c["id"] for c in chunks} == {response.headers["x-request-id"]}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "heyhe"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+async def test_worker_invalid_request_error_is_400(setup):
+    client, _, worker, _ = setup
+    worker.error = wire.ErrorInfo(type="invalid_request_error", message="bad stop", code="bad_stop")
+    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc"})
+    assert response.status_code == 400
+    assert response.json()["error"] == {"message": "bad stop", "type": "invalid_request_error", "param": None,
+                                        "code": "bad_stop"}
+
+
+async def test_deadline_is_504_and_publishes_cancel(setup):
+    client, pod, worker, redis = setup
+    worker.silent = True
+    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc"},
+                                 headers={"x-llmq-timeout-ms": "50"})
+    assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
+    (channel, data), = redis.published
+    assert channel == constants.REDIS_CANCELS_CHANNEL
+    assert wire.decode(data) == wire.Cancel(request_id=response.headers["x-request-id"], reason="deadline_exceeded")
+    assert len(pod.registry) == 0
+
+
+async def test_streamed_deadline_ends_with_error_event_then_done(setup):
+    client, _, worker, redis = setup
+    worker.silent = True
+    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "stream": True},
+                                 headers={"x-llmq-timeout-ms": "50"})
+    frames = [f[6:] for f in response.content.split(b"\n\n") if f]
+    assert response.status_code == 200 and frames[-1] == b"[DONE]"
+    assert msgspec.json.decode(frames[-2])["error"]["code"] == "deadline_exceeded"
+    assert len(redis.published) == 1
+
+
+@pytest.mark.parametrize("kwargs, status, param", [
+    ({"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}}, 415,
+     "content-type"),
+    ({"content": b"{", "headers": {"content-type": "application/json"}}, 400, None),
+    ({"content": b"[]", "headers": {"content-type": "application/json"}}, 400, None),
+    ({"json": {"model": "nope", "prompt": "a"}}, 404, "model"),
+    ({"json": {"model": "llmq-sim", "prompt": "a", "n": "2"}}, 400, "n"),
+    ({"json": {"model": "llmq-sim", "prompt": "x" * 3000}}, 413, None),
+    ({"json": {"model": "llmq-sim", "prompt": "a"}, "headers": {"x-llmq-timeout-ms": "soon"}}, 400,
+     "x-llmq-timeout-ms"),
+    ({"json": {"model": "llmq-sim", "prompt": "a"}, "headers": {"x-llmq-class": "vip"}}, 400, "x-llmq-class"),
+])
+async def test_client_errors_never_reach_the_producer(setup, kwargs, status, param):
+    client, _, worker, _ = setup
+    response = await client.post("/v1/completions", **kwargs)
+    assert response.status_code == status
+    assert response.json()["error"]["param"] == param
+    assert response.headers["x-request-id"].startswith("cmpl-")
+    assert worker.produced == []
+
+
+async def test_chunked_body_over_the_limit_is_413(setup):
+    client, _, worker, _ = setup
+
+    async def chunks():
+        for _ in range(30):
+            yield b"x" * 100
+
+    response = await client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and worker.produced == []
+
+
+async def test_models_health_readiness_metrics(setup):
+    client, pod, _, _ = setup
+    models = (await client.get("/v1/models")).json()
+    assert {m["id"]: m["context_window"] for m in models["data"]} == {"llmq-sim": 8192, "llmq-tiny": 8192}
+    assert (await client.get("/v1/models/llmq-tiny")).json()["id"] == "llmq-tiny"
+    assert (await client.get("/v1/models/nope")).status_code == 404
+    assert (await client.get("/healthz")).status_code == 200
+    assert (await client.get("/readyz")).status_code == 503  # the replies subscription never started here
+    pod.listener.subscribed = True
+    assert (await client.get("/readyz")).status_code == 200
+    pod.draining = True
+    assert (await client.get("/readyz")).status_code == 503
+    await client.post("/v1/completions", json={"model": "nope", "prompt": "a"})
+    text = (await client.get("/metrics")).text
+    assert 'llmq_api_requests_total{endpoint="completions",outcome="rejected",status="404"} 1.0' in text
+    assert "llmq_api_in_flight 0.0" in text
+
+
+async def test_draining_pod_answers_503_with_retry_after(setup):
+    client, pod, worker, _ = setup
+    pod.draining = True
+    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "a"})
+    assert response.status_code == 503 and response.headers["retry-after"] == "1" and worker.produced == []
+
+
+async def test_unknown_route_is_an_openai_style_404(setup):
+    client, _, _, _ = setup
+    response = await client.get("/v1/nothing")
+    assert response.status_code == 404 and set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_unexpected_error_is_a_clean_500(setup):
+    _, pod, _, _ = setup
+
+    def broken():
+        raise RuntimeError("bug")
+
+    pod.catalog.context_windows = broken
+    transport = httpx.ASGITransport(app=create_app(pod), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "a"})
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error" and "bug" not in response.text

@@ -1,0 +1,101 @@
+"""Gateway: the waiter exists before the request is produced; produce failures are fast 503s with a Cancel."""
+
+import asyncio
+
+import pytest
+
+from llmq_core import wire
+from llmq_core.clock import FakeClock
+from llmq_api.auth import DEFAULT_PRINCIPAL
+from llmq_api.errors import ApiError
+from llmq_api.gateway import Gateway
+from llmq_api.validation import parse_completion
+from llmq_api.waiters import WaiterRegistry
+from tests.unit.api.fakes import CancelRecorder
+
+
+class Producer:
+    ready = True
+
+    def __init__(self, registry: WaiterRegistry, behaviour: str = "ok") -> None:
+        self.registry = registry
+        self.behaviour = behaviour
+        self.seen_registered: list[bool] = []
+        self.produced: list[wire.GenerationRequest] = []
+
+    async def run(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def produce(self, request: wire.GenerationRequest) -> None:
+        self.seen_registered.append(request.request_id in self.registry)
+        if self.behaviour == "fail":
+            raise ConnectionError("broker down")
+        if self.behaviour == "hang":
+            await asyncio.Event().wait()
+        self.produced.append(request)
+
+
+def make(behaviour="ok", max_waiters=10, accepting=True):
+    registry, cancels, clock = WaiterRegistry(max_waiters), CancelRecorder(), FakeClock(1_000_000)
+    producer = Producer(registry, behaviour)
+    gateway = Gateway(instance_id="pod-1", registry=registry, producer=producer, publish_cancel=cancels, clock=clock,
+                      produce_timeout_ms=20, accepting=lambda: accepting)
+    valid = parse_completion(b'{"model": "llmq-sim", "prompt": "abc", "max_tokens": 4, "stream": true}',
+                             {"llmq-sim": 100})
+    request = gateway.build(valid, request_id="cmpl-1", principal=DEFAULT_PRINCIPAL, traffic_class="near_interactive",
+                            timeout_ms=5000, idempotency_key="idem")
+    return gateway, registry, producer, cancels, request
+
+
+def test_build_fills_the_wire_request():
+    _, _, _, _, request = make()
+    assert request.reply_to == wire.HttpReply(instance_id="pod-1")
+    assert (request.created_ms, request.deadline_ms) == (1_000_000, 1_005_000)
+    assert (request.traffic_class, request.tier, request.tenant_id) == ("near_interactive", "paid", "default")
+    assert request.prompt == "abc" and request.stream and request.prompt_tokens == 3
+    assert request.sampling.max_tokens == 4 and request.idempotency_key == "idem"
+
+
+async def test_waiter_is_registered_before_producing():
+    gateway, registry, producer, cancels, request = make()
+    waiter = await gateway.submit(request)
+    assert producer.seen_registered == [True] and producer.produced == [request]
+    assert "cmpl-1" in registry and waiter.stream and cancels.cancels == []
+
+
+@pytest.mark.parametrize("behaviour", ["fail", "hang"])
+async def test_produce_failure_is_a_503_with_retry_after_and_a_cancel(behaviour):
+    gateway, registry, _, cancels, request = make(behaviour)
+    with pytest.raises(ApiError) as info:
+        await gateway.submit(request)
+    assert info.value.status == 503 and info.value.headers["retry-after"] == "1"
+    assert len(registry) == 0
+    assert cancels.cancels == [("cmpl-1", "produce_failed")]
+
+
+async def test_draining_pod_refuses_before_registering():
+    gateway, registry, producer, _, request = make(accepting=False)
+    with pytest.raises(ApiError) as info:
+        await gateway.submit(request)
+    assert info.value.status == 503 and len(registry) == 0 and producer.seen_registered == []
+
+
+async def test_full_pod_answers_429():
+    gateway, registry, _, _, request = make(max_waiters=1)
+    registry.register("other", stream=False)
+    with pytest.raises(ApiError) as info:
+        await gateway.submit(request)
+    assert info.value.status == 429 and "retry-after" in info.value.headers
+
+
+async def test_cancelled_submit_resolves_waiter_and_cancels():
+    gateway, registry, _, cancels, request = make("hang")
+    gateway.produce_timeout_s = 60
+    task = asyncio.create_task(gateway.submit(request))
+    await asyncio.sleep(0.01)
+    waiter_seen = "cmpl-1" in registry
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert waiter_seen and task.cancelled() and len(registry) == 0
+    assert cancels.cancels == [("cmpl-1", "produce_failed")]

@@ -1,0 +1,72 @@
+"""Response shapes, stream chunks and the outcome -> HTTP status mapping."""
+
+import msgspec
+import pytest
+
+from llmq_core import wire
+from llmq_api.openai_format import ChunkFormatter, error_for, outcome_label, response_body
+from llmq_api.responses import _finish_chunks
+from llmq_api.waiters import Abandoned, DeadlineExceeded
+from tests.unit.api.fakes import final
+
+
+def events(data: bytes) -> list:
+    frames = [f for f in data.split(b"\n\n") if f]
+    assert all(f.startswith(b"data: ") for f in frames)
+    return [msgspec.json.decode(f[6:]) for f in frames]
+
+
+def test_completion_and_chat_bodies():
+    result = final("r", "hi")
+    body = response_body(result, "cmpl-1", "completions", 123)
+    assert body["object"] == "text_completion" and body["id"] == "cmpl-1" and body["created"] == 123
+    assert body["choices"] == [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    chat = response_body(result, "chatcmpl-1", "chat.completions", 123)
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+
+
+def test_chat_stream_chunks():
+    fmt = ChunkFormatter("chatcmpl-1", "chat.completions", "llmq-sim", 5, include_usage=True)
+    role, text = events(fmt.role(1) + fmt.text(0, "he"))
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""} and role["usage"] is None
+    assert text["object"] == "chat.completion.chunk" and text["choices"][0]["delta"] == {"content": "he"}
+    last, usage = events(_finish_chunks(fmt, final("r", "hello"), {0: "he"}))
+    assert last["choices"][0] == {"index": 0, "delta": {"content": "llo"}, "logprobs": None, "finish_reason": "length"}
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 8
+
+
+def test_completion_stream_finish_without_missing_text_or_usage():
+    fmt = ChunkFormatter("cmpl-1", "completions", "llmq-sim", 5, include_usage=False)
+    assert fmt.role(1) == b""
+    (last,) = events(_finish_chunks(fmt, final("r", "hello"), {0: "hello"}))
+    assert last["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+    assert "usage" not in last
+
+
+def errored(type_: str, retryable: bool = False) -> wire.FinalResult:
+    return final("r", "", wire.Outcome.ERRORED, wire.ErrorInfo(type=type_, message="boom", retryable=retryable))
+
+
+@pytest.mark.parametrize("resolution, status, label", [
+    (final("r"), None, "succeeded"),
+    (errored("invalid_request_error"), 400, "errored"),
+    (errored("engine_error"), 500, "errored"),
+    (errored("engine_error", retryable=True), 503, "errored"),
+    (final("r", "", wire.Outcome.ERRORED), 500, "errored"),
+    (final("r", "", wire.Outcome.EXPIRED), 504, "expired"),
+    (final("r", "", wire.Outcome.CANCELED), 409, "canceled"),
+    (DeadlineExceeded(), 504, "deadline"),
+    (Abandoned("client_disconnected"), 499, "abandoned"),
+])
+def test_status_mapping(resolution, status, label):
+    error = error_for(resolution)
+    assert (error.status if error else None) == status
+    assert outcome_label(resolution) == label
+    if error is not None:
+        assert set(error.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_retryable_error_carries_retry_after():
+    assert error_for(errored("overloaded", retryable=True)).headers == {"retry-after": "1"}
