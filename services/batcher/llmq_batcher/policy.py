@@ -315,7 +315,7 @@ class BatchPolicy:
         pending = sum(q.depth for q in queues[:DEFERRED])
         classes = [i for i in range(DEFERRED) if queues[i].depth]
         if not pending and deferred_room:
-            pending, classes = min(queues[DEFERRED].depth, deferred_room), [DEFERRED]
+            pending, classes, room = min(queues[DEFERRED].depth, deferred_room), [DEFERRED], deferred_room
         if not classes:
             return None, None
         if drain:

@@ -1,0 +1,18 @@
+"""FinalResults the batcher itself sends."""
+
+from llmq_core import wire
+from llmq_batcher.outcomes import final_result
+from llmq_batcher.policy import Answer
+
+from tests.unit.batcher.helpers import T0, req
+
+
+def test_expired_answer_carries_the_requests_identity_and_timings():
+    request = req("r1", tenant="acme")
+    result = final_result(Answer(request, wire.Outcome.EXPIRED, "expired", "deadline passed"), T0 + 250)
+    assert (result.request_id, result.outcome, result.tenant_id, result.model) == (
+        "r1", wire.Outcome.EXPIRED, "acme", request.model)
+    assert result.reply_to == request.reply_to
+    assert (result.timings.total_ms, result.created_ms, result.finished_ms) == (250, T0, T0 + 250)
+    assert result.error == wire.ErrorInfo(type="expired", message="deadline passed")
+    assert wire.decode(wire.encode(result)) == result

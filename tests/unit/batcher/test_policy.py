@@ -1,0 +1,389 @@
+"""The batching policy, rule by rule, on a FakeClock (no sleeps)."""
+
+import pytest
+
+from llmq_core import wire
+from llmq_batcher.policy import AddStatus, estimated_tokens
+
+from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, hb, make_policy, req
+
+# --- classes and precedence ------------------------------------------------------------------------------------------
+
+
+def test_interactive_goes_out_at_once_to_a_continuous_worker():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w3", free=8))
+    policy.add(req("r1"))
+    decision = policy.schedule(T0)
+    assert dispatched_ids(decision) == [["r1"]]
+    batch = decision.batches[0]
+    assert (batch.worker_id, batch.partition, batch.model, batch.flush_reason) == ("w3", 3, MODEL, "wait")
+
+
+@pytest.mark.parametrize(
+    "queued, free, expected",
+    [
+        # capacity short: strictly paid, then free, then near_interactive
+        ([("d1", "deferred"), ("n1", "near"), ("f1", "free"), ("p1", "paid")], 1, ["p1"]),
+        ([("d1", "deferred"), ("n1", "near"), ("f1", "free"), ("p1", "paid")], 2, ["p1", "f1"]),
+        ([("n1", "near"), ("f1", "free"), ("p1", "paid"), ("p2", "paid")], 3, ["p1", "p2", "f1"]),
+        # enough room: everything rides along, deferred only into slots above the reserve
+        ([("d1", "deferred"), ("n1", "near"), ("p1", "paid")], 8, ["p1", "n1", "d1"]),
+        ([("d1", "deferred"), ("d2", "deferred"), ("p1", "paid"), ("p2", "paid")], 5, ["p1", "p2", "d1"]),
+        ([("d1", "deferred"), ("p1", "paid"), ("p2", "paid")], 4, ["p1", "p2"]),  # 2 left = the reserve of 8 slots
+    ],
+)
+def test_strict_precedence_when_capacity_is_short(queued, free, expected):
+    policy, _ = make_policy()
+    for request_id, cls in queued:
+        policy.add(req(request_id, cls))
+    policy.on_heartbeat(hb("w1", free=free))
+    assert dispatched_ids(policy.schedule(T0)) == [expected]
+
+
+@pytest.mark.parametrize(
+    "free, max_slots, deferred_queued, expected_size",
+    [
+        (8, 8, 10, 6),  # 25% of 8 slots stay free
+        (4, 8, 10, 2),
+        (2, 8, 10, 0),  # only reserved slots left: nothing
+        (16, 16, 3, 3),
+    ],
+)
+def test_deferred_never_fills_the_reserved_slots(free, max_slots, deferred_queued, expected_size):
+    policy, clock = make_policy()
+    for i in range(deferred_queued):
+        policy.add(req(f"d{i}", "deferred"))
+    policy.on_heartbeat(hb("w1", free=free, max_slots=max_slots))
+    clock.advance(500)  # past the deferred window
+    decision = policy.schedule(clock.now_ms())
+    assert sum(len(b) for b in dispatched_ids(decision)) == expected_size
+
+
+def test_deferred_waits_while_near_interactive_work_waits_for_its_window():
+    policy, clock = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(req("d1", "deferred"))
+    clock.advance(600)
+    policy.add(req("n1", "near", now_ms=clock.now_ms()))
+    assert policy.schedule(clock.now_ms()).batches == []
+    assert policy.deferred_blocked(clock.now_ms())
+    clock.advance(50)
+    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["n1", "d1"]]
+
+
+@pytest.mark.parametrize(
+    "heartbeats, blocked",
+    [
+        ([dict(free=8)], False),
+        ([dict(free=2)], True),  # only the reserve is free
+        ([], True),  # no worker at all
+    ],
+)
+def test_deferred_blocked_without_idle_capacity(heartbeats, blocked):
+    policy, _ = make_policy()
+    for i, kwargs in enumerate(heartbeats):
+        policy.on_heartbeat(hb(f"w{i}", **kwargs))
+    assert policy.deferred_blocked(T0) is blocked
+
+
+# --- flush triggers --------------------------------------------------------------------------------------------------
+
+
+def test_near_interactive_waits_its_window_then_flushes_on_wait():
+    policy, clock = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(req("n1", "near"))
+    decision = policy.schedule(T0)
+    assert decision.batches == []
+    assert decision.next_wake_ms == T0 + 50 * 8 // 9  # adaptive: bound * room / (room + pending)
+    clock.set(decision.next_wake_ms)
+    decision = policy.schedule(clock.now_ms())
+    assert dispatched_ids(decision) == [["n1"]] and decision.batches[0].flush_reason == "wait"
+
+
+@pytest.mark.parametrize("pending, expected_wait_ms", [(1, 44), (4, 33), (7, 26)])
+def test_wait_window_shrinks_as_the_queue_deepens(pending, expected_wait_ms):
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    for i in range(pending):
+        policy.add(req(f"n{i}", "near"))
+    assert policy.schedule(T0).next_wake_ms == T0 + expected_wait_ms
+
+
+def test_size_flush_when_the_batch_fills_the_workers_free_slots():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=4))
+    for i in range(6):
+        policy.add(req(f"n{i}", "near"))
+    decision = policy.schedule(T0)
+    assert dispatched_ids(decision) == [["n0", "n1", "n2", "n3"]]
+    assert decision.batches[0].flush_reason == "size"
+
+
+def test_batch_never_exceeds_the_models_max_batch_size():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=100, max_slots=100, model="llmq-tiny"))  # llmq-tiny: max batch 32
+    for i in range(90):
+        policy.add(req(f"r{i}", model="llmq-tiny"))
+    sizes = [len(b) for b in dispatched_ids(policy.schedule(T0))]
+    assert sizes == [32, 32, 26]
+
+
+def test_fixed_engine_holds_a_short_window_while_free_then_waits_for_the_batch_to_end():
+    policy, clock = make_policy(fixed_engine_max_wait_ms=20)
+    policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=250))
+    for i in range(10):
+        policy.add(req(f"a{i}"))
+    decision = policy.schedule(T0)
+    assert decision.batches == [] and decision.next_wake_ms == T0 + 20 * 64 // 74
+    clock.set(decision.next_wake_ms)
+    decision = policy.schedule(clock.now_ms())
+    assert [len(b) for b in dispatched_ids(decision)] == [10]
+    formed_ms = clock.now_ms()
+    for i in range(70):  # arrive while the worker runs its batch: held here, not queued at the worker
+        policy.add(req(f"b{i}", now_ms=clock.now_ms()))
+    decision = policy.schedule(clock.now_ms())
+    assert decision.batches == [] and decision.next_wake_ms == formed_ms + 250
+    clock.set(formed_ms + 250)
+    decision = policy.schedule(clock.now_ms())
+    assert [len(b) for b in dispatched_ids(decision)] == [64] and decision.batches[0].flush_reason == "size"
+
+
+def test_fixed_engine_full_batch_goes_without_waiting():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=250))
+    for i in range(64):
+        policy.add(req(f"r{i}"))
+    assert [len(b) for b in dispatched_ids(policy.schedule(T0))] == [64]
+
+
+def test_drain_flushes_regardless_of_windows():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(req("n1", "near"))
+    decision = policy.schedule(T0, drain=True)
+    assert dispatched_ids(decision) == [["n1"]] and decision.batches[0].flush_reason == "drain"
+
+
+# --- fairness --------------------------------------------------------------------------------------------------------
+
+
+def test_one_tenants_flood_does_not_starve_another_tenants_single_request():
+    policy, _ = make_policy()
+    for i in range(10_000):
+        policy.add(req(f"big{i}", tenant="big"))
+    policy.add(req("small", tenant="small"))
+    policy.on_heartbeat(hb("w1", free=4))
+    assert "small" in dispatched_ids(policy.schedule(T0))[0]
+
+
+@pytest.mark.parametrize("weights, expected_share_of_a", [({"a": 3.0, "b": 1.0}, 0.75), ({}, 0.5)])
+def test_weighted_token_shares(weights, expected_share_of_a):
+    policy, clock = make_policy(tenant_weights=weights)
+    for i in range(400):
+        policy.add(req(f"a{i}", tenant="a", prompt_tokens=30, max_tokens=10))  # 40 tokens
+        policy.add(req(f"b{i}", tenant="b", prompt_tokens=10, max_tokens=10))  # 20 tokens
+    tokens = {"a": 0, "b": 0}
+    for step in range(50):
+        policy.on_heartbeat(hb("w1", free=4, last_batch_id=f"t-{step}", now_ms=clock.now_ms()))
+        for batch in policy.schedule(clock.now_ms()).batches:
+            for r in batch.requests:
+                tokens[r.tenant_id] += estimated_tokens(r)
+    assert tokens["a"] / (tokens["a"] + tokens["b"]) == pytest.approx(expected_share_of_a, rel=0.05)
+
+
+def test_per_tenant_in_flight_cap_and_release_on_result():
+    policy, _ = make_policy(tenant_max_inflight=2)
+    for i in range(5):
+        policy.add(req(f"a{i}", tenant="a"))
+    policy.add(req("b0", tenant="b"))
+    policy.on_heartbeat(hb("w1", free=8))
+    assert dispatched_ids(policy.schedule(T0)) == [["a0", "b0", "a1"]]
+    policy.on_result("a0")
+    assert dispatched_ids(policy.schedule(T0)) == [["a2"]]
+
+
+def test_idle_heartbeat_covering_every_batch_releases_in_flight_counts():
+    policy, _ = make_policy(tenant_max_inflight=1)
+    policy.add(req("a0", tenant="a"))
+    policy.add(req("a1", tenant="a"))
+    policy.on_heartbeat(hb("w1", free=8))
+    first = policy.schedule(T0)
+    assert dispatched_ids(first) == [["a0"]]
+    policy.on_heartbeat(hb("w1", free=8, running=0, last_batch_id=first.batches[0].batch_id))
+    assert dispatched_ids(policy.schedule(T0)) == [["a1"]]
+
+
+# --- deadlines, cancels, bounds ----------------------------------------------------------------------------------------
+
+
+def test_expired_request_is_answered_and_never_dispatched():
+    policy, clock = make_policy()
+    policy.add(req("r1", deadline_in_ms=100))
+    clock.advance(100)
+    policy.on_heartbeat(hb("w1", free=8, now_ms=clock.now_ms()))
+    decision = policy.schedule(clock.now_ms())
+    assert decision.batches == []
+    assert [(a.request.request_id, a.outcome) for a in decision.answers] == [("r1", wire.Outcome.EXPIRED)]
+
+
+def test_request_already_past_its_deadline_on_arrival_is_answered():
+    policy, _ = make_policy()
+    assert policy.add(req("r1", deadline_in_ms=0)) is AddStatus.ANSWERED
+    assert [a.outcome for a in policy.schedule(T0).answers] == [wire.Outcome.EXPIRED]
+
+
+def test_next_wake_is_the_earliest_deadline_when_nothing_can_run():
+    policy, _ = make_policy()
+    policy.add(req("r1", deadline_in_ms=700))
+    policy.add(req("r2", deadline_in_ms=300))
+    assert policy.schedule(T0).next_wake_ms == T0 + 300
+
+
+@pytest.mark.parametrize(
+    "steps, expected_outcomes, expected_batches",
+    [
+        (["add", "cancel", "schedule"], [wire.Outcome.CANCELED], []),
+        (["cancel", "add", "schedule"], [wire.Outcome.CANCELED], []),  # cancel raced ahead of the request
+        (["add", "schedule", "cancel", "schedule"], [], [["r1"]]),  # dispatched: the worker handles the cancel
+    ],
+)
+def test_cancels(steps, expected_outcomes, expected_batches):
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    outcomes, batches = [], []
+    for step in steps:
+        if step == "add":
+            policy.add(req("r1"))
+        elif step == "cancel":
+            policy.cancel("r1", "client_disconnected")
+        else:
+            decision = policy.schedule(T0)
+            outcomes += [a.outcome for a in decision.answers]
+            batches += dispatched_ids(decision)
+    assert outcomes == expected_outcomes and batches == expected_batches
+
+
+def test_queue_bound_rejects_new_requests_as_overloaded():
+    policy, _ = make_policy(max_queued=3)
+    statuses = [policy.add(req(f"r{i}")) for i in range(4)]
+    assert statuses == [AddStatus.QUEUED] * 3 + [AddStatus.ANSWERED]
+    (answer,) = policy.schedule(T0).answers
+    assert (answer.request.request_id, answer.outcome, answer.error_type, answer.retryable) == (
+        "r3", wire.Outcome.ERRORED, "overloaded", True)
+
+
+def test_duplicate_of_a_held_request_is_ignored():
+    policy, _ = make_policy()
+    assert policy.add(req("r1")) is AddStatus.QUEUED
+    assert policy.add(req("r1")) is AddStatus.DUPLICATE
+    policy.on_heartbeat(hb("w1", free=8))
+    assert dispatched_ids(policy.schedule(T0)) == [["r1"]]
+    assert policy.add(req("r1")) is AddStatus.DUPLICATE  # in flight
+
+
+# --- routing -----------------------------------------------------------------------------------------------------------
+
+
+def test_routes_to_least_outstanding_work_never_round_robin():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=2))
+    policy.on_heartbeat(hb("w2", free=5))
+    chosen = []
+    for i in range(5):
+        policy.add(req(f"r{i}"))
+        chosen += [b.worker_id for b in policy.schedule(T0).batches]
+    assert chosen == ["w2", "w2", "w2", "w1", "w2"]  # most free slots; ties go to the lower drain time, then id
+
+
+def test_ties_on_free_slots_go_to_the_lower_drain_time():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=4, est_drain_ms=900))
+    policy.on_heartbeat(hb("w2", free=4, est_drain_ms=100))
+    policy.add(req("r1"))
+    assert [b.worker_id for b in policy.schedule(T0).batches] == ["w2"]
+
+
+def test_models_never_mix_and_route_only_to_their_workers():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=8, model="llmq-sim"))
+    policy.on_heartbeat(hb("w2", free=8, model="llmq-tiny"))
+    for i in range(3):
+        policy.add(req(f"s{i}", model="llmq-sim"))
+        policy.add(req(f"t{i}", model="llmq-tiny"))
+    batches = {b.worker_id: (b.model, {r.model for r in b.requests}) for b in policy.schedule(T0).batches}
+    assert batches == {"w1": ("llmq-sim", {"llmq-sim"}), "w2": ("llmq-tiny", {"llmq-tiny"})}
+
+
+@pytest.mark.parametrize(
+    "second_heartbeat, expected",
+    [
+        (dict(free=4), []),  # the worker has not taken batch t-1 yet: its 4 free slots are ours already
+        (dict(free=4, last_batch_id="t-1"), [["r4", "r5", "r6", "r7"]]),
+    ],
+)
+def test_free_slots_discount_batches_sent_after_the_heartbeats_last_batch(second_heartbeat, expected):
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=4))
+    for i in range(8):
+        policy.add(req(f"r{i}"))
+    assert dispatched_ids(policy.schedule(T0)) == [["r0", "r1", "r2", "r3"]]
+    policy.on_heartbeat(hb("w1", **second_heartbeat))
+    assert dispatched_ids(policy.schedule(T0)) == expected
+
+
+def test_silent_worker_is_removed_and_its_unfinished_work_requeued_elsewhere():
+    policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
+    policy.on_heartbeat(hb("w1", free=8))
+    for i in range(3):
+        policy.add(req(f"r{i}"))
+    assert dispatched_ids(policy.schedule(T0)) == [["r0", "r1", "r2"]]
+    policy.on_result("r1")
+    clock.advance(1000)
+    policy.on_heartbeat(hb("w2", free=0, now_ms=clock.now_ms()))
+    clock.advance(1001)  # w1 silent for 2001 ms
+    policy.on_heartbeat(hb("w2", free=8, now_ms=clock.now_ms()))
+    decision = policy.schedule(clock.now_ms())
+    assert [(b.worker_id, [(r.request_id, r.attempt) for r in b.requests]) for b in decision.batches] == [
+        ("w2", [("r0", 1), ("r2", 1)])]
+
+
+def test_result_for_a_requeued_request_drops_the_queued_copy():
+    policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(req("r1"))
+    policy.schedule(T0)
+    clock.advance(2001)
+    assert policy.schedule(clock.now_ms()).batches == []  # no worker left: r1 waits, re-queued
+    policy.on_result("r1")  # the old worker did finish it after all
+    decision = policy.schedule(clock.now_ms())
+    assert decision.dropped == ["r1"] and policy.queued_total == 0
+
+
+def test_undispatch_puts_the_batch_back_in_front():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=2))
+    for i in range(3):
+        policy.add(req(f"r{i}"))
+    (batch,) = policy.schedule(T0).batches
+    policy.undispatch(batch)
+    assert dispatched_ids(policy.schedule(T0)) == [["r0", "r1"]]
+
+
+def test_load_reports_depth_and_oldest_age_per_class():
+    policy, clock = make_policy()
+    policy.add(req("p1"))
+    clock.advance(30)
+    policy.add(req("d1", "deferred", now_ms=clock.now_ms()))
+    policy.add(req("d2", "deferred", now_ms=clock.now_ms()))
+    clock.advance(10)
+    load = policy.schedule(clock.now_ms()).load
+    assert (load["interactive:paid"].depth, load["interactive:paid"].oldest_age_ms) == (1, 40)
+    assert (load["deferred"].depth, load["deferred"].oldest_age_ms) == (2, 10)
+    assert load["near_interactive"].depth == 0
+
+
+def test_estimated_tokens_counts_prompt_and_every_choice():
+    request = req("r1", prompt_tokens=0, max_tokens=7)
+    assert estimated_tokens(request) == len("x") + 7
