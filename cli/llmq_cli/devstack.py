@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,7 +126,7 @@ class DevStack:
         self._start_kafka()
         _wait(lambda: _redis_ping(self.cfg.redis_url), deadline, "redis")
         _wait(lambda: _tcp_open(self.cfg.kafka_port), deadline, "kafka")
-        _wait(lambda: _try(lambda: asyncio.run(ensure_topics(self.cfg.settings()))), deadline, "kafka topics")
+        _wait(lambda: _try(lambda: _run_in_thread(ensure_topics(self.cfg.settings()))), deadline, "kafka topics")
         for spec in service_specs(self.cfg) if services else ():
             self._spawn(spec)
         for row in self._wait_healthy(deadline):
@@ -258,6 +259,13 @@ def _tcp_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _run_in_thread(coro) -> bool:
+    """Run a coroutine to completion on a fresh event loop in another thread (safe under a caller's running loop)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, coro).result()
+    return True
 
 
 def _try(check) -> bool:
