@@ -14,6 +14,8 @@ from rich.table import Table
 from llmq_cli import demo as demo_mod
 from llmq_cli import kafka_dist, prompts
 from llmq_cli.devstack import DevStack, StackConfig
+from llmq_core.kafka import ensure_topics
+from llmq_core.settings import load_settings
 
 app = typer.Typer(help="llmq: a batching system for LLM queries over Kafka and Redis.", no_args_is_help=True)
 dev = typer.Typer(help="Run the local stack as processes (Kafka, Redis, API pods, batcher, workers, result-router).",
@@ -73,6 +75,14 @@ def dev_down(state_dir: Path = STATE_DIR) -> None:
     """Stop exactly the processes `llmq dev up` started (from their pid files)."""
     stopped = DevStack(StackConfig(state_dir=state_dir)).down()
     console.print(f"stopped: {', '.join(stopped) or 'nothing'}")
+
+
+@app.command("topics")
+def create_topics() -> None:
+    """Create the llmq topics that are missing on the broker named by LLMQ_KAFKA_BOOTSTRAP_SERVERS."""
+    settings = load_settings()
+    asyncio.run(ensure_topics(settings))
+    console.print(f"topics ready on {settings.kafka_bootstrap_servers}")
 
 
 @app.command("prompts")

@@ -1,0 +1,56 @@
+"""docker-compose.yml checked statically (no Docker engine here): services, images, ports, environment, commands."""
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def test_infrastructure_from_official_images():
+    assert SERVICES["kafka"]["image"].startswith("apache/kafka:4.")
+    assert SERVICES["redis"]["image"].startswith("redis:")
+    assert "9092:9092" in SERVICES["kafka"]["ports"]
+    assert "6379:6379" in SERVICES["redis"]["ports"]
+
+
+def test_every_llmq_service_is_composed_with_its_module():
+    modules = {name: " ".join(svc.get("command", [])) for name, svc in SERVICES.items()}
+    assert "llmq_api.main" in modules["api-0"] and "llmq_api.main" in modules["api-1"]
+    assert "llmq_batcher.main" in modules["batcher"]
+    assert "llmq_result_router.main" in modules["result-router"]
+    workers = [name for name, cmd in modules.items() if "llmq_worker.main" in cmd]
+    assert {"worker-tiny-0", "worker-sim-0", "worker-sim-1"} <= set(workers)
+    partitions = [SERVICES[w]["command"][SERVICES[w]["command"].index("--partition") + 1] for w in workers]
+    assert len(set(partitions)) == len(partitions), "two workers would share one partition of llmq.batches"
+
+
+def test_api_pods_publish_distinct_ports_and_instance_ids():
+    ports = [SERVICES[f"api-{i}"]["ports"][0] for i in range(2)]
+    assert ports == ["8000:8000", "8001:8001"]
+    ids = [SERVICES[f"api-{i}"]["command"][-1] for i in range(2)]
+    assert len(set(ids)) == 2
+
+
+def test_services_reach_kafka_and_redis_by_service_name():
+    for name, svc in SERVICES.items():
+        if name in ("kafka", "redis"):
+            continue
+        env = svc["environment"]
+        assert env["LLMQ_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092", name
+        assert env["LLMQ_REDIS_URL"].startswith("redis://redis:6379"), name
+
+
+def test_modules_in_compose_exist_in_the_tree():
+    for name, svc in SERVICES.items():
+        command = svc.get("command", [])
+        if "-m" in command:
+            module = command[command.index("-m") + 1].split(".")[0]
+            assert list(ROOT.glob(f"services/*/{module}/__init__.py")), f"{name} runs missing module {module}"
+
+
+def test_worker_image_carries_the_worker_extra():
+    assert SERVICES["worker-tiny-0"]["build"]["args"]["EXTRAS"] == "worker"
+    assert "EXTRAS" in (ROOT / "Dockerfile").read_text()
