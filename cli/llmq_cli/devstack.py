@@ -202,11 +202,16 @@ class DevStack:
 
     # --- stop ----------------------------------------------------------------------------------------------------
 
-    def down(self, timeout_s: float = 20.0) -> list[str]:
-        """SIGTERM every process started here (services first, Kafka and Redis last); SIGKILL what outlives the bound."""
+    def down(self, timeout_s: float = 20.0, services_only: bool = False) -> list[str]:
+        """SIGTERM every process started here (services first, Kafka and Redis last); SIGKILL what outlives the bound.
+
+        ``services_only`` leaves Kafka and Redis running.
+        """
         order = {"api": 0, "batcher": 1, "worker": 2, "result-router": 3, "kafka": 4, "redis": 5}
         stopped = []
         records = sorted(self._records(), key=lambda item: order.get(item[1]["kind"], 9))
+        if services_only:
+            records = [(name, r) for name, r in records if r["kind"] not in ("kafka", "redis")]
         for group in sorted({order.get(r["kind"], 9) for _, r in records}):
             members = [(n, r) for n, r in records if order.get(r["kind"], 9) == group]
             for name, record in members:

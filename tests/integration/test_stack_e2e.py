@@ -1,0 +1,122 @@
+"""The whole stack as real processes: two API pods, batcher, workers (llmq-sim x2, llmq-tiny), result-router.
+
+Clients are real: the official ``openai`` SDK over HTTP, and ``kcat`` producing JSON straight to Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import shutil
+import subprocess
+import uuid
+
+import openai
+import pytest
+
+from llmq_cli.devstack import DevStack
+from llmq_cli.prompts import cut_prompts
+from llmq_core.constants import requests_topic
+from llmq_core.tokenizer import count_tokens
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+API_PORTS = (18000, 18001)
+
+
+def sim_answer(prompt: str, max_tokens: int) -> str:
+    """llmq-sim's completion: the prompt's own bytes from its start, cycled, ``max_tokens`` of them (UTF-8 safe)."""
+    data = prompt.encode()
+    out = bytes(data[i % len(data)] for i in range(max_tokens))
+    return out.decode("utf-8", errors="ignore")
+
+
+@pytest.fixture(scope="module")
+def stack(infra):
+    if infra is None:
+        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
+    cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, sim_batch_time_ms=300)
+    running = DevStack(cfg)
+    try:
+        running.up(timeout_s=240, log=lambda *_: None)
+        yield running
+    finally:
+        running.down(services_only=True)
+
+
+def clients() -> list[openai.AsyncOpenAI]:
+    return [openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="llmq-dev-key", max_retries=0,
+                               timeout=120) for port in API_PORTS]
+
+
+async def test_200_concurrent_requests_each_get_their_own_answer(stack):
+    pods = clients()
+    prompts = cut_prompts(200, seed=7, max_chars=600)
+
+    async def ask(i, p):
+        return await pods[i % 2].completions.create(model="llmq-sim", prompt=p.prompt, max_tokens=p.max_tokens)
+
+    responses = await asyncio.gather(*(ask(i, p) for i, p in enumerate(prompts)))
+    ids = set()
+    for p, response in zip(prompts, responses):
+        assert response.choices[0].text == sim_answer(p.prompt, p.max_tokens)
+        assert response.usage.prompt_tokens == count_tokens(p.prompt)
+        assert response.usage.completion_tokens == p.max_tokens
+        ids.add(response.id)
+    assert len(ids) == len(prompts)
+
+
+async def test_chat_on_llmq_sim_replays_the_last_user_message(stack):
+    pod = clients()[1]
+    response = await pod.chat.completions.create(
+        model="llmq-sim", max_tokens=7,
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}])
+    assert response.choices[0].message.content == "hellohe"
+    assert response.choices[0].message.role == "assistant"
+
+
+async def test_llmq_tiny_answers_are_well_formed(stack):
+    pods = clients()
+    prompts = cut_prompts(8, seed=3, max_chars=800)
+    responses = await asyncio.gather(*(
+        pods[i % 2].completions.create(model="llmq-tiny", prompt=p.prompt, max_tokens=12, temperature=0)
+        for i, p in enumerate(prompts)))
+    for p, response in zip(prompts, responses):
+        choice = response.choices[0]
+        assert isinstance(choice.text, str) and "\ufffd" not in choice.text
+        assert choice.finish_reason in ("stop", "length")
+        assert response.usage.prompt_tokens == count_tokens(p.prompt)
+        assert 0 < response.usage.completion_tokens <= 12
+        assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+
+
+async def test_deadline_ends_in_504_with_an_openai_error(stack):
+    pod = clients()[0]
+    with pytest.raises(openai.APIStatusError) as caught:
+        await pod.completions.create(model="llmq-sim", prompt="slow " * 10, max_tokens=8,
+                                     extra_headers={"x-llmq-timeout-ms": "50"})
+    assert caught.value.status_code == 504
+    assert caught.value.body["type"]  # OpenAI-style error object: message, type, param, code
+    assert "message" in caught.value.body
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
+def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
+    bootstrap = stack.cfg.kafka_bootstrap
+    request_id = f"kcat-{uuid.uuid4().hex[:12]}"
+    reply_topic = f"team.replies.{request_id}"
+    now_ms = int(__import__("time").time() * 1000)
+    request = {
+        "type": "generation_request", "request_id": request_id, "tenant_id": "team-a", "model": "llmq-sim",
+        "prompt": "kafka says hi", "sampling": {"max_tokens": 20}, "created_ms": now_ms,
+        "deadline_ms": now_ms + 60_000, "reply_to": {"kind": "kafka", "topic": reply_topic},
+    }
+    subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", requests_topic("interactive"), "-k", request_id,
+                    "-H", "content-type=application/json"], input=json.dumps(request).encode(), check=True, timeout=30)
+    consumed = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1",
+                               "-e", "-m", "60"], capture_output=True, check=True, timeout=90)
+    result = json.loads(consumed.stdout.decode().strip().splitlines()[0])
+    assert result["request_id"] == request_id
+    assert result["outcome"] == "succeeded"
+    assert result["choices"][0]["text"] == sim_answer("kafka says hi", 20)
