@@ -14,6 +14,7 @@ import uuid
 
 import openai
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from llmq_cli.devstack import DevStack
 from llmq_cli.prompts import cut_prompts
@@ -43,6 +44,15 @@ def stack(infra):
         yield running
     finally:
         running.down(services_only=True)
+
+
+async def create_topic(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
 
 
 def clients() -> list[openai.AsyncOpenAI]:
@@ -112,10 +122,11 @@ def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
         "prompt": "kafka says hi", "sampling": {"max_tokens": 20}, "created_ms": now_ms,
         "deadline_ms": now_ms + 60_000, "reply_to": {"kind": "kafka", "topic": reply_topic},
     }
+    asyncio.run(create_topic(bootstrap, reply_topic))  # consumers do not auto-create topics
     subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", requests_topic("interactive"), "-k", request_id,
                     "-H", "content-type=application/json"], input=json.dumps(request).encode(), check=True, timeout=30)
-    consumed = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1",
-                               "-e", "-m", "60"], capture_output=True, check=True, timeout=90)
+    consumed = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
+                              capture_output=True, check=True, timeout=90)
     result = json.loads(consumed.stdout.decode().strip().splitlines()[0])
     assert result["request_id"] == request_id
     assert result["outcome"] == "succeeded"
