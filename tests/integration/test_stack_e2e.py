@@ -112,7 +112,7 @@ async def test_deadline_ends_in_504_with_an_openai_error(stack):
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
-def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
+async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
     bootstrap = stack.cfg.kafka_bootstrap
     request_id = f"kcat-{uuid.uuid4().hex[:12]}"
     reply_topic = f"team.replies.{request_id}"
@@ -122,10 +122,10 @@ def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
         "prompt": "kafka says hi", "sampling": {"max_tokens": 20}, "created_ms": now_ms,
         "deadline_ms": now_ms + 60_000, "reply_to": {"kind": "kafka", "topic": reply_topic},
     }
-    asyncio.run(create_topic(bootstrap, reply_topic))  # consumers do not auto-create topics
+    await create_topic(bootstrap, reply_topic)  # consumers do not auto-create topics
     subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", requests_topic("interactive"), "-k", request_id,
                     "-H", "content-type=application/json"], input=json.dumps(request).encode(), check=True, timeout=30)
-    consumed = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
+    consumed = await asyncio.to_thread(subprocess.run, ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
                               capture_output=True, check=True, timeout=90)
     result = json.loads(consumed.stdout.decode().strip().splitlines()[0])
     assert result["request_id"] == request_id
