@@ -1,0 +1,305 @@
+"""The worker's policy, free of I/O: takes Batches, drives the engine, turns engine events into wire messages.
+
+:class:`WorkerCore` decides what to submit (deadlines, cancellations, duplicates, poison isolation) and returns an
+:class:`Outbox` of messages; the loop publishes them and then calls :meth:`WorkerCore.release` so that offsets are
+committed only for batches whose requests are all final and delivered.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass, field
+
+from llmq_core.clock import Clock
+from llmq_core.constants import replies_channel
+from llmq_core.wire import (
+    Batch,
+    ErrorInfo,
+    FinalResult,
+    GenerationRequest,
+    HttpReply,
+    Outcome,
+    Timings,
+    TokenChunk,
+    WorkerHeartbeat,
+)
+
+from llmq_worker.engine import ChunkEvent, Engine, EngineEvent, FinalEvent, InvalidRequest
+from llmq_worker.isolation import Isolator
+from llmq_worker.offsets import OffsetTracker
+
+log = logging.getLogger(__name__)
+
+REASON_DEADLINE = "deadline"
+REASON_SHUTDOWN = "shutdown"
+REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finished request ids (duplicate suppression)
+
+
+@dataclass
+class Outbox:
+    """What the loop must send: ``replies`` (Redis channel, message) in order, ``results`` for llmq.results, and the batch
+    ``offsets`` (one entry per finished request) to pass to :meth:`WorkerCore.release` once both are delivered."""
+
+    replies: list[tuple[str, TokenChunk | FinalResult]] = field(default_factory=list)
+    results: list[FinalResult] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+    def extend(self, other: Outbox) -> None:
+        self.replies += other.replies
+        self.results += other.results
+        self.offsets += other.offsets
+
+    def __bool__(self) -> bool:
+        return bool(self.replies or self.results or self.offsets)
+
+
+@dataclass
+class _Active:
+    request: GenerationRequest
+    offsets: list[int]
+    batch_size: int
+    submitted: bool = False
+    cancel_reason: str | None = None
+    seq: int = 0
+    sent_chars: dict[int, int] = field(default_factory=dict)  # per choice, over all attempts
+    attempt_text: dict[int, str] = field(default_factory=dict)  # per choice, this attempt
+
+
+class WorkerCore:
+    """Per-worker state machine. Not thread-safe; call from one asyncio loop."""
+
+    def __init__(self, *, worker_id: str, partition: int, model: str, engine: Engine, clock: Clock) -> None:
+        self.worker_id = worker_id
+        self.partition = partition
+        self.model = model
+        self.last_batch_id = ""
+        self._engine = engine
+        self._clock = clock
+        self._active: dict[str, _Active] = {}
+        self._held: collections.deque[str] = collections.deque()  # waiting while suspects run alone
+        self._isolator = Isolator()
+        self._offsets = OffsetTracker()
+        self._cancels: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._finished: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
+
+    # --- inputs ------------------------------------------------------------------------------------------------------
+
+    def take_batch(self, batch: Batch, offset: int) -> Outbox:
+        """Start every request of ``batch`` (read at ``offset``); answers expired/canceled/invalid ones at once."""
+        self.last_batch_id = batch.batch_id
+        self._offsets.add(offset, len(batch.requests))
+        out = Outbox()
+        for request in batch.requests:
+            key = (request.request_id, request.attempt)
+            if key in self._finished:
+                out.offsets.append(offset)  # a redelivered duplicate: its result is already out
+            elif request.request_id in self._active:
+                self._active[request.request_id].offsets.append(offset)
+            else:
+                self._active[request.request_id] = _Active(request, [offset], len(batch.requests))
+                self._held.append(request.request_id)
+        out.extend(self._submit_held())
+        return out
+
+    def skip(self, offset: int) -> None:
+        """A record at ``offset`` that is no Batch: nothing to run, it may be committed."""
+        self._offsets.add(offset, 0)
+
+    def cancel(self, request_id: str, reason: str) -> Outbox:
+        """Obey a Cancel: a running request is aborted (its FinalEvent follows), a waiting one ends now, an unknown one
+        is remembered in case its batch is still on the way."""
+        active = self._active.get(request_id)
+        if active is None:
+            self._remember(self._cancels, request_id, reason)
+            return Outbox()
+        return self._abort(active, reason)
+
+    def expire_overdue(self) -> Outbox:
+        """Abort every request whose deadline has passed (outcome ``expired``). Call periodically."""
+        now = self._clock.now_ms()
+        out = Outbox()
+        for active in list(self._active.values()):
+            if active.request.deadline_ms <= now and active.cancel_reason is None:
+                out.extend(self._abort(active, REASON_DEADLINE))
+        return out
+
+    def abandon_all(self) -> None:
+        """Shutdown: abort everything without answering; the uncommitted batches are redelivered to the next worker."""
+        for active in list(self._active.values()):
+            active.cancel_reason = REASON_SHUTDOWN
+            if active.submitted:
+                self._engine.cancel(active.request.request_id)
+            else:
+                del self._active[active.request.request_id]
+        self._held.clear()
+
+    def on_events(self, events: list[EngineEvent]) -> Outbox:
+        """Turn engine events into TokenChunks and FinalResults; runs the next isolation step when the engine is idle."""
+        out = Outbox()
+        for event in events:
+            active = self._active.get(event.request_id)
+            if active is None or not active.submitted:
+                continue  # late event of a request already answered
+            if isinstance(event, ChunkEvent):
+                out.extend(self._chunk(active, event))
+            else:
+                out.extend(self._final_event(active, event))
+        out.extend(self._submit_held())
+        return out
+
+    def release(self, offsets: list[int]) -> int | None:
+        """Results of an Outbox are delivered: returns the offset to commit now, or None if it did not advance."""
+        for offset in offsets:
+            self._offsets.release(offset)
+        return self._offsets.commit_offset()
+
+    # --- state -------------------------------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Requests taken and not yet final (running, queued in the engine, or held)."""
+        return len(self._active)
+
+    def heartbeat(self, now_ms: int, context_window: int) -> WorkerHeartbeat:
+        """This worker's capacity as a WorkerHeartbeat (held requests count as queued)."""
+        capacity = self._engine.capacity()
+        queued = capacity.queued + len(self._held)
+        return WorkerHeartbeat(
+            worker_id=self.worker_id,
+            partition=self.partition,
+            model=self.model,
+            max_slots=capacity.max_slots,
+            running=capacity.running,
+            queued=queued,
+            free_slots=max(0, capacity.max_slots - capacity.running - queued),
+            est_drain_ms=capacity.est_drain_ms,
+            sent_ms=now_ms,
+            fixed_batch_time_ms=self._engine.fixed_batch_time_ms,
+            context_window=context_window,
+            last_batch_id=self.last_batch_id,
+        )
+
+    # --- internals ---------------------------------------------------------------------------------------------------
+
+    def _submit_held(self) -> Outbox:
+        out = Outbox()
+        while self._isolator.active:
+            if any(a.submitted for a in self._active.values()):
+                return out  # suspects run alone: wait until the engine is idle
+            culprits, group = self._isolator.next_step()
+            for request_id in culprits:
+                out.extend(self._culprit(self._active[request_id]))
+            for request_id in group:
+                if request_id in self._active:
+                    out.extend(self._start(self._active[request_id]))
+        while self._held:
+            request_id = self._held.popleft()
+            if request_id in self._active:
+                out.extend(self._start(self._active[request_id]))
+        return out
+
+    def _start(self, active: _Active) -> Outbox:
+        request = active.request
+        now = self._clock.now_ms()
+        active.attempt_text = {}
+        reason = active.cancel_reason or self._cancels.get(request.request_id)
+        if reason is not None or request.deadline_ms <= now:
+            return self._answer(active, Outcome.CANCELED if reason not in (None, REASON_DEADLINE) else Outcome.EXPIRED)
+        if request.model != self.model:
+            error = ErrorInfo(type="model_mismatch", message=f"worker serves {self.model}, not {request.model}", retryable=True)
+            return self._answer(active, Outcome.ERRORED, error=error)
+        try:
+            self._engine.submit(request)
+        except InvalidRequest as exc:
+            return self._answer(active, Outcome.ERRORED, error=ErrorInfo(type="invalid_request_error", message=str(exc)))
+        active.submitted = True
+        return Outbox()
+
+    def _abort(self, active: _Active, reason: str) -> Outbox:
+        if active.cancel_reason is not None:
+            return Outbox()
+        active.cancel_reason = reason
+        if active.submitted:
+            self._engine.cancel(active.request.request_id)
+            return Outbox()
+        self._isolator.forget(active.request.request_id)
+        outcome = Outcome.EXPIRED if reason == REASON_DEADLINE else Outcome.CANCELED
+        return self._answer(active, outcome)
+
+    def _chunk(self, active: _Active, event: ChunkEvent) -> Outbox:
+        # A re-run (isolation) replays text the caller already got: send only what goes beyond it.
+        text = active.attempt_text.get(event.index, "") + event.text
+        active.attempt_text[event.index] = text
+        sent = active.sent_chars.get(event.index, 0)
+        request = active.request
+        if len(text) <= sent or not request.stream or not isinstance(request.reply_to, HttpReply):
+            return Outbox()
+        active.sent_chars[event.index] = len(text)
+        chunk = TokenChunk(
+            request_id=request.request_id, index=event.index, text=text[sent:], seq=active.seq, sent_ms=self._clock.now_ms()
+        )
+        active.seq += 1
+        return Outbox(replies=[(replies_channel(request.reply_to.instance_id), chunk)])
+
+    def _final_event(self, active: _Active, event: FinalEvent) -> Outbox:
+        active.submitted = False
+        if active.cancel_reason == REASON_SHUTDOWN:
+            del self._active[active.request.request_id]
+            return Outbox()
+        if event.shared_failure and event.outcome is Outcome.ERRORED:
+            self._isolator.failed(active.request.request_id)
+            return Outbox()
+        outcome = event.outcome
+        if outcome is Outcome.CANCELED and active.cancel_reason == REASON_DEADLINE:
+            outcome = Outcome.EXPIRED
+        created = active.request.created_ms
+        timings = Timings(
+            queued_ms=max(0, event.started_ms - created) if event.started_ms else max(0, event.finished_ms - created),
+            ttft_ms=max(0, event.first_token_ms - created) if event.first_token_ms else 0,
+            total_ms=max(0, event.finished_ms - created),
+        )
+        return self._answer(
+            active, outcome, choices=event.choices, usage=event.usage, timings=timings, error=event.error,
+            finished_ms=event.finished_ms,
+        )
+
+    def _culprit(self, active: _Active) -> Outbox:
+        log.warning("request failed the engine alone: answering errored", extra={"request_id": active.request.request_id})
+        error = ErrorInfo(type="engine_error", message="this request made the engine fail", code="poison", retryable=False)
+        return self._answer(active, Outcome.ERRORED, error=error)
+
+    def _answer(self, active: _Active, outcome: Outcome, *, finished_ms: int | None = None, timings=None, **fields) -> Outbox:
+        request = active.request
+        finished_ms = finished_ms or self._clock.now_ms()
+        if timings is None:
+            elapsed = max(0, finished_ms - request.created_ms)
+            timings = Timings(queued_ms=elapsed, total_ms=elapsed)
+        result = FinalResult(
+            request_id=request.request_id,
+            outcome=outcome,
+            model=request.model,
+            tenant_id=request.tenant_id,
+            endpoint=request.endpoint,
+            reply_to=request.reply_to,
+            timings=timings,
+            worker_id=self.worker_id,
+            created_ms=request.created_ms,
+            finished_ms=finished_ms,
+            batch_size=active.batch_size,
+            **fields,
+        )
+        del self._active[request.request_id]
+        self._cancels.pop(request.request_id, None)
+        self._remember(self._finished, (request.request_id, request.attempt), None)
+        out = Outbox(results=[result], offsets=list(active.offsets))
+        if isinstance(request.reply_to, HttpReply):
+            out.replies.append((replies_channel(request.reply_to.instance_id), result))
+        return out
+
+    @staticmethod
+    def _remember(memory: collections.OrderedDict, key, value) -> None:
+        memory[key] = value
+        memory.move_to_end(key)
+        while len(memory) > REMEMBERED_IDS:
+            memory.popitem(last=False)

@@ -1,0 +1,115 @@
+"""The one interface every worker engine implements, and the events it streams.
+
+An engine takes GenerationRequests (:meth:`Engine.submit`), runs them however it batches, and reports progress as events:
+:class:`ChunkEvent` (new visible text of one choice) and exactly one :class:`FinalEvent` per submitted request.
+Times in events are epoch milliseconds from the engine's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmq_core.tokenizer import render_chat
+from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
+
+
+class InvalidRequest(ValueError):
+    """Raised by :meth:`Engine.submit` when a request can never run (e.g. longer than the context window)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEvent:
+    """New visible text of choice ``index`` of ``request_id`` (never part of a UTF-8 character or of a stop string)."""
+
+    request_id: str
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinalEvent:
+    """The end of a request on the engine.
+
+    ``started_ms``: the engine began computing it; ``first_token_ms``: its first token (0: none); ``finished_ms``: end.
+    ``shared_failure``: the engine failed a whole step this request was part of, so the culprit is unknown (the worker
+    bisects); otherwise an ERRORED outcome is this request's own fault.
+    """
+
+    request_id: str
+    outcome: Outcome
+    choices: list[Choice]
+    usage: Usage
+    started_ms: int
+    first_token_ms: int
+    finished_ms: int
+    error: ErrorInfo | None = None
+    shared_failure: bool = False
+
+
+EngineEvent = ChunkEvent | FinalEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Slots of an engine: ``free_slots`` = ``max_slots`` - running - queued (floored at 0); ``est_drain_ms`` until idle."""
+
+    max_slots: int
+    running: int
+    queued: int
+    est_drain_ms: int
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_slots - self.running - self.queued)
+
+
+class Engine(Protocol):
+    """A generation engine. ``submit``/``cancel`` never block; results arrive through :meth:`next_events`."""
+
+    fixed_batch_time_ms: int  # > 0 for a fixed-time batch engine, else 0
+    context_window: int  # tokens, prompt + completion
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue ``request``; raises :class:`InvalidRequest` if it can never run. Exactly one FinalEvent follows."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Stop ``request_id``: a queued one never starts, a running one ends ``canceled`` within one step. Unknown ids: no-op."""
+        ...
+
+    async def next_events(self) -> list[EngineEvent]:
+        """Wait for at least one event; returns every event ready now, in order."""
+        ...
+
+    def capacity(self) -> Capacity:
+        """Current slots, for heartbeats and backpressure."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the engine; requests still running get no further events."""
+        ...
+
+
+class EventQueue:
+    """The event stream engines share: ``put`` from the engine's loop, ``next_events`` drains in batches."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+
+    def put(self, event: EngineEvent) -> None:
+        self._queue.put_nowait(event)
+
+    async def next_events(self) -> list[EngineEvent]:
+        events = [await self._queue.get()]
+        while not self._queue.empty():
+            events.append(self._queue.get_nowait())
+        return events
+
+
+def prompt_text(request: GenerationRequest) -> str:
+    """The text the model sees: the completion prompt, or the rendered chat (``llmq_core.tokenizer.render_chat``)."""
+    if request.messages is not None:
+        return render_chat(request.messages)
+    return request.prompt or ""

@@ -1,0 +1,1 @@
+"""Engine implementations: ``simulated`` (fixed batch time) and ``transformers`` (continuous batching, imported lazily)."""

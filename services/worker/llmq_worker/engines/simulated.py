@@ -1,0 +1,199 @@
+"""A fixed-time batch engine: any batch of up to ``max_batch_size`` requests takes ``batch_time_ms`` (seed 003).
+
+Requests queue; when idle the engine takes up to ``max_batch_size`` of them and runs them for ``batch_time_ms``. Each choice
+replays the prompt's own tokens (see :func:`replay_tokens`), spread evenly over the batch time so streams stream; all
+requests of a batch finish at its end. Deterministic: every choice of a request is the same replay, ``seed`` is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.tokenizer import count_tokens, encode
+from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
+
+from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, prompt_text
+from llmq_worker.text import ChoiceText
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+MAX_TICKS = 32  # emission steps per batch: enough to stream, few enough to stay cheap
+
+
+def replay_tokens(request: GenerationRequest) -> list[int]:
+    """llmq-sim's completion ids: the prompt's tokens from its start, cycled to ``max_tokens`` (chat: last user message)."""
+    if request.messages is not None:
+        source = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+    else:
+        source = request.prompt or ""
+    ids = encode(source)
+    if not ids:
+        return []
+    return [ids[i % len(ids)] for i in range(request.sampling.max_tokens)]
+
+
+@dataclass(slots=True)
+class _Run:
+    request: GenerationRequest
+    tokens: list[int]
+    choices: list[ChoiceText]
+    prompt_tokens: int
+    emitted: int = 0
+    started_ms: int = 0
+    first_token_ms: int = 0
+
+
+class SimulatedEngine:
+    """Fixed-time batch engine with an injected clock and sleep (tests drive time by hand)."""
+
+    def __init__(
+        self,
+        *,
+        max_batch_size: int = 64,
+        batch_time_ms: int = 500,
+        context_window: int = 8192,
+        clock: Clock = SYSTEM_CLOCK,
+        sleep: Sleep = asyncio.sleep,
+        poison_marker: str | None = None,
+    ) -> None:
+        """``poison_marker``: fault injection for tests; a batch holding a prompt that contains it fails as a whole."""
+        self.fixed_batch_time_ms = batch_time_ms
+        self.context_window = context_window
+        self._max_batch_size = max_batch_size
+        self._clock = clock
+        self._sleep = sleep
+        self._poison_marker = poison_marker
+        self._queue: collections.OrderedDict[str, _Run] = collections.OrderedDict()
+        self._running: dict[str, _Run] = {}
+        self._batch_end_ms = 0
+        self._events = EventQueue()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue ``request``. Raises InvalidRequest when prompt + max_tokens exceed the context window or n < 1."""
+        prompt = prompt_text(request)
+        prompt_tokens = count_tokens(prompt)
+        if prompt_tokens + request.sampling.max_tokens > self.context_window:
+            raise InvalidRequest(
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({request.sampling.max_tokens}) exceed the context window"
+                f" of {self.context_window}"
+            )
+        if request.sampling.n < 1:
+            raise InvalidRequest("n must be at least 1")
+        choices = [ChoiceText(request.sampling.stop) for _ in range(request.sampling.n)]
+        self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, prompt_tokens)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run_forever())
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        """A queued request ends canceled without starting; a running one stops emitting and ends canceled now."""
+        run = self._queue.pop(request_id, None) or self._running.pop(request_id, None)
+        if run is not None:
+            self._events.put(self._final(run, Outcome.CANCELED))
+
+    async def next_events(self) -> list[EngineEvent]:
+        return await self._events.next_events()
+
+    def capacity(self) -> Capacity:
+        """Running: the current batch; est_drain_ms: rest of it plus one batch time per queued batch."""
+        now = self._clock.now_ms()
+        rest_ms = max(0, self._batch_end_ms - now) if self._running else 0
+        batches = math.ceil(len(self._queue) / self._max_batch_size)
+        return Capacity(
+            max_slots=self._max_batch_size,
+            running=len(self._running),
+            queued=len(self._queue),
+            est_drain_ms=rest_ms + batches * self.fixed_batch_time_ms,
+        )
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                runs = [self._queue.popitem(last=False)[1] for _ in range(min(self._max_batch_size, len(self._queue)))]
+                await self._run_batch(runs)
+
+    async def _run_batch(self, runs: list[_Run]) -> None:
+        start_ms = self._clock.now_ms()
+        self._batch_end_ms = start_ms + self.fixed_batch_time_ms
+        for run in runs:
+            run.started_ms = start_ms
+            self._running[run.request.request_id] = run
+        poisoned = self._poison_marker is not None and any(self._poison_marker in prompt_text(r.request) for r in runs)
+        ticks = max(1, min(MAX_TICKS, max(len(r.tokens) for r in runs)))
+        for tick in range(1, ticks + 1):
+            await self._sleep_until(start_ms + self.fixed_batch_time_ms * tick // ticks)
+            if poisoned:
+                self._fail_running()
+                return
+            for run in list(self._running.values()):
+                self._advance(run, len(run.tokens) * tick // ticks)
+        for run in list(self._running.values()):
+            self._finish(run)
+        self._running.clear()
+
+    def _advance(self, run: _Run, target: int) -> None:
+        new_ids = run.tokens[run.emitted : target]
+        run.emitted = target
+        if new_ids and not run.first_token_ms:
+            run.first_token_ms = self._clock.now_ms()
+        for index, choice in enumerate(run.choices):
+            self._chunk(run, index, choice.push(new_ids))
+
+    def _finish(self, run: _Run) -> None:
+        for index, choice in enumerate(run.choices):
+            self._chunk(run, index, choice.finish())
+        self._events.put(self._final(run, Outcome.SUCCEEDED))
+
+    def _fail_running(self) -> None:
+        error = ErrorInfo(type="engine_error", message="simulated engine failure (poisoned batch)", retryable=False)
+        for run in list(self._running.values()):
+            self._events.put(self._final(run, Outcome.ERRORED, error=error, shared_failure=True))
+        log.warning("simulated batch of %d failed", len(self._running))
+        self._running.clear()
+
+    def _chunk(self, run: _Run, index: int, text: str) -> None:
+        if text:
+            self._events.put(ChunkEvent(run.request.request_id, index, text))
+
+    def _final(self, run: _Run, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
+        ended = outcome is Outcome.SUCCEEDED
+        choices = [
+            Choice(index=i, text=c.text, finish_reason=("stop" if c.stopped or not run.tokens else "length") if ended else None)
+            for i, c in enumerate(run.choices)
+        ]
+        completion_tokens = sum(c.tokens for c in run.choices)
+        return FinalEvent(
+            request_id=run.request.request_id,
+            outcome=outcome,
+            choices=choices,
+            usage=Usage(
+                prompt_tokens=run.prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=run.prompt_tokens + completion_tokens,
+            ),
+            started_ms=run.started_ms,
+            first_token_ms=run.first_token_ms,
+            finished_ms=self._clock.now_ms(),
+            error=error,
+            shared_failure=shared_failure,
+        )
+
+    async def _sleep_until(self, target_ms: int) -> None:
+        delay_ms = target_ms - self._clock.now_ms()
+        await self._sleep(max(0, delay_ms) / 1000)

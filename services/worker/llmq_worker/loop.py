@@ -1,0 +1,188 @@
+"""The worker's I/O loop: consume Batches from its partition -> run them on the engine -> publish results.
+
+Four tasks share one :class:`~llmq_worker.core.WorkerCore`: batch fetching (with backpressure), engine events, heartbeats
+(which also expire overdue requests) and Cancels. All policy is in the core; this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from llmq_core import wire
+from llmq_core.clock import Clock
+from llmq_core.constants import REDIS_CANCELS_CHANNEL, REDIS_HEARTBEATS_CHANNEL, TOPIC_BATCHES, TOPIC_RESULTS, alive_key
+from llmq_core.kafka import headers
+
+from llmq_worker.core import Outbox, WorkerCore
+from llmq_worker.engine import Engine
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_MS = 100
+
+
+class WorkerLoop:
+    """Runs one worker until ``stop`` is set, then drains (bounded by ``shutdown_grace_s``) and commits."""
+
+    def __init__(
+        self,
+        *,
+        core: WorkerCore,
+        engine: Engine,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        redis,
+        clock: Clock,
+        heartbeat_interval_ms: int,
+        shutdown_grace_s: float,
+        max_pending: int,
+    ) -> None:
+        """``consumer`` must be started with no subscription; ``max_pending``: requests taken but not final, at most."""
+        self._core = core
+        self._engine = engine
+        self._consumer = consumer
+        self._producer = producer
+        self._redis = redis
+        self._clock = clock
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._shutdown_grace_s = shutdown_grace_s
+        self._max_pending = max_pending
+        self._tp = TopicPartition(TOPIC_BATCHES, core.partition)
+        self._progress = asyncio.Event()  # set whenever requests finish: wakes the fetcher and the drain
+        self._commit_lock = asyncio.Lock()
+        self._committed = -1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set or a task fails (re-raised after cleanup)."""
+        self._consumer.assign([self._tp])
+        await self._heartbeat_once()
+        workers = [
+            asyncio.create_task(self._events(), name="events"),
+            asyncio.create_task(self._cancels(), name="cancels"),
+        ]
+        takers = [
+            asyncio.create_task(self._fetch(), name="fetch"),
+            asyncio.create_task(self._heartbeats(), name="heartbeats"),
+        ]
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*workers, *takers, stopper], return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopper}:
+                task.result()  # a failed task ends the worker
+            log.info("draining: %d requests in flight", self._core.pending)
+            await _cancel(takers)
+            await self._drain()
+        finally:
+            await _cancel([*workers, *takers, stopper])
+            with contextlib.suppress(Exception):
+                await self._redis.delete(alive_key("worker", self._core.worker_id))
+
+    async def _drain(self) -> None:
+        try:
+            async with asyncio.timeout(self._shutdown_grace_s):
+                while self._core.pending:
+                    self._progress.clear()
+                    await self._progress.wait()
+        except TimeoutError:
+            log.warning("shutdown grace over: handing back %d requests", self._core.pending)
+            self._core.abandon_all()
+
+    async def _fetch(self) -> None:
+        while True:
+            while self._core.pending >= self._max_pending:
+                self._progress.clear()
+                await self._progress.wait()
+            records = await self._consumer.getmany(self._tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=4)
+            for record in records.get(self._tp, []):
+                await self._deliver(self._take(record))
+
+    def _take(self, record) -> Outbox:
+        try:
+            batch = wire.decode(record.value, wire.content_type_of(record.headers))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            batch = None
+        if not isinstance(batch, wire.Batch):
+            log.error("skipping record at offset %d: not a Batch", record.offset)
+            self._core.skip(record.offset)
+            return Outbox()
+        log.debug("took batch of %d", len(batch.requests), extra={"batch_id": batch.batch_id})
+        return self._core.take_batch(batch, record.offset)
+
+    async def _events(self) -> None:
+        while True:
+            events = await self._engine.next_events()
+            await self._deliver(self._core.on_events(events))
+
+    async def _cancels(self) -> None:
+        pubsub = self._redis.pubsub()
+        await pubsub.subscribe(REDIS_CANCELS_CHANNEL)
+        try:
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is None:
+                    continue
+                try:
+                    cancel = wire.decode(message["data"])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+                if isinstance(cancel, wire.Cancel):
+                    await self._deliver(self._core.cancel(cancel.request_id, cancel.reason))
+        finally:
+            await pubsub.aclose()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_interval_ms / 1000)
+            await self._deliver(self._core.expire_overdue())
+            await self._heartbeat_once()
+
+    async def _heartbeat_once(self) -> None:
+        beat = self._core.heartbeat(self._clock.now_ms(), self._engine.context_window)
+        data = wire.encode(beat)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.publish(REDIS_HEARTBEATS_CHANNEL, data)
+                pipe.set(alive_key("worker", self._core.worker_id), data, px=3 * self._heartbeat_interval_ms)
+                await pipe.execute()
+        except Exception:  # noqa: BLE001 - a missed heartbeat is retried next interval
+            log.exception("heartbeat failed")
+
+    async def _deliver(self, out: Outbox) -> None:
+        """Publish replies (best effort: Redis), produce results (durable: Kafka; failures end the worker), then commit."""
+        if not out:
+            return
+        if out.replies:
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for channel, message in out.replies:
+                        pipe.publish(channel, wire.encode(message))
+                    await pipe.execute()
+            except Exception:  # noqa: BLE001 - llmq.results still carries every result
+                log.exception("publishing %d replies failed", len(out.replies))
+        acks = [
+            await self._producer.send(TOPIC_RESULTS, wire.encode(r), key=r.request_id.encode(), headers=headers())
+            for r in out.results
+        ]
+        await asyncio.gather(*acks)
+        offset = self._core.release(out.offsets)
+        if out.offsets:
+            self._progress.set()
+        if offset is not None:
+            await self._commit(offset)
+
+    async def _commit(self, offset: int) -> None:
+        async with self._commit_lock:
+            if offset > self._committed:
+                await self._consumer.commit({self._tp: offset})
+                self._committed = offset
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,115 @@
+"""Worker process: ``python -m llmq_worker.main --worker-id W --partition P --model NAME --engine {simulated,transformers}``.
+
+Wiring only: settings, logging, engine, Kafka/Redis clients, signals, then :class:`~llmq_worker.loop.WorkerLoop`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+import redis.asyncio as aioredis
+
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.constants import worker_group
+from llmq_core.kafka import make_consumer, make_producer
+from llmq_core.models import BUILTIN_MODELS
+from llmq_core.settings import Settings, load_settings
+from llmq_core.telemetry import setup_logging
+
+from llmq_worker.core import WorkerCore
+from llmq_worker.engine import Engine
+from llmq_worker.loop import WorkerLoop
+
+log = logging.getLogger("llmq_worker")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="llmq_worker", description="Run one llmq worker on one partition of llmq.batches")
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--partition", type=int, required=True)
+    parser.add_argument("--model", required=True, help="model name served, e.g. llmq-sim or llmq-tiny")
+    parser.add_argument("--engine", choices=["simulated", "transformers"], required=True)
+    parser.add_argument("--batch-time-ms", type=int, default=500, help="simulated: time of any batch")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="simulated: requests per batch (default: model's)")
+    parser.add_argument("--poison-marker", default=None, help="simulated, for tests: a batch whose prompt holds it fails")
+    parser.add_argument("--model-path", default=None, help="transformers: HF causal-LM checkpoint dir (default: llmq-tiny)")
+    parser.add_argument("--max-concurrent-sequences", type=int, default=None, help="transformers: running sequences, at most")
+    parser.add_argument("--max-batched-tokens", type=int, default=None, help="transformers: tokens per forward step, at most")
+    parser.add_argument("--device", default=None, help="transformers: torch device (default: cuda if available, else cpu)")
+    return parser.parse_args(argv)
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    """The engine the arguments select; transformers is imported only when chosen."""
+    spec = BUILTIN_MODELS.get(args.model)
+    if args.engine == "simulated":
+        return _simulated(args, spec)
+    from llmq_worker.engines.transformers_engine import TransformersEngine
+
+    return TransformersEngine.from_args(
+        model_path=args.model_path,
+        max_concurrent_sequences=args.max_concurrent_sequences or (spec.max_batch_size if spec else 32),
+        max_batched_tokens=args.max_batched_tokens,
+        device=args.device,
+    )
+
+
+def _simulated(args: argparse.Namespace, spec) -> Engine:
+    from llmq_worker.engines.simulated import SimulatedEngine
+
+    return SimulatedEngine(
+        max_batch_size=args.max_batch_size or (spec.max_batch_size if spec else 64),
+        batch_time_ms=args.batch_time_ms,
+        context_window=spec.context_window if spec else 8192,
+        poison_marker=args.poison_marker,
+    )
+
+
+async def serve(args: argparse.Namespace, settings: Settings) -> None:
+    engine = build_engine(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    redis = aioredis.from_url(settings.redis_url)
+    producer = make_producer(settings)
+    consumer = make_consumer(settings, group_id=worker_group(args.partition))
+    await producer.start()
+    await consumer.start()
+    core = WorkerCore(
+        worker_id=args.worker_id, partition=args.partition, model=args.model, engine=engine, clock=SYSTEM_CLOCK
+    )
+    worker = WorkerLoop(
+        core=core,
+        engine=engine,
+        consumer=consumer,
+        producer=producer,
+        redis=redis,
+        clock=SYSTEM_CLOCK,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        shutdown_grace_s=settings.shutdown_grace_s,
+        max_pending=4 * engine.capacity().max_slots,
+    )
+    log.info("worker %s serving %s on partition %d", args.worker_id, args.model, args.partition)
+    try:
+        await worker.run(stop)
+    finally:
+        await engine.close()
+        await consumer.stop()
+        await producer.stop()
+        await redis.aclose()
+        log.info("worker %s stopped", args.worker_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = load_settings()
+    setup_logging("worker", settings.log_level)
+    asyncio.run(serve(args, settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The simulated fixed-time batch engine, driven by a hand-moved clock (no real sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+from worker_fakes import T0_MS, make_request, settle
+
+from llmq_core.tokenizer import render_chat
+from llmq_core.wire import Outcome
+from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest
+from llmq_worker.engines.simulated import SimulatedEngine
+
+
+@pytest.fixture
+async def engine(manual_time):
+    engine = SimulatedEngine(max_batch_size=2, batch_time_ms=500, clock=manual_time.clock, sleep=manual_time.sleep)
+    yield engine
+    await engine.close()
+
+
+async def collect(engine) -> list:
+    """Every event ready now (without waiting)."""
+    await settle()
+    events = []
+    while not engine._events._queue.empty():
+        events += await engine.next_events()
+    return events
+
+
+def finals(events) -> dict[str, FinalEvent]:
+    return {e.request_id: e for e in events if isinstance(e, FinalEvent)}
+
+
+def streamed(events, request_id: str, index: int = 0) -> str:
+    return "".join(e.text for e in events if isinstance(e, ChunkEvent) and e.request_id == request_id and e.index == index)
+
+
+async def test_replays_prompt_cyclically_and_finishes_at_batch_end(engine, manual_time):
+    engine.submit(make_request("r1", "abc", max_tokens=5))
+    await manual_time.advance(499)
+    events = await collect(engine)
+    assert finals(events) == {}
+    await manual_time.advance(1)
+    events += await collect(engine)
+    final = finals(events)["r1"]
+    assert final.outcome is Outcome.SUCCEEDED
+    assert [(c.text, c.finish_reason) for c in final.choices] == [("abcab", "length")]
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens, final.usage.total_tokens) == (3, 5, 8)
+    assert (final.started_ms, final.finished_ms) == (T0_MS, T0_MS + 500)
+    assert T0_MS < final.first_token_ms <= T0_MS + 500
+    assert streamed(events, "r1") == "abcab"
+
+
+async def test_chat_replays_last_user_message_and_counts_rendered_prompt(engine, manual_time):
+    messages = [("system", "be brief"), ("user", "xy"), ("assistant", "ok"), ("user", "hi!")]
+    engine.submit(make_request("c1", messages=messages, max_tokens=4))
+    await manual_time.advance(500)
+    final = finals(await collect(engine))["c1"]
+    assert final.choices[0].text == "hi!h"
+    assert final.usage.prompt_tokens == len(render_chat([tuple(m) for m in messages]).encode())
+
+
+async def test_streams_spread_over_the_batch_time(engine, manual_time):
+    engine.submit(make_request("r1", "abcdefgh", max_tokens=8))
+    await manual_time.advance(250)
+    half = await collect(engine)
+    assert streamed(half, "r1") == "abcd"
+    assert finals(half) == {}
+    await manual_time.advance(250)
+    assert streamed(await collect(engine), "r1") == "efgh"
+
+
+async def test_batches_hold_at_most_max_batch_size(engine, manual_time):
+    for rid in ("a", "b", "c"):
+        engine.submit(make_request(rid))
+    await settle()
+    capacity = engine.capacity()
+    assert (capacity.running, capacity.queued, capacity.free_slots, capacity.est_drain_ms) == (2, 1, 0, 1000)
+    await manual_time.advance(500)
+    assert set(finals(await collect(engine))) == {"a", "b"}
+    await manual_time.advance(500)
+    third = finals(await collect(engine))["c"]
+    assert (third.started_ms, third.finished_ms) == (T0_MS + 500, T0_MS + 1000)
+
+
+async def test_cancel_queued_request_never_starts(engine, manual_time):
+    for rid in ("a", "b", "c"):
+        engine.submit(make_request(rid))
+    await settle()
+    engine.cancel("c")
+    final = finals(await collect(engine))["c"]
+    assert (final.outcome, final.started_ms, final.usage.completion_tokens) == (Outcome.CANCELED, 0, 0)
+    assert engine.capacity().queued == 0
+    await manual_time.advance(1000)
+    assert set(finals(await collect(engine))) == {"a", "b"}
+
+
+async def test_cancel_running_request_ends_at_once_and_stops_emitting(engine, manual_time):
+    engine.submit(make_request("a", "abcdefgh", max_tokens=8))
+    engine.submit(make_request("b", "abcdefgh", max_tokens=8))
+    await manual_time.advance(250)
+    before = await collect(engine)
+    engine.cancel("a")
+    final = finals(await collect(engine))["a"]
+    assert final.outcome is Outcome.CANCELED
+    assert final.choices[0].text == streamed(before, "a") == "abcd"
+    assert final.finished_ms == T0_MS + 250
+    assert engine.capacity().running == 1
+    await manual_time.advance(250)
+    rest = await collect(engine)
+    assert streamed(rest, "a") == "" and set(finals(rest)) == {"b"}
+
+
+async def test_stop_string_spanning_chunks_is_never_emitted(engine, manual_time):
+    engine.submit(make_request("s", "hello world", max_tokens=11, stop=["o w"]))
+    await manual_time.advance(500)
+    events = await collect(engine)
+    final = finals(events)["s"]
+    assert (final.choices[0].text, final.choices[0].finish_reason) == ("hell", "stop")
+    assert streamed(events, "s") == "hell"
+    assert len([e for e in events if isinstance(e, ChunkEvent)]) > 1
+    assert final.usage.completion_tokens == len("hello w")
+
+
+@pytest.mark.parametrize("max_tokens", range(1, 14))
+async def test_utf8_is_never_split(engine, manual_time, max_tokens):
+    prompt = "é😀中"  # 2 + 4 + 3 bytes
+    engine.submit(make_request("u", prompt, max_tokens=max_tokens))
+    await manual_time.advance(500)
+    events = await collect(engine)
+    final = finals(events)["u"]
+    text = final.choices[0].text
+    assert "\ufffd" not in text
+    assert streamed(events, "u") == text
+    assert (prompt.encode() * 2)[:max_tokens].startswith(text.encode())
+    assert final.usage.completion_tokens == max_tokens
+
+
+async def test_n_choices_are_the_same_replay(engine, manual_time):
+    engine.submit(make_request("n", "xyz", max_tokens=4, n=3))
+    await manual_time.advance(500)
+    events = await collect(engine)
+    final = finals(events)["n"]
+    assert [c.text for c in final.choices] == ["xyzx"] * 3
+    assert [streamed(events, "n", i) for i in range(3)] == ["xyzx"] * 3
+    assert final.usage.completion_tokens == 12
+
+
+async def test_rejects_requests_over_the_context_window(manual_time):
+    engine = SimulatedEngine(context_window=10, clock=manual_time.clock, sleep=manual_time.sleep)
+    with pytest.raises(InvalidRequest):
+        engine.submit(make_request("big", "abcdefgh", max_tokens=3))
+
+
+async def test_poison_marker_fails_the_whole_batch(manual_time):
+    engine = SimulatedEngine(max_batch_size=4, clock=manual_time.clock, sleep=manual_time.sleep, poison_marker="POISON")
+    engine.submit(make_request("ok", "fine"))
+    engine.submit(make_request("bad", "POISON"))
+    await manual_time.advance(500)
+    result = finals(await collect(engine))
+    assert {rid: (f.outcome, f.shared_failure) for rid, f in result.items()} == {
+        "ok": (Outcome.ERRORED, True),
+        "bad": (Outcome.ERRORED, True),
+    }
+    await engine.close()
