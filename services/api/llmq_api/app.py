@@ -14,11 +14,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from llmq_core import wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 from llmq_api import validation
 from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError
+from llmq_api.openai_format import CLIENT_GONE_STATUS
 from llmq_api.pod import Pod
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
 
@@ -104,11 +106,15 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
     """The request body; 413 as soon as it is known to exceed ``limit_bytes``."""
     validation.check_declared_length(request.headers.get("content-length"), limit_bytes)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise validation.too_large(limit_bytes)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit_bytes:
+                raise validation.too_large(limit_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(CLIENT_GONE_STATUS, "The client disconnected while sending the body",
+                       code="client_disconnected") from None
     return b"".join(chunks)
 
 
@@ -121,7 +127,8 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
             headers[HTTP_REQUEST_ID] = request_id
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
-            pod.metrics.finished(endpoint, "rejected", exc.status)
+            pod.metrics.finished(endpoint, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable",
+                                 exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)

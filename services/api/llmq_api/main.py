@@ -8,8 +8,10 @@ lets in-flight requests finish for up to ~80% of ``shutdown_grace_s`` (the rest 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import secrets
 import socket
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
@@ -32,6 +34,15 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.pod.draining = True
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                # Drained already: exit with status 0 instead of uvicorn re-raising the signal to die by it.
+                self._captured_signals.clear()
 
 
 def default_instance_id() -> str:

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 RETRY_CONNECT_S = 1.0
 REDIS_OP_TIMEOUT_S = 1.0
+CLOSE_TIMEOUT_S = 2.0
 POLL_S = 1.0  # pub/sub read timeout: lets health checks (PING) notice a dead connection
 
 
@@ -204,7 +205,8 @@ class Pod:
             await asyncio.wait_for(self.redis.delete(constants.pod_key(self.instance_id),
                                                      constants.alive_key("api", self.instance_id)),
                                    REDIS_OP_TIMEOUT_S)
-        await self.producer.stop()
+        with contextlib.suppress(Exception):  # bounded: a dead broker must not hold up the exit
+            await asyncio.wait_for(self.producer.stop(), CLOSE_TIMEOUT_S)
         await self.redis.aclose()
 
     async def publish_cancel(self, request_id: str, reason: str) -> None:
