@@ -15,6 +15,8 @@ class OffsetTracker:
 
     def add(self, offset: int, requests: int) -> None:
         """A batch at ``offset`` with ``requests`` requests still to finish (0 is allowed: nothing to wait for)."""
+        if self._committed is None:
+            self._committed = offset  # where consumption resumed: nothing before it to commit
         self._open[offset] = requests
         self._next_offset = offset + 1
 

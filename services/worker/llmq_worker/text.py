@@ -22,11 +22,12 @@ class StopMatcher:
         if self.stopped:
             return ""
         buffer = self._held + text
-        cuts = [i for i in (buffer.find(stop) for stop in self._stops) if i >= 0]
-        if cuts:
+        # The stop completed first (earliest end; the longest on a tie) wins, as if text arrived one character at a time.
+        found = [(i + len(stop), -len(stop), i) for stop in self._stops if (i := buffer.find(stop)) >= 0]
+        if found:
             self.stopped = True
             self._held = ""
-            return buffer[: min(cuts)]
+            return buffer[: min(found)[2]]
         keep = max((_overlap(buffer, stop) for stop in self._stops), default=0)
         self._held = buffer[len(buffer) - keep :]
         return buffer[: len(buffer) - keep]

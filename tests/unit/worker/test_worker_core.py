@@ -1,0 +1,221 @@
+"""WorkerCore: the worker's I/O-free policy, with a scripted engine fake."""
+
+from __future__ import annotations
+
+from worker_fakes import T0_MS, make_request
+
+from llmq_core.clock import FakeClock
+from llmq_core.constants import replies_channel
+from llmq_core.wire import Batch, Choice, FinalResult, KafkaReply, Outcome, TokenChunk, Usage
+from llmq_worker.core import WorkerCore
+from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest
+
+POD = replies_channel("pod-1")
+
+
+class StepEngine:
+    """Runs everything submitted as one step when told; a step holding a poisoned prompt fails as a whole."""
+
+    fixed_batch_time_ms = 0
+    context_window = 100
+
+    def __init__(self, clock: FakeClock, poison: str = "POISON") -> None:
+        self.clock = clock
+        self.poison = poison
+        self.submitted: dict[str, object] = {}
+        self.canceled: list[str] = []
+        self.steps: list[list[str]] = []
+
+    def submit(self, request) -> None:
+        if request.sampling.max_tokens > self.context_window:
+            raise InvalidRequest("too long")
+        self.submitted[request.request_id] = request
+
+    def cancel(self, request_id: str) -> None:
+        self.canceled.append(request_id)
+
+    def capacity(self) -> Capacity:
+        return Capacity(max_slots=8, running=len(self.submitted), queued=0, est_drain_ms=0)
+
+    def step(self) -> list:
+        """One step: chunk + final per request (or a shared failure of all of them)."""
+        requests, self.submitted = list(self.submitted.values()), {}
+        self.steps.append([r.request_id for r in requests])
+        self.clock.advance(10)
+        now = self.clock.now_ms()
+        if any(self.poison in r.prompt for r in requests):
+            return [self.final(r, Outcome.ERRORED, "", shared_failure=True) for r in requests]
+        events = [ChunkEvent(r.request_id, 0, r.prompt) for r in requests]
+        return events + [self.final(r, Outcome.SUCCEEDED, r.prompt) for r in requests]
+
+    def stop(self, request_id: str) -> list:
+        """The FinalEvent a canceled running request gets."""
+        request = self.submitted.pop(request_id)
+        return [self.final(request, Outcome.CANCELED, "")]
+
+    def final(self, request, outcome, text, shared_failure=False) -> FinalEvent:
+        now = self.clock.now_ms()
+        return FinalEvent(
+            request_id=request.request_id, outcome=outcome, choices=[Choice(index=0, text=text)],
+            usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
+            started_ms=now - 10, first_token_ms=now - 5, finished_ms=now, shared_failure=shared_failure,
+        )
+
+
+def setup(**engine_args):
+    clock = FakeClock(T0_MS + 100)
+    engine = StepEngine(clock, **engine_args)
+    core = WorkerCore(worker_id="w1", partition=3, model="llmq-sim", engine=engine, clock=clock)
+    return clock, engine, core
+
+
+def batch(*requests, batch_id="b1") -> Batch:
+    return Batch(batch_id=batch_id, worker_id="w1", model="llmq-sim", requests=list(requests), formed_ms=T0_MS, flush_reason="size")
+
+
+def results_of(out) -> dict[str, FinalResult]:
+    return {r.request_id: r for r in out.results}
+
+
+def run_until_idle(core, engine, out=None):
+    """Step the engine until the core has nothing pending; returns everything the core emitted."""
+    out = out or core.on_events([])
+    for _ in range(100):
+        if not core.pending:
+            return out
+        out.extend(core.on_events(engine.step()))
+    raise AssertionError("core never became idle")
+
+
+def test_runs_a_batch_and_commits_after_delivery():
+    clock, engine, core = setup()
+    out = core.take_batch(batch(make_request("a", "hi"), make_request("b", "yo", stream=False)), offset=41)
+    assert set(engine.submitted) == {"a", "b"} and not out
+    out = core.on_events(engine.step())
+    final = results_of(out)["a"]
+    assert (final.outcome, final.choices[0].text, final.batch_size, final.worker_id) == (Outcome.SUCCEEDED, "hi", 2, "w1")
+    assert (final.timings.queued_ms, final.timings.ttft_ms, final.timings.total_ms) == (100, 105, 110)
+    assert [m for _, m in out.replies if isinstance(m, TokenChunk)] == [
+        TokenChunk(request_id="a", index=0, text="hi", seq=0, sent_ms=clock.now_ms())
+    ]
+    assert {ch for ch, _ in out.replies} == {POD}
+    assert sorted(out.offsets) == [41, 41]
+    assert core.release(out.offsets[:1]) is None
+    assert core.release(out.offsets[1:]) == 42
+    assert core.heartbeat(clock.now_ms(), 8192).last_batch_id == "b1"
+
+
+def test_commit_waits_for_earlier_batches():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("a", "x"), batch_id="b1"), offset=5)
+    first = core.on_events(engine.step())
+    core.take_batch(batch(make_request("b", "y"), batch_id="b2"), offset=6)
+    second = core.on_events(engine.step())
+    assert core.release(second.offsets) is None
+    assert core.release(first.offsets) == 7
+
+
+def test_kafka_reply_requests_go_only_to_llmq_results():
+    _, engine, core = setup()
+    request = make_request("k", "hi")
+    request = type(request)(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "reply_to": KafkaReply(topic="t")})
+    core.take_batch(batch(request), offset=0)
+    out = core.on_events(engine.step())
+    assert out.replies == [] and set(results_of(out)) == {"k"}
+
+
+def test_expired_canceled_and_invalid_requests_are_answered_without_running():
+    clock, engine, core = setup()
+    core.cancel("c", "client_disconnected")  # arrives before its batch
+    out = core.take_batch(
+        batch(
+            make_request("late", deadline_ms=clock.now_ms()),
+            make_request("c"),
+            make_request("big", max_tokens=1000),
+            make_request("other", model="llmq-tiny"),
+            make_request("ok"),
+        ),
+        offset=0,
+    )
+    outcomes = {rid: (r.outcome, r.error.type if r.error else None) for rid, r in results_of(out).items()}
+    assert outcomes == {
+        "late": (Outcome.EXPIRED, None),
+        "c": (Outcome.CANCELED, None),
+        "big": (Outcome.ERRORED, "invalid_request_error"),
+        "other": (Outcome.ERRORED, "model_mismatch"),
+    }
+    assert list(engine.submitted) == ["ok"]
+    assert len(out.offsets) == 4 and core.release(out.offsets) is None
+
+
+def test_cancel_of_a_running_request_aborts_it_and_deadline_expiry_says_expired():
+    clock, engine, core = setup()
+    core.take_batch(batch(make_request("a"), make_request("b", deadline_ms=T0_MS + 150)), offset=0)
+    assert not core.cancel("a", "client_disconnected")
+    clock.set(T0_MS + 150)
+    assert not core.expire_overdue()
+    assert engine.canceled == ["a", "b"]
+    out = core.on_events(engine.stop("a") + engine.stop("b"))
+    assert {rid: r.outcome for rid, r in results_of(out).items()} == {"a": Outcome.CANCELED, "b": Outcome.EXPIRED}
+
+
+def test_duplicates_are_answered_once():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("a", "x"), batch_id="b1"), offset=0)
+    core.take_batch(batch(make_request("a", "x"), batch_id="b2"), offset=1)  # redelivered while running
+    out = core.on_events(engine.step())
+    assert len(out.results) == 1 and sorted(out.offsets) == [0, 1]
+    assert core.release(out.offsets) == 2
+    again = core.take_batch(batch(make_request("a", "x"), batch_id="b3"), offset=2)  # after it finished
+    assert again.results == [] and engine.submitted == {} and core.release(again.offsets) == 3
+    retry = core.take_batch(batch(make_request("a", "x", attempt=1), batch_id="b4"), offset=3)  # a real retry runs
+    assert not retry and list(engine.submitted) == ["a"]
+
+
+def test_bisection_isolates_the_poisoned_request():
+    _, engine, core = setup()
+    requests = [make_request(f"r{i}", "POISON" if i == 5 else f"t{i}") for i in range(8)]
+    out = run_until_idle(core, engine, core.take_batch(batch(*requests), offset=0))
+    outcomes = {rid: r.outcome for rid, r in results_of(out).items()}
+    assert outcomes == {f"r{i}": Outcome.ERRORED if i == 5 else Outcome.SUCCEEDED for i in range(8)}
+    poisoned = results_of(out)["r5"]
+    assert poisoned.error.retryable is False and poisoned.error.code == "poison"
+    assert results_of(out)["r2"].choices[0].text == "t2"
+    assert len(out.results) == 8 and core.release(out.offsets) == 1
+    ids = [f"r{i}" for i in range(8)]
+    assert engine.steps == [ids, ids[:4], ids[4:], ["r4", "r5"], ["r4"], ["r5"], ["r6", "r7"]]
+
+
+def test_new_batches_wait_while_suspects_run_alone():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("bad", "POISON"), make_request("good", "ok")), offset=0)
+    core.on_events(engine.step())  # shared failure: both are suspects now
+    assert engine.submitted.keys() == {"bad"}
+    core.take_batch(batch(make_request("new", "fresh"), batch_id="b2"), offset=1)
+    assert engine.submitted.keys() == {"bad"}
+    assert core.heartbeat(0, 100).queued == 1
+    out = run_until_idle(core, engine)
+    assert {rid: r.outcome for rid, r in results_of(out).items()} == {
+        "bad": Outcome.ERRORED, "good": Outcome.SUCCEEDED, "new": Outcome.SUCCEEDED,
+    }
+
+
+def test_reruns_do_not_repeat_streamed_text():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("a", "hello")), offset=0)
+    request = engine.submitted.pop("a")
+    first = core.on_events([ChunkEvent("a", 0, "hel")])
+    assert [m.text for _, m in first.replies] == ["hel"]
+    core.on_events([engine.final(request, Outcome.ERRORED, "", shared_failure=True)])
+    assert list(engine.submitted) == ["a"]  # re-run alone at once
+    rerun = core.on_events(engine.step())
+    chunks = [m for _, m in rerun.replies if isinstance(m, TokenChunk)]
+    assert [(c.text, c.seq) for c in chunks] == [("lo", 1)]
+
+
+def test_abandon_all_answers_nothing_and_commits_nothing():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("a")), offset=0)
+    core.abandon_all()
+    out = core.on_events(engine.stop("a"))
+    assert not out and core.pending == 0 and core.release([]) is None

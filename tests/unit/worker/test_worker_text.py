@@ -1,0 +1,83 @@
+"""Stop strings and incremental detokenization of one choice (engine-independent)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmq_core.tokenizer import encode
+from llmq_worker.text import ChoiceText, StopMatcher
+
+
+def reference_cut(text: str, stops: list[str]) -> str:
+    """The text before the first stop string to complete (the longest one when several complete at once)."""
+    for end in range(1, len(text) + 1):
+        ending = [s for s in stops if s and text[:end].endswith(s)]
+        if ending:
+            return text[: end - max(map(len, ending))]
+    return text
+
+
+def chunked(text: str, cuts: list[int]) -> list[str]:
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def test_stop_string_split_over_chunks_is_held_back_then_cut():
+    matcher = StopMatcher(["</end>"])
+    assert matcher.push("answer </") == "answer "
+    assert matcher.push("en") == ""
+    assert matcher.push("d> more") == ""
+    assert matcher.stopped and matcher.flush() == ""
+
+
+def test_held_tail_that_never_becomes_a_stop_is_released():
+    matcher = StopMatcher(["xyz"])
+    assert matcher.push("abxy") == "ab"
+    assert matcher.push("q") == "xyq"
+    assert matcher.push("x") == ""
+    assert matcher.flush() == "x"
+
+
+def test_the_stop_completed_first_wins():
+    matcher = StopMatcher(["abcd", "bc"])
+    assert matcher.push("abcd") == "a"
+
+
+alphabet = st.sampled_from("abc é😀")
+
+
+@given(st.text(alphabet, max_size=30), st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3), st.lists(st.integers(0, 40)))
+def test_streamed_output_is_the_reference_cut_for_any_chunking(text, stops, cuts):
+    matcher = StopMatcher(stops)
+    out = "".join(matcher.push(chunk) for chunk in chunked(text, cuts)) + matcher.flush()
+    assert out == reference_cut(text, stops)
+
+
+@given(st.text(alphabet, max_size=30), st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3), st.lists(st.integers(0, 120)))
+def test_choice_text_never_splits_characters_and_pieces_concatenate(text, stops, cuts):
+    ids = encode(text)
+    choice = ChoiceText(stops)
+    pieces = [choice.push(part) for part in _split(ids, cuts)] + [choice.finish()]
+    assert "".join(pieces) == choice.text == reference_cut(text, stops)
+    assert all("\ufffd" not in p for p in pieces)
+    if not choice.stopped:
+        assert choice.tokens == len(ids)
+
+
+def test_invalid_utf8_and_special_ids_are_dropped_but_counted():
+    choice = ChoiceText([])
+    pieces = [choice.push([0xFF + 3, ord("a") + 3, 1, 0]), choice.push([0xE4 + 3, 0xB8 + 3])]  # bad byte, a, eos, pad, half 中
+    assert pieces + [choice.finish()] == ["a", "", ""]
+    assert choice.text == "a" and choice.tokens == 6
+
+
+def test_tokens_after_a_stop_are_not_counted():
+    choice = ChoiceText(["c"])
+    assert choice.push(encode("abcdef")) == "ab"
+    assert choice.stopped and choice.tokens == 3
+
+
+def _split(ids: list[int], cuts: list[int]) -> list[list[int]]:
+    bounds = sorted({0, len(ids), *(c % (len(ids) + 1) for c in cuts)})
+    return [ids[a:b] for a, b in zip(bounds, bounds[1:])]
