@@ -1,0 +1,164 @@
+"""Properties of the batching policy over random event sequences (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmq_core import wire
+from llmq_batcher.policy import class_index, estimated_tokens
+
+from tests.unit.batcher.helpers import CLASSES, T0, hb, make_policy, req
+
+WORKERS = {  # worker id -> (model, fixed batch time ms)
+    "w0": ("llmq-sim", 0),
+    "w1": ("llmq-sim", 0),
+    "w2": ("llmq-tiny", 0),
+    "w3": ("llmq-sim", 250),
+}
+MODELS = ("llmq-sim", "llmq-tiny", "no-worker-model")
+TENANTS = ("t0", "t1", "t2")
+
+_add = st.tuples(st.just("add"), st.sampled_from(sorted(CLASSES)), st.sampled_from(TENANTS), st.sampled_from(MODELS),
+                st.integers(1, 3000))
+ops = st.one_of(  # adds weigh triple and free slots lean small, so queues build up and capacity is often short
+    _add, _add, _add,
+    st.tuples(st.just("cancel"), st.integers(0, 10_000)),
+    st.tuples(st.just("hb"), st.sampled_from(sorted(WORKERS)), st.one_of(st.integers(0, 2), st.integers(0, 8)),
+              st.booleans()),
+    st.tuples(st.just("result"), st.integers(0, 10_000)),
+    st.tuples(st.just("advance"), st.integers(1, 400)),
+    st.tuples(st.just("schedule"), st.booleans()),
+)
+
+class Harness:
+    """Drives a policy and records every request's fate; asserts per-decision invariants as it goes."""
+
+    def __init__(self, heartbeat_timeout_ms: int) -> None:
+        self.policy, self.clock = make_policy(worker_heartbeat_timeout_ms=heartbeat_timeout_ms, tenant_max_inflight=10**6)
+        self.requests: dict[str, wire.GenerationRequest] = {}
+        self.dispatches: list[tuple[str, int]] = []  # (request id, attempt)
+        self.answered: dict[str, wire.Outcome] = {}
+        self.in_flight: list[str] = []
+        self.last_batch: dict[str, str] = {}
+
+    def run(self, op: tuple) -> None:
+        getattr(self, f"_{op[0]}")(*op[1:])
+
+    def finish(self) -> None:
+        """Let every deadline pass with a live worker of each model: everything must end answered or dispatched."""
+        self.clock.advance(10_000)
+        for worker_id in WORKERS:
+            self._hb(worker_id, 8, True)
+        self._schedule(True)
+
+    def _add(self, cls: str, tenant: str, model: str, deadline_in_ms: int) -> None:
+        request_id = f"r{len(self.requests)}"
+        request = req(request_id, cls, tenant=tenant, model=model, now_ms=self.clock.now_ms(),
+                      deadline_in_ms=deadline_in_ms)
+        self.requests[request_id] = request
+        self.policy.add(request)
+
+    def _cancel(self, index: int) -> None:
+        if self.requests:
+            self.policy.cancel(f"r{index % len(self.requests)}")
+
+    def _hb(self, worker_id: str, free: int, took_all: bool) -> None:
+        model, fixed_ms = WORKERS[worker_id]
+        last = self.last_batch.get(worker_id, "") if took_all else ""
+        self.policy.on_heartbeat(hb(worker_id, free=free, model=model, fixed_ms=fixed_ms, last_batch_id=last,
+                                    now_ms=self.clock.now_ms()))
+
+    def _result(self, index: int) -> None:
+        if self.in_flight:
+            self.policy.on_result(self.in_flight.pop(index % len(self.in_flight)))
+
+    def _advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    def _schedule(self, drain: bool) -> None:
+        now_ms = self.clock.now_ms()
+        decision = self.policy.schedule(now_ms, drain=drain)
+        for answer in decision.answers:
+            request_id = answer.request.request_id
+            assert request_id not in self.answered, f"{request_id} answered twice"
+            self.answered[request_id] = answer.outcome
+        for batch in decision.batches:
+            assert WORKERS[batch.worker_id][0] == batch.model
+            assert {r.model for r in batch.requests} == {batch.model}, "a batch mixed models"
+            assert 0 < len(batch.requests) <= 64
+            self.last_batch[batch.worker_id] = batch.batch_id
+            for request in batch.requests:
+                assert request.deadline_ms > now_ms, "dispatched an expired request"
+                self.dispatches.append((request.request_id, request.attempt))
+                self.in_flight.append(request.request_id)
+        self._check_precedence(decision)
+
+    def _check_precedence(self, decision) -> None:
+        """After a decision, no queued request outranks a request just dispatched for the same model."""
+        queued = [r for rid, r in self.requests.items() if rid not in self.answered and rid not in self.dispatched_ids()]
+        for batch in decision.batches:
+            lowest = max(class_index(r) for r in batch.requests)
+            outranking = [r.request_id for r in queued if r.model == batch.model and class_index(r) < lowest]
+            assert not outranking, f"{outranking} stayed queued behind class {lowest}"
+
+    def dispatched_ids(self) -> set[str]:
+        return {rid for rid, _ in self.dispatches}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ops, min_size=30, max_size=100))
+def test_nothing_lost_nothing_twice_nothing_expired_dispatched(sequence):
+    harness = Harness(heartbeat_timeout_ms=10**9)  # workers never time out here: every dispatch is final
+    for op in sequence:
+        harness.run(op)
+    harness.finish()
+    dispatched = [rid for rid, _ in harness.dispatches]
+    assert len(dispatched) == len(set(dispatched)), "a request was dispatched twice"
+    assert not set(dispatched) & set(harness.answered), "a request was both dispatched and answered"
+    assert set(dispatched) | set(harness.answered) == set(harness.requests), "a request was lost"
+    assert harness.policy.queued_total == 0
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ops, min_size=30, max_size=100))
+def test_with_worker_timeouts_each_attempt_is_dispatched_once(sequence):
+    harness = Harness(heartbeat_timeout_ms=500)
+    for op in sequence:
+        harness.run(op)
+    harness.finish()
+    assert len(harness.dispatches) == len(set(harness.dispatches)), "an attempt was dispatched twice"
+    attempts: dict[str, list[int]] = {}
+    for request_id, attempt in harness.dispatches:
+        attempts.setdefault(request_id, []).append(attempt)
+    assert all(a == sorted(a) and a[0] == 0 for a in attempts.values()), "re-dispatch without a new attempt"
+    assert set(attempts) | set(harness.answered) == set(harness.requests), "a request was lost"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    weights=st.lists(st.integers(1, 4), min_size=2, max_size=4),
+    costs=st.lists(st.lists(st.integers(20, 200), min_size=1, max_size=5), min_size=4, max_size=4),
+    frees=st.lists(st.integers(1, 8), min_size=1, max_size=20),
+)
+def test_backlogged_tenants_share_tokens_by_weight(weights, costs, frees):
+    backlog = 1500
+    tenants = [f"t{i}" for i in range(len(weights))]
+    policy, clock = make_policy(tenant_weights=dict(zip(tenants, map(float, weights))))
+    for i in range(backlog):
+        for t, tenant in enumerate(tenants):
+            cost = costs[t][i % len(costs[t])]
+            policy.add(req(f"{tenant}-{i}", tenant=tenant, prompt_tokens=cost, max_tokens=0))
+    tokens, served = dict.fromkeys(tenants, 0), dict.fromkeys(tenants, 0)
+    step = 0
+    while max(served.values()) < backlog - 100:  # measure only while every tenant is still backlogged
+        policy.on_heartbeat(hb("w1", free=frees[step % len(frees)], last_batch_id=f"t-{step}", now_ms=clock.now_ms()))
+        for batch in policy.schedule(clock.now_ms()).batches:
+            for request in batch.requests:
+                tokens[request.tenant_id] += estimated_tokens(request)
+                served[request.tenant_id] += 1
+        step += 1
+    total_tokens, total_weight = sum(tokens.values()), sum(weights)
+    for tenant, weight in zip(tenants, weights):
+        expected = weight / total_weight
+        assert abs(tokens[tenant] / total_tokens - expected) <= 0.1 * expected, (tokens, weights)
