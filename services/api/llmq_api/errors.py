@@ -9,6 +9,7 @@ SERVER_ERROR = "server_error"
 TIMEOUT_ERROR = "timeout_error"
 CANCELED_ERROR = "canceled_error"
 RATE_LIMIT_ERROR = "rate_limit_error"
+RETRY_AFTER_S = 1  # what 429/503 answers tell clients to wait
 
 
 class ApiError(Exception):
@@ -29,7 +30,7 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict:
-        """The OpenAI error object: ``{"error": {"message": str, "type": str, "param": str|None, "code": str|None}}``."""
+        """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}`` (param/code may be None)."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def __repr__(self) -> str:

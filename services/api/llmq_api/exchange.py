@@ -57,7 +57,7 @@ async def wait_for_resolution(registry: WaiterRegistry, waiter: Waiter, *, deadl
 
 def _on_completion(trigger: Awaitable[None], registry: WaiterRegistry, waiter: Waiter,
                    resolution: Resolution) -> asyncio.Future:
-    """Run ``trigger``; once it completes (or fails, e.g. a broken connection) resolve the waiter with ``resolution``."""
+    """Run ``trigger``; once it completes (or fails: a broken connection) resolve the waiter with ``resolution``."""
     future = asyncio.ensure_future(trigger)
 
     def fire(done: asyncio.Future) -> None:

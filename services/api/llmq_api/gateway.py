@@ -10,7 +10,7 @@ from typing import Protocol
 from llmq_core import wire
 from llmq_core.clock import Clock
 from llmq_api.auth import Principal
-from llmq_api.errors import RATE_LIMIT_ERROR, ApiError, unavailable
+from llmq_api.errors import RATE_LIMIT_ERROR, RETRY_AFTER_S, ApiError, unavailable
 from llmq_api.exchange import CancelPublisher
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Abandoned, Waiter, WaiterRegistry
@@ -18,7 +18,6 @@ from llmq_api.waiters import Abandoned, Waiter, WaiterRegistry
 log = logging.getLogger(__name__)
 
 PRODUCE_FAILED_REASON = "produce_failed"
-RETRY_AFTER_S = 1
 
 
 class RequestProducer(Protocol):
@@ -37,7 +36,10 @@ class RequestProducer(Protocol):
 
 
 class Gateway:
-    """Builds GenerationRequests for this pod and submits them: register the waiter, then produce (bounded)."""
+    """Builds GenerationRequests for this pod and submits them: register the waiter, then produce (bounded).
+
+    ``accepting()`` says whether the pod takes new work now.
+    """
 
     def __init__(self, *, instance_id: str, registry: WaiterRegistry, producer: RequestProducer,
                  publish_cancel: CancelPublisher, clock: Clock, produce_timeout_ms: int,
@@ -64,11 +66,12 @@ class Gateway:
     async def submit(self, request: wire.GenerationRequest) -> Waiter:
         """Register the request's waiter, then produce it. Returns the waiter.
 
-        Raises ApiError 503 (+ Retry-After) when the pod is draining, Kafka is not ready, or producing failed or took
+        Raises ApiError 503 (+ Retry-After) when the pod is not accepting (draining, Kafka or the replies subscription
+        not ready: a result could not reach the waiter), or when producing failed or took
         longer than the produce timeout (a Cancel then follows, in case the record lands later); 429 when the pod
         already holds its maximum of waiters.
         """
-        if not self.accepting() or not self.producer.ready:
+        if not self.accepting():
             raise unavailable("The service is not accepting requests right now", RETRY_AFTER_S)
         if self.registry.full:
             raise ApiError(429, "Too many requests in flight on this server", type=RATE_LIMIT_ERROR,
@@ -80,7 +83,8 @@ class Gateway:
             self.registry.resolve(waiter, Abandoned(PRODUCE_FAILED_REASON))
             await self.publish_cancel(request.request_id, PRODUCE_FAILED_REASON)
             if isinstance(exc, Exception):
-                log.warning("producing %s failed: %r", request.request_id, exc, extra={"request_id": request.request_id})
+                log.warning("producing %s failed: %r", request.request_id, exc,
+                            extra={"request_id": request.request_id})
                 raise unavailable("The request queue is unavailable; retry shortly", RETRY_AFTER_S) from None
             raise
         return waiter

@@ -11,11 +11,10 @@ from __future__ import annotations
 import msgspec
 
 from llmq_core import wire
-from llmq_api.errors import CANCELED_ERROR, INVALID_REQUEST, SERVER_ERROR, TIMEOUT_ERROR, ApiError
+from llmq_api.errors import CANCELED_ERROR, INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, TIMEOUT_ERROR, ApiError
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 
 CLIENT_GONE_STATUS = 499  # recorded in metrics/logs only: nobody is there to receive it
-RETRY_AFTER_S = 1
 
 _encode = msgspec.json.encode
 SSE_DONE = b"data: [DONE]\n\n"

@@ -176,7 +176,7 @@ class Pod:
         self.gateway = Gateway(instance_id=instance_id, registry=self.registry, producer=self.producer,
                                publish_cancel=self.publish_cancel, clock=clock,
                                produce_timeout_ms=settings.api_produce_timeout_ms,
-                               accepting=lambda: not self.draining)
+                               accepting=lambda: self.ready)
         self._tasks: list[asyncio.Task] = []
 
     @property

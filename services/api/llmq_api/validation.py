@@ -93,7 +93,7 @@ class _ChatBody(_CommonBody, kw_only=True):
     response_format: _ResponseFormat | None = None
 
 
-# --- headers ------------------------------------------------------------------------------------------------------------
+# --- headers ----------------------------------------------------------------------------------------------------------
 
 
 def check_content_type(content_type: str | None) -> None:
@@ -138,7 +138,7 @@ def parse_traffic_class(value: str | None) -> str:
     return traffic_class
 
 
-# --- bodies ---------------------------------------------------------------------------------------------------------------
+# --- bodies ----------------------------------------------------------------------------------------------------------
 
 
 def parse_completion(body: bytes, models: Mapping[str, int]) -> ValidRequest:

@@ -33,7 +33,7 @@ class DuplicateRequestError(Exception):
 
 
 class Waiter:
-    """One request's mailbox: TokenChunks (streaming only, in ``seq`` order, duplicates dropped), then its resolution."""
+    """One request's mailbox: TokenChunks (streaming only; ``seq`` ascending, repeats dropped), then its resolution."""
 
     def __init__(self, request_id: str, stream: bool) -> None:
         self.request_id = request_id

@@ -61,6 +61,7 @@ async def setup():
     worker, redis = FakeWorker(), FakeRedis()
     pod = Pod(Settings(api_max_body_bytes=2000), "pod-test", producer=worker, redis=redis)
     worker.pod = pod
+    pod.listener.subscribed = True  # stands in for the Redis subscription, which these tests never open
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api")
     yield client, pod, worker, redis
     await client.aclose()
@@ -166,14 +167,18 @@ async def test_models_health_readiness_metrics(setup):
     assert (await client.get("/v1/models/llmq-tiny")).json()["id"] == "llmq-tiny"
     assert (await client.get("/v1/models/nope")).status_code == 404
     assert (await client.get("/healthz")).status_code == 200
-    assert (await client.get("/readyz")).status_code == 503  # the replies subscription never started here
-    pod.listener.subscribed = True
     assert (await client.get("/readyz")).status_code == 200
+    pod.listener.subscribed = False
+    readyz = await client.get("/readyz")
+    assert readyz.status_code == 503 and readyz.json()["replies_subscription"] is False
+    assert (await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "a"})).status_code == 503
+    pod.listener.subscribed = True
     pod.draining = True
     assert (await client.get("/readyz")).status_code == 503
     await client.post("/v1/completions", json={"model": "nope", "prompt": "a"})
     text = (await client.get("/metrics")).text
     assert 'llmq_api_requests_total{endpoint="completions",outcome="rejected",status="404"} 1.0' in text
+    assert 'llmq_api_requests_total{endpoint="completions",outcome="unavailable",status="503"} 1.0' in text
     assert "llmq_api_in_flight 0.0" in text
 
 

@@ -1,4 +1,4 @@
-"""ReplyListener: replies reach their waiters, heartbeats the catalog, and a (re)subscription recovers stored results."""
+"""ReplyListener: replies reach waiters, heartbeats the catalog; a (re)subscription recovers stored results."""
 
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
