@@ -1,8 +1,8 @@
 """OpenAI response shapes built from llmq results, the SSE framing, and the outcome -> HTTP status mapping.
 
 Status mapping of a resolution (see :func:`error_for`):
-  succeeded -> 200; errored -> 400 for the worker's ``invalid_request_error``, 503 + Retry-After when retryable,
-  500 otherwise; expired (the system's deadline) or the pod's own deadline -> 504; canceled by the system while the
+  succeeded -> 200; errored -> 400 for the worker's ``invalid_request_error``, 429 + Retry-After for the batcher's
+  ``overloaded``, 503 + Retry-After when retryable, 500 otherwise; expired (the system's deadline) or the pod's own deadline -> 504; canceled by the system while the
   client still waits -> 409 (``request_canceled``; retrying is safe). A client that left gets nothing (logged as 499).
 """
 
@@ -14,6 +14,7 @@ from llmq_core import wire
 from llmq_api.errors import CANCELED_ERROR, INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, TIMEOUT_ERROR, ApiError
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 
+OVERLOADED = "overloaded"  # the batcher's error type when its queue is full (admission control)
 CLIENT_GONE_STATUS = 499  # recorded in metrics/logs only: nobody is there to receive it
 
 _encode = msgspec.json.encode
@@ -103,6 +104,9 @@ def _errored(error: wire.ErrorInfo | None) -> ApiError:
         return ApiError(500, "The request failed", type=SERVER_ERROR)
     if error.type == INVALID_REQUEST:
         return ApiError(400, error.message, type=error.type, code=error.code)
+    if error.type == OVERLOADED:
+        return ApiError(429, error.message, type=error.type, code=error.code,
+                        headers={"retry-after": str(RETRY_AFTER_S)})
     if error.retryable:
         return ApiError(503, error.message, type=error.type, code=error.code,
                         headers={"retry-after": str(RETRY_AFTER_S)})

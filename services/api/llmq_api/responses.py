@@ -75,7 +75,7 @@ def _headers(pending: PendingRequest, content_type: bytes, extra: dict[str, str]
 class ResultResponse(Response):
     """Non-streaming: waits for the resolution, then sends one JSON body (the completion or an error)."""
 
-    def __init__(self, pending: PendingRequest) -> None:
+    def __init__(self, pending: PendingRequest) -> None:  # no Response.__init__: __call__ builds status and headers
         self.pending = pending
         self.background = None
 
@@ -105,7 +105,7 @@ class StreamResponse(Response):
     Text the chunks missed is taken from the FinalResult, so the stream always adds up to the result's text.
     """
 
-    def __init__(self, pending: PendingRequest) -> None:
+    def __init__(self, pending: PendingRequest) -> None:  # no Response.__init__: __call__ builds status and headers
         self.pending = pending
         self.background = None
 

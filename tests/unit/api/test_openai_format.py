@@ -54,6 +54,7 @@ def errored(type_: str, retryable: bool = False) -> wire.FinalResult:
     (errored("invalid_request_error"), 400, "errored"),
     (errored("engine_error"), 500, "errored"),
     (errored("engine_error", retryable=True), 503, "errored"),
+    (errored("overloaded", retryable=True), 429, "errored"),
     (final("r", "", wire.Outcome.ERRORED), 500, "errored"),
     (final("r", "", wire.Outcome.EXPIRED), 504, "expired"),
     (final("r", "", wire.Outcome.CANCELED), 409, "canceled"),
