@@ -233,7 +233,8 @@ def _is_ours(pid: int, marker: str) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return marker in cmdline and stat.split(")")[-1].split()[0] != "Z"
+    # An empty command line is a child between fork and exec: still ours.
+    return (not cmdline or marker in cmdline) and stat.split(")")[-1].split()[0] != "Z"
 
 
 def _wait_gone(pid: int, marker: str, timeout_s: float) -> None:

@@ -26,9 +26,11 @@ console = Console()
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
 
 
-def _stack(state_dir: Path, tiny_workers: int = 1, sim_workers: int = 2, sim_batch_time_ms: int = 500) -> DevStack:
+def _stack(state_dir: Path, tiny_workers: int = 1, sim_workers: int = 2, sim_batch_time_ms: int = 500,
+           kafka_port: int = 9092, redis_port: int = 6379, api_port: int = 8000) -> DevStack:
     return DevStack(StackConfig(state_dir=state_dir, tiny_workers=tiny_workers, sim_workers=sim_workers,
-                                sim_batch_time_ms=sim_batch_time_ms))
+                                sim_batch_time_ms=sim_batch_time_ms, kafka_port=kafka_port, redis_port=redis_port,
+                                api_ports=(api_port, api_port + 1)))
 
 
 @dev.command("install")
@@ -43,9 +45,12 @@ def dev_up(
     tiny_workers: int = typer.Option(1, help="Workers serving llmq-tiny (transformers engine)."),
     sim_workers: int = typer.Option(2, help="Workers serving llmq-sim (simulated engine)."),
     sim_batch_time_ms: int = typer.Option(500, help="llmq-sim's fixed time per batch, ms."),
+    kafka_port: int = typer.Option(9092, help="Kafka listener port (the controller takes the next one)."),
+    redis_port: int = typer.Option(6379),
+    api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
-    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms)
+    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port)
     started = time.perf_counter()
     try:
         stack.up(log=console.print)
@@ -56,9 +61,10 @@ def dev_up(
 
 
 @dev.command("status")
-def dev_status(state_dir: Path = STATE_DIR, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def dev_status(state_dir: Path = STATE_DIR, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+               redis_port: int = typer.Option(6379)) -> None:
     """Each process the stack started: name, model, pid and health."""
-    rows = DevStack(StackConfig(state_dir=state_dir)).status()
+    rows = DevStack(StackConfig(state_dir=state_dir, redis_port=redis_port)).status()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -103,7 +109,8 @@ def run_demo(
     """Send real code-completion prompts through the openai SDK to both API pods and print a latency table."""
     stack = _stack(state_dir)
     if up:
-        dev_up(state_dir=state_dir, tiny_workers=1, sim_workers=2, sim_batch_time_ms=500)
+        dev_up(state_dir=state_dir, tiny_workers=1, sim_workers=2, sim_batch_time_ms=500, kafka_port=9092,
+               redis_port=6379, api_port=8000)
     cut = prompts.cut_prompts(requests)
     prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
     batches_before, requests_before = demo_mod.batcher_counts(stack.cfg.redis_url)
