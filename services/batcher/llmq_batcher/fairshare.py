@@ -24,7 +24,7 @@ DONE = 2
 class Entry:
     """One request as the policy holds it. ``cost`` is estimated tokens; ``cls`` indexes CLASS_KEYS."""
 
-    __slots__ = ("request", "seq", "cls", "tenant", "cost", "tag", "enqueued_ms", "state", "worker_id")
+    __slots__ = ("request", "seq", "cls", "tenant", "cost", "tag", "enqueued_ms", "state", "worker_id", "flight")
 
     def __init__(self, request: wire.GenerationRequest, seq: int, cls: int, cost: int, enqueued_ms: int) -> None:
         self.request = request
@@ -36,6 +36,17 @@ class Entry:
         self.enqueued_ms = enqueued_ms
         self.state = QUEUED
         self.worker_id: str | None = None
+        self.flight: Flight | None = None
+
+
+class Flight:
+    """The entries of one dispatched batch; ``live`` counts those not finished yet (``entries`` is dropped at 0)."""
+
+    __slots__ = ("entries", "live")
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self.entries: list[Entry] | None = entries
+        self.live = len(entries)
 
 
 class _Lane:
@@ -68,7 +79,7 @@ class FairQueue:
 
     def push(self, entry: Entry, weight: float) -> None:
         """Append ``entry`` to its tenant's lane with a fresh SFQ tag (``weight`` > 0)."""
-        lane = self._lane(entry.tenant)
+        lane = self.lanes.get(entry.tenant) or self._lane(entry.tenant)
         start = self.vtime if self.vtime > lane.finish else lane.finish
         entry.tag = start
         lane.finish = start + entry.cost / weight

@@ -26,7 +26,7 @@ from llmq_core import constants, wire
 from llmq_core.clock import Clock
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
-from llmq_batcher.fairshare import DISPATCHED, DONE, QUEUED, Entry, FairQueue
+from llmq_batcher.fairshare import DISPATCHED, DONE, QUEUED, Entry, FairQueue, Flight
 from llmq_batcher.workers import WorkerPool, WorkerView
 
 CLASS_KEYS = ("interactive:paid", "interactive:free", "near_interactive", "deferred")
@@ -52,7 +52,8 @@ def estimated_tokens(request: wire.GenerationRequest) -> int:
             prompt = len(request.prompt)
         elif request.messages:
             prompt = sum(len(m.content) for m in request.messages)
-    return max(prompt + request.sampling.max_tokens * request.sampling.n, 1)
+    sampling = request.sampling
+    return max(prompt + sampling.max_tokens * sampling.n, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,9 @@ class AddStatus(enum.Enum):
     QUEUED = "queued"
     DUPLICATE = "duplicate"  # the request id is already queued or in flight here
     ANSWERED = "answered"  # rejected, expired or canceled on arrival: its Answer comes with the next decision
+
+
+_QUEUED_STATUS = AddStatus.QUEUED  # enum member lookups cost ~0.5 us on 3.11: add() is the hot path
 
 
 @dataclass(slots=True)
@@ -161,7 +165,8 @@ class BatchPolicy:
         self._workers: dict[str, WorkerView] = {}
         self._index: dict[str, Entry] = {}
         self._deadlines: list[tuple[int, int, Entry]] = []  # queued entries by deadline (lazy)
-        self._releases: list[tuple[int, int, Entry]] = []  # in-flight entries by deadline + grace (lazy)
+        self._releases: list[tuple[int, int, Flight]] = []  # dispatched batches by latest deadline + grace (lazy)
+        self._live_flights = 0
         self._liveness: list[tuple[int, str]] = []  # (expires_ms, worker_id), lazy
         self._tenant_inflight: dict[str, int] = {}
         self._parked: dict[str, list[FairQueue]] = {}
@@ -182,16 +187,16 @@ class BatchPolicy:
         if request_id in self._index:
             return AddStatus.DUPLICATE
         now_ms = self._clock.now_ms()
-        reason = self._recent_cancels.pop(request_id, None)
+        reason = self._recent_cancels.pop(request_id, None) if self._recent_cancels else None
         if reason is not None:
             return self._answer(request, wire.Outcome.CANCELED, "canceled", reason)
         if request.deadline_ms <= now_ms:
             return self._answer(request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
         if self.queued_total >= self.config.max_queued:
             return self._answer(request, wire.Outcome.ERRORED, "overloaded", "batcher queue is full", retryable=True)
-        entry = Entry(request, self._next_seq(), class_index(request), estimated_tokens(request), now_ms)
-        self._enqueue(entry)
-        return AddStatus.QUEUED
+        self._seq += 1
+        self._enqueue(Entry(request, self._seq, class_index(request), estimated_tokens(request), now_ms))
+        return _QUEUED_STATUS
 
     def cancel(self, request_id: str, reason: str = "canceled") -> bool:
         """Cancel a queued request (answered as canceled). Unknown ids are remembered, so a request that arrives after
@@ -350,18 +355,28 @@ class BatchPolicy:
                   now_ms: int) -> BatchDispatch:
         self._batches += 1
         batch_id = f"{self.config.batch_id_prefix}-{self._batches}"
-        grace_ms = self.config.worker_heartbeat_timeout_ms
+        flight = Flight(entries)
+        inflight = worker.inflight
+        worker_id = worker.worker_id
+        requests = []
+        latest_deadline_ms = 0
         for entry in entries:
+            request = entry.request
             entry.state = DISPATCHED
-            entry.worker_id = worker.worker_id
-            worker.inflight[entry.request.request_id] = entry
-            heapq.heappush(self._releases, (entry.request.deadline_ms + grace_ms, entry.seq, entry))
+            entry.worker_id = worker_id
+            entry.flight = flight
+            inflight[request.request_id] = entry
+            requests.append(request)
+            if request.deadline_ms > latest_deadline_ms:
+                latest_deadline_ms = request.deadline_ms
+        release_ms = latest_deadline_ms + self.config.worker_heartbeat_timeout_ms
+        heapq.heappush(self._releases, (release_ms, self._batches, flight))
+        self._live_flights += 1
         self.queued_total -= len(entries)
         self.inflight_total += len(entries)
         worker.record_dispatch(batch_id, len(entries), now_ms)
         model.pool.touch(worker)
-        return BatchDispatch(batch_id, worker.worker_id, worker.partition, model.name,
-                             [e.request for e in entries], reason, now_ms)
+        return BatchDispatch(batch_id, worker_id, worker.partition, model.name, requests, reason, now_ms)
 
     # --- housekeeping -------------------------------------------------------------------------------------------------
 
@@ -388,11 +403,10 @@ class BatchPolicy:
         # A worker finishes or expires a request by its deadline; without a result seen by then, stop counting it.
         releases = self._releases
         while releases and releases[0][0] <= now_ms:
-            entry = heapq.heappop(releases)[2]
-            if entry.state == DISPATCHED:
+            for entry in heapq.heappop(releases)[2].entries or ():
                 self._release(entry)
-        if len(releases) > 2 * self.inflight_total + 4096:
-            self._releases = [item for item in releases if item[2].state == DISPATCHED]
+        if len(releases) > 2 * self._live_flights + 4096:
+            self._releases = [item for item in releases if item[2].live]
             heapq.heapify(self._releases)
 
     def _next_housekeeping_ms(self) -> int | None:
@@ -421,7 +435,8 @@ class BatchPolicy:
         request = entry.request
         self._index[request.request_id] = entry
         weight = self.config.tenant_weights.get(entry.tenant, 1.0)
-        self._model(request.model).queues[entry.cls].push(entry, weight)
+        model = self._models.get(request.model) or self._model(request.model)
+        model.queues[entry.cls].push(entry, weight)
         heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))
         self.queued_total += 1
 
@@ -444,6 +459,11 @@ class BatchPolicy:
         if worker is not None:
             worker.inflight.pop(request_id, None)
         self.inflight_total -= 1
+        flight = entry.flight
+        flight.live -= 1
+        if not flight.live:
+            flight.entries = None
+            self._live_flights -= 1
         count = self._tenant_inflight[entry.tenant] - 1
         if count:
             self._tenant_inflight[entry.tenant] = count

@@ -1,0 +1,229 @@
+"""Discrete-event simulation of the batcher's policy in front of fixed-time batch workers (seed 003).
+
+The SAME ``BatchPolicy`` the service runs decides every batch; only arrivals, workers and time are simulated. Time moves
+in ticks of ``tick_ms`` (1 ms: the batcher likewise reads requests from Kafka in groups). Each tick: finished batches
+report their results (``on_result``), workers heartbeat every ``heartbeat_interval_ms``, the tick's arrivals are added,
+then ``schedule`` runs once and its batches reach their workers ``dispatch_delay_ms`` later.
+
+Run: ``python -m bench.simulate --rps 40000 --replicas 170 --duration-s 60`` (from the repository root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llmq_core import wire
+from llmq_core.clock import FakeClock
+from llmq_batcher.policy import BatchPolicy, PolicyConfig
+
+MODEL = "llmq-sim"
+_REPLY = wire.HttpReply(instance_id="sim")
+_SAMPLING = wire.SamplingParams(max_tokens=16)
+
+
+@dataclass(slots=True)
+class _Worker:
+    """A fixed-time engine: runs one batch at a time for ``batch_time_ms``; batches that arrive meanwhile wait here."""
+
+    worker_id: str
+    partition: int
+    busy_until_ms: int = 0
+    running: list = field(default_factory=list)
+    waiting: deque = field(default_factory=deque)
+    last_batch_id: str = ""
+
+
+def arrival_counts(rps: float, duration_s: float, tick_ms: int, pattern: str, rng: np.random.Generator,
+                   burst_factor: float = 3.0, burst_period_s: float = 10.0, burst_duty: float = 0.2) -> np.ndarray:
+    """Requests arriving in each tick. ``poisson``: constant rate; ``bursty``: the rate is ``burst_factor`` times the
+    base rate for the first ``burst_duty`` of every ``burst_period_s``, with the base chosen so the mean stays ``rps``."""
+    ticks = int(duration_s * 1000 / tick_ms)
+    per_tick = np.full(ticks, rps * tick_ms / 1000)
+    if pattern == "bursty":
+        base = 1 / (1 + burst_duty * (burst_factor - 1))
+        phase = (np.arange(ticks) * tick_ms) % int(burst_period_s * 1000)
+        per_tick *= np.where(phase < burst_duty * burst_period_s * 1000, base * burst_factor, base)
+    elif pattern != "poisson":
+        raise ValueError(f"unknown arrival pattern {pattern!r}")
+    return rng.poisson(per_tick)
+
+
+def run_simulation(rps: float, replicas: int, max_batch: int = 64, batch_time_ms: int = 250, duration_s: float = 60,
+                   *, pattern: str = "poisson", wait_ms: int = 20, deadline_ms: int = 5000, network_ms: int = 0,
+                   paid_share: float = 1.0, dispatch_delay_ms: int = 1, heartbeat_interval_ms: int = 250,
+                   tick_ms: int = 1, seed: int = 0, burst_factor: float = 3.0) -> dict:
+    """Simulate ``duration_s`` of traffic at ``rps`` (interactive; ``paid_share`` of it paid, the rest free) against
+    ``replicas`` fixed-time workers (``max_batch`` requests per ``batch_time_ms`` batch); then let queued work finish.
+
+    Returns a dict: requests, completed, expired, throughput_rps (completed per simulated second of arrivals),
+    latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``) and the same per tier, mean_batch_fill
+    (0..1), batches, flush reasons, worker utilization (0..1), wall_s and sim_speed (simulated / wall seconds).
+    """
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    counts = arrival_counts(rps, duration_s, tick_ms, pattern, rng, burst_factor=burst_factor)
+    paid = rng.random(int(counts.sum())) < paid_share
+    clock = FakeClock(0)
+    config = PolicyConfig(fixed_engine_max_wait_ms=wait_ms, tenant_max_inflight=1 << 40, max_queued=1 << 40,
+                          model_max_batch={MODEL: max_batch}, worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
+                          batch_id_prefix="sim")
+    policy = BatchPolicy(config, clock)
+    workers = [_Worker(f"w{i}", i) for i in range(replicas)]
+    sim = _Run(policy, clock, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
+    for worker in workers:
+        sim.heartbeat(worker, 0)
+    sim.run(counts, paid, tick_ms, deadline_ms)
+    return sim.report(rps, duration_s, network_ms, time.perf_counter() - started)
+
+
+class _Run:
+    """One simulation's mutable state and event handling."""
+
+    def __init__(self, policy: BatchPolicy, clock: FakeClock, workers: list[_Worker], max_batch: int,
+                 batch_time_ms: int, dispatch_delay_ms: int, heartbeat_interval_ms: int) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.workers = workers
+        self.by_id = {w.worker_id: w for w in workers}
+        self.max_batch = max_batch
+        self.batch_time_ms = batch_time_ms
+        self.dispatch_delay_ms = dispatch_delay_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.events: list[tuple[int, int, int, object]] = []  # (time, kind, seq, payload): 0 finish, 1 delivery
+        self.event_seq = 0
+        self.latencies: dict[str, list[int]] = {"paid": [], "free": []}  # per tier, ms from arrival to batch end
+        self.batch_sizes: list[int] = []
+        self.flushes: Counter[str] = Counter()
+        self.expired = 0
+        self.busy_ms = 0
+
+    def run(self, counts: np.ndarray, paid: np.ndarray, tick_ms: int, deadline_ms: int) -> None:
+        next_id = 0
+        wake_ms = 0
+        t = 0
+        tick = 0
+        while tick < len(counts) or self.events or self.policy.queued_total:
+            self.clock.set(t)
+            self._process_events(t)
+            if t % self.heartbeat_interval_ms == 0:
+                for worker in self.workers:
+                    self.heartbeat(worker, t)
+            n = int(counts[tick]) if tick < len(counts) else 0
+            for i in range(next_id, next_id + n):
+                self.policy.add(wire.GenerationRequest(
+                    request_id=str(i), tier="paid" if paid[i] else "free", model=MODEL, prompt="x", sampling=_SAMPLING,
+                    created_ms=t, deadline_ms=t + deadline_ms, reply_to=_REPLY, prompt_tokens=8))
+            next_id += n
+            if n or wake_ms <= t or self.events and self.events[0][0] <= t + tick_ms:
+                wake_ms = self._schedule(t)
+            tick += 1
+            t += tick_ms
+
+    def _schedule(self, t: int) -> int:
+        decision = self.policy.schedule(t)
+        self.expired += len(decision.answers)
+        for batch in decision.batches:
+            self.batch_sizes.append(len(batch.requests))
+            self.flushes[batch.flush_reason] += 1
+            self._push(t + self.dispatch_delay_ms, 1, batch)
+        return decision.next_wake_ms if decision.next_wake_ms is not None else 1 << 62
+
+    def _process_events(self, t: int) -> None:
+        events = self.events
+        while events and events[0][0] <= t:
+            at, kind, _, payload = heapq.heappop(events)
+            if kind == 0:
+                self._finish(payload, at)
+            else:
+                worker = self.by_id[payload.worker_id]
+                worker.waiting.append(payload)
+                worker.last_batch_id = payload.batch_id
+                if not worker.running:
+                    self._start(worker, at)
+
+    def _start(self, worker: _Worker, t: int) -> None:
+        batch = worker.waiting.popleft()
+        worker.running = batch.requests
+        worker.busy_until_ms = t + self.batch_time_ms
+        self.busy_ms += self.batch_time_ms
+        self._push(worker.busy_until_ms, 0, worker)
+
+    def _finish(self, worker: _Worker, t: int) -> None:
+        on_result = self.policy.on_result
+        latencies = self.latencies
+        for request in worker.running:
+            on_result(request.request_id)
+            latencies[request.tier].append(t - request.created_ms)
+        worker.running = []
+        if worker.waiting:
+            self._start(worker, t)
+
+    def heartbeat(self, worker: _Worker, t: int) -> None:
+        running = len(worker.running)
+        queued = sum(len(b.requests) for b in worker.waiting)
+        drain = max(worker.busy_until_ms - t, 0) + len(worker.waiting) * self.batch_time_ms
+        self.policy.on_heartbeat(wire.WorkerHeartbeat(
+            worker_id=worker.worker_id, partition=worker.partition, model=MODEL, max_slots=self.max_batch,
+            running=running, queued=queued, free_slots=0 if running or queued else self.max_batch, est_drain_ms=drain,
+            sent_ms=t, fixed_batch_time_ms=self.batch_time_ms, last_batch_id=worker.last_batch_id))
+
+    def _push(self, at: int, kind: int, payload: object) -> None:
+        self.event_seq += 1
+        heapq.heappush(self.events, (at, kind, self.event_seq, payload))
+
+    def report(self, rps: float, duration_s: float, network_ms: int, wall_s: float) -> dict:
+        tiers = {tier: np.asarray(values, dtype=np.int64) + network_ms for tier, values in self.latencies.items()}
+        latencies = np.concatenate(list(tiers.values()))
+        sim_s = self.clock.now_ms() / 1000
+        return {
+            "requests": len(latencies) + self.expired,
+            "completed": len(latencies),
+            "expired": self.expired,
+            "throughput_rps": round(len(latencies) / duration_s, 1),
+            "offered_rps": rps,
+            "latency_ms": _percentiles(latencies),
+            "latency_ms_by_tier": {tier: _percentiles(values) for tier, values in tiers.items() if len(values)},
+            "mean_batch_fill": round(float(np.mean(self.batch_sizes)) / self.max_batch, 4) if self.batch_sizes else 0.0,
+            "batches": len(self.batch_sizes),
+            "flush": dict(self.flushes),
+            "utilization": round(self.busy_ms / (len(self.workers) * max(sim_s, 1e-9) * 1000), 4),
+            "wall_s": round(wall_s, 2),
+            "sim_speed": round(sim_s / wall_s, 2),
+        }
+
+
+def _percentiles(values: np.ndarray) -> dict:
+    if not len(values):
+        return {"p50": None, "p99": None, "mean": None, "max": None}
+    p50, p99 = np.percentile(values, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "mean": round(float(values.mean()), 1), "max": int(values.max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Simulate the batcher in front of fixed-time batch workers")
+    parser.add_argument("--rps", type=float, default=40_000)
+    parser.add_argument("--replicas", type=int, default=170)
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--batch-time-ms", type=int, default=250)
+    parser.add_argument("--duration-s", type=float, default=60)
+    parser.add_argument("--pattern", choices=("poisson", "bursty"), default="poisson")
+    parser.add_argument("--wait-ms", type=int, default=20)
+    parser.add_argument("--network-ms", type=int, default=0)
+    parser.add_argument("--paid-share", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    result = run_simulation(args.rps, args.replicas, args.max_batch, args.batch_time_ms, args.duration_s,
+                            pattern=args.pattern, wait_ms=args.wait_ms, network_ms=args.network_ms,
+                            paid_share=args.paid_share, seed=args.seed)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The discrete-event simulator and the capacity math of bench/ (short runs only)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from bench.capacity import capacity_math, erlang_c, queueing_delay
+from bench.simulate import arrival_counts, run_simulation
+
+
+def test_light_load_flushes_on_the_window_and_stays_within_window_plus_one_batch():
+    result = run_simulation(rps=400, replicas=20, duration_s=2, wait_ms=20, seed=1)
+    assert result["completed"] == result["requests"] > 0 and result["expired"] == 0
+    assert result["flush"].get("wait", 0) > result["flush"].get("size", 0)
+    assert result["mean_batch_fill"] < 0.5
+    assert result["latency_ms"]["max"] <= 20 + 250 + 1 + 1  # window + batch + dispatch delay + tick
+
+
+def test_heavy_load_fills_batches_and_keeps_up():
+    result = run_simulation(rps=20_000, replicas=90, duration_s=2, seed=2)
+    assert result["expired"] == 0
+    assert result["mean_batch_fill"] > 0.95
+    assert result["throughput_rps"] == pytest.approx(20_000, rel=0.05)
+    assert result["latency_ms"]["p99"] < 300
+
+
+def test_paid_tier_keeps_its_latency_when_capacity_is_short():
+    result = run_simulation(rps=20_000, replicas=70, duration_s=2, paid_share=0.5, seed=3)  # 70 * 256 < 20,000
+    tiers = result["latency_ms_by_tier"]
+    assert tiers["paid"]["p99"] < 300
+    assert tiers["free"]["p99"] > 2 * tiers["paid"]["p99"]
+
+
+def test_bursty_arrivals_keep_the_mean_rate():
+    counts = arrival_counts(10_000, 20, 1, "bursty", np.random.default_rng(0), burst_factor=4)
+    assert counts.sum() / 20 == pytest.approx(10_000, rel=0.02)
+    assert counts[:1000].mean() > 2 * counts[5000:6000].mean()  # first 20% of each 10 s period is the burst
+
+
+def test_capacity_math_of_seed_003():
+    plan = capacity_math(rps=40_000, max_batch=64, batch_time_ms=250, headroom=0.3, spare_replicas=1)
+    assert (plan["per_replica_rps_full_batches"], plan["per_replica_rps_half_batches"]) == (256, 128)
+    assert (plan["replicas_at_100pct_full_batches"], plan["replicas_at_100pct_half_batches"]) == (157, 313)
+    assert plan["replicas_planned"] == math.ceil(40_000 / (256 * 0.7)) + 1
+    assert plan["p99_latency_bound_ms"] < 600
+
+
+@pytest.mark.parametrize("servers, load, expected", [(1, 0.5, 0.5), (2, 1.0, 1 / 3), (3, 3.0, 1.0)])
+def test_erlang_c(servers, load, expected):
+    assert erlang_c(servers, load) == pytest.approx(expected)
+
+
+def test_queueing_delay_grows_toward_saturation_and_is_infinite_past_it():
+    delays = [queueing_delay(40_000, r, 64, 250)["mean_ms"] for r in (158, 165, 200)]
+    assert delays[0] > delays[1] > delays[2] >= 0
+    assert queueing_delay(40_000, 150, 64, 250)["mean_ms"] == math.inf
