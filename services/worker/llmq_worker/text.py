@@ -6,7 +6,48 @@ pieces returned by :meth:`ChoiceText.push` and :meth:`ChoiceText.finish` concate
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from llmq_core.tokenizer import IncrementalDetokenizer
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class Detokenizer(Protocol):
+    def push(self, token_ids: list[int]) -> str:
+        """Text completed by ``token_ids`` (never part of a character)."""
+        ...
+
+    def finish(self) -> str:
+        """Text still held back at the end; an incomplete trailing character is dropped."""
+        ...
+
+
+class WindowDetokenizer:
+    """Incremental detokenizer for any tokenizer's ``decode``: re-decodes a short window of recent ids and emits the new
+    suffix once it no longer ends in an incomplete character (U+FFFD). Replacement characters are never emitted."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._ids: list[int] = []
+        self._prefix = 0  # window start: ids before it are emitted and their text is final
+        self._read = 0  # ids up to here are emitted
+
+    def push(self, token_ids: list[int]) -> str:
+        self._ids += token_ids
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        text = self._decode(self._ids[self._prefix :])
+        if len(text) <= len(prefix_text) or text.endswith(REPLACEMENT_CHAR):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(prefix_text) :].replace(REPLACEMENT_CHAR, "")
+
+    def finish(self) -> str:
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        text = self._decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return text[len(prefix_text) :].replace(REPLACEMENT_CHAR, "")
 
 
 class StopMatcher:
@@ -47,10 +88,13 @@ def _overlap(text: str, stop: str) -> int:
 
 
 class ChoiceText:
-    """One choice's output: token ids in, visible text out; counts the tokens generated until a stop matched."""
+    """One choice's output: token ids in, visible text out; counts the tokens generated until a stop matched.
 
-    def __init__(self, stops: list[str]) -> None:
-        self._detokenizer = IncrementalDetokenizer()
+    ``detokenizer``: the byte-level one of the built-in models unless given (e.g. a :class:`WindowDetokenizer`).
+    """
+
+    def __init__(self, stops: list[str], detokenizer: Detokenizer | None = None) -> None:
+        self._detokenizer = detokenizer or IncrementalDetokenizer()
         self._matcher = StopMatcher(stops)
         self._parts: list[str] = []
         self.tokens = 0

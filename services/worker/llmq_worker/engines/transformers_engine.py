@@ -1,0 +1,354 @@
+"""Continuous batching on transformers' ``ContinuousBatchingManager`` (iteration-level scheduling, paged KV cache).
+
+The manager runs its own generation thread; its outputs reach the asyncio loop through ``register_result_handler``
+(delivered with ``loop.call_soon_threadsafe``). What the manager lacks per request the engine adds: ``n`` choices are
+``n`` sub-requests, stop strings are matched on detokenized text and end their sub-request with a cancel, ``max_tokens``
+is per sub-request, and ``temperature == 0`` is greedy through a per-request top-k of 1. Per-request ``seed`` is not
+supported by the manager and is ignored. A crashed generation loop fails its requests as a shared failure (the worker
+bisects them) and is replaced by a fresh manager on the next submit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, ContinuousBatchingConfig, GenerationConfig
+from transformers.generation.continuous_batching import RequestStatus
+
+from llmq_core import tokenizer as byte_tokenizer
+from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.models import LLMQ_TINY
+from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
+
+from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest
+from llmq_worker.engines.tiny_model import build_llmq_tiny
+from llmq_worker.text import ChoiceText, WindowDetokenizer
+
+log = logging.getLogger(__name__)
+
+CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
+RATE_HALF_LIFE_S = 2.0  # smoothing of the measured tokens/s behind est_drain_ms
+
+
+class TextCodec:
+    """Prompt text -> ids and ids -> text for one tokenizer. Byte-level (ByT5 ids) tokenizers use llmq_core's exact
+    byte tokenizer; any other uses its own chat template, ``decode`` and BOS."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.byte_level = isinstance(tokenizer, ByT5Tokenizer)
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """Token ids of the request's prompt (chat rendered with the model's template)."""
+        if self.byte_level:
+            text = byte_tokenizer.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+            return byte_tokenizer.encode(text)
+        if request.messages is not None and getattr(self._tokenizer, "chat_template", None):
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        elif request.messages is not None:
+            text = byte_tokenizer.render_chat(request.messages)
+        else:
+            text = request.prompt or ""
+        ids = self._tokenizer(text, add_special_tokens=False).input_ids
+        bos = self._tokenizer.bos_token_id
+        return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
+
+    def choice(self, stops: list[str]) -> ChoiceText:
+        if self.byte_level:
+            return ChoiceText(stops)
+        return ChoiceText(stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)))
+
+
+@dataclass(slots=True)
+class _Sub:
+    """One choice of a request, run as one manager request ``<request_id>#<index>``."""
+
+    index: int
+    text: ChoiceText
+    max_tokens: int
+    seen: int = 0
+    done: bool = False
+    eos: bool = False
+
+
+@dataclass(slots=True)
+class _Job:
+    request: GenerationRequest
+    prompt_tokens: int
+    subs: list[_Sub]
+    started_ms: int = 0
+    first_token_ms: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class TransformersEngine:
+    """The worker's continuous batching engine. Create it inside the running event loop (``from_args`` or directly)."""
+
+    fixed_batch_time_ms = 0
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_concurrent_sequences: int = 32,
+        max_batched_tokens: int | None = None,
+        context_window: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """``max_concurrent_sequences``: sequences per step (and the engine's slots); ``max_batched_tokens``: tokens per
+        step (prefill chunks + decodes), None lets the library size it (on GPU). ``context_window`` in tokens."""
+        self.context_window = context_window or model.config.max_position_embeddings
+        self._model = model
+        self._codec = TextCodec(tokenizer)
+        self._max_sequences = max_concurrent_sequences
+        self._clock = clock
+        self._perf_to_epoch_ms = time.time() * 1000 - time.perf_counter() * 1000
+        self._generation_config = _generation_config(model)
+        self._cb_config = _cb_config(model, max_concurrent_sequences, max_batched_tokens, self.context_window)
+        self._events = EventQueue()
+        self._jobs: dict[str, _Job] = {}
+        self._rate_tokens_per_s = 0.0
+        self._rate_mark = (time.monotonic(), 0)
+        self._tokens_total = 0
+        self._manager = None
+        self._ensure_manager()
+
+    @classmethod
+    def from_args(
+        cls,
+        *,
+        model_path: str | None,
+        max_concurrent_sequences: int,
+        max_batched_tokens: int | None,
+        device: str | None = None,
+    ) -> TransformersEngine:
+        """llmq-tiny (built in code) or the HF causal-LM checkpoint at ``model_path``, on ``device`` (default: cuda if
+        available). Raises OSError when the checkpoint cannot be loaded."""
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if model_path is None:
+            model, tokenizer = build_llmq_tiny()
+            context_window = LLMQ_TINY.context_window
+        else:
+            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            context_window = None
+        return cls(
+            model.to(device),
+            tokenizer,
+            max_concurrent_sequences=max_concurrent_sequences,
+            max_batched_tokens=max_batched_tokens,
+            context_window=context_window,
+        )
+
+    # --- Engine interface --------------------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue ``request`` as ``n`` manager requests. Raises InvalidRequest when it cannot fit the context window."""
+        sampling = request.sampling
+        ids = self._codec.prompt_ids(request)
+        if not ids:
+            raise InvalidRequest("the prompt is empty")
+        if sampling.n < 1 or sampling.max_tokens < 1:
+            raise InvalidRequest("n and max_tokens must be at least 1")
+        if len(ids) + sampling.max_tokens > self.context_window:
+            raise InvalidRequest(
+                f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceed the context window of"
+                f" {self.context_window}"
+            )
+        self._ensure_manager()
+        job = _Job(request, len(ids), [_Sub(i, self._codec.choice(sampling.stop), sampling.max_tokens) for i in range(sampling.n)])
+        self._jobs[request.request_id] = job
+        for sub in job.subs:
+            sub_id = _sub_id(request.request_id, sub.index)
+            self._manager.register_result_handler(sub_id, lambda output, job=job, sub=sub: self._on_output(job, sub, output))
+            added = self._manager.add_request(
+                ids, request_id=sub_id, max_new_tokens=sampling.max_tokens, streaming=True, **_sampling_kwargs(request)
+            )
+            if added is None:  # the manager is stopping: fail like a crashed step, the worker retries
+                self._fail(job, "the generation loop is not accepting requests")
+                return
+
+    def cancel(self, request_id: str) -> None:
+        """Abort every choice of ``request_id`` in the manager; ends ``canceled`` now with the text so far."""
+        job = self._jobs.pop(request_id, None)
+        if job is None:
+            return
+        self._drop_subs(job)
+        self._events.put(self._final(job, Outcome.CANCELED))
+
+    async def next_events(self) -> list[EngineEvent]:
+        return await self._events.next_events()
+
+    def capacity(self) -> Capacity:
+        """Slots in sequences; est_drain_ms from the tokens left and the recent tokens/s."""
+        live = [s for job in self._jobs.values() for s in job.subs if not s.done]
+        running = min(len(live), self._max_sequences)
+        tokens_left = sum(s.max_tokens - s.seen for s in live)
+        rate = self._rate_tokens_per_s
+        return Capacity(
+            max_slots=self._max_sequences,
+            running=running,
+            queued=len(live) - running,
+            est_drain_ms=math.ceil(1000 * tokens_left / rate) if rate > 0 and tokens_left else 0,
+        )
+
+    async def close(self) -> None:
+        """Stop the generation thread (running requests get no further events)."""
+        for job in list(self._jobs.values()):
+            self._drop_subs(job)
+        self._jobs.clear()
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            await asyncio.to_thread(manager.stop, block=True, timeout=30)
+
+    # --- manager outputs (on the event loop thread) ------------------------------------------------------------------
+
+    def _on_output(self, job: _Job, sub: _Sub, output) -> None:
+        if sub.done or self._jobs.get(job.request.request_id) is not job:
+            return
+        if output.status == RequestStatus.FAILED:
+            job.errors.append(output.error or "generation failed")
+            self._fail(job, job.errors[0])
+            return
+        self._take_tokens(job, sub, output.generated_tokens)
+        if not job.started_ms and output.lifespan[0] > 0:
+            job.started_ms = int(output.lifespan[0] * 1000 + self._perf_to_epoch_ms)
+        if sub.text.stopped:
+            self._manager.cancel_request(_sub_id(job.request.request_id, sub.index))
+            self._end_sub(job, sub)
+        elif output.status == RequestStatus.FINISHED:
+            self._end_sub(job, sub)
+
+    def _take_tokens(self, job: _Job, sub: _Sub, generated: list[int]) -> None:
+        new_ids = generated[sub.seen :]
+        if not new_ids:
+            return
+        sub.seen = len(generated)
+        sub.eos = new_ids[-1] == self._generation_config.eos_token_id
+        self._count_tokens(len(new_ids))
+        if not job.first_token_ms:
+            job.first_token_ms = self._clock.now_ms()
+        self._chunk(job, sub, sub.text.push(new_ids))
+
+    def _end_sub(self, job: _Job, sub: _Sub) -> None:
+        sub.done = True
+        self._chunk(job, sub, sub.text.finish())
+        if all(s.done for s in job.subs):
+            del self._jobs[job.request.request_id]
+            self._events.put(self._final(job, Outcome.SUCCEEDED))
+
+    def _fail(self, job: _Job, message: str) -> None:
+        log.warning("generation failed: %s", message, extra={"request_id": job.request.request_id})
+        self._jobs.pop(job.request.request_id, None)
+        self._drop_subs(job)
+        error = ErrorInfo(type="engine_error", message=message, retryable=True)
+        self._events.put(self._final(job, Outcome.ERRORED, error=error, shared_failure=True))
+
+    def _drop_subs(self, job: _Job) -> None:
+        for sub in job.subs:
+            if not sub.done:
+                sub.done = True
+                sub_id = _sub_id(job.request.request_id, sub.index)
+                if self._manager is not None:
+                    self._manager.cancel_request(sub_id)
+                    # A cancelled request never finishes, so its handler would never be cleaned up (dict.pop is atomic).
+                    self._manager.output_router.result_handlers.pop(sub_id, None)
+
+    def _chunk(self, job: _Job, sub: _Sub, text: str) -> None:
+        if text:
+            self._events.put(ChunkEvent(job.request.request_id, sub.index, text))
+
+    def _final(self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
+        ended = outcome is Outcome.SUCCEEDED
+        choices = [
+            Choice(index=s.index, text=s.text.text, finish_reason=("stop" if s.text.stopped or s.eos else "length") if ended else None)
+            for s in job.subs
+        ]
+        completion_tokens = sum(s.text.tokens for s in job.subs)
+        return FinalEvent(
+            request_id=job.request.request_id,
+            outcome=outcome,
+            choices=choices,
+            usage=Usage(
+                prompt_tokens=job.prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=job.prompt_tokens + completion_tokens,
+            ),
+            started_ms=job.started_ms,
+            first_token_ms=job.first_token_ms,
+            finished_ms=self._clock.now_ms(),
+            error=error,
+            shared_failure=shared_failure,
+        )
+
+    # --- helpers -----------------------------------------------------------------------------------------------------
+
+    def _ensure_manager(self) -> None:
+        """Start a manager, or replace one whose generation loop has died (after a critical error)."""
+        if self._manager is not None and self._manager.is_running():
+            return
+        if self._manager is not None:
+            log.error("generation loop died: starting a new one")
+            self._manager.stop(block=True, timeout=5)
+        self._manager = self._model.init_continuous_batching(
+            generation_config=self._generation_config, continuous_batching_config=self._cb_config
+        )
+        self._manager.start()
+
+    def _count_tokens(self, count: int) -> None:
+        self._tokens_total += count
+        now = time.monotonic()
+        mark_s, mark_tokens = self._rate_mark
+        if now - mark_s >= 0.25:
+            rate = (self._tokens_total - mark_tokens) / (now - mark_s)
+            weight = 0.5 ** ((now - mark_s) / RATE_HALF_LIFE_S)
+            self._rate_tokens_per_s = rate if not self._rate_tokens_per_s else weight * self._rate_tokens_per_s + (1 - weight) * rate
+            self._rate_mark = (now, self._tokens_total)
+
+
+def _sub_id(request_id: str, index: int) -> str:
+    return f"{request_id}#{index}"
+
+
+def _sampling_kwargs(request: GenerationRequest) -> dict:
+    """Per-request logits processor arguments: greedy is top-k 1 (exact argmax), otherwise temperature and top-p."""
+    sampling = request.sampling
+    if sampling.temperature <= 0:
+        return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+    return {"temperature": float(sampling.temperature), "top_k": 1 << 30, "top_p": float(min(1.0, sampling.top_p))}
+
+
+def _generation_config(model) -> GenerationConfig:
+    """Sampling on, with every per-request processor present (defaults that are not no-ops make the library build them)."""
+    eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else model.config.eos_token_id
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return GenerationConfig(
+        do_sample=True,
+        temperature=0.999,
+        top_k=model.config.vocab_size,
+        top_p=0.999,
+        eos_token_id=eos if eos is not None else -1,
+        pad_token_id=model.generation_config.pad_token_id,
+    )
+
+
+def _cb_config(model, max_sequences: int, max_batched_tokens: int | None, context_window: int) -> ContinuousBatchingConfig:
+    """The library's knobs. On CPU the KV cache holds one full context plus a little per sequence."""
+    config = ContinuousBatchingConfig(
+        max_requests_per_batch=max_sequences,
+        max_batch_tokens=max_batched_tokens,
+        per_request_processors=True,
+    )
+    if model.device.type == "cpu":
+        config.max_batch_tokens = max_batched_tokens or CPU_MAX_BATCHED_TOKENS
+        config.num_blocks = math.ceil(context_window / config.page_size) + max_sequences
+    return config

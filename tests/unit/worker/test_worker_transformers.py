@@ -1,0 +1,198 @@
+"""llmq-tiny and the transformers engine (ContinuousBatchingManager) on CPU: small, fast requests only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from llmq_core import tokenizer as byte_tokenizer  # noqa: E402
+from llmq_core.wire import ChatMessage, GenerationRequest, HttpReply, Outcome, SamplingParams  # noqa: E402
+from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest  # noqa: E402
+from llmq_worker.engines.tiny_model import build_llmq_tiny, tiny_tokenizer  # noqa: E402
+from llmq_worker.engines.transformers_engine import TransformersEngine  # noqa: E402
+
+TEXTS = ["", "hello", "héllo wörld", "日本語のテキスト", "emoji 😀👍🏽 mix\n\t", "\x00\x7f ascii edge"]
+
+
+def request(request_id: str, prompt: str | None = "hello", *, messages=None, **sampling) -> GenerationRequest:
+    sampling.setdefault("temperature", 0.0)
+    return GenerationRequest(
+        request_id=request_id,
+        model="llmq-tiny",
+        endpoint="chat.completions" if messages else "completions",
+        prompt=None if messages else prompt,
+        messages=[ChatMessage(role=r, content=c) for r, c in messages] if messages else None,
+        sampling=SamplingParams(**sampling),
+        created_ms=0,
+        deadline_ms=1 << 60,
+        reply_to=HttpReply(instance_id="pod"),
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_llmq_tiny()
+
+
+@pytest.fixture(scope="module")
+async def engine(tiny):
+    model, tokenizer = tiny
+    engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=8, context_window=8192)
+    yield engine
+    await engine.close()
+
+
+async def run(engine, *requests, timeout_s: float = 60) -> tuple[dict[str, FinalEvent], dict[tuple[str, int], str]]:
+    """Submit ``requests`` and wait for all their FinalEvents; returns them and the streamed text per choice."""
+    for r in requests:
+        engine.submit(r)
+    finals, streamed = {}, {}
+    async with asyncio.timeout(timeout_s):
+        while len(finals) < len(requests):
+            for event in await engine.next_events():
+                if isinstance(event, FinalEvent):
+                    finals[event.request_id] = event
+                else:
+                    key = (event.request_id, event.index)
+                    streamed[key] = streamed.get(key, "") + event.text
+    return finals, streamed
+
+
+def greedy_ids(model, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def decode(ids: list[int]) -> str:
+    detokenizer = byte_tokenizer.IncrementalDetokenizer()
+    return detokenizer.push(ids) + detokenizer.finish()
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_byt5_tokenizer_ids_match_llmq_core(text):
+    tokenizer = tiny_tokenizer()
+    assert tokenizer(text, add_special_tokens=False).input_ids == byte_tokenizer.encode(text)
+    assert len(tokenizer) == byte_tokenizer.VOCAB_SIZE
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (0, 1, 2)
+
+
+def test_chat_template_renders_like_render_chat():
+    messages = [("system", "be brief"), ("user", "héllo 😀"), ("assistant", "hi"), ("user", "again")]
+    rendered = tiny_tokenizer().apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages], add_generation_prompt=True, tokenize=False
+    )
+    assert rendered == byte_tokenizer.render_chat(messages)
+
+
+def test_tiny_model_is_the_same_on_every_build(tiny):
+    model, _ = tiny
+    again, _ = build_llmq_tiny()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert model.config.max_position_embeddings >= 8192 and model.config.vocab_size == 259
+
+
+async def test_greedy_answer_is_generate_output_well_formed_with_usage(engine, tiny):
+    model, _ = tiny
+    prompt = "The quick brown fox 🦊"
+    finals, streamed = await run(engine, request("g", prompt, max_tokens=24))
+    final = finals["g"]
+    text = final.choices[0].text
+    assert final.outcome is Outcome.SUCCEEDED and final.choices[0].finish_reason == "length"
+    assert text == decode(greedy_ids(model, byte_tokenizer.encode(prompt), 24))
+    assert "\ufffd" not in text and streamed[("g", 0)] == text
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (len(prompt.encode()), 24)
+    assert final.usage.total_tokens == final.usage.prompt_tokens + 24
+    assert 0 < final.started_ms <= final.first_token_ms <= final.finished_ms
+
+
+async def test_n_choices_and_chat_prompt_accounting(engine):
+    messages = [("system", "sys"), ("user", "héllo")]
+    finals, streamed = await run(engine, request("n", messages=messages, max_tokens=10, n=3))
+    final = finals["n"]
+    assert [c.index for c in final.choices] == [0, 1, 2]
+    assert len({c.text for c in final.choices}) == 1  # greedy: the same text thrice
+    assert [streamed.get(("n", i), "") for i in range(3)] == [c.text for c in final.choices]
+    assert final.usage.prompt_tokens == len(byte_tokenizer.render_chat(messages).encode())
+    assert final.usage.completion_tokens == 30
+
+
+async def test_sampled_requests_are_well_formed(engine):
+    finals, streamed = await run(engine, *(request(f"s{i}", "abc", max_tokens=40, temperature=1.0) for i in range(4)))
+    for rid, final in finals.items():
+        text = final.choices[0].text
+        assert "\ufffd" not in text and streamed.get((rid, 0), "") == text
+        assert 1 <= final.usage.completion_tokens <= 40
+        assert final.choices[0].finish_reason == ("length" if final.usage.completion_tokens == 40 else "stop")
+
+
+async def test_stop_string_ends_the_choice_before_it(engine):
+    base, _ = await run(engine, request("base", "stop here", max_tokens=40))
+    text = base["base"].choices[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    cut = text[: text.index(stop)]
+    finals, streamed = await run(engine, request("st", "stop here", max_tokens=40, stop=[stop]))
+    final = finals["st"]
+    assert (final.choices[0].text, final.choices[0].finish_reason) == (cut, "stop")
+    assert streamed.get(("st", 0), "") == cut
+    assert final.usage.completion_tokens < 40
+
+
+async def test_cancel_ends_a_running_request_at_once(engine):
+    engine.submit(request("long", "go", max_tokens=2000))
+    async with asyncio.timeout(30):
+        while not any(isinstance(e, ChunkEvent) for e in await engine.next_events()):
+            pass
+    engine.cancel("long")
+    events = await engine.next_events()
+    final = next(e for e in events if isinstance(e, FinalEvent))
+    assert final.outcome is Outcome.CANCELED and final.usage.completion_tokens < 2000
+    assert engine.capacity().running == 0
+    finals, _ = await run(engine, request("after", "next", max_tokens=4))  # no late event of "long" shows up
+    assert set(finals) == {"after"}
+
+
+async def test_long_prompt_fits_and_overlong_is_rejected(engine):
+    prompt = "x" * 8000
+    finals, _ = await run(engine, request("big", prompt, max_tokens=8))
+    assert finals["big"].usage.prompt_tokens == 8000 and finals["big"].usage.completion_tokens == 8
+    with pytest.raises(InvalidRequest):
+        engine.submit(request("huge", prompt, max_tokens=500))
+
+
+async def test_save_pretrained_round_trip(tiny, tmp_path, engine):
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = TransformersEngine.from_args(model_path=str(tmp_path), max_concurrent_sequences=4, max_batched_tokens=None, device="cpu")
+    try:
+        theirs, _ = await run(loaded, request("rt", "round trip", max_tokens=16))
+        ours, _ = await run(engine, request("rt", "round trip", max_tokens=16))
+        assert theirs["rt"].choices[0].text == ours["rt"].choices[0].text
+        assert theirs["rt"].usage == ours["rt"].usage
+    finally:
+        await loaded.close()
+
+
+async def test_a_crashed_generation_loop_fails_shared_and_recovers(tiny):
+    model, tokenizer = build_llmq_tiny()
+    engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, context_window=8192)
+    original = model.forward
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    try:
+        model.forward = broken
+        finals, _ = await run(engine, request("x", "a", max_tokens=4), request("y", "b", max_tokens=4))
+        assert {(f.outcome, f.shared_failure) for f in finals.values()} == {(Outcome.ERRORED, True)}
+        model.forward = original
+        finals, _ = await run(engine, request("z", "c", max_tokens=4))
+        assert finals["z"].outcome is Outcome.SUCCEEDED
+    finally:
+        model.forward = original
+        await engine.close()
