@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 # --- traffic classes and tiers (highest priority first) ---
@@ -12,6 +13,13 @@ TRAFFIC_CLASSES: Final = (INTERACTIVE, NEAR_INTERACTIVE, DEFERRED)
 TIER_PAID: Final = "paid"
 TIER_FREE: Final = "free"
 TIERS: Final = (TIER_PAID, TIER_FREE)
+# Admission priorities, most important first: under overload the last one is shed first.
+PRIORITY_CLASSES: Final = ("interactive:paid", "interactive:free", NEAR_INTERACTIVE, DEFERRED)
+
+
+def priority_class(traffic_class: str, tier: str) -> str:
+    """A request's entry in PRIORITY_CLASSES: interactive traffic splits by tier, the other classes do not."""
+    return f"{traffic_class}:{tier}" if traffic_class == INTERACTIVE else traffic_class
 
 # --- Kafka topics ---
 TOPIC_REQUESTS_PREFIX: Final = "llmq.requests."
@@ -53,6 +61,9 @@ REDIS_POD_PREFIX: Final = "llmq:pods:"
 REDIS_STATS_PREFIX: Final = "llmq:stats:"
 REDIS_ALIVE_PREFIX: Final = "llmq:alive:"
 STATS_BATCHER: Final = "llmq:stats:batcher"  # hash: batches, requests, flush_size, flush_wait, flush_drain
+REDIS_SATURATION_KEY: Final = "llmq:saturation"  # hash: batcher id -> wire.BatcherSaturation (msgpack), about 1/s
+REDIS_RATELIMIT_PREFIX: Final = "llmq:ratelimit:"
+REDIS_IDEMPOTENCY_PREFIX: Final = "llmq:idempotency:"
 
 
 def replies_channel(instance_id: str) -> str:
@@ -78,6 +89,17 @@ def pod_key(instance_id: str) -> str:
 def alive_key(service: str, instance: str) -> str:
     """Redis key a running service process refreshes (PX ttl) with its latest heartbeat: ``llmq dev status`` reads it."""
     return f"{REDIS_ALIVE_PREFIX}{service}:{instance}"
+
+
+def ratelimit_key(tenant_id: str, bucket: str) -> str:
+    """Redis hash of one tenant's token bucket (``bucket``: ``requests`` or ``tokens``), shared by every API pod."""
+    return f"{REDIS_RATELIMIT_PREFIX}{tenant_id}:{bucket}"
+
+
+def idempotency_key(tenant_id: str, key: str) -> str:
+    """Redis key of a tenant's ``Idempotency-Key`` claim (hashed: client keys are arbitrary text)."""
+    digest = hashlib.sha256(f"{tenant_id}\0{key}".encode()).hexdigest()
+    return f"{REDIS_IDEMPOTENCY_PREFIX}{digest}"
 
 
 # --- HTTP headers ---

@@ -30,6 +30,20 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
     api_produce_timeout_ms: int = 2000  # bound on producing one request to Kafka; past it the client gets 503
     api_max_in_flight: int = 10_000  # waiters per pod; past it new requests get 429
+    # per-class deadlines (x-llmq-timeout-ms); interactive uses default_timeout_ms / max_timeout_ms above
+    near_interactive_default_timeout_ms: int = 60_000
+    near_interactive_max_timeout_ms: int = 600_000
+    deferred_default_timeout_ms: int = 3_600_000
+    deferred_max_timeout_ms: int = 86_400_000
+    api_keys_file: str = ""  # YAML/JSON: API key -> tenant, tier, classes, limits (see deploy/keys.example.yaml)
+    api_dev_keys: bool = True  # also accept llmq-dev-key (tenant dev, paid) and llmq-dev-free-key (tenant dev-free, free)
+    # admission, per PRIORITY_CLASSES entry: predicted queue wait (ms) past which new requests get 429 ...
+    api_shed_wait_ms: dict[str, int] = {"interactive:paid": 15_000, "interactive:free": 5_000,
+                                        "near_interactive": 2_000, "deferred": 1_000}
+    # ... and the share of api_max_in_flight (this pod) and batcher_max_queued (the batchers) a class may fill
+    api_shed_share: dict[str, float] = {"interactive:paid": 0.95, "interactive:free": 0.85,
+                                        "near_interactive": 0.7, "deferred": 0.5}
+    api_saturation_stale_ms: int = 5000  # batcher saturation reports older than this are ignored
 
     # batcher
     interactive_max_wait_ms: int = 0

@@ -237,7 +237,27 @@ class PodHeartbeat(_Message, kw_only=True, tag="pod_heartbeat"):
     sent_ms: int
 
 
-Message = GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat
+# --- admission signals --------------------------------------------------------------------------------------------------
+
+
+class QueueLoad(_Struct, kw_only=True):
+    """One priority class's queue in one batcher: requests queued and the age (ms) of the oldest of them."""
+
+    depth: int = 0
+    oldest_age_ms: int = 0
+
+
+class BatcherSaturation(_Message, kw_only=True, tag="batcher_saturation"):
+    """A batcher's queues by ``constants.PRIORITY_CLASSES`` entry, HSET about once a second into
+    ``llmq:saturation`` (field = ``batcher_id``); API pods read it for admission control."""
+
+    batcher_id: str
+    sent_ms: int
+    classes: dict[str, QueueLoad] = {}
+
+
+Message = (GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat
+           | BatcherSaturation)
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
