@@ -41,6 +41,7 @@ class Names:
     heartbeats_channel: str = constants.REDIS_HEARTBEATS_CHANNEL
     cancels_channel: str = constants.REDIS_CANCELS_CHANNEL
     stats_key: str = constants.STATS_BATCHER
+    saturation_key: str = constants.REDIS_SATURATION_KEY
 
 
 class BatcherLoop:
@@ -262,6 +263,8 @@ class BatcherLoop:
                     pipe.hincrby(self.names.stats_key, name, value)
                 if load:
                     pipe.hset(self.names.stats_key, mapping=load)
+                    pipe.hset(self.names.saturation_key, self.policy.config.batch_id_prefix,
+                              wire.encode(_saturation(self.policy.config.batch_id_prefix, now_ms, decision)))
                 await pipe.execute()
         except Exception as exc:  # stats are best effort
             log.warning("stats update failed: %s", exc)
@@ -277,6 +280,12 @@ class BatcherLoop:
             log.warning("commit on revocation failed: %s", exc)
         for tp in revoked:
             self.offsets.forget(tp)
+
+
+def _saturation(batcher_id: str, now_ms: int, decision: Decision) -> wire.BatcherSaturation:
+    """The admission signal API pods read: queue depth and oldest queued age per priority class."""
+    return wire.BatcherSaturation(batcher_id=batcher_id, sent_ms=now_ms, classes={
+        key: wire.QueueLoad(depth=load.depth, oldest_age_ms=load.oldest_age_ms) for key, load in decision.load.items()})
 
 
 class _Revocations(ConsumerRebalanceListener):
