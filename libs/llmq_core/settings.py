@@ -59,6 +59,20 @@ class Settings(BaseSettings):
     # worker
     heartbeat_interval_ms: int = 250
 
+    # batch jobs (/v1/files, /v1/batches; the ledger and driver run in the result-router)
+    files_url: str = "var/files"  # file store: a local directory or any fsspec URL (s3://bucket/prefix, memory://...)
+    files_max_bytes: int = 200 * 1024 * 1024  # larger uploads get 413
+    files_retention_s: int = 30 * 86_400  # uploads, output and error files (and a finished job's ledger) live this long
+    batch_max_lines: int = 50_000  # requests per input file
+    batch_max_line_bytes: int = 1024 * 1024  # bytes per input line
+    batch_max_window_s: int = 7 * 86_400  # longest completion_window accepted
+    batch_max_rounds: int = 3  # retries of a line whose error is retryable, after its first run
+    batch_retry_backoff_ms: int = 1000  # wait before retry round r: backoff * 2**(r-1)
+    batch_in_flight_lines: int = 1024  # lines of one job produced and not yet settled, at most
+    batch_lease_ms: int = 5000  # a result-router's hold on a job it drives; another takes over once it lapses
+    batch_tick_ms: int = 250  # how often the job driver looks at its jobs
+    batch_end_grace_ms: int = 5000  # after a cancel or the window's end: wait this long for in-flight lines
+
     # ops
     log_level: str = "INFO"
     shutdown_grace_s: float = 10.0
