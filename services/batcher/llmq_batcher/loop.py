@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 COMMIT_INTERVAL_MS = 200
 LOAD_STATS_INTERVAL_MS = 1000
 IDLE_WAKE_S = 1.0
+RESTART_DELAY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +75,8 @@ class BatcherLoop:
         self._wake.set()
 
     async def run(self) -> None:
-        feeders = [asyncio.create_task(self._consume()), asyncio.create_task(self._signals())]
-        if self.results is not None:
-            feeders.append(asyncio.create_task(self._tail_results()))
+        inputs = [self._consume, self._signals] + ([self._tail_results] if self.results is not None else [])
+        feeders = [asyncio.create_task(self._supervised(read)) for read in inputs]
         try:
             await self._decide()
         finally:
@@ -86,16 +86,28 @@ class BatcherLoop:
 
     # --- inputs -------------------------------------------------------------------------------------------------------
 
+    async def _supervised(self, read) -> None:
+        """Keep an input running across broker or Redis outages: log, back off, start it again."""
+        while not self._stopping.is_set():
+            try:
+                await read()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed; restarting in %.1f s", read.__name__, RESTART_DELAY_S)
+                await asyncio.sleep(RESTART_DELAY_S)
+
     async def _consume(self) -> None:
         while not self._stopping.is_set():
             records = await self.consumer.getmany(timeout_ms=100, max_records=500)
             for tp, batch in records.items():
                 for record in batch:
-                    await self._ingest(tp, record)
+                    await self.ingest(tp, record)
             if records:
                 self._wake.set()
 
-    async def _ingest(self, tp: TopicPartition, record) -> None:
+    async def ingest(self, tp: TopicPartition, record) -> None:
+        """Take one consumed record: a request goes to the policy, anything else to the dead letters."""
         self.offsets.track(tp, record.offset)
         try:
             message = wire.decode(record.value, wire.content_type_of(record.headers))
@@ -151,13 +163,18 @@ class BatcherLoop:
     async def _decide(self) -> None:
         while True:
             stopping = self._stopping.is_set()
-            decision = self.policy.schedule(self.clock.now_ms(), drain=stopping)
-            await self._act(decision)
-            self._pause_deferred()
-            await self._commit(force=stopping)
+            decision = await self.step(drain=stopping)
             if stopping:
                 return
             await self._sleep_until(decision.next_wake_ms)
+
+    async def step(self, drain: bool = False) -> Decision:
+        """One round: schedule, produce batches and answers, pause/resume deferred, commit (always when ``drain``)."""
+        decision = self.policy.schedule(self.clock.now_ms(), drain=drain)
+        await self._act(decision)
+        self._pause_deferred()
+        await self._commit(force=drain)
+        return decision
 
     async def _sleep_until(self, wake_ms: int | None) -> None:
         timeout_s = IDLE_WAKE_S if wake_ms is None else min(max(wake_ms - self.clock.now_ms(), 0) / 1000, IDLE_WAKE_S)

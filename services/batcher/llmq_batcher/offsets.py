@@ -17,7 +17,7 @@ class _Partition:
         self.pending: deque[int] = deque()  # consumed offsets in order, the settled ones removed from the front
         self.done: set[int] = set()  # settled offsets still behind an unsettled one
         self.next_offset = -1  # one past the highest consumed offset
-        self.committed = -1  # the last commit position confirmed by mark_committed
+        self.committed = -1  # the last commit position confirmed by mark_committed (or where consuming began)
 
 
 class OffsetTracker:
@@ -31,6 +31,7 @@ class OffsetTracker:
         state = self._partitions.get(partition)
         if state is None:
             state = self._partitions[partition] = _Partition()
+            state.committed = offset  # consumption started here: nothing before it needs committing by us
         state.pending.append(offset)
         state.next_offset = offset + 1
 

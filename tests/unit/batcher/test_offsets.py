@@ -39,6 +39,7 @@ def test_commit_positions_report_only_moves_after_a_confirmed_commit():
     tracker = OffsetTracker()
     tracker.track("a", 0)
     tracker.track("a", 1)
+    assert tracker.commit_positions() == {}, "consumption began at 0: nothing to commit yet"
     tracker.settle("a", 0)
     assert tracker.commit_positions() == {"a": 1}
     assert tracker.commit_positions() == {"a": 1}, "unconfirmed: offered again"

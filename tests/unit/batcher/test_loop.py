@@ -1,0 +1,224 @@
+"""The batcher loop's consume -> decide -> produce -> commit round, with fake Kafka and Redis clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaTimeoutError
+
+from llmq_core import constants, wire
+from llmq_batcher.loop import BatcherLoop, Names
+
+from tests.unit.batcher.helpers import T0, hb, make_policy, req
+
+NAMES = Names()
+INTERACTIVE = TopicPartition(NAMES.request_topics[0], 0)
+DEFERRED = TopicPartition(NAMES.deferred_topic, 0)
+
+
+@dataclass
+class Record:
+    offset: int
+    value: bytes
+    headers: tuple = ()
+    key: bytes | None = None
+    topic: str = INTERACTIVE.topic
+    partition: int = 0
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.assigned = {INTERACTIVE, DEFERRED}
+        self.paused_tps: set[TopicPartition] = set()
+        self.commits: list[dict] = []
+
+    def assignment(self):
+        return set(self.assigned)
+
+    def paused(self):
+        return set(self.paused_tps)
+
+    def pause(self, *tps):
+        self.paused_tps |= set(tps)
+
+    def resume(self, *tps):
+        self.paused_tps -= set(tps)
+
+    async def commit(self, offsets):
+        self.commits.append(dict(offsets))
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.failing = False
+
+    async def send_and_wait(self, topic, value, key=None, partition=None, headers=None):
+        if self.failing:
+            raise KafkaTimeoutError()
+        self.sent.append(dict(topic=topic, value=value, key=key, partition=partition, headers=headers))
+
+    def on(self, topic: str) -> list[dict]:
+        return [s for s in self.sent if s["topic"] == topic]
+
+
+class FakePipeline:
+    def __init__(self, redis: FakeRedis) -> None:
+        self.redis = redis
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    def hincrby(self, key, field, value):
+        fields = self.redis.hashes.setdefault(key, {})
+        fields[field] = fields.get(field, 0) + value
+
+    def hset(self, key, mapping):
+        self.redis.hashes.setdefault(key, {}).update(mapping)
+
+    async def execute(self):
+        return []
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes]] = []
+        self.hashes: dict[str, dict] = {}
+
+    async def publish(self, channel, payload):
+        self.published.append((channel, payload))
+
+    def pipeline(self, transaction=False):
+        return FakePipeline(self)
+
+
+@pytest.fixture
+def batcher():
+    policy, clock = make_policy()
+    consumer, producer, redis = FakeConsumer(), FakeProducer(), FakeRedis()
+    loop = BatcherLoop(policy, consumer, producer, redis, clock, max_queued=100, names=NAMES)
+    return loop, consumer, producer, redis
+
+
+def _json(request: wire.GenerationRequest, header: bool) -> Record:
+    headers = ((constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_JSON.encode()),) if header else ()
+    return Record(offset=0, value=wire.encode(request, constants.CONTENT_TYPE_JSON), headers=headers)
+
+
+@pytest.mark.parametrize("header", [True, False])
+async def test_json_request_is_batched_to_the_workers_partition_and_committed(batcher, header):
+    loop, consumer, producer, _ = batcher
+    loop.policy.on_heartbeat(hb("w5", free=8))
+    record = _json(req("r1"), header)
+    record.offset = 41
+    await loop.ingest(INTERACTIVE, record)
+    await loop.step()
+    (sent,) = producer.on(NAMES.batches_topic)
+    batch = wire.decode(sent["value"])
+    assert sent["partition"] == 5 and sent["key"] == batch.batch_id.encode()
+    assert [r.request_id for r in batch.requests] == ["r1"]
+    assert consumer.commits == [{INTERACTIVE: 42}]
+
+
+async def test_commit_waits_for_the_oldest_held_request(batcher):
+    loop, consumer, _, _ = batcher
+    loop.policy.on_heartbeat(hb("w1", free=1))
+    for offset, request in ((10, req("n1", "near")), (11, req("p1"))):  # one slot: p1 goes first, n1 waits
+        await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(request)))
+    await loop.step()
+    assert consumer.commits == []
+    loop.policy.on_heartbeat(hb("w1", free=1, last_batch_id="t-1"))
+    await loop.step(drain=True)
+    assert consumer.commits == [{INTERACTIVE: 12}]
+
+
+async def test_duplicate_of_a_dispatched_request_is_settled_at_once(batcher):
+    loop, consumer, _, _ = batcher
+    loop.policy.on_heartbeat(hb("w1", free=8))
+    await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1"))))
+    await loop.step()
+    await loop.ingest(INTERACTIVE, Record(offset=1, value=wire.encode(req("r1"))))
+    await loop.step(drain=True)
+    assert consumer.commits[-1] == {INTERACTIVE: 2}
+
+
+@pytest.mark.parametrize("value", [b"\xc1garbage", wire.encode(wire.Cancel(request_id="r1"))])
+async def test_undecodable_or_foreign_record_goes_to_dead_letters(batcher, value):
+    loop, consumer, producer, _ = batcher
+    await loop.ingest(INTERACTIVE, Record(offset=7, value=value, key=b"k"))
+    await loop.step(drain=True)
+    (dead,) = producer.on(NAMES.dead_letters_topic)
+    assert dead["value"] == value and dead["key"] == b"k"
+    assert any(name == "x-llmq-error" for name, _ in dead["headers"])
+    assert consumer.commits == [{INTERACTIVE: 8}]
+
+
+async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batcher):
+    loop, consumer, producer, redis = batcher
+    await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1", deadline_in_ms=0))))
+    await loop.step()
+    ((channel, payload),) = redis.published
+    assert channel == constants.replies_channel("pod-1")
+    assert wire.decode(payload).outcome is wire.Outcome.EXPIRED
+    (logged,) = producer.on(NAMES.results_topic)
+    assert logged["key"] == b"r1" and wire.decode(logged["value"]).outcome is wire.Outcome.EXPIRED
+    assert redis.hashes[NAMES.stats_key]["expired"] == 1
+    assert consumer.commits == [{INTERACTIVE: 1}]
+
+
+async def test_failed_produce_hands_the_batch_back_and_commits_nothing(batcher):
+    loop, consumer, producer, redis = batcher
+    loop.policy.on_heartbeat(hb("w1", free=8))
+    await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1"))))
+    producer.failing = True
+    await loop.step(drain=True)
+    assert consumer.commits == [] and loop.policy.queued_total == 1
+    producer.failing = False
+    await loop.step(drain=True)
+    assert [wire.decode(s["value"]).requests[0].attempt for s in producer.on(NAMES.batches_topic)] == [1]
+    assert consumer.commits == [{INTERACTIVE: 1}]
+    assert redis.hashes[NAMES.stats_key]["batches"] == 1
+
+
+async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
+    loop, _, _, redis = batcher
+    loop.policy.on_heartbeat(hb("w1", free=2))
+    for offset in range(3):
+        await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(req(f"r{offset}"))))
+    await loop.step()
+    stats = redis.hashes[NAMES.stats_key]
+    assert (stats["batches"], stats["requests"], stats["flush_size"]) == (1, 2, 1)
+    assert stats["queued_interactive:paid"] == 1
+
+
+@pytest.mark.parametrize(
+    "free, queued, paused",
+    [
+        (8, [], False),  # idle capacity, nothing else waiting
+        (2, [], True),  # only the reserved slots are free
+        (0, [("p1", "paid")], True),  # interactive work waits
+    ],
+)
+async def test_deferred_partitions_pause_while_they_must_not_run(batcher, free, queued, paused):
+    loop, consumer, _, _ = batcher
+    loop.policy.on_heartbeat(hb("w1", free=free))
+    for request_id, cls in queued:
+        loop.policy.add(req(request_id, cls))
+    await loop.step()
+    assert (DEFERRED in consumer.paused_tps) is paused
+    assert INTERACTIVE not in consumer.paused_tps
+
+
+async def test_deferred_partitions_resume_once_capacity_frees(batcher):
+    loop, consumer, _, _ = batcher
+    loop.policy.on_heartbeat(hb("w1", free=0))
+    await loop.step()
+    assert DEFERRED in consumer.paused_tps
+    loop.policy.on_heartbeat(hb("w1", free=8, now_ms=T0))
+    await loop.step()
+    assert DEFERRED not in consumer.paused_tps
