@@ -1,6 +1,7 @@
 """The batcher loop against a real broker and Redis, on private topics and channels so it disturbs no one."""
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -41,8 +42,10 @@ async def _create_topics(settings: Settings, names: Names) -> None:
         await admin.close()
 
 
-@pytest.fixture(scope="module")
-async def batcher():
+@contextlib.asynccontextmanager
+async def _running_batcher(config: PolicyConfig | None = None):
+    """A BatcherLoop on fresh private topics, with one worker heartbeating; yields (names, producer, redis, consumer,
+    loop). Leaving stops the loop the way SIGTERM does."""
     settings = Settings()
     tag = uuid.uuid4().hex[:8]
     names = _names(tag)
@@ -50,7 +53,7 @@ async def batcher():
     redis = Redis.from_url(settings.redis_url)
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, group_id=f"test-batcher-{tag}")
-    policy = BatchPolicy(PolicyConfig(batch_id_prefix=tag), SYSTEM_CLOCK)
+    policy = BatchPolicy(config or PolicyConfig(batch_id_prefix=tag), SYSTEM_CLOCK)
     loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=1000, names=names)
     await producer.start()
     loop.subscribe()
@@ -58,7 +61,7 @@ async def batcher():
     task = asyncio.create_task(loop.run())
     heartbeat = asyncio.create_task(_heartbeats(redis, names))
     try:
-        yield names, producer, redis, consumer
+        yield names, producer, redis, consumer, loop
     finally:
         heartbeat.cancel()
         loop.stop()
@@ -66,6 +69,12 @@ async def batcher():
         await consumer.stop()
         await producer.stop()
         await redis.aclose()
+
+
+@pytest.fixture(scope="module")
+async def batcher():
+    async with _running_batcher() as (names, producer, redis, consumer, _):
+        yield names, producer, redis, consumer
 
 
 async def _heartbeats(redis: Redis, names: Names) -> None:
@@ -159,3 +168,25 @@ async def test_undecodable_record_goes_to_dead_letters(batcher):
     record = await _read_one(Settings(), names.dead_letters_topic, lambda r: r.key == key)
     assert record.value == b"\xc1not a message"
     assert any(k == "x-llmq-error" for k, _ in record.headers)
+
+
+async def test_stop_drains_a_request_held_for_its_window_and_commits_it():
+    config = PolicyConfig(max_wait_ms=(0, 0, 600_000, 600_000), batch_id_prefix=uuid.uuid4().hex[:8])
+    request = wire.GenerationRequest(request_id=f"req-{uuid.uuid4().hex}", traffic_class="near_interactive",
+                                     model=MODEL, prompt="abc", created_ms=SYSTEM_CLOCK.now_ms(),
+                                     deadline_ms=SYSTEM_CLOCK.now_ms() + 60_000,
+                                     reply_to=wire.HttpReply(instance_id="pod-z"))
+    async with _running_batcher(config) as (names, producer, _, consumer, loop):
+        meta = await kafka.send_message(producer, names.request_topics[1], request, key=request.request_id)
+        for _ in range(150):
+            if loop.policy.queued_total:
+                break
+            await asyncio.sleep(0.2)
+        assert loop.policy.queued_total == 1, "the request never reached the policy"
+        loop.stop()
+        await asyncio.sleep(1)  # the loop drains and returns; leaving the block waits for it
+        tp = TopicPartition(meta.topic, meta.partition)
+        assert await consumer.committed(tp) == meta.offset + 1
+    record = await _read_one(Settings(), names.batches_topic, lambda r: True)
+    batch = wire.decode(record.value)
+    assert batch.flush_reason == "drain" and [r.request_id for r in batch.requests] == [request.request_id]
