@@ -156,7 +156,7 @@ class _Model:
 
 
 class BatchPolicy:
-    """The batcher's decisions. Not thread-safe; every method is O(log n) per request touched."""
+    """The batcher's decisions. Not thread-safe. Events cost O(log n) per request touched; schedule() adds O(models)."""
 
     def __init__(self, config: PolicyConfig, clock: Clock) -> None:
         self.config = config
