@@ -47,8 +47,9 @@ def build_engine(args: argparse.Namespace) -> Engine:
     spec = BUILTIN_MODELS.get(args.model)
     if args.engine == "simulated":
         return _simulated(args, spec)
-    from llmq_worker.engines.transformers_engine import TransformersEngine
+    from llmq_worker.engines.transformers_engine import TransformersEngine, route_library_logs
 
+    route_library_logs()
     return TransformersEngine.from_args(
         model_path=args.model_path,
         max_concurrent_sequences=args.max_concurrent_sequences or (spec.max_batch_size if spec else 32),

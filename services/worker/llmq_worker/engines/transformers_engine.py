@@ -32,7 +32,8 @@ from llmq_worker.text import ChoiceText, WindowDetokenizer
 log = logging.getLogger(__name__)
 
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
-RATE_HALF_LIFE_S = 2.0  # smoothing of the measured tokens/s behind est_drain_ms
+RATE_HALF_LIFE_S = 2.0
+WARMUP_TIMEOUT_S = 120  # smoothing of the measured tokens/s behind est_drain_ms
 
 
 class TextCodec:
@@ -302,6 +303,9 @@ class TransformersEngine:
             generation_config=self._generation_config, continuous_batching_config=self._cb_config
         )
         self._manager.start()
+        # The first steps pay one-off costs (allocations, kernel selection): pay them before a caller waits.
+        self._manager.add_request([byte_tokenizer.BYTE_OFFSET] * 8, request_id="__warmup__", max_new_tokens=4)
+        self._manager.get_result(request_id="__warmup__", timeout=WARMUP_TIMEOUT_S)
 
     def _count_tokens(self, count: int) -> None:
         self._tokens_total += count
@@ -312,6 +316,14 @@ class TransformersEngine:
             weight = 0.5 ** ((now - mark_s) / RATE_HALF_LIFE_S)
             self._rate_tokens_per_s = rate if not self._rate_tokens_per_s else weight * self._rate_tokens_per_s + (1 - weight) * rate
             self._rate_mark = (now, self._tokens_total)
+
+
+def route_library_logs(level: str = "WARNING") -> None:
+    """Send the manager's own logger (which prints plain text to stderr) through the root handlers (JSON lines)."""
+    library_logger = logging.getLogger("ContinuousBatchingLogger")
+    library_logger.handlers.clear()
+    library_logger.propagate = True
+    library_logger.setLevel(level)
 
 
 def _sub_id(request_id: str, index: int) -> str:
