@@ -29,8 +29,8 @@ from llmq_core.settings import Settings
 from llmq_batcher.fairshare import DISPATCHED, DONE, QUEUED, Entry, FairQueue, Flight
 from llmq_batcher.workers import WorkerPool, WorkerView
 
-CLASS_KEYS = ("interactive:paid", "interactive:free", "near_interactive", "deferred")
-DEFERRED = 3
+CLASS_KEYS = constants.PRIORITY_CLASSES  # queue index = position here: interactive:paid first, deferred last
+DEFERRED = CLASS_KEYS.index(constants.DEFERRED)
 _CLASS_INDEX = {
     (constants.INTERACTIVE, constants.TIER_PAID): 0,
     (constants.INTERACTIVE, constants.TIER_FREE): 1,

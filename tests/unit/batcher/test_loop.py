@@ -78,8 +78,9 @@ class FakePipeline:
         fields = self.redis.hashes.setdefault(key, {})
         fields[field] = fields.get(field, 0) + value
 
-    def hset(self, key, mapping):
-        self.redis.hashes.setdefault(key, {}).update(mapping)
+    def hset(self, key, field=None, value=None, mapping=None):
+        fields = self.redis.hashes.setdefault(key, {})
+        fields.update(mapping or {field: value})
 
     async def execute(self):
         return []
@@ -194,6 +195,8 @@ async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
     stats = redis.hashes[NAMES.stats_key]
     assert (stats["batches"], stats["requests"], stats["flush_size"]) == (1, 2, 1)
     assert stats["queued_interactive:paid"] == 1
+    (saturation,) = redis.hashes[NAMES.saturation_key].values()
+    assert wire.decode(saturation).classes["interactive:paid"].depth == 1
 
 
 @pytest.mark.parametrize(
