@@ -4,13 +4,11 @@ One replica runs a batch of up to ``max_batch`` requests in ``batch_time_ms``, s
 ``max_batch / batch_time`` for full batches and half that for half-full ones. Queueing for a free replica is modelled as
 M/D/c with batches as the customers (Erlang C for the chance to wait; the deterministic service halves M/M/c's wait).
 
-Run: ``python -m bench.capacity --rps 40000 --simulate`` (from the repository root).
+Run: ``llmq capacity --peak-rps 40000 --max-batch 64 --batch-time-ms 250 --p99-target-ms 600 --headroom 0.3``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 
 from bench.simulate import run_simulation
@@ -113,27 +111,3 @@ def capacity_report(rps: float = 40_000, max_batch: int = 64, batch_time_ms: int
         report["min_replicas_for_p99"] = min_replicas_for_p99(rps, p99_target_ms, max_batch, batch_time_ms,
                                                               duration_s, network_ms, wait_ms=wait_ms, **sim_options)
     return report
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Capacity math for fixed-time batch engines")
-    parser.add_argument("--rps", type=float, default=40_000)
-    parser.add_argument("--max-batch", type=int, default=64)
-    parser.add_argument("--batch-time-ms", type=int, default=250)
-    parser.add_argument("--headroom", type=float, default=0.3)
-    parser.add_argument("--spare-replicas", type=int, default=1)
-    parser.add_argument("--network-ms", type=int, default=0)
-    parser.add_argument("--p99-target-ms", type=float, default=600)
-    parser.add_argument("--simulate", action="store_true", help="simulate the planned replica count")
-    parser.add_argument("--search", action="store_true", help="find the fewest replicas meeting p99 (several runs)")
-    parser.add_argument("--duration-s", type=float, default=20)
-    parser.add_argument("--pattern", choices=("poisson", "bursty"), default="poisson")
-    args = parser.parse_args()
-    report = capacity_report(args.rps, args.max_batch, args.batch_time_ms, args.headroom, args.spare_replicas,
-                             network_ms=args.network_ms, p99_target_ms=args.p99_target_ms, simulate=args.simulate,
-                             duration_s=args.duration_s, search=args.search, pattern=args.pattern)
-    print(json.dumps(report, indent=2))
-
-
-if __name__ == "__main__":
-    main()

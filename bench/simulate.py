@@ -5,14 +5,12 @@ in ticks of ``tick_ms`` (1 ms: the batcher likewise reads requests from Kafka in
 report their results (``on_result``), workers heartbeat every ``heartbeat_interval_ms``, the tick's arrivals are added,
 then ``schedule`` runs once and its batches reach their workers ``dispatch_delay_ms`` later.
 
-Run: ``python -m bench.simulate --rps 40000 --replicas 170 --duration-s 60`` (from the repository root).
+Run: ``llmq simulate --rps 40000 --replicas 170 --duration-s 60``.
 """
 
 from __future__ import annotations
 
-import argparse
 import heapq
-import json
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -204,26 +202,3 @@ def _percentiles(values: np.ndarray) -> dict:
         return {"p50": None, "p99": None, "mean": None, "max": None}
     p50, p99 = np.percentile(values, [50, 99])
     return {"p50": float(p50), "p99": float(p99), "mean": round(float(values.mean()), 1), "max": int(values.max())}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Simulate the batcher in front of fixed-time batch workers")
-    parser.add_argument("--rps", type=float, default=40_000)
-    parser.add_argument("--replicas", type=int, default=170)
-    parser.add_argument("--max-batch", type=int, default=64)
-    parser.add_argument("--batch-time-ms", type=int, default=250)
-    parser.add_argument("--duration-s", type=float, default=60)
-    parser.add_argument("--pattern", choices=("poisson", "bursty"), default="poisson")
-    parser.add_argument("--wait-ms", type=int, default=20)
-    parser.add_argument("--network-ms", type=int, default=0)
-    parser.add_argument("--paid-share", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    result = run_simulation(args.rps, args.replicas, args.max_batch, args.batch_time_ms, args.duration_s,
-                            pattern=args.pattern, wait_ms=args.wait_ms, network_ms=args.network_ms,
-                            paid_share=args.paid_share, seed=args.seed)
-    print(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()
