@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 from llmq_core import wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 from llmq_api import validation
+from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError
 from llmq_api.openai_format import CLIENT_GONE_STATUS
 from llmq_api.pod import Pod
@@ -42,6 +43,7 @@ def create_app(pod: Pod) -> FastAPI:
 
     app = FastAPI(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pod = pod
+    app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

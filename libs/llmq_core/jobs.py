@@ -1,0 +1,252 @@
+"""Batch jobs (OpenAI ``/v1/batches``): records, ledger line states, Redis key names and the completion window.
+
+Pure: no I/O. The API pod creates a job (:class:`JobSpec` plus one ledger entry per input line); the result-router
+drives it (produces its lines as ``deferred`` GenerationRequests with ``reply_to=JobReply``, settles their results) and
+finalizes it. Both read and write it through :mod:`llmq_core.jobstore`. Times: ``*_ms`` epoch milliseconds, ``*_at``
+epoch seconds (OpenAI's unit).
+
+A line's ledger state is one short string, compared and swapped atomically in Redis:
+``p<n>`` pending in round ``n`` (queued or produced), ``r<n>`` waiting for retry round ``n``, and the terminal
+``s`` succeeded, ``e`` errored, ``c`` canceled, ``x`` expired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final, Literal
+
+import msgspec
+
+from llmq_core import wire
+
+# --- batch statuses (OpenAI spelling) and endpoints ---------------------------------------------------------------
+
+VALIDATING: Final = "validating"
+IN_PROGRESS: Final = "in_progress"
+FINALIZING: Final = "finalizing"
+COMPLETED: Final = "completed"
+FAILED: Final = "failed"
+EXPIRED: Final = "expired"
+CANCELLING: Final = "cancelling"
+CANCELLED: Final = "cancelled"
+TERMINAL_STATUSES: Final = frozenset({COMPLETED, FAILED, EXPIRED, CANCELLED})
+ACTIVE_STATUSES: Final = frozenset({IN_PROGRESS, FINALIZING, CANCELLING})  # statuses the result-router drives
+
+# OpenAI batch endpoint -> wire.Endpoint
+BATCH_ENDPOINTS: Final[dict[str, wire.Endpoint]] = {
+    "/v1/chat/completions": "chat.completions",
+    "/v1/completions": "completions",
+}
+
+FILE_PURPOSE_BATCH: Final = "batch"
+FILE_PURPOSE_OUTPUT: Final = "batch_output"
+
+# --- ledger line states -------------------------------------------------------------------------------------------
+
+PENDING: Final = "p"
+RETRY: Final = "r"
+SUCCEEDED: Final = "s"
+ERRORED: Final = "e"
+CANCELED: Final = "c"
+LINE_EXPIRED: Final = "x"
+TERMINAL_LINE_STATES: Final = frozenset({SUCCEEDED, ERRORED, CANCELED, LINE_EXPIRED})
+OUTCOME_STATE: Final = {wire.Outcome.SUCCEEDED: SUCCEEDED, wire.Outcome.ERRORED: ERRORED,
+                        wire.Outcome.CANCELED: CANCELED, wire.Outcome.EXPIRED: LINE_EXPIRED}
+# job hash counter of each terminal state (request_counts: completed = succeeded, failed = the other three)
+STATE_COUNTER: Final = {SUCCEEDED: "succeeded", ERRORED: "errored", CANCELED: "canceled", LINE_EXPIRED: "expired"}
+
+
+def pending(round_: int) -> str:
+    """The state of a line queued or produced in round ``round_`` (0: first run)."""
+    return f"{PENDING}{round_}"
+
+
+def retry(round_: int) -> str:
+    """The state of a line waiting for retry round ``round_`` (>= 1)."""
+    return f"{RETRY}{round_}"
+
+
+def parse_state(state: str) -> tuple[str, int]:
+    """``"p2"`` -> ``("p", 2)``; terminal states have round 0."""
+    return state[:1], int(state[1:] or 0)
+
+
+# --- ids ----------------------------------------------------------------------------------------------------------
+
+CUSTOM_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def line_request_id(batch_id: str, custom_id: str, round_: int = 0) -> str:
+    """The request id of one line's run: the same for every production of the same round (duplicates are suppressed
+    by request id downstream), a new one per retry round (a late result of an old round is recognised as stale)."""
+    base = f"{batch_id}:{custom_id}"
+    return base if round_ == 0 else f"{base}:{round_}"
+
+
+def output_line_id(request_id: str) -> str:
+    """OpenAI's ``batch_req_...`` id of an output line, stable for a request id."""
+    return "batch_req_" + hashlib.sha256(request_id.encode()).hexdigest()[:24]
+
+
+# --- completion window --------------------------------------------------------------------------------------------
+
+_WINDOW_RE: Final = re.compile(r"([1-9][0-9]{0,8})([smh])")
+_UNIT_S: Final = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_window(text: str, max_s: int) -> int:
+    """``completion_window`` in seconds: ``<n>s``, ``<n>m`` or ``<n>h`` (OpenAI's ``24h`` included), at most ``max_s``.
+
+    Raises ValueError with a message for the client.
+    """
+    match = _WINDOW_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"completion_window must look like 24h, 90s or 10m, got {text!r}")
+    seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds > max_s:
+        raise ValueError(f"completion_window must be at most {max_s}s, got {text!r}")
+    return seconds
+
+
+# --- records --------------------------------------------------------------------------------------------------------
+
+
+class FileRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A file of the ``/v1/files`` API. ``path`` is its object in the file store (relative to the store root);
+    output and error files of a job are rendered from the job's results (``batch_id`` and ``kind`` say which)."""
+
+    id: str
+    tenant_id: str
+    filename: str
+    purpose: str
+    bytes: int = 0
+    created_at: int
+    expires_at: int | None = None
+    path: str = ""
+    batch_id: str | None = None
+    kind: Literal["input", "output", "error"] = "input"
+
+
+class LineError(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of a failed batch's ``errors.data`` (OpenAI shape); ``line`` counts from 1."""
+
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What a job is, fixed when it is created.
+
+    ``total`` counts every request line; ``runnable`` those that passed validation and are in the prepared file
+    ``prepared_path`` (one JSON ``wire.GenerationRequest`` per line, round 0). ``results_path`` receives the job's
+    results (JSON ``wire.FinalResult`` per line) when it ends. ``expires_ms`` = created + completion window.
+    """
+
+    id: str
+    tenant_id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    created_ms: int
+    expires_ms: int
+    metadata: dict[str, str] | None = None
+    output_file_id: str
+    error_file_id: str
+    total: int = 0
+    runnable: int = 0
+    prepared_path: str = ""
+    results_path: str = ""
+
+
+COUNTERS: Final = ("succeeded", "errored", "canceled", "expired", "retried", "dead_letters", "produced",
+                   "input_tokens", "output_tokens")
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    """A job as read from its Redis hash: the spec, the status with its timestamps, the counters, the errors.
+
+    ``cursor`` is the byte offset in the prepared file up to which lines were produced (round 0).
+    """
+
+    spec: JobSpec
+    status: str
+    times: dict[str, int] = {}  # status -> epoch s it was entered
+    counts: dict[str, int] = {}
+    errors: list[LineError] = []
+    cursor: int = 0
+    end_ms: int = 0  # when the cancel or the window's end began to be enforced (epoch ms); 0 before
+
+    def count(self, name: str) -> int:
+        return self.counts.get(name, 0)
+
+    @property
+    def settled(self) -> int:
+        """Lines in a terminal state."""
+        return sum(self.count(name) for name in STATE_COUNTER.values())
+
+    @property
+    def done(self) -> bool:
+        """Every line is in a terminal state."""
+        return self.settled >= self.spec.total
+
+
+# --- Redis keys -----------------------------------------------------------------------------------------------------
+
+REDIS_FILES_PREFIX: Final = "llmq:files:"
+REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
+ACTIVE_JOBS_KEY: Final = "llmq:jobs:active"  # set of batch ids the result-routers drive
+FILE_EXPIRY_KEY: Final = "llmq:files:expiry"  # zset: file id by expires_at (s); the sweep deletes stored objects
+
+
+def file_key(file_id: str) -> str:
+    """String: the FileRecord (JSON), expiring with the file."""
+    return f"{REDIS_FILES_PREFIX}{file_id}"
+
+
+def tenant_files_key(tenant_id: str) -> str:
+    """Zset (lex order, score 0) of a tenant's files: members ``<created_ms:015>:<file_id>``."""
+    return f"{REDIS_FILES_PREFIX}tenant:{tenant_id}"
+
+
+def job_key(batch_id: str) -> str:
+    """Hash: ``spec`` (JSON JobSpec), ``status``, ``at:<status>`` (epoch s), ``errors`` (JSON), COUNTERS, ``cursor``,
+    ``end_ms``."""
+    return f"{REDIS_JOBS_PREFIX}{batch_id}"
+
+
+def job_lines_key(batch_id: str) -> str:
+    """Hash: custom_id -> ledger state (see the module docstring)."""
+    return f"{REDIS_JOBS_PREFIX}{batch_id}:lines"
+
+
+def job_offsets_key(batch_id: str) -> str:
+    """Hash: custom_id -> ``<start>:<end>``, the line's bytes in the prepared file (for retries)."""
+    return f"{REDIS_JOBS_PREFIX}{batch_id}:offsets"
+
+
+def job_results_key(batch_id: str) -> str:
+    """Hash: custom_id -> the line's terminal wire.FinalResult (msgpack)."""
+    return f"{REDIS_JOBS_PREFIX}{batch_id}:results"
+
+
+def job_retries_key(batch_id: str) -> str:
+    """Zset: custom_id by the epoch ms its retry round is due."""
+    return f"{REDIS_JOBS_PREFIX}{batch_id}:retries"
+
+
+def job_lease_key(batch_id: str) -> str:
+    """String: the token of the result-router driving the job (PX ``batch_lease_ms``)."""
+    return f"{REDIS_JOBS_PREFIX}{batch_id}:lease"
+
+
+def tenant_jobs_key(tenant_id: str) -> str:
+    """Zset (lex order, score 0) of a tenant's jobs: members ``<created_ms:015>:<batch_id>``."""
+    return f"{REDIS_JOBS_PREFIX}tenant:{tenant_id}"
+
+
+def listing_member(created_ms: int, object_id: str) -> str:
+    """The member of a tenant listing zset: sorts by creation time, then id."""
+    return f"{created_ms:015d}:{object_id}"

@@ -1,0 +1,260 @@
+"""Batch jobs and files in Redis: records, tenant listings, the per-line ledger and the driver's lease.
+
+Shared by the API pod (creates files and jobs, reads them, asks for a cancel) and the result-router (settles lines,
+drives jobs). Every change of a line's state is a compare-and-set in one Lua script together with its counters, so a
+result delivered twice, a stale retry round, or a cancel racing a result changes the ledger at most once.
+Key names: :mod:`llmq_core.jobs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+
+import msgspec
+from redis.asyncio import Redis
+
+from llmq_core import jobs, wire
+from llmq_core.jobs import FileRecord, JobSpec, JobView, LineError
+
+_json = msgspec.json.encode
+
+# KEYS: lines, results, job, retries. ARGV: custom_id, expected state, new state, result ('' keeps), retry due ms
+# ('' drops the line from the retry zset), then (counter, increment) pairs. Returns 1 when applied, 0 when the line
+# was not in the expected state.
+_SETTLE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[4]) end
+if ARGV[5] == '' then redis.call('ZREM', KEYS[4], ARGV[1]) else redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1]) end
+for i = 6, #ARGV, 2 do redis.call('HINCRBY', KEYS[3], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+# KEYS: lines. ARGV: custom_id, expected, new. Plain compare-and-set of one line's state.
+_CAS_LINE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+
+# KEYS: lines, retries. ARGV: custom_id, state. Drop the line from the retry zset if it is still in that state.
+_UNQUEUE_RETRY = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+return redis.call('ZREM', KEYS[2], ARGV[1])
+"""
+
+# KEYS: job. ARGV: comma-separated statuses allowed now, new status, epoch s, end_ms ('' leaves it). 1 when moved.
+_MOVE_STATUS = """
+local now = redis.call('HGET', KEYS[1], 'status')
+if not now then return 0 end
+local allowed = false
+for status in string.gmatch(ARGV[1], '[^,]+') do if status == now then allowed = true end end
+if not allowed then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'at:' .. ARGV[2], ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'end_ms', ARGV[4]) end
+return 1
+"""
+
+# KEYS: lease. ARGV: token, ttl ms. Take a free lease or extend our own; 1 when we hold it afterwards.
+_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class JobStore:
+    """Files, jobs and ledgers in one Redis. Methods raise redis errors as they come."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._settle = redis.register_script(_SETTLE)
+        self._cas_line = redis.register_script(_CAS_LINE)
+        self._unqueue_retry = redis.register_script(_UNQUEUE_RETRY)
+        self._move_status = redis.register_script(_MOVE_STATUS)
+        self._lease = redis.register_script(_LEASE)
+        self._release = redis.register_script(_RELEASE)
+
+    # --- files ----------------------------------------------------------------------------------------------------
+
+    async def put_file(self, record: FileRecord) -> None:
+        """Store the record, list it for its tenant, and schedule its expiry sweep (when it expires)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            self._put_file(pipe, record)
+            await pipe.execute()
+
+    def _put_file(self, pipe, record: FileRecord) -> None:
+        pipe.set(jobs.file_key(record.id), _json(record))
+        pipe.zadd(jobs.tenant_files_key(record.tenant_id), {_file_member(record): 0})
+        if record.expires_at is not None:
+            pipe.zadd(jobs.FILE_EXPIRY_KEY, {record.id: record.expires_at})
+
+    async def get_file(self, file_id: str) -> FileRecord | None:
+        data = await self.redis.get(jobs.file_key(file_id))
+        return msgspec.json.decode(data, type=FileRecord) if data else None
+
+    async def delete_file(self, record: FileRecord) -> None:
+        """Forget the record (the caller deletes the stored object)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(jobs.file_key(record.id))
+            pipe.zrem(jobs.tenant_files_key(record.tenant_id), _file_member(record))
+            pipe.zrem(jobs.FILE_EXPIRY_KEY, record.id)
+            await pipe.execute()
+
+    async def list_files(self, tenant_id: str, limit: int) -> list[FileRecord]:
+        """A tenant's newest files first, at most ``limit``."""
+        members = await self.redis.zrevrangebylex(jobs.tenant_files_key(tenant_id), "+", "-", 0, limit)
+        ids = [m.decode().split(":", 1)[1] for m in members]
+        records = await self.redis.mget([jobs.file_key(i) for i in ids]) if ids else []
+        return [msgspec.json.decode(r, type=FileRecord) for r in records if r]
+
+    async def expired_files(self, now_s: int, limit: int = 100) -> list[str]:
+        """Ids of files whose ``expires_at`` has passed."""
+        return [m.decode() for m in await self.redis.zrangebyscore(jobs.FILE_EXPIRY_KEY, 0, now_s, 0, limit)]
+
+    # --- jobs -----------------------------------------------------------------------------------------------------
+
+    async def create_job(self, spec: JobSpec, status: str, times: Mapping[str, int], *, files: Iterable[FileRecord],
+                         lines: Mapping[str, str] = {}, offsets: Mapping[str, str] = {},
+                         results: Mapping[str, wire.FinalResult] = {}, errors: list[LineError] = ()) -> None:
+        """Write a new job in one transaction: its hash, ledger lines (custom_id -> state), prepared-file offsets,
+        results settled already (lines that failed validation: counted as errored), its output/error file records,
+        its tenant listing entry, and (when it is ``in_progress``) its place among the jobs the routers drive."""
+        job = {"spec": _json(spec), "status": status, "cursor": 0, "errors": _json(list(errors)),
+               **{f"at:{name}": at for name, at in times.items()},
+               **{name: 0 for name in jobs.COUNTERS}, "errored": len(results)}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(jobs.job_key(spec.id), mapping=job)
+            if lines:
+                pipe.hset(jobs.job_lines_key(spec.id), mapping=dict(lines))
+            if offsets:
+                pipe.hset(jobs.job_offsets_key(spec.id), mapping=dict(offsets))
+            if results:
+                pipe.hset(jobs.job_results_key(spec.id), mapping={k: wire.encode(v) for k, v in results.items()})
+            for record in files:
+                self._put_file(pipe, record)
+            pipe.zadd(jobs.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
+            if status in jobs.ACTIVE_STATUSES:
+                pipe.sadd(jobs.ACTIVE_JOBS_KEY, spec.id)
+            await pipe.execute()
+
+    async def get_job(self, batch_id: str) -> JobView | None:
+        return _view(await self.redis.hgetall(jobs.job_key(batch_id)))
+
+    async def list_jobs(self, tenant_id: str, after: JobView | None, limit: int) -> tuple[list[JobView], bool]:
+        """A tenant's jobs, newest first, starting after ``after``; returns (jobs, has_more)."""
+        top = "+" if after is None else "(" + jobs.listing_member(after.spec.created_ms, after.spec.id)
+        members = await self.redis.zrevrangebylex(jobs.tenant_jobs_key(tenant_id), top, "-", 0, limit + 1)
+        ids = [m.decode().split(":", 1)[1] for m in members]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for batch_id in ids[:limit]:
+                pipe.hgetall(jobs.job_key(batch_id))
+            views = [_view(h) for h in await pipe.execute()]
+        return [v for v in views if v is not None], len(ids) > limit
+
+    async def move_status(self, batch_id: str, allowed: Iterable[str], status: str, at_s: int,
+                          end_ms: int | None = None) -> bool:
+        """Compare-and-set the job's status: only from one of ``allowed``. Records ``at:<status>``; ``end_ms`` marks
+        when a cancel or the window's end began. Entering a terminal status leaves the driven set."""
+        moved = bool(await self._move_status(keys=[jobs.job_key(batch_id)],
+                                             args=[",".join(allowed), status, at_s, "" if end_ms is None else end_ms]))
+        if moved and status in jobs.TERMINAL_STATUSES:
+            await self.redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
+        return moved
+
+    async def active_jobs(self) -> list[str]:
+        return [m.decode() for m in await self.redis.smembers(jobs.ACTIVE_JOBS_KEY)]
+
+    # --- the ledger -----------------------------------------------------------------------------------------------
+
+    async def line_states(self, batch_id: str, custom_ids: list[str]) -> list[str | None]:
+        values = await self.redis.hmget(jobs.job_lines_key(batch_id), custom_ids) if custom_ids else []
+        return [v.decode() if v else None for v in values]
+
+    async def scan_lines(self, batch_id: str) -> AsyncIterator[tuple[str, str]]:
+        """Every (custom_id, state) of the job, in no order."""
+        async for custom_id, state in self.redis.hscan_iter(jobs.job_lines_key(batch_id), count=1000):
+            yield custom_id.decode(), state.decode()
+
+    async def settle(self, batch_id: str, custom_id: str, expected: str, new: str, *,
+                     result: wire.FinalResult | None = None, retry_due_ms: int | None = None,
+                     counters: Mapping[str, int] = {}) -> bool:
+        """Move a line from ``expected`` to ``new`` with its result and counters, atomically; False (and no change)
+        when the line is not in ``expected`` (already settled, a stale round, unknown). ``retry_due_ms`` queues it
+        for a retry round; otherwise it leaves the retry queue."""
+        args = [custom_id, expected, new, wire.encode(result) if result is not None else b"",
+                "" if retry_due_ms is None else retry_due_ms]
+        for name, increment in counters.items():
+            args += [name, increment]
+        keys = [jobs.job_lines_key(batch_id), jobs.job_results_key(batch_id), jobs.job_key(batch_id),
+                jobs.job_retries_key(batch_id)]
+        return bool(await self._settle(keys=keys, args=args))
+
+    async def cas_line(self, batch_id: str, custom_id: str, expected: str, new: str) -> bool:
+        return bool(await self._cas_line(keys=[jobs.job_lines_key(batch_id)], args=[custom_id, expected, new]))
+
+    async def due_retries(self, batch_id: str, now_ms: int, limit: int) -> list[str]:
+        members = await self.redis.zrangebyscore(jobs.job_retries_key(batch_id), 0, now_ms, 0, limit)
+        return [m.decode() for m in members]
+
+    async def waiting_retries(self, batch_id: str) -> int:
+        return await self.redis.zcard(jobs.job_retries_key(batch_id))
+
+    async def unqueue_retry(self, batch_id: str, custom_id: str, state: str) -> None:
+        """The retry round ``state`` of the line is produced: drop it from the retry queue unless it moved on."""
+        await self._unqueue_retry(keys=[jobs.job_lines_key(batch_id), jobs.job_retries_key(batch_id)],
+                                  args=[custom_id, state])
+
+    async def offsets(self, batch_id: str, custom_ids: list[str]) -> list[tuple[int, int] | None]:
+        """Each line's ``(start, end)`` bytes in the prepared file."""
+        values = await self.redis.hmget(jobs.job_offsets_key(batch_id), custom_ids) if custom_ids else []
+        return [tuple(int(x) for x in v.split(b":")) if v else None for v in values]
+
+    async def set_cursor(self, batch_id: str, cursor: int, produced: int) -> None:
+        """Round 0 is produced up to byte ``cursor`` of the prepared file; ``produced`` more lines went out."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(jobs.job_key(batch_id), "cursor", cursor)
+            pipe.hincrby(jobs.job_key(batch_id), "produced", produced)
+            await pipe.execute()
+
+    async def scan_results(self, batch_id: str) -> AsyncIterator[wire.FinalResult]:
+        """The settled results of the job (partial while it runs), in no order."""
+        async for _, data in self.redis.hscan_iter(jobs.job_results_key(batch_id), count=500):
+            yield wire.decode(data)
+
+    async def retire(self, batch_id: str, ttl_s: int) -> None:
+        """After the results file is written: drop the ledger, keep the job's hash for ``ttl_s``."""
+        await self.redis.delete(jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id),
+                                jobs.job_results_key(batch_id), jobs.job_retries_key(batch_id))
+        await self.redis.expire(jobs.job_key(batch_id), ttl_s)
+
+    # --- leases ---------------------------------------------------------------------------------------------------
+
+    async def hold_lease(self, batch_id: str, token: str, ttl_ms: int) -> bool:
+        """Take the job's lease (free) or extend it (ours); False when another router holds it."""
+        return bool(await self._lease(keys=[jobs.job_lease_key(batch_id)], args=[token, ttl_ms]))
+
+    async def release_lease(self, batch_id: str, token: str) -> None:
+        await self._release(keys=[jobs.job_lease_key(batch_id)], args=[token])
+
+
+def _file_member(record: FileRecord) -> str:
+    return jobs.listing_member(record.created_at * 1000, record.id)
+
+
+def _view(fields: Mapping[bytes, bytes]) -> JobView | None:
+    """Decode a job hash (None when it does not exist)."""
+    if not fields:
+        return None
+    text = {k.decode(): v for k, v in fields.items()}
+    times = {k[3:]: int(v) for k, v in text.items() if k.startswith("at:")}
+    counts = {name: int(text.get(name, 0)) for name in jobs.COUNTERS}
+    return JobView(spec=msgspec.json.decode(text["spec"], type=JobSpec), status=text["status"].decode(), times=times,
+                   counts=counts, errors=msgspec.json.decode(text.get("errors", b"[]"), type=list[LineError]),
+                   cursor=int(text.get("cursor", 0)), end_ms=int(text.get("end_ms", 0)))

@@ -1,0 +1,156 @@
+"""Validation of a batch input file (OpenAI batch JSONL), per line, before anything is queued. Pure: no I/O.
+
+Each line is ``{"custom_id": ..., "method": "POST", "url": <the batch's endpoint>, "body": {...}}``. Line numbers
+count physical lines from 1; blank lines are skipped, CRLF line ends and a leading UTF-8 BOM are accepted.
+
+Structural faults (not JSON, custom_id rules, duplicates, method/url not matching the endpoint, no body object,
+limits) fail the whole batch with OpenAI's ``errors.data`` entries. A well-formed line whose body then fails the
+endpoint's own validation (:mod:`llmq_api.validation`) is kept as an errored line of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from llmq_core import jobs
+from llmq_api import validation
+from llmq_api.errors import ApiError
+
+BOM = b"\xef\xbb\xbf"
+MAX_REPORTED_ERRORS = 100  # errors.data entries kept; the count of the rest is reported in the last one
+
+
+class _Line(msgspec.Struct, kw_only=True):
+    custom_id: Any = None
+    method: Any = None
+    url: Any = None
+    body: msgspec.Raw = msgspec.Raw(b"")  # kept raw: the endpoint's own validation parses it
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_lines: int
+    max_line_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class InputLine:
+    """A structurally valid line: its request (``valid``) or the body's own error (``error``)."""
+
+    line: int
+    custom_id: str
+    model: str
+    valid: validation.ValidRequest | None = None
+    error: ApiError | None = None
+
+
+@dataclass
+class CheckedInput:
+    """Every structurally valid line in file order, and the structural errors (empty: the batch may run)."""
+
+    lines: list[InputLine] = field(default_factory=list)
+    errors: list[jobs.LineError] = field(default_factory=list)
+    error_count: int = 0
+
+    def fail(self, code: str, message: str, param: str | None = None, line: int | None = None) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append(jobs.LineError(code=code, message=message, param=param, line=line))
+
+    def reported_errors(self) -> list[jobs.LineError]:
+        """The kept errors, plus one that counts those left out."""
+        left_out = self.error_count - len(self.errors)
+        if left_out <= 0:
+            return list(self.errors)
+        return [*self.errors, jobs.LineError(code="too_many_errors", message=f"{left_out} more errors not listed")]
+
+
+def check_input(data: bytes, endpoint: str, models: Mapping[str, int], limits: Limits) -> CheckedInput:
+    """Validate a whole input file for ``endpoint`` (an OpenAI path such as ``/v1/chat/completions``).
+
+    ``models`` maps served model names to context windows (see :mod:`llmq_api.validation`).
+    """
+    checked = CheckedInput()
+    seen: set[str] = set()
+    count = 0
+    for number, raw in enumerate(data.removeprefix(BOM).split(b"\n"), start=1):
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip():
+            continue
+        count += 1
+        if count > limits.max_lines:
+            checked.fail("too_many_lines", f"The file has more than {limits.max_lines} requests", line=number)
+            break
+        if len(raw) > limits.max_line_bytes:
+            checked.fail("line_too_large", f"Line is {len(raw)} bytes; the limit is {limits.max_line_bytes}",
+                         line=number)
+            continue
+        line = _check_line(raw, number, endpoint, models, seen, checked)
+        if line is not None:
+            checked.lines.append(line)
+    if count == 0:
+        checked.fail("empty_file", "The input file has no requests")
+    return checked
+
+
+def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int], seen: set[str],
+                checked: CheckedInput) -> InputLine | None:
+    try:
+        line = msgspec.json.decode(raw, type=_Line)
+    except msgspec.ValidationError:
+        checked.fail("invalid_json_line", "Line is not a JSON object", line=number)
+        return None
+    except msgspec.DecodeError as exc:
+        checked.fail("invalid_json_line", f"Line is not valid JSON: {exc}", line=number)
+        return None
+    custom_id = line.custom_id
+    if custom_id is None:
+        checked.fail("missing_custom_id", "Line has no custom_id", param="custom_id", line=number)
+        return None
+    if not isinstance(custom_id, str) or not jobs.CUSTOM_ID_RE.fullmatch(custom_id):
+        checked.fail("invalid_custom_id", "custom_id must be 1-64 characters of letters, digits, '-' and '_', "
+                     f"got {custom_id!r}"[:300], param="custom_id", line=number)
+        return None
+    if custom_id in seen:
+        checked.fail("duplicate_custom_id", f"custom_id {custom_id!r} is used by an earlier line", param="custom_id",
+                     line=number)
+        return None
+    seen.add(custom_id)
+    if line.method != "POST":
+        checked.fail("invalid_method", f"method must be POST, got {line.method!r}"[:300], param="method", line=number)
+        return None
+    if line.url != endpoint:
+        checked.fail("mismatched_url", f"url must be the batch's endpoint {endpoint}, got {line.url!r}"[:300],
+                     param="url", line=number)
+        return None
+    body = bytes(line.body)
+    if not body.lstrip().startswith(b"{"):
+        checked.fail("invalid_body", "body must be a JSON object with the request", param="body", line=number)
+        return None
+    return _check_body(body, number, custom_id, endpoint, models)
+
+
+def _check_body(body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int]) -> InputLine:
+    model = _model_of(body)
+    parse = validation.parse_chat if jobs.BATCH_ENDPOINTS[endpoint] == "chat.completions" else \
+        validation.parse_completion
+    try:
+        valid = parse(body, models)
+    except ApiError as exc:
+        return InputLine(line=number, custom_id=custom_id, model=model, error=exc)
+    if valid.stream:
+        error = ApiError(400, "'stream' is not supported in a batch", param="stream", code="unsupported_parameter")
+        return InputLine(line=number, custom_id=custom_id, model=model, error=error)
+    return InputLine(line=number, custom_id=custom_id, model=valid.model, valid=valid)
+
+
+def _model_of(body: bytes) -> str:
+    try:
+        model = msgspec.json.decode(body, type=dict).get("model")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
+    return model if isinstance(model, str) else ""

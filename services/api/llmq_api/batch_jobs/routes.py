@@ -1,0 +1,118 @@
+"""HTTP routes of ``/v1/files`` and ``/v1/batches`` (OpenAI-compatible). Thin: authenticate, parse, call the
+:class:`~llmq_api.batch_jobs.service.BatchJobs` of the pod, render."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from starlette.datastructures import UploadFile
+
+from llmq_core.filestore import FileStore
+from llmq_core.jobstore import JobStore
+from llmq_api.auth import Principal
+from llmq_api.batch_jobs import render
+from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.errors import ApiError, invalid
+
+router = APIRouter()
+
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+MAX_BATCH_BODY_BYTES = 64 * 1024
+
+
+def _jobs(request: Request) -> BatchJobs:
+    """The pod's BatchJobs, made on first use (it shares the pod's Redis client and settings)."""
+    state = request.app.state
+    service = getattr(state, "batch_jobs", None)
+    if service is None:
+        pod = state.pod
+        service = state.batch_jobs = BatchJobs(pod.settings, JobStore(pod.redis), FileStore(pod.settings.files_url),
+                                               pod.clock, pod.catalog.context_windows)
+    return service
+
+
+def _principal(request: Request) -> Principal:
+    return request.app.state.pod.keys.authenticate(request.headers.get("authorization"))
+
+
+async def _small_body(request: Request) -> bytes:
+    body = await request.body()
+    if len(body) > MAX_BATCH_BODY_BYTES:
+        raise ApiError(413, f"Request body is larger than the limit of {MAX_BATCH_BODY_BYTES} bytes",
+                       code="request_too_large")
+    return body
+
+
+# --- files ------------------------------------------------------------------------------------------------------------
+
+
+@router.post("/v1/files")
+async def create_file(request: Request) -> dict:
+    principal = _principal(request)
+    service = _jobs(request)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > service.settings.files_max_bytes + MULTIPART_OVERHEAD_BYTES:
+        raise ApiError(413, f"File is larger than the limit of {service.settings.files_max_bytes} bytes",
+                       param="file", code="file_too_large")
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise ApiError(415, "Upload files as multipart/form-data with fields 'file' and 'purpose'",
+                       code="unsupported_media_type")
+    async with request.form(max_files=1, max_fields=8) as form:
+        upload, purpose = form.get("file"), form.get("purpose")
+        if not isinstance(upload, UploadFile):
+            raise invalid("'file' is required (a multipart file field)", param="file")
+        if not isinstance(purpose, str):
+            raise invalid("'purpose' is required", param="purpose")
+        record = await service.upload(principal, upload.filename or "", purpose, upload.file)
+    return render.file_object(record)
+
+
+@router.get("/v1/files")
+async def list_files(request: Request, purpose: str | None = None, limit: int = 100) -> dict:
+    records = await _jobs(request).list_files(_principal(request), purpose, max(1, min(limit, 10_000)))
+    return {"object": "list", "data": [render.file_object(r) for r in records], "has_more": False}
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(file_id: str, request: Request) -> dict:
+    return render.file_object(await _jobs(request).get_file(_principal(request), file_id))
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request) -> StreamingResponse:
+    chunks = await _jobs(request).content(_principal(request), file_id)
+    return StreamingResponse(chunks, media_type="application/octet-stream")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, request: Request) -> dict:
+    await _jobs(request).delete_file(_principal(request), file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+# --- batches ----------------------------------------------------------------------------------------------------------
+
+
+@router.post("/v1/batches")
+async def create_batch(request: Request) -> dict:
+    principal = _principal(request)
+    job = await _jobs(request).create(principal, await _small_body(request))
+    return render.batch_object(job)
+
+
+@router.get("/v1/batches")
+async def list_batches(request: Request, after: str | None = None, limit: int = 20) -> dict:
+    jobs, has_more = await _jobs(request).list(_principal(request), after, limit)
+    data = [render.batch_object(job) for job in jobs]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(batch_id: str, request: Request) -> dict:
+    return render.batch_object(await _jobs(request).get(_principal(request), batch_id))
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, request: Request) -> dict:
+    return render.batch_object(await _jobs(request).cancel(_principal(request), batch_id))
