@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sys
 import uuid
 
 import pytest
@@ -136,5 +138,68 @@ async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
         assert await redis.exists(alive_key("worker", worker_id)) == 0
         await engine.close()
         await asyncio.gather(worker_consumer.stop(), offsets.stop(), results.stop(), producer.stop())
+        await pubsub.aclose()
+        await redis.aclose()
+
+
+async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
+    """``python -m llmq_worker.main``: a poisoned request fails alone; SIGTERM finishes the running batch, then exits."""
+    run = uuid.uuid4().hex[:8]
+    worker_id, instance_id = f"itest-proc-{run}", f"itest-pod-{run}"
+    env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers, "LLMQ_REDIS_URL": settings.redis_url}
+    redis = aioredis.from_url(settings.redis_url)
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
+    producer = make_producer(settings)
+    await producer.start()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmq_worker.main", "--worker-id", worker_id, "--partition", str(PARTITION),
+        "--model", MODEL, "--engine", "simulated", "--batch-time-ms", "300", "--poison-marker", "POISON",
+        env=env, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async def next_message(kind):
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                decoded = wire.decode(message["data"]) if message else None
+                if isinstance(decoded, kind) and getattr(decoded, "worker_id", worker_id) == worker_id:
+                    return decoded
+
+        async def send(batch_id, *requests):
+            batch = wire.Batch(batch_id=batch_id, worker_id=worker_id, model=MODEL, requests=list(requests),
+                               formed_ms=SYSTEM_CLOCK.now_ms(), flush_reason="size")
+            return await send_message(producer, TOPIC_BATCHES, batch, key=batch_id, partition=PARTITION)
+
+        async with asyncio.timeout(30):
+            await next_message(wire.WorkerHeartbeat)
+            await send(f"poison-{run}", *(request(f"{name}-{run}", instance_id, prompt, stream=False)
+                                         for name, prompt in (("a", "fine"), ("bad", "POISON"), ("b", "also fine"))))
+            finals = {}
+            while len(finals) < 3:
+                result = await next_message(wire.FinalResult)
+                finals[result.request_id.split("-")[0]] = result
+        assert {name: r.outcome for name, r in finals.items()} == {
+            "a": wire.Outcome.SUCCEEDED, "bad": wire.Outcome.ERRORED, "b": wire.Outcome.SUCCEEDED,
+        }
+        assert finals["bad"].error.retryable is False and finals["a"].choices[0].text == "finef"
+
+        async with asyncio.timeout(30):
+            meta = await send(f"drain-{run}", request(f"d-{run}", instance_id, "draining", stream=True))
+            await next_message(wire.TokenChunk)  # the batch is running now
+            process.send_signal(signal.SIGTERM)
+            drained = await next_message(wire.FinalResult)
+            assert (drained.outcome, drained.choices[0].text) == (wire.Outcome.SUCCEEDED, "drain")
+            assert await process.wait() == 0
+        offsets = make_consumer(settings, group_id=worker_group(PARTITION))
+        await offsets.start()
+        try:
+            assert await offsets.committed(TopicPartition(TOPIC_BATCHES, PARTITION)) == meta.offset + 1
+        finally:
+            await offsets.stop()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await producer.stop()
         await pubsub.aclose()
         await redis.aclose()

@@ -77,7 +77,7 @@ class WorkerCore:
         self._engine = engine
         self._clock = clock
         self._active: dict[str, _Active] = {}
-        self._held: collections.deque[str] = collections.deque()  # waiting while suspects run alone
+        self._held: collections.deque[str] = collections.deque()  # taken, not submitted yet (e.g. while suspects run alone)
         self._isolator = Isolator()
         self._offsets = OffsetTracker()
         self._cancels: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -164,7 +164,7 @@ class WorkerCore:
     def heartbeat(self, now_ms: int, context_window: int) -> WorkerHeartbeat:
         """This worker's capacity as a WorkerHeartbeat (held requests count as queued)."""
         capacity = self._engine.capacity()
-        queued = capacity.queued + len(self._held)
+        queued = capacity.queued + sum(1 for a in self._active.values() if not a.submitted)
         return WorkerHeartbeat(
             worker_id=self.worker_id,
             partition=self.partition,

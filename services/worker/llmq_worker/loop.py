@@ -12,6 +12,7 @@ import logging
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from redis.exceptions import RedisError
 
 from llmq_core import wire
 from llmq_core.clock import Clock
@@ -24,6 +25,7 @@ from llmq_worker.engine import Engine
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 100
+RESUBSCRIBE_DELAY_S = 1.0
 
 
 class WorkerLoop:
@@ -119,9 +121,18 @@ class WorkerLoop:
             await self._deliver(self._core.on_events(events))
 
     async def _cancels(self) -> None:
+        while True:
+            try:
+                await self._listen_for_cancels()
+            except (RedisError, OSError):
+                # Cancels sent meanwhile are lost; the deadline sweep still ends overdue requests.
+                log.exception("cancel subscription lost: subscribing again")
+                await asyncio.sleep(RESUBSCRIBE_DELAY_S)
+
+    async def _listen_for_cancels(self) -> None:
         pubsub = self._redis.pubsub()
-        await pubsub.subscribe(REDIS_CANCELS_CHANNEL)
         try:
+            await pubsub.subscribe(REDIS_CANCELS_CHANNEL)
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if message is None:
@@ -133,7 +144,8 @@ class WorkerLoop:
                 if isinstance(cancel, wire.Cancel):
                     await self._deliver(self._core.cancel(cancel.request_id, cancel.reason))
         finally:
-            await pubsub.aclose()
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
 
     async def _heartbeats(self) -> None:
         while True:

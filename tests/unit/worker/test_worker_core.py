@@ -193,7 +193,7 @@ def test_new_batches_wait_while_suspects_run_alone():
     assert engine.submitted.keys() == {"bad"}
     core.take_batch(batch(make_request("new", "fresh"), batch_id="b2"), offset=1)
     assert engine.submitted.keys() == {"bad"}
-    assert core.heartbeat(0, 100).queued == 1
+    assert core.heartbeat(0, 100).queued == 2  # the suspect waiting for its turn and the new request
     out = run_until_idle(core, engine)
     assert {rid: r.outcome for rid, r in results_of(out).items()} == {
         "bad": Outcome.ERRORED, "good": Outcome.SUCCEEDED, "new": Outcome.SUCCEEDED,

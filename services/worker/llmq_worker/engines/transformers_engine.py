@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, ContinuousBatchingConfig, GenerationConfig
@@ -85,7 +85,6 @@ class _Job:
     subs: list[_Sub]
     started_ms: int = 0
     first_token_ms: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 class TransformersEngine:
@@ -216,8 +215,7 @@ class TransformersEngine:
         if sub.done or self._jobs.get(job.request.request_id) is not job:
             return
         if output.status == RequestStatus.FAILED:
-            job.errors.append(output.error or "generation failed")
-            self._fail(job, job.errors[0])
+            self._fail(job, output.error or "generation failed")
             return
         self._take_tokens(job, sub, output.generated_tokens)
         if not job.started_ms and output.lifespan[0] > 0:
