@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmq_core.tokenizer import encode
-from llmq_worker.text import ChoiceText, StopMatcher
+from llmq_worker.text import ChoiceText, StopMatcher, WindowDetokenizer
 
 
 def reference_cut(text: str, stops: list[str]) -> str:
@@ -81,3 +81,12 @@ def test_tokens_after_a_stop_are_not_counted():
 def _split(ids: list[int], cuts: list[int]) -> list[list[int]]:
     bounds = sorted({0, len(ids), *(c % (len(ids) + 1) for c in cuts)})
     return [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def test_window_detokenizer_holds_partial_characters_and_drops_invalid_bytes():
+    detokenizer = WindowDetokenizer(lambda ids: bytes(ids).decode("utf-8", errors="replace"))  # a byte-fallback decode
+    data = "aé😀".encode() + b"\xff" + b"b" + "中".encode()[:2]  # an invalid byte, then a cut-off character
+    pieces = [detokenizer.push([byte]) for byte in data] + [detokenizer.finish()]
+    assert "".join(pieces) == "aé😀b"
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert pieces[2] == ""  # first byte of é: held back
