@@ -1,33 +1,47 @@
-"""The FastAPI app of an API pod: OpenAI-compatible endpoints, health, readiness and metrics.
+"""The FastAPI app of an API pod: OpenAI-compatible endpoints, stored results, health, readiness and metrics.
 
-Generation flow: request id -> headers -> body (size, JSON, params, model, context) -> waiter registered -> produced to
-``requests_topic(class)`` -> held until the resolution (see :mod:`llmq_api.responses`). Client mistakes are answered
-with OpenAI error bodies before anything reaches Kafka; anything unexpected becomes a clean 500 JSON.
+Generation flow: request id -> API key -> headers (class, timeout, idempotency key) -> body (size, JSON, params, model,
+context) -> an earlier request with the same idempotency key answers instead -> admission control and the tenant's
+rate limits -> waiter registered -> produced to ``requests_topic(class)`` -> held until the resolution (see
+:mod:`llmq_api.responses`). Client mistakes and refusals are answered with OpenAI error bodies before anything reaches
+Kafka (and before any SSE byte); anything unexpected becomes a clean 500 JSON.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from llmq_core import wire
+from llmq_core import constants, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
-from llmq_api import validation
+from llmq_api import idempotency, validation
+from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
-from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError
-from llmq_api.openai_format import CLIENT_GONE_STATUS
+from llmq_api.errors import INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, ApiError, unavailable
+from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body
 from llmq_api.pod import Pod
+from llmq_api.ratelimit import token_cost
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
+from llmq_api.waiters import Waiter
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 _ID_PREFIX = {"completions": "cmpl", "chat.completions": "chatcmpl"}
+IDEMPOTENT_REPLAYED = "idempotent-replayed"  # response header of a retry answered by an earlier request
+JOIN_GRACE_MS = 2000  # a joined request's result may reach the result store this long after its deadline
+REDIS_TIMEOUT_S = 1.0
 
 
 def create_app(pod: Pod) -> FastAPI:
@@ -64,6 +78,16 @@ def create_app(pod: Pod) -> FastAPI:
                 return entry
         raise ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
 
+    @app.get("/v1/requests/{request_id}")
+    async def get_request(request_id: str, request: Request) -> dict:
+        """A finished request's outcome, for the tenant that sent it (404 for anyone else, or while it runs)."""
+        principal = pod.keys.authenticate(request.headers.get("authorization"))
+        result = await _redis_call(pod.idempotency.result(request_id))
+        if result is None or result.tenant_id != principal.tenant_id:
+            raise ApiError(404, f"No finished request '{request_id}' found", param="request_id",
+                           code="request_not_found")
+        return _request_object(result)
+
     @app.get("/healthz")
     async def healthz() -> dict:
         return {"status": "ok"}
@@ -87,21 +111,108 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     request.state.request_id = request_id
     request.state.endpoint = endpoint
     headers = request.headers
+    principal = pod.keys.authenticate(headers.get("authorization"))
     validation.check_content_type(headers.get("content-type"))
-    timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), pod.settings.default_timeout_ms,
-                                             pod.settings.max_timeout_ms)
-    traffic_class = validation.parse_traffic_class(headers.get(HTTP_TRAFFIC_CLASS))
-    principal = pod.authenticator.authenticate(headers.get("authorization"))
+    traffic_class = principal.pick_class(headers.get(HTTP_TRAFFIC_CLASS))
+    timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *pod.timeouts[traffic_class])
+    idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
     body = await _read_body(request, pod.settings.api_max_body_bytes)
     parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
     valid = parse(body, pod.catalog.context_windows())
     generation = pod.gateway.build(valid, request_id=request_id, principal=principal, traffic_class=traffic_class,
-                                   timeout_ms=timeout_ms, idempotency_key=headers.get(HTTP_IDEMPOTENCY_KEY))
-    waiter = await pod.gateway.submit(generation)
+                                   timeout_ms=timeout_ms, idempotency_key=idempotency_key)
+    if idempotency_key is None:
+        await _admit(pod, principal, traffic_class, valid)
+        return await _run(pod, generation, valid)
+    claim = idempotency.Claim(request_id=request_id, fingerprint=idempotency.fingerprint(valid, traffic_class),
+                              deadline_ms=generation.deadline_ms)
+    earlier = await _redis_call(pod.idempotency.find(principal.tenant_id, idempotency_key))
+    if earlier is None:
+        await _admit(pod, principal, traffic_class, valid)
+        earlier = await _redis_call(pod.idempotency.claim(principal.tenant_id, idempotency_key, claim))
+    if earlier is not None:
+        request.state.request_id = earlier.request_id
+        return await _join(pod, generation, valid, claim, earlier)
+
+    async def release() -> None:
+        await pod.idempotency.release(principal.tenant_id, idempotency_key, request_id)
+
+    return await _run(pod, generation, valid, release)
+
+
+async def _admit(pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest) -> None:
+    """Admission control, then the tenant's rate limits; raises the 429 of the first that refuses."""
+    priority_class = constants.priority_class(traffic_class, principal.tier)
+    rejection = (pod.shed.check(priority_class, pod.saturation.current, len(pod.registry))
+                 or await pod.limiter.acquire(principal, token_cost(valid)))
+    if rejection is not None:
+        pod.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()
+        raise rejection.error
+
+
+async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,
+               on_gave_up: Callable[[], Awaitable[None]] | None = None) -> Response:
+    """Produce the request and hold the connection until its resolution; ``on_gave_up`` also runs if producing fails."""
+    try:
+        waiter = await pod.gateway.submit(generation)
+    except BaseException:
+        if on_gave_up is not None:
+            await on_gave_up()
+        raise
     pending = PendingRequest(request=generation, waiter=waiter, include_usage=valid.include_usage,
                              registry=pod.registry, publish_cancel=pod.publish_cancel, metrics=pod.metrics,
-                             clock=pod.clock)
+                             clock=pod.clock, on_gave_up=on_gave_up)
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
+
+
+async def _join(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,
+                claim: idempotency.Claim, earlier: idempotency.Claim) -> Response:
+    """A retry with a claimed Idempotency-Key: the earlier request's stored result, or its result once it has one.
+
+    Nothing runs again and leaving cancels nothing: the earlier request is not this connection's. 422 when the retry's
+    parameters differ from the earlier request's.
+    """
+    if earlier.fingerprint != claim.fingerprint:
+        raise ApiError(422, "This Idempotency-Key was already used with different parameters",
+                       param=HTTP_IDEMPOTENCY_KEY, code="idempotency_key_reused")
+    deadline_ms = min(generation.deadline_ms, earlier.deadline_ms + JOIN_GRACE_MS)
+    replay = msgspec.structs.replace(generation, request_id=earlier.request_id, deadline_ms=deadline_ms)
+    waiter = Waiter(earlier.request_id, replay.stream)  # not registered: replies for it go to the earlier pod
+    result = await _redis_call(pod.idempotency.result(earlier.request_id))
+    if result is not None:
+        pod.registry.resolve(waiter, result)
+    else:
+        follower = asyncio.create_task(pod.idempotency.follow(waiter, pod.registry, deadline_ms))
+        pod.followers.add(follower)
+        follower.add_done_callback(pod.followers.discard)
+    pod.metrics.idempotent_replays.inc()
+    pending = PendingRequest(request=replay, waiter=waiter, include_usage=valid.include_usage, registry=pod.registry,
+                             publish_cancel=_cancel_nothing, metrics=pod.metrics, clock=pod.clock,
+                             headers={IDEMPOTENT_REPLAYED: "true"})
+    return StreamResponse(pending) if valid.stream else ResultResponse(pending)
+
+
+async def _cancel_nothing(request_id: str, reason: str) -> None:
+    """The CancelPublisher of a joined retry: the request belongs to the connection that started it."""
+
+
+async def _redis_call(call: Awaitable[T]) -> T:
+    """Await a Redis-backed lookup; Redis trouble becomes a 503 the client may retry."""
+    try:
+        return await asyncio.wait_for(call, REDIS_TIMEOUT_S)
+    except Exception as exc:
+        log.warning("Redis lookup failed: %r", exc)
+        raise unavailable("Request state is unavailable right now; retry shortly", RETRY_AFTER_S) from None
+
+
+def _request_object(result: wire.FinalResult) -> dict:
+    """``llmq.request``: the outcome, and the OpenAI response body (succeeded) or the error the caller got."""
+    error = error_for(result)
+    return {"id": result.request_id, "object": "llmq.request", "status": result.outcome.value,
+            "model": result.model, "created": result.created_ms // 1000, "finished": result.finished_ms // 1000,
+            "response": None if error else response_body(result, result.request_id, result.endpoint,
+                                                         result.created_ms // 1000),
+            "error": error.body()["error"] if error else None}
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes:

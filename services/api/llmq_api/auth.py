@@ -1,34 +1,129 @@
-"""Who is calling: the ``Authorization`` header -> tenant and tier.
+"""Who is calling: ``Authorization: Bearer <key>`` -> a :class:`Principal` (tenant, tier, allowed classes, limits).
 
-For now every caller (any Bearer key, or none) is tenant ``default`` on tier ``paid``. A key -> tenant map plugs in as
-another :class:`Authenticator` that raises a 401 :class:`ApiError` for unknown keys.
+Keys come from a YAML or JSON file named by ``settings.api_keys_file`` (shape: ``deploy/keys.example.yaml``) plus, when
+``settings.api_dev_keys`` is on, the built-in dev keys. Keys are looked up by their SHA-256, so a file may list either
+the key itself (``key``) or only its digest (``key_sha256``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Literal
 
-from llmq_core.constants import TIER_PAID
+import msgspec
+import yaml
+
+from llmq_core.constants import HTTP_TRAFFIC_CLASS, TIER_FREE, TIER_PAID, TRAFFIC_CLASSES
+from llmq_core.settings import Settings
+from llmq_api.errors import ApiError
+from llmq_api.validation import parse_traffic_class
+
+AUTHENTICATION_ERROR = "invalid_request_error"  # OpenAI's type for 401 invalid_api_key
+PERMISSION_ERROR = "permission_error"
+DEV_KEY = "llmq-dev-key"
+DEV_FREE_KEY = "llmq-dev-free-key"
+PerMinute = Annotated[int, msgspec.Meta(ge=0)]
+Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]{64}$")]
 
 
-@dataclass(frozen=True, slots=True)
-class Principal:
+class Principal(msgspec.Struct, frozen=True, kw_only=True):
+    """A caller: ``classes`` it may use (the first is its default), and limits per minute (0: unlimited)."""
+
     tenant_id: str
-    tier: str
+    tier: Literal["paid", "free"] = TIER_PAID
+    classes: tuple[str, ...] = TRAFFIC_CLASSES
+    requests_per_min: int = 0
+    tokens_per_min: int = 0
+
+    def pick_class(self, header: str | None) -> str:
+        """The traffic class from the ``x-llmq-class`` header value (absent: this caller's default class).
+
+        Raises ApiError 400 for an unknown class, 403 for a class this caller may not use.
+        """
+        if header is None:
+            return self.classes[0]
+        traffic_class = parse_traffic_class(header)
+        if traffic_class not in self.classes:
+            raise ApiError(403, f"This API key may not use the {traffic_class} class (allowed: "
+                           f"{', '.join(self.classes)})", type=PERMISSION_ERROR, param=HTTP_TRAFFIC_CLASS,
+                           code="class_not_allowed")
+        return traffic_class
 
 
-class Authenticator(Protocol):
+DEFAULT_PRINCIPAL = Principal(tenant_id="default")
+DEV_KEYS = {DEV_KEY: Principal(tenant_id="dev"),
+            DEV_FREE_KEY: Principal(tenant_id="dev-free", tier=TIER_FREE)}
+
+
+class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One entry of the keys file; exactly one of ``key`` / ``key_sha256`` (hex)."""
+
+    tenant: str
+    key: str | None = None
+    key_sha256: Sha256Hex | None = None
+    tier: Literal["paid", "free"] = TIER_PAID
+    classes: list[Literal["interactive", "near_interactive", "deferred"]] = msgspec.field(
+        default_factory=lambda: list(TRAFFIC_CLASSES))
+    requests_per_min: PerMinute = 0
+    tokens_per_min: PerMinute = 0
+
+
+class KeysFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    keys: list[KeyEntry] = []
+
+
+class KeyStore:
+    """SHA-256 of an API key -> its Principal; :meth:`authenticate` raises 401 ``invalid_api_key`` for anyone else."""
+
+    def __init__(self, principals: dict[str, Principal]) -> None:
+        self._by_digest = {_digest(key): principal for key, principal in principals.items()}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KeyStore:
+        """Dev keys (if ``api_dev_keys``) plus the ``api_keys_file`` entries. Raises ValueError for a bad file."""
+        store = cls(DEV_KEYS if settings.api_dev_keys else {})
+        if settings.api_keys_file:
+            store.add(load_keys_file(Path(settings.api_keys_file)))
+        return store
+
+    def add(self, entries: Iterable[KeyEntry]) -> None:
+        for entry in entries:
+            digest = entry.key_sha256.lower() if entry.key_sha256 else _digest(entry.key or "")
+            self._by_digest[digest] = _principal(entry)
+
     def authenticate(self, authorization: str | None) -> Principal:
-        """The caller behind an ``Authorization`` header value; raises ApiError(401) when it is refused."""
-        ...
+        """The caller behind an ``Authorization`` header value (``Bearer <key>``)."""
+        scheme, _, key = (authorization or "").strip().partition(" ")
+        principal = self._by_digest.get(_digest(key.strip())) if scheme.lower() == "bearer" and key.strip() else None
+        if principal is None:
+            message = "Incorrect API key provided" if authorization else "You didn't provide an API key"
+            raise ApiError(401, f"{message}; send 'Authorization: Bearer <key>'", type=AUTHENTICATION_ERROR,
+                           code="invalid_api_key", headers={"www-authenticate": "Bearer"})
+        return principal
 
 
-DEFAULT_PRINCIPAL = Principal(tenant_id="default", tier=TIER_PAID)
+def load_keys_file(path: Path) -> list[KeyEntry]:
+    """Parse a keys file (YAML, which includes JSON). Raises ValueError naming the file and the problem."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        entries = msgspec.convert(data, KeysFile).keys
+    except (OSError, yaml.YAMLError, msgspec.ValidationError) as exc:
+        raise ValueError(f"API keys file {path}: {exc}") from exc
+    for i, entry in enumerate(entries):
+        if (entry.key is None) == (entry.key_sha256 is None) or not (entry.classes and entry.tenant):
+            raise ValueError(f"API keys file {path}: keys[{i}] needs a tenant, at least one class and exactly one "
+                             "of key / key_sha256")
+    return entries
 
 
-class AcceptAnyKey:
-    """Accepts every caller as :data:`DEFAULT_PRINCIPAL` until real keys exist."""
+def _principal(entry: KeyEntry) -> Principal:
+    classes = tuple(sorted(set(entry.classes), key=TRAFFIC_CLASSES.index))
+    return Principal(tenant_id=entry.tenant, tier=entry.tier, classes=classes,
+                     requests_per_min=entry.requests_per_min, tokens_per_min=entry.tokens_per_min)
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        return DEFAULT_PRINCIPAL
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+

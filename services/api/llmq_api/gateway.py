@@ -10,7 +10,8 @@ from typing import Protocol
 from llmq_core import wire
 from llmq_core.clock import Clock
 from llmq_api.auth import Principal
-from llmq_api.errors import RATE_LIMIT_ERROR, RETRY_AFTER_S, ApiError, unavailable
+from llmq_api.admission import too_many_requests
+from llmq_api.errors import RETRY_AFTER_S, unavailable
 from llmq_api.exchange import CancelPublisher
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Abandoned, Waiter, WaiterRegistry
@@ -74,8 +75,7 @@ class Gateway:
         if not self.accepting():
             raise unavailable("The service is not accepting requests right now", RETRY_AFTER_S)
         if self.registry.full:
-            raise ApiError(429, "Too many requests in flight on this server", type=RATE_LIMIT_ERROR,
-                           code="too_many_requests", headers={"retry-after": str(RETRY_AFTER_S)})
+            raise too_many_requests("Too many requests in flight on this server", RETRY_AFTER_S)
         waiter = self.registry.register(request.request_id, request.stream)
         try:
             await asyncio.wait_for(self.producer.produce(request), self.produce_timeout_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import secrets
 import socket
 from collections.abc import Iterator
@@ -58,7 +59,11 @@ def main() -> None:
     settings = load_settings()
     setup_logging("api", settings.log_level)
     instance_id = args.instance_id or settings.instance_id or default_instance_id()
-    pod = Pod(settings, instance_id)
+    try:
+        pod = Pod(settings, instance_id)
+    except ValueError as exc:  # a bad API keys file: refuse to start rather than serve with the wrong keys
+        logging.getLogger(__name__).error("%s", exc)
+        raise SystemExit(2) from None
     config = uvicorn.Config(create_app(pod), host=args.host, port=args.port, loop="uvloop",
                             log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s * GRACE_SHARE_FOR_REQUESTS)))

@@ -29,6 +29,13 @@ class ApiMetrics:
                                        registry=self.registry)
         self.cancels = Counter("llmq_api_cancels_published", "Cancels this pod published, by reason", ["reason"],
                                registry=self.registry)
+        self.admission_rejections = Counter(
+            "llmq_api_admission_rejections", "429s before any work: overload (queue_wait, queue_depth, pod_in_flight) "
+            "or tenant limits (tenant_requests, tenant_tokens), by priority class", ["priority_class", "reason"],
+            registry=self.registry)
+        self.idempotent_replays = Counter("llmq_api_idempotent_replays",
+                                          "Retries answered from an earlier request (stored result or joined)",
+                                          registry=self.registry)
 
     def finished(self, endpoint: str, outcome: str, status: int, duration_s: float | None = None) -> None:
         """Count one finished request; ``duration_s`` for requests that were accepted (not for rejections)."""

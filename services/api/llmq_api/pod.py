@@ -17,10 +17,15 @@ from redis.asyncio import Redis
 from llmq_core import constants, kafka, runtime, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.settings import Settings
-from llmq_api.auth import AcceptAnyKey, Authenticator
+from llmq_api.admission import ShedPolicy
+from llmq_api.auth import KeyStore
 from llmq_api.catalog import ModelCatalog
 from llmq_api.gateway import Gateway, RequestProducer
+from llmq_api.idempotency import IdempotencyStore
 from llmq_api.metrics import ApiMetrics
+from llmq_api.ratelimit import RateLimiter
+from llmq_api.saturation import SaturationMonitor
+from llmq_api.validation import timeouts_by_class
 from llmq_api.waiters import WaiterRegistry
 
 log = logging.getLogger(__name__)
@@ -156,11 +161,15 @@ async def pod_heartbeat(redis: Redis, instance_id: str, clock: Clock, interval_m
 
 
 class Pod:
-    """One API pod: settings, clients, background loops and the state shared by its HTTP handlers."""
+    """One API pod: settings, clients, background loops and the state shared by its HTTP handlers.
+
+    ``keys`` defaults to :meth:`KeyStore.from_settings` (raises ValueError for a bad keys file); ``saturation_key``
+    is the Redis hash of the batchers' reports (tests pass private ones).
+    """
 
     def __init__(self, settings: Settings, instance_id: str, *, clock: Clock = SYSTEM_CLOCK,
-                 producer: RequestProducer | None = None, authenticator: Authenticator | None = None,
-                 redis: Redis | None = None) -> None:
+                 producer: RequestProducer | None = None, keys: KeyStore | None = None, redis: Redis | None = None,
+                 saturation_key: str = constants.REDIS_SATURATION_KEY) -> None:
         self.settings = settings
         self.instance_id = instance_id
         self.clock = clock
@@ -168,9 +177,15 @@ class Pod:
         self.registry = WaiterRegistry(settings.api_max_in_flight)
         self.catalog = ModelCatalog(clock)
         self.metrics = ApiMetrics(lambda: len(self.registry))
-        self.authenticator = authenticator or AcceptAnyKey()
+        self.keys = keys or KeyStore.from_settings(settings)
+        self.timeouts = timeouts_by_class(settings)
+        self.shed = ShedPolicy.from_settings(settings)
         self.redis = redis or Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
                                              health_check_interval=10)
+        self.saturation = SaturationMonitor(self.redis, clock, settings.api_saturation_stale_ms, key=saturation_key)
+        self.limiter = RateLimiter(self.redis, clock)
+        self.idempotency = IdempotencyStore(self.redis, clock, settings.result_ttl_s * 1000)
+        self.followers: set[asyncio.Task] = set()  # retries polling for the result of the request they joined
         self.producer = producer or KafkaRequestProducer(settings)
         self.listener = ReplyListener(self.redis, instance_id, self.registry, self.catalog, self.metrics)
         self.gateway = Gateway(instance_id=instance_id, registry=self.registry, producer=self.producer,
@@ -192,15 +207,16 @@ class Pod:
                                settings.pod_heartbeat_ttl_ms),
                  runtime.keep_alive(self.redis, "api", self.instance_id, {"pid": os.getpid()},
                                     settings.pod_heartbeat_interval_ms),
-                 self.producer.run()]
+                 self.producer.run(), self.saturation.run()]
         self._tasks = [asyncio.create_task(loop) for loop in loops]
 
     async def stop(self) -> None:
         """Stop the loops, drop the pod's keys and close the clients."""
         self.draining = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *self.followers]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.redis.delete(constants.pod_key(self.instance_id),
                                                      constants.alive_key("api", self.instance_id)),

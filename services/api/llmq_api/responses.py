@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from starlette.responses import Response
@@ -21,16 +22,22 @@ from llmq_api.exchange import CancelPublisher, wait_for_resolution
 from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import (
     CLIENT_GONE_STATUS, SSE_DONE, ChunkFormatter, error_for, outcome_label, response_body, sse)
-from llmq_api.waiters import Abandoned, Resolution, Waiter, WaiterRegistry
+from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
 
 log = logging.getLogger(__name__)
 
 
 class PendingRequest:
-    """Everything one held connection needs: the produced request, its waiter, and the pod's shared parts."""
+    """Everything one held connection needs: the produced request, its waiter, and the pod's shared parts.
+
+    ``on_gave_up`` runs once the pod gave up on the request (its deadline passed or its client left);
+    ``headers`` are added to the response.
+    """
 
     def __init__(self, *, request: wire.GenerationRequest, waiter: Waiter, include_usage: bool,
-                 registry: WaiterRegistry, publish_cancel: CancelPublisher, metrics: ApiMetrics, clock: Clock) -> None:
+                 registry: WaiterRegistry, publish_cancel: CancelPublisher, metrics: ApiMetrics, clock: Clock,
+                 on_gave_up: Callable[[], Awaitable[None]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.request = request
         self.waiter = waiter
         self.include_usage = include_usage
@@ -38,6 +45,8 @@ class PendingRequest:
         self.publish_cancel = publish_cancel
         self.metrics = metrics
         self.clock = clock
+        self.on_gave_up = on_gave_up
+        self.headers = headers or {}
         self.started_s = time.perf_counter()
 
     @property
@@ -51,9 +60,12 @@ class PendingRequest:
     async def resolution(self, receive: Receive, on_chunk=None) -> Resolution:
         """Wait for the resolution, giving up at the request's deadline or when the client disconnects."""
         remaining_s = max(0.0, (self.request.deadline_ms - self.clock.now_ms()) / 1000)
-        return await wait_for_resolution(
+        resolution = await wait_for_resolution(
             self.registry, self.waiter, deadline=asyncio.sleep(remaining_s), client_gone=_disconnected(receive),
             publish_cancel=self.publish_cancel, on_chunk=on_chunk)
+        if self.on_gave_up is not None and isinstance(resolution, (Abandoned, DeadlineExceeded)):
+            await self.on_gave_up()
+        return resolution
 
     def record(self, resolution: Resolution, status: int) -> None:
         self.metrics.finished(self.request.endpoint, outcome_label(resolution), status,
@@ -68,7 +80,7 @@ async def _disconnected(receive: Receive) -> None:
 
 def _headers(pending: PendingRequest, content_type: bytes, extra: dict[str, str] | None = None) -> list:
     headers = [(b"content-type", content_type), (HTTP_REQUEST_ID.encode(), pending.request_id.encode())]
-    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+    headers += [(k.encode(), v.encode()) for k, v in {**pending.headers, **(extra or {})}.items()]
     return headers
 
 

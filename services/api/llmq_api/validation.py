@@ -13,7 +13,9 @@ from typing import Any
 import msgspec
 
 from llmq_core import wire
-from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, TRAFFIC_CLASSES
+from llmq_core.constants import (
+    DEFERRED, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, NEAR_INTERACTIVE, TRAFFIC_CLASSES)
+from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
 from llmq_api.errors import ApiError, invalid
 
@@ -125,6 +127,13 @@ def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
         raise invalid(f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds, got {value!r}",
                       param=HTTP_TIMEOUT_MS)
     return min(int(text), max_ms)
+
+
+def timeouts_by_class(settings: Settings) -> dict[str, tuple[int, int]]:
+    """Traffic class -> (default, maximum) request timeout in ms, from the settings."""
+    return {INTERACTIVE: (settings.default_timeout_ms, settings.max_timeout_ms),
+            NEAR_INTERACTIVE: (settings.near_interactive_default_timeout_ms, settings.near_interactive_max_timeout_ms),
+            DEFERRED: (settings.deferred_default_timeout_ms, settings.deferred_max_timeout_ms)}
 
 
 def parse_traffic_class(value: str | None) -> str:

@@ -1,76 +1,19 @@
-"""The app end to end in-process (httpx ASGI transport), with a fake producer standing in for Kafka and the workers."""
-
-import asyncio
+"""The app end to end in-process (httpx ASGI transport), with a fake producer standing in for Kafka and the workers
+(fixtures in conftest.py)."""
 
 import httpx
 import msgspec
 import pytest
 
 from llmq_core import constants, wire
-from llmq_core.settings import Settings
 from llmq_api.app import create_app
-from llmq_api.pod import Pod
-
-
-class FakeRedis:
-    def __init__(self) -> None:
-        self.published: list[tuple[str, bytes]] = []
-
-    async def publish(self, channel: str, data: bytes) -> int:
-        self.published.append((channel, data))
-        return 0
-
-
-class FakeWorker:
-    """Produces into nothing; answers like llmq-sim (replays the prompt) unless told to stay silent or fail."""
-
-    ready = True
-
-    def __init__(self) -> None:
-        self.pod: Pod | None = None
-        self.produced: list[wire.GenerationRequest] = []
-        self.silent = False
-        self.error: wire.ErrorInfo | None = None
-
-    async def run(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def produce(self, request: wire.GenerationRequest) -> None:
-        self.produced.append(request)
-        if not self.silent:
-            asyncio.get_running_loop().call_soon(self._answer, request)
-
-    def _answer(self, request: wire.GenerationRequest) -> None:
-        source = request.prompt if request.prompt is not None else request.messages[-1].content
-        text = (source * request.sampling.max_tokens)[: request.sampling.max_tokens]
-        if request.stream:
-            for seq, start in enumerate(range(0, len(text), 2)):
-                self.pod.registry.dispatch(wire.TokenChunk(request_id=request.request_id, text=text[start:start + 2],
-                                                           seq=seq, sent_ms=0))
-        outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
-        self.pod.registry.dispatch(wire.FinalResult(
-            request_id=request.request_id, outcome=outcome, model=request.model, reply_to=request.reply_to,
-            error=self.error, choices=[] if self.error else [wire.Choice(index=0, text=text, finish_reason="length")],
-            usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
-                             total_tokens=request.prompt_tokens + len(text))))
-
-
-@pytest.fixture
-async def setup():
-    worker, redis = FakeWorker(), FakeRedis()
-    pod = Pod(Settings(api_max_body_bytes=2000), "pod-test", producer=worker, redis=redis)
-    worker.pod = pod
-    pod.listener.subscribed = True  # stands in for the Redis subscription, which these tests never open
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api")
-    yield client, pod, worker, redis
-    await client.aclose()
+from tests.unit.api.conftest import DEV_AUTH
 
 
 async def test_completion_200_with_usage_and_request_id(setup):
     client, pod, worker, _ = setup
     response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
-                                 headers={"x-llmq-class": "near_interactive", "authorization": "Bearer k"})
+                                 headers={"x-llmq-class": "near_interactive", "authorization": "Bearer llmq-dev-key"})
     assert response.status_code == 200
     body = response.json()
     assert body["id"].startswith("cmpl-") and response.headers["x-request-id"] == body["id"]
@@ -203,7 +146,7 @@ async def test_unexpected_error_is_a_clean_500(setup):
 
     pod.catalog.context_windows = broken
     transport = httpx.ASGITransport(app=create_app(pod), raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=DEV_AUTH) as client:
         response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "a"})
     assert response.status_code == 500
     assert response.json()["error"]["type"] == "server_error" and "bug" not in response.text

@@ -1,0 +1,75 @@
+"""The in-process app's fixture: a Pod with a fake worker as its producer and an in-memory Redis."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from llmq_core import wire
+from llmq_core.settings import Settings
+from llmq_api.app import create_app
+from llmq_api.auth import KeyStore
+from llmq_api.pod import Pod
+from tests.unit.api.fakes import FakeRedis
+
+DEV_AUTH = {"authorization": "Bearer llmq-dev-key"}
+
+
+class FakeWorker:
+    """Produces into nothing; answers like llmq-sim (replays the prompt) unless told to stay silent or fail."""
+
+    ready = True
+
+    def __init__(self) -> None:
+        self.pod: Pod | None = None
+        self.produced: list[wire.GenerationRequest] = []
+        self.silent = False
+        self.error: wire.ErrorInfo | None = None
+
+    async def run(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def produce(self, request: wire.GenerationRequest) -> None:
+        self.produced.append(request)
+        if not self.silent:
+            asyncio.get_running_loop().call_soon(self._answer, request)
+
+    def _answer(self, request: wire.GenerationRequest) -> None:
+        source = request.prompt if request.prompt is not None else request.messages[-1].content
+        text = (source * request.sampling.max_tokens)[: request.sampling.max_tokens]
+        if request.stream:
+            for seq, start in enumerate(range(0, len(text), 2)):
+                self.pod.registry.dispatch(wire.TokenChunk(request_id=request.request_id, text=text[start:start + 2],
+                                                           seq=seq, sent_ms=0))
+        outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
+        self.pod.registry.dispatch(wire.FinalResult(
+            request_id=request.request_id, outcome=outcome, model=request.model, reply_to=request.reply_to,
+            error=self.error, choices=[] if self.error else [wire.Choice(index=0, text=text, finish_reason="length")],
+            usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
+                             total_tokens=request.prompt_tokens + len(text))))
+
+
+@pytest.fixture
+async def make_app():
+    """make_app(settings=None, keys=None) -> (client, pod, worker, redis); the client sends llmq-dev-key."""
+    clients = []
+
+    async def make(settings: Settings | None = None, keys: KeyStore | None = None):
+        worker, redis = FakeWorker(), FakeRedis()
+        pod = Pod(settings or Settings(api_max_body_bytes=2000), "pod-test", producer=worker, redis=redis, keys=keys)
+        worker.pod = pod
+        pod.listener.subscribed = True  # stands in for the Redis subscription, which these tests never open
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api",
+                                   headers=DEV_AUTH)
+        clients.append(client)
+        return client, pod, worker, redis
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+async def setup(make_app):
+    return await make_app()

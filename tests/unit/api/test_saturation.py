@@ -1,0 +1,24 @@
+"""saturation.py: reads the batchers' reports, ignores garbage, forgets reports of long-gone batchers."""
+
+from llmq_core import wire
+from llmq_core.clock import FakeClock
+from llmq_api.saturation import FORGET_AFTER_MS, SaturationMonitor
+from tests.unit.api.fakes import FakeRedis
+
+
+def report(batcher_id: str, sent_ms: int, depth: int, age_ms: int) -> bytes:
+    return wire.encode(wire.BatcherSaturation(batcher_id=batcher_id, sent_ms=sent_ms, classes={
+        "interactive:paid": wire.QueueLoad(depth=depth, oldest_age_ms=age_ms)}))
+
+
+async def test_monitor_merges_fresh_reports_and_drops_dead_ones():
+    redis, clock = FakeRedis(), FakeClock(10_000_000)
+    now = clock.now_ms()
+    redis.hashes["sat"] = {b"b1": report("b1", now - 1000, 2, 300), b"b2": report("b2", now - 6000, 9, 9000),
+                           b"gone": report("gone", now - FORGET_AFTER_MS - 1, 1, 1), b"junk": b"\x00"}
+    monitor = SaturationMonitor(redis, clock, stale_ms=5000, key="sat")
+    await monitor.refresh()
+    assert set(redis.hashes["sat"]) == {b"b1", b"b2"}
+    assert monitor.current.ahead("interactive:paid") == (2, 1300)  # b2 is stale, b1 aged by a second
+    clock.advance(10_000)  # no fresh report: admission sees an idle system
+    assert monitor.current.ahead("deferred") == (0, 0)
