@@ -1,4 +1,5 @@
-"""The result-router loop: consume llmq.results -> plan -> store in Redis / produce to reply topics -> commit."""
+"""The result-router loop: consume llmq.results -> plan -> store in Redis / produce to reply topics / settle batch-job
+lines -> commit."""
 
 from __future__ import annotations
 
@@ -11,19 +12,23 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, wire
 from llmq_core.settings import Settings
+from llmq_result_router.jobs import JobLedger
 from llmq_result_router.routing import Delivery, plan_delivery
 
 log = logging.getLogger(__name__)
 
 
 class ResultRouter:
-    """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery."""
+    """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery,
+    the job ledger's compare-and-set each batch-job line to one settlement."""
 
-    def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis) -> None:
+    def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
+                 ledger: JobLedger | None = None) -> None:
         self.settings = settings
         self.consumer = consumer
         self.producer = producer
         self.redis = redis
+        self.ledger = ledger
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -48,6 +53,8 @@ class ResultRouter:
             await self._dead_letter(record, f"not a final_result: {type(message).__name__}")
             return
         await self._deliver(plan_delivery(message))
+        if self.ledger is not None and isinstance(message.reply_to, wire.JobReply):
+            await self.ledger.on_result(message)
 
     async def _deliver(self, delivery: Delivery) -> None:
         ttl_ms = self.settings.result_ttl_s * 1000

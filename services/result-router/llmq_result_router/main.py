@@ -13,8 +13,12 @@ import socket
 from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, runtime
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.filestore import FileStore
+from llmq_core.jobstore import JobStore
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
+from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
 
 
@@ -27,14 +31,20 @@ async def serve(instance_id: str) -> None:
     consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
     await producer.start()
     await consumer.start()
-    router = ResultRouter(settings, consumer, producer, redis)
+    store = JobStore(redis)
+    router = ResultRouter(settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK))
+    driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK)
     stop = runtime.stop_event()
     alive = asyncio.create_task(runtime.keep_alive(redis, "result-router", instance_id, {"pid": os.getpid()}))
-    task = asyncio.create_task(router.run())
-    await stop.wait()
+    tasks = [asyncio.create_task(router.run()), asyncio.create_task(driver.run())]
+    stopped = asyncio.create_task(stop.wait())
+    # A loop that dies (Redis or Kafka gone for good) ends the process, so its supervisor restarts it.
+    await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
     router.stop()
+    driver.stop()
     try:
-        await asyncio.wait_for(task, settings.shutdown_grace_s)
+        await asyncio.wait_for(asyncio.gather(*tasks), settings.shutdown_grace_s)
     finally:
         alive.cancel()
         await consumer.stop()
