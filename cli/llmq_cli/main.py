@@ -13,6 +13,7 @@ from rich.table import Table
 
 from llmq_cli import demo as demo_mod
 from llmq_cli import kafka_dist, prompts
+from llmq_cli.batch import batch_app
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core.kafka import ensure_topics
 from llmq_core.settings import load_settings
@@ -21,6 +22,7 @@ app = typer.Typer(help="llmq: a batching system for LLM queries over Kafka and R
 dev = typer.Typer(help="Run the local stack as processes (Kafka, Redis, API pods, batcher, workers, result-router).",
                   no_args_is_help=True)
 app.add_typer(dev, name="dev")
+app.add_typer(batch_app, name="batch")
 console = Console()
 
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
