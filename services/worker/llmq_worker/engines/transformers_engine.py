@@ -292,7 +292,7 @@ class TransformersEngine:
 
     def _ensure_manager(self) -> None:
         """Start a manager, or replace one whose generation loop has died (after a critical error)."""
-        if self._manager is not None and self._manager.is_running():
+        if self._manager is not None and self._manager.is_running() and self._accepting():
             return
         if self._manager is not None:
             log.error("generation loop died: starting a new one")
@@ -304,6 +304,10 @@ class TransformersEngine:
         # The first steps pay one-off costs (allocations, kernel selection): pay them before a caller waits.
         self._manager.add_request([byte_tokenizer.BYTE_OFFSET] * 8, request_id="__warmup__", max_new_tokens=4)
         self._manager.get_result(request_id="__warmup__", timeout=WARMUP_TIMEOUT_S)
+
+    def _accepting(self) -> bool:
+        # A crashing loop fails its requests before its thread exits: in between it is alive but refuses new requests.
+        return self._manager.background_thread_status.can_accept_new_requests() is None
 
     def _count_tokens(self, count: int) -> None:
         self._tokens_total += count
