@@ -34,6 +34,7 @@ from llmq_api.pod import Pod
 pytestmark = pytest.mark.integration
 
 MODEL = f"apitest-{uuid.uuid4().hex[:8]}"
+DEV = {"authorization": "Bearer llmq-dev-key"}
 READY_TIMEOUT_S = 30
 
 
@@ -155,7 +156,7 @@ async def stack():
     """(base_url, pod, fake worker, redis) for this module: one pod serving, one fake worker answering."""
     settings = Settings()
     instance_id = f"api-test-{uuid.uuid4().hex[:8]}"
-    pod = Pod(settings, instance_id)
+    pod = Pod(settings, instance_id, saturation_key=f"apitest-saturation-{instance_id}")  # no batcher's load here
     worker = FakeWorker(settings, instance_id)
     await worker.start()
     redis = Redis.from_url(settings.redis_url)
@@ -173,7 +174,7 @@ def api(stack):
 
 
 def sdk(base_url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="any-key", max_retries=0, timeout=30)
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="llmq-dev-key", max_retries=0, timeout=30)
 
 
 async def test_completion_through_the_openai_sdk(api):
@@ -226,7 +227,7 @@ async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
     await cancels.subscribe(constants.REDIS_CANCELS_CHANNEL)
     await cancels.get_message(timeout=1)  # the subscribe confirmation
     try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
             started = time.monotonic()
             response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "silent"},
                                          headers={"x-llmq-timeout-ms": "400"})
@@ -248,7 +249,7 @@ async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
 
 async def test_stream_deadline_ends_with_error_event_then_done(api):
     base_url, _, _, _ = api
-    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
         response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "silent", "stream": True},
                                      headers={"x-llmq-timeout-ms": "300"})
     frames = [f[len(b"data: "):] for f in response.content.split(b"\n\n") if f]
@@ -262,7 +263,7 @@ async def test_client_disconnect_publishes_cancel(api):
     await cancels.subscribe(constants.REDIS_CANCELS_CHANNEL)
     await cancels.get_message(timeout=1)
     try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
             call = asyncio.create_task(client.post("/v1/completions", json={"model": MODEL, "prompt": "silent"}))
             await _eventually(lambda: any(r.prompt == "silent" and r.request_id in pod.registry
                                           for r, _ in worker.seen.values()))
@@ -290,7 +291,7 @@ async def test_client_disconnect_publishes_cancel(api):
 ])
 async def test_client_errors_are_answered_before_kafka(api, kwargs, status, param):
     base_url, _, worker, _ = api
-    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
         response = await client.post("/v1/completions", **kwargs)
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -314,7 +315,7 @@ async def test_chat_errors_name_the_param(api):
 async def test_models_include_heartbeat_models_and_metrics_count(api):
     base_url, _, _, redis = api
     announced = f"apitest-hb-{uuid.uuid4().hex[:6]}"
-    async with httpx.AsyncClient(base_url=base_url) as client:
+    async with httpx.AsyncClient(base_url=base_url, headers=DEV) as client:
         await redis.publish(constants.REDIS_HEARTBEATS_CHANNEL, wire.encode(heartbeat(announced)))
 
         async def listed() -> dict:
@@ -342,7 +343,7 @@ async def test_kafka_unavailable_is_a_fast_503():
     pod = Pod(Settings(kafka_bootstrap_servers="127.0.0.1:1"), f"api-nokafka-{uuid.uuid4().hex[:6]}")
     pod.catalog.observe(heartbeat(MODEL))
     async with serving(pod, wait=False) as base_url:
-        async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
+        async with httpx.AsyncClient(base_url=base_url, timeout=10, headers=DEV) as client:
             started = time.monotonic()
             response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "abc"})
             assert response.status_code == 503 and time.monotonic() - started < 1
@@ -364,7 +365,7 @@ async def test_sigterm_lets_in_flight_requests_finish(tmp_path):
     try:
         base_url = f"http://127.0.0.1:{port}"
         await wait_ready(base_url)
-        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
             call = asyncio.create_task(client.post(
                 "/v1/completions", json={"model": "llmq-sim", "prompt": "slow:1500 abc", "max_tokens": 4}))
             await _eventually(lambda: bool(worker.seen))

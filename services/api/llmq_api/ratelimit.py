@@ -26,6 +26,7 @@ TIMEOUT_S = 0.25
 BUCKETS = ("requests", "tokens")
 
 # KEYS: the requests and tokens buckets. ARGV: now_ms, then (limit per minute, cost) for each bucket (limit 0: none).
+# Levels are kept in tokens x 60000 (token-milliseconds per minute), so refills of `limit` per ms stay whole numbers.
 # Returns {1, 0, 0} when taken, {0, wait_ms, bucket number} when refused.
 _TAKE = """
 local now = tonumber(ARGV[1])
@@ -33,13 +34,14 @@ local after, stamp, wait, which = {}, {}, 0, 0
 for i = 1, 2 do
   local limit, cost = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   if limit > 0 then
+    local size = limit * 60000
     local state = redis.call('HMGET', KEYS[i], 'level', 'ms')
-    local level, last = tonumber(state[1]) or limit, tonumber(state[2]) or now
-    level = math.min(limit, level + math.max(0, now - last) * limit / 60000)
-    cost = math.min(cost, limit)
+    local level, last = tonumber(state[1]) or size, tonumber(state[2]) or now
+    level = math.min(size, level + math.max(0, now - last) * limit)
+    cost = math.min(cost * 60000, size)
     after[i], stamp[i] = level - cost, math.max(now, last)
     if level < cost then
-      local need = math.ceil((cost - level) * 60000 / limit)
+      local need = math.ceil((cost - level) / limit)
       if need > wait then wait, which = need, i end
     end
   end
@@ -47,7 +49,7 @@ end
 if wait > 0 then return {0, wait, which} end
 for i = 1, 2 do
   if after[i] then
-    redis.call('HSET', KEYS[i], 'level', tostring(after[i]), 'ms', tostring(stamp[i]))
+    redis.call('HSET', KEYS[i], 'level', string.format('%d', after[i]), 'ms', string.format('%d', stamp[i]))
     redis.call('PEXPIRE', KEYS[i], 60000)
   end
 end
