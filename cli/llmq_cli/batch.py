@@ -150,7 +150,7 @@ def sample(
     console.print(f"wrote {lines} lines -> {output}")
 
 
-# --- sample input ------------------------------------------------------------------------------------------------------
+# --- sample input -----------------------------------------------------------------------------------------------
 
 SYSTEM_PROMPT = ("You are a claims assistant. Classify the claim as one of: property, motor, liability, theft. Then "
                  "summarise it in at most three sentences for an adjuster. Answer as JSON with keys category and "

@@ -88,8 +88,8 @@ def test_completions_endpoint_uses_the_completions_validation():
 def test_limits_on_lines_and_line_bytes():
     too_many = check("\n".join(line(f"l{i}") for i in range(4)), limits=Limits(max_lines=3, max_line_bytes=10_000))
     assert codes(too_many) == [("too_many_lines", None, 4)]
-    too_long = check("\n".join([line("a"), line("b", model="llmq-sim", messages=[{"role": "user", "content": "x" * 500}])]),
-                     limits=Limits(max_lines=10, max_line_bytes=300))
+    long_line = line("b", model="llmq-sim", messages=[{"role": "user", "content": "x" * 500}])
+    too_long = check("\n".join([line("a"), long_line]), limits=Limits(max_lines=10, max_line_bytes=300))
     assert codes(too_long) == [("line_too_large", None, 2)]
 
 

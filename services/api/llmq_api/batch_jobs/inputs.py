@@ -135,16 +135,15 @@ def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int
 
 
 def _check_body(body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int]) -> InputLine:
-    model = _model_of(body)
     parse = validation.parse_chat if jobs.BATCH_ENDPOINTS[endpoint] == "chat.completions" else \
         validation.parse_completion
     try:
         valid = parse(body, models)
     except ApiError as exc:
-        return InputLine(line=number, custom_id=custom_id, model=model, error=exc)
+        return InputLine(line=number, custom_id=custom_id, model=_model_of(body), error=exc)
     if valid.stream:
         error = ApiError(400, "'stream' is not supported in a batch", param="stream", code="unsupported_parameter")
-        return InputLine(line=number, custom_id=custom_id, model=model, error=error)
+        return InputLine(line=number, custom_id=custom_id, model=valid.model, error=error)
     return InputLine(line=number, custom_id=custom_id, model=valid.model, valid=valid)
 
 

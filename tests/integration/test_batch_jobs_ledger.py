@@ -1,0 +1,325 @@
+"""Batch jobs against a real Redis, without Kafka: the API pod's BatchJobs creates jobs, the result-router's JobDriver
+drives them (its producer is a recorder), JobLedger settles results fed in by hand, time is a FakeClock."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq_core import constants, jobs, wire
+from llmq_core.clock import FakeClock
+from llmq_core.filestore import FileStore
+from llmq_core.jobstore import JobStore
+from llmq_core.models import BUILTIN_MODELS
+from llmq_core.settings import Settings
+from llmq_api.auth import Principal
+from llmq_api.batch_jobs import render
+from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.errors import ApiError
+from llmq_result_router.jobs import JobDriver, JobLedger
+
+pytestmark = pytest.mark.integration
+
+TENANT = Principal(tenant_id=f"ledger-{uuid.uuid4().hex[:8]}")
+OTHER = Principal(tenant_id=f"other-{uuid.uuid4().hex[:8]}")
+WINDOW_MS = 600_000
+
+
+class RecordingProducer:
+    """Stands in for the Kafka producer: keeps every record sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes | None]] = []
+
+    async def send_and_wait(self, topic, value, key=None, partition=None, headers=None):
+        self.sent.append((topic, value, key))
+
+    def requests(self) -> list[wire.GenerationRequest]:
+        return [wire.decode(v) for t, v, _ in self.sent if t == constants.requests_topic(constants.DEFERRED)]
+
+    def take(self) -> list[wire.GenerationRequest]:
+        requests = self.requests()
+        self.sent.clear()
+        return requests
+
+
+class Harness:
+    def __init__(self, redis: Redis, **overrides) -> None:
+        self.settings = Settings(files_url=f"memory://ledger-{uuid.uuid4().hex}", batch_in_flight_lines=4,
+                                 batch_max_rounds=2, batch_retry_backoff_ms=1000, batch_end_grace_ms=1000,
+                                 batch_lease_ms=60_000, **overrides)
+        self.clock = FakeClock()
+        self.redis = redis
+        self.store = JobStore(redis)
+        self.files = FileStore(self.settings.files_url)
+        self.producer = RecordingProducer()
+        models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
+        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models)
+        self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
+        self.driver = self.new_driver()
+
+    def new_driver(self) -> JobDriver:
+        return JobDriver(self.settings, self.store, self.files, self.producer, self.redis, self.clock)
+
+    async def create(self, lines: list[str], principal: Principal = TENANT, window: str = "10m"):
+        record = await self.api.upload(principal, "in.jsonl", "batch", _Source("\n".join(lines).encode()))
+        body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": window})
+        return await self.api.create(principal, body.encode())
+
+    async def job(self, batch_id: str):
+        return await self.store.get_job(batch_id)
+
+    async def answer(self, request: wire.GenerationRequest, outcome=wire.Outcome.SUCCEEDED, error=None):
+        await self.ledger.on_result(result_for(request, outcome, error))
+
+    async def lines(self, job, kind: str) -> list[dict]:
+        record = await self.store.get_file(job.spec.output_file_id if kind == "output" else job.spec.error_file_id)
+        chunks = await self.api.content(TENANT, record.id)
+        return [json.loads(line) for line in b"".join([c async for c in chunks]).splitlines()]
+
+
+class _Source:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, n: int) -> bytes:
+        chunk, self.data = self.data[:n], self.data[n:]
+        return chunk
+
+
+def line(custom_id: str, prompt: str = "hello", **body) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "llmq-sim", "prompt": prompt, "max_tokens": 4, **body}})
+
+
+def result_for(request: wire.GenerationRequest, outcome=wire.Outcome.SUCCEEDED, error=None) -> wire.FinalResult:
+    text = request.prompt[:request.sampling.max_tokens] if outcome is wire.Outcome.SUCCEEDED else ""
+    return wire.FinalResult(request_id=request.request_id, outcome=outcome, model=request.model,
+                            tenant_id=request.tenant_id, endpoint=request.endpoint, reply_to=request.reply_to,
+                            error=error, choices=[wire.Choice(index=0, text=text, finish_reason="length")],
+                            usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
+                                             total_tokens=request.prompt_tokens + len(text)),
+                            created_ms=request.created_ms)
+
+
+RETRYABLE = wire.ErrorInfo(type="engine_error", message="worker lost", retryable=True)
+
+
+@pytest.fixture
+async def harness():
+    redis = Redis.from_url(Settings().redis_url)
+    yield Harness(redis)
+    await redis.aclose()
+
+
+async def test_lines_run_in_a_window_each_settles_once_and_the_job_completes(harness):
+    job = await harness.create([line(f"c{i}", f"prompt {i}") for i in range(10)] + [line("bad", temperature=5)])
+    batch_id = job.spec.id
+    assert job.status == jobs.IN_PROGRESS and job.spec.total == 11 and job.spec.runnable == 10
+    assert job.count("errored") == 1  # the invalid body errs alone, at creation
+    await harness.driver.drive(batch_id)
+    first = harness.producer.take()
+    assert len(first) == 4  # the in-flight window
+    assert {r.traffic_class for r in first} == {"deferred"}
+    assert first[0].reply_to == wire.JobReply(batch_id=batch_id, custom_id="c0")
+    assert first[0].request_id == jobs.line_request_id(batch_id, "c0")
+    await harness.driver.drive(batch_id)
+    assert harness.producer.take() == []  # window full: nothing more until results arrive
+    for request in first:
+        await harness.answer(request)
+        await harness.answer(request)  # a redelivered result counts once
+    seen = list(first)
+    while (job := await harness.job(batch_id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(batch_id)
+        batch = harness.producer.take()
+        seen += batch
+        for request in batch:
+            await harness.answer(request)
+    assert sorted(r.reply_to.custom_id for r in seen) == sorted(f"c{i}" for i in range(10))
+    assert job.status == jobs.COMPLETED and job.times.keys() >= {"finalizing", "completed"}
+    assert (job.count("succeeded"), job.count("errored")) == (10, 1)
+    output, errors = await harness.lines(job, "output"), await harness.lines(job, "error")
+    assert sorted(x["custom_id"] for x in output) == sorted(f"c{i}" for i in range(10))
+    assert [x["custom_id"] for x in errors] == ["bad"] and errors[0]["response"]["status_code"] == 400
+    assert job.count("input_tokens") == sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in output)
+    assert not await harness.redis.exists(jobs.job_lines_key(batch_id))  # ledger retired into the results file
+    assert batch_id not in await harness.store.active_jobs()
+
+
+async def test_retry_rounds_wait_for_their_backoff_use_new_ids_and_end_as_dead_letters(harness):
+    job = await harness.create([line("flaky"), line("doomed")])
+    batch_id = job.spec.id
+    await harness.driver.drive(batch_id)
+    round0 = {r.reply_to.custom_id: r for r in harness.producer.take()}
+    for request in round0.values():
+        await harness.answer(request, wire.Outcome.ERRORED, RETRYABLE)
+    await harness.driver.drive(batch_id)
+    assert harness.producer.take() == []  # backoff of round 1: 1000 ms
+    harness.clock.advance(1000)
+    await harness.driver.drive(batch_id)
+    round1 = {r.reply_to.custom_id: r for r in harness.producer.take()}
+    assert set(round1) == {"flaky", "doomed"}
+    assert round1["flaky"].request_id == jobs.line_request_id(batch_id, "flaky", 1) and round1["flaky"].attempt == 1
+    await harness.answer(round0["flaky"])  # a late result of round 0 is stale: ignored
+    assert (await harness.job(batch_id)).count("succeeded") == 0
+    await harness.answer(round1["flaky"])
+    await harness.answer(round1["doomed"], wire.Outcome.ERRORED, RETRYABLE)
+    harness.clock.advance(1999)
+    await harness.driver.drive(batch_id)
+    assert harness.producer.take() == []  # round 2 waits 2000 ms
+    harness.clock.advance(1)
+    await harness.driver.drive(batch_id)
+    [round2] = harness.producer.take()
+    await harness.answer(round2, wire.Outcome.ERRORED, RETRYABLE)
+    dead = [(t, wire.decode(v)) for t, v, _ in harness.producer.sent if t == constants.TOPIC_DEAD_LETTERS]
+    assert [r.request_id for _, r in dead] == [jobs.line_request_id(batch_id, "doomed", 2)]
+    await harness.driver.drive(batch_id)
+    job = await harness.job(batch_id)
+    assert job.status == jobs.COMPLETED
+    assert {k: job.count(k) for k in ("succeeded", "errored", "retried", "dead_letters")} == \
+        {"succeeded": 1, "errored": 1, "retried": 3, "dead_letters": 1}
+    [error] = await harness.lines(job, "error")
+    assert error["custom_id"] == "doomed" and error["dead_letter"] and error["response"]["status_code"] == 503
+
+
+async def test_a_restarted_driver_reproduces_only_unsettled_lines_with_the_same_ids(harness):
+    job = await harness.create([line(f"c{i}") for i in range(4)])
+    batch_id = job.spec.id
+    await harness.driver.drive(batch_id)
+    first = harness.producer.take()
+    for request in first[:2]:
+        await harness.answer(request)
+    # A crash after producing but before saving the cursor: the next driver starts from byte 0 again.
+    await harness.redis.hset(jobs.job_key(batch_id), mapping={"cursor": 0, "produced": 0})
+    await harness.store.release_lease(batch_id, harness.driver.token)
+    await harness.new_driver().drive(batch_id)
+    again = harness.producer.take()
+    assert [r.request_id for r in again] == [r.request_id for r in first[2:]]
+
+
+async def test_another_driver_waits_for_the_lease(harness):
+    job = await harness.create([line("a")])
+    other = harness.new_driver()
+    assert await harness.store.hold_lease(job.spec.id, harness.driver.token, 60_000)
+    assert not await harness.store.hold_lease(job.spec.id, other.token, 60_000)
+    await harness.store.release_lease(job.spec.id, harness.driver.token)
+    assert await harness.store.hold_lease(job.spec.id, other.token, 60_000)
+
+
+async def test_cancel_ends_waiting_lines_cancels_running_ones_and_bills_only_what_succeeded(harness):
+    job = await harness.create([line(f"c{i}") for i in range(8)])
+    batch_id = job.spec.id
+    await harness.driver.drive(batch_id)
+    running = harness.producer.take()
+    await harness.answer(running[0])
+    pubsub = harness.redis.pubsub()
+    await pubsub.subscribe(constants.REDIS_CANCELS_CHANNEL)
+    cancelled = await harness.api.cancel(TENANT, batch_id)
+    assert cancelled.status == jobs.CANCELLING
+    await harness.driver.drive(batch_id)
+    job = await harness.job(batch_id)
+    assert job.count("canceled") == 4  # the four never produced
+    wanted, cancels = {r.request_id for r in running[1:]}, set()
+    for _ in range(50):  # until the three cancels arrived (each read waits at most 0.1 s)
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        if message is not None:
+            cancels.add(wire.decode(message["data"]).request_id)
+        if cancels >= wanted:
+            break
+    await pubsub.aclose()
+    assert cancels >= wanted
+    await harness.answer(running[1], wire.Outcome.CANCELED)  # a worker obeyed the cancel (with partial usage)
+    await harness.answer(running[2])  # one finished before the cancel reached it
+    harness.clock.advance(1000)  # the grace is over: the last running line is ended by the driver
+    await harness.driver.drive(batch_id)
+    await harness.driver.drive(batch_id)
+    job = await harness.job(batch_id)
+    assert job.status == jobs.CANCELLED
+    assert (job.count("succeeded"), job.count("canceled")) == (2, 6)
+    output, errors = await harness.lines(job, "output"), await harness.lines(job, "error")
+    assert job.count("input_tokens") + job.count("output_tokens") == \
+        sum(x["response"]["body"]["usage"]["total_tokens"] for x in output)
+    assert {x["error"]["code"] for x in errors} == {"batch_cancelled"} and len(errors) == 6
+    with pytest.raises(ApiError) as again:
+        await harness.api.cancel(OTHER, batch_id)
+    assert again.value.status == 404
+    assert (await harness.api.cancel(TENANT, batch_id)).status == jobs.CANCELLED
+
+
+async def test_the_window_ends_unfinished_lines_expired(harness):
+    job = await harness.create([line(f"c{i}") for i in range(6)], window="90s")
+    batch_id = job.spec.id
+    await harness.driver.drive(batch_id)
+    running = harness.producer.take()
+    assert {r.deadline_ms for r in running} == {job.spec.expires_ms}
+    await harness.answer(running[0])
+    harness.clock.set(job.spec.expires_ms)
+    await harness.driver.drive(batch_id)
+    assert harness.producer.take() == []
+    assert (await harness.job(batch_id)).count("expired") == 2  # never produced
+    await harness.answer(running[1], wire.Outcome.EXPIRED)  # the batcher expired it at its deadline
+    harness.clock.advance(1000)
+    await harness.driver.drive(batch_id)
+    await harness.driver.drive(batch_id)
+    job = await harness.job(batch_id)
+    assert job.status == jobs.EXPIRED and (job.count("succeeded"), job.count("expired")) == (1, 5)
+    body = render.batch_object(job)
+    assert body["expired_at"] is not None and body["request_counts"] == {"total": 6, "completed": 1, "failed": 5}
+
+
+async def test_partial_results_are_readable_while_the_job_runs(harness):
+    job = await harness.create([line(f"c{i}") for i in range(3)])
+    await harness.driver.drive(job.spec.id)
+    requests = harness.producer.take()
+    assert await harness.lines(job, "output") == []
+    await harness.answer(requests[0])
+    partial = await harness.lines(job, "output")
+    assert [x["custom_id"] for x in partial] == [requests[0].reply_to.custom_id]
+
+
+async def test_structural_faults_fail_the_batch_with_openai_errors(harness):
+    job = await harness.create([line("a"), "not json", line("a")])
+    assert job.status == jobs.FAILED and job.spec.total == 0
+    assert [(e.code, e.line) for e in job.errors] == [("invalid_json_line", 2), ("duplicate_custom_id", 3)]
+    assert job.spec.id not in await harness.store.active_jobs()
+    body = render.batch_object(job)
+    assert body["errors"]["object"] == "list" and body["failed_at"] is not None
+
+
+async def test_files_and_batches_belong_to_their_tenant(harness):
+    job = await harness.create([line("a")])
+    record = await harness.store.get_file(job.spec.input_file_id)
+    for call in (harness.api.get_file(OTHER, record.id), harness.api.content(OTHER, record.id),
+                 harness.api.delete_file(OTHER, record.id), harness.api.get(OTHER, job.spec.id),
+                 harness.api.content(OTHER, job.spec.output_file_id)):
+        with pytest.raises(ApiError) as caught:
+            await call
+        assert caught.value.status == 404
+    assert record.id not in [r.id for r in await harness.api.list_files(OTHER, None, 100)]
+    assert job.spec.id not in [j.spec.id for j in (await harness.api.list(OTHER, None, 100))[0]]
+    assert job.spec.id in [j.spec.id for j in (await harness.api.list(TENANT, None, 100))[0]]
+
+
+async def test_listing_pages_newest_first(harness):
+    tenant = Principal(tenant_id=f"pages-{uuid.uuid4().hex[:8]}")
+    ids = []
+    for i in range(5):
+        ids.append((await harness.create([line("a")], principal=tenant)).spec.id)
+        harness.clock.advance(1)
+    page, more = await harness.api.list(tenant, None, 2)
+    assert [j.spec.id for j in page] == ids[::-1][:2] and more
+    page, more = await harness.api.list(tenant, page[-1].spec.id, 2)
+    assert [j.spec.id for j in page] == ids[::-1][2:4] and more
+    page, more = await harness.api.list(tenant, page[-1].spec.id, 2)
+    assert [j.spec.id for j in page] == ids[:1] and not more
+
+
+async def test_expired_files_are_swept(harness):
+    record = await harness.api.upload(TENANT, "x.jsonl", "batch", _Source(b"{}"))
+    await harness.driver.sweep_files(record.expires_at)
+    assert await harness.store.get_file(record.id) is None
+    assert not await harness.files.exists(record.path)
+
