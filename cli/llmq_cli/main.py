@@ -14,6 +14,7 @@ from rich.table import Table
 from llmq_cli import demo as demo_mod
 from llmq_cli import kafka_dist, prompts
 from llmq_cli.batch import batch_app
+from llmq_cli.bench_cmd import bench
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core.kafka import ensure_topics
 from llmq_core.settings import load_settings
@@ -23,6 +24,7 @@ dev = typer.Typer(help="Run the local stack as processes (Kafka, Redis, API pods
                   no_args_is_help=True)
 app.add_typer(dev, name="dev")
 app.add_typer(batch_app, name="batch")
+app.add_typer(bench, name="bench")
 console = Console()
 
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
@@ -177,12 +179,15 @@ def run_demo(
     models: str = typer.Option("llmq-tiny,llmq-sim", help="Comma-separated models, used in turn."),
     up: bool = typer.Option(True, help="Start the local stack first (no-op for what already runs)."),
     state_dir: Path = STATE_DIR,
+    kafka_port: int = typer.Option(9092),
+    redis_port: int = typer.Option(6379),
+    api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
 ) -> None:
     """Send real code-completion prompts through the openai SDK to both API pods and print a latency table."""
-    stack = _stack(state_dir)
+    stack = _stack(state_dir, kafka_port=kafka_port, redis_port=redis_port, api_port=api_port)
     if up:
-        dev_up(state_dir=state_dir, tiny_workers=1, sim_workers=2, sim_batch_time_ms=500, kafka_port=9092,
-               redis_port=6379, api_port=8000)
+        dev_up(state_dir=state_dir, tiny_workers=1, sim_workers=2, sim_batch_time_ms=500, kafka_port=kafka_port,
+               redis_port=redis_port, api_port=api_port)
     cut = prompts.cut_prompts(requests)
     prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
     batches_before, requests_before = demo_mod.batcher_counts(stack.cfg.redis_url)
