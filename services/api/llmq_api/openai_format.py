@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from llmq_core import wire
+from llmq_api.admission import too_many_requests
 from llmq_api.errors import CANCELED_ERROR, INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, TIMEOUT_ERROR, ApiError
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 
@@ -104,9 +105,8 @@ def _errored(error: wire.ErrorInfo | None) -> ApiError:
         return ApiError(500, "The request failed", type=SERVER_ERROR)
     if error.type == INVALID_REQUEST:
         return ApiError(400, error.message, type=error.type, code=error.code)
-    if error.type == OVERLOADED:
-        return ApiError(429, error.message, type=error.type, code=error.code,
-                        headers={"retry-after": str(RETRY_AFTER_S)})
+    if error.type == OVERLOADED:  # the batcher's full queue: the backstop behind the pods' own admission control
+        return too_many_requests(error.message, RETRY_AFTER_S, type=error.type)
     if error.retryable:
         return ApiError(503, error.message, type=error.type, code=error.code,
                         headers={"retry-after": str(RETRY_AFTER_S)})

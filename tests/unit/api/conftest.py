@@ -5,7 +5,7 @@ import asyncio
 import httpx
 import pytest
 
-from llmq_core import wire
+from llmq_core import constants, wire
 from llmq_core.settings import Settings
 from llmq_api.app import create_app
 from llmq_api.auth import KeyStore
@@ -16,7 +16,8 @@ DEV_AUTH = {"authorization": "Bearer llmq-dev-key"}
 
 
 class FakeWorker:
-    """Produces into nothing; answers like llmq-sim (replays the prompt) unless told to stay silent or fail."""
+    """Produces into nothing; answers like llmq-sim (replays the prompt) unless told to stay silent or fail, and stores
+    the result as the result-router would."""
 
     ready = True
 
@@ -43,11 +44,14 @@ class FakeWorker:
                 self.pod.registry.dispatch(wire.TokenChunk(request_id=request.request_id, text=text[start:start + 2],
                                                            seq=seq, sent_ms=0))
         outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
-        self.pod.registry.dispatch(wire.FinalResult(
+        result = wire.FinalResult(
             request_id=request.request_id, outcome=outcome, model=request.model, reply_to=request.reply_to,
-            error=self.error, choices=[] if self.error else [wire.Choice(index=0, text=text, finish_reason="length")],
+            tenant_id=request.tenant_id, endpoint=request.endpoint, error=self.error,
+            choices=[] if self.error else [wire.Choice(index=0, text=text, finish_reason="length")],
             usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
-                             total_tokens=request.prompt_tokens + len(text))))
+                             total_tokens=request.prompt_tokens + len(text)))
+        self.pod.registry.dispatch(result)
+        self.pod.redis.data[constants.result_key(request.request_id)] = wire.encode(result)  # the result-router
 
 
 @pytest.fixture

@@ -70,4 +70,5 @@ def test_status_mapping(resolution, status, label):
 
 
 def test_retryable_error_carries_retry_after():
-    assert error_for(errored("overloaded", retryable=True)).headers == {"retry-after": "1"}
+    overloaded = error_for(errored("overloaded", retryable=True))
+    assert overloaded.headers == {"retry-after": "1"} and overloaded.code == "rate_limit_exceeded"
