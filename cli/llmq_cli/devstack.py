@@ -52,6 +52,7 @@ class StackConfig:
     sim_workers: int = 2
     sim_batch_time_ms: int = 500
     sim_max_batch_size: int = 64
+    sim_worker_args: tuple[str, ...] = ()  # appended to every llmq-sim worker's argv (e.g. ``--poison-marker X``)
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -84,7 +85,8 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     for model, engine, count, extra in (
         ("llmq-tiny", "transformers", cfg.tiny_workers, []),
         ("llmq-sim", "simulated", cfg.sim_workers,
-         ["--batch-time-ms", str(cfg.sim_batch_time_ms), "--max-batch-size", str(cfg.sim_max_batch_size)]),
+         ["--batch-time-ms", str(cfg.sim_batch_time_ms), "--max-batch-size", str(cfg.sim_max_batch_size),
+          *cfg.sim_worker_args]),
     ):
         for i in range(count):
             worker_id = f"{model.removeprefix('llmq-')}-{i}"
