@@ -250,7 +250,8 @@ async def test_deadline_behind_long_work_is_504_on_time_and_cancels_it(pods):
     assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
     assert 0.55 < elapsed_s < 1.3, elapsed_s  # at its deadline, not when the 2 s batch ends
     result = await stored(redis, response.headers["x-request-id"])
-    assert result.outcome in (wire.Outcome.CANCELED, wire.Outcome.EXPIRED) and not any(c.text for c in result.choices)
+    # queued behind the long work (dropped by the batcher) or inside a 2 s batch (aborted by its worker)
+    assert result.outcome in (wire.Outcome.CANCELED, wire.Outcome.EXPIRED)
     assert all(r.status_code == 200 for r in await asyncio.gather(*long_work))
 
 
