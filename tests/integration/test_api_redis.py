@@ -1,4 +1,4 @@
-"""The API pod's Redis pieces against a real Redis: the token-bucket Lua script, idempotency claims, saturation reads."""
+"""The API pod's Redis pieces against a real Redis: the token-bucket Lua script, idempotency claims, saturation."""
 
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ def events(body: bytes) -> list[bytes]:
     return [frame.removeprefix(b"data: ") for frame in body.split(b"\n\n") if frame]
 
 
-# --- 1. streaming ----------------------------------------------------------------------------------------------------
+# --- 1. streaming -----------------------------------------------------------------------------------------------------
 
 
 async def test_completion_stream_carries_each_token_as_the_worker_emits_it(pods):
@@ -235,7 +235,7 @@ async def _next_cancel(pubsub, timeout_s: float = 5) -> wire.Cancel:
     raise AssertionError("no Cancel was published")
 
 
-# --- 3. deadlines ------------------------------------------------------------------------------------------------------
+# --- 3. deadlines -----------------------------------------------------------------------------------------------------
 
 
 async def test_deadline_behind_long_work_is_504_on_time_and_cancels_it(pods):
@@ -266,7 +266,7 @@ async def test_stream_reaching_its_deadline_ends_with_an_error_event_then_done(p
     assert any(json.loads(f)["choices"][0]["text"] for f in frames[:-2]), "no token streamed before the deadline"
 
 
-# --- 4. admission ------------------------------------------------------------------------------------------------------
+# --- 4. admission -----------------------------------------------------------------------------------------------------
 
 
 async def test_queue_wait_sheds_deferred_with_retry_after_while_paid_gets_through(pods):
@@ -303,7 +303,7 @@ async def test_tenant_rate_limit_is_shared_by_both_pods(pods):
     assert refused.json()["error"]["type"] == "requests" and 1 <= int(refused.headers["retry-after"]) <= 20
 
 
-# --- 5. authentication ---------------------------------------------------------------------------------------------------
+# --- 5. authentication ------------------------------------------------------------------------------------------------
 
 
 async def test_unknown_key_is_401_and_free_key_runs_as_its_tenant(pods):
@@ -317,7 +317,7 @@ async def test_unknown_key_is_401_and_free_key_runs_as_its_tenant(pods):
     assert result.tenant_id == "dev-free"
 
 
-# --- 7. idempotency ----------------------------------------------------------------------------------------------------
+# --- 7. idempotency ---------------------------------------------------------------------------------------------------
 
 
 async def test_idempotent_retry_on_the_other_pod_gets_the_stored_result(pods):

@@ -29,7 +29,7 @@ RATE_LIMIT_CODE = "rate_limit_exceeded"
 
 @dataclass(frozen=True, slots=True)
 class Saturation:
-    """The batchers' queues merged, per PRIORITY_CLASSES entry: requests queued (sum) and oldest queued age (ms, max)."""
+    """The batchers' queues merged per PRIORITY_CLASSES entry: requests queued (sum), oldest queued age (ms, max)."""
 
     depth: Mapping[str, int]
     oldest_age_ms: Mapping[str, int]

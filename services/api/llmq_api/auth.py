@@ -52,7 +52,6 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
         return traffic_class
 
 
-DEFAULT_PRINCIPAL = Principal(tenant_id="default")
 DEV_KEYS = {DEV_KEY: Principal(tenant_id="dev"),
             DEV_FREE_KEY: Principal(tenant_id="dev-free", tier=TIER_FREE)}
 

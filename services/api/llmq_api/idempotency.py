@@ -38,7 +38,7 @@ return 0
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
-    """Who owns an Idempotency-Key: the request_id it runs under, its parameters' fingerprint and deadline (epoch ms)."""
+    """Who owns an Idempotency-Key: the request_id it runs under, parameters' fingerprint, deadline (epoch ms)."""
 
     request_id: str
     fingerprint: str
@@ -62,7 +62,7 @@ def fingerprint(valid: ValidRequest, traffic_class: str) -> str:
 
 
 class IdempotencyStore:
-    """Claims (``idempotency_key``) and stored results (``result_key``) in Redis; every call may raise on Redis errors."""
+    """Claims (``idempotency_key``) and stored results (``result_key``) in Redis; calls may raise on Redis errors."""
 
     def __init__(self, redis: Redis, clock: Clock, result_ttl_ms: int) -> None:
         self._redis = redis

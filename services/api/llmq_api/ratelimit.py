@@ -1,10 +1,10 @@
-"""Per-tenant rate limits shared by every API pod: two token buckets per tenant in Redis, taken atomically by one Lua script.
+"""Per-tenant rate limits shared by every API pod: two token buckets per tenant in Redis, taken by one Lua script.
 
-Bucket ``requests`` holds up to ``requests_per_min`` and refills at that rate per minute; bucket ``tokens`` the same with
-``tokens_per_min``, charged the request's prompt tokens plus ``max_tokens * n``. A request passes only when both hold
-enough (a cost above a bucket's size is charged as the whole bucket, so a large request waits for a full bucket instead
-of never passing); a refused request takes nothing. Time comes from the pod's injected clock. Redis trouble lets
-requests through (logged): the pod's own admission control still bounds the load.
+Bucket ``requests`` holds up to ``requests_per_min`` and refills at that rate per minute; bucket ``tokens`` the
+same with ``tokens_per_min``, charged the request's prompt tokens plus ``max_tokens * n``. A request passes only
+when both hold enough (a cost above a bucket's size is charged as the whole bucket, so a large request waits for a
+full bucket instead of never passing); a refused request takes nothing. Time comes from the pod's injected clock.
+Redis trouble lets requests through (logged): the pod's own admission control still bounds the load.
 """
 
 from __future__ import annotations

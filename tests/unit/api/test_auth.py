@@ -1,6 +1,7 @@
 """auth.py: API keys -> tenant, tier, classes and limits; 401 for anyone else; x-llmq-class among allowed classes."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,8 @@ def test_bad_keys_files_are_refused_with_the_reason(tmp_path, text, problem):
 def test_json_keys_file_and_missing_file(tmp_path):
     path = tmp_path / "keys.json"
     digest = hashlib.sha256(b"secret").hexdigest().upper()
-    path.write_text(f'{{"keys": [{{"tenant": "t", "key_sha256": "{digest}", "classes": ["deferred", "interactive"]}}]}}')
+    entry = {"tenant": "t", "key_sha256": digest, "classes": ["deferred", "interactive"]}
+    path.write_text(json.dumps({"keys": [entry]}))
     store = KeyStore({})
     store.add(load_keys_file(path))
     assert store.authenticate("Bearer secret").classes == ("interactive", "deferred")  # priority order

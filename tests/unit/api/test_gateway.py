@@ -6,7 +6,7 @@ import pytest
 
 from llmq_core import wire
 from llmq_core.clock import FakeClock
-from llmq_api.auth import DEFAULT_PRINCIPAL
+from llmq_api.auth import Principal
 from llmq_api.errors import ApiError
 from llmq_api.gateway import Gateway
 from llmq_api.validation import parse_completion
@@ -43,8 +43,8 @@ def make(behaviour="ok", max_waiters=10, accepting=True):
                       produce_timeout_ms=20, accepting=lambda: accepting)
     valid = parse_completion(b'{"model": "llmq-sim", "prompt": "abc", "max_tokens": 4, "stream": true}',
                              {"llmq-sim": 100})
-    request = gateway.build(valid, request_id="cmpl-1", principal=DEFAULT_PRINCIPAL, traffic_class="near_interactive",
-                            timeout_ms=5000, idempotency_key="idem")
+    request = gateway.build(valid, request_id="cmpl-1", principal=Principal(tenant_id="default"),
+                            traffic_class="near_interactive", timeout_ms=5000, idempotency_key="idem")
     return gateway, registry, producer, cancels, request
 
 
