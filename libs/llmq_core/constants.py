@@ -108,3 +108,6 @@ HTTP_TIMEOUT_MS: Final = "x-llmq-timeout-ms"
 HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
 HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
+
+# --- request limits ---
+MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -93,7 +93,11 @@ class ChatMessage(_Struct, kw_only=True):
 
 
 class SamplingParams(_Struct, kw_only=True):
-    """OpenAI sampling controls. ``max_tokens`` counts completion tokens per choice; ``n`` is the number of choices."""
+    """OpenAI sampling controls. ``max_tokens`` counts completion tokens per choice; ``n`` is the number of choices.
+
+    ``logit_bias``: token id -> bias in [-100, 100] added to that token's logit (the worker checks ids against its model's
+    vocabulary).
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -101,6 +105,7 @@ class SamplingParams(_Struct, kw_only=True):
     stop: list[str] = []
     seed: int | None = None
     n: int = 1
+    logit_bias: dict[int, float] | None = None
 
 
 class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
