@@ -247,6 +247,12 @@ def tenant_jobs_key(tenant_id: str) -> str:
     return f"{REDIS_JOBS_PREFIX}tenant:{tenant_id}"
 
 
+def batch_idempotency_key(tenant_id: str, key: str) -> str:
+    """String: the batch id a tenant's ``Idempotency-Key`` on ``POST /v1/batches`` created (hashed: keys are text)."""
+    digest = hashlib.sha256(f"{tenant_id}\0{key}".encode()).hexdigest()
+    return f"{REDIS_JOBS_PREFIX}idempotency:{digest}"
+
+
 def listing_member(created_ms: int, object_id: str) -> str:
     """The member of a tenant listing zset: sorts by creation time, then id."""
     return f"{created_ms:015d}:{object_id}"

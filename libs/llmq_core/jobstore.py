@@ -135,7 +135,7 @@ class JobStore:
 
     async def create_job(self, spec: JobSpec, status: str, times: Mapping[str, int], *, files: Iterable[FileRecord],
                          lines: Mapping[str, str] = {}, offsets: Mapping[str, str] = {},
-                         results: Mapping[str, wire.FinalResult] = {}, errors: list[LineError] = ()) -> None:
+                         results: Mapping[str, wire.FinalResult] = {}, errors: Iterable[LineError] = ()) -> None:
         """Write a new job in one transaction: its hash, ledger lines (custom_id -> state), prepared-file offsets,
         results settled already (lines that failed validation: counted as errored), its output/error file records,
         its tenant listing entry, and (when it is ``in_progress``) its place among the jobs the routers drive."""
@@ -156,6 +156,17 @@ class JobStore:
             if status in jobs.ACTIVE_STATUSES:
                 pipe.sadd(jobs.ACTIVE_JOBS_KEY, spec.id)
             await pipe.execute()
+
+    async def claim_batch_key(self, tenant_id: str, key: str, batch_id: str, ttl_s: int) -> str | None:
+        """Claim an ``Idempotency-Key`` for ``batch_id``; returns the batch id that claimed it earlier, or None."""
+        redis_key = jobs.batch_idempotency_key(tenant_id, key)
+        if await self.redis.set(redis_key, batch_id, nx=True, ex=ttl_s):
+            return None
+        earlier = await self.redis.get(redis_key)
+        return earlier.decode() if earlier else None
+
+    async def release_batch_key(self, tenant_id: str, key: str) -> None:
+        await self.redis.delete(jobs.batch_idempotency_key(tenant_id, key))
 
     async def get_job(self, batch_id: str) -> JobView | None:
         return _view(await self.redis.hgetall(jobs.job_key(batch_id)))

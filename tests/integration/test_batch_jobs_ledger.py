@@ -323,3 +323,26 @@ async def test_expired_files_are_swept(harness):
     assert await harness.store.get_file(record.id) is None
     assert not await harness.files.exists(record.path)
 
+
+
+async def test_an_idempotency_key_returns_the_same_batch_and_runs_nothing_twice(harness):
+    tenant = Principal(tenant_id=f"idem-{uuid.uuid4().hex[:8]}")
+    record = await harness.api.upload(tenant, "in.jsonl", "batch", _Source(line("a").encode()))
+    body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode()
+    key = f"k-{uuid.uuid4().hex}"
+    first = await harness.api.create(tenant, body, key)
+    again = await harness.api.create(tenant, body, key)
+    assert again.spec.id == first.spec.id
+    assert [j.spec.id for j in (await harness.api.list(tenant, None, 100))[0]] == [first.spec.id]
+    fresh = await harness.api.create(tenant, body, f"k-{uuid.uuid4().hex}")
+    assert fresh.spec.id != first.spec.id
+
+
+async def test_a_failed_creation_releases_its_idempotency_key(harness):
+    key = f"k-{uuid.uuid4().hex}"
+    body = json.dumps({"input_file_id": "file-missing", "endpoint": "/v1/completions"}).encode()
+    with pytest.raises(ApiError):
+        await harness.api.create(TENANT, body, key)
+    record = await harness.api.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()))
+    body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode()
+    assert (await harness.api.create(TENANT, body, key)).status == jobs.IN_PROGRESS

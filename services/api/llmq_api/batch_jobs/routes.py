@@ -7,8 +7,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.datastructures import UploadFile
 
+from llmq_core.constants import HTTP_IDEMPOTENCY_KEY
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
+from llmq_api import idempotency
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.service import BatchJobs
@@ -96,7 +98,8 @@ async def delete_file(file_id: str, request: Request) -> dict:
 @router.post("/v1/batches")
 async def create_batch(request: Request) -> dict:
     principal = _principal(request)
-    job = await _jobs(request).create(principal, await _small_body(request))
+    key = idempotency.parse_key(request.headers.get(HTTP_IDEMPOTENCY_KEY))
+    job = await _jobs(request).create(principal, await _small_body(request), key)
     return render.batch_object(job)
 
 

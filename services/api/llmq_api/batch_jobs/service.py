@@ -122,13 +122,32 @@ class BatchJobs:
 
     # --- batches --------------------------------------------------------------------------------------------------
 
-    async def create(self, principal: Principal, body: bytes) -> JobView:
-        """Validate and create a job from a ``POST /v1/batches`` body. Raises 400 (bad body, endpoint, window,
-        metadata, input file purpose), 403 (the key may not use the deferred class), 404 (input file)."""
+    async def create(self, principal: Principal, body: bytes, idempotency_key: str | None = None) -> JobView:
+        """Validate and create a job from a ``POST /v1/batches`` body. A repeated ``idempotency_key`` returns the
+        batch it created (nothing runs twice). Raises 400 (bad body, endpoint, window, metadata, input file purpose),
+        403 (the key may not use the deferred class), 404 (input file), 409 (the same key's batch is being created)."""
         if DEFERRED not in principal.classes:
             raise ApiError(403, "This API key may not use the deferred class that batches run in",
                            type="permission_error", code="class_not_allowed")
         request = _decode_create(body)
+        batch_id = f"batch_{uuid.uuid4().hex}"
+        if idempotency_key is None:
+            return await self._create(principal, request, batch_id)
+        earlier = await self.store.claim_batch_key(principal.tenant_id, idempotency_key, batch_id,
+                                                   self.settings.files_retention_s)
+        if earlier is not None:
+            job = await self.store.get_job(earlier)
+            if job is None:
+                raise ApiError(409, "A batch with this Idempotency-Key is being created; retry shortly",
+                               code="idempotency_key_in_use")
+            return job
+        try:
+            return await self._create(principal, request, batch_id)
+        except BaseException:
+            await self.store.release_batch_key(principal.tenant_id, idempotency_key)
+            raise
+
+    async def _create(self, principal: Principal, request: CreateBatch, batch_id: str) -> JobView:
         endpoint = request.endpoint
         if endpoint not in jobs.BATCH_ENDPOINTS:
             raise invalid(f"endpoint must be one of {', '.join(jobs.BATCH_ENDPOINTS)}, got {endpoint!r}",
@@ -144,14 +163,13 @@ class BatchJobs:
         data = await self.files.read(source.path)
         limits = inputs.Limits(self.settings.batch_max_lines, self.settings.batch_max_line_bytes)
         checked = await asyncio.to_thread(inputs.check_input, data, endpoint, self.models(), limits)
-        spec = self._spec(principal, request, window_s, checked)
+        spec = self._spec(batch_id, principal, request, window_s, checked)
         if checked.errors:
             return await self._fail(spec, checked)
         return await self._start(spec, principal, checked)
 
-    def _spec(self, principal: Principal, request: CreateBatch, window_s: int,
+    def _spec(self, batch_id: str, principal: Principal, request: CreateBatch, window_s: int,
               checked: inputs.CheckedInput) -> JobSpec:
-        batch_id = f"batch_{uuid.uuid4().hex}"
         now_ms = self.clock.now_ms()
         return JobSpec(id=batch_id, tenant_id=principal.tenant_id, endpoint=request.endpoint,
                        input_file_id=request.input_file_id, completion_window=request.completion_window,
