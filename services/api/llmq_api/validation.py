@@ -14,7 +14,7 @@ import msgspec
 
 from llmq_core import wire
 from llmq_core.constants import (
-    DEFERRED, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, NEAR_INTERACTIVE, TRAFFIC_CLASSES)
+    DEFERRED, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, NEAR_INTERACTIVE, TRAFFIC_CLASSES)
 from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
 from llmq_api.errors import ApiError, invalid
@@ -55,6 +55,7 @@ class _CommonBody(msgspec.Struct, kw_only=True):
     n: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    logit_bias: dict[str, float] | None = None
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
     presence_penalty: float | None = None
@@ -280,6 +281,7 @@ def _sampling(raw: _CommonBody, max_tokens: int | None, max_param: str = "max_to
         stop=_stop(raw.stop),
         seed=raw.seed,
         n=raw.n if raw.n is not None else defaults.n,
+        logit_bias=_logit_bias(raw.logit_bias),
     )
 
 
@@ -295,6 +297,20 @@ def _stop(stop: str | list[str] | None) -> list[str]:
     if any(not s for s in sequences):
         raise invalid("'stop' sequences must not be empty", param="stop")
     return sequences
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias``: token id (a decimal string) -> bias in [-100, 100]; the worker checks the ids exist."""
+    if not bias:
+        return None
+    if len(bias) > MAX_LOGIT_BIAS_TOKENS:
+        raise invalid(f"'logit_bias' allows at most {MAX_LOGIT_BIAS_TOKENS} tokens", param="logit_bias")
+    for token, value in bias.items():
+        if not token.isascii() or not token.isdigit() or int(token) > INT64_MAX:
+            raise invalid(f"'logit_bias' keys must be token ids (non-negative integers), got {token!r}",
+                          param="logit_bias")
+        _in_range(f"logit_bias[{token}]", value, -100.0, 100.0)
+    return {int(token): float(value) for token, value in bias.items()}
 
 
 def _include_usage(raw: _CommonBody) -> bool:
