@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
 from llmq_core.tokenizer import render_chat
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 
@@ -113,3 +114,16 @@ def prompt_text(request: GenerationRequest) -> str:
     if request.messages is not None:
         return render_chat(request.messages)
     return request.prompt or ""
+
+
+def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
+    """Raise :class:`InvalidRequest` naming ``logit_bias`` unless every id is in ``[0, vocab_size)`` and every bias in
+    [-100, 100] (at most MAX_LOGIT_BIAS_TOKENS entries). Kafka-direct producers skip the API's checks, so engines check."""
+    bias = request.sampling.logit_bias or {}
+    if len(bias) > MAX_LOGIT_BIAS_TOKENS:
+        raise InvalidRequest(f"logit_bias has {len(bias)} tokens; at most {MAX_LOGIT_BIAS_TOKENS} are allowed")
+    unknown = sorted(t for t in bias if not 0 <= t < vocab_size)
+    if unknown:
+        raise InvalidRequest(f"logit_bias names token ids outside this model's vocabulary of {vocab_size}: {unknown[:5]}")
+    if any(not -100 <= value <= 100 for value in bias.values()):
+        raise InvalidRequest("logit_bias values must be between -100 and 100")

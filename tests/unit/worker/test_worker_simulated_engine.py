@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from worker_fakes import T0_MS, make_request, settle
 
+from llmq_core.clock import FakeClock
 from llmq_core.tokenizer import render_chat
-from llmq_core.wire import Outcome
+from llmq_core.wire import Batch, Outcome
+from llmq_worker.core import WorkerCore
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest
 from llmq_worker.engines.simulated import SimulatedEngine
 
@@ -163,3 +165,31 @@ async def test_poison_marker_fails_the_whole_batch(manual_time):
         "bad": (Outcome.ERRORED, True),
     }
     await engine.close()
+
+
+async def test_a_seed_reproduces_its_answer(engine, manual_time):
+    for rid in ("a", "b"):
+        engine.submit(make_request(rid, "seeded", max_tokens=9, temperature=1.0, seed=42))
+    engine.submit(make_request("c", "seeded", max_tokens=9, temperature=1.0, seed=7))
+    await manual_time.advance(1000)
+    result = finals(await collect(engine))
+    assert result["a"].choices == result["b"].choices == result["c"].choices
+    assert result["a"].choices[0].text == "seededsee"
+
+
+async def test_logit_bias_ids_are_checked_against_the_byte_vocabulary(engine, manual_time):
+    engine.submit(make_request("ok", "abc", logit_bias={0: -100.0, 258: 5.0}))
+    for bias in ({259: 1.0}, {-1: 1.0}, {3: 101.0}):
+        with pytest.raises(InvalidRequest, match="logit_bias"):
+            engine.submit(make_request("bad", "abc", logit_bias=bias))
+    await manual_time.advance(500)
+    assert finals(await collect(engine))["ok"].outcome is Outcome.SUCCEEDED
+
+
+async def test_an_unknown_logit_bias_id_is_an_invalid_request_error_that_is_not_retried(engine):
+    core = WorkerCore(worker_id="w", partition=0, model="llmq-sim", engine=engine, clock=FakeClock(T0_MS))
+    batch = Batch(batch_id="b", worker_id="w", model="llmq-sim", formed_ms=T0_MS, flush_reason="size",
+                  requests=[make_request("bad", "abc", logit_bias={100_000: 1.0})])
+    (result,) = core.take_batch(batch, offset=0).results
+    assert result.outcome is Outcome.ERRORED and result.error.type == "invalid_request_error"
+    assert "logit_bias" in result.error.message and not result.error.retryable

@@ -57,6 +57,9 @@ def make_request(
     created_ms: int = T0_MS,
     deadline_ms: int = T0_MS + 60_000,
     attempt: int = 0,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    logit_bias: dict[int, float] | None = None,
 ) -> GenerationRequest:
     return GenerationRequest(
         request_id=request_id,
@@ -64,7 +67,9 @@ def make_request(
         endpoint="chat.completions" if messages else "completions",
         prompt=None if messages else prompt,
         messages=[ChatMessage(role=r, content=c) for r, c in messages] if messages else None,
-        sampling=SamplingParams(max_tokens=max_tokens, stop=stop or [], n=n, temperature=0.0),
+        sampling=SamplingParams(
+            max_tokens=max_tokens, stop=stop or [], n=n, temperature=temperature, seed=seed, logit_bias=logit_bias
+        ),
         stream=stream,
         created_ms=created_ms,
         deadline_ms=deadline_ms,

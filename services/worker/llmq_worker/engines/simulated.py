@@ -2,7 +2,8 @@
 
 Requests queue; when idle the engine takes up to ``max_batch_size`` of them and runs them for ``batch_time_ms``. Each choice
 replays the prompt's own tokens (see :func:`replay_tokens`), spread evenly over the batch time so streams stream; all
-requests of a batch finish at its end. Deterministic: every choice of a request is the same replay, ``seed`` is ignored.
+requests of a batch finish at its end. Deterministic: every choice of a request is the same replay, so a ``seed`` always
+reproduces its answer (it needs no use); ``logit_bias`` is checked against the byte vocabulary but does not change the replay.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
-from llmq_core.tokenizer import count_tokens, encode
+from llmq_core.tokenizer import VOCAB_SIZE, count_tokens, encode
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 
-from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, prompt_text
+from llmq_worker.engine import (
+    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, check_logit_bias, prompt_text)
 from llmq_worker.text import ChoiceText
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,8 @@ class SimulatedEngine:
         self._task: asyncio.Task | None = None
 
     def submit(self, request: GenerationRequest) -> None:
-        """Queue ``request``. Raises InvalidRequest when prompt + max_tokens exceed the context window or n < 1."""
+        """Queue ``request``. Raises InvalidRequest when prompt + max_tokens exceed the context window, n < 1 or
+        logit_bias names ids outside the byte vocabulary."""
         prompt = prompt_text(request)
         prompt_tokens = count_tokens(prompt)
         if prompt_tokens + request.sampling.max_tokens > self.context_window:
@@ -88,6 +91,7 @@ class SimulatedEngine:
             )
         if request.sampling.n < 1:
             raise InvalidRequest("n must be at least 1")
+        check_logit_bias(request, VOCAB_SIZE)
         choices = [ChoiceText(request.sampling.stop) for _ in range(request.sampling.n)]
         self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, prompt_tokens)
         if self._task is None:
