@@ -12,6 +12,7 @@ from llmq_core import wire
 from llmq_core.constants import (
     CONTENT_TYPE_MSGPACK,
     HEADER_CONTENT_TYPE,
+    HEADER_TRACEPARENT,
     REQUEST_TOPICS,
     TOPIC_BATCHES,
     TOPIC_DEAD_LETTERS,
@@ -63,14 +64,21 @@ async def send_message(
     key: str | None = None,
     partition: int | None = None,
     content_type: str = CONTENT_TYPE_MSGPACK,
+    traceparent: str | None = None,
 ):
-    """Produce one wire message and wait for the broker's acknowledgement. Returns its RecordMetadata."""
+    """Produce one wire message and wait for the broker's acknowledgement. Returns its RecordMetadata.
+
+    ``traceparent``: W3C trace context for the record's ``traceparent`` header (None: no header).
+    """
+    record_headers = headers(content_type)
+    if traceparent is not None:
+        record_headers.append((HEADER_TRACEPARENT, traceparent.encode()))
     return await producer.send_and_wait(
         topic,
         wire.encode(message, content_type),
         key=key.encode() if key else None,
         partition=partition,
-        headers=headers(content_type),
+        headers=record_headers,
     )
 
 

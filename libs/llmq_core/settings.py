@@ -5,6 +5,8 @@ README.md's configuration table lists them; keep the two together.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -76,6 +78,14 @@ class Settings(BaseSettings):
     # ops
     log_level: str = "INFO"
     shutdown_grace_s: float = 10.0
+
+    # observability (llmq_core.tracing, llmq_core.metrics)
+    tracing_exporter: Literal["none", "console", "otlp", "file"] = "none"  # none: no SDK, the hot path pays ~nothing
+    tracing_otlp_endpoint: str = ""  # empty: the exporter's default (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317)
+    tracing_file_dir: str = "var/traces"  # exporter "file": one JSON line per span in <dir>/<service>-<pid>.jsonl
+    tracing_sample_ratio: float = 1.0  # share of new traces recorded (a request's later hops follow its first)
+    metrics_port: int = 0  # batcher, worker, result-router: Prometheus /metrics on this port (0: off; flag --metrics-port)
+    metrics_host: str = "127.0.0.1"  # address the metrics server binds (0.0.0.0 where Prometheus scrapes pods)
 
 
 def load_settings() -> Settings:

@@ -1,4 +1,8 @@
-"""Logging set-up shared by the services: one JSON object a line, with the service name."""
+"""Logging set-up shared by the services: one JSON object a line, with the service name.
+
+Lines about a request carry ``request_id`` (pass it as ``extra``) and ``trace_id``: an explicit ``extra`` one (see
+:func:`request_fields`), else the current span's (with ``span_id``) while tracing is on.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ import logging
 import sys
 
 import msgspec
+from opentelemetry import trace
+
+from llmq_core.tracing import trace_id_of
 
 _encoder = msgspec.json.Encoder()
 
@@ -23,12 +30,22 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for field in ("request_id", "batch_id", "worker_id"):
+        for field in ("request_id", "batch_id", "worker_id", "trace_id"):
             if hasattr(record, field):
                 entry[field] = getattr(record, field)
+        if "trace_id" not in entry:
+            span = trace.get_current_span().get_span_context()
+            if span.is_valid:
+                entry["trace_id"], entry["span_id"] = f"{span.trace_id:032x}", f"{span.span_id:016x}"
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return _encoder.encode(entry).decode()
+
+
+def request_fields(request_id: str, traceparent: str | None = None) -> dict:
+    """``extra`` for a log line about a request: its request_id and, when its ``traceparent`` is known, trace_id."""
+    trace_id = trace_id_of(traceparent)
+    return {"request_id": request_id, "trace_id": trace_id} if trace_id else {"request_id": request_id}
 
 
 def setup_logging(service: str, level: str = "INFO") -> None:

@@ -113,6 +113,7 @@ class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
 
     Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set. ``deadline_ms`` is absolute (epoch ms);
     ``prompt_tokens`` is the API pod's count with the model's tokenizer (0 when the producer did not count).
+    ``traceparent`` is set only while tracing is on (see ``llmq_core.tracing``).
     """
 
     request_id: str
@@ -131,6 +132,7 @@ class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
     attempt: int = 0
     idempotency_key: str | None = None
     prompt_tokens: int = 0
+    traceparent: str | None = None  # W3C trace context of this request's latest hop (a Batch carries many requests)
 
 
 class Batch(_Message, kw_only=True, tag="batch"):
@@ -208,6 +210,7 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     created_ms: int = 0
     finished_ms: int = 0
     batch_size: int = 0
+    traffic_class: TrafficClass | None = None  # the request's class (None from producers that predate it): metrics
 
 
 # --- heartbeats --------------------------------------------------------------------------------------------------------

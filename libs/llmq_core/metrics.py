@@ -1,0 +1,258 @@
+"""Prometheus metrics of the batcher, workers and result-router, and the small HTTP server that exposes them.
+
+(The API pod serves its own ``/metrics``: ``llmq_api.metrics``.) Each metrics object owns a private CollectorRegistry, so
+several services can live in one test process. Names follow Prometheus conventions: ``llmq_<what>_<unit>``, counters
+end in ``_total`` (prometheus_client appends it), durations in ``_seconds``. Labels: ``traffic_class`` (interactive,
+near_interactive, deferred; ``unknown`` from producers that predate it), ``priority_class`` (constants.PRIORITY_CLASSES),
+``model``; the per-tenant token counters are the billing feed.
+
+Autoscaling signal: ``llmq_batcher_oldest_queued_age_seconds`` (README, "Observability").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import start_http_server
+
+from llmq_core import wire
+
+log = logging.getLogger(__name__)
+
+# Seconds, from one scheduler step to a deferred job's day: one set, so every latency histogram aggregates alike.
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400,
+                     86400)
+TOKEN_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+LAG_INTERVAL_S = 1.0
+UNKNOWN = "unknown"
+
+
+class _Metrics:
+    """A private registry and its text exposition."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Callable[[], None] | None:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread. ``port`` 0: nothing (returns None).
+
+    Returns a function that stops the server. Raises OSError when the port is taken.
+    """
+    if not port:
+        return None
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    log.info("metrics on http://%s:%d/metrics", host, port)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=2)
+
+    return stop
+
+
+class ConsumerLag:
+    """``llmq_kafka_consumer_lag``: records between a consumer's position and the partition's high watermark."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.gauge = Gauge("llmq_kafka_consumer_lag", "Records not yet consumed, per assigned partition",
+                           ["group", "topic", "partition"], registry=registry)
+        self._shown: set[tuple[str, str, str]] = set()
+
+    async def update(self, consumer, group: str) -> None:
+        """Read ``consumer``'s assigned partitions once (aiokafka: highwater - position); forgets revoked ones."""
+        shown = set()
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
+            if highwater is None:
+                continue
+            with contextlib.suppress(Exception):  # position unknown yet (fetching or rebalancing): next round
+                position = await asyncio.wait_for(consumer.position(tp), 0.5)
+                labels = (group, tp.topic, str(tp.partition))
+                self.gauge.labels(*labels).set(max(0, highwater - position))
+                shown.add(labels)
+        for labels in self._shown - shown:
+            with contextlib.suppress(KeyError):
+                self.gauge.remove(*labels)
+        self._shown = shown
+
+    async def watch(self, consumer, group: str, interval_s: float = LAG_INTERVAL_S) -> None:
+        """:meth:`update` every ``interval_s`` until cancelled."""
+        while True:
+            await self.update(consumer, group)
+            await asyncio.sleep(interval_s)
+
+
+def _class(traffic_class: str | None) -> str:
+    return traffic_class or UNKNOWN
+
+
+# --- batcher -----------------------------------------------------------------------------------------------------------
+
+
+class BatcherMetrics(_Metrics):
+    """Queues (depth, oldest age: the autoscaling signal), batches (size, fill, flush reason), time to dispatch,
+    requests consumed and answered by the batcher itself, consumer lag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.requests = Counter("llmq_batcher_requests", "Requests consumed from llmq.requests.*",
+                                ["traffic_class", "model"], registry=r)
+        self.answered = Counter("llmq_batcher_answered_requests",
+                                "Requests the batcher answered itself (expired, canceled, overloaded) instead of dispatching",
+                                ["traffic_class", "model", "outcome"], registry=r)
+        self.queue_depth = Gauge("llmq_batcher_queue_depth", "Requests queued in the batcher",
+                                 ["priority_class", "model"], registry=r)
+        self.oldest_age = Gauge("llmq_batcher_oldest_queued_age_seconds",
+                                "Age of the oldest queued request (0: empty queue); the autoscaling signal",
+                                ["priority_class", "model"], registry=r)
+        self.dispatch_wait = Histogram("llmq_batcher_queue_wait_seconds",
+                                       "Accepted by the API (created_ms) to dispatched in a Batch",
+                                       ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.batch_size = Histogram("llmq_batcher_batch_size_requests", "Requests per dispatched Batch",
+                                    ["model", "flush_reason"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.batch_fill = Histogram("llmq_batcher_batch_fill_ratio", "Batch size / the model's largest batch",
+                                    ["model"], buckets=FILL_BUCKETS, registry=r)
+        self.flushes = Counter("llmq_batcher_flushes", "Dispatched Batches by flush reason (size, wait, drain)",
+                               ["model", "reason"], registry=r)
+        self.lag = ConsumerLag(r)
+        self._queue_labels: set[tuple[str, str]] = set()
+        self._waits: dict[tuple[str, str], Histogram] = {}  # labelled children: labels() costs a lock and a dict
+
+    def consumed(self, request: wire.GenerationRequest) -> None:
+        self.requests.labels(request.traffic_class, request.model).inc()
+
+    def dispatched(self, model: str, flush_reason: str, requests: list[wire.GenerationRequest], now_ms: int,
+                   max_batch: int | None) -> None:
+        """One Batch produced at ``now_ms`` (epoch ms); ``max_batch``: the model's largest batch (None: unknown)."""
+        size = len(requests)
+        self.batch_size.labels(model, flush_reason).observe(size)
+        self.flushes.labels(model, flush_reason).inc()
+        if max_batch:
+            self.batch_fill.labels(model).observe(min(1.0, size / max_batch))
+        for request in requests:
+            key = (request.traffic_class, model)
+            hist = self._waits.get(key) or self._waits.setdefault(key, self.dispatch_wait.labels(*key))
+            hist.observe(max(0, now_ms - request.created_ms) / 1000)
+
+    def answered_request(self, request: wire.GenerationRequest, outcome: str) -> None:
+        self.answered.labels(request.traffic_class, request.model, outcome).inc()
+
+    def queues(self, loads: Iterable[tuple[str, str, int, int]]) -> None:
+        """Set the queue gauges from (priority_class, model, depth, oldest_age_ms); pairs not given read 0."""
+        seen = set()
+        for priority_class, model, depth, oldest_age_ms in loads:
+            self.queue_depth.labels(priority_class, model).set(depth)
+            self.oldest_age.labels(priority_class, model).set(oldest_age_ms / 1000 if depth else 0)
+            seen.add((priority_class, model))
+        for labels in self._queue_labels - seen:
+            self.queue_depth.labels(*labels).set(0)
+            self.oldest_age.labels(*labels).set(0)
+        self._queue_labels |= seen
+
+
+# --- worker ------------------------------------------------------------------------------------------------------------
+
+
+class WorkerMetrics(_Metrics):
+    """Slots (free, running, queued), utilisation, Batches taken, requests finished by outcome, tokens generated,
+    consumer lag of the worker's partition."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        r = self.registry
+        self.model = model
+        self.slots = Gauge("llmq_worker_slots", "Engine slots by state (free, running, queued)", ["model", "state"],
+                           registry=r)
+        self.max_slots = Gauge("llmq_worker_max_slots", "Requests the engine runs at once", ["model"], registry=r)
+        self.utilization = Gauge("llmq_worker_utilization_ratio", "Running / max slots", ["model"], registry=r)
+        self.batch_size = Histogram("llmq_worker_batch_size_requests", "Requests per Batch taken",
+                                    ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.requests = Counter("llmq_worker_requests", "Requests this worker finished, by outcome",
+                                ["traffic_class", "model", "outcome"], registry=r)
+        self.tokens = Counter("llmq_worker_completion_tokens", "Completion tokens generated", ["model"], registry=r)
+        self.lag = ConsumerLag(r)
+
+    def heartbeat(self, beat: wire.WorkerHeartbeat) -> None:
+        """Capacity from the heartbeat the worker just built."""
+        model = self.model
+        self.slots.labels(model, "free").set(beat.free_slots)
+        self.slots.labels(model, "running").set(beat.running)
+        self.slots.labels(model, "queued").set(beat.queued)
+        self.max_slots.labels(model).set(beat.max_slots)
+        self.utilization.labels(model).set(beat.running / beat.max_slots if beat.max_slots else 0)
+
+    def batch_taken(self, batch: wire.Batch) -> None:
+        self.batch_size.labels(self.model).observe(len(batch.requests))
+
+    def finished(self, result: wire.FinalResult) -> None:
+        self.requests.labels(_class(result.traffic_class), result.model, result.outcome.value).inc()
+        if result.usage.completion_tokens:
+            self.tokens.labels(result.model).inc(result.usage.completion_tokens)
+
+
+# --- result-router -----------------------------------------------------------------------------------------------------
+
+
+class RouterMetrics(_Metrics):
+    """Every request's outcome and latencies (from its FinalResult on llmq.results), and per-tenant token usage.
+
+    Counted once per request: only the first FinalResult stored for a request_id (``first=True`` in
+    :meth:`result`), so redelivered results do not count twice.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.results = Counter("llmq_results", "Requests by final outcome", ["traffic_class", "model", "outcome"],
+                               registry=r)
+        self.ttft = Histogram("llmq_request_time_to_first_token_seconds", "Accepted to first token (succeeded)",
+                              ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.duration = Histogram("llmq_request_duration_seconds", "Accepted to final outcome (end-to-end)",
+                                  ["traffic_class", "model", "outcome"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.queue = Histogram("llmq_request_queue_seconds", "Accepted to engine start (or to the outcome if never)",
+                               ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.itl = Histogram("llmq_request_inter_token_latency_seconds",
+                             "Mean time between a request's tokens after the first (succeeded, 2+ tokens)",
+                             ["traffic_class", "model"], buckets=TOKEN_LATENCY_BUCKETS_S, registry=r)
+        self.prompt_tokens = Counter("llmq_tenant_prompt_tokens", "Prompt tokens of finished requests, per tenant",
+                                     ["tenant", "model"], registry=r)
+        self.completion_tokens = Counter("llmq_tenant_completion_tokens",
+                                         "Completion tokens of finished requests, per tenant", ["tenant", "model"],
+                                         registry=r)
+        self.duplicates = Counter("llmq_results_duplicates", "Redelivered results (not counted again)", registry=r)
+        self.lag = ConsumerLag(r)
+
+    def result(self, result: wire.FinalResult, first: bool) -> None:
+        """Count one FinalResult; ``first``: no result for its request_id was stored before."""
+        if not first:
+            self.duplicates.inc()
+            return
+        cls, model, outcome, timings = _class(result.traffic_class), result.model, result.outcome.value, result.timings
+        self.results.labels(cls, model, outcome).inc()
+        self.duration.labels(cls, model, outcome).observe(timings.total_ms / 1000)
+        self.queue.labels(cls, model).observe(timings.queued_ms / 1000)
+        usage = result.usage
+        if usage.prompt_tokens or usage.completion_tokens:
+            self.prompt_tokens.labels(result.tenant_id, model).inc(usage.prompt_tokens)
+            self.completion_tokens.labels(result.tenant_id, model).inc(usage.completion_tokens)
+        if result.outcome is not wire.Outcome.SUCCEEDED or not timings.ttft_ms:
+            return
+        self.ttft.labels(cls, model).observe(timings.ttft_ms / 1000)
+        per_choice = usage.completion_tokens / max(1, len(result.choices))
+        if per_choice >= 2:
+            self.itl.labels(cls, model).observe(max(0, timings.total_ms - timings.ttft_ms) / 1000 / (per_choice - 1))
