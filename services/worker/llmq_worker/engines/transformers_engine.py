@@ -3,9 +3,10 @@
 The manager runs its own generation thread; its outputs reach the asyncio loop through ``register_result_handler``
 (delivered with ``loop.call_soon_threadsafe``). What the manager lacks per request the engine adds: ``n`` choices are
 ``n`` sub-requests, stop strings are matched on detokenized text and end their sub-request with a cancel, ``max_tokens``
-is per sub-request, and ``temperature == 0`` is greedy through a per-request top-k of 1. Per-request ``seed`` is not
-supported by the manager and is ignored. A crashed generation loop fails its requests as a shared failure (the worker
-bisects them) and is replaced by a fresh manager on the next submit.
+is per sub-request, ``temperature == 0`` is greedy through a per-request top-k of 1, and ``logit_bias`` and ``seed`` are
+logits processors of the engine's own (:mod:`llmq_worker.engines.cb_processors`): a seed reproduces its answer exactly
+for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
+shared failure (the worker bisects them) and is replaced by a fresh manager on the next submit.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.models import LLMQ_TINY
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 
-from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest
+from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, check_logit_bias
+from llmq_worker.engines import cb_processors
 from llmq_worker.engines.tiny_model import build_llmq_tiny
 from llmq_worker.text import ChoiceText, WindowDetokenizer
 
 log = logging.getLogger(__name__)
 
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
+CPU_KV_CACHE_BYTES = 1 << 30  # upper bound of the paged KV cache on CPU
 RATE_HALF_LIFE_S = 2.0
 WARMUP_TIMEOUT_S = 120  # smoothing of the measured tokens/s behind est_drain_ms
 
@@ -118,6 +121,7 @@ class TransformersEngine:
         self._rate_mark = (time.monotonic(), 0)
         self._tokens_total = 0
         self._manager = None
+        self._manager_dead = False
         self._ensure_manager()
 
     @classmethod
@@ -151,7 +155,8 @@ class TransformersEngine:
     # --- Engine interface --------------------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> None:
-        """Queue ``request`` as ``n`` manager requests. Raises InvalidRequest when it cannot fit the context window."""
+        """Queue ``request`` as ``n`` manager requests. Raises InvalidRequest when it cannot fit the context window or
+        its logit_bias names ids outside the model's vocabulary."""
         sampling = request.sampling
         ids = self._codec.prompt_ids(request)
         if not ids:
@@ -163,18 +168,33 @@ class TransformersEngine:
                 f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceed the context window of"
                 f" {self.context_window}"
             )
-        self._ensure_manager()
-        job = _Job(request, len(ids), [_Sub(i, self._codec.choice(sampling.stop), sampling.max_tokens) for i in range(sampling.n)])
-        self._jobs[request.request_id] = job
+        check_logit_bias(request, self._model.config.get_text_config().vocab_size)
+        for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
+            self._ensure_manager()
+            job = _Job(request, len(ids), [_Sub(i, self._codec.choice(sampling.stop), sampling.max_tokens) for i in range(sampling.n)])
+            if self._add(job, ids):
+                return
+            self._retire("the generation loop stopped accepting requests")
+        self._fail(job, "the generation loop is not accepting requests")
+
+    def _add(self, job: _Job, ids: list[int]) -> bool:
+        """Add every choice of ``job`` to the manager; False (nothing of it left there) when the manager refuses."""
+        self._jobs[job.request.request_id] = job
         for sub in job.subs:
-            sub_id = _sub_id(request.request_id, sub.index)
+            sub_id = _sub_id(job.request.request_id, sub.index)
             self._manager.register_result_handler(sub_id, lambda output, job=job, sub=sub: self._on_output(job, sub, output))
             added = self._manager.add_request(
-                ids, request_id=sub_id, max_new_tokens=sampling.max_tokens, streaming=True, **_sampling_kwargs(request)
+                ids,
+                request_id=sub_id,
+                max_new_tokens=job.request.sampling.max_tokens,
+                streaming=True,
+                **_sampling_kwargs(job.request, sub.index),
             )
-            if added is None:  # the manager is stopping: fail like a crashed step, the worker retries
-                self._fail(job, "the generation loop is not accepting requests")
-                return
+            if added is None:
+                del self._jobs[job.request.request_id]
+                self._drop_subs(job)
+                return False
+        return True
 
     def cancel(self, request_id: str) -> None:
         """Abort every choice of ``request_id`` in the manager; ends ``canceled`` now with the text so far."""
@@ -215,7 +235,11 @@ class TransformersEngine:
         if sub.done or self._jobs.get(job.request.request_id) is not job:
             return
         if output.status == RequestStatus.FAILED:
-            self._fail(job, output.error or "generation failed")
+            # A crashing loop stops accepting before it fails its requests: then none of them will ever finish.
+            if self._accepting():
+                self._fail(job, output.error or "generation failed")
+            else:
+                self._retire(output.error or "the generation loop crashed")
             return
         self._take_tokens(job, sub, output.generated_tokens)
         if not job.started_ms and output.lifespan[0] > 0:
@@ -243,6 +267,12 @@ class TransformersEngine:
         if all(s.done for s in job.subs):
             del self._jobs[job.request.request_id]
             self._events.put(self._final(job, Outcome.SUCCEEDED))
+
+    def _retire(self, message: str) -> None:
+        """The manager is dying: fail every request it holds (shared failures) and replace it on the next submit."""
+        self._manager_dead = True
+        for job in list(self._jobs.values()):
+            self._fail(job, message)
 
     def _fail(self, job: _Job, message: str) -> None:
         log.warning("generation failed: %s", message, extra={"request_id": job.request.request_id})
@@ -291,15 +321,19 @@ class TransformersEngine:
     # --- helpers -----------------------------------------------------------------------------------------------------
 
     def _ensure_manager(self) -> None:
-        """Start a manager, or replace one whose generation loop has died (after a critical error)."""
-        if self._manager is not None and self._manager.is_running() and self._accepting():
+        """Start a manager, or replace one whose generation loop has died (after a critical error); requests still held
+        by the old one fail first (a request added while the loop crashed may never be answered by it)."""
+        if self._manager is not None and not self._manager_dead and self._manager.is_running() and self._accepting():
             return
         if self._manager is not None:
             log.error("generation loop died: starting a new one")
+            self._retire("the generation loop died")
             self._manager.stop(block=True, timeout=5)
         self._manager = self._model.init_continuous_batching(
             generation_config=self._generation_config, continuous_batching_config=self._cb_config
         )
+        cb_processors.install(self._manager)
+        self._manager_dead = False
         self._manager.start()
         # The first steps pay one-off costs (allocations, kernel selection): pay them before a caller waits.
         self._manager.add_request([byte_tokenizer.BYTE_OFFSET] * 8, request_id="__warmup__", max_new_tokens=4)
@@ -332,12 +366,19 @@ def _sub_id(request_id: str, index: int) -> str:
     return f"{request_id}#{index}"
 
 
-def _sampling_kwargs(request: GenerationRequest) -> dict:
-    """Per-request logits processor arguments: greedy is top-k 1 (exact argmax), otherwise temperature and top-p."""
+def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
+    """Per-request logits processor arguments of choice ``index``: greedy is top-k 1 (exact argmax), otherwise
+    temperature and top-p, drawn from the choice's own generator when seeded; plus the logit_bias pairs."""
     sampling = request.sampling
     if sampling.temperature <= 0:
-        return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-    return {"temperature": float(sampling.temperature), "top_k": 1 << 30, "top_p": float(min(1.0, sampling.top_p))}
+        kwargs = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+    else:
+        kwargs = {"temperature": float(sampling.temperature), "top_k": 1 << 30, "top_p": float(min(1.0, sampling.top_p))}
+        if sampling.seed is not None:
+            kwargs["seed_rng"] = cb_processors.seed_rng(sampling.seed, index)
+    if sampling.logit_bias:
+        kwargs["logit_bias"] = tuple((token, float(bias)) for token, bias in sampling.logit_bias.items())
+    return kwargs
 
 
 def _generation_config(model) -> GenerationConfig:
@@ -356,7 +397,8 @@ def _generation_config(model) -> GenerationConfig:
 
 
 def _cb_config(model, max_sequences: int, max_batched_tokens: int | None, context_window: int) -> ContinuousBatchingConfig:
-    """The library's knobs. On CPU the KV cache holds one full context plus a little per sequence."""
+    """The library's knobs. On CPU the paged KV cache is sized for every slot at a quarter context (at least one full
+    context), within CPU_KV_CACHE_BYTES: a cache that holds only a few sequences leaves the other slots waiting."""
     config = ContinuousBatchingConfig(
         max_requests_per_batch=max_sequences,
         max_batch_tokens=max_batched_tokens,
@@ -364,5 +406,15 @@ def _cb_config(model, max_sequences: int, max_batched_tokens: int | None, contex
     )
     if model.device.type == "cpu":
         config.max_batch_tokens = max_batched_tokens or CPU_MAX_BATCHED_TOKENS
-        config.num_blocks = math.ceil(context_window / config.page_size) + max_sequences
+        wanted_tokens = max(context_window, max_sequences * context_window // 4)
+        affordable_tokens = CPU_KV_CACHE_BYTES // _kv_bytes_per_token(model)
+        config.num_blocks = math.ceil(min(wanted_tokens, affordable_tokens) / config.page_size) + max_sequences
     return config
+
+
+def _kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one token takes across all layers."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
