@@ -12,6 +12,9 @@ import redis as redis_sync
 
 from llmq_cli.prompts import CodePrompt
 from llmq_core import constants
+from llmq_core.constants import HTTP_TIMEOUT_MS
+
+DEMO_TIMEOUT_MS = 120_000  # the demo measures queueing too: a burst of long prompts may wait behind each other
 
 
 @dataclass
@@ -19,6 +22,7 @@ class ModelReport:
     model: str
     latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    mean_batch_size: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -40,7 +44,7 @@ async def _one(client: openai.AsyncOpenAI, prompt: CodePrompt, model: str, repor
         started = time.perf_counter()
         try:
             await client.completions.create(model=model, prompt=prompt.prompt, max_tokens=prompt.max_tokens,
-                                            temperature=0)
+                                            temperature=0, extra_headers={HTTP_TIMEOUT_MS: str(DEMO_TIMEOUT_MS)})
         except openai.APIError as exc:
             kind = type(exc).__name__
             report.errors[kind] = report.errors.get(kind, 0) + 1
@@ -63,10 +67,10 @@ async def run_demo(prompts: list[CodePrompt], base_urls: list[str], models: list
     return list(reports.values())
 
 
-def batcher_counts(redis_url: str) -> tuple[int, int]:
-    """(batches, requests) the batcher has dispatched so far."""
+def batcher_counts(redis_url: str, model: str) -> tuple[int, int]:
+    """(batches, requests) of ``model`` the batcher has dispatched so far."""
     stats = redis_sync.Redis.from_url(redis_url).hgetall(constants.STATS_BATCHER)
-    return int(stats.get(b"batches", 0)), int(stats.get(b"requests", 0))
+    return int(stats.get(f"batches:{model}".encode(), 0)), int(stats.get(f"requests:{model}".encode(), 0))
 
 
 def summary_rows(reports: list[ModelReport]) -> list[dict]:
@@ -77,5 +81,6 @@ def summary_rows(reports: list[ModelReport]) -> list[dict]:
             "model": report.model, "requests": report.requests, "successes": len(ms),
             "errors": sum(report.errors.values()), "p50_ms": percentile(ms, 50), "p95_ms": percentile(ms, 95),
             "p99_ms": percentile(ms, 99), "mean_ms": statistics.fmean(ms) if ms else 0.0,
+            "mean_batch_size": report.mean_batch_size,
         })
     return rows

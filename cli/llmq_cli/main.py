@@ -190,21 +190,22 @@ def run_demo(
                redis_port=redis_port, api_port=api_port)
     cut = prompts.cut_prompts(requests)
     prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
-    batches_before, requests_before = demo_mod.batcher_counts(stack.cfg.redis_url)
+    model_names = models.split(",")
+    before = {m: demo_mod.batcher_counts(stack.cfg.redis_url, m) for m in model_names}
     started = time.perf_counter()
     reports = asyncio.run(demo_mod.run_demo(cut, [f"http://127.0.0.1:{p}/v1" for p in stack.cfg.api_ports],
-                                            models.split(","), concurrency))
+                                            model_names, concurrency))
     wall_s = time.perf_counter() - started
-    batches_after, requests_after = demo_mod.batcher_counts(stack.cfg.redis_url)
-    batches = batches_after - batches_before
-    mean_batch = (requests_after - requests_before) / batches if batches else 0.0
-    table = Table("model", "requests", "successes", "errors", "p50 ms", "p95 ms", "p99 ms",
-                  title=f"llmq demo: {requests} prompts, {concurrency} in flight, {wall_s:.1f}s, "
-                        f"mean batch size {mean_batch:.1f}")
+    for report in reports:
+        (b0, r0), (b1, r1) = before[report.model], demo_mod.batcher_counts(stack.cfg.redis_url, report.model)
+        report.mean_batch_size = (r1 - r0) / (b1 - b0) if b1 > b0 else 0.0
+    table = Table("model", "requests", "successes", "errors", "p50 ms", "p95 ms", "p99 ms", "mean batch size",
+                  title=f"llmq demo: {requests} prompts, {concurrency} in flight, {wall_s:.1f}s")
     rows = demo_mod.summary_rows(reports)
     for row in rows:
         table.add_row(row["model"], str(row["requests"]), str(row["successes"]), str(row["errors"]),
-                      f"{row['p50_ms']:.0f}", f"{row['p95_ms']:.0f}", f"{row['p99_ms']:.0f}")
+                      f"{row['p50_ms']:.0f}", f"{row['p95_ms']:.0f}", f"{row['p99_ms']:.0f}",
+                      f"{row['mean_batch_size']:.1f}")
     console.print(table)
     if any(row["errors"] for row in rows):
         for report in reports:

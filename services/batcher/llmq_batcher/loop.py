@@ -16,11 +16,14 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, kafka, tracing, wire
 from llmq_core.clock import Clock
+from llmq_core.metrics import BatcherMetrics
+from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import final_result
 from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
+from llmq_batcher.spans import RequestSpans
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class BatcherLoop:
 
     def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
                  clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
-                 names: Names = Names()) -> None:
+                 names: Names = Names(), metrics: BatcherMetrics | None = None) -> None:
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
@@ -59,6 +62,8 @@ class BatcherLoop:
         self.clock = clock
         self.max_queued = max_queued
         self.names = names
+        self.metrics = metrics
+        self.spans = RequestSpans()  # used only while tracing is on
         self.offsets = OffsetTracker()
         self._held: dict[str, list[tuple[TopicPartition, int]]] = {}  # request id -> records not settled yet
         self._wake = asyncio.Event()
@@ -118,6 +123,10 @@ class BatcherLoop:
             await self._dead_letter(tp, record, f"not a generation_request: {type(message).__name__}")
             return
         status = self.policy.add(message)
+        if self.metrics is not None:
+            self.metrics.consumed(message)
+        if tracing.enabled() and status is not AddStatus.DUPLICATE:
+            self.spans.consumed(message, record.headers)
         if status is AddStatus.DUPLICATE and message.request_id not in self._held:
             self.offsets.settle(tp, record.offset)  # its twin already went out
         else:
@@ -189,16 +198,27 @@ class BatcherLoop:
         await asyncio.gather(*(self._send_answer(a) for a in decision.answers))
         for request_id in decision.dropped:
             self._settle(request_id)
+            if tracing.enabled():
+                self.spans.dropped(request_id)
         await self._record_stats([b for b, ok in zip(decision.batches, sent) if ok], decision)
 
     async def _send_batch(self, batch: BatchDispatch) -> bool:
+        message, flushes = batch.to_wire(), []
+        if tracing.enabled():
+            message, flushes = self.spans.flush(message, batch.partition)
         try:
-            await kafka.send_message(self.producer, self.names.batches_topic, batch.to_wire(), key=batch.batch_id,
+            await kafka.send_message(self.producer, self.names.batches_topic, message, key=batch.batch_id,
                                      partition=batch.partition)
         except Exception as exc:  # broker trouble: hand the requests back to the policy, they go out again later
             log.error("producing batch failed, re-queueing: %s", exc, extra={"batch_id": batch.batch_id})
             self.policy.undispatch(batch)
             return False
+        finally:
+            for span in flushes:
+                span.end()
+        if self.metrics is not None:
+            self.metrics.dispatched(batch.model, batch.flush_reason, batch.requests, self.clock.now_ms(),
+                                    self.policy.config.model_max_batch.get(batch.model))
         for request in batch.requests:
             self._settle(request.request_id)
         return True
@@ -206,13 +226,19 @@ class BatcherLoop:
     async def _send_answer(self, answer: Answer) -> None:
         result = final_result(answer, self.clock.now_ms())
         payload = wire.encode(result)
+        outcome = answer.outcome.value if answer.error_type != "overloaded" else "rejected"
+        traceparent = self.spans.answered(result.request_id, outcome) if tracing.enabled() else None
         try:
             if isinstance(result.reply_to, wire.HttpReply):
                 await self.redis.publish(constants.replies_channel(result.reply_to.instance_id), payload)
-            await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id)
+            await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id,
+                                     traceparent=traceparent)
         except Exception as exc:  # left unsettled: the request is redelivered after a restart and answered again
-            log.error("answering %s failed: %s", result.outcome.value, exc, extra={"request_id": result.request_id})
+            log.error("answering %s failed: %s", result.outcome.value, exc,
+                      extra=request_fields(result.request_id, traceparent or answer.request.traceparent))
             return
+        if self.metrics is not None:
+            self.metrics.answered_request(answer.request, outcome)
         self._settle(result.request_id)
 
     def _settle(self, request_id: str) -> None:
@@ -262,6 +288,8 @@ class BatcherLoop:
         for batch in sent:
             counts["batches"] += 1
             counts["requests"] += len(batch.requests)
+            counts[f"batches:{batch.model}"] += 1
+            counts[f"requests:{batch.model}"] += len(batch.requests)
             counts[f"flush_{batch.flush_reason}"] += 1
         for answer in decision.answers:
             counts[answer.outcome.value if answer.error_type != "overloaded" else "rejected"] += 1
@@ -272,6 +300,8 @@ class BatcherLoop:
             for key in CLASS_KEYS:
                 load[f"queued_{key}"] = decision.load[key].depth
                 load[f"oldest_ms_{key}"] = decision.load[key].oldest_age_ms
+            if self.metrics is not None:
+                self.metrics.queues(self.policy.load_by_model(now_ms))
         if not counts and not load:
             return
         try:

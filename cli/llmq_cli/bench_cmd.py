@@ -1,0 +1,143 @@
+"""``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from llmq_cli import prompts as prompts_mod
+from llmq_core.constants import STATS_BATCHER
+from llmq_core.settings import load_settings
+
+# The top-level ``bench`` package is imported inside the commands: images without it still run the rest of the CLI.
+bench = typer.Typer(help="Load generator and capacity curve.", invoke_without_command=True)
+DEFAULT_PROMPTS = Path("var/demo/prompts-code.jsonl")
+DEFAULT_BASE_URLS = ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1"]
+
+
+def load_prompts(path: Path, count: int = 300) -> list[prompts_mod.CodePrompt]:
+    """Prompts from a JSONL file of ``{"prompt", "max_tokens"}`` lines; the demo's default file is cut when missing."""
+    if not path.exists() and path == DEFAULT_PROMPTS:
+        prompts_mod.write_jsonl(prompts_mod.cut_prompts(count), path)
+    found = prompts_mod.read_jsonl(path)
+    if not found:
+        raise typer.BadParameter(f"no prompts in {path}")
+    return found
+
+
+def run_with_progress(plans: list, console: Console, **kwargs) -> list:
+    """:func:`bench.loadgen.run_load` under a rich progress bar (requests sent, requests answered)."""
+    from bench import loadgen
+
+    columns = (TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        sent = progress.add_task("sent", total=len(plans))
+        done = progress.add_task("answered", total=len(plans))
+        return asyncio.run(loadgen.run_load(plans, on_sent=lambda: progress.advance(sent),
+                                            on_done=lambda _sample: progress.advance(done), **kwargs))
+
+
+@bench.callback()
+def bench_load(
+    ctx: typer.Context,
+    base_url: list[str] = typer.Option(DEFAULT_BASE_URLS, help="API base URL; repeat for several pods."),
+    rate: float = typer.Option(20.0, help="Offered load: mean Poisson arrival rate, requests per second."),
+    count: int = typer.Option(600, help="Requests at most."),
+    duration_s: float = typer.Option(30.0, help="Arrival window, seconds at most."),
+    model: str = typer.Option("llmq-sim"),
+    prompts: Path = typer.Option(DEFAULT_PROMPTS, help="JSONL prompts ({prompt, max_tokens}); default: the demo's."),
+    classes: str = typer.Option("interactive=0.8,near_interactive=0.15,deferred=0.05",
+                                help="Traffic class mix (x-llmq-class), name=weight,..."),
+    keys: str = typer.Option("llmq-dev-key=0.8,llmq-dev-free-key=0.2", help="Tenant mix by API key, key=weight,..."),
+    stream_share: float = typer.Option(0.3, help="Share of requests sent with stream: true."),
+    slo_ms: float = typer.Option(1500.0, help="A success within this end-to-end latency counts toward goodput."),
+    timeout_s: float = typer.Option(60.0, help="Client timeout per request."),
+    server_timeout_ms: int = typer.Option(0, help="x-llmq-timeout-ms sent with each request (0: none)."),
+    redis_url: str = typer.Option("", help="Redis holding the batcher's stats (default LLMQ_REDIS_URL); 'none': skip."),
+    stats_key: str = typer.Option(STATS_BATCHER, help="Stats hash with batches/requests counters."),
+    max_batch_size: int = typer.Option(64, help="Workers' max batch size, for batch fill."),
+    wait_ready_s: float = typer.Option(0.0, help="First wait up to this long for every base URL's /models (0: no)."),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (progress goes to stderr)."),
+) -> None:
+    """Open-loop Poisson load against running API pods, then goodput, latency and TTFT per class, 429/504, batching."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from bench import loadgen
+
+    if wait_ready_s:
+        asyncio.run(loadgen.wait_ready(base_url, wait_ready_s))
+    rng = random.Random(seed)
+    arrivals = loadgen.poisson_arrivals(rate, count=count, duration_s=duration_s, rng=rng)
+    plans = loadgen.plan_requests(load_prompts(prompts), arrivals, classes=loadgen.parse_weights(classes),
+                                  keys=loadgen.parse_weights(keys), stream_share=stream_share, base_urls=base_url,
+                                  rng=rng)
+    stats_url = None if redis_url == "none" else (redis_url or load_settings().redis_url)
+    before = loadgen.batch_counts(stats_url, stats_key) if stats_url else None
+    samples = run_with_progress(plans, Console(stderr=True), model=model, timeout_s=timeout_s,
+                                server_timeout_ms=server_timeout_ms or None)
+    delta = None
+    if before is not None:
+        after = loadgen.batch_counts(stats_url, stats_key)
+        delta = (after[0] - before[0], after[1] - before[1])
+    report = loadgen.summarize(samples, window_s=loadgen.arrival_window_s(arrivals, count, duration_s),
+                               slo_ms=slo_ms, batch_delta=delta, max_batch_size=max_batch_size)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_report(report, Console())
+
+
+def print_report(report: dict, console: Console) -> None:
+    """The report as a table: one row for all requests, then one per traffic class."""
+    batches = report["batches"]
+    batching = (f"mean batch {batches['mean_size']:.1f} of {batches['max_batch_size']} (fill {batches['fill']:.0%})"
+                if batches else "batch stats unavailable")
+    table = Table("class", "requests", "ok", "good", "429", "504", "other", "p50 ms", "p95 ms", "p99 ms",
+                  "TTFT p50", "TTFT p99",
+                  title=f"offered {report['offered_rps']:.1f} req/s over {report['window_s']:.1f}s; goodput "
+                        f"{report['goodput_rps']:.1f} req/s (SLO {report['slo_ms']:g} ms, "
+                        f"{report['goodput_ratio']:.0%} of offered); {batching}")
+    for name, group in [("all", report), *report["classes"].items()]:
+        other = group["requests"] - group["succeeded"] - group["rejected_429"] - group["timeouts_504"]
+        lat, ttft = group["latency_ms"], group["ttft_ms"]
+        table.add_row(name, str(group["requests"]), str(group["succeeded"]), str(group["good"]),
+                      str(group["rejected_429"]), str(group["timeouts_504"]), str(other),
+                      f"{lat['p50']:.0f}", f"{lat['p95']:.0f}", f"{lat['p99']:.0f}",
+                      f"{ttft['p50']:.0f}", f"{ttft['p99']:.0f}")
+    console.print(table)
+    for detail, count in report["errors"].items():
+        console.print(f"[red]{count} x[/red] {detail}")
+
+
+@bench.command("curve")
+def bench_curve(
+    systems: str = typer.Option("llmq,ray", help="Systems to measure, one after the other: llmq, ray."),
+    batch_time_ms: int = typer.Option(0, help="Simulated batch time; 0: derived from the measured saturation."),
+    saturation_rps: float = typer.Option(0.0, help="Pipeline saturation throughput; 0: measure it first."),
+    workers: int = typer.Option(2, help="Simulated workers (Ray: replicas)."),
+    max_batch_size: int = typer.Option(16, help="Largest batch of a worker (Ray: @serve.batch max_batch_size)."),
+    ray_wait_ms: int = typer.Option(0, help="Ray's batch_wait_timeout_s in ms; 0: the batch time."),
+    point_s: float = typer.Option(25.0, help="Arrival window of each load point, seconds."),
+    loads: str = typer.Option("0.25,0.5,0.8,0.95,1.1", help="Offered load points, fractions of ideal capacity."),
+    output: Path = typer.Option(Path("bench/results/capacity_curve.json"), help="JSON out; the PNG goes beside it."),
+    state_dir: Path = typer.Option(Path("var/bench"), help="The private llmq stack's state folder."),
+    port_base: int = typer.Option(35000, help="Private ports: API +0/+1, Kafka +92 (+93), Redis +379, Ray Serve +500."),
+) -> None:
+    """Capacity curve of llmq-sim (seed 003 scaled to this machine), llmq then Ray Serve, as JSON and a PNG."""
+    from bench import capacity_curve
+
+    cfg = capacity_curve.CurveConfig(
+        systems=tuple(s.strip() for s in systems.split(",") if s.strip()), batch_time_ms=batch_time_ms,
+        saturation_rps=saturation_rps, ray_wait_ms=ray_wait_ms, workers=workers, max_batch_size=max_batch_size,
+        point_s=point_s, loads=tuple(float(x) for x in loads.split(",")), output=output, state_dir=state_dir,
+        port_base=port_base)
+    result = capacity_curve.run_curve(cfg, log=Console(stderr=True).print)
+    capacity_curve.print_curve(result, Console())
