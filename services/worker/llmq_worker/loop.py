@@ -14,13 +14,22 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.exceptions import RedisError
 
-from llmq_core import wire
+from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import REDIS_CANCELS_CHANNEL, REDIS_HEARTBEATS_CHANNEL, TOPIC_BATCHES, TOPIC_RESULTS, alive_key
+from llmq_core.constants import (
+    REDIS_CANCELS_CHANNEL,
+    REDIS_HEARTBEATS_CHANNEL,
+    TOPIC_BATCHES,
+    TOPIC_DEAD_LETTERS,
+    TOPIC_RESULTS,
+    alive_key,
+)
 from llmq_core.kafka import headers
+from llmq_core.metrics import WorkerMetrics
 
 from llmq_worker.core import Outbox, WorkerCore
 from llmq_worker.engine import Engine
+from llmq_worker.spans import RequestSpans
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,7 @@ class WorkerLoop:
         heartbeat_interval_ms: int,
         shutdown_grace_s: float,
         max_pending: int,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """``consumer`` must be started with no subscription; ``max_pending``: requests taken but not final, at most."""
         self._core = core
@@ -58,6 +68,8 @@ class WorkerLoop:
         self._progress = asyncio.Event()  # set whenever requests finish: wakes the fetcher and the drain
         self._commit_lock = asyncio.Lock()
         self._committed = -1
+        self._metrics = metrics
+        self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a task fails (re-raised after cleanup)."""
@@ -101,18 +113,25 @@ class WorkerLoop:
                 await self._progress.wait()
             records = await self._consumer.getmany(self._tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=4)
             for record in records.get(self._tp, []):
-                await self._deliver(self._take(record))
+                await self._deliver(await self._take(record))
 
-    def _take(self, record) -> Outbox:
+    async def _take(self, record) -> Outbox:
         try:
             batch = wire.decode(record.value, wire.content_type_of(record.headers))
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            batch = None
+            reason = f"not a batch: {type(batch).__name__}"
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            batch, reason = None, str(exc)
         if not isinstance(batch, wire.Batch):
-            log.error("skipping record at offset %d: not a Batch", record.offset)
+            log.error("dead-lettering record at offset %d: %s", record.offset, reason)
+            await self._producer.send_and_wait(TOPIC_DEAD_LETTERS, record.value, key=record.key,
+                                               headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])])
             self._core.skip(record.offset)
             return Outbox()
         log.debug("took batch of %d", len(batch.requests), extra={"batch_id": batch.batch_id})
+        if self._metrics is not None:
+            self._metrics.batch_taken(batch)
+        if tracing.enabled():
+            self._spans.taken(batch, self._clock.now_ms())
         return self._core.take_batch(batch, record.offset)
 
     async def _events(self) -> None:
@@ -155,6 +174,8 @@ class WorkerLoop:
 
     async def _heartbeat_once(self) -> None:
         beat = self._core.heartbeat(self._clock.now_ms(), self._engine.context_window)
+        if self._metrics is not None:
+            self._metrics.heartbeat(beat)
         data = wire.encode(beat)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -168,6 +189,7 @@ class WorkerLoop:
         """Publish replies (best effort: Redis), produce results (durable: Kafka; failures end the worker), then commit."""
         if not out:
             return
+        traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
         if out.replies:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -177,10 +199,16 @@ class WorkerLoop:
             except Exception:  # noqa: BLE001 - llmq.results still carries every result
                 log.exception("publishing %d replies failed", len(out.replies))
         acks = [
-            await self._producer.send(TOPIC_RESULTS, wire.encode(r), key=r.request_id.encode(), headers=headers())
+            await self._producer.send(TOPIC_RESULTS, wire.encode(r), key=r.request_id.encode(),
+                                      headers=headers() if traced is None else traced.headers(r.request_id))
             for r in out.results
         ]
         await asyncio.gather(*acks)
+        if traced is not None:
+            traced.end()
+        if self._metrics is not None:
+            for result in out.results:
+                self._metrics.finished(result)
         offset = self._core.release(out.offsets)
         if out.offsets:
             self._progress.set()
