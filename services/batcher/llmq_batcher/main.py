@@ -1,6 +1,6 @@
 """batcher process: wires settings, clients and logging to the BatcherLoop.
 
-Run: ``python -m llmq_batcher.main [--instance-id ID]``. Env ``LLMQ_*`` (see llmq_core.settings).
+Run: ``python -m llmq_batcher.main [--instance-id ID] [--metrics-port PORT]``. Env ``LLMQ_*`` (see llmq_core.settings).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import uuid
 
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, runtime
+from llmq_core import constants, kafka, metrics, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
@@ -24,9 +24,13 @@ from llmq_batcher.policy import BatchPolicy, PolicyConfig
 log = logging.getLogger(__name__)
 
 
-async def serve(instance_id: str) -> None:
+async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     settings = load_settings()
     setup_logging("batcher", settings.log_level)
+    tracing.configure("batcher", settings)
+    observed = metrics.BatcherMetrics()
+    stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
+                                 settings.metrics_host)
     await kafka.ensure_topics(settings)
     redis = Redis.from_url(settings.redis_url)
     producer = kafka.make_producer(settings)
@@ -35,13 +39,14 @@ async def serve(instance_id: str) -> None:
     # Batch ids must be unique across restarts: workers report them back as last_batch_id.
     policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"), SYSTEM_CLOCK)
     loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=settings.batcher_max_queued,
-                       results=results)
+                       results=results, metrics=observed)
     await producer.start()
     loop.subscribe()
     await consumer.start()
     await results.start()
     stop = runtime.stop_event()
     alive = asyncio.create_task(runtime.keep_alive(redis, "batcher", instance_id, {"pid": os.getpid()}))
+    lag = asyncio.create_task(observed.lag.watch(consumer, constants.GROUP_BATCHER))
     task = asyncio.create_task(loop.run())
     log.info("batcher %s started", instance_id)
     await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
@@ -50,17 +55,23 @@ async def serve(instance_id: str) -> None:
         await asyncio.wait_for(task, settings.shutdown_grace_s)
     finally:
         alive.cancel()
+        lag.cancel()
         for client in (consumer, results, producer):
             await client.stop()
         await redis.aclose()
+        tracing.shutdown()
+        if stop_metrics is not None:
+            stop_metrics()
         log.info("batcher %s stopped", instance_id)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="llmq batcher")
     parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
     args = parser.parse_args()
-    runtime.run(lambda: serve(args.instance_id))
+    runtime.run(lambda: serve(args.instance_id, args.metrics_port))
 
 
 if __name__ == "__main__":

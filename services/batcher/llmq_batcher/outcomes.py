@@ -21,4 +21,5 @@ def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
         error=wire.ErrorInfo(type=answer.error_type, message=answer.message, retryable=answer.retryable),
         created_ms=request.created_ms,
         finished_ms=now_ms,
+        traffic_class=request.traffic_class,
     )

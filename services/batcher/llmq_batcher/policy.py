@@ -279,6 +279,11 @@ class BatchPolicy:
             out[key] = ClassLoad(depth, now_ms - oldest)
         return out
 
+    def load_by_model(self, now_ms: int) -> list[tuple[str, str, int, int]]:
+        """(class key, model, queue depth, oldest queued age in ms) of every queue of every model seen."""
+        return [(key, model.name, queue.depth, now_ms - (queue.oldest_enqueued_ms() or now_ms) if queue.depth else 0)
+                for model in self._models.values() for key, queue in zip(CLASS_KEYS, model.queues)]
+
     def deferred_blocked(self, now_ms: int) -> bool:
         """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work."""
         if any(sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -179,20 +180,93 @@ async def test_save_pretrained_round_trip(tiny, tmp_path, engine):
 
 
 async def test_a_crashed_generation_loop_fails_shared_and_recovers(tiny):
+    """Every request the crashed loop held fails (also one whose output never reaches the engine), and the next submit
+    runs on a fresh manager. The crash waits for a gate, so no step depends on timing."""
     model, tokenizer = build_llmq_tiny()
     engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, context_window=8192)
     original = model.forward
+    gate = threading.Event()
 
     def broken(*args, **kwargs):
+        gate.wait(timeout=60)
         raise RuntimeError("boom")
 
     try:
         model.forward = broken
-        finals, _ = await run(engine, request("x", "a", max_tokens=4), request("y", "b", max_tokens=4))
-        assert {(f.outcome, f.shared_failure) for f in finals.values()} == {(Outcome.ERRORED, True)}
+        engine.submit(request("x", "a", max_tokens=4))
+        engine.submit(request("y", "b", max_tokens=4))
+        engine.submit(request("lost", "c", max_tokens=4))
+        engine._manager.output_router.result_handlers.pop("lost#0")  # as if added while the loop was failing the rest
+        gate.set()
+        finals = await collect_finals(engine, 3)
+        assert {rid: (f.outcome, f.shared_failure) for rid, f in finals.items()} == {
+            rid: (Outcome.ERRORED, True) for rid in ("x", "y", "lost")
+        }
+        assert engine.capacity().running == 0
         model.forward = original
         finals, _ = await run(engine, request("z", "c", max_tokens=4))
-        assert finals["z"].outcome is Outcome.SUCCEEDED
+        assert finals["z"].outcome is Outcome.SUCCEEDED and finals["z"].usage.completion_tokens == 4
     finally:
+        gate.set()
         model.forward = original
         await engine.close()
+
+
+async def collect_finals(engine, count: int, timeout_s: float = 60) -> dict[str, FinalEvent]:
+    finals = {}
+    async with asyncio.timeout(timeout_s):
+        while len(finals) < count:
+            finals.update((e.request_id, e) for e in await engine.next_events() if isinstance(e, FinalEvent))
+    return finals
+
+
+async def test_a_seeded_sampled_request_run_alone_reproduces_exactly(engine):
+    def seeded(rid, seed):
+        return request(rid, "seed me", max_tokens=40, temperature=1.0, seed=seed)
+
+    first, _ = await run(engine, seeded("s1", 1234))
+    again, _ = await run(engine, seeded("s2", 1234))
+    other, _ = await run(engine, seeded("s3", 99))
+    text = first["s1"].choices[0].text
+    assert len(text) > 5 and again["s2"].choices[0].text == text
+    assert other["s3"].choices[0].text != text
+    choices, _ = await run(engine, request("s4", "seed me", max_tokens=40, temperature=1.0, seed=1234, n=2))
+    assert choices["s4"].choices[0].text != choices["s4"].choices[1].text  # each choice has its own generator
+
+
+async def test_logit_bias_steers_only_its_own_request(engine, tiny):
+    model, _ = tiny
+    z = byte_tokenizer.encode("z")[0]
+    reference = decode(greedy_ids(model, byte_tokenizer.encode("bias"), 12))
+    finals, streamed = await run(
+        engine,
+        request("up", "bias", max_tokens=12, logit_bias={z: 100.0}),
+        request("hot", "bias", max_tokens=12, temperature=1.0, logit_bias={z: 100.0}),
+        request("plain", "bias", max_tokens=12),
+    )
+    assert finals["up"].choices[0].text == finals["hot"].choices[0].text == "z" * 12
+    assert streamed[("up", 0)] == "z" * 12
+    assert finals["plain"].choices[0].text == reference
+    banned = byte_tokenizer.encode(reference[0])[0]
+    down, _ = await run(engine, request("down", "bias", max_tokens=12, logit_bias={banned: -100.0}))
+    assert reference[0] not in down["down"].choices[0].text
+
+
+async def test_logit_bias_ids_outside_the_vocabulary_are_invalid(engine):
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        engine.submit(request("bad", "x", logit_bias={259: 1.0}))
+    assert engine.capacity().running == 0
+
+
+def test_seeded_choice_draws_by_inverse_cdf_and_leaves_unseeded_rows_alone():
+    from llmq_worker.engines.cb_processors import seeded_choice
+
+    logits = torch.log(torch.tensor([0.1, 0.0, 0.6, 0.3])).repeat(6, 1)
+    draws = torch.tensor([0.05, 0.15, 0.69, 0.71, -1.0, float("nan")])
+    out = seeded_choice(logits, draws)
+    assert [int(row.argmax()) for row in out[:4]] == [0, 2, 2, 3]
+    assert torch.isinf(out[:4]).sum() == 4 * 3  # one possible token per seeded row
+    assert torch.equal(out[4:], logits[4:])
+    grid = (torch.arange(1000, dtype=torch.float32) + 0.5) / 1000  # cell midpoints: no ties at the edges
+    picks = seeded_choice(logits[:1].repeat(1000, 1), grid).argmax(dim=-1)
+    assert torch.bincount(picks, minlength=4).tolist() == [100, 0, 600, 300]
