@@ -1,0 +1,58 @@
+"""``llmq bench`` against a real private stack (two API pods, batcher, two llmq-sim workers) for a few seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from llmq_cli.devstack import DevStack
+from llmq_cli.main import app
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+API_PORTS = (18050, 18051)
+BATCH_TIME_MS = 200
+
+
+@pytest.fixture(scope="module")
+def stack(infra):
+    if infra is None:
+        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
+    cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, tiny_workers=0, sim_workers=2,
+                              sim_batch_time_ms=BATCH_TIME_MS)
+    running = DevStack(cfg)
+    try:
+        running.up(timeout_s=240, log=lambda *_: None)
+        yield running
+    finally:
+        running.down(services_only=True)
+
+
+def test_bench_reports_every_request_per_class_with_batch_stats(stack, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n    return", "max_tokens": 8})
+                               + "\n" for i in range(10)))
+    args = ["bench", "--json", "--rate", "25", "--duration-s", "3", "--count", "60", "--prompts", str(prompts),
+            "--classes", "interactive=0.7,near_interactive=0.3", "--stream-share", "0.5", "--slo-ms", "10000",
+            "--redis-url", stack.cfg.redis_url, "--timeout-s", "30"]
+    for port in API_PORTS:
+        args += ["--base-url", f"http://127.0.0.1:{port}/v1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+
+    assert 20 <= report["requests"] <= 60
+    assert report["status"] == {"ok": report["requests"]}, (report["status"], report["errors"])
+    assert report["good"] == report["requests"] and report["goodput_ratio"] == 1.0
+    assert set(report["classes"]) == {"interactive", "near_interactive"}
+    assert sum(c["requests"] for c in report["classes"].values()) == report["requests"]
+    # Every request went through a simulated batch: none is faster than one batch time.
+    assert min(c["latency_ms"]["p50"] for c in report["classes"].values()) >= BATCH_TIME_MS
+    assert 0 < report["ttft_ms"]["p50"] <= report["latency_ms"]["p99"]
+    # The batcher's counters moved by exactly this run's requests.
+    batches = report["batches"]
+    assert batches["requests"] == report["requests"] and 1 <= batches["batches"] <= report["requests"]
+    assert batches["fill"] == pytest.approx(batches["mean_size"] / 64)
