@@ -54,3 +54,21 @@ def test_modules_in_compose_exist_in_the_tree():
 def test_worker_image_carries_the_worker_extra():
     assert SERVICES["worker-tiny-0"]["build"]["args"]["EXTRAS"] == "worker"
     assert "EXTRAS" in (ROOT / "Dockerfile").read_text()
+
+
+def test_loadgen_runs_llmq_bench_against_both_pods_under_the_load_profile():
+    import typer
+
+    from llmq_cli.main import app
+
+    loadgen = SERVICES["loadgen"]
+    assert loadgen["profiles"] == ["load"]
+    assert loadgen["image"] == SERVICES["api-0"]["image"] == "llmq:latest"
+    argv = loadgen["entrypoint"] + loadgen["command"]
+    assert argv[:2] == ["llmq", "bench"]
+    urls = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--base-url"]
+    assert urls == ["http://api-0:8000/v1", "http://api-1:8001/v1"]
+    assert {"api-0", "api-1"} <= set(loadgen["depends_on"])
+    bench = typer.main.get_command(app).commands["bench"]
+    known = {opt for param in bench.params for opt in param.opts}
+    assert {arg for arg in argv if arg.startswith("--")} <= known
