@@ -288,6 +288,8 @@ class BatcherLoop:
         for batch in sent:
             counts["batches"] += 1
             counts["requests"] += len(batch.requests)
+            counts[f"batches:{batch.model}"] += 1
+            counts[f"requests:{batch.model}"] += len(batch.requests)
             counts[f"flush_{batch.flush_reason}"] += 1
         for answer in decision.answers:
             counts[answer.outcome.value if answer.error_type != "overloaded" else "rejected"] += 1
