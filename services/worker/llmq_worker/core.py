@@ -287,6 +287,7 @@ class WorkerCore:
             created_ms=request.created_ms,
             finished_ms=finished_ms,
             batch_size=active.batch_size,
+            traffic_class=request.traffic_class,
             **fields,
         )
         del self._active[request.request_id]

@@ -12,6 +12,7 @@ import signal
 
 import redis.asyncio as aioredis
 
+from llmq_core import metrics, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import worker_group
 from llmq_core.kafka import make_consumer, make_producer
@@ -39,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-concurrent-sequences", type=int, default=None, help="transformers: running sequences, at most")
     parser.add_argument("--max-batched-tokens", type=int, default=None, help="transformers: tokens per forward step, at most")
     parser.add_argument("--device", default=None, help="transformers: torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
     return parser.parse_args(argv)
 
 
@@ -75,6 +77,9 @@ async def serve(args: argparse.Namespace, settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    observed = metrics.WorkerMetrics(args.model)
+    metrics_port = settings.metrics_port if args.metrics_port is None else args.metrics_port
+    stop_metrics = metrics.serve(observed.registry, metrics_port, settings.metrics_host)
     redis = aioredis.from_url(settings.redis_url)
     producer = make_producer(settings)
     consumer = make_consumer(settings, group_id=worker_group(args.partition))
@@ -93,15 +98,21 @@ async def serve(args: argparse.Namespace, settings: Settings) -> None:
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         shutdown_grace_s=settings.shutdown_grace_s,
         max_pending=4 * engine.capacity().max_slots,
+        metrics=observed,
     )
+    lag = asyncio.create_task(observed.lag.watch(consumer, worker_group(args.partition)))
     log.info("worker %s serving %s on partition %d", args.worker_id, args.model, args.partition)
     try:
         await worker.run(stop)
     finally:
+        lag.cancel()
         await engine.close()
         await consumer.stop()
         await producer.stop()
         await redis.aclose()
+        tracing.shutdown()
+        if stop_metrics is not None:
+            stop_metrics()
         log.info("worker %s stopped", args.worker_id)
 
 
@@ -109,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     settings = load_settings()
     setup_logging("worker", settings.log_level)
+    tracing.configure("worker", settings)
     asyncio.run(serve(args, settings))
 
 
