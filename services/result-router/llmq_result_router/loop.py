@@ -10,7 +10,8 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, kafka, tracing, wire
+from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.routing import Delivery, plan_delivery
@@ -23,12 +24,13 @@ class ResultRouter:
     the job ledger's compare-and-set each batch-job line to one settlement."""
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
-                 ledger: JobLedger | None = None) -> None:
+                 ledger: JobLedger | None = None, metrics: RouterMetrics | None = None) -> None:
         self.settings = settings
         self.consumer = consumer
         self.producer = producer
         self.redis = redis
         self.ledger = ledger
+        self.metrics = metrics
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -52,19 +54,34 @@ class ResultRouter:
         if not isinstance(message, wire.FinalResult):
             await self._dead_letter(record, f"not a final_result: {type(message).__name__}")
             return
-        await self._deliver(plan_delivery(message))
+        if not tracing.enabled():
+            await self._route(message)
+            return
+        span = tracing.start_span("result_router.route", parent=tracing.header_traceparent(record.headers),
+                                  kind=tracing.SpanKind.CONSUMER,
+                                  attributes={"llmq.request_id": message.request_id,
+                                              "llmq.outcome": message.outcome.value})
+        with tracing.use_span(span):
+            await self._route(message)
+
+    async def _route(self, message: wire.FinalResult) -> None:
+        first = await self._deliver(plan_delivery(message))
+        if self.metrics is not None:
+            self.metrics.result(message, first)
         if self.ledger is not None and isinstance(message.reply_to, wire.JobReply):
             await self.ledger.on_result(message)
 
-    async def _deliver(self, delivery: Delivery) -> None:
+    async def _deliver(self, delivery: Delivery) -> bool:
+        """Store and reply; True when this is the first result stored for the request (metrics count it once)."""
         ttl_ms = self.settings.result_ttl_s * 1000
         # The first stored result wins: a redelivered duplicate never overwrites what callers may already have read.
-        await self.redis.set(constants.result_key(delivery.request_id), delivery.store, px=ttl_ms, nx=True)
+        first = bool(await self.redis.set(constants.result_key(delivery.request_id), delivery.store, px=ttl_ms,
+                                          nx=True))
         if delivery.reply_topic is None:
-            return
+            return first
         key = constants.delivered_key(delivery.request_id)
         if await self.redis.exists(key):
-            return  # already answered once; this is a redelivery
+            return first  # already answered once; this is a redelivery
         await self.producer.send_and_wait(
             delivery.reply_topic,
             delivery.reply_value,
@@ -72,6 +89,7 @@ class ResultRouter:
             headers=kafka.headers(delivery.reply_content_type),
         )
         await self.redis.set(key, b"1", px=ttl_ms)
+        return first
 
     async def _dead_letter(self, record, reason: str) -> None:
         log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)

@@ -1,6 +1,6 @@
 """result-router process: wires settings, clients and logging to the ResultRouter loop.
 
-Run: ``python -m llmq_result_router.main [--instance-id ID]``.
+Run: ``python -m llmq_result_router.main [--instance-id ID] [--metrics-port PORT]``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import socket
 
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, runtime
+from llmq_core import constants, kafka, metrics, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
@@ -22,9 +22,13 @@ from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
 
 
-async def serve(instance_id: str) -> None:
+async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     settings = load_settings()
     setup_logging("result-router", settings.log_level)
+    tracing.configure("result-router", settings)
+    observed = metrics.RouterMetrics()
+    stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
+                                 settings.metrics_host)
     await kafka.ensure_topics(settings)
     redis = Redis.from_url(settings.redis_url)
     producer = kafka.make_producer(settings)
@@ -32,10 +36,12 @@ async def serve(instance_id: str) -> None:
     await producer.start()
     await consumer.start()
     store = JobStore(redis)
-    router = ResultRouter(settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK))
+    router = ResultRouter(settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK),
+                          metrics=observed)
     driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK)
     stop = runtime.stop_event()
     alive = asyncio.create_task(runtime.keep_alive(redis, "result-router", instance_id, {"pid": os.getpid()}))
+    lag = asyncio.create_task(observed.lag.watch(consumer, constants.GROUP_RESULT_ROUTER))
     tasks = [asyncio.create_task(router.run()), asyncio.create_task(driver.run())]
     stopped = asyncio.create_task(stop.wait())
     # A loop that dies (Redis or Kafka gone for good) ends the process, so its supervisor restarts it.
@@ -47,16 +53,22 @@ async def serve(instance_id: str) -> None:
         await asyncio.wait_for(asyncio.gather(*tasks), settings.shutdown_grace_s)
     finally:
         alive.cancel()
+        lag.cancel()
         await consumer.stop()
         await producer.stop()
         await redis.aclose()
+        tracing.shutdown()
+        if stop_metrics is not None:
+            stop_metrics()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="llmq result-router")
     parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
     args = parser.parse_args()
-    runtime.run(lambda: serve(args.instance_id))
+    runtime.run(lambda: serve(args.instance_id, args.metrics_port))
 
 
 if __name__ == "__main__":
