@@ -38,7 +38,7 @@ from llmq_core.settings import Settings
 log = logging.getLogger(__name__)
 
 __all__ = ["SpanKind", "configure", "enabled", "shutdown", "start_span", "record_span", "end", "traceparent_of",
-           "parse", "header_traceparent", "with_traceparent", "trace_id_of", "current_ids", "use_span",
+           "request_attributes", "annotate_current", "parse", "header_traceparent", "with_traceparent", "trace_id_of", "current_ids", "use_span",
            "AsgiTracing", "JsonFileExporter"]
 
 _tracer: trace.Tracer | None = None
@@ -123,6 +123,18 @@ def record_span(name: str, start_ms: int, end_ms: int, *, parent: str | Context 
     span = start_span(name, parent=parent, kind=kind, start_ms=start_ms, attributes=attributes)
     span.end(end_time=max(end_ms, start_ms) * _NS_PER_MS)
     return span
+
+
+def request_attributes(request) -> dict[str, str]:
+    """Span attributes naming a GenerationRequest: id, class, tier, tenant, model."""
+    return {"llmq.request_id": request.request_id, "llmq.traffic_class": request.traffic_class,
+            "llmq.tier": request.tier, "llmq.tenant_id": request.tenant_id, "llmq.model": request.model}
+
+
+def annotate_current(attributes: Mapping[str, object]) -> None:
+    """Add ``attributes`` to the current span (the API's server span inside a request); nothing when tracing is off."""
+    if _tracer is not None:
+        trace.get_current_span().set_attributes(attributes)
 
 
 def use_span(span: Span | None):

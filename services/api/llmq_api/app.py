@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from llmq_core import constants, wire
+from llmq_core import constants, tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 from llmq_api import idempotency, validation
 from llmq_api.auth import Principal
@@ -58,6 +58,7 @@ def create_app(pod: Pod) -> FastAPI:
     app = FastAPI(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pod = pod
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
+    app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request while tracing is on
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -114,11 +115,13 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     principal = pod.keys.authenticate(headers.get("authorization"))
     validation.check_content_type(headers.get("content-type"))
     traffic_class = principal.pick_class(headers.get(HTTP_TRAFFIC_CLASS))
+    request.state.traffic_class = traffic_class
     timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *pod.timeouts[traffic_class])
     idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
     body = await _read_body(request, pod.settings.api_max_body_bytes)
     parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
     valid = parse(body, pod.catalog.context_windows())
+    request.state.model = valid.model
     generation = pod.gateway.build(valid, request_id=request_id, principal=principal, traffic_class=traffic_class,
                                    timeout_ms=timeout_ms, idempotency_key=idempotency_key)
     if idempotency_key is None:
@@ -242,6 +245,8 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         if endpoint:
             pod.metrics.finished(endpoint, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable",
                                  exc.status)
+            pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
+                                 exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -257,6 +262,8 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
             pod.metrics.finished(endpoint, "internal_error", 500)
+            pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
+                                 500)
         error = ApiError(500, "The server had an error while processing the request", type=SERVER_ERROR)
         return JSONResponse(error.body(), status_code=500,
                             headers={HTTP_REQUEST_ID: request_id} if request_id else None)

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from llmq_core.metrics import LATENCY_BUCKETS_S
+
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -36,12 +38,40 @@ class ApiMetrics:
         self.idempotent_replays = Counter("llmq_api_idempotent_replays",
                                           "Retries answered from an earlier request (stored result or joined)",
                                           registry=self.registry)
+        # by traffic class and model (``unknown`` while not known yet): what the SLOs and autoscaling read
+        self.responses = Counter("llmq_api_responses", "Generation responses by class, model and HTTP status",
+                                 ["traffic_class", "model", "code"], registry=self.registry)
+        self.throttled = Counter("llmq_api_throttled", "429 answers (admission, tenant limits, full queues), by class",
+                                 ["traffic_class"], registry=self.registry)
+        self.deadline_exceeded = Counter("llmq_api_deadline_exceeded", "504 answers (deadline passed), by class",
+                                         ["traffic_class", "model"], registry=self.registry)
+        self.class_latency = Histogram("llmq_api_request_latency_seconds",
+                                       "Accept to last byte of an accepted request (what the client waited)",
+                                       ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.class_ttft = Histogram("llmq_api_ttft_seconds",
+                                    "Accept to first token: first streamed text, else the result's first token",
+                                    ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
 
     def finished(self, endpoint: str, outcome: str, status: int, duration_s: float | None = None) -> None:
         """Count one finished request; ``duration_s`` for requests that were accepted (not for rejections)."""
         self.requests.labels(endpoint, outcome, str(status)).inc()
         if duration_s is not None:
             self.latency.labels(endpoint).observe(duration_s)
+
+    def answered(self, traffic_class: str | None, model: str | None, status: int, duration_s: float | None = None,
+                 ttft_s: float | None = None) -> None:
+        """One generation response by class and model: its status (429s and 504s also counted on their own) and, for
+        accepted requests, the seconds the client waited and until its first token."""
+        cls, model = traffic_class or "unknown", model or "unknown"
+        self.responses.labels(cls, model, str(status)).inc()
+        if status == 429:
+            self.throttled.labels(cls).inc()
+        elif status == 504:
+            self.deadline_exceeded.labels(cls, model).inc()
+        if duration_s is not None:
+            self.class_latency.labels(cls, model).observe(duration_s)
+        if ttft_s is not None:
+            self.class_ttft.labels(cls, model).observe(ttft_s)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

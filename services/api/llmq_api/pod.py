@@ -14,7 +14,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, runtime, wire
+from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.settings import Settings
 from llmq_api.admission import ShedPolicy
@@ -64,8 +64,20 @@ class KafkaRequestProducer:
     async def produce(self, request: wire.GenerationRequest) -> None:
         if self._producer is None:
             raise ConnectionError("Kafka producer is not started")
-        await kafka.send_message(self._producer, constants.requests_topic(request.traffic_class), request,
-                                 key=request.request_id)
+        topic = constants.requests_topic(request.traffic_class)
+        if not tracing.enabled():
+            await kafka.send_message(self._producer, topic, request, key=request.request_id)
+            return
+        attributes = tracing.request_attributes(request)
+        tracing.annotate_current(attributes)  # the server span of this HTTP request
+        span = tracing.start_span("kafka.produce", kind=tracing.SpanKind.PRODUCER,
+                                  attributes={**attributes, "messaging.destination.name": topic})
+        traceparent = tracing.traceparent_of(span)
+        try:  # the context travels in the record's header and, for the hops after Batches, in the request itself
+            await kafka.send_message(self._producer, topic, msgspec.structs.replace(request, traceparent=traceparent),
+                                     key=request.request_id, traceparent=traceparent)
+        finally:
+            span.end()
 
     async def stop(self) -> None:
         self.ready = False

@@ -15,7 +15,7 @@ import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from llmq_core import wire
+from llmq_core import tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import HTTP_REQUEST_ID
 from llmq_api.exchange import CancelPublisher, wait_for_resolution
@@ -48,6 +48,7 @@ class PendingRequest:
         self.on_gave_up = on_gave_up
         self.headers = headers or {}
         self.started_s = time.perf_counter()
+        self.first_text_s: float | None = None  # streaming: accept to the first text written
 
     @property
     def request_id(self) -> str:
@@ -63,13 +64,22 @@ class PendingRequest:
         resolution = await wait_for_resolution(
             self.registry, self.waiter, deadline=asyncio.sleep(remaining_s), client_gone=_disconnected(receive),
             publish_cancel=self.publish_cancel, on_chunk=on_chunk)
+        if isinstance(resolution, wire.FinalResult) and tracing.enabled():  # worker finished -> Redis -> this pod
+            tracing.record_span("api.reply", resolution.finished_ms, self.clock.now_ms(),
+                                attributes={"llmq.request_id": self.request_id,
+                                            "llmq.outcome": resolution.outcome.value})
         if self.on_gave_up is not None and isinstance(resolution, (Abandoned, DeadlineExceeded)):
             await self.on_gave_up()
         return resolution
 
     def record(self, resolution: Resolution, status: int) -> None:
-        self.metrics.finished(self.request.endpoint, outcome_label(resolution), status,
-                              time.perf_counter() - self.started_s)
+        duration_s = time.perf_counter() - self.started_s
+        self.metrics.finished(self.request.endpoint, outcome_label(resolution), status, duration_s)
+        ttft_s = self.first_text_s
+        if ttft_s is None and isinstance(resolution, wire.FinalResult) and resolution.timings.ttft_ms:
+            ttft_s = resolution.timings.ttft_ms / 1000
+        self.metrics.answered(self.request.traffic_class, self.request.model, status,
+                              None if isinstance(resolution, Abandoned) else duration_s, ttft_s)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -133,7 +143,8 @@ class StreamResponse(Response):
 
         async def on_chunk(chunk: wire.TokenChunk) -> None:
             if not sent:
-                pending.metrics.ttft.labels(request.endpoint).observe(time.perf_counter() - pending.started_s)
+                pending.first_text_s = time.perf_counter() - pending.started_s
+                pending.metrics.ttft.labels(request.endpoint).observe(pending.first_text_s)
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
             await write(fmt.text(chunk.index, chunk.text))
 

@@ -23,8 +23,7 @@ class RequestSpans:
         parent = tracing.header_traceparent(headers) or request.traceparent
         self._queued[request.request_id] = tracing.start_span(
             "batcher.queue", parent=parent, kind=tracing.SpanKind.CONSUMER,
-            attributes={"llmq.request_id": request.request_id, "llmq.traffic_class": request.traffic_class,
-                        "llmq.tier": request.tier, "llmq.tenant_id": request.tenant_id, "llmq.model": request.model})
+            attributes=tracing.request_attributes(request))
 
     def flush(self, batch: wire.Batch, partition: int) -> tuple[wire.Batch, list[trace.Span]]:
         """End the queue spans of ``batch``'s requests and open their flush spans; returns the Batch whose requests
