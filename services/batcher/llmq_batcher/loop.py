@@ -1,8 +1,9 @@
 """The batcher loop: consume requests and signals -> policy.schedule -> produce batches and answers -> commit.
 
 Tasks: Kafka request consumer (GROUP_BATCHER, manual commits), Redis subscriber (heartbeats, cancels), an optional
-llmq.results tail (feeds ``policy.on_result``), and the decider, which runs the policy on every event and at its
-wake-up time. All of them share one asyncio thread, so the policy needs no locks.
+llmq.results tail (feeds ``policy.on_result``), the pod watch (cancels the work of API pods that are gone), and the
+decider, which runs the policy on every event and at its wake-up time. All of them share one asyncio thread, so the
+policy needs no locks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from llmq_core.metrics import BatcherMetrics
 from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import final_result
+from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.spans import RequestSpans
 
@@ -31,6 +33,7 @@ COMMIT_INTERVAL_MS = 200
 LOAD_STATS_INTERVAL_MS = 1000
 IDLE_WAKE_S = 1.0
 RESTART_DELAY_S = 1.0
+POD_GONE_REASON = "pod_gone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,9 @@ class BatcherLoop:
 
     def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
                  clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
-                 names: Names = Names(), metrics: BatcherMetrics | None = None) -> None:
+                 names: Names = Names(), metrics: BatcherMetrics | None = None, pod_check_ms: int = 1000,
+                 pod_grace_ms: int = 2000) -> None:
+        """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone."""
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
@@ -64,6 +69,8 @@ class BatcherLoop:
         self.names = names
         self.metrics = metrics
         self.spans = RequestSpans()  # used only while tracing is on
+        self.pod_check_ms = pod_check_ms
+        self.pods = PodWatch(pod_grace_ms)
         self.offsets = OffsetTracker()
         self._held: dict[str, list[tuple[TopicPartition, int]]] = {}  # request id -> records not settled yet
         self._wake = asyncio.Event()
@@ -80,7 +87,8 @@ class BatcherLoop:
         self._wake.set()
 
     async def run(self) -> None:
-        inputs = [self._consume, self._signals] + ([self._tail_results] if self.results is not None else [])
+        inputs = [self._consume, self._signals, self._watch_pods]
+        inputs += [self._tail_results] if self.results is not None else []
         feeders = [asyncio.create_task(self._supervised(read)) for read in inputs]
         try:
             await self._decide()
@@ -156,6 +164,22 @@ class BatcherLoop:
         else:
             return
         self._wake.set()
+
+    async def _watch_pods(self) -> None:
+        """Publish a Cancel for every held request of a gone API pod: queued ones are answered canceled here (our own
+        cancels subscription), running ones are aborted by their worker."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(self.pod_check_ms / 1000)
+            held = self.policy.requests_by_pod()
+            pods = list(held)
+            alive = await self.redis.mget([constants.pod_key(pod) for pod in pods]) if pods else []
+            for pod in self.pods.observe({p: v is not None for p, v in zip(pods, alive)}, self.clock.now_ms()):
+                log.warning("API pod %s is gone: cancelling its %d requests", pod, len(held[pod]))
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for request_id in held[pod]:
+                        cancel = wire.Cancel(request_id=request_id, reason=POD_GONE_REASON)
+                        pipe.publish(self.names.cancels_channel, wire.encode(cancel))
+                    await pipe.execute()
 
     async def _tail_results(self) -> None:
         while not self._stopping.is_set():

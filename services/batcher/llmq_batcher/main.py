@@ -39,7 +39,8 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     # Batch ids must be unique across restarts: workers report them back as last_batch_id.
     policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"), SYSTEM_CLOCK)
     loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=settings.batcher_max_queued,
-                       results=results, metrics=observed)
+                       results=results, metrics=observed, pod_check_ms=settings.pod_heartbeat_interval_ms,
+                       pod_grace_ms=2 * settings.pod_heartbeat_interval_ms)
     await producer.start()
     loop.subscribe()
     await consumer.start()

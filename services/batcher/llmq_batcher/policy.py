@@ -284,6 +284,15 @@ class BatchPolicy:
         return [(key, model.name, queue.depth, now_ms - (queue.oldest_enqueued_ms() or now_ms) if queue.depth else 0)
                 for model in self._models.values() for key, queue in zip(CLASS_KEYS, model.queues)]
 
+    def requests_by_pod(self) -> dict[str, list[str]]:
+        """Ids of the requests held here (queued or in flight) by the API pod waiting for them (HttpReply only). O(held)."""
+        out: dict[str, list[str]] = {}
+        for request_id, entry in self._index.items():
+            reply = entry.request.reply_to
+            if isinstance(reply, wire.HttpReply):
+                out.setdefault(reply.instance_id, []).append(request_id)
+        return out
+
     def deferred_blocked(self, now_ms: int) -> bool:
         """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work."""
         if any(sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):
