@@ -219,7 +219,9 @@ class BatcherLoop:
 
     async def _act(self, decision: Decision) -> None:
         sent = await asyncio.gather(*(self._send_batch(b) for b in decision.batches))
-        await asyncio.gather(*(self._send_answer(a) for a in decision.answers))
+        results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
+        await self._publish_replies(results)
+        await asyncio.gather(*(self._send_answer(a, r) for a, r in zip(decision.answers, results)))
         for request_id in decision.dropped:
             self._settle(request_id)
             if tracing.enabled():
@@ -247,14 +249,25 @@ class BatcherLoop:
             self._settle(request.request_id)
         return True
 
-    async def _send_answer(self, answer: Answer) -> None:
-        result = final_result(answer, self.clock.now_ms())
-        payload = wire.encode(result)
+    async def _publish_replies(self, results: list[wire.FinalResult]) -> None:
+        """Answers of HTTP requests to their pods' channels, in one pipeline (many at once must not each take a pooled
+        connection). Best effort: every answer also goes to llmq.results, whose stored copy a resubscribing pod reads."""
+        replies = [(constants.replies_channel(r.reply_to.instance_id), wire.encode(r))
+                   for r in results if isinstance(r.reply_to, wire.HttpReply)]
+        if not replies:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for channel, payload in replies:
+                    pipe.publish(channel, payload)
+                await pipe.execute()
+        except Exception as exc:
+            log.warning("publishing %d answers failed: %s", len(replies), exc)
+
+    async def _send_answer(self, answer: Answer, result: wire.FinalResult) -> None:
         outcome = answer.outcome.value if answer.error_type != "overloaded" else "rejected"
         traceparent = self.spans.answered(result.request_id, outcome) if tracing.enabled() else None
         try:
-            if isinstance(result.reply_to, wire.HttpReply):
-                await self.redis.publish(constants.replies_channel(result.reply_to.instance_id), payload)
             await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id,
                                      traceparent=traceparent)
         except Exception as exc:  # left unsettled: the request is redelivered after a restart and answered again

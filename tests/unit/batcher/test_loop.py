@@ -82,6 +82,9 @@ class FakePipeline:
         fields = self.redis.hashes.setdefault(key, {})
         fields.update(mapping or {field: value})
 
+    def publish(self, channel, payload):
+        self.redis.published.append((channel, payload))
+
     async def execute(self):
         return []
 
