@@ -38,6 +38,7 @@ class ProcSpec:
     model: str = ""
     port: int = 0
     alive: str = ""  # Redis liveness key for services without an HTTP port
+    metrics_port: int = 0  # Prometheus /metrics of services without an HTTP port (API pods serve it on ``port``)
 
 
 @dataclass
@@ -60,6 +61,11 @@ class StackConfig:
         return f"127.0.0.1:{self.kafka_port}"
 
     @property
+    def metrics_base_port(self) -> int:
+        """/metrics ports: result-router this, batcher +1, workers +2, +3, ... (API pods: their own port)."""
+        return self.api_ports[0] + 10 if self.api_ports else 0
+
+    @property
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
@@ -73,13 +79,16 @@ def _python_module(module: str, *args: str) -> list[str]:
 
 def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     """The llmq services of the stack (Kafka and Redis excluded), in start order."""
+    base = cfg.metrics_base_port
     specs = [
         ProcSpec(name="result-router", kind="result-router", marker="llmq_result_router.main",
-                 argv=_python_module("llmq_result_router.main", "--instance-id", "result-router-0"),
-                 alive=constants.alive_key("result-router", "result-router-0")),
+                 argv=_python_module("llmq_result_router.main", "--instance-id", "result-router-0",
+                                     "--metrics-port", str(base)),
+                 alive=constants.alive_key("result-router", "result-router-0"), metrics_port=base),
         ProcSpec(name="batcher", kind="batcher", marker="llmq_batcher.main",
-                 argv=_python_module("llmq_batcher.main", "--instance-id", "batcher-0"),
-                 alive=constants.alive_key("batcher", "batcher-0")),
+                 argv=_python_module("llmq_batcher.main", "--instance-id", "batcher-0",
+                                     "--metrics-port", str(base and base + 1)),
+                 alive=constants.alive_key("batcher", "batcher-0"), metrics_port=base and base + 1),
     ]
     partition = 0
     for model, engine, count, extra in (
@@ -90,11 +99,12 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     ):
         for i in range(count):
             worker_id = f"{model.removeprefix('llmq-')}-{i}"
+            metrics_port = base and base + 2 + partition
             specs.append(ProcSpec(
                 name=f"worker-{worker_id}", kind="worker", marker="llmq_worker.main", model=model,
                 argv=_python_module("llmq_worker.main", "--worker-id", worker_id, "--partition", str(partition),
-                                    "--model", model, "--engine", engine, *extra),
-                alive=constants.alive_key("worker", worker_id),
+                                    "--model", model, "--engine", engine, *extra, "--metrics-port", str(metrics_port)),
+                alive=constants.alive_key("worker", worker_id), metrics_port=metrics_port,
             ))
             partition += 1
     for i, port in enumerate(cfg.api_ports):
@@ -162,7 +172,7 @@ class DevStack:
             proc = subprocess.Popen(spec.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True)
         record = {"pid": proc.pid, "kind": spec.kind, "model": spec.model, "port": spec.port, "alive": spec.alive,
-                  "marker": spec.marker, "started": time.time()}
+                  "marker": spec.marker, "started": time.time(), "metrics_port": spec.metrics_port}
         (self.pids / f"{spec.name}.json").write_text(json.dumps(record))
 
     def _wait_healthy(self, deadline: float) -> list[dict]:
@@ -201,6 +211,15 @@ class DevStack:
             rows.append({"name": name, "kind": record["kind"], "model": record["model"], "pid": record["pid"],
                          "port": record["port"], "health": health, "log": str(self.logs / f"{name}.log")})
         return rows
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Process name -> Prometheus /metrics URL, for each llmq service started here (API pods: their port)."""
+        urls = {}
+        for name, record in self._records():
+            port = record["port"] if record["kind"] == "api" else record.get("metrics_port", 0)
+            if port and record["kind"] not in ("kafka", "redis"):
+                urls[name] = f"http://127.0.0.1:{port}/metrics"
+        return urls
 
     # --- stop ----------------------------------------------------------------------------------------------------
 

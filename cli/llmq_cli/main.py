@@ -16,6 +16,7 @@ from llmq_cli import kafka_dist, prompts
 from llmq_cli.batch import batch_app
 from llmq_cli.bench_cmd import bench
 from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.slo import slo
 from llmq_core.kafka import ensure_topics
 from llmq_core.settings import load_settings
 
@@ -25,6 +26,7 @@ dev = typer.Typer(help="Run the local stack as processes (Kafka, Redis, API pods
 app.add_typer(dev, name="dev")
 app.add_typer(batch_app, name="batch")
 app.add_typer(bench, name="bench")
+app.command("slo")(slo)
 console = Console()
 
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
