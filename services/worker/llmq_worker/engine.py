@@ -8,6 +8,9 @@ Times in events are epoch milliseconds from the engine's clock.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,6 +110,36 @@ class EventQueue:
         while not self._queue.empty():
             events.append(self._queue.get_nowait())
         return events
+
+
+class TokenRate:
+    """Generated tokens/s, smoothed with a half-life (measured over windows of at least ``window_s``), for est_drain_ms."""
+
+    def __init__(self, half_life_s: float = 2.0, window_s: float = 0.25, monotonic: Callable[[], float] = time.monotonic):
+        self._half_life_s = half_life_s
+        self._window_s = window_s
+        self._monotonic = monotonic
+        self._tokens = 0
+        self._mark = (monotonic(), 0)
+        self.tokens_per_s = 0.0
+
+    def add(self, count: int) -> None:
+        """``count`` more tokens were generated now."""
+        self._tokens += count
+        now = self._monotonic()
+        mark_s, mark_tokens = self._mark
+        if now - mark_s < self._window_s:
+            return
+        rate = (self._tokens - mark_tokens) / (now - mark_s)
+        weight = 0.5 ** ((now - mark_s) / self._half_life_s)
+        self.tokens_per_s = rate if not self.tokens_per_s else weight * self.tokens_per_s + (1 - weight) * rate
+        self._mark = (now, self._tokens)
+
+    def drain_ms(self, tokens_left: int) -> int:
+        """Milliseconds to generate ``tokens_left`` at the current rate (0 while unmeasured or nothing is left)."""
+        if self.tokens_per_s <= 0 or tokens_left <= 0:
+            return 0
+        return math.ceil(1000 * tokens_left / self.tokens_per_s)
 
 
 def prompt_text(request: GenerationRequest) -> str:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, ContinuousBatchingConfig, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, ContinuousBatchingConfig, GenerationConfig
 from transformers.generation.continuous_batching import RequestStatus
 
 from llmq_core import tokenizer as byte_tokenizer
@@ -26,47 +26,18 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.models import LLMQ_TINY
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 
-from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, check_logit_bias
+from llmq_worker.engine import (
+    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, TokenRate, check_logit_bias)
 from llmq_worker.engines import cb_processors
+from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
-from llmq_worker.text import ChoiceText, WindowDetokenizer
+from llmq_worker.text import ChoiceText
 
 log = logging.getLogger(__name__)
 
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
 CPU_KV_CACHE_BYTES = 1 << 30  # upper bound of the paged KV cache on CPU
-RATE_HALF_LIFE_S = 2.0
-WARMUP_TIMEOUT_S = 120  # smoothing of the measured tokens/s behind est_drain_ms
-
-
-class TextCodec:
-    """Prompt text -> ids and ids -> text for one tokenizer. Byte-level (ByT5 ids) tokenizers use llmq_core's exact
-    byte tokenizer; any other uses its own chat template, ``decode`` and BOS."""
-
-    def __init__(self, tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self.byte_level = isinstance(tokenizer, ByT5Tokenizer)
-
-    def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        """Token ids of the request's prompt (chat rendered with the model's template)."""
-        if self.byte_level:
-            text = byte_tokenizer.render_chat(request.messages) if request.messages is not None else request.prompt or ""
-            return byte_tokenizer.encode(text)
-        if request.messages is not None and getattr(self._tokenizer, "chat_template", None):
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        elif request.messages is not None:
-            text = byte_tokenizer.render_chat(request.messages)
-        else:
-            text = request.prompt or ""
-        ids = self._tokenizer(text, add_special_tokens=False).input_ids
-        bos = self._tokenizer.bos_token_id
-        return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
-
-    def choice(self, stops: list[str]) -> ChoiceText:
-        if self.byte_level:
-            return ChoiceText(stops)
-        return ChoiceText(stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)))
+WARMUP_TIMEOUT_S = 120
 
 
 @dataclass(slots=True)
@@ -117,9 +88,7 @@ class TransformersEngine:
         self._cb_config = _cb_config(model, max_concurrent_sequences, max_batched_tokens, self.context_window)
         self._events = EventQueue()
         self._jobs: dict[str, _Job] = {}
-        self._rate_tokens_per_s = 0.0
-        self._rate_mark = (time.monotonic(), 0)
-        self._tokens_total = 0
+        self._rate = TokenRate()
         self._manager = None
         self._manager_dead = False
         self._ensure_manager()
@@ -212,12 +181,11 @@ class TransformersEngine:
         live = [s for job in self._jobs.values() for s in job.subs if not s.done]
         running = min(len(live), self._max_sequences)
         tokens_left = sum(s.max_tokens - s.seen for s in live)
-        rate = self._rate_tokens_per_s
         return Capacity(
             max_slots=self._max_sequences,
             running=running,
             queued=len(live) - running,
-            est_drain_ms=math.ceil(1000 * tokens_left / rate) if rate > 0 and tokens_left else 0,
+            est_drain_ms=self._rate.drain_ms(tokens_left),
         )
 
     async def close(self) -> None:
@@ -256,7 +224,7 @@ class TransformersEngine:
             return
         sub.seen = len(generated)
         sub.eos = new_ids[-1] == self._generation_config.eos_token_id
-        self._count_tokens(len(new_ids))
+        self._rate.add(len(new_ids))
         if not job.first_token_ms:
             job.first_token_ms = self._clock.now_ms()
         self._chunk(job, sub, sub.text.push(new_ids))
@@ -342,16 +310,6 @@ class TransformersEngine:
     def _accepting(self) -> bool:
         # A crashing loop fails its requests before its thread exits: in between it is alive but refuses new requests.
         return self._manager.background_thread_status.can_accept_new_requests() is None
-
-    def _count_tokens(self, count: int) -> None:
-        self._tokens_total += count
-        now = time.monotonic()
-        mark_s, mark_tokens = self._rate_mark
-        if now - mark_s >= 0.25:
-            rate = (self._tokens_total - mark_tokens) / (now - mark_s)
-            weight = 0.5 ** ((now - mark_s) / RATE_HALF_LIFE_S)
-            self._rate_tokens_per_s = rate if not self._rate_tokens_per_s else weight * self._rate_tokens_per_s + (1 - weight) * rate
-            self._rate_mark = (now, self._tokens_total)
 
 
 def route_library_logs(level: str = "WARNING") -> None:

@@ -1,0 +1,42 @@
+"""Prompt text -> token ids and generated ids -> text for the tokenizer of a transformers checkpoint (shared by the
+``transformers`` and ``vllm`` engines, so both count and render prompts the same way)."""
+
+from __future__ import annotations
+
+from transformers import ByT5Tokenizer
+
+from llmq_core import tokenizer as byte_tokenizer
+from llmq_core.wire import GenerationRequest
+
+from llmq_worker.text import ChoiceText, WindowDetokenizer
+
+
+class TextCodec:
+    """Prompt text -> ids and ids -> text for one tokenizer. Byte-level (ByT5 ids) tokenizers use llmq_core's exact
+    byte tokenizer; any other uses its own chat template, ``decode`` and BOS."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.byte_level = isinstance(tokenizer, ByT5Tokenizer)
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """Token ids of the request's prompt (chat rendered with the model's template)."""
+        if self.byte_level:
+            text = byte_tokenizer.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+            return byte_tokenizer.encode(text)
+        if request.messages is not None and getattr(self._tokenizer, "chat_template", None):
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        elif request.messages is not None:
+            text = byte_tokenizer.render_chat(request.messages)
+        else:
+            text = request.prompt or ""
+        ids = self._tokenizer(text, add_special_tokens=False).input_ids
+        bos = self._tokenizer.bos_token_id
+        return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
+
+    def choice(self, stops: list[str]) -> ChoiceText:
+        """The text path of one choice: exact byte detokenization, or a window detokenizer over ``decode``."""
+        if self.byte_level:
+            return ChoiceText(stops)
+        return ChoiceText(stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)))
