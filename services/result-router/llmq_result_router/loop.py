@@ -8,7 +8,9 @@ import logging
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from llmq_core import constants, kafka, tracing, wire
 from llmq_core.metrics import RouterMetrics
@@ -17,6 +19,8 @@ from llmq_result_router.jobs import JobLedger
 from llmq_result_router.routing import Delivery, plan_delivery
 
 log = logging.getLogger(__name__)
+
+RETRY_DELAY_S = 1.0
 
 
 class ResultRouter:
@@ -39,11 +43,18 @@ class ResultRouter:
     async def run(self) -> None:
         while not self._stopping.is_set():
             batches = await self.consumer.getmany(timeout_ms=200, max_records=500)
-            for records in batches.values():
-                for record in records:
-                    await self._handle(record)
-            if batches:
-                await self.consumer.commit()
+            try:
+                for records in batches.values():
+                    for record in records:
+                        await self._handle(record)
+                if batches:
+                    await self.consumer.commit()
+            except (RedisError, KafkaError, OSError) as exc:  # a Redis restart or a broker blip: route them again
+                log.warning("routing %d records failed (%r); again in %.0f s", sum(map(len, batches.values())), exc,
+                            RETRY_DELAY_S)
+                await asyncio.sleep(RETRY_DELAY_S)
+                for tp, records in batches.items():
+                    self.consumer.seek(tp, records[0].offset)
 
     async def _handle(self, record) -> None:
         try:
