@@ -129,12 +129,13 @@ class Runner:
     def __init__(self, cfg: CurveConfig, prompts: Sequence[CodePrompt], base_urls: Sequence[str],
                  batch_counts: Callable[[], tuple[int, int]] | None) -> None:
         self.cfg, self.prompts, self.base_urls, self.batch_counts = cfg, prompts, base_urls, batch_counts
-        self.rng = random.Random(cfg.seed)
 
     def plans(self, rate_rps: float, window_s: float) -> list[loadgen.Planned]:
-        arrivals = loadgen.poisson_arrivals(rate_rps, count=10**6, duration_s=window_s, rng=self.rng)
+        """The schedule of one load: the same for every system (seeded by the config's seed, rate and window)."""
+        rng = random.Random(f"{self.cfg.seed}:{rate_rps:.6f}:{window_s:g}")
+        arrivals = loadgen.poisson_arrivals(rate_rps, count=10**6, duration_s=window_s, rng=rng)
         return loadgen.plan_requests(self.prompts, arrivals, classes=self.cfg.classes, keys=self.cfg.keys,
-                                     stream_share=self.cfg.stream_share, base_urls=self.base_urls, rng=self.rng)
+                                     stream_share=self.cfg.stream_share, base_urls=self.base_urls, rng=rng)
 
     def run(self, rate_rps: float, window_s: float, slo_ms: float) -> tuple[dict, list[loadgen.Sample]]:
         """(report, samples) of ``window_s`` of Poisson arrivals at ``rate_rps``, waiting for every answer."""

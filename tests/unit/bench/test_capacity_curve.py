@@ -6,6 +6,7 @@ import pytest
 
 from bench import capacity_curve as cc
 from bench import loadgen, ray_peer
+from llmq_cli.prompts import CodePrompt
 from llmq_core.tokenizer import IncrementalDetokenizer
 
 
@@ -91,3 +92,13 @@ def test_peer_bodies_are_openai_completions():
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
     event = ray_peer.chunk_event("cmpl-1", "llmq-sim", "ab", None)
     assert event.startswith(b"data: {") and event.endswith(b"\n\n")
+
+
+def test_every_system_gets_the_same_schedule_per_load():
+    prompts = [CodePrompt(id=str(i), prompt=f"x = {i}\n", max_tokens=8) for i in range(5)]
+    llmq = cc.Runner(cc.CurveConfig(), prompts, ["http://a/v1", "http://b/v1"], None)
+    ray = cc.Runner(cc.CurveConfig(), prompts, ["http://r/v1"], None)
+    llmq.plans(7.0, 5.0)  # an earlier load must not shift the later ones
+    strip = lambda plans: [(p.at_s, p.prompt, p.traffic_class, p.api_key, p.stream) for p in plans]  # noqa: E731
+    assert strip(llmq.plans(12.5, 20.0)) == strip(ray.plans(12.5, 20.0))
+    assert strip(llmq.plans(12.5, 20.0)) != strip(llmq.plans(13.0, 20.0))
