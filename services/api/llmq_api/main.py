@@ -17,6 +17,7 @@ from types import FrameType
 
 import uvicorn
 
+from llmq_core import tracing
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
 from llmq_api.app import create_app
@@ -58,6 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = load_settings()
     setup_logging("api", settings.log_level)
+    tracing.configure("api", settings)
     instance_id = args.instance_id or settings.instance_id or default_instance_id()
     try:
         pod = Pod(settings, instance_id)
@@ -67,7 +69,10 @@ def main() -> None:
     config = uvicorn.Config(create_app(pod), host=args.host, port=args.port, loop="uvloop",
                             log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s * GRACE_SHARE_FOR_REQUESTS)))
-    DrainingServer(config, pod).run()
+    try:
+        DrainingServer(config, pod).run()
+    finally:
+        tracing.shutdown()  # export the spans still buffered
 
 
 if __name__ == "__main__":
