@@ -1,0 +1,324 @@
+"""The ``vllm`` engine (optional extra ``llmq[vllm]``, GPU): continuous batching on vLLM's async engine (v1 ``AsyncLLM``).
+
+vLLM is imported only by :meth:`VllmEngine.from_args`, i.e. when ``--engine vllm`` is chosen: this module's top level
+needs neither vllm nor torch, so its pure mappings are unit-tested without them. Each choice of a request is one vLLM
+request ``<request_id>#<index>`` with n=1 (vLLM refuses n > 1 with greedy sampling; choice i of a seeded request uses
+seed + i, as vLLM's own fan-out does), prompted with the token ids of :class:`~llmq_worker.engines.codec.TextCodec` (the
+same prompts and counts as the transformers engine) and streamed with cumulative outputs: a ChunkEvent is the part of the
+cumulative text not sent yet. vLLM matches stop strings (it never returns them, and holds back a tail that may start one
+while streaming), detokenizes incrementally and applies ``logit_bias`` and per-request seeds. A seed reproduces its
+answer for a request run alone on the same GPU and vLLM version; in mixed batches it is best effort (other batch shapes
+can change the logits' last bits). Cancelling a request cancels its ``generate`` iterations, which makes vLLM abort them.
+If vLLM's engine dies, :meth:`VllmEngine.next_events` raises :class:`EngineDied`: the worker process exits and its
+uncommitted batches are redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, Usage
+
+from llmq_worker.engine import (
+    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, TokenRate, check_logit_bias)
+from llmq_worker.text import REPLACEMENT_CHAR
+
+log = logging.getLogger(__name__)
+
+SEED_MODULUS = 1 << 63  # vLLM seeds torch generators: keep every seed a non-negative int64
+
+
+class EngineDied(RuntimeError):
+    """vLLM's engine core died; no request can run on this engine any more."""
+
+
+# --- pure mappings (tested without vllm) -------------------------------------------------------------------------------
+
+
+def vllm_sampling_kwargs(sampling: SamplingParams, index: int) -> dict:
+    """Keyword arguments of ``vllm.SamplingParams`` for choice ``index`` of a request (always n=1).
+
+    temperature 0 or top_p 0 is greedy (vLLM wants top_p in (0, 1]); a seed applies to sampled choices only, as
+    ``(seed + index) mod 2**63``; logit_bias maps token id -> bias.
+    """
+    greedy = sampling.temperature <= 0 or sampling.top_p <= 0
+    return {
+        "n": 1,
+        "max_tokens": sampling.max_tokens,
+        "temperature": 0.0 if greedy else float(sampling.temperature),
+        "top_p": 1.0 if greedy else float(min(1.0, sampling.top_p)),
+        "stop": list(sampling.stop),
+        "seed": None if greedy or sampling.seed is None else (sampling.seed + index) % SEED_MODULUS,
+        "logit_bias": {int(t): float(b) for t, b in sampling.logit_bias.items()} if sampling.logit_bias else None,
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": False,
+    }
+
+
+def text_delta(cumulative: str, sent_chars: int) -> str:
+    """The new visible text of a choice whose cumulative text is ``cumulative`` and whose first ``sent_chars`` visible
+    characters were sent. U+FFFD (bytes of a character not complete yet, or never) is never visible."""
+    return cumulative.replace(REPLACEMENT_CHAR, "")[sent_chars:]
+
+
+def finish_reason(vllm_reason: str | None) -> FinishReason | None:
+    """vLLM's finish_reason as ours: ``stop`` (EOS, stop string or stop token) and ``length``; None for anything else
+    (``abort``, ``error``, or not finished)."""
+    return vllm_reason if vllm_reason in ("stop", "length") else None
+
+
+def usage(prompt_tokens: int, completion_tokens: list[int]) -> Usage:
+    """Usage of a request: its prompt once, the completion tokens of every choice."""
+    completion = sum(completion_tokens)
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion)
+
+
+# --- the engine --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Choice:
+    index: int
+    params: object  # vllm.SamplingParams
+    text: str = ""
+    tokens: int = 0
+    reason: str | None = None
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _Job:
+    request: GenerationRequest
+    prompt_ids: list[int]
+    choices: list[_Choice]
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    started_ms: int = 0
+    first_token_ms: int = 0
+
+
+class VllmEngine:
+    """Create it inside the running event loop (``from_args``). ``client``: a vLLM ``AsyncLLM``; ``make_params`` builds
+    a ``vllm.SamplingParams`` from :func:`vllm_sampling_kwargs`; ``make_prompt`` a prompt from token ids;
+    ``request_errors``: the exceptions that mean a request is invalid (vLLM's validation errors)."""
+
+    fixed_batch_time_ms = 0
+
+    def __init__(
+        self,
+        client,
+        codec,
+        *,
+        make_params: Callable[..., object],
+        make_prompt: Callable[[list[int]], object],
+        max_num_seqs: int,
+        context_window: int,
+        vocab_size: int,
+        request_errors: tuple[type[BaseException], ...] = (ValueError,),
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.context_window = context_window
+        self._client = client
+        self._codec = codec
+        self._make_params = make_params
+        self._make_prompt = make_prompt
+        self._max_num_seqs = max_num_seqs
+        self._vocab_size = vocab_size
+        self._request_errors = request_errors
+        self._clock = clock
+        self._events = EventQueue()
+        self._jobs: dict[str, _Job] = {}
+        self._rate = TokenRate()
+        self._died: BaseException | None = None
+
+    @classmethod
+    def from_args(
+        cls,
+        *,
+        model_path: str,
+        max_concurrent_sequences: int,
+        max_batched_tokens: int | None,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+    ) -> VllmEngine:
+        """vLLM on the HF checkpoint at ``model_path``: ``max_concurrent_sequences`` is vLLM's max_num_seqs (the slots),
+        ``max_batched_tokens`` its max_num_batched_tokens (None: vLLM's default). Raises ImportError without vllm."""
+        import vllm
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.sampling_params import RequestOutputKind
+
+        from llmq_worker.engines.codec import TextCodec
+
+        try:
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError:  # releases before the v1 engine
+            from vllm import AsyncLLMEngine as AsyncLLM
+        try:
+            from vllm.exceptions import VLLMValidationError
+        except ImportError:  # releases that raise plain ValueErrors
+            VLLMValidationError = ValueError
+        engine_args = AsyncEngineArgs(
+            model=model_path,
+            max_num_seqs=max_concurrent_sequences,
+            max_num_batched_tokens=max_batched_tokens,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+        )
+        client = AsyncLLM.from_engine_args(engine_args)
+        return cls(
+            client,
+            TextCodec(AutoTokenizer.from_pretrained(model_path)),
+            make_params=lambda **kwargs: vllm.SamplingParams(**kwargs, output_kind=RequestOutputKind.CUMULATIVE),
+            make_prompt=lambda ids: vllm.TokensPrompt(prompt_token_ids=ids),
+            max_num_seqs=max_concurrent_sequences,
+            context_window=client.model_config.max_model_len,
+            vocab_size=client.model_config.get_vocab_size(),
+            request_errors=(ValueError, VLLMValidationError),
+        )
+
+    # --- Engine interface --------------------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Start every choice of ``request`` on vLLM. Raises InvalidRequest when it cannot fit the context window, its
+        logit_bias names unknown ids, or vLLM refuses its sampling parameters."""
+        sampling = request.sampling
+        ids = self._codec.prompt_ids(request)
+        if not ids:
+            raise InvalidRequest("the prompt is empty")
+        if sampling.n < 1 or sampling.max_tokens < 1:
+            raise InvalidRequest("n and max_tokens must be at least 1")
+        if len(ids) + sampling.max_tokens > self.context_window:
+            raise InvalidRequest(
+                f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceed the context window of"
+                f" {self.context_window}"
+            )
+        check_logit_bias(request, self._vocab_size)
+        try:
+            choices = [_Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i))) for i in range(sampling.n)]
+        except self._request_errors as exc:
+            raise InvalidRequest(str(exc)) from exc
+        job = _Job(request, ids, choices)
+        self._jobs[request.request_id] = job
+        loop = asyncio.get_running_loop()
+        job.tasks = [loop.create_task(self._run_choice(job, choice)) for choice in choices]
+
+    def cancel(self, request_id: str) -> None:
+        """Abort every choice of ``request_id`` (vLLM frees their slots); ends ``canceled`` now with the text so far."""
+        job = self._jobs.pop(request_id, None)
+        if job is None:
+            return
+        self._stop_tasks(job)
+        self._events.put(self._final(job, Outcome.CANCELED))
+
+    async def next_events(self) -> list[EngineEvent]:
+        """Events in order; raises EngineDied once vLLM's engine is dead."""
+        events = await self._events.next_events()
+        if self._died is not None:
+            raise EngineDied(f"vLLM's engine died: {self._died!r}") from self._died
+        return events
+
+    def capacity(self) -> Capacity:
+        """Slots are vLLM's max_num_seqs; est_drain_ms from the tokens left and the recent tokens/s."""
+        live = [(job, c) for job in self._jobs.values() for c in job.choices if not c.done]
+        running = min(len(live), self._max_num_seqs)
+        tokens_left = sum(job.request.sampling.max_tokens - c.tokens for job, c in live)
+        return Capacity(
+            max_slots=self._max_num_seqs,
+            running=running,
+            queued=len(live) - running,
+            est_drain_ms=self._rate.drain_ms(tokens_left),
+        )
+
+    async def close(self) -> None:
+        """Abort everything and shut vLLM down (running requests get no further events)."""
+        tasks = [task for job in self._jobs.values() for task in job.tasks]
+        self._jobs.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._client.shutdown()
+
+    # --- one choice ----------------------------------------------------------------------------------------------------
+
+    async def _run_choice(self, job: _Job, choice: _Choice) -> None:
+        sub_id = f"{job.request.request_id}#{choice.index}"
+        try:
+            async for output in self._client.generate(self._make_prompt(job.prompt_ids), choice.params, sub_id):
+                self._take(job, choice, output.outputs[0])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes this request's FinalEvent
+            self._failed(job, exc)
+            return
+        self._end_choice(job, choice)
+
+    def _take(self, job: _Job, choice: _Choice, completion) -> None:
+        if self._jobs.get(job.request.request_id) is not job:
+            return
+        now = self._clock.now_ms()
+        job.started_ms = job.started_ms or now  # vLLM reports nothing earlier in a stable form: its first output
+        new_tokens = len(completion.token_ids) - choice.tokens
+        if new_tokens > 0:
+            self._rate.add(new_tokens)
+            choice.tokens = len(completion.token_ids)
+            job.first_token_ms = job.first_token_ms or now
+        choice.reason = completion.finish_reason
+        delta = text_delta(completion.text, len(choice.text))
+        if delta:
+            choice.text += delta
+            self._events.put(ChunkEvent(job.request.request_id, choice.index, delta))
+
+    def _end_choice(self, job: _Job, choice: _Choice) -> None:
+        if self._jobs.get(job.request.request_id) is not job:
+            return
+        choice.done = True
+        if finish_reason(choice.reason) is None:
+            self._fail(job, f"vLLM ended choice {choice.index} with finish_reason {choice.reason!r}", retryable=True)
+        elif all(c.done for c in job.choices):
+            del self._jobs[job.request.request_id]
+            self._events.put(self._final(job, Outcome.SUCCEEDED))
+
+    def _failed(self, job: _Job, exc: Exception) -> None:
+        if getattr(self._client, "errored", False):
+            self._died = exc
+            self._fail(job, f"vLLM's engine died: {exc!r}", retryable=True)
+        elif isinstance(exc, self._request_errors):
+            self._fail(job, str(exc), error_type="invalid_request_error", shared=False)
+        else:
+            self._fail(job, f"vLLM failed: {exc!r}", retryable=True)
+
+    def _fail(self, job: _Job, message: str, *, error_type: str = "engine_error", retryable: bool = False,
+              shared: bool = True) -> None:
+        """End ``job`` errored; ``shared``: the failure may not be its own (the worker bisects and re-runs)."""
+        if self._jobs.pop(job.request.request_id, None) is not job:
+            return
+        log.warning("generation failed: %s", message, extra={"request_id": job.request.request_id})
+        self._stop_tasks(job)
+        error = ErrorInfo(type=error_type, message=message, retryable=retryable)
+        self._events.put(self._final(job, Outcome.ERRORED, error=error, shared_failure=shared))
+
+    def _stop_tasks(self, job: _Job) -> None:
+        current = asyncio.current_task()
+        for task in job.tasks:
+            if task is not current:
+                task.cancel()
+        for choice in job.choices:
+            choice.done = True
+
+    def _final(self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
+        ended = outcome is Outcome.SUCCEEDED
+        return FinalEvent(
+            request_id=job.request.request_id,
+            outcome=outcome,
+            choices=[Choice(index=c.index, text=c.text, finish_reason=finish_reason(c.reason) if ended else None) for c in job.choices],
+            usage=usage(len(job.prompt_ids), [c.tokens for c in job.choices]),
+            started_ms=job.started_ms,
+            first_token_ms=job.first_token_ms,
+            finished_ms=self._clock.now_ms(),
+            error=error,
+            shared_failure=shared_failure,
+        )

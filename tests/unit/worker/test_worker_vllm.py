@@ -1,0 +1,199 @@
+"""The vllm engine without vllm: its pure mappings, and its event handling over a scripted stand-in for ``generate``."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from worker_fakes import make_request, settle
+
+from llmq_core.tokenizer import encode
+from llmq_core.wire import Outcome, SamplingParams, Usage
+from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest, prompt_text
+from llmq_worker.engines.vllm_engine import (
+    SEED_MODULUS, EngineDied, VllmEngine, finish_reason, text_delta, usage, vllm_sampling_kwargs)
+
+
+def test_importing_the_worker_never_imports_vllm_or_torch():
+    code = "import sys, llmq_worker.main, llmq_worker.engines.vllm_engine; print(sorted({'vllm', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_sampled_choices_get_temperature_top_p_stop_bias_and_their_own_seed():
+    sampling = SamplingParams(max_tokens=7, temperature=0.7, top_p=0.9, stop=["\n", "END"], seed=41, n=3,
+                              logit_bias={5: -100, 9: 2.5})
+    kwargs = [vllm_sampling_kwargs(sampling, i) for i in range(3)]
+    assert kwargs[0] == {
+        "n": 1, "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "stop": ["\n", "END"], "seed": 41,
+        "logit_bias": {5: -100.0, 9: 2.5}, "skip_special_tokens": True, "include_stop_str_in_output": False,
+    }
+    assert [k["seed"] for k in kwargs] == [41, 42, 43]
+    assert kwargs[0]["stop"] is not sampling.stop
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (0.0, 0.5), (1.0, 0.0)])
+def test_greedy_is_temperature_zero_without_seed(temperature, top_p):
+    kwargs = vllm_sampling_kwargs(SamplingParams(temperature=temperature, top_p=top_p, seed=3, n=2), 1)
+    assert (kwargs["temperature"], kwargs["top_p"], kwargs["seed"], kwargs["n"]) == (0.0, 1.0, None, 1)
+
+
+def test_seeds_are_non_negative_int64_and_unseeded_stays_unseeded():
+    assert vllm_sampling_kwargs(SamplingParams(seed=-1), 0)["seed"] == SEED_MODULUS - 1
+    assert vllm_sampling_kwargs(SamplingParams(seed=2**63 - 1), 1)["seed"] == 0
+    plain = vllm_sampling_kwargs(SamplingParams(), 0)
+    assert plain["seed"] is None and plain["logit_bias"] is None and plain["stop"] == []
+
+
+def test_text_delta_sends_the_new_part_and_never_a_replacement_character():
+    cumulative = ["", "he", "hel", "hel\ufffd", "hel\ufffd", "helé", "helé 😀", "helé 😀!"]
+    sent, pieces = 0, []
+    for text in cumulative:
+        piece = text_delta(text, sent)
+        sent += len(piece)
+        pieces.append(piece)
+    assert pieces == ["", "he", "l", "", "", "é", " 😀", "!"]
+    assert "".join(pieces) == "helé 😀!"
+    assert text_delta("ok\ufffd", 2) == ""  # an incomplete last character is dropped at the end too
+
+
+def test_finish_reason_and_usage_mapping():
+    assert [finish_reason(r) for r in ("stop", "length", "abort", "error", None)] == ["stop", "length", None, None, None]
+    assert usage(12, [5, 7, 0]) == Usage(prompt_tokens=12, completion_tokens=12, total_tokens=24)
+
+
+# --- the engine over a scripted generate() ----------------------------------------------------------------------------
+
+
+class ScriptedClient:
+    """Stands in for AsyncLLM.generate/errored/shutdown: each request streams its prompt back one token per output
+    (cumulative text and ids), ``stop`` after ``max_tokens`` or at a prompt holding "STOP", waiting while ``paused``."""
+
+    def __init__(self) -> None:
+        self.errored = False
+        self.fail_with: Exception | None = None
+        self.paused = asyncio.Event()
+        self.paused.set()
+        self.started: list[str] = []
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt_ids, params, request_id):
+        self.started.append(request_id)
+        ids = []
+        try:
+            for token in prompt_ids[: params["max_tokens"]]:
+                await self.paused.wait()
+                if self.fail_with is not None:
+                    raise self.fail_with
+                ids.append(token)
+                text = bytes(t - 3 for t in ids).decode("utf-8", errors="replace")
+                done = len(ids) == min(len(prompt_ids), params["max_tokens"])
+                reason = ("length" if len(ids) == params["max_tokens"] else "stop") if done else None
+                yield SimpleNamespace(outputs=[SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason)])
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.aborted.append(request_id)
+            raise
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ByteCodec:
+    def prompt_ids(self, request):
+        return encode(prompt_text(request))
+
+
+@pytest.fixture
+async def client_engine():
+    client = ScriptedClient()
+    engine = VllmEngine(client, ByteCodec(), make_params=dict, make_prompt=list, max_num_seqs=2, context_window=64,
+                        vocab_size=259)
+    yield client, engine
+    await engine.close()
+
+
+async def drain(engine, count: int) -> tuple[dict[str, FinalEvent], dict[tuple[str, int], str]]:
+    finals, streamed = {}, {}
+    async with asyncio.timeout(5):
+        while len(finals) < count:
+            for event in await engine.next_events():
+                if isinstance(event, ChunkEvent):
+                    streamed[(event.request_id, event.index)] = streamed.get((event.request_id, event.index), "") + event.text
+                else:
+                    finals[event.request_id] = event
+    return finals, streamed
+
+
+async def test_choices_stream_deltas_that_add_up_to_the_final_text(client_engine):
+    client, engine = client_engine
+    engine.submit(make_request("a", "héllo", max_tokens=4, n=2, temperature=1.0, seed=1))
+    engine.submit(make_request("b", "hi", max_tokens=9))
+    assert engine.capacity().max_slots == 2 and engine.capacity().running == 2 and engine.capacity().queued == 1
+    finals, streamed = await drain(engine, 2)
+    a, b = finals["a"], finals["b"]
+    assert [(c.index, c.text, c.finish_reason) for c in a.choices] == [(0, "hél", "length"), (1, "hél", "length")]
+    assert streamed[("a", 0)] == streamed[("a", 1)] == "hél"  # the split é was held back, never sent as U+FFFD
+    assert a.usage == Usage(prompt_tokens=6, completion_tokens=8, total_tokens=14)
+    assert (b.choices[0].text, b.choices[0].finish_reason, b.usage.completion_tokens) == ("hi", "stop", 2)
+    assert a.outcome is b.outcome is Outcome.SUCCEEDED and 0 < a.started_ms <= a.first_token_ms <= a.finished_ms
+    assert sorted(client.started) == ["a#0", "a#1", "b#0"]
+    assert engine.capacity().running == 0
+
+
+async def test_cancel_aborts_every_choice_and_ends_canceled_at_once(client_engine):
+    client, engine = client_engine
+    client.paused.clear()
+    engine.submit(make_request("c", "abcdef", max_tokens=6, n=2, temperature=1.0))
+    await settle()
+    engine.cancel("c")
+    (final,) = await engine.next_events()
+    assert final.outcome is Outcome.CANCELED and [c.finish_reason for c in final.choices] == [None, None]
+    await settle()
+    assert sorted(client.aborted) == ["c#0", "c#1"]
+    client.paused.set()
+    engine.submit(make_request("d", "x", max_tokens=1))
+    finals, _ = await drain(engine, 1)
+    assert set(finals) == {"d"}  # nothing late from "c"
+
+
+async def test_a_request_vllm_rejects_is_its_own_invalid_request_error(client_engine):
+    client, engine = client_engine
+    client.fail_with = ValueError("bad sampling")
+    engine.submit(make_request("v", "abc", n=2, temperature=1.0))
+    finals, _ = await drain(engine, 1)
+    final = finals["v"]
+    assert final.outcome is Outcome.ERRORED and not final.shared_failure
+    assert (final.error.type, final.error.retryable) == ("invalid_request_error", False)
+
+
+async def test_other_failures_are_shared_and_a_dead_engine_ends_the_event_stream(client_engine):
+    client, engine = client_engine
+    client.fail_with = RuntimeError("step failed")
+    engine.submit(make_request("s", "abc"))
+    finals, _ = await drain(engine, 1)
+    assert finals["s"].shared_failure and finals["s"].error.retryable
+    client.errored = True
+    engine.submit(make_request("t", "abc"))
+    with pytest.raises(EngineDied):
+        await drain(engine, 1)
+
+
+async def test_submit_rejects_what_can_never_run(client_engine):
+    _, engine = client_engine
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        engine.submit(make_request("bias", "abc", logit_bias={259: 1.0}))
+    with pytest.raises(InvalidRequest, match="context window"):
+        engine.submit(make_request("long", "x" * 60, max_tokens=5))
+    rejecting = VllmEngine(ScriptedClient(), ByteCodec(), make_params=reject, make_prompt=list, max_num_seqs=2,
+                           context_window=64, vocab_size=259)
+    with pytest.raises(InvalidRequest, match="top_p"):
+        rejecting.submit(make_request("p", "abc"))
+    assert engine.capacity().running == 0
+
+
+def reject(**kwargs):
+    raise ValueError("top_p must be in (0, 1]")
