@@ -12,10 +12,9 @@ import os
 import socket
 import uuid
 
-from redis.asyncio import Redis
-
 from llmq_core import constants, kafka, metrics, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.redis_client import make_redis
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
 from llmq_batcher.loop import BatcherLoop
@@ -32,7 +31,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
                                  settings.metrics_host)
     await kafka.ensure_topics(settings)
-    redis = Redis.from_url(settings.redis_url)
+    redis = make_redis(settings.redis_url)
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, group_id=constants.GROUP_BATCHER)
     results = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=None, auto_offset_reset="latest")

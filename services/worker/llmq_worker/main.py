@@ -10,13 +10,12 @@ import asyncio
 import logging
 import signal
 
-import redis.asyncio as aioredis
-
 from llmq_core import metrics, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import worker_group
 from llmq_core.kafka import make_consumer, make_producer
 from llmq_core.models import BUILTIN_MODELS
+from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings, load_settings
 from llmq_core.telemetry import setup_logging
 
@@ -80,7 +79,7 @@ async def serve(args: argparse.Namespace, settings: Settings) -> None:
     observed = metrics.WorkerMetrics(args.model)
     metrics_port = settings.metrics_port if args.metrics_port is None else args.metrics_port
     stop_metrics = metrics.serve(observed.registry, metrics_port, settings.metrics_host)
-    redis = aioredis.from_url(settings.redis_url)
+    redis = make_redis(settings.redis_url)
     producer = make_producer(settings)
     consumer = make_consumer(settings, group_id=worker_group(args.partition))
     await producer.start()
