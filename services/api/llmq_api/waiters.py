@@ -33,7 +33,9 @@ class DuplicateRequestError(Exception):
 
 
 class Waiter:
-    """One request's mailbox: TokenChunks (streaming only; ``seq`` ascending, repeats dropped), then its resolution."""
+    """One request's mailbox: TokenChunks (streaming only; ``seq`` 0, 1, 2...: repeats and chunks after a gap are
+    dropped), then its resolution. After a lost chunk (a Redis blip) the rest of the text comes from the FinalResult, so
+    what the client got stays a prefix of the result's text."""
 
     def __init__(self, request_id: str, stream: bool) -> None:
         self.request_id = request_id
@@ -51,7 +53,7 @@ class Waiter:
         return await self._events.get()
 
     def _push_chunk(self, chunk: wire.TokenChunk) -> bool:
-        if not self.stream or self.done or chunk.seq <= self._last_seq:
+        if not self.stream or self.done or chunk.seq != self._last_seq + 1:
             return False
         self._last_seq = chunk.seq
         self._events.put_nowait(chunk)

@@ -63,6 +63,17 @@ async def test_stream_chunks_in_order_duplicates_dropped_then_result():
     assert events[3].choices[0].text == "abc"
 
 
+async def test_chunks_after_a_lost_chunk_are_dropped_the_result_brings_the_rest():
+    registry = WaiterRegistry(10)
+    waiter = registry.register("r1", stream=True)
+    for seq, text in [(0, "a"), (2, "c"), (3, "d")]:  # seq 1 was lost while Redis restarted
+        registry.dispatch(chunk("r1", text, seq))
+    registry.dispatch(final("r1", "abcd"))
+    events = [await waiter.next_event() for _ in range(2)]
+    assert events[0].text == "a"
+    assert events[1].choices[0].text == "abcd"
+
+
 async def test_chunks_for_non_streaming_waiters_are_dropped():
     registry = WaiterRegistry(10)
     waiter = registry.register("r1", stream=False)
