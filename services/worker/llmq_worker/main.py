@@ -1,4 +1,4 @@
-"""Worker process: ``python -m llmq_worker.main --worker-id W --partition P --model NAME --engine {simulated,transformers}``.
+"""Worker process: ``python -m llmq_worker.main --worker-id W --partition P --model NAME --engine {simulated,transformers,vllm}``.
 
 Wiring only: settings, logging, engine, Kafka/Redis clients, signals, then :class:`~llmq_worker.loop.WorkerLoop`.
 """
@@ -31,23 +31,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--partition", type=int, required=True)
     parser.add_argument("--model", required=True, help="model name served, e.g. llmq-sim or llmq-tiny")
-    parser.add_argument("--engine", choices=["simulated", "transformers"], required=True)
+    parser.add_argument("--engine", choices=["simulated", "transformers", "vllm"], required=True)
     parser.add_argument("--batch-time-ms", type=int, default=500, help="simulated: time of any batch")
     parser.add_argument("--max-batch-size", type=int, default=None, help="simulated: requests per batch (default: model's)")
     parser.add_argument("--poison-marker", default=None, help="simulated, for tests: a batch whose prompt holds it fails")
-    parser.add_argument("--model-path", default=None, help="transformers: HF causal-LM checkpoint dir (default: llmq-tiny)")
-    parser.add_argument("--max-concurrent-sequences", type=int, default=None, help="transformers: running sequences, at most")
-    parser.add_argument("--max-batched-tokens", type=int, default=None, help="transformers: tokens per forward step, at most")
+    parser.add_argument(
+        "--model-path", default=None, help="transformers, vllm: HF causal-LM checkpoint dir (transformers default: llmq-tiny)"
+    )
+    parser.add_argument(
+        "--max-concurrent-sequences", type=int, default=None, help="transformers, vllm: running sequences, at most"
+    )
+    parser.add_argument(
+        "--max-batched-tokens", type=int, default=None, help="transformers, vllm: tokens per forward step, at most"
+    )
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may take")
     parser.add_argument("--device", default=None, help="transformers: torch device (default: cuda if available, else cpu)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
     return parser.parse_args(argv)
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    """The engine the arguments select; transformers is imported only when chosen."""
+    """The engine the arguments select; transformers and vllm are imported only when chosen."""
     spec = BUILTIN_MODELS.get(args.model)
     if args.engine == "simulated":
         return _simulated(args, spec)
+    if args.engine == "vllm":
+        return _vllm(args, spec)
     from llmq_worker.engines.transformers_engine import TransformersEngine, route_library_logs
 
     route_library_logs()
@@ -56,6 +65,19 @@ def build_engine(args: argparse.Namespace) -> Engine:
         max_concurrent_sequences=args.max_concurrent_sequences or (spec.max_batch_size if spec else 32),
         max_batched_tokens=args.max_batched_tokens,
         device=args.device,
+    )
+
+
+def _vllm(args: argparse.Namespace, spec) -> Engine:
+    if args.model_path is None:
+        raise SystemExit("--engine vllm needs --model-path (a HF checkpoint directory)")
+    from llmq_worker.engines.vllm_engine import VllmEngine
+
+    return VllmEngine.from_args(
+        model_path=args.model_path,
+        max_concurrent_sequences=args.max_concurrent_sequences or (spec.max_batch_size if spec else 64),
+        max_batched_tokens=args.max_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
 
 

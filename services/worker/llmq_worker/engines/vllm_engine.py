@@ -142,10 +142,11 @@ class VllmEngine:
         max_concurrent_sequences: int,
         max_batched_tokens: int | None,
         gpu_memory_utilization: float = 0.9,
-        max_model_len: int | None = None,
+        engine_args: dict | None = None,
     ) -> VllmEngine:
         """vLLM on the HF checkpoint at ``model_path``: ``max_concurrent_sequences`` is vLLM's max_num_seqs (the slots),
-        ``max_batched_tokens`` its max_num_batched_tokens (None: vLLM's default). Raises ImportError without vllm."""
+        ``max_batched_tokens`` its max_num_batched_tokens (None: vLLM's default); ``engine_args``: more
+        ``AsyncEngineArgs`` (e.g. ``dtype``, ``enforce_eager``, ``max_model_len``). Raises ImportError without vllm."""
         import vllm
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -166,7 +167,7 @@ class VllmEngine:
             max_num_seqs=max_concurrent_sequences,
             max_num_batched_tokens=max_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
+            **(engine_args or {}),
         )
         client = AsyncLLM.from_engine_args(engine_args)
         return cls(
