@@ -58,7 +58,8 @@ def create_app(pod: Pod) -> FastAPI:
     app = FastAPI(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pod = pod
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
-    app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request while tracing is on
+    if tracing.enabled():  # configured before the app is built; off, requests skip the extra layer
+        app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
