@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from llmq_core.clock import Clock
 from llmq_core.constants import replies_channel
+from llmq_core.telemetry import request_fields
 from llmq_core.wire import (
     Batch,
     ErrorInfo,
@@ -265,7 +266,7 @@ class WorkerCore:
         )
 
     def _culprit(self, active: _Active) -> Outbox:
-        log.warning("request failed the engine alone: answering errored", extra={"request_id": active.request.request_id})
+        log.warning("request failed the engine alone: answering errored", extra=request_fields(active.request.request_id, active.request.traceparent))
         error = ErrorInfo(type="engine_error", message="this request made the engine fail", code="poison", retryable=False)
         return self._answer(active, Outcome.ERRORED, error=error)
 

@@ -24,6 +24,7 @@ from transformers.generation.continuous_batching import RequestStatus
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.models import LLMQ_TINY
+from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 
 from llmq_worker.engine import (
@@ -243,7 +244,7 @@ class TransformersEngine:
             self._fail(job, message)
 
     def _fail(self, job: _Job, message: str) -> None:
-        log.warning("generation failed: %s", message, extra={"request_id": job.request.request_id})
+        log.warning("generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent))
         self._jobs.pop(job.request.request_id, None)
         self._drop_subs(job)
         error = ErrorInfo(type="engine_error", message=message, retryable=True)

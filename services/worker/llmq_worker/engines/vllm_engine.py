@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, Usage
 
 from llmq_worker.engine import (
@@ -297,7 +298,7 @@ class VllmEngine:
         """End ``job`` errored; ``shared``: the failure may not be its own (the worker bisects and re-runs)."""
         if self._jobs.pop(job.request.request_id, None) is not job:
             return
-        log.warning("generation failed: %s", message, extra={"request_id": job.request.request_id})
+        log.warning("generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent))
         self._stop_tasks(job)
         error = ErrorInfo(type=error_type, message=message, retryable=retryable)
         self._events.put(self._final(job, Outcome.ERRORED, error=error, shared_failure=shared))
