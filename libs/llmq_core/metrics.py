@@ -100,6 +100,23 @@ def _class(traffic_class: str | None) -> str:
     return traffic_class or UNKNOWN
 
 
+class _Children:
+    """A metric's labelled children, cached: prometheus_client's ``labels()`` locks and validates on every call, which
+    would cost more than the observation itself on the per-request paths."""
+
+    __slots__ = ("metric", "cache")
+
+    def __init__(self, metric) -> None:
+        self.metric = metric
+        self.cache: dict[tuple[str, ...], object] = {}
+
+    def __call__(self, *labels: str):
+        child = self.cache.get(labels)
+        if child is None:
+            child = self.cache[labels] = self.metric.labels(*labels)
+        return child
+
+
 # --- batcher -----------------------------------------------------------------------------------------------------------
 
 
@@ -131,10 +148,10 @@ class BatcherMetrics(_Metrics):
                                ["model", "reason"], registry=r)
         self.lag = ConsumerLag(r)
         self._queue_labels: set[tuple[str, str]] = set()
-        self._waits: dict[tuple[str, str], Histogram] = {}  # labelled children: labels() costs a lock and a dict
+        self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
 
     def consumed(self, request: wire.GenerationRequest) -> None:
-        self.requests.labels(request.traffic_class, request.model).inc()
+        self._requests(request.traffic_class, request.model).inc()
 
     def dispatched(self, model: str, flush_reason: str, requests: list[wire.GenerationRequest], now_ms: int,
                    max_batch: int | None) -> None:
@@ -145,9 +162,7 @@ class BatcherMetrics(_Metrics):
         if max_batch:
             self.batch_fill.labels(model).observe(min(1.0, size / max_batch))
         for request in requests:
-            key = (request.traffic_class, model)
-            hist = self._waits.get(key) or self._waits.setdefault(key, self.dispatch_wait.labels(*key))
-            hist.observe(max(0, now_ms - request.created_ms) / 1000)
+            self._waits(request.traffic_class, model).observe(max(0, now_ms - request.created_ms) / 1000)
 
     def answered_request(self, request: wire.GenerationRequest, outcome: str) -> None:
         self.answered.labels(request.traffic_class, request.model, outcome).inc()
@@ -186,6 +201,7 @@ class WorkerMetrics(_Metrics):
                                 ["traffic_class", "model", "outcome"], registry=r)
         self.tokens = Counter("llmq_worker_completion_tokens", "Completion tokens generated", ["model"], registry=r)
         self.lag = ConsumerLag(r)
+        self._requests, self._tokens = _Children(self.requests), _Children(self.tokens)
 
     def heartbeat(self, beat: wire.WorkerHeartbeat) -> None:
         """Capacity from the heartbeat the worker just built."""
@@ -200,9 +216,9 @@ class WorkerMetrics(_Metrics):
         self.batch_size.labels(self.model).observe(len(batch.requests))
 
     def finished(self, result: wire.FinalResult) -> None:
-        self.requests.labels(_class(result.traffic_class), result.model, result.outcome.value).inc()
+        self._requests(_class(result.traffic_class), result.model, result.outcome.value).inc()
         if result.usage.completion_tokens:
-            self.tokens.labels(result.model).inc(result.usage.completion_tokens)
+            self._tokens(result.model).inc(result.usage.completion_tokens)
 
 
 # --- result-router -----------------------------------------------------------------------------------------------------
@@ -236,6 +252,9 @@ class RouterMetrics(_Metrics):
                                          registry=r)
         self.duplicates = Counter("llmq_results_duplicates", "Redelivered results (not counted again)", registry=r)
         self.lag = ConsumerLag(r)
+        self._results, self._duration = _Children(self.results), _Children(self.duration)
+        self._queue, self._ttft, self._itl = _Children(self.queue), _Children(self.ttft), _Children(self.itl)
+        self._prompt, self._completion = _Children(self.prompt_tokens), _Children(self.completion_tokens)
 
     def result(self, result: wire.FinalResult, first: bool) -> None:
         """Count one FinalResult; ``first``: no result for its request_id was stored before."""
@@ -243,16 +262,16 @@ class RouterMetrics(_Metrics):
             self.duplicates.inc()
             return
         cls, model, outcome, timings = _class(result.traffic_class), result.model, result.outcome.value, result.timings
-        self.results.labels(cls, model, outcome).inc()
-        self.duration.labels(cls, model, outcome).observe(timings.total_ms / 1000)
-        self.queue.labels(cls, model).observe(timings.queued_ms / 1000)
+        self._results(cls, model, outcome).inc()
+        self._duration(cls, model, outcome).observe(timings.total_ms / 1000)
+        self._queue(cls, model).observe(timings.queued_ms / 1000)
         usage = result.usage
         if usage.prompt_tokens or usage.completion_tokens:
-            self.prompt_tokens.labels(result.tenant_id, model).inc(usage.prompt_tokens)
-            self.completion_tokens.labels(result.tenant_id, model).inc(usage.completion_tokens)
+            self._prompt(result.tenant_id, model).inc(usage.prompt_tokens)
+            self._completion(result.tenant_id, model).inc(usage.completion_tokens)
         if result.outcome is not wire.Outcome.SUCCEEDED or not timings.ttft_ms:
             return
-        self.ttft.labels(cls, model).observe(timings.ttft_ms / 1000)
+        self._ttft(cls, model).observe(timings.ttft_ms / 1000)
         per_choice = usage.completion_tokens / max(1, len(result.choices))
         if per_choice >= 2:
-            self.itl.labels(cls, model).observe(max(0, timings.total_ms - timings.ttft_ms) / 1000 / (per_choice - 1))
+            self._itl(cls, model).observe(max(0, timings.total_ms - timings.ttft_ms) / 1000 / (per_choice - 1))
