@@ -135,8 +135,21 @@ class RayPeer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.cfg.port}/v1"
 
-    def start(self) -> None:
-        """Start Ray on this machine's CPUs and deploy; returns once the replicas are ready."""
+    def start(self, attempts: int = 3) -> None:
+        """Start Ray on this machine's CPUs and deploy; returns once the replicas are ready.
+
+        Ray gives its raylet a fixed 30 s to register at start, which a busy machine can miss: up to ``attempts`` tries.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start()
+                return
+            except Exception:
+                self.stop()
+                if attempt == attempts:
+                    raise
+
+    def _start(self) -> None:
         import ray
         from ray import serve
 
@@ -160,9 +173,12 @@ class RayPeer:
         return ray.get(self.counter.read.remote())
 
     def stop(self) -> None:
+        """Tear down the Serve app and this process's Ray (a no-op when Ray is not up)."""
         import ray
         from ray import serve
 
+        if not ray.is_initialized():
+            return
         try:
             serve.shutdown()
         finally:

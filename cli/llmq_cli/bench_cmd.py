@@ -141,3 +141,5 @@ def bench_curve(
         port_base=port_base)
     result = capacity_curve.run_curve(cfg, log=Console(stderr=True).print)
     capacity_curve.print_curve(result, Console())
+    if result.get("failed"):
+        raise typer.Exit(1)

@@ -35,6 +35,10 @@ def test_ramp_and_keeping_up():
     assert cc.ramp_rates(20, 1.5, 3) == [20, 30, 45]
     assert cc.keeps_up({"throughput_rps": 86, "offered_rps": 100})
     assert not cc.keeps_up({"throughput_rps": 84, "offered_rps": 100})
+    # A slow step that still served clearly more than before does not end the ramp; one that served no more does.
+    assert cc.ramp_goes_on({"throughput_rps": 30, "offered_rps": 45}, best_rps=20)
+    assert not cc.ramp_goes_on({"throughput_rps": 30, "offered_rps": 45}, best_rps=29)
+    assert cc.ramp_goes_on({"throughput_rps": 44, "offered_rps": 45}, best_rps=50)
 
 
 def sample(status: str, e2e_ms: float) -> loadgen.Sample:
