@@ -60,6 +60,7 @@ class Harness:
         self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models)
         self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
         self.driver = self.new_driver()
+        self.created: list[str] = []
 
     def new_driver(self) -> JobDriver:
         return JobDriver(self.settings, self.store, self.files, self.producer, self.redis, self.clock)
@@ -67,7 +68,17 @@ class Harness:
     async def create(self, lines: list[str], principal: Principal = TENANT, window: str = "10m"):
         record = await self.api.upload(principal, "in.jsonl", "batch", _Source("\n".join(lines).encode()))
         body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": window})
-        return await self.api.create(principal, body.encode())
+        job = await self.api.create(principal, body.encode())
+        self.created.append(job.spec.id)
+        return job
+
+    async def cleanup(self) -> None:
+        """Forget this test's jobs, so no result-router sharing this Redis ever picks them up."""
+        for batch_id in self.created:
+            await self.redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
+            await self.redis.delete(*(key(batch_id) for key in (
+                jobs.job_key, jobs.job_lines_key, jobs.job_offsets_key, jobs.job_results_key, jobs.job_retries_key,
+                jobs.job_lease_key)))
 
     async def job(self, batch_id: str):
         return await self.store.get_job(batch_id)
@@ -111,7 +122,9 @@ RETRYABLE = wire.ErrorInfo(type="engine_error", message="worker lost", retryable
 @pytest.fixture
 async def harness():
     redis = Redis.from_url(Settings().redis_url)
-    yield Harness(redis)
+    harness = Harness(redis)
+    yield harness
+    await harness.cleanup()
     await redis.aclose()
 
 
@@ -332,9 +345,11 @@ async def test_an_idempotency_key_returns_the_same_batch_and_runs_nothing_twice(
     key = f"k-{uuid.uuid4().hex}"
     first = await harness.api.create(tenant, body, key)
     again = await harness.api.create(tenant, body, key)
+    harness.created.append(first.spec.id)
     assert again.spec.id == first.spec.id
     assert [j.spec.id for j in (await harness.api.list(tenant, None, 100))[0]] == [first.spec.id]
     fresh = await harness.api.create(tenant, body, f"k-{uuid.uuid4().hex}")
+    harness.created.append(fresh.spec.id)
     assert fresh.spec.id != first.spec.id
 
 
@@ -345,4 +360,15 @@ async def test_a_failed_creation_releases_its_idempotency_key(harness):
         await harness.api.create(TENANT, body, key)
     record = await harness.api.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()))
     body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode()
-    assert (await harness.api.create(TENANT, body, key)).status == jobs.IN_PROGRESS
+    job = await harness.api.create(TENANT, body, key)
+    harness.created.append(job.spec.id)
+    assert job.status == jobs.IN_PROGRESS
+
+
+async def test_a_router_that_cannot_drive_a_job_hands_it_over(harness):
+    job = await harness.create([line("a")])
+    await harness.files.delete(job.spec.prepared_path)  # this router's file store lacks the job's files
+    broken = harness.new_driver()
+    await broken.step(job.spec.id)
+    other = harness.new_driver()
+    assert await harness.store.hold_lease(job.spec.id, other.token, 60_000)

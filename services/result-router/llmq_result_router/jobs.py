@@ -103,18 +103,25 @@ class JobDriver:
         active = await self.store.active_jobs()
         self._held &= set(active)
         for batch_id in active:
-            if not await self.store.hold_lease(batch_id, self.token, self.settings.batch_lease_ms):
-                self._held.discard(batch_id)
-                continue
-            self._held.add(batch_id)
-            try:
-                await self.drive(batch_id)
-            except Exception:
-                log.exception("driving batch %s failed", batch_id, extra={"batch_id": batch_id})
+            await self.step(batch_id)
         now_ms = self.clock.now_ms()
         if now_ms - self._last_sweep_ms >= SWEEP_INTERVAL_MS:
             self._last_sweep_ms = now_ms
             await self.sweep_files(now_ms // 1000)
+
+    async def step(self, batch_id: str) -> None:
+        """Drive one job if its lease is ours (taking a free one); a job that fails is handed over."""
+        if not await self.store.hold_lease(batch_id, self.token, self.settings.batch_lease_ms):
+            self._held.discard(batch_id)
+            return
+        self._held.add(batch_id)
+        try:
+            await self.drive(batch_id)
+        except Exception:
+            # Hand the job over: another router (say, one that can read the file store) may do better.
+            log.exception("driving batch %s failed; releasing it", batch_id, extra={"batch_id": batch_id})
+            self._held.discard(batch_id)
+            await self.store.release_lease(batch_id, self.token)
 
     async def drive(self, batch_id: str) -> None:
         """One step of one job (see :func:`jobpolicy.plan_job`)."""
