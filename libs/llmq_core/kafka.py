@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -21,6 +22,15 @@ from llmq_core.constants import (
 from llmq_core.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def is_valid_topic_name(name: str) -> bool:
+    """Whether Kafka accepts ``name`` as a topic: 1-249 of ``[A-Za-z0-9._-]``, and not ``.`` or ``..``. Producing to any
+    other name fails (aiokafka keeps retrying the metadata request until its timeout), so check before producing."""
+    return bool(_TOPIC_NAME.fullmatch(name)) and name not in (".", "..")
 
 
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:

@@ -66,28 +66,32 @@ class ResultRouter:
             await self._dead_letter(record, f"not a final_result: {type(message).__name__}")
             return
         if not tracing.enabled():
-            await self._route(message)
+            await self._route(message, record)
             return
         span = tracing.start_span("result_router.route", parent=tracing.header_traceparent(record.headers),
                                   kind=tracing.SpanKind.CONSUMER,
                                   attributes={"llmq.request_id": message.request_id,
                                               "llmq.outcome": message.outcome.value})
         with tracing.use_span(span):
-            await self._route(message)
+            await self._route(message, record)
 
-    async def _route(self, message: wire.FinalResult) -> None:
-        first = await self._deliver(plan_delivery(message))
+    async def _route(self, message: wire.FinalResult, record) -> None:
+        first = await self._deliver(plan_delivery(message), record)
         if self.metrics is not None:
             self.metrics.result(message, first)
         if self.ledger is not None and isinstance(message.reply_to, wire.JobReply):
             await self.ledger.on_result(message)
 
-    async def _deliver(self, delivery: Delivery) -> bool:
-        """Store and reply; True when this is the first result stored for the request (metrics count it once)."""
+    async def _deliver(self, delivery: Delivery, record) -> bool:
+        """Store and reply (or dead-letter ``record`` when no reply can be produced); True when this is the first result
+        stored for the request (metrics count it once)."""
         ttl_ms = self.settings.result_ttl_s * 1000
         # The first stored result wins: a redelivered duplicate never overwrites what callers may already have read.
         first = bool(await self.redis.set(constants.result_key(delivery.request_id), delivery.store, px=ttl_ms,
                                           nx=True))
+        if delivery.undeliverable is not None:
+            await self._dead_letter(record, delivery.undeliverable)
+            return first
         if delivery.reply_topic is None:
             return first
         key = constants.delivered_key(delivery.request_id)

@@ -1,0 +1,94 @@
+"""A Kafka reply to a topic name Kafka rejects is dead-lettered once, not retried forever ahead of every other result
+(it used to hold up the whole llmq.results partition: aiokafka fails each send after its metadata timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from llmq_core import constants, wire
+from llmq_core.kafka import is_valid_topic_name
+from llmq_core.settings import Settings
+from llmq_result_router.loop import ResultRouter
+from llmq_result_router.routing import plan_delivery
+
+TP = ("llmq.results", 0)
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "bad topic", "a/b", "ü", "x" * 250, "t\n"])
+def test_illegal_topic_names(name):
+    assert not is_valid_topic_name(name)
+
+
+@pytest.mark.parametrize("name", ["my.replies", "A-b_c.9", "x" * 249, "..."])
+def test_legal_topic_names(name):
+    assert is_valid_topic_name(name)
+
+
+def _result(request_id: str, topic: str) -> wire.FinalResult:
+    return wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
+                            reply_to=wire.KafkaReply(topic=topic))
+
+
+def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
+    delivery = plan_delivery(_result("r1", "bad topic/ with spaces!!"))
+    assert delivery.reply_topic is None and delivery.undeliverable
+    assert wire.decode(delivery.store).request_id == "r1"
+    assert plan_delivery(_result("r2", "ok.replies")).undeliverable is None
+
+
+class FakeConsumer:
+    def __init__(self, records) -> None:
+        self.records, self.commits, self.router = records, 0, None
+
+    async def getmany(self, timeout_ms, max_records):
+        if not self.records:
+            self.router.stop()
+            return {}
+        batch, self.records = self.records, []
+        return {TP: batch}
+
+    async def commit(self) -> None:
+        self.commits += 1
+
+
+class FakeProducer:
+    """Like aiokafka: a send to an illegal topic name never succeeds."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def send_and_wait(self, topic, value, key=None, headers=None):
+        if not is_valid_topic_name(topic):
+            raise AssertionError(f"produced to illegal topic {topic!r}")
+        self.sent.append((topic, key))
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    async def set(self, key, value, px=None, nx=False):
+        if nx and key in self.data:
+            return None
+        self.data[key] = value
+        return True
+
+    async def exists(self, key):
+        return int(key in self.data)
+
+
+def _record(offset: int, result: wire.FinalResult):
+    return SimpleNamespace(topic=TP[0], partition=TP[1], offset=offset, key=result.request_id.encode(),
+                           value=wire.encode(result), headers=[])
+
+
+async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_next_result():
+    consumer = FakeConsumer([_record(0, _result("bad", "")), _record(1, _result("good", "ok.replies"))])
+    producer, redis = FakeProducer(), FakeRedis()
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis)
+    await asyncio.wait_for(router.run(), 5)
+    assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"bad"), ("ok.replies", b"good")]
+    assert constants.result_key("bad") in redis.data and consumer.commits == 1
