@@ -17,7 +17,6 @@ path pays one global read. Spans are kept on a private TracerProvider (not the g
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,11 +34,9 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, T
 from llmq_core.constants import HEADER_TRACEPARENT
 from llmq_core.settings import Settings
 
-log = logging.getLogger(__name__)
-
 __all__ = ["SpanKind", "configure", "enabled", "shutdown", "start_span", "record_span", "end", "traceparent_of",
-           "request_attributes", "annotate_current", "parse", "header_traceparent", "with_traceparent", "trace_id_of", "current_ids", "use_span",
-           "AsgiTracing", "JsonFileExporter"]
+           "request_attributes", "annotate_current", "parse", "header_traceparent", "with_traceparent", "trace_id_of",
+           "current_ids", "use_span", "AsgiTracing", "JsonFileExporter", "span_record"]
 
 _tracer: trace.Tracer | None = None
 _provider: TracerProvider | None = None

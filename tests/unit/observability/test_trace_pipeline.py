@@ -29,9 +29,8 @@ from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
 
 from tests.unit.api.fakes import FakeRedis as KeyValueRedis
-from tests.unit.batcher.test_loop import FakeConsumer, FakeProducer, FakeRedis as BatcherRedis, Record
+from tests.unit.batcher.test_loop import FakeConsumer, FakeRedis as BatcherRedis, Record
 
-SERVICES = ("api", "batcher", "worker", "result_router")
 
 
 class KafkaBus:
