@@ -2,7 +2,7 @@
 ``openai`` SDK; kcat for the Kafka-direct format.
 
 The stack runs on the suite's Kafka and Redis (tests/conftest.py), or, when the environment names other ones, on a
-private Kafka and Redis of its own (ports 34192 / 34479) so that killing its result-router disturbs nobody.
+private Kafka and Redis of its own (ports 24192 / 24479) so that killing its result-router disturbs nobody.
 Retries, cancels and the window's end are driven by a fake worker in this test that serves a model of its own on an
 otherwise unused partition of llmq.batches: its prompts say how it answers (fail once, fail always, hold).
 """
@@ -36,7 +36,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_CLAIMS = ROOT.parent / "shared" / "data" / "claims-batch.jsonl"
 API_PORTS = (18100, 18101)
-PRIVATE = dict(state_dir=ROOT / "var" / "batch-test", kafka_port=34192, redis_port=34479, api_ports=(34100, 34101))
+# Below the kernel's ephemeral range (32768+), so no outgoing connection holds them by chance.
+PRIVATE = dict(state_dir=ROOT / "var" / "batch-test", kafka_port=24192, redis_port=24479, api_ports=(24100, 24101))
 FAKE_MODEL = f"batch-fake-{uuid.uuid4().hex[:6]}"
 FAKE_PARTITION = 15  # the stack's workers take partitions 0 and 1
 ENDED = ("completed", "failed", "expired", "cancelled")
