@@ -199,7 +199,7 @@ def _decode(body: bytes, kind: type) -> Any:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise _type_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deeply
         raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
 
 

@@ -104,7 +104,7 @@ def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int
     except msgspec.ValidationError:
         checked.fail("invalid_json_line", "Line is not a JSON object", line=number)
         return None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
         checked.fail("invalid_json_line", f"Line is not valid JSON: {exc}", line=number)
         return None
     custom_id = line.custom_id
@@ -150,6 +150,6 @@ def _check_body(body: bytes, number: int, custom_id: str, endpoint: str, models:
 def _model_of(body: bytes) -> str:
     try:
         model = msgspec.json.decode(body, type=dict).get("model")
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return ""
     return model if isinstance(model, str) else ""

@@ -261,7 +261,7 @@ def _decode_create(body: bytes) -> CreateBatch:
         return msgspec.json.decode(body, type=CreateBatch)
     except msgspec.ValidationError as exc:
         raise invalid(f"Invalid request: {exc}", code="invalid_type") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
