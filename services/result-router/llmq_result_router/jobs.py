@@ -12,12 +12,14 @@ saved after its lines are acknowledged by Kafka, and every ledger change is a co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Iterable
 
 import msgspec
 from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
 
 from llmq_core import constants, jobs, kafka, wire
 from llmq_core.clock import Clock
@@ -68,7 +70,7 @@ class JobDriver:
     """Drives every active job whose lease this router holds, one step per tick."""
 
     def __init__(self, settings: Settings, store: JobStore, files: FileStore, producer: AIOKafkaProducer,
-                 redis, clock: Clock) -> None:
+                 redis: Redis, clock: Clock) -> None:
         self.settings = settings
         self.store = store
         self.files = files
@@ -96,8 +98,9 @@ class JobDriver:
                 await asyncio.wait_for(self._stopping.wait(), self.settings.batch_tick_ms / 1000)
             except TimeoutError:
                 pass
-        for batch_id in self._held:
-            await self.store.release_lease(batch_id, self.token)
+        with contextlib.suppress(Exception):  # Redis gone: the leases simply lapse
+            for batch_id in self._held:
+                await self.store.release_lease(batch_id, self.token)
 
     async def tick(self) -> None:
         active = await self.store.active_jobs()
