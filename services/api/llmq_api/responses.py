@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import HTTP_REQUEST_ID
+from llmq_api.errors import RETRY_AFTER_S, unavailable
 from llmq_api.exchange import CancelPublisher, wait_for_resolution
 from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import (
@@ -25,6 +26,9 @@ from llmq_api.openai_format import (
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
 
 log = logging.getLogger(__name__)
+
+# What a request still waiting when the pod's drain runs out gets (uvicorn cancels it): its Cancel went out, retry it.
+SHUTTING_DOWN = unavailable("The server is shutting down; retry the request", RETRY_AFTER_S, code="shutting_down")
 
 
 class PendingRequest:
@@ -103,7 +107,12 @@ class ResultResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pending = self.pending
-        resolution = await pending.resolution(receive)
+        try:
+            resolution = await pending.resolution(receive)
+        except asyncio.CancelledError:  # the pod's drain ran out of time: hand the request back to its client
+            await _send_json(send, pending, SHUTTING_DOWN.status, SHUTTING_DOWN.body(), SHUTTING_DOWN.headers)
+            pending.record(pending.waiter.resolution, SHUTTING_DOWN.status)
+            return
         error = error_for(resolution)
         if isinstance(resolution, Abandoned):
             pending.record(resolution, CLIENT_GONE_STATUS)
@@ -113,11 +122,15 @@ class ResultResponse(Response):
                                                         pending.created_s), None
         else:
             status, payload, extra = error.status, error.body(), error.headers
-        body = msgspec.json.encode(payload)
-        headers = _headers(pending, b"application/json", extra) + [(b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _send_json(send, pending, status, payload, extra)
         pending.record(resolution, status)
+
+
+async def _send_json(send: Send, pending: PendingRequest, status: int, payload: dict, extra: dict | None) -> None:
+    body = msgspec.json.encode(payload)
+    headers = _headers(pending, b"application/json", extra) + [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class StreamResponse(Response):
@@ -152,7 +165,13 @@ class StreamResponse(Response):
                            {"cache-control": "no-cache", "x-accel-buffering": "no"})
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await write(fmt.role(request.sampling.n))
-        resolution = await pending.resolution(receive, on_chunk)
+        try:
+            resolution = await pending.resolution(receive, on_chunk)
+        except asyncio.CancelledError:  # the pod's drain ran out of time: end the stream with a retryable error
+            await write(sse(SHUTTING_DOWN.body()))
+            await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+            pending.record(pending.waiter.resolution, SHUTTING_DOWN.status)
+            return
         if isinstance(resolution, Abandoned):
             pending.record(resolution, CLIENT_GONE_STATUS)
             return

@@ -1,0 +1,58 @@
+"""A request still waiting when the pod's drain runs out (uvicorn cancels it) gets a 503 + Retry-After, not a 500."""
+
+import asyncio
+import json
+
+from llmq_core import wire
+from llmq_core.clock import FakeClock
+from llmq_api.metrics import ApiMetrics
+from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
+from llmq_api.waiters import Abandoned, WaiterRegistry
+from tests.unit.api.fakes import CancelRecorder
+
+NOW_MS = 1_700_000_000_000
+
+
+def pending(stream: bool) -> tuple[PendingRequest, CancelRecorder]:
+    registry, cancels = WaiterRegistry(10), CancelRecorder()
+    request = wire.GenerationRequest(request_id="r1", model="llmq-sim", prompt="hi", stream=stream, created_ms=NOW_MS,
+                                     deadline_ms=NOW_MS + 60_000, reply_to=wire.HttpReply(instance_id="pod"))
+    waiter = registry.register("r1", stream=stream)
+    return PendingRequest(request=request, waiter=waiter, include_usage=False, registry=registry,
+                          publish_cancel=cancels, metrics=ApiMetrics(lambda: len(registry)),
+                          clock=FakeClock(NOW_MS)), cancels
+
+
+async def serve_until_cancelled(response) -> list[dict]:
+    sent: list[dict] = []
+
+    async def receive():
+        await asyncio.Event().wait()  # the client stays
+
+    async def send(message):
+        sent.append(message)
+
+    task = asyncio.create_task(response({"type": "http"}, receive, send))
+    await asyncio.sleep(0.01)
+    task.cancel()  # what uvicorn does once timeout_graceful_shutdown is over
+    await asyncio.gather(task, return_exceptions=True)
+    return sent
+
+
+async def test_a_held_request_is_handed_back_with_503_and_its_work_cancelled():
+    held, cancels = pending(stream=False)
+    sent = await serve_until_cancelled(ResultResponse(held))
+    start, body = sent
+    assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]
+    assert json.loads(body["body"])["error"]["code"] == "shutting_down"
+    assert held.waiter.resolution == Abandoned("pod_shutdown")
+    assert cancels.cancels == [("r1", "pod_shutdown")]
+
+
+async def test_a_held_stream_ends_with_a_retryable_error_event():
+    held, cancels = pending(stream=True)
+    sent = await serve_until_cancelled(StreamResponse(held))
+    events = b"".join(m.get("body", b"") for m in sent)
+    assert b'"code":"shutting_down"' in events and events.endswith(b"data: [DONE]\n\n")
+    assert sent[-1]["more_body"] is False
+    assert cancels.cancels == [("r1", "pod_shutdown")]
