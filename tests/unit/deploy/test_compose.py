@@ -72,3 +72,10 @@ def test_loadgen_runs_llmq_bench_against_both_pods_under_the_load_profile():
     bench = typer.main.get_command(app).commands["bench"]
     known = {opt for param in bench.params for opt in param.opts}
     assert {arg for arg in argv if arg.startswith("--")} <= known
+
+
+def test_api_pods_and_result_router_share_the_batch_file_store():
+    for name in ("api-0", "api-1", "result-router"):
+        assert "llmq-files:/data/files" in SERVICES[name]["volumes"], name
+        assert SERVICES[name]["environment"]["LLMQ_FILES_URL"] == "/data/files"
+    assert "llmq-files" in COMPOSE["volumes"]
