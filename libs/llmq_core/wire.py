@@ -296,3 +296,17 @@ def content_type_of(headers: list[tuple[str, bytes]] | tuple | None) -> str | No
         if key == "content-type":
             return value.decode()
     return None
+
+
+def decode_record(value: bytes | None, headers: list[tuple[str, bytes]] | tuple | None) -> Message:
+    """Parse a consumed Kafka record from any producer (format from its ``content-type`` header, as :func:`decode`).
+
+    Raises only ``msgspec.DecodeError`` / ``msgspec.ValidationError``, also for a null value, a header that is not
+    UTF-8, or nesting too deep for the decoder, so a consumer can dead-letter every bad record the same way.
+    """
+    if value is None:
+        raise msgspec.DecodeError("The record has no value")
+    try:
+        return decode(value, content_type_of(headers))
+    except (RecursionError, UnicodeDecodeError) as exc:
+        raise msgspec.DecodeError(f"Undecodable record: {exc}") from None

@@ -123,7 +123,7 @@ class BatcherLoop:
         """Take one consumed record: a request goes to the policy, anything else to the dead letters."""
         self.offsets.track(tp, record.offset)
         try:
-            message = wire.decode(record.value, wire.content_type_of(record.headers))
+            message = wire.decode_record(record.value, record.headers)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._dead_letter(tp, record, str(exc))
             return

@@ -58,7 +58,7 @@ class ResultRouter:
 
     async def _handle(self, record) -> None:
         try:
-            message = wire.decode(record.value, wire.content_type_of(record.headers))
+            message = wire.decode_record(record.value, record.headers)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._dead_letter(record, str(exc))
             return

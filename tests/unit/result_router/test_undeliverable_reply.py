@@ -92,3 +92,13 @@ async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_n
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"bad"), ("ok.replies", b"good")]
     assert constants.result_key("bad") in redis.data and consumer.commits == 1
+
+
+@pytest.mark.parametrize("value", [None, b"\x91" * 100_000 + b"\x90", b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
+async def test_a_poison_result_record_is_dead_lettered_and_the_next_one_delivered(value):
+    poison = SimpleNamespace(topic=TP[0], partition=TP[1], offset=0, key=b"poison", value=value, headers=[])
+    consumer = FakeConsumer([poison, _record(1, _result("good", "ok.replies"))])
+    producer, redis = FakeProducer(), FakeRedis()
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis)
+    await asyncio.wait_for(router.run(), 5)
+    assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"poison"), ("ok.replies", b"good")]
