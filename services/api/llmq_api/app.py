@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import msgspec
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -255,6 +256,15 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         error = ApiError(exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500 else
                          SERVER_ERROR)
         return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A query or path parameter of the wrong type (``?limit=abc``): 400 naming it, not FastAPI's 422 shape."""
+        first = (exc.errors() or [{}])[0]
+        param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+        error = ApiError(400, f"Invalid parameter {param!r}: {first.get('msg', 'invalid value')}", param=param,
+                         code="invalid_type")
+        return JSONResponse(error.body(), status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
