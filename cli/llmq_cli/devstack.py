@@ -55,6 +55,7 @@ class StackConfig:
     sim_max_batch_size: int = 64
     sim_worker_args: tuple[str, ...] = ()  # appended to every llmq-sim worker's argv (e.g. ``--poison-marker X``)
     extra_env: dict[str, str] = field(default_factory=dict)
+    manage_infra: bool = True  # False: Kafka and Redis at these ports are someone else's; start and stop only services
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -134,8 +135,9 @@ class DevStack:
         for folder in (self.pids, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
-        self._start_redis()
-        self._start_kafka()
+        if self.cfg.manage_infra:
+            self._start_redis()
+            self._start_kafka()
         _wait(lambda: _redis_ping(self.cfg.redis_url), deadline, "redis")
         _wait(lambda: _tcp_open(self.cfg.kafka_port), deadline, "kafka")
         _wait(lambda: _try(lambda: _run_in_thread(ensure_topics(self.cfg.settings()))), deadline, "kafka topics")
@@ -231,7 +233,7 @@ class DevStack:
         order = {"api": 0, "batcher": 1, "worker": 2, "result-router": 3, "kafka": 4, "redis": 5}
         stopped = []
         records = sorted(self._records(), key=lambda item: order.get(item[1]["kind"], 9))
-        if services_only:
+        if services_only or not self.cfg.manage_infra:
             records = [(name, r) for name, r in records if r["kind"] not in ("kafka", "redis")]
         for group in sorted({order.get(r["kind"], 9) for _, r in records}):
             members = [(n, r) for n, r in records if order.get(r["kind"], 9) == group]

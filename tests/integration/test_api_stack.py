@@ -68,7 +68,7 @@ def stack(infra, tmp_path_factory):
                  sim_max_batch_size=8, extra_env=env)
     if infra is not None:
         cfg = StackConfig(state_dir=infra.cfg.state_dir / "api-edge", kafka_port=infra.cfg.kafka_port,
-                          redis_port=infra.cfg.redis_port, **shape)
+                          redis_port=infra.cfg.redis_port, manage_infra=False, **shape)
     else:
         (kafka_port,), (redis_port,) = free_ports(1, consecutive=2), free_ports(1)
         cfg = StackConfig(state_dir=ROOT / "var" / f"test-api-edge-{uuid.uuid4().hex[:6]}", kafka_port=kafka_port,
