@@ -111,6 +111,9 @@ def point_figures(report: dict, load: float, batch_time_ms: float) -> dict:
         "ttft_p50_ms": report["ttft_ms"]["p50"], "ttft_p99_ms": report["ttft_ms"]["p99"],
         "mean_batch_size": batches.get("mean_size", 0.0), "batch_fill": batches.get("fill", 0.0),
         "rejected_429": report["rejected_429"], "timeouts_504": report["timeouts_504"], "status": report["status"],
+        "tenants": {key: {"requests": t["requests"], "goodput_over_offered": t["good"] / t["requests"],
+                          "p99_ms": t["latency_ms"]["p99"], "rejected_429": t["rejected_429"]}
+                    for key, t in report.get("tenants", {}).items() if t["requests"]},
     }
 
 
@@ -191,6 +194,7 @@ def run_points(runner: Runner, batch_time_ms: int, log: Callable[[str], None]) -
     ideal = ideal_capacity_rps(cfg.workers, cfg.max_batch_size, batch_time_ms)
     slo_ms = SEED_SLO_OVER_BATCH * batch_time_ms
     points, lightest = [], None
+    runner.run(cfg.loads[0] * ideal, max(cfg.warmup_s, 3 * batch_time_ms / 1000), slo_ms)  # warm-up, discarded
     for load in cfg.loads:
         report, samples = runner.run(load * ideal, cfg.point_s, slo_ms)
         point = point_figures(report, load, batch_time_ms)

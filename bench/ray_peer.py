@@ -135,7 +135,7 @@ class RayPeer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.cfg.port}/v1"
 
-    def start(self, attempts: int = 3) -> None:
+    def start(self, attempts: int = 5) -> None:
         """Start Ray on this machine's CPUs and deploy; returns once the replicas are ready.
 
         Ray gives its raylet a fixed 30 s to register at start, which a busy machine can miss: up to ``attempts`` tries.

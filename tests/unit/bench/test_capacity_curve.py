@@ -58,7 +58,9 @@ def report(p99_ms: float, goodput_rps: float, fill: float | None) -> dict:
     return {"offered_rps": 10.0, "requests": 250, "goodput_rps": goodput_rps, "goodput_ratio": goodput_rps / 10,
             "throughput_rps": 9.9, "latency_ms": {"p50": p99_ms / 2, "p99": p99_ms},
             "ttft_ms": {"p50": 100.0, "p99": 200.0}, "batches": batches, "rejected_429": 1, "timeouts_504": 0,
-            "status": {"ok": 249, "429": 1}}
+            "status": {"ok": 249, "429": 1},
+            "tenants": {"paid": {"requests": 200, "good": 200, "latency_ms": {"p99": p99_ms / 2}, "rejected_429": 0},
+                        "free": {"requests": 50, "good": 40, "latency_ms": {"p99": p99_ms}, "rejected_429": 1}}}
 
 
 def test_point_figures_normalise_by_batch_time():
@@ -66,6 +68,7 @@ def test_point_figures_normalise_by_batch_time():
     assert point["load"] == 0.8 and point["goodput_over_offered"] == 0.9
     assert point["p99_over_batch_time"] == 2.0 and point["batch_fill"] == 0.5 and point["mean_batch_size"] == 8
     assert cc.point_figures(report(3000, 9.0, None), 0.8, 1500)["batch_fill"] == 0.0
+    assert point["tenants"]["free"] == {"requests": 50, "goodput_over_offered": 0.8, "p99_ms": 3000, "rejected_429": 1}
 
 
 def test_compare_gives_llmq_over_ray_ratios_per_point():
