@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 API_PORTS = (25100, 25101)  # below the kernel's ephemeral range (32768+)
 PRIVATE = dict(state_dir=ROOT / "var" / "priority-test", kafka_port=25192, redis_port=25479)
 BATCH_TIME_MS = 500
-SHAPE = dict(api_ports=API_PORTS, tiny_workers=0, sim_workers=2, sim_batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=16)
+SHAPE = dict(api_ports=API_PORTS, tiny_workers=0, sim_workers=2, sim_batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=8)
 PAID_KEY, FREE_KEY = "llmq-dev-key", "llmq-dev-free-key"
 BACKLOG = 2000
 BACKLOG_TTL_MS = 150_000  # far past this test's window, short enough that a later stack only expires what is left
-FLOOD_IN_FLIGHT = 40
+FLOOD_IN_FLIGHT = 24  # above the 2 x 8 / 0.5 s = 32 req/s the workers serve, with little CPU for the pipeline itself
 PAID_COUNT = 40
 PAID_SPACING_S = 0.3  # 40 paid requests over 12 s
 PAID_MAX_TOKENS = 16
