@@ -2,7 +2,8 @@
 
 Run: ``python -m llmq_api.main --host 127.0.0.1 --port 8000 [--instance-id api-0]``.
 SIGTERM/SIGINT: readiness turns 503 and new generation requests get 503 at once; uvicorn stops accepting connections,
-lets in-flight requests finish for up to ~80% of ``shutdown_grace_s`` (the rest is for closing clients), then exits.
+lets in-flight requests finish for up to ~80% of ``shutdown_grace_s`` (less if closing the clients needs more of the
+rest), then exits within the grace.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from llmq_core import tracing
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
 from llmq_api.app import create_app
-from llmq_api.pod import Pod
+from llmq_api.pod import CLOSE_TIMEOUT_S, REDIS_OP_TIMEOUT_S, Pod
 
 GRACE_SHARE_FOR_REQUESTS = 0.8
+CLOSE_BUDGET_S = REDIS_OP_TIMEOUT_S + CLOSE_TIMEOUT_S  # Pod.stop's bounded steps, after the requests' share
 
 
 class DrainingServer(uvicorn.Server):
@@ -47,6 +49,12 @@ class DrainingServer(uvicorn.Server):
                 self._captured_signals.clear()
 
 
+def requests_grace_s(shutdown_grace_s: float) -> int:
+    """Whole seconds in-flight requests get after SIGTERM: ~80% of the grace, less if closing the clients would then
+    run past it (at least 1)."""
+    return max(1, int(min(shutdown_grace_s * GRACE_SHARE_FOR_REQUESTS, shutdown_grace_s - CLOSE_BUDGET_S)))
+
+
 def default_instance_id() -> str:
     return f"{socket.gethostname()}-{secrets.token_hex(3)}"
 
@@ -68,7 +76,7 @@ def main() -> None:
         raise SystemExit(2) from None
     config = uvicorn.Config(create_app(pod), host=args.host, port=args.port, loop="uvloop",
                             log_config=None, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s * GRACE_SHARE_FOR_REQUESTS)))
+                            timeout_graceful_shutdown=requests_grace_s(settings.shutdown_grace_s))
     try:
         DrainingServer(config, pod).run()
     finally:

@@ -1,10 +1,12 @@
-"""A request still waiting when the pod's drain runs out (uvicorn cancels it) gets a 503 + Retry-After, not a 500."""
+"""Shutdown: a request still waiting when the pod's drain runs out (uvicorn cancels it) gets a 503 + Retry-After, not
+a 500; the drain leaves time to close the clients within the grace."""
 
 import asyncio
 import json
 
 from llmq_core import wire
 from llmq_core.clock import FakeClock
+from llmq_api.main import CLOSE_BUDGET_S, requests_grace_s
 from llmq_api.metrics import ApiMetrics
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
 from llmq_api.waiters import Abandoned, WaiterRegistry
@@ -56,3 +58,9 @@ async def test_a_held_stream_ends_with_a_retryable_error_event():
     assert b'"code":"shutting_down"' in events and events.endswith(b"data: [DONE]\n\n")
     assert sent[-1]["more_body"] is False
     assert cancels.cancels == [("r1", "pod_shutdown")]
+
+
+def test_requests_drain_and_closing_the_clients_fit_in_the_grace():
+    for grace_s in (5, 8, 10, 30):
+        assert 1 <= requests_grace_s(grace_s) <= 0.8 * grace_s
+        assert requests_grace_s(grace_s) + CLOSE_BUDGET_S <= grace_s
