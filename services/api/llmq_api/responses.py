@@ -52,7 +52,7 @@ class PendingRequest:
         self.on_gave_up = on_gave_up
         self.headers = headers or {}
         self.started_s = time.perf_counter()
-        self.first_text_s: float | None = None  # streaming: accept to the first text written
+        self.first_text_s: float | None = None  # streaming: accepted (created_ms) to the first text written
 
     @property
     def request_id(self) -> str:
@@ -76,14 +76,18 @@ class PendingRequest:
             await self.on_gave_up()
         return resolution
 
+    def since_accepted_s(self) -> float:
+        """Seconds since the pod accepted the request (``created_ms``: before producing it, as the workers count)."""
+        return max(0, self.clock.now_ms() - self.request.created_ms) / 1000
+
     def record(self, resolution: Resolution, status: int) -> None:
-        duration_s = time.perf_counter() - self.started_s
-        self.metrics.finished(self.request.endpoint, outcome_label(resolution), status, duration_s)
+        self.metrics.finished(self.request.endpoint, outcome_label(resolution), status,
+                              time.perf_counter() - self.started_s)
         ttft_s = self.first_text_s
         if ttft_s is None and isinstance(resolution, wire.FinalResult) and resolution.timings.ttft_ms:
             ttft_s = resolution.timings.ttft_ms / 1000
         self.metrics.answered(self.request.traffic_class, self.request.model, status,
-                              None if isinstance(resolution, Abandoned) else duration_s, ttft_s)
+                              None if isinstance(resolution, Abandoned) else self.since_accepted_s(), ttft_s)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -156,8 +160,8 @@ class StreamResponse(Response):
 
         async def on_chunk(chunk: wire.TokenChunk) -> None:
             if not sent:
-                pending.first_text_s = time.perf_counter() - pending.started_s
-                pending.metrics.ttft.labels(request.endpoint).observe(pending.first_text_s)
+                pending.first_text_s = pending.since_accepted_s()
+                pending.metrics.ttft.labels(request.endpoint).observe(time.perf_counter() - pending.started_s)
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
             await write(fmt.text(chunk.index, chunk.text))
 
