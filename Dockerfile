@@ -6,6 +6,7 @@ COPY pyproject.toml README.md ./
 COPY libs libs
 COPY services services
 COPY cli cli
+COPY bench bench
 RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}"
 ENV PYTHONUNBUFFERED=1
 ENTRYPOINT []
