@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -24,6 +27,15 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
         uvloop.run(main())
     except ImportError:
         asyncio.run(main())
+
+
+def service_arguments(description: str) -> argparse.Namespace:
+    """The flags every consumer service takes: ``--instance-id`` (default hostname-pid) and ``--metrics-port``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
+    return parser.parse_args()
 
 
 def stop_event() -> asyncio.Event:

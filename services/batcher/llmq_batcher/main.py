@@ -5,11 +5,9 @@ Run: ``python -m llmq_batcher.main [--instance-id ID] [--metrics-port PORT]``. E
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
-import socket
 import uuid
 
 from llmq_core import constants, kafka, metrics, runtime, tracing
@@ -66,11 +64,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="llmq batcher")
-    parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
-    args = parser.parse_args()
+    args = runtime.service_arguments("llmq batcher")
     runtime.run(lambda: serve(args.instance_id, args.metrics_port))
 
 

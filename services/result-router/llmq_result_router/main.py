@@ -5,10 +5,8 @@ Run: ``python -m llmq_result_router.main [--instance-id ID] [--metrics-port PORT
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import socket
 
 from redis.asyncio import Redis
 
@@ -63,11 +61,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="llmq result-router")
-    parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
-    args = parser.parse_args()
+    args = runtime.service_arguments("llmq result-router")
     runtime.run(lambda: serve(args.instance_id, args.metrics_port))
 
 
