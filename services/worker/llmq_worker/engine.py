@@ -149,6 +149,22 @@ def prompt_text(request: GenerationRequest) -> str:
     return request.prompt or ""
 
 
+def check_request(request: GenerationRequest, prompt_ids: list[int], context_window: int, vocab_size: int) -> None:
+    """Raise :class:`InvalidRequest` unless the request can run on a tokenizing engine: a non-empty prompt, n and
+    max_tokens of at least 1, prompt + max_tokens within ``context_window`` tokens, and a valid logit_bias."""
+    sampling = request.sampling
+    if not prompt_ids:
+        raise InvalidRequest("the prompt is empty")
+    if sampling.n < 1 or sampling.max_tokens < 1:
+        raise InvalidRequest("n and max_tokens must be at least 1")
+    if len(prompt_ids) + sampling.max_tokens > context_window:
+        raise InvalidRequest(
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) exceed the context window of"
+            f" {context_window}"
+        )
+    check_logit_bias(request, vocab_size)
+
+
 def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
     """Raise :class:`InvalidRequest` naming ``logit_bias`` unless every id is in ``[0, vocab_size)`` and every bias in
     [-100, 100] (at most MAX_LOGIT_BIAS_TOKENS entries). Kafka-direct producers skip the API's checks, so engines check."""

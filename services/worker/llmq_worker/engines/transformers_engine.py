@@ -28,7 +28,7 @@ from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 
 from llmq_worker.engine import (
-    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, TokenRate, check_logit_bias)
+    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, TokenRate, check_request)
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
@@ -129,16 +129,7 @@ class TransformersEngine:
         its logit_bias names ids outside the model's vocabulary."""
         sampling = request.sampling
         ids = self._codec.prompt_ids(request)
-        if not ids:
-            raise InvalidRequest("the prompt is empty")
-        if sampling.n < 1 or sampling.max_tokens < 1:
-            raise InvalidRequest("n and max_tokens must be at least 1")
-        if len(ids) + sampling.max_tokens > self.context_window:
-            raise InvalidRequest(
-                f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceed the context window of"
-                f" {self.context_window}"
-            )
-        check_logit_bias(request, self._model.config.get_text_config().vocab_size)
+        check_request(request, ids, self.context_window, self._model.config.get_text_config().vocab_size)
         for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
             self._ensure_manager()
             job = _Job(request, len(ids), [_Sub(i, self._codec.choice(sampling.stop), sampling.max_tokens) for i in range(sampling.n)])

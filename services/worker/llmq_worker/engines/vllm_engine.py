@@ -25,7 +25,7 @@ from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, Usage
 
 from llmq_worker.engine import (
-    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, TokenRate, check_logit_bias)
+    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, TokenRate, check_request)
 from llmq_worker.text import REPLACEMENT_CHAR
 
 log = logging.getLogger(__name__)
@@ -189,16 +189,7 @@ class VllmEngine:
         logit_bias names unknown ids, or vLLM refuses its sampling parameters."""
         sampling = request.sampling
         ids = self._codec.prompt_ids(request)
-        if not ids:
-            raise InvalidRequest("the prompt is empty")
-        if sampling.n < 1 or sampling.max_tokens < 1:
-            raise InvalidRequest("n and max_tokens must be at least 1")
-        if len(ids) + sampling.max_tokens > self.context_window:
-            raise InvalidRequest(
-                f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceed the context window of"
-                f" {self.context_window}"
-            )
-        check_logit_bias(request, self._vocab_size)
+        check_request(request, ids, self.context_window, self._vocab_size)
         try:
             choices = [_Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i))) for i in range(sampling.n)]
         except self._request_errors as exc:
