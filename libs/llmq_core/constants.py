@@ -111,3 +111,10 @@ HTTP_RETRY_AFTER: Final = "retry-after"
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows
+
+# --- resource bounds (README "Limits"): one place, so the API's checks, the workers' caps and the topics agree ---
+MAX_RESULT_BYTES: Final = 1 << 20  # UTF-8 bytes of all choices' text of one result; workers stop generating there
+RECORD_HEADROOM_BYTES: Final = 64 << 10  # a record's envelope beyond its payload (ids, usage, timings, error, headers)
+# Kafka max.message.bytes of every llmq topic and max_request_size of every producer: a request body of the largest
+# allowed size (see Settings.api_max_body_bytes) or a result of MAX_RESULT_BYTES, each with headroom, fits in one record.
+KAFKA_MAX_MESSAGE_BYTES: Final = 8 << 20
