@@ -23,6 +23,8 @@ DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's completions de
 MAX_N = 128
 MAX_STOP_SEQUENCES = 4
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+ECHOED_CHARS = 40  # of a bad value quoted back in an error message
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes digits int() refuses, such as '²'
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
@@ -107,9 +109,20 @@ def check_content_type(content_type: str | None) -> None:
                        param="content-type", code="unsupported_media_type")
 
 
+def bounded_int(text: str, cap: int) -> int | None:
+    """The non-negative integer ``text`` spells in ASCII digits, or ``cap`` when it is larger; None when ``text`` is
+    anything else. Digits past what ``cap`` needs are never converted: ``int()`` refuses text over 4,300 digits
+    (a ValueError, which would be a 500)."""
+    if not _DIGITS.fullmatch(text):
+        return None
+    digits = text.lstrip("0")
+    return cap if len(digits) > len(str(cap)) else min(int(digits or "0"), cap)
+
+
 def check_declared_length(content_length: str | None, limit_bytes: int) -> None:
     """Raise 413 when the ``content-length`` header exceeds ``limit_bytes`` (the body is then never read)."""
-    if content_length is not None and content_length.strip().isdigit() and int(content_length) > limit_bytes:
+    declared = bounded_int(content_length.strip(), limit_bytes + 1) if content_length is not None else None
+    if declared is not None and declared > limit_bytes:
         raise too_large(limit_bytes)
 
 
@@ -120,14 +133,14 @@ def too_large(limit_bytes: int) -> ApiError:
 
 def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
     """The request's timeout in ms from the ``x-llmq-timeout-ms`` header: ``default_ms`` when absent, clamped to
-    ``max_ms``; 400 when it is not a positive integer."""
+    ``max_ms``; 400 when it is not a positive integer of at most 64 bits."""
     if value is None:
         return min(default_ms, max_ms)
-    text = value.strip()
-    if not re.fullmatch(r"\+?[0-9]+", text) or int(text) <= 0:
-        raise invalid(f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds, got {value!r}",
-                      param=HTTP_TIMEOUT_MS)
-    return min(int(text), max_ms)
+    timeout_ms = bounded_int(value.strip().removeprefix("+"), INT64_MAX + 1)
+    if timeout_ms is None or not 0 < timeout_ms <= INT64_MAX:
+        raise invalid(f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds (at most {INT64_MAX}), "
+                      f"got {value[:ECHOED_CHARS]!r}", param=HTTP_TIMEOUT_MS)
+    return min(timeout_ms, max_ms)
 
 
 def timeouts_by_class(settings: Settings) -> dict[str, tuple[int, int]]:
@@ -305,12 +318,15 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         return None
     if len(bias) > MAX_LOGIT_BIAS_TOKENS:
         raise invalid(f"'logit_bias' allows at most {MAX_LOGIT_BIAS_TOKENS} tokens", param="logit_bias")
+    checked = {}
     for token, value in bias.items():
-        if not token.isascii() or not token.isdigit() or int(token) > INT64_MAX:
-            raise invalid(f"'logit_bias' keys must be token ids (non-negative integers), got {token!r}",
-                          param="logit_bias")
-        _in_range(f"logit_bias[{token}]", value, -100.0, 100.0)
-    return {int(token): float(value) for token, value in bias.items()}
+        token_id = bounded_int(token, INT64_MAX + 1)
+        if token_id is None or token_id > INT64_MAX:
+            raise invalid(f"'logit_bias' keys must be token ids (integers from 0 to {INT64_MAX}), got "
+                          f"{token[:ECHOED_CHARS]!r}", param="logit_bias")
+        _in_range(f"logit_bias[{token_id}]", value, -100.0, 100.0)
+        checked[token_id] = float(value)
+    return checked
 
 
 def _include_usage(raw: _CommonBody) -> bool:

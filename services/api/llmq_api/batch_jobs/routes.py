@@ -10,7 +10,7 @@ from starlette.datastructures import UploadFile
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
-from llmq_api import idempotency
+from llmq_api import idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.service import BatchJobs
@@ -52,8 +52,9 @@ async def _small_body(request: Request) -> bytes:
 async def create_file(request: Request) -> dict:
     principal = _principal(request)
     service = _jobs(request)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > service.settings.files_max_bytes + MULTIPART_OVERHEAD_BYTES:
+    limit_bytes = service.settings.files_max_bytes + MULTIPART_OVERHEAD_BYTES
+    declared = validation.bounded_int(request.headers.get("content-length", "").strip(), limit_bytes + 1)
+    if declared is not None and declared > limit_bytes:
         raise ApiError(413, f"File is larger than the limit of {service.settings.files_max_bytes} bytes",
                        param="file", code="file_too_large")
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
