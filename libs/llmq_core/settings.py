@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     api_shed_share: dict[str, float] = {"interactive:paid": 0.95, "interactive:free": 0.85,
                                         "near_interactive": 0.7, "deferred": 0.5}
     api_saturation_stale_ms: int = 5000  # batcher saturation reports older than this are ignored
+    # connections (llmq_api.connections): meant for direct exposure; behind a proxy its own limits apply
+    api_header_timeout_ms: int = 10_000  # a request's headers must arrive within this; past it 408, closed
+    api_body_timeout_ms: int = 300_000  # a request's body must arrive within this after its headers; past it 408
+    api_keep_alive_timeout_ms: int = 5_000  # an idle kept-alive connection is closed after this
+    api_max_connections_per_client: int = 1024  # connections per client address; past it 429 and closed (0: no cap)
+    api_trusted_proxies: str = ""  # comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used
 
     # batcher
     interactive_max_wait_ms: int = 0

@@ -21,6 +21,7 @@ import uvicorn
 from llmq_core import tracing
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
+from llmq_api import connections
 from llmq_api.app import create_app
 from llmq_api.pod import CLOSE_TIMEOUT_S, REDIS_OP_TIMEOUT_S, Pod
 
@@ -71,12 +72,14 @@ def main() -> None:
     instance_id = args.instance_id or settings.instance_id or default_instance_id()
     try:
         pod = Pod(settings, instance_id)
-    except ValueError as exc:  # a bad API keys file: refuse to start rather than serve with the wrong keys
+        connection_options = connections.uvicorn_options(settings)
+    except ValueError as exc:  # a bad API keys file or proxy list: refuse to start rather than serve with the wrong one
         logging.getLogger(__name__).error("%s", exc)
         raise SystemExit(2) from None
     config = uvicorn.Config(create_app(pod), host=args.host, port=args.port, loop="uvloop",
                             log_config=None, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=requests_grace_s(settings.shutdown_grace_s))
+                            timeout_graceful_shutdown=requests_grace_s(settings.shutdown_grace_s),
+                            **connection_options)
     try:
         DrainingServer(config, pod).run()
     finally:

@@ -1,0 +1,203 @@
+"""Bounds on HTTP connections: header, body and keep-alive timeouts, and open connections per client address.
+
+uvicorn has a keep-alive timeout only, and each byte received restarts it, so a client that sends nothing, a header a
+byte a second, or a body shorter than its Content-Length held its connection for good. :func:`guarded_protocol` makes
+the httptools protocol uvicorn runs (passed as ``http=``) with three deadlines, none of which runs while the app works
+on a request or writes its response (long generations and SSE streams are never cut):
+- headers: from the connection's start, or from the first byte of a keep-alive connection's next request, until its
+  headers are complete;
+- body: from the end of the headers until the body is complete;
+- keep-alive: uvicorn's own, between a response and the next request's first byte.
+Past the header or body deadline the client gets 408 when a request has begun and no response is on its way, and the
+connection closes. A connection beyond ``max_per_client`` from one address is answered 429 at once and closed.
+
+Meant for direct exposure. The client address is the socket peer; peers listed as trusted proxies are not capped
+(the proxy's own limits apply to its clients) and only their ``X-Forwarded-For`` names the client in the request.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from llmq_core.settings import Settings
+from llmq_api.errors import RETRY_AFTER_S, ApiError
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    body_timeout_s: float
+    max_per_client: int  # 0: no cap
+    trusted_proxies: tuple[Network, ...] = ()
+
+    def trusts(self, address: str) -> bool:
+        """Whether ``address`` is a trusted proxy (a non-IP peer, such as a Unix socket's, never is)."""
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in self.trusted_proxies)
+
+
+def limits_from(settings: Settings) -> ConnectionLimits:
+    """The limits the settings ask for; ValueError for a trusted proxy that is no address or network."""
+    return ConnectionLimits(header_timeout_s=settings.api_header_timeout_ms / 1000,
+                            body_timeout_s=settings.api_body_timeout_ms / 1000,
+                            max_per_client=settings.api_max_connections_per_client,
+                            trusted_proxies=parse_networks(settings.api_trusted_proxies))
+
+
+def parse_networks(text: str) -> tuple[Network, ...]:
+    """Comma-separated addresses or CIDR networks; ValueError naming the first that is neither."""
+    networks = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"LLMQ_API_TRUSTED_PROXIES: {item!r} is not an IP address or network") from None
+    return tuple(networks)
+
+
+class ClientConnections:
+    """Open connections per client address, capped at ``limit`` (0: no cap)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: Counter[str] = Counter()
+
+    def admit(self, address: str) -> bool:
+        """Count one more connection from ``address``; False (nothing counted) when it already has ``limit``."""
+        if self.limit and self.open[address] >= self.limit:
+            return False
+        self.open[address] += 1
+        return True
+
+    def release(self, address: str) -> None:
+        self.open[address] -= 1
+        if self.open[address] <= 0:
+            del self.open[address]
+
+
+def error_response(error: ApiError) -> bytes:
+    """A complete HTTP/1.1 response carrying ``error``'s OpenAI body, after which the connection closes."""
+    body = msgspec.json.encode(error.body())
+    head = [STATUS_LINE[error.status], b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body), b"connection: close\r\n",
+            *(f"{name}: {value}\r\n".encode("latin-1") for name, value in error.headers.items())]
+    return b"".join([*head, b"\r\n", body])
+
+
+def request_timeout(part: str, timeout_s: float) -> ApiError:
+    return ApiError(408, f"The request's {part} did not arrive within {timeout_s:g} s", code="request_timeout")
+
+
+def too_many_connections(limit: int) -> ApiError:
+    return ApiError(429, f"This client address already holds {limit} connections", type="rate_limit_error",
+                    code="too_many_connections", headers={"retry-after": str(RETRY_AFTER_S)})
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and the per-address cap of :class:`ConnectionLimits`."""
+
+    limits: ConnectionLimits
+    clients: ClientConnections
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: Any = None  # the armed header or body deadline (an asyncio.TimerHandle)
+        self._reading_headers = False  # a request has begun and its headers are not complete
+        self._counted: str | None = None  # the address this connection counts against
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        address = self.client[0] if self.client else None
+        if address is not None and not self.limits.trusts(address):
+            if not self.clients.admit(address):
+                self.transport.write(error_response(too_many_connections(self.clients.limit)))
+                self.transport.close()
+                return
+            self._counted = address
+        self._arm(self.limits.header_timeout_s, self._header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._counted is not None:
+            self.clients.release(self._counted)
+            self._counted = None
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_headers = True
+        if self._deadline is None:  # a kept-alive connection's next request; a new one's runs since connection_made
+            self._arm(self.limits.header_timeout_s, self._header_timeout)
+
+    def on_headers_complete(self) -> None:
+        self._reading_headers = False
+        self._disarm()
+        super().on_headers_complete()
+        self._arm(self.limits.body_timeout_s, self._body_timeout)  # on_message_complete disarms it, also at once
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(delay_s, callback)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _header_timeout(self) -> None:
+        self._deadline = None
+        answerable = self._reading_headers and (self.cycle is None or self.cycle.response_complete)
+        self._give_up(request_timeout("headers", self.limits.header_timeout_s) if answerable else None)
+
+    def _body_timeout(self) -> None:
+        self._deadline = None
+        if self.pipeline:  # the request waits its turn behind a pipelined one; its body is left unread until then
+            self._arm(self.limits.body_timeout_s, self._body_timeout)
+            return
+        cycle = self.cycle
+        answerable = not cycle.response_started
+        cycle.disconnected = True  # the app reads a disconnect, and what it sends next goes nowhere
+        cycle.message_event.set()
+        self._give_up(request_timeout("body", self.limits.body_timeout_s) if answerable else None)
+
+    def _give_up(self, error: ApiError | None) -> None:
+        if self.transport.is_closing():
+            return
+        if error is not None:
+            self.transport.write(error_response(error))
+        self.transport.close()
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.Config`` keywords that apply the settings' connection limits (ValueError: see :func:`limits_from`).
+
+    WebSocket upgrades are off: the API has no WebSocket route, and an upgraded connection would leave this protocol
+    (and its count) behind.
+    """
+    limits = limits_from(settings)
+    return {"http": guarded_protocol(limits), "ws": "none",
+            "timeout_keep_alive": settings.api_keep_alive_timeout_ms / 1000,
+            "proxy_headers": bool(limits.trusted_proxies),
+            "forwarded_allow_ips": [str(network) for network in limits.trusted_proxies]}
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)``; its connections share one per-address count."""
+    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits,
+                                                       "clients": ClientConnections(limits.max_per_client)})
