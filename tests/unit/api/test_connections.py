@@ -1,0 +1,174 @@
+"""The connection guard's decisions, driven by hand: a fake transport and a loop whose timers the test fires.
+
+The real sockets and real timeouts are in tests/integration/test_api_connections.py.
+"""
+
+import asyncio
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from llmq_core.settings import Settings
+from llmq_api.connections import (
+    ClientConnections, ConnectionLimits, guarded_protocol, limits_from, parse_networks, uvicorn_options)
+
+LIMITS = ConnectionLimits(header_timeout_s=10.0, body_timeout_s=60.0, max_per_client=2,
+                          trusted_proxies=parse_networks("10.0.0.0/8, 192.168.1.5"))
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: pod\r\nContent-Length: 10\r\n\r\n"
+
+
+class Timer:
+    def __init__(self, delay_s: float, callback) -> None:
+        self.delay_s, self.callback, self.cancelled = delay_s, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class HandLoop:
+    """call_later only records; create_task runs on the real loop (the ASGI app of a request)."""
+
+    def __init__(self) -> None:
+        self.timers: list[Timer] = []
+
+    def call_later(self, delay_s, callback):
+        self.timers.append(Timer(delay_s, callback))
+        return self.timers[-1]
+
+    def create_task(self, coro, **kwargs):
+        return asyncio.get_running_loop().create_task(coro, **kwargs)
+
+    def armed(self) -> list[Timer]:
+        return [t for t in self.timers if not t.cancelled]
+
+    def fire(self) -> None:
+        (timer,) = self.armed()
+        timer.cancelled = True
+        timer.callback()
+
+
+class FakeTransport:
+    def __init__(self, peer: str) -> None:
+        self.peer, self.written, self.closed = peer, b"", False
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": (self.peer, 40000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+async def read_body(scope, receive, send):
+    """Reads the whole body, then answers 200 (or nothing when the client is gone)."""
+    while (message := await receive())["type"] == "http.request" and message["more_body"]:
+        pass
+    if message["type"] == "http.request":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.fixture
+def connect():
+    protocol_class = guarded_protocol(LIMITS)
+    config = uvicorn.Config(read_body)
+    state = ServerState()
+
+    def make(peer: str = "203.0.113.7"):
+        loop, transport = HandLoop(), FakeTransport(peer)
+        protocol = protocol_class(config=config, server_state=state, app_state={}, _loop=loop)
+        protocol.connection_made(transport)
+        return protocol, loop, transport
+
+    return make
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline_without_a_response(connect):
+    protocol, loop, transport = connect()
+    assert [t.delay_s for t in loop.armed()] == [LIMITS.header_timeout_s]
+    loop.fire()
+    assert transport.closed and transport.written == b""
+
+
+def test_headers_still_arriving_at_the_deadline_get_408(connect):
+    protocol, loop, transport = connect()
+    protocol.data_received(b"GET /healthz HTTP/1.1\r\nHo")
+    protocol.data_received(b"st: p")  # more bytes do not push the deadline back
+    assert len(loop.armed()) == 1
+    loop.fire()
+    assert transport.written.startswith(b"HTTP/1.1 408 ") and b'"code":"request_timeout"' in transport.written
+    assert transport.closed
+
+
+async def test_a_short_body_gets_408_at_the_body_deadline_and_the_app_reads_a_disconnect(connect):
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD + b"12345")
+    assert [t.delay_s for t in loop.armed()] == [LIMITS.body_timeout_s]
+    await asyncio.sleep(0)  # the app starts and waits for the rest
+    loop.fire()
+    assert transport.written.startswith(b"HTTP/1.1 408 ") and transport.closed
+    assert protocol.cycle.disconnected
+
+
+async def test_no_deadline_runs_while_the_app_works_and_keep_alive_takes_over_after_the_response(connect):
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD + b"1234567890")
+    assert loop.armed() == []  # headers and body complete: the app may take as long as the request's deadline
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert transport.written.startswith(b"HTTP/1.1 200 ") and not transport.closed
+    assert [t.delay_s for t in loop.armed()] == [5]  # uvicorn's keep-alive timer (Config's default here)
+    protocol.data_received(b"GET /healthz HTTP/1.1\r\n")  # the next request's first bytes: a header deadline again
+    assert [t.delay_s for t in loop.armed()] == [LIMITS.header_timeout_s]
+
+
+def test_the_connection_past_the_cap_gets_429_and_is_closed_while_other_addresses_connect(connect):
+    first, _, _ = connect("203.0.113.7")
+    connect("203.0.113.7")
+    _, loop, refused = connect("203.0.113.7")
+    assert refused.written.startswith(b"HTTP/1.1 429 ") and b"retry-after: 1" in refused.written and refused.closed
+    assert loop.armed() == []
+    assert not connect("203.0.113.8")[2].closed
+    first.connection_lost(None)
+    assert not connect("203.0.113.7")[2].closed  # a closed connection frees its place
+
+
+def test_trusted_proxies_are_not_capped(connect):
+    assert not any(connect("10.1.2.3")[2].closed for _ in range(LIMITS.max_per_client + 3))
+    assert not any(connect("192.168.1.5")[2].closed for _ in range(LIMITS.max_per_client + 3))
+
+
+def test_client_connections_count_per_address():
+    clients = ClientConnections(limit=1)
+    assert clients.admit("a") and clients.admit("b") and not clients.admit("a")
+    clients.release("a")
+    assert clients.admit("a") and clients.open == {"a": 1, "b": 1}
+    assert all(ClientConnections(limit=0).admit("a") for _ in range(100))  # 0: no cap
+
+
+def test_trusted_proxies_setting_is_checked_at_start():
+    assert parse_networks("") == () and len(parse_networks("127.0.0.1, ::1, 10.0.0.0/8")) == 3
+    with pytest.raises(ValueError, match="LLMQ_API_TRUSTED_PROXIES.*'proxy.local'"):
+        parse_networks("10.0.0.1,proxy.local")
+    assert not LIMITS.trusts("unix-socket-peer")
+
+
+def test_uvicorn_options_follow_the_settings():
+    settings = Settings(api_header_timeout_ms=300, api_body_timeout_ms=400, api_keep_alive_timeout_ms=1500,
+                        api_max_connections_per_client=7)
+    options = uvicorn_options(settings)
+    assert options["timeout_keep_alive"] == 1.5 and options["ws"] == "none" and options["proxy_headers"] is False
+    assert limits_from(settings) == ConnectionLimits(header_timeout_s=0.3, body_timeout_s=0.4, max_per_client=7)
+    assert options["http"].clients.limit == 7
+    behind_proxy = uvicorn_options(Settings(api_trusted_proxies="10.0.0.0/8"))
+    assert behind_proxy["proxy_headers"] is True and behind_proxy["forwarded_allow_ips"] == ["10.0.0.0/8"]
