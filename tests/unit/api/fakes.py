@@ -4,7 +4,7 @@ import asyncio
 
 import msgspec
 
-from llmq_core import wire
+from llmq_core import jobs, wire
 
 
 def final(request_id: str, text: str = "hello", outcome: wire.Outcome = wire.Outcome.SUCCEEDED,
@@ -83,3 +83,58 @@ class FakeRedis:
             self.takes.append((keys, args))
             return list(self.take_reply)
         return run
+
+
+class MemoryJobStore:
+    """In memory, the JobStore calls the API pod's /v1/files and /v1/batches routes make (no ledger, no driver)."""
+
+    def __init__(self) -> None:
+        self.files: dict = {}
+        self.jobs: dict = {}
+        self.batch_keys: dict[tuple[str, str], str] = {}
+
+    async def put_file(self, record) -> None:
+        self.files[record.id] = record
+
+    async def get_file(self, file_id: str):
+        return self.files.get(file_id)
+
+    async def delete_file(self, record) -> None:
+        self.files.pop(record.id, None)
+
+    async def list_files(self, tenant_id: str, limit: int) -> list:
+        return [r for r in self.files.values() if r.tenant_id == tenant_id][::-1][:limit]
+
+    async def create_job(self, spec, status: str, times, *, files, lines={}, offsets={}, results={},
+                         errors=()) -> None:
+        for record in files:
+            self.files[record.id] = record
+        self.jobs[spec.id] = jobs.JobView(spec=spec, status=status, times=dict(times), errors=list(errors),
+                                     counts={"errored": len(results)})
+
+    async def claim_batch_key(self, tenant_id: str, key: str, batch_id: str, ttl_s: int) -> str | None:
+        earlier = self.batch_keys.setdefault((tenant_id, key), batch_id)
+        return None if earlier == batch_id else earlier
+
+    async def release_batch_key(self, tenant_id: str, key: str) -> None:
+        self.batch_keys.pop((tenant_id, key), None)
+
+    async def get_job(self, batch_id: str):
+        return self.jobs.get(batch_id)
+
+    async def list_jobs(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
+        views = [v for v in self.jobs.values() if v.spec.tenant_id == tenant_id][::-1]
+        if after is not None:
+            views = views[[v.spec.id for v in views].index(after.spec.id) + 1:]
+        return views[:limit], len(views) > limit
+
+    async def move_status(self, batch_id: str, allowed, status: str, at_s: int, end_ms: int | None = None) -> bool:
+        job = self.jobs[batch_id]
+        if job.status not in allowed:
+            return False
+        self.jobs[batch_id] = msgspec.structs.replace(job, status=status, end_ms=end_ms or 0)
+        return True
+
+    async def scan_results(self, batch_id: str):
+        return
+        yield
