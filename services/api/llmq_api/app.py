@@ -20,6 +20,7 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -28,7 +29,7 @@ from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIME
 from llmq_api import idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
-from llmq_api.errors import INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, ApiError, unavailable
+from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, store_unavailable
 from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body
 from llmq_api.pod import Pod
 from llmq_api.ratelimit import token_cost
@@ -202,12 +203,12 @@ async def _cancel_nothing(request_id: str, reason: str) -> None:
 
 
 async def _redis_call(call: Awaitable[T]) -> T:
-    """Await a Redis-backed lookup; Redis trouble becomes a 503 the client may retry."""
+    """Await a Redis-backed lookup or claim; Redis trouble becomes a 503 the client may retry."""
     try:
         return await asyncio.wait_for(call, REDIS_TIMEOUT_S)
     except Exception as exc:
         log.warning("Redis lookup failed: %r", exc)
-        raise unavailable("Request state is unavailable right now; retry shortly", RETRY_AFTER_S) from None
+        raise store_unavailable(exc) from None
 
 
 def _request_object(result: wire.FinalResult) -> dict:
@@ -250,6 +251,12 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
             pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
                                  exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RedisError)
+    async def store_error(request: Request, exc: RedisError) -> JSONResponse:
+        """Redis refused a write (maxmemory) or failed in a handler (files, batches): 503, not 500."""
+        log.warning("Redis failed %s %s: %r", request.method, request.url.path, exc)
+        return await api_error(request, store_unavailable(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
