@@ -272,7 +272,7 @@ class JobDriver:
         await self.files.write(spec.results_path, results)
         allowed = [jobs.FINALIZING] if plan.final_status == jobs.COMPLETED else [job.status]
         if await self.store.move_status(spec.id, allowed, plan.final_status, now_s):
-            await self.store.retire(spec.id, self.settings.files_retention_s)
+            await self.store.retire(spec.id, now_s + self.settings.files_retention_s)
             await self.files.delete(spec.prepared_path)
             self._wound_down.discard(spec.id)
             log.info("batch %s ended %s: %s", spec.id, plan.final_status, job.counts, extra={"batch_id": spec.id})
@@ -280,7 +280,10 @@ class JobDriver:
     # --- retention --------------------------------------------------------------------------------------------------
 
     async def sweep_files(self, now_s: int) -> None:
-        """Delete files past their ``expires_at``: the stored object and the record."""
+        """Delete files past their ``expires_at`` (the stored object and the record), and ended jobs past their
+        retention."""
+        for batch_id in await self.store.expired_jobs(now_s):
+            await self.store.delete_job(batch_id)
         for file_id in await self.store.expired_files(now_s):
             record = await self.store.get_file(file_id)
             if record is None:
