@@ -185,6 +185,8 @@ async def _join(pod: Pod, generation: wire.GenerationRequest, valid: validation.
     replay = msgspec.structs.replace(generation, request_id=earlier.request_id, deadline_ms=deadline_ms)
     waiter = Waiter(earlier.request_id, replay.stream)  # not registered: replies for it go to the earlier pod
     result = await _redis_call(pod.idempotency.result(earlier.request_id))
+    if result is None and pod.clock.now_ms() >= earlier.deadline_ms + JOIN_GRACE_MS:
+        raise result_evicted()
     if result is not None:
         pod.registry.resolve(waiter, result)
     else:
@@ -196,6 +198,13 @@ async def _join(pod: Pod, generation: wire.GenerationRequest, valid: validation.
                              publish_cancel=_cancel_nothing, metrics=pod.metrics, clock=pod.clock,
                              headers={IDEMPOTENT_REPLAYED: "true"})
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
+
+
+def result_evicted() -> ApiError:
+    """The earlier request has ended, but its stored result is gone: past ``result_ttl_s``, or dropped as one of its
+    tenant's oldest past ``result_store_tenant_max_bytes`` (or evicted under Redis' memory budget)."""
+    return ApiError(410, "The request this Idempotency-Key ran has ended and its result is no longer stored; "
+                    "send a new key to run it again", param=HTTP_IDEMPOTENCY_KEY, code="result_evicted")
 
 
 async def _cancel_nothing(request_id: str, reason: str) -> None:
