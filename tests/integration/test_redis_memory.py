@@ -205,3 +205,16 @@ async def test_services_warn_about_a_redis_that_may_grow_or_evict_job_state(tmp_
             await check_memory_policy(redis, "api")
         messages = [r.getMessage() for r in caplog.records]
         assert any("no maxmemory" in m for m in messages) and any("allkeys-lru" in m for m in messages)
+
+
+async def test_an_ended_job_is_kept_without_a_ttl_until_the_retention_sweep_deletes_it(tmp_path):
+    async with private_redis(tmp_path, 64 * MIB, MEMORY_POLICY) as redis:
+        store, spec = JobStore(redis), _spec("batch_retired", 1)
+        await store.create_job(spec, jobs.IN_PROGRESS, {}, files=(), lines={"line-0": jobs.pending(0)})
+        await store.retire(spec.id, until_s=1_000)
+        assert await redis.pttl(jobs.job_key(spec.id)) == -1  # no TTL: volatile-lru can never take it
+        assert not await redis.exists(jobs.job_lines_key(spec.id))
+        assert await store.expired_jobs(999) == [] and await store.expired_jobs(1_000) == [spec.id]
+        await store.delete_job(spec.id)
+        assert await store.get_job(spec.id) is None and await store.expired_jobs(2_000) == []
+        assert await redis.zcard(jobs.tenant_jobs_key(spec.tenant_id)) == 0
