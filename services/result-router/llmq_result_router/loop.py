@@ -120,11 +120,16 @@ class ResultRouter:
         except ResponseError as exc:
             log.warning("storing the result of %s was refused: %s", delivery.request_id, exc,
                         extra={"request_id": delivery.request_id})
+            self._count_dropped("refused")
             return True
-        if stored.dropped:
-            log.info("dropped the %d oldest stored results of tenant %s (over its bound)", stored.dropped,
-                     delivery.tenant_id)
+        self._count_dropped("tenant_bound", stored.dropped)
+        if stored.first and not stored.kept:
+            self._count_dropped("too_large")
         return stored.first
+
+    def _count_dropped(self, reason: str, count: int = 1) -> None:
+        if self.metrics is not None and count:
+            self.metrics.stored_dropped.labels(reason).inc(count)
 
     async def _dead_letter(self, record, reason: str) -> None:
         log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)

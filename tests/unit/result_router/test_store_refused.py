@@ -10,6 +10,7 @@ from redis.exceptions import OutOfMemoryError
 
 from llmq_core import wire
 from llmq_core.clock import FakeClock
+from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.loop import ResultRouter
@@ -68,10 +69,12 @@ def _record(offset: int, request_id: str):
 
 async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_out_once():
     consumer, producer = FakeConsumer([_record(0, "r0"), _record(1, "r1")]), FakeProducer()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, FullRedis())
+    metrics = RouterMetrics()
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, FullRedis(), metrics=metrics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [("my.replies", b"r0"), ("my.replies", b"r1")]
     assert consumer.commits == 1 and consumer.seeks == 0
+    assert metrics.stored_dropped.labels("refused")._value.get() == 2
 
 
 class RefusingJobStore:
