@@ -24,6 +24,7 @@ import redis as redis_sync
 from llmq_cli import kafka_dist
 from llmq_core import constants
 from llmq_core.kafka import ensure_topics
+from llmq_core.redis_client import MEMORY_POLICY
 from llmq_core.settings import Settings
 
 
@@ -56,6 +57,7 @@ class StackConfig:
     sim_worker_args: tuple[str, ...] = ()  # appended to every llmq-sim worker's argv (e.g. ``--poison-marker X``)
     extra_env: dict[str, str] = field(default_factory=dict)
     manage_infra: bool = True  # False: Kafka and Redis at these ports are someone else's; start and stop only services
+    redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev_redis_maxmemory_bytes)
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -149,7 +151,8 @@ class DevStack:
     def _start_redis(self) -> None:
         spec = ProcSpec(name="redis", kind="redis", marker="redis-server",
                         argv=["redis-server", "--port", str(self.cfg.redis_port), "--bind", "127.0.0.1",
-                              "--save", "", "--appendonly", "no", "--dir", str(self.state)])
+                              "--save", "", "--appendonly", "no", "--dir", str(self.state),
+                              "--maxmemory", str(self.cfg.redis_maxmemory_bytes), "--maxmemory-policy", MEMORY_POLICY])
         self._spawn(spec)
 
     def _start_kafka(self) -> None:

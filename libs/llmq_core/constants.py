@@ -64,6 +64,9 @@ STATS_BATCHER: Final = "llmq:stats:batcher"  # hash: batches, requests (also per
 REDIS_SATURATION_KEY: Final = "llmq:saturation"  # hash: batcher id -> wire.BatcherSaturation (msgpack), about 1/s
 REDIS_RATELIMIT_PREFIX: Final = "llmq:ratelimit:"
 REDIS_IDEMPOTENCY_PREFIX: Final = "llmq:idempotency:"
+# Not under REDIS_RESULT_PREFIX: request ids of Kafka-direct producers are free text and could name these keys.
+REDIS_RESULT_INDEX_PREFIX: Final = "llmq:result-index:"
+REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 
 
 def replies_channel(instance_id: str) -> str:
@@ -74,6 +77,17 @@ def replies_channel(instance_id: str) -> str:
 def result_key(request_id: str) -> str:
     """Redis key of a stored FinalResult (msgpack), kept for ``result_ttl_s``."""
     return f"{REDIS_RESULT_PREFIX}{request_id}"
+
+
+def result_index_key(tenant_id: str) -> str:
+    """Redis zset of a tenant's stored results: members ``<bytes>:<request_id>`` scored by the epoch ms they were
+    stored (oldest first out past ``result_store_tenant_max_bytes``); it expires with the newest of them."""
+    return f"{REDIS_RESULT_INDEX_PREFIX}{tenant_id}"
+
+
+def result_bytes_key(tenant_id: str) -> str:
+    """Redis counter: the bytes of a tenant's stored results that :func:`result_index_key` lists."""
+    return f"{REDIS_RESULT_BYTES_PREFIX}{tenant_id}"
 
 
 def delivered_key(request_id: str) -> str:

@@ -199,6 +199,8 @@ REDIS_FILES_PREFIX: Final = "llmq:files:"
 REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
 ACTIVE_JOBS_KEY: Final = "llmq:jobs:active"  # set of batch ids the result-routers drive
 FILE_EXPIRY_KEY: Final = "llmq:files:expiry"  # zset: file id by expires_at (s); the sweep deletes stored objects
+# zset: ended batch id by the epoch s its record goes. Swept, not a TTL: keys without one are never evicted (volatile-lru)
+JOB_EXPIRY_KEY: Final = "llmq:jobs:expiry"
 
 
 def file_key(file_id: str) -> str:

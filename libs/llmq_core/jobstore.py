@@ -267,11 +267,26 @@ class JobStore:
         async for _, data in self.redis.hscan_iter(jobs.job_results_key(batch_id), count=500):
             yield wire.decode(data)
 
-    async def retire(self, batch_id: str, ttl_s: int) -> None:
-        """After the results file is written: drop the ledger, keep the job's hash for ``ttl_s``."""
+    async def retire(self, batch_id: str, until_s: int) -> None:
+        """After the results file is written: drop the ledger, keep the job's hash until epoch s ``until_s`` (then
+        :meth:`delete_job`; the hash serves the output files, so it gets no TTL an eviction policy could act on)."""
         await self.redis.delete(jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id),
                                 jobs.job_results_key(batch_id), jobs.job_retries_key(batch_id))
-        await self.redis.expire(jobs.job_key(batch_id), ttl_s)
+        await self.redis.zadd(jobs.JOB_EXPIRY_KEY, {batch_id: until_s})
+
+    async def expired_jobs(self, now_s: int, limit: int = 100) -> list[str]:
+        """Ids of ended jobs whose retention has passed."""
+        return [m.decode() for m in await self.redis.zrangebyscore(jobs.JOB_EXPIRY_KEY, 0, now_s, 0, limit)]
+
+    async def delete_job(self, batch_id: str) -> None:
+        """Forget an ended job: its hash, its tenant listing entry, its expiry entry."""
+        job = await self.get_job(batch_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(jobs.job_key(batch_id))
+            if job is not None:
+                pipe.zrem(jobs.tenant_jobs_key(job.spec.tenant_id), jobs.listing_member(job.spec.created_ms, batch_id))
+            pipe.zrem(jobs.JOB_EXPIRY_KEY, batch_id)
+            await pipe.execute()
 
     # --- leases ---------------------------------------------------------------------------------------------------
 

@@ -251,6 +251,10 @@ class RouterMetrics(_Metrics):
                                          "Completion tokens of finished requests, per tenant", ["tenant", "model"],
                                          registry=r)
         self.duplicates = Counter("llmq_results_duplicates", "Redelivered results (not counted again)", registry=r)
+        self.stored_dropped = Counter("llmq_stored_results_dropped",
+                                      "Stored results dropped (tenant_bound: its oldest, past the tenant's bound) or "
+                                      "not stored (too_large: over the whole bound; refused: Redis refused the write)",
+                                      ["reason"], registry=r)
         self.lag = ConsumerLag(r)
         self._results, self._duration = _Children(self.results), _Children(self.duration)
         self._queue, self._ttft, self._itl = _Children(self.queue), _Children(self.ttft), _Children(self.itl)

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     default_timeout_ms: int = 30_000
     max_timeout_ms: int = 600_000
     result_ttl_s: int = 3600
+    # stored results of one tenant (retrieval copies); past either bound the tenant's oldest are dropped first
+    result_store_tenant_max_bytes: int = 64 * 1024 * 1024
+    result_store_tenant_max_results: int = 100_000
     pod_heartbeat_interval_ms: int = 1000
     pod_heartbeat_ttl_ms: int = 5000
     api_max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
@@ -82,6 +85,7 @@ class Settings(BaseSettings):
     batch_end_grace_ms: int = 5000  # after a cancel or the window's end: wait this long for in-flight lines
 
     # ops
+    dev_redis_maxmemory_bytes: int = 512 * 1024 * 1024  # the dev/test stack's redis-server (volatile-lru past it)
     log_level: str = "INFO"
     shutdown_grace_s: float = 10.0
 

@@ -20,6 +20,7 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -28,7 +29,7 @@ from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIME
 from llmq_api import idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
-from llmq_api.errors import INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, ApiError, unavailable
+from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, store_unavailable
 from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body
 from llmq_api.pod import Pod
 from llmq_api.ratelimit import token_cost
@@ -184,6 +185,8 @@ async def _join(pod: Pod, generation: wire.GenerationRequest, valid: validation.
     replay = msgspec.structs.replace(generation, request_id=earlier.request_id, deadline_ms=deadline_ms)
     waiter = Waiter(earlier.request_id, replay.stream)  # not registered: replies for it go to the earlier pod
     result = await _redis_call(pod.idempotency.result(earlier.request_id))
+    if result is None and pod.clock.now_ms() >= earlier.deadline_ms + JOIN_GRACE_MS:
+        raise result_evicted()
     if result is not None:
         pod.registry.resolve(waiter, result)
     else:
@@ -197,17 +200,24 @@ async def _join(pod: Pod, generation: wire.GenerationRequest, valid: validation.
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
 
 
+def result_evicted() -> ApiError:
+    """The earlier request has ended, but its stored result is gone: past ``result_ttl_s``, or dropped as one of its
+    tenant's oldest past ``result_store_tenant_max_bytes`` (or evicted under Redis' memory budget)."""
+    return ApiError(410, "The request this Idempotency-Key ran has ended and its result is no longer stored; "
+                    "send a new key to run it again", param=HTTP_IDEMPOTENCY_KEY, code="result_evicted")
+
+
 async def _cancel_nothing(request_id: str, reason: str) -> None:
     """The CancelPublisher of a joined retry: the request belongs to the connection that started it."""
 
 
 async def _redis_call(call: Awaitable[T]) -> T:
-    """Await a Redis-backed lookup; Redis trouble becomes a 503 the client may retry."""
+    """Await a Redis-backed lookup or claim; Redis trouble becomes a 503 the client may retry."""
     try:
         return await asyncio.wait_for(call, REDIS_TIMEOUT_S)
     except Exception as exc:
         log.warning("Redis lookup failed: %r", exc)
-        raise unavailable("Request state is unavailable right now; retry shortly", RETRY_AFTER_S) from None
+        raise store_unavailable(exc) from None
 
 
 def _request_object(result: wire.FinalResult) -> dict:
@@ -250,6 +260,12 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
             pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
                                  exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RedisError)
+    async def store_error(request: Request, exc: RedisError) -> JSONResponse:
+        """Redis refused a write (maxmemory) or failed in a handler (files, batches): 503, not 500."""
+        log.warning("Redis failed %s %s: %r", request.method, request.url.path, exc)
+        return await api_error(request, store_unavailable(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

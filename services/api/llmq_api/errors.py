@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from redis.exceptions import ResponseError
+
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 TIMEOUT_ERROR = "timeout_error"
 CANCELED_ERROR = "canceled_error"
 RATE_LIMIT_ERROR = "rate_limit_error"
 RETRY_AFTER_S = 1  # what 429/503 answers tell clients to wait
+STORE_FULL_RETRY_AFTER_S = 5  # Redis refuses writes (maxmemory): TTLs and evictions free room in seconds, not ms
+STORE_UNAVAILABLE = "store_unavailable"
 
 
 class ApiError(Exception):
@@ -45,3 +49,12 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 def unavailable(message: str, retry_after_s: int, code: str = "service_unavailable") -> ApiError:
     """A 503 the client should retry after ``retry_after_s`` seconds."""
     return ApiError(503, message, type=SERVER_ERROR, code=code, headers={"retry-after": str(retry_after_s)})
+
+
+def store_unavailable(exc: Exception) -> ApiError:
+    """The 503 for a request that needs Redis when Redis refuses the write (``exc`` a ResponseError: maxmemory) or
+    cannot be reached. Raised before anything is produced, so the request did not run: the client retries it."""
+    full = isinstance(exc, ResponseError)
+    state = "full" if full else "unreachable"
+    return unavailable(f"The request store is {state} right now; nothing was queued. Retry later.",
+                       STORE_FULL_RETRY_AFTER_S if full else RETRY_AFTER_S, code=STORE_UNAVAILABLE)

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.redis_client import check_memory_policy
 from llmq_core.settings import Settings
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
@@ -240,7 +241,7 @@ class Pod:
                                settings.pod_heartbeat_ttl_ms),
                  runtime.keep_alive(self.redis, "api", self.instance_id, {"pid": os.getpid()},
                                     settings.pod_heartbeat_interval_ms),
-                 self.producer.run(), self.saturation.run()]
+                 self.producer.run(), self.saturation.run(), check_memory_policy(self.redis, "api")]
         self._tasks = [asyncio.create_task(loop) for loop in loops]
 
     async def stop(self) -> None:

@@ -4,7 +4,8 @@ Bucket ``requests`` holds up to ``requests_per_min`` and refills at that rate pe
 same with ``tokens_per_min``, charged the request's prompt tokens plus ``max_tokens * n``. A request passes only
 when both hold enough (a cost above a bucket's size is charged as the whole bucket, so a large request waits for a
 full bucket instead of never passing); a refused request takes nothing. Time comes from the pod's injected clock.
-Redis trouble lets requests through (logged): the pod's own admission control still bounds the load.
+Redis unreachable lets requests through (logged): the pod's own admission control still bounds the load; Redis
+refusing the write (maxmemory) answers 503 ``store_unavailable``, or every tenant's limits would lapse while it is full.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import asyncio
 import logging
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from llmq_core.clock import Clock
 from llmq_core.constants import ratelimit_key
 from llmq_api.admission import Rejection, retry_after_s, too_many_requests
 from llmq_api.auth import Principal
+from llmq_api.errors import store_unavailable
 from llmq_api.validation import ValidRequest
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,8 @@ class RateLimiter:
         args = [self._clock.now_ms(), limits[0], 1, limits[1], tokens]
         try:
             taken, wait_ms, which = await asyncio.wait_for(self._take(keys=keys, args=args), TIMEOUT_S)
+        except ResponseError as exc:  # Redis refuses writes (maxmemory): limits cannot be kept, so refuse the request
+            raise store_unavailable(exc) from None
         except Exception as exc:
             log.warning("rate limit check failed, letting the request through: %r", exc)
             return None

@@ -15,17 +15,18 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from llmq_core import constants, jobs, kafka, wire
 from llmq_core.clock import Clock
 from llmq_core.filestore import FileStore
 from llmq_core.jobs import JobView
-from llmq_core.jobstore import JobStore
+from llmq_core.jobstore import JobStore, LineChange
 from llmq_core.settings import Settings
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobpolicy import Plan, Step
@@ -36,17 +37,20 @@ CANCEL_REASON = "batch_cancelled"
 PRODUCE_CHUNK = 256  # lines produced (and acknowledged) per step
 SETTLE_CHUNK = 1000  # ledger writes per Redis round trip
 SWEEP_INTERVAL_MS = 60_000
+LEDGER_RETRY_FIRST_S, LEDGER_RETRY_MAX_S = 0.1, 5.0  # backoff while Redis refuses a ledger write
 _json = msgspec.json.encode
 
 
 class JobLedger:
     """Settles the result of one batch-job line (a FinalResult whose ``reply_to`` is a JobReply)."""
 
-    def __init__(self, settings: Settings, store: JobStore, producer: AIOKafkaProducer, clock: Clock) -> None:
+    def __init__(self, settings: Settings, store: JobStore, producer: AIOKafkaProducer, clock: Clock,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.settings = settings
         self.store = store
         self.producer = producer
         self.clock = clock
+        self.sleep = sleep
 
     async def on_result(self, result: wire.FinalResult) -> None:
         """Apply ``result`` to its line (at most once, whatever the redeliveries). A line out of retry rounds is also
@@ -63,7 +67,21 @@ class JobLedger:
             await self.producer.send_and_wait(constants.TOPIC_DEAD_LETTERS, wire.encode(result),
                                               key=result.request_id.encode(),
                                               headers=kafka.headers() + [("x-llmq-error", reason.encode())])
-        await self.store.settle_many(reply.batch_id, [settlement.change(reply.custom_id)])
+        await self._settle(reply.batch_id, settlement.change(reply.custom_id))
+
+    async def _settle(self, batch_id: str, change: LineChange) -> None:
+        """Write the line's change, retrying with backoff while Redis refuses it (maxmemory full of state without a
+        TTL): the ledger is the job's only record of the line, and the result's offset is committed only after it."""
+        delay_s = LEDGER_RETRY_FIRST_S
+        while True:
+            try:
+                await self.store.settle_many(batch_id, [change])
+                return
+            except ResponseError as exc:
+                log.warning("ledger write of batch %s line %s refused (%s); again in %.1f s", batch_id,
+                            change.custom_id, exc, delay_s, extra={"batch_id": batch_id})
+            await self.sleep(delay_s)
+            delay_s = min(2 * delay_s, LEDGER_RETRY_MAX_S)
 
 
 class JobDriver:
@@ -254,7 +272,7 @@ class JobDriver:
         await self.files.write(spec.results_path, results)
         allowed = [jobs.FINALIZING] if plan.final_status == jobs.COMPLETED else [job.status]
         if await self.store.move_status(spec.id, allowed, plan.final_status, now_s):
-            await self.store.retire(spec.id, self.settings.files_retention_s)
+            await self.store.retire(spec.id, now_s + self.settings.files_retention_s)
             await self.files.delete(spec.prepared_path)
             self._wound_down.discard(spec.id)
             log.info("batch %s ended %s: %s", spec.id, plan.final_status, job.counts, extra={"batch_id": spec.id})
@@ -262,7 +280,10 @@ class JobDriver:
     # --- retention --------------------------------------------------------------------------------------------------
 
     async def sweep_files(self, now_s: int) -> None:
-        """Delete files past their ``expires_at``: the stored object and the record."""
+        """Delete files past their ``expires_at`` (the stored object and the record), and ended jobs past their
+        retention."""
+        for batch_id in await self.store.expired_jobs(now_s):
+            await self.store.delete_job(batch_id)
         for file_id in await self.store.expired_files(now_s):
             record = await self.store.get_file(file_id)
             if record is None:

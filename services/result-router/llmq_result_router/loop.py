@@ -10,13 +10,14 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from llmq_core import constants, kafka, tracing, wire
 from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.routing import Delivery, plan_delivery
+from llmq_result_router.store import ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,15 @@ class ResultRouter:
     the job ledger's compare-and-set each batch-job line to one settlement."""
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
-                 ledger: JobLedger | None = None, metrics: RouterMetrics | None = None) -> None:
+                 ledger: JobLedger | None = None, metrics: RouterMetrics | None = None,
+                 results: ResultStore | None = None) -> None:
         self.settings = settings
         self.consumer = consumer
         self.producer = producer
         self.redis = redis
+        self.results = results or ResultStore(redis, settings.result_ttl_s * 1000,
+                                              settings.result_store_tenant_max_bytes,
+                                              settings.result_store_tenant_max_results)
         self.ledger = ledger
         self.metrics = metrics
         self._stopping = asyncio.Event()
@@ -86,9 +91,7 @@ class ResultRouter:
         """Store and reply (or dead-letter ``record`` when no reply can be produced); True when this is the first result
         stored for the request (metrics count it once)."""
         ttl_ms = self.settings.result_ttl_s * 1000
-        # The first stored result wins: a redelivered duplicate never overwrites what callers may already have read.
-        first = bool(await self.redis.set(constants.result_key(delivery.request_id), delivery.store, px=ttl_ms,
-                                          nx=True))
+        first = await self._store(delivery)
         if delivery.undeliverable is not None:
             await self._dead_letter(record, delivery.undeliverable)
             return first
@@ -103,8 +106,30 @@ class ResultRouter:
             key=delivery.request_id.encode(),
             headers=kafka.headers(delivery.reply_content_type),
         )
-        await self.redis.set(key, b"1", px=ttl_ms)
+        try:
+            await self.redis.set(key, b"1", px=ttl_ms)
+        except ResponseError as exc:  # refused (maxmemory): a redelivery may reply twice, a retry here every time
+            log.warning("marking %s delivered was refused: %s", delivery.request_id, exc)
         return first
+
+    async def _store(self, delivery: Delivery) -> bool:
+        """Store the retrieval copy; True unless one was stored before. A write Redis refuses (maxmemory) costs only
+        that copy: no delivery reads it, so routing goes on instead of retrying the partition."""
+        try:
+            stored = await self.results.put(delivery.tenant_id, delivery.request_id, delivery.store)
+        except ResponseError as exc:
+            log.warning("storing the result of %s was refused: %s", delivery.request_id, exc,
+                        extra={"request_id": delivery.request_id})
+            self._count_dropped("refused")
+            return True
+        self._count_dropped("tenant_bound", stored.dropped)
+        if stored.first and not stored.kept:
+            self._count_dropped("too_large")
+        return stored.first
+
+    def _count_dropped(self, reason: str, count: int = 1) -> None:
+        if self.metrics is not None and count:
+            self.metrics.stored_dropped.labels(reason).inc(count)
 
     async def _dead_letter(self, record, reason: str) -> None:
         log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)

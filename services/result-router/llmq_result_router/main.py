@@ -14,6 +14,7 @@ from llmq_core import constants, kafka, metrics, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
+from llmq_core.redis_client import check_memory_policy
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
 from llmq_result_router.jobs import JobDriver, JobLedger
@@ -29,6 +30,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
                                  settings.metrics_host)
     await kafka.ensure_topics(settings)
     redis = Redis.from_url(settings.redis_url)
+    await check_memory_policy(redis, "result-router")
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
     await producer.start()

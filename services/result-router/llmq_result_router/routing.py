@@ -13,6 +13,7 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
     ``undeliverable`` says why a Kafka reply cannot be produced at all (the result then goes to the dead letters)."""
 
     request_id: str
+    tenant_id: str = ""  # whose stored results ``store`` counts against
     store: bytes
     reply_topic: str | None = None
     reply_value: bytes | None = None
@@ -27,14 +28,15 @@ def plan_delivery(result: wire.FinalResult) -> Delivery:
     reply = result.reply_to
     if isinstance(reply, wire.KafkaReply) and not is_valid_topic_name(reply.topic):
         # Producing would fail on every redelivery and hold up every result behind this one.
-        return Delivery(request_id=result.request_id, store=stored,
+        return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored,
                         undeliverable=f"reply_to.topic {reply.topic!r} is not a valid Kafka topic name")
     if isinstance(reply, wire.KafkaReply):
         return Delivery(
             request_id=result.request_id,
+            tenant_id=result.tenant_id,
             store=stored,
             reply_topic=reply.topic,
             reply_value=wire.encode(result, reply.content_type),
             reply_content_type=reply.content_type,
         )
-    return Delivery(request_id=result.request_id, store=stored)
+    return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored)

@@ -80,6 +80,8 @@ class FakeRedis:
                     del self.data[keys[0]]
                     return 1
                 return 0
+            if "ZPOPMIN" in script:  # the result-router's ResultStore.put: first stored wins, no bound
+                return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
             self.takes.append((keys, args))
             return list(self.take_reply)
         return run

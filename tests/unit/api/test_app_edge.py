@@ -171,6 +171,20 @@ async def test_idempotent_retry_joins_the_request_still_running(setup):
     assert responses[1].headers["x-request-id"] == request.request_id and len(worker.produced) == 1
 
 
+async def test_a_retry_whose_ended_request_lost_its_stored_result_gets_410_not_a_wait(setup):
+    client, _, worker, redis = setup
+    idem = {"idempotency-key": "order-4"}
+    assert (await client.post("/v1/completions", json=BODY, headers=idem)).status_code == 200
+    (request,) = worker.produced
+    key = constants.idempotency_key("dev", "order-4")
+    claim = msgspec.json.decode(redis.data[key])
+    redis.data[key] = msgspec.json.encode(claim | {"deadline_ms": 1})  # it ended long ago ...
+    del redis.data[constants.result_key(request.request_id)]  # ... and its result was dropped
+    gone = await client.post("/v1/completions", json=BODY, headers=idem)
+    assert gone.status_code == 410 and gone.json()["error"]["code"] == "result_evicted"
+    assert len(worker.produced) == 1
+
+
 async def test_retry_after_a_timeout_runs_afresh(setup):
     client, _, worker, redis = setup
     worker.silent = True

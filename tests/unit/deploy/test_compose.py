@@ -79,3 +79,9 @@ def test_api_pods_and_result_router_share_the_batch_file_store():
         assert "llmq-files:/data/files" in SERVICES[name]["volumes"], name
         assert SERVICES[name]["environment"]["LLMQ_FILES_URL"] == "/data/files"
     assert "llmq-files" in COMPOSE["volumes"]
+
+
+def test_redis_has_a_memory_budget_and_evicts_only_keys_with_a_ttl():
+    command = SERVICES["redis"]["command"]
+    assert command[command.index("--maxmemory-policy") + 1] == "volatile-lru"
+    assert command[command.index("--maxmemory") + 1] == "${LLMQ_DEV_REDIS_MAXMEMORY_BYTES:-536870912}"

@@ -52,6 +52,11 @@ class FlakyRedis:
         self.stored.setdefault(key, value)
         return True
 
+    def register_script(self, script):
+        async def put(keys, args):  # ResultStore's script, as far as these tests need it: SET NX of the result
+            return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
+        return put
+
 
 def record(offset: int, request_id: str):
     result = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",

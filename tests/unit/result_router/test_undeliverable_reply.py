@@ -79,6 +79,11 @@ class FakeRedis:
     async def exists(self, key):
         return int(key in self.data)
 
+    def register_script(self, script):
+        async def put(keys, args):  # ResultStore's script, as far as these tests need it: SET NX of the result
+            return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
+        return put
+
 
 def _record(offset: int, result: wire.FinalResult):
     return SimpleNamespace(topic=TP[0], partition=TP[1], offset=offset, key=result.request_id.encode(),

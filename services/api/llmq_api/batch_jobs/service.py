@@ -74,7 +74,11 @@ class BatchJobs:
         record = FileRecord(id=file_id, tenant_id=principal.tenant_id, filename=filename or "upload.jsonl",
                             purpose=purpose, bytes=size, created_at=now_s,
                             expires_at=now_s + self.settings.files_retention_s, path=path)
-        await self.store.put_file(record)
+        try:
+            await self.store.put_file(record)
+        except Exception:  # Redis refused the record (503): no sweep would ever find these bytes
+            await self.files.delete(path)
+            raise
         return record
 
     async def get_file(self, principal: Principal, file_id: str) -> FileRecord:
@@ -205,9 +209,13 @@ class BatchJobs:
                               purpose=jobs.FILE_PURPOSE_OUTPUT, created_at=now_s, expires_at=expires_at,
                               path=spec.results_path, batch_id=spec.id, kind=kind)
                    for file_id, kind in ((spec.output_file_id, "output"), (spec.error_file_id, "error"))]
-        await self.store.create_job(spec, jobs.IN_PROGRESS, {jobs.VALIDATING: spec.created_ms // 1000,
-                                                             jobs.IN_PROGRESS: now_s},
-                                    files=outputs, lines=lines, offsets=offsets, results=results)
+        try:
+            await self.store.create_job(spec, jobs.IN_PROGRESS, {jobs.VALIDATING: spec.created_ms // 1000,
+                                                                 jobs.IN_PROGRESS: now_s},
+                                        files=outputs, lines=lines, offsets=offsets, results=results)
+        except Exception:  # Redis refused the job (503): nothing will ever read its prepared file
+            await self.files.delete(spec.prepared_path)
+            raise
         return await self._read(spec.id)
 
     async def _read(self, batch_id: str) -> JobView:

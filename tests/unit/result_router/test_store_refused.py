@@ -1,0 +1,108 @@
+"""Redis refusing writes (maxmemory) in the result-router: a refused stored result or delivered-marker costs only
+that copy and the partition keeps flowing; a refused batch-job ledger write is retried with backoff until it lands."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from redis.exceptions import OutOfMemoryError
+
+from llmq_core import wire
+from llmq_core.clock import FakeClock
+from llmq_core.metrics import RouterMetrics
+from llmq_core.settings import Settings
+from llmq_result_router.jobs import JobLedger
+from llmq_result_router.loop import ResultRouter
+
+TP = ("llmq.results", 0)
+OOM = "command not allowed when used memory > 'maxmemory'."
+
+
+class FakeConsumer:
+    def __init__(self, records) -> None:
+        self.records, self.commits, self.seeks, self.router = records, 0, 0, None
+
+    async def getmany(self, timeout_ms, max_records):
+        if not self.records:
+            self.router.stop()
+            return {}
+        batch, self.records = self.records, []
+        return {TP: batch}
+
+    def seek(self, tp, offset) -> None:
+        self.seeks += 1
+
+    async def commit(self) -> None:
+        self.commits += 1
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def send_and_wait(self, topic, value, key=None, headers=None):
+        self.sent.append((topic, key))
+
+
+class FullRedis:
+    """Reads work, every write is refused."""
+
+    def register_script(self, script):
+        async def refuse(keys, args):
+            raise OutOfMemoryError(OOM)
+        return refuse
+
+    async def exists(self, key):
+        return 0
+
+    async def set(self, *args, **kwargs):
+        raise OutOfMemoryError(OOM)
+
+
+def _record(offset: int, request_id: str):
+    result = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
+                              reply_to=wire.KafkaReply(topic="my.replies"))
+    return SimpleNamespace(topic=TP[0], partition=TP[1], offset=offset, key=request_id.encode(),
+                           value=wire.encode(result), headers=[])
+
+
+async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_out_once():
+    consumer, producer = FakeConsumer([_record(0, "r0"), _record(1, "r1")]), FakeProducer()
+    metrics = RouterMetrics()
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, FullRedis(), metrics=metrics)
+    await asyncio.wait_for(router.run(), 5)
+    assert producer.sent == [("my.replies", b"r0"), ("my.replies", b"r1")]
+    assert consumer.commits == 1 and consumer.seeks == 0
+    assert metrics.stored_dropped.labels("refused")._value.get() == 2
+
+
+class RefusingJobStore:
+    """A job store whose first ``refusals`` settle_many calls Redis refuses."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.settled = refusals, []
+
+    async def line_states(self, batch_id, custom_ids):
+        return ["p0" for _ in custom_ids]
+
+    async def settle_many(self, batch_id, changes):
+        if self.refusals:
+            self.refusals -= 1
+            raise OutOfMemoryError(OOM)
+        self.settled += list(changes)
+        return len(self.settled)
+
+
+async def test_a_refused_ledger_write_is_retried_with_backoff_until_it_lands():
+    store, delays = RefusingJobStore(refusals=7), []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    ledger = JobLedger(Settings(), store, producer=None, clock=FakeClock(), sleep=sleep)
+    result = wire.FinalResult(request_id="batch_1:line-1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
+                              reply_to=wire.JobReply(batch_id="batch_1", custom_id="line-1"))
+    await ledger.on_result(result)
+    assert [change.custom_id for change in store.settled] == ["line-1"]
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]
