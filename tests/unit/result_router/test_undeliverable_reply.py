@@ -34,7 +34,7 @@ def _result(request_id: str, topic: str) -> wire.FinalResult:
 
 def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
     delivery = plan_delivery(_result("r1", "bad topic/ with spaces!!"))
-    assert delivery.reply_topic is None and delivery.undeliverable
+    assert delivery.reply_value is None and delivery.undeliverable
     assert wire.decode(delivery.store).request_id == "r1"
     assert plan_delivery(_result("r2", "ok.replies")).undeliverable is None
 
@@ -59,6 +59,9 @@ class FakeProducer:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
+
+    async def partitions_for(self, topic):
+        return {0}
 
     async def send_and_wait(self, topic, value, key=None, headers=None):
         if not is_valid_topic_name(topic):
