@@ -62,7 +62,7 @@ class JobLedger:
             reason = f"batch {reply.batch_id} line {reply.custom_id}: still failing after its last retry round"
             await self.producer.send_and_wait(constants.TOPIC_DEAD_LETTERS, wire.encode(result),
                                               key=result.request_id.encode(),
-                                              headers=kafka.headers() + [("x-llmq-error", reason.encode())])
+                                              headers=kafka.headers() + [(constants.HEADER_ERROR, reason.encode())])
         await self.store.settle_many(reply.batch_id, [settlement.change(reply.custom_id)])
 
 
