@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import openai
@@ -23,6 +27,7 @@ from llmq_core.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+LLMQ = Path(sys.executable).parent / "llmq"  # the README's .venv/bin/llmq
 API_PORT = 18460
 API_KEY = "llmq-dev-key"  # tenant "dev"
 RESERVED = ["__consumer_offsets", "llmq.batches", "llmq.results", "llmq.requests.interactive"]
@@ -189,3 +194,22 @@ def partition_id(prefix: str, partition: int, partitions: list[int]) -> str:
         if DefaultPartitioner()(candidate.encode(), partitions, partitions) == partition:
             return candidate
     raise AssertionError("no id found")
+
+
+async def test_the_documented_create_topic_command_makes_a_reply_topic_that_fits_any_result(stack, kafka_clients):
+    settings, producer, _ = kafka_clients
+    topic = f"test.cli-replies.{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": stack.cfg.kafka_bootstrap}
+    command = [str(LLMQ), "dev", "create-topic", topic, "--partitions", "2"]
+    created = await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, timeout=60)
+    again = await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, timeout=60)
+    assert created.returncode == 0 and "created" in created.stdout, created.stdout + created.stderr
+    assert again.returncode == 0 and "exists already" in again.stdout
+    assert await producer.partitions_for(topic) == {0, 1}
+    big = b"x" * (constants.MAX_RESULT_BYTES + constants.RECORD_HEADROOM_BYTES)  # past a broker's 1 MB default
+    big_producer = kafka.make_producer(settings, max_request_size=constants.KAFKA_MAX_MESSAGE_BYTES)
+    await big_producer.start()
+    try:
+        await big_producer.send_and_wait(topic, big)
+    finally:
+        await big_producer.stop()
