@@ -5,6 +5,8 @@ from __future__ import annotations
 from llmq_core import wire
 from llmq_batcher.policy import Answer
 
+INVALID_REPLY_TOPIC = "invalid_reply_topic"  # error.code of a request refused for its reply topic
+
 
 def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
     """A terminal result for ``answer.request`` stamped at ``now_ms`` (epoch ms); it never reached a worker."""
@@ -23,9 +25,6 @@ def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
         finished_ms=now_ms,
         traffic_class=request.traffic_class,
     )
-
-
-INVALID_REPLY_TOPIC = "invalid_reply_topic"
 
 
 def refused_reply_topic(request: wire.GenerationRequest, reason: str, now_ms: int) -> wire.FinalResult:
