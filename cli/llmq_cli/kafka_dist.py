@@ -94,7 +94,7 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         "transaction.state.log.min.isr=1",
         "group.initial.rebalance.delay.ms=0",
         "num.partitions=1",
-        "auto.create.topics.enable=true",
+        "auto.create.topics.enable=false",  # owners create their topics (reply topics: `llmq dev create-topic`)
         "",
     ])
 

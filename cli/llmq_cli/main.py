@@ -17,7 +17,7 @@ from llmq_cli.batch import batch_app
 from llmq_cli.bench_cmd import bench
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.slo import slo
-from llmq_core.kafka import ensure_topics
+from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, reply_topic_prefixes
 from llmq_core.settings import load_settings
 
 app = typer.Typer(help="llmq: a batching system for LLM queries over Kafka and Redis.", no_args_is_help=True)
@@ -87,6 +87,23 @@ def dev_down(state_dir: Path = STATE_DIR) -> None:
     """Stop exactly the processes `llmq dev up` started (from their pid files)."""
     stopped = DevStack(StackConfig(state_dir=state_dir)).down()
     console.print(f"stopped: {', '.join(stopped) or 'nothing'}")
+
+
+@dev.command("create-topic")
+def dev_create_topic(
+    name: str = typer.Argument(..., help="Topic to create, e.g. a Kafka reply topic such as my.replies."),
+    partitions: int = typer.Option(1, min=1, help="Partitions of the new topic."),
+) -> None:
+    """Create a Kafka reply topic on LLMQ_KAFKA_BOOTSTRAP_SERVERS: the broker does not auto-create topics, so a
+    Kafka-direct producer creates its reply topic before its first request. Names llmq refuses as reply topics
+    (Kafka's internal ones, llmq.*, outside LLMQ_KAFKA_REPLY_TOPIC_PREFIXES) are refused here too."""
+    settings = load_settings()
+    refused = reply_topic_error(name, reply_topic_prefixes(settings))
+    if refused is not None:
+        console.print(f"[red]refused:[/red] {refused}")
+        raise typer.Exit(2)
+    created = asyncio.run(create_topic(settings, name, partitions))
+    console.print(f"{'created' if created else 'exists already:'} {name} on {settings.kafka_bootstrap_servers}")
 
 
 @app.command("simulate")

@@ -26,6 +26,8 @@ TOPIC_REQUESTS_PREFIX: Final = "llmq.requests."
 TOPIC_BATCHES: Final = "llmq.batches"
 TOPIC_RESULTS: Final = "llmq.results"
 TOPIC_DEAD_LETTERS: Final = "llmq.dead-letters"
+TOPIC_PREFIX: Final = "llmq."  # every llmq topic: never a reply topic
+KAFKA_INTERNAL_TOPIC_PREFIX: Final = "__"  # Kafka's own topics (__consumer_offsets, __transaction_state)
 
 
 def requests_topic(traffic_class: str) -> str:
@@ -50,6 +52,8 @@ HEADER_CONTENT_TYPE: Final = "content-type"
 HEADER_TRACEPARENT: Final = "traceparent"
 CONTENT_TYPE_MSGPACK: Final = "application/msgpack"
 CONTENT_TYPE_JSON: Final = "application/json"
+HEADER_ERROR: Final = "x-llmq-error"  # on a dead letter: why it is one
+HEADER_REPLY_TOPIC: Final = "x-llmq-reply-topic"  # on a dead-lettered result: the reply topic it could not reach
 
 # --- Redis channels and keys ---
 REDIS_REPLIES_PREFIX: Final = "llmq:replies:"

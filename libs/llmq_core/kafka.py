@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -14,9 +14,12 @@ from llmq_core.constants import (
     CONTENT_TYPE_MSGPACK,
     HEADER_CONTENT_TYPE,
     HEADER_TRACEPARENT,
+    KAFKA_INTERNAL_TOPIC_PREFIX,
+    KAFKA_MAX_MESSAGE_BYTES,
     REQUEST_TOPICS,
     TOPIC_BATCHES,
     TOPIC_DEAD_LETTERS,
+    TOPIC_PREFIX,
     TOPIC_RESULTS,
 )
 from llmq_core.settings import Settings
@@ -31,6 +34,26 @@ def is_valid_topic_name(name: str) -> bool:
     """Whether Kafka accepts ``name`` as a topic: 1-249 of ``[A-Za-z0-9._-]``, and not ``.`` or ``..``. Producing to any
     other name fails (aiokafka keeps retrying the metadata request until its timeout), so check before producing."""
     return bool(_TOPIC_NAME.fullmatch(name)) and name not in (".", "..")
+
+
+def reply_topic_prefixes(settings: Settings) -> tuple[str, ...]:
+    """``kafka_reply_topic_prefixes`` as a tuple; empty: any topic :func:`reply_topic_error` does not refuse."""
+    return tuple(p for p in (x.strip() for x in settings.kafka_reply_topic_prefixes.split(",")) if p)
+
+
+def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str | None:
+    """Why results must not be produced to ``topic`` (None: they may). Refused: illegal names, Kafka's internal topics
+    (``__*``), llmq's own topics (``llmq.*``: results there would poison its requests, batches or results), and, when
+    ``allowed_prefixes`` is not empty, any topic outside them."""
+    if not is_valid_topic_name(topic):
+        return f"reply_to.topic {topic!r} is not a valid Kafka topic name"
+    if topic.startswith(KAFKA_INTERNAL_TOPIC_PREFIX):
+        return f"reply_to.topic {topic!r} is one of Kafka's internal topics"
+    if topic.startswith(TOPIC_PREFIX):
+        return f"reply_to.topic {topic!r} is reserved for llmq itself (prefix {TOPIC_PREFIX!r})"
+    if allowed_prefixes and not topic.startswith(allowed_prefixes):
+        return f"reply_to.topic {topic!r} does not start with an allowed prefix ({', '.join(allowed_prefixes)})"
+    return None
 
 
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
@@ -99,6 +122,24 @@ def topic_layout(settings: Settings) -> dict[str, int]:
     layout[TOPIC_RESULTS] = settings.results_topic_partitions
     layout[TOPIC_DEAD_LETTERS] = 1
     return layout
+
+
+async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> bool:
+    """Create ``topic`` with room for llmq's largest record (replication factor 1: local and test stacks); False when
+    it exists already. Reply topics are created this way by their owners: the broker does not auto-create topics."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        config = {"max.message.bytes": str(KAFKA_MAX_MESSAGE_BYTES)}
+        response = await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=config)])
+    finally:
+        await admin.close()
+    [(_, code, *_)] = response.topic_errors
+    if code == TopicAlreadyExistsError.errno:
+        return False
+    if code:
+        raise errors.for_code(code)(f"creating topic {topic!r}")
+    return True
 
 
 async def ensure_topics(settings: Settings) -> None:

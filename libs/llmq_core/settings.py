@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     request_topic_partitions: int = 4
     batch_topic_partitions: int = 16
     results_topic_partitions: int = 4
+    kafka_reply_topic_prefixes: str = ""  # comma-separated prefixes a Kafka reply topic must start with (empty: any)
 
     # api
     instance_id: str = ""  # empty: generated at start (hostname + random suffix)
@@ -69,6 +70,12 @@ class Settings(BaseSettings):
 
     # worker
     heartbeat_interval_ms: int = 250
+
+    # result-router: producing to Kafka reply topics
+    router_reply_attempts: int = 4  # tries of one reply before it is dead-lettered (permanent errors: one)
+    router_reply_backoff_ms: int = 250  # wait before retry r: backoff * 2**(r-1)
+    router_reply_metadata_timeout_ms: int = 1000  # per try: how long a reply topic may take to show up in metadata
+    router_unreachable_topic_ttl_ms: int = 30_000  # a reply topic that failed for good: its results skip the tries
 
     # batch jobs (/v1/files, /v1/batches; the ledger and driver run in the result-router)
     files_url: str = "var/files"  # file store: a local directory or any fsspec URL (s3://bucket/prefix, memory://...)

@@ -175,6 +175,7 @@ class ErrorInfo(_Struct, kw_only=True):
     message: str
     code: str | None = None
     retryable: bool = False
+    param: str | None = None  # the request field at fault (OpenAI's ``param``), e.g. ``reply_to.topic``
 
 
 class Choice(_Struct, kw_only=True):

@@ -18,6 +18,7 @@ async def test_stores_and_replies_once_despite_redelivery():
     settings = Settings()
     await kafka.ensure_topics(settings)
     reply_topic = f"test.replies.{uuid.uuid4().hex[:8]}"
+    await kafka.create_topic(settings, reply_topic)  # the broker does not auto-create topics
     request_id = f"req-{uuid.uuid4().hex}"
     result = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
                               reply_to=wire.KafkaReply(topic=reply_topic),

@@ -104,7 +104,7 @@ def _errored(error: wire.ErrorInfo | None) -> ApiError:
     if error is None:
         return ApiError(500, "The request failed", type=SERVER_ERROR)
     if error.type == INVALID_REQUEST:
-        return ApiError(400, error.message, type=error.type, code=error.code)
+        return ApiError(400, error.message, type=error.type, param=error.param, code=error.code)
     if error.type == OVERLOADED:  # the batcher's full queue: the backstop behind the pods' own admission control
         return too_many_requests(error.message, RETRY_AFTER_S, type=error.type)
     if error.retryable:

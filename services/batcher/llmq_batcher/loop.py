@@ -22,7 +22,7 @@ from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
-from llmq_batcher.outcomes import final_result
+from llmq_batcher.outcomes import final_result, refused_reply_topic
 from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.spans import RequestSpans
@@ -49,6 +49,7 @@ class Names:
     cancels_channel: str = constants.REDIS_CANCELS_CHANNEL
     stats_key: str = constants.STATS_BATCHER
     saturation_key: str = constants.REDIS_SATURATION_KEY
+    reply_topic_prefixes: tuple[str, ...] = ()  # Settings.kafka_reply_topic_prefixes: see kafka.reply_topic_error
 
 
 class BatcherLoop:
@@ -130,6 +131,8 @@ class BatcherLoop:
         if not isinstance(message, wire.GenerationRequest):
             await self._dead_letter(tp, record, f"not a generation_request: {type(message).__name__}")
             return
+        if await self._refuse_reply_topic(tp, record.offset, message):
+            return
         status = self.policy.add(message)
         if self.metrics is not None:
             self.metrics.consumed(message)
@@ -139,6 +142,26 @@ class BatcherLoop:
             self.offsets.settle(tp, record.offset)  # its twin already went out
         else:
             self._held.setdefault(message.request_id, []).append((tp, record.offset))
+
+    async def _refuse_reply_topic(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest) -> bool:
+        """Answer a request whose Kafka reply topic may not receive results ``errored`` at once, never queueing it;
+        True when refused. The result-router stores that answer and dead-letters it: the topic is never produced to."""
+        reply = request.reply_to
+        if not isinstance(reply, wire.KafkaReply):
+            return False
+        reason = kafka.reply_topic_error(reply.topic, self.names.reply_topic_prefixes)
+        if reason is None:
+            return False
+        result = refused_reply_topic(request, reason, self.clock.now_ms())
+        try:
+            await kafka.send_message(self.producer, self.names.results_topic, result, key=request.request_id)
+        except Exception as exc:  # left unsettled, like _send_answer: refused again after a restart
+            log.error("refusing %s failed: %s", request.request_id, exc, extra=request_fields(request.request_id))
+            return True
+        if self.metrics is not None:
+            self.metrics.answered_request(request, result.outcome.value)
+        self.offsets.settle(tp, offset)
+        return True
 
     async def _signals(self) -> None:
         pubsub = self.redis.pubsub()

@@ -15,7 +15,7 @@ from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
-from llmq_batcher.loop import BatcherLoop
+from llmq_batcher.loop import BatcherLoop, Names
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,8 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"), SYSTEM_CLOCK)
     loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=settings.batcher_max_queued,
                        results=results, metrics=observed, pod_check_ms=settings.pod_heartbeat_interval_ms,
-                       pod_grace_ms=2 * settings.pod_heartbeat_interval_ms)
+                       pod_grace_ms=2 * settings.pod_heartbeat_interval_ms,
+                       names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)))
     await producer.start()
     loop.subscribe()
     await consumer.start()

@@ -66,7 +66,7 @@ class JobLedger:
             reason = f"batch {reply.batch_id} line {reply.custom_id}: still failing after its last retry round"
             await self.producer.send_and_wait(constants.TOPIC_DEAD_LETTERS, wire.encode(result),
                                               key=result.request_id.encode(),
-                                              headers=kafka.headers() + [("x-llmq-error", reason.encode())])
+                                              headers=kafka.headers() + [(constants.HEADER_ERROR, reason.encode())])
         await self._settle(reply.batch_id, settlement.change(reply.custom_id))
 
     async def _settle(self, batch_id: str, change: LineChange) -> None:

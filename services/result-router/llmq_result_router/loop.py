@@ -8,14 +8,17 @@ import logging
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from llmq_core import constants, kafka, tracing, wire
+from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
+from llmq_result_router import replies
 from llmq_result_router.jobs import JobLedger
+from llmq_result_router.replies import GiveUp, ReplyRetry, UnreachableTopics
 from llmq_result_router.routing import Delivery, plan_delivery
 from llmq_result_router.store import ResultStore
 
@@ -26,11 +29,12 @@ RETRY_DELAY_S = 1.0
 
 class ResultRouter:
     """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery,
-    the job ledger's compare-and-set each batch-job line to one settlement."""
+    the job ledger's compare-and-set each batch-job line to one settlement. A reply that cannot be produced within
+    its tries (see :mod:`replies`) is dead-lettered: one result never holds up the others."""
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
                  ledger: JobLedger | None = None, metrics: RouterMetrics | None = None,
-                 results: ResultStore | None = None) -> None:
+                 results: ResultStore | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.consumer = consumer
         self.producer = producer
@@ -40,6 +44,10 @@ class ResultRouter:
                                               settings.result_store_tenant_max_results)
         self.ledger = ledger
         self.metrics = metrics
+        self.clock = clock
+        self.retry = ReplyRetry.from_settings(settings)
+        self.unreachable = UnreachableTopics(clock, settings.router_unreachable_topic_ttl_ms)
+        self.reply_prefixes = kafka.reply_topic_prefixes(settings)
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -49,9 +57,7 @@ class ResultRouter:
         while not self._stopping.is_set():
             batches = await self.consumer.getmany(timeout_ms=200, max_records=500)
             try:
-                for records in batches.values():
-                    for record in records:
-                        await self._handle(record)
+                await self._route_partitions(batches)
                 if batches:
                     await self.consumer.commit()
             except (RedisError, KafkaError, OSError) as exc:  # a Redis restart or a broker blip: route them again
@@ -60,6 +66,19 @@ class ResultRouter:
                 await asyncio.sleep(RETRY_DELAY_S)
                 for tp, records in batches.items():
                     self.consumer.seek(tp, records[0].offset)
+
+    async def _route_partitions(self, batches) -> None:
+        """Each partition's records in order, the partitions side by side: a reply being retried on one partition holds
+        up no other. Raises the first failure once every partition is done."""
+        done = await asyncio.gather(*(self._handle_all(records) for records in batches.values()),
+                                    return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _handle_all(self, records) -> None:
+        for record in records:
+            await self._handle(record)
 
     async def _handle(self, record) -> None:
         try:
@@ -81,7 +100,7 @@ class ResultRouter:
             await self._route(message, record)
 
     async def _route(self, message: wire.FinalResult, record) -> None:
-        first = await self._deliver(plan_delivery(message), record)
+        first = await self._deliver(plan_delivery(message, self.reply_prefixes), record)
         if self.metrics is not None:
             self.metrics.result(message, first)
         if self.ledger is not None and isinstance(message.reply_to, wire.JobReply):
@@ -93,24 +112,52 @@ class ResultRouter:
         ttl_ms = self.settings.result_ttl_s * 1000
         first = await self._store(delivery)
         if delivery.undeliverable is not None:
-            await self._dead_letter(record, delivery.undeliverable)
+            await self._dead_letter(record, delivery.undeliverable, reply_topic=delivery.reply_topic)
             return first
         if delivery.reply_topic is None:
             return first
         key = constants.delivered_key(delivery.request_id)
         if await self.redis.exists(key):
             return first  # already answered once; this is a redelivery
-        await self.producer.send_and_wait(
-            delivery.reply_topic,
-            delivery.reply_value,
-            key=delivery.request_id.encode(),
-            headers=kafka.headers(delivery.reply_content_type),
-        )
-        try:
+        failed = await self._reply(delivery)
+        if failed is not None:
+            await self._dead_letter(record, failed.reason, reply_topic=delivery.reply_topic)
+            if failed.topic_wide:  # only once the dead letter is out: a broker outage fails that too
+                self.unreachable.mark(delivery.reply_topic, failed.reason)
+        try:  # answered for good, either way: a redelivery does not try again
             await self.redis.set(key, b"1", px=ttl_ms)
         except ResponseError as exc:  # refused (maxmemory): a redelivery may reply twice, a retry here every time
             log.warning("marking %s delivered was refused: %s", delivery.request_id, exc)
         return first
+
+    async def _reply(self, delivery: Delivery) -> GiveUp | None:
+        """Produce the reply, with a few tries for transient errors; why it ended unsent (None: it was sent)."""
+        topic = delivery.reply_topic
+        known = self.unreachable.reason(topic)
+        if known is not None:
+            return GiveUp(reason=known, topic_wide=False)
+        started_ms, failures = self.clock.now_ms(), 0
+        while True:
+            try:
+                await self._produce_reply(delivery)
+                return None
+            except KafkaError as exc:
+                failures += 1
+                wait_ms = self.retry.wait_ms(exc, failures)
+                if wait_ms is None:
+                    return replies.give_up(topic, exc, failures, self.clock.now_ms() - started_ms)
+                log.info("reply to %r failed (%r); try %d in %d ms", topic, exc, failures + 1, wait_ms)
+                await asyncio.sleep(wait_ms / 1000)
+
+    async def _produce_reply(self, delivery: Delivery) -> None:
+        topic = delivery.reply_topic
+        try:  # aiokafka alone would wait its whole request timeout for a topic that does not exist
+            await asyncio.wait_for(self.producer.partitions_for(topic),
+                                   self.settings.router_reply_metadata_timeout_ms / 1000)
+        except TimeoutError:
+            raise UnknownTopicOrPartitionError(f"no metadata for {topic!r}") from None
+        await self.producer.send_and_wait(topic, delivery.reply_value, key=delivery.request_id.encode(),
+                                          headers=kafka.headers(delivery.reply_content_type))
 
     async def _store(self, delivery: Delivery) -> bool:
         """Store the retrieval copy; True unless one was stored before. A write Redis refuses (maxmemory) costs only
@@ -131,11 +178,9 @@ class ResultRouter:
         if self.metrics is not None and count:
             self.metrics.stored_dropped.labels(reason).inc(count)
 
-    async def _dead_letter(self, record, reason: str) -> None:
+    async def _dead_letter(self, record, reason: str, reply_topic: str | None = None) -> None:
         log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
-        await self.producer.send_and_wait(
-            constants.TOPIC_DEAD_LETTERS,
-            record.value,
-            key=record.key,
-            headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])],
-        )
+        headers = list(record.headers or ()) + [(constants.HEADER_ERROR, reason.encode()[:512])]
+        if reply_topic is not None:
+            headers.append((constants.HEADER_REPLY_TOPIC, reply_topic.encode()))
+        await self.producer.send_and_wait(constants.TOPIC_DEAD_LETTERS, record.value, key=record.key, headers=headers)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 
 from llmq_core import wire
-from llmq_core.kafka import is_valid_topic_name
+from llmq_core.kafka import reply_topic_error
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
     """Actions for one result: store it under its request_id, and produce it to ``reply_topic`` (None: no Kafka reply).
-    ``undeliverable`` says why a Kafka reply cannot be produced at all (the result then goes to the dead letters)."""
+    ``undeliverable`` says why nothing may be produced to ``reply_topic`` (the result then goes to the dead letters)."""
 
     request_id: str
     tenant_id: str = ""  # whose stored results ``store`` counts against
@@ -21,15 +21,16 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
     undeliverable: str | None = None
 
 
-def plan_delivery(result: wire.FinalResult) -> Delivery:
+def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = ()) -> Delivery:
     """Every result is stored (msgpack); a KafkaReply result is also encoded for its topic in the producer's format,
-    unless its topic is no legal Kafka topic name (``undeliverable``)."""
+    unless results may not go to that topic (``undeliverable``, see :func:`reply_topic_error`; ``allowed_prefixes``:
+    Settings.kafka_reply_topic_prefixes)."""
     stored = wire.encode(result)
     reply = result.reply_to
-    if isinstance(reply, wire.KafkaReply) and not is_valid_topic_name(reply.topic):
-        # Producing would fail on every redelivery and hold up every result behind this one.
-        return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored,
-                        undeliverable=f"reply_to.topic {reply.topic!r} is not a valid Kafka topic name")
+    refused = reply_topic_error(reply.topic, allowed_prefixes) if isinstance(reply, wire.KafkaReply) else None
+    if refused is not None:
+        # An illegal name would fail on every redelivery; llmq's own or Kafka's internal topics must never get results.
+        return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored, reply_topic=reply.topic, undeliverable=refused)
     if isinstance(reply, wire.KafkaReply):
         return Delivery(
             request_id=result.request_id,

@@ -41,6 +41,9 @@ class FakeProducer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
 
+    async def partitions_for(self, topic):
+        return {0}
+
     async def send_and_wait(self, topic, value, key=None, headers=None):
         self.sent.append((topic, key))
 

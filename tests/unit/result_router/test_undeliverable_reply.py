@@ -13,6 +13,7 @@ from llmq_core.kafka import is_valid_topic_name
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.routing import plan_delivery
+from tests.unit.result_router.fakes import FakeRedis
 
 TP = ("llmq.results", 0)
 
@@ -34,7 +35,7 @@ def _result(request_id: str, topic: str) -> wire.FinalResult:
 
 def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
     delivery = plan_delivery(_result("r1", "bad topic/ with spaces!!"))
-    assert delivery.reply_topic is None and delivery.undeliverable
+    assert delivery.reply_value is None and delivery.undeliverable
     assert wire.decode(delivery.store).request_id == "r1"
     assert plan_delivery(_result("r2", "ok.replies")).undeliverable is None
 
@@ -60,29 +61,14 @@ class FakeProducer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
 
+    async def partitions_for(self, topic):
+        return {0}
+
     async def send_and_wait(self, topic, value, key=None, headers=None):
         if not is_valid_topic_name(topic):
             raise AssertionError(f"produced to illegal topic {topic!r}")
         self.sent.append((topic, key))
 
-
-class FakeRedis:
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    async def set(self, key, value, px=None, nx=False):
-        if nx and key in self.data:
-            return None
-        self.data[key] = value
-        return True
-
-    async def exists(self, key):
-        return int(key in self.data)
-
-    def register_script(self, script):
-        async def put(keys, args):  # ResultStore's script, as far as these tests need it: SET NX of the result
-            return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
-        return put
 
 
 def _record(offset: int, result: wire.FinalResult):
