@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     api_shed_share: dict[str, float] = {"interactive:paid": 0.95, "interactive:free": 0.85,
                                         "near_interactive": 0.7, "deferred": 0.5}
     api_saturation_stale_ms: int = 5000  # batcher saturation reports older than this are ignored
+    extra_models: list[str] = []  # models served besides the built-in catalogue (--model-path workers): metric labels
 
     # batcher
     interactive_max_wait_ms: int = 0
