@@ -1,0 +1,44 @@
+"""saturation.py and policy.model_states: the per-model admission signals the batcher publishes for API pods."""
+
+from llmq_core.models import BUILTIN_MODELS
+from llmq_batcher.saturation import saturation_report
+from tests.unit.batcher.helpers import MODEL, T0, hb, make_policy, req
+
+TINY = "llmq-tiny"
+
+
+def test_report_carries_each_models_queues_workers_and_last_heartbeat_but_no_made_up_model():
+    policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
+    policy.on_heartbeat(hb("w1", free=0, max_slots=8))  # busy: llmq-sim's paid request stays queued
+    policy.add(req("sim-paid", "paid"))
+    policy.add(req("tiny-deferred", "deferred", model=TINY))
+    clock.advance(300)
+    policy.add(req("tiny-free", "free", model=TINY, now_ms=clock.now_ms()))
+    for i in range(50):
+        policy.add(req(f"junk-{i}", "paid", model=f"made-up-{i}", now_ms=clock.now_ms()))
+    clock.advance(700)
+    now_ms = clock.now_ms()
+    decision = policy.schedule(now_ms)
+    report = saturation_report("b-1", T0 - 5, now_ms, decision.load, policy.model_states(now_ms), BUILTIN_MODELS)
+
+    assert (report.batcher_id, report.sent_ms, report.started_ms) == ("b-1", T0 + 1000, T0 - 5)
+    assert set(report.models) == {MODEL, TINY}
+    sim, tiny = report.models[MODEL], report.models[TINY]
+    assert (sim.workers, sim.slots, sim.worker_seen_ms) == (1, 8, T0)
+    assert (sim.classes["interactive:paid"].depth, sim.classes["interactive:paid"].oldest_age_ms) == (1, 1000)
+    assert (tiny.workers, tiny.slots, tiny.worker_seen_ms) == (0, 0, 0)
+    assert [(tiny.classes[c].depth, tiny.classes[c].oldest_age_ms) for c in ("interactive:free", "deferred")] == [
+        (1, 700), (1, 1000)]
+    assert report.classes["interactive:paid"].depth == 51  # every model's requests, made-up ones too
+
+
+def test_a_gone_workers_model_keeps_its_last_heartbeat_time_and_a_new_model_with_a_worker_is_reported():
+    policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
+    policy.on_heartbeat(hb("w1"))
+    policy.on_heartbeat(hb("w2", model="my-llama"))  # served by a --model-path worker: reported while it has one
+    clock.advance(2500)
+    policy.schedule(clock.now_ms())  # both workers are past the heartbeat timeout: gone
+    states = policy.model_states(clock.now_ms())
+    assert [(states[m].workers, states[m].worker_seen_ms) for m in (MODEL, "my-llama")] == [(0, T0), (0, T0)]
+    report = saturation_report("b", T0, clock.now_ms(), {}, states, BUILTIN_MODELS)
+    assert set(report.models) == {MODEL, "my-llama"}
