@@ -311,8 +311,10 @@ class BatchPolicy:
         return out
 
     def deferred_blocked(self, now_ms: int) -> bool:
-        """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work."""
-        if any(sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):
+        """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work.
+        Work queued for a model without workers waits for none of the capacity deferred work would use: it blocks
+        nothing (and its own deferred requests must still arrive, so that the model's queue shows its demand)."""
+        if any(m.pool.workers and sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):
             return True
         share = self.config.deferred_reserved_share
         return not any(w.free_slots(now_ms) > w.reserved_slots(share) for w in self._workers.values())
