@@ -80,12 +80,15 @@ class Saturation:
 IDLE = Saturation()
 
 
-def merge_reports(reports: Iterable[wire.BatcherSaturation], now_ms: int, stale_ms: int) -> Saturation:
-    """Merge the reports sent within ``stale_ms`` of ``now_ms``; a queue's oldest request has aged since its report."""
+def merge_reports(reports: Iterable[wire.BatcherSaturation], now_ms: int, stale_ms: int,
+                  heard_ms: Mapping[str, int] | None = None) -> Saturation:
+    """Merge the reports sent within ``stale_ms`` of ``now_ms``; a queue's oldest request has aged since its report.
+    ``heard_ms``: model -> the last worker heartbeat this pod heard itself, which knows of a new worker up to a report
+    interval sooner than the batchers' reports do."""
     depth: dict[str, dict[str, int]] = {}
     oldest: dict[str, dict[str, int]] = {}
     workers: dict[str, int] = {}
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = dict(heard_ms or {})
     starts = []
     for report in reports:
         since_ms = now_ms - report.sent_ms

@@ -150,3 +150,13 @@ def test_a_shed_class_means_every_lower_class_is_shed(classes, in_flight):
                                   {c: a for c, (d, a) in classes.items() if d})})
     admitted = [POLICY.check(c, SIM, sat, in_flight) is None for c in PRIORITY_CLASSES]
     assert admitted == sorted(admitted, reverse=True)  # admitted classes form a prefix: highest first
+
+
+def test_a_worker_heartbeat_the_pod_heard_itself_counts_before_the_batchers_report_it():
+    reports = [report("b", NOW - 200, started_ms=NOW - 60_000, llmq_tiny=model(workers=0, seen_ms=0))]
+    unheard = merge_reports(reports, NOW, stale_ms=5000)
+    assert POLICY.check(PAID, TINY, unheard, 0).reason == "model_unavailable"
+    heard = merge_reports(reports, NOW, stale_ms=5000, heard_ms={TINY: NOW - 300})  # a worker that just started
+    assert heard.worker_gone_ms(TINY) == 300 and POLICY.check(PAID, TINY, heard, 0) is None
+    long_ago = merge_reports(reports, NOW, stale_ms=5000, heard_ms={TINY: NOW - 30_000})
+    assert POLICY.check(PAID, TINY, long_ago, 0).reason == "model_unavailable"
