@@ -249,10 +249,12 @@ class PodHeartbeat(_Message, kw_only=True, tag="pod_heartbeat"):
 
 
 class QueueLoad(_Struct, kw_only=True):
-    """One priority class's queue in one batcher: requests queued and the age (ms) of the oldest of them."""
+    """One priority class's queue in one batcher: requests queued, the age (ms) of the oldest of them, and the rate
+    its requests were dispatched at lately (requests/s, smoothed over about ``DRAIN_TAU_MS`` of the batcher)."""
 
     depth: int = 0
     oldest_age_ms: int = 0
+    drained_per_s: float = 0.0
 
 
 class ModelLoad(_Struct, kw_only=True):

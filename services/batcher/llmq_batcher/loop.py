@@ -26,7 +26,7 @@ from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import final_result
 from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
-from llmq_batcher.saturation import saturation_report
+from llmq_batcher.saturation import DrainMeter, saturation_report
 from llmq_batcher.spans import RequestSpans
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class BatcherLoop:
         self._last_load_ms = 0
         self.catalogue = catalogue
         self.started_ms = clock.now_ms()
+        self.drain = DrainMeter(self.started_ms)
 
     def subscribe(self) -> None:
         """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
@@ -333,6 +334,7 @@ class BatcherLoop:
             counts[f"batches:{batch.model}"] += 1
             counts[f"requests:{batch.model}"] += len(batch.requests)
             counts[f"flush_{batch.flush_reason}"] += 1
+        self.drain.dispatched(sent)
         for answer in decision.answers:
             counts[answer.outcome.value if answer.error_type != "overloaded" else "rejected"] += 1
         now_ms = self.clock.now_ms()
@@ -346,6 +348,8 @@ class BatcherLoop:
             if self.metrics is not None:
                 self.metrics.queues((key, name, c.depth, c.oldest_age_ms)
                                     for name, state in models.items() for key, c in state.classes.items())
+            report = saturation_report(self.policy.config.batch_id_prefix, self.started_ms, now_ms, decision.load,
+                                       models, self.catalogue, self.drain.rates(now_ms))
         if not counts and not load:
             return
         try:
@@ -354,8 +358,6 @@ class BatcherLoop:
                     pipe.hincrby(self.names.stats_key, name, value)
                 if load:
                     pipe.hset(self.names.stats_key, mapping=load)
-                    report = saturation_report(self.policy.config.batch_id_prefix, self.started_ms, now_ms,
-                                               decision.load, models, self.catalogue)
                     pipe.hset(self.names.saturation_key, report.batcher_id, wire.encode(report))
                 await pipe.execute()
         except Exception as exc:  # stats are best effort
