@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.labels import LabelSet
 from llmq_core.settings import Settings
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
@@ -209,7 +210,7 @@ class Pod:
         self.draining = False
         self.registry = WaiterRegistry(settings.api_max_in_flight)
         self.catalog = ModelCatalog(clock)
-        self.metrics = ApiMetrics(lambda: len(self.registry))
+        self.metrics = ApiMetrics(lambda: len(self.registry), LabelSet.from_settings(settings))
         self.keys = keys or KeyStore.from_settings(settings)
         self.timeouts = timeouts_by_class(settings)
         self.shed = ShedPolicy.from_settings(settings)

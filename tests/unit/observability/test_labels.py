@@ -9,6 +9,7 @@ import pytest
 from llmq_core import metrics, wire
 from llmq_core.labels import OTHER, LabelSet, configured_tenants
 from llmq_core.settings import Settings
+from llmq_api.metrics import ApiMetrics
 
 T0 = 1_700_000_000_000
 INVENTED = [f"made-up-{i}" for i in range(500)]
@@ -77,3 +78,10 @@ def test_worker_metrics_carry_the_workers_own_model():
     for model in INVENTED[:50]:
         m.finished(result(model, "t"))
     assert label_values(m, "model") == {"llmq-sim"}
+
+
+def test_api_metrics_label_only_catalogue_models():
+    m = ApiMetrics(lambda: 0, LabelSet(models=frozenset({"llmq-sim"})))
+    for model in ["llmq-sim", "announced-by-a-worker", None]:
+        m.answered("interactive", model, 200, 0.1, 0.05)
+    assert set(re.findall(r'model="([^"]*)"', m.render().decode())) == {"llmq-sim", OTHER, "unknown"}
