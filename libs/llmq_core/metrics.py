@@ -4,7 +4,8 @@
 several services can live in one test process. Names follow Prometheus conventions: ``llmq_<what>_<unit>``, counters
 end in ``_total`` (prometheus_client appends it), durations in ``_seconds``. Labels: ``traffic_class`` (interactive,
 near_interactive, deferred; ``unknown`` from producers that predate it), ``priority_class`` (constants.PRIORITY_CLASSES),
-``model``; the per-tenant token counters are the billing feed.
+``model``; the per-tenant token counters are the billing feed. Model and tenant label values pass through a
+:class:`~llmq_core.labels.LabelSet`: names outside the catalogue and the configured tenants read ``other``.
 
 Autoscaling signal: ``llmq_batcher_oldest_queued_age_seconds`` (README, "Observability").
 """
@@ -20,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client import start_http_server
 
 from llmq_core import wire
+from llmq_core.labels import LabelSet
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +126,10 @@ class BatcherMetrics(_Metrics):
     """Queues (depth, oldest age: the autoscaling signal), batches (size, fill, flush reason), time to dispatch,
     requests consumed and answered by the batcher itself, consumer lag."""
 
-    def __init__(self) -> None:
+    def __init__(self, labels: LabelSet = LabelSet()) -> None:
         super().__init__()
         r = self.registry
+        self.labels = labels
         self.requests = Counter("llmq_batcher_requests", "Requests consumed from llmq.requests.*",
                                 ["traffic_class", "model"], registry=r)
         self.answered = Counter("llmq_batcher_answered_requests",
@@ -151,12 +154,12 @@ class BatcherMetrics(_Metrics):
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
 
     def consumed(self, request: wire.GenerationRequest) -> None:
-        self._requests(request.traffic_class, request.model).inc()
+        self._requests(request.traffic_class, self.labels.model(request.model)).inc()
 
     def dispatched(self, model: str, flush_reason: str, requests: list[wire.GenerationRequest], now_ms: int,
                    max_batch: int | None) -> None:
         """One Batch produced at ``now_ms`` (epoch ms); ``max_batch``: the model's largest batch (None: unknown)."""
-        size = len(requests)
+        size, model = len(requests), self.labels.model(model)
         self.batch_size.labels(model, flush_reason).observe(size)
         self.flushes.labels(model, flush_reason).inc()
         if max_batch:
@@ -165,15 +168,20 @@ class BatcherMetrics(_Metrics):
             self._waits(request.traffic_class, model).observe(max(0, now_ms - request.created_ms) / 1000)
 
     def answered_request(self, request: wire.GenerationRequest, outcome: str) -> None:
-        self.answered.labels(request.traffic_class, request.model, outcome).inc()
+        self.answered.labels(request.traffic_class, self.labels.model(request.model), outcome).inc()
 
     def queues(self, loads: Iterable[tuple[str, str, int, int]]) -> None:
-        """Set the queue gauges from (priority_class, model, depth, oldest_age_ms); pairs not given read 0."""
-        seen = set()
+        """Set the queue gauges from (priority_class, model, depth, oldest_age_ms); pairs not given read 0. Models
+        outside the label set add up under ``other`` (depth summed, oldest age the largest)."""
+        merged: dict[tuple[str, str], tuple[int, int]] = {}
         for priority_class, model, depth, oldest_age_ms in loads:
+            key = (priority_class, self.labels.model(model))
+            total, oldest = merged.get(key, (0, 0))
+            merged[key] = (total + depth, max(oldest, oldest_age_ms if depth else 0))
+        for (priority_class, model), (depth, oldest_age_ms) in merged.items():
             self.queue_depth.labels(priority_class, model).set(depth)
-            self.oldest_age.labels(priority_class, model).set(oldest_age_ms / 1000 if depth else 0)
-            seen.add((priority_class, model))
+            self.oldest_age.labels(priority_class, model).set(oldest_age_ms / 1000)
+        seen = set(merged)
         for labels in self._queue_labels - seen:
             self.queue_depth.labels(*labels).set(0)
             self.oldest_age.labels(*labels).set(0)
@@ -216,9 +224,10 @@ class WorkerMetrics(_Metrics):
         self.batch_size.labels(self.model).observe(len(batch.requests))
 
     def finished(self, result: wire.FinalResult) -> None:
-        self._requests(_class(result.traffic_class), result.model, result.outcome.value).inc()
+        """Labelled with the worker's own model: a Batch produced straight to its partition may name any other."""
+        self._requests(_class(result.traffic_class), self.model, result.outcome.value).inc()
         if result.usage.completion_tokens:
-            self._tokens(result.model).inc(result.usage.completion_tokens)
+            self._tokens(self.model).inc(result.usage.completion_tokens)
 
 
 # --- result-router -----------------------------------------------------------------------------------------------------
@@ -231,9 +240,10 @@ class RouterMetrics(_Metrics):
     :meth:`result`), so redelivered results do not count twice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, labels: LabelSet = LabelSet()) -> None:
         super().__init__()
         r = self.registry
+        self.labels = labels
         self.results = Counter("llmq_results", "Requests by final outcome", ["traffic_class", "model", "outcome"],
                                registry=r)
         self.ttft = Histogram("llmq_request_time_to_first_token_seconds", "Accepted to first token (succeeded)",
@@ -265,14 +275,16 @@ class RouterMetrics(_Metrics):
         if not first:
             self.duplicates.inc()
             return
-        cls, model, outcome, timings = _class(result.traffic_class), result.model, result.outcome.value, result.timings
+        cls, outcome, timings = _class(result.traffic_class), result.outcome.value, result.timings
+        model = self.labels.model(result.model)
         self._results(cls, model, outcome).inc()
         self._duration(cls, model, outcome).observe(timings.total_ms / 1000)
         self._queue(cls, model).observe(timings.queued_ms / 1000)
         usage = result.usage
         if usage.prompt_tokens or usage.completion_tokens:
-            self._prompt(result.tenant_id, model).inc(usage.prompt_tokens)
-            self._completion(result.tenant_id, model).inc(usage.completion_tokens)
+            tenant = self.labels.tenant(result.tenant_id)
+            self._prompt(tenant, model).inc(usage.prompt_tokens)
+            self._completion(tenant, model).inc(usage.completion_tokens)
         if result.outcome is not wire.Outcome.SUCCEEDED or not timings.ttft_ms:
             return
         self._ttft(cls, model).observe(timings.ttft_ms / 1000)

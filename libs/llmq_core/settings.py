@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     api_keep_alive_timeout_ms: int = 5_000  # an idle kept-alive connection is closed after this
     api_max_connections_per_client: int = 1024  # connections per client address; past it 429 and closed (0: no cap)
     api_trusted_proxies: str = ""  # comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used
+    extra_models: list[str] = []  # models served besides the built-in catalogue (--model-path workers): metric labels
 
     # batcher
     interactive_max_wait_ms: int = 0

@@ -250,19 +250,35 @@ class PodHeartbeat(_Message, kw_only=True, tag="pod_heartbeat"):
 
 
 class QueueLoad(_Struct, kw_only=True):
-    """One priority class's queue in one batcher: requests queued and the age (ms) of the oldest of them."""
+    """One priority class's queue in one batcher: requests queued, the age (ms) of the oldest of them, and the rate
+    its requests were dispatched at lately (requests/s, smoothed over about ``DRAIN_TAU_MS`` of the batcher)."""
 
     depth: int = 0
     oldest_age_ms: int = 0
+    drained_per_s: float = 0.0
+
+
+class ModelLoad(_Struct, kw_only=True):
+    """One model in one batcher: its queues by ``constants.PRIORITY_CLASSES`` entry, its live workers and their slots,
+    and when a heartbeat of one of its workers last arrived (epoch ms; 0: never since the batcher started)."""
+
+    classes: dict[str, QueueLoad] = {}
+    workers: int = 0
+    slots: int = 0
+    worker_seen_ms: int = 0
 
 
 class BatcherSaturation(_Message, kw_only=True, tag="batcher_saturation"):
-    """A batcher's queues by ``constants.PRIORITY_CLASSES`` entry, HSET about once a second into
-    ``llmq:saturation`` (field = ``batcher_id``); API pods read it for admission control."""
+    """A batcher's queues, HSET about once a second into ``llmq:saturation`` (field = ``batcher_id``); API pods read
+    it for admission control. ``classes``: all models together; ``models``: per model (the catalogue's and those with
+    workers), so one model's backlog never sheds another's traffic; ``started_ms``: when the batcher started, so a
+    model no worker was ever seen for counts as gone once the worker heartbeat timeout has passed since then."""
 
     batcher_id: str
     sent_ms: int
     classes: dict[str, QueueLoad] = {}
+    models: dict[str, ModelLoad] = {}
+    started_ms: int = 0
 
 
 Message = (GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat

@@ -81,12 +81,12 @@ async def test_idempotency_claims_expire_and_release_only_their_own(redis):
 async def test_saturation_monitor_reads_batcher_reports(redis):
     key = f"apitest-saturation-{uuid.uuid4().hex[:8]}"
     clock = FakeClock(10_000_000)
-    report = wire.BatcherSaturation(batcher_id="b", sent_ms=clock.now_ms(), classes={
-        "near_interactive": wire.QueueLoad(depth=7, oldest_age_ms=2_500)})
+    report = wire.BatcherSaturation(batcher_id="b", sent_ms=clock.now_ms(), models={"llmq-sim": wire.ModelLoad(
+        classes={"near_interactive": wire.QueueLoad(depth=7, oldest_age_ms=2_500)})})
     await redis.hset(key, "b", wire.encode(report))
     try:
         monitor = SaturationMonitor(redis, clock, stale_ms=5_000, key=key)
         await monitor.refresh()
-        assert monitor.current.ahead("deferred") == (7, 2_500)
+        assert monitor.current.ahead("llmq-sim", "deferred") == (7, 2_500)
     finally:
         await redis.delete(key)

@@ -147,9 +147,9 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
 
 
 async def _admit(pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest) -> None:
-    """Admission control, then the tenant's rate limits; raises the 429 of the first that refuses."""
+    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses."""
     priority_class = constants.priority_class(traffic_class, principal.tier)
-    rejection = (pod.shed.check(priority_class, pod.saturation.current, len(pod.registry))
+    rejection = (pod.shed.check(priority_class, valid.model, pod.saturation.current, len(pod.registry))
                  or await pod.limiter.acquire(principal, token_cost(valid)))
     if rejection is not None:
         pod.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()

@@ -16,6 +16,7 @@ import msgspec
 import yaml
 
 from llmq_core.constants import HTTP_TRAFFIC_CLASS, TIER_FREE, TIER_PAID, TRAFFIC_CLASSES
+from llmq_core.labels import DEV_FREE_TENANT, DEV_TENANT
 from llmq_core.settings import Settings
 from llmq_api.errors import ApiError
 from llmq_api.validation import parse_traffic_class
@@ -52,8 +53,8 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
         return traffic_class
 
 
-DEV_KEYS = {DEV_KEY: Principal(tenant_id="dev"),
-            DEV_FREE_KEY: Principal(tenant_id="dev-free", tier=TIER_FREE)}
+DEV_KEYS = {DEV_KEY: Principal(tenant_id=DEV_TENANT),
+            DEV_FREE_KEY: Principal(tenant_id=DEV_FREE_TENANT, tier=TIER_FREE)}
 
 
 class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -24,6 +24,10 @@ class ModelCatalog:
         if heartbeat.model:
             self._seen[heartbeat.model] = (heartbeat.context_window, self._clock.now_ms())
 
+    def heard_ms(self) -> dict[str, int]:
+        """Model -> when this pod last heard a heartbeat of one of its workers (epoch ms)."""
+        return {name: seen_ms for name, (_, seen_ms) in self._seen.items()}
+
     def context_windows(self) -> Mapping[str, int]:
         """Every model served now -> its context window; built-ins keep their own spec's window."""
         now_ms = self._clock.now_ms()

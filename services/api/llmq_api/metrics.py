@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from llmq_core.labels import LabelSet
 from llmq_core.metrics import LATENCY_BUCKETS_S
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -16,8 +17,11 @@ class ApiMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, in_flight: Callable[[], int]) -> None:
+    def __init__(self, in_flight: Callable[[], int], labels: LabelSet = LabelSet()) -> None:
+        """``labels``: the model names the ``model`` label may carry (others, e.g. announced by a worker but not in
+        the catalogue, read ``other``)."""
         self.registry = CollectorRegistry()
+        self.labels = labels
         self.requests = Counter("llmq_api_requests", "Finished HTTP generation requests",
                                 ["endpoint", "outcome", "status"], registry=self.registry)
         self.in_flight = Gauge("llmq_api_in_flight", "Requests waiting for their result on this pod",
@@ -62,7 +66,7 @@ class ApiMetrics:
                  ttft_s: float | None = None) -> None:
         """One generation response by class and model: its status (429s and 504s also counted on their own) and, for
         accepted requests, the seconds the client waited and until its first token."""
-        cls, model = traffic_class or "unknown", model or "unknown"
+        cls, model = traffic_class or "unknown", self.labels.model(model) if model else "unknown"
         self.responses.labels(cls, model, str(status)).inc()
         if status == 429:
             self.throttled.labels(cls).inc()

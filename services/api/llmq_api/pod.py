@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.redis_client import check_memory_policy
+from llmq_core.labels import LabelSet
 from llmq_core.settings import Settings
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
@@ -210,13 +211,14 @@ class Pod:
         self.draining = False
         self.registry = WaiterRegistry(settings.api_max_in_flight)
         self.catalog = ModelCatalog(clock)
-        self.metrics = ApiMetrics(lambda: len(self.registry))
+        self.metrics = ApiMetrics(lambda: len(self.registry), LabelSet.from_settings(settings))
         self.keys = keys or KeyStore.from_settings(settings)
         self.timeouts = timeouts_by_class(settings)
         self.shed = ShedPolicy.from_settings(settings)
         self.redis = redis or Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
                                              health_check_interval=10)
-        self.saturation = SaturationMonitor(self.redis, clock, settings.api_saturation_stale_ms, key=saturation_key)
+        self.saturation = SaturationMonitor(self.redis, clock, settings.api_saturation_stale_ms, key=saturation_key,
+                                            heard_ms=self.catalog.heard_ms)
         self.limiter = RateLimiter(self.redis, clock)
         self.idempotency = IdempotencyStore(self.redis, clock, settings.result_ttl_s * 1000)
         self.followers: set[asyncio.Task] = set()  # retries polling for the result of the request they joined

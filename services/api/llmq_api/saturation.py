@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 
 import msgspec
 from redis.asyncio import Redis
@@ -26,8 +27,10 @@ class SaturationMonitor:
     """
 
     def __init__(self, redis: Redis, clock: Clock, stale_ms: int, *, key: str = constants.REDIS_SATURATION_KEY,
-                 poll_ms: int = POLL_MS) -> None:
+                 poll_ms: int = POLL_MS, heard_ms: Callable[[], Mapping[str, int]] = dict) -> None:
+        """``heard_ms``: model -> the last worker heartbeat this pod heard itself (epoch ms)."""
         self._redis = redis
+        self._heard_ms = heard_ms
         self._clock = clock
         self._stale_ms = stale_ms
         self._key = key
@@ -36,7 +39,7 @@ class SaturationMonitor:
 
     @property
     def current(self) -> Saturation:
-        return merge_reports(self.reports, self._clock.now_ms(), self._stale_ms)
+        return merge_reports(self.reports, self._clock.now_ms(), self._stale_ms, self._heard_ms())
 
     async def run(self) -> None:
         while True:

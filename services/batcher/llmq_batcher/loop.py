@@ -20,11 +20,13 @@ from redis.asyncio import Redis
 from llmq_core import constants, kafka, tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
+from llmq_core.models import BUILTIN_MODELS
 from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import final_result, refused_reply_topic
 from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
+from llmq_batcher.saturation import DrainMeter, saturation_report
 from llmq_batcher.spans import RequestSpans
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,9 @@ class BatcherLoop:
     def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
                  clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
                  names: Names = Names(), metrics: BatcherMetrics | None = None, pod_check_ms: int = 1000,
-                 pod_grace_ms: int = 2000) -> None:
-        """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone."""
+                 pod_grace_ms: int = 2000, catalogue: frozenset[str] = frozenset(BUILTIN_MODELS)) -> None:
+        """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone.
+        ``catalogue``: the models the saturation report always carries (others only while they have workers)."""
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
@@ -78,6 +81,9 @@ class BatcherLoop:
         self._stopping = asyncio.Event()
         self._last_commit_ms = 0
         self._last_load_ms = 0
+        self.catalogue = catalogue
+        self.started_ms = clock.now_ms()
+        self.drain = DrainMeter(self.started_ms)
 
     def subscribe(self) -> None:
         """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
@@ -351,6 +357,7 @@ class BatcherLoop:
             counts[f"batches:{batch.model}"] += 1
             counts[f"requests:{batch.model}"] += len(batch.requests)
             counts[f"flush_{batch.flush_reason}"] += 1
+        self.drain.dispatched(sent)
         for answer in decision.answers:
             counts[answer.outcome.value if answer.error_type != "overloaded" else "rejected"] += 1
         now_ms = self.clock.now_ms()
@@ -360,8 +367,12 @@ class BatcherLoop:
             for key in CLASS_KEYS:
                 load[f"queued_{key}"] = decision.load[key].depth
                 load[f"oldest_ms_{key}"] = decision.load[key].oldest_age_ms
+            models = self.policy.model_states(now_ms)
             if self.metrics is not None:
-                self.metrics.queues(self.policy.load_by_model(now_ms))
+                self.metrics.queues((key, name, c.depth, c.oldest_age_ms)
+                                    for name, state in models.items() for key, c in state.classes.items())
+            report = saturation_report(self.policy.config.batch_id_prefix, self.started_ms, now_ms, decision.load,
+                                       models, self.catalogue, self.drain.rates(now_ms))
         if not counts and not load:
             return
         try:
@@ -370,8 +381,7 @@ class BatcherLoop:
                     pipe.hincrby(self.names.stats_key, name, value)
                 if load:
                     pipe.hset(self.names.stats_key, mapping=load)
-                    pipe.hset(self.names.saturation_key, self.policy.config.batch_id_prefix,
-                              wire.encode(_saturation(self.policy.config.batch_id_prefix, now_ms, decision)))
+                    pipe.hset(self.names.saturation_key, report.batcher_id, wire.encode(report))
                 await pipe.execute()
         except Exception as exc:  # stats are best effort
             log.warning("stats update failed: %s", exc)
@@ -387,12 +397,6 @@ class BatcherLoop:
             log.warning("commit on revocation failed: %s", exc)
         for tp in revoked:
             self.offsets.forget(tp)
-
-
-def _saturation(batcher_id: str, now_ms: int, decision: Decision) -> wire.BatcherSaturation:
-    """The admission signal API pods read: queue depth and oldest queued age per priority class."""
-    return wire.BatcherSaturation(batcher_id=batcher_id, sent_ms=now_ms, classes={
-        key: wire.QueueLoad(depth=load.depth, oldest_age_ms=load.oldest_age_ms) for key, load in decision.load.items()})
 
 
 class _Revocations(ConsumerRebalanceListener):

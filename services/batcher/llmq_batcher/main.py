@@ -12,6 +12,7 @@ import uuid
 
 from llmq_core import constants, kafka, metrics, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.labels import LabelSet
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
@@ -25,7 +26,8 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     settings = load_settings()
     setup_logging("batcher", settings.log_level)
     tracing.configure("batcher", settings)
-    observed = metrics.BatcherMetrics()
+    labels = LabelSet.from_settings(settings)
+    observed = metrics.BatcherMetrics(labels)
     stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
                                  settings.metrics_host)
     await kafka.ensure_topics(settings)
@@ -37,7 +39,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"), SYSTEM_CLOCK)
     loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=settings.batcher_max_queued,
                        results=results, metrics=observed, pod_check_ms=settings.pod_heartbeat_interval_ms,
-                       pod_grace_ms=2 * settings.pod_heartbeat_interval_ms,
+                       pod_grace_ms=2 * settings.pod_heartbeat_interval_ms, catalogue=labels.models,
                        names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)))
     await producer.start()
     loop.subscribe()

@@ -131,6 +131,17 @@ class ClassLoad:
     oldest_age_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """One model's admission signals: its queues per CLASS_KEYS entry, live workers and their slots, and when a
+    heartbeat of one of its workers last arrived (0: never)."""
+
+    classes: dict[str, ClassLoad]
+    workers: int
+    slots: int
+    worker_seen_ms: int
+
+
 @dataclass(slots=True)
 class Decision:
     """What to do now. ``dropped``: request ids settled without an answer (a result for them was already seen).
@@ -144,12 +155,13 @@ class Decision:
 
 
 class _Model:
-    __slots__ = ("name", "queues", "pool")
+    __slots__ = ("name", "queues", "pool", "worker_seen_ms")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.queues = [FairQueue() for _ in CLASS_KEYS]
         self.pool = WorkerPool()
+        self.worker_seen_ms = 0
 
     def depth(self) -> int:
         return sum(q.depth for q in self.queues)
@@ -224,7 +236,9 @@ class BatchPolicy:
         if worker.apply_heartbeat(hb, now_ms, self.config.worker_heartbeat_timeout_ms):
             for entry in list(worker.inflight.values()):
                 self._release(entry)
-        self._model(hb.model).pool.touch(worker)
+        model = self._model(hb.model)
+        model.pool.touch(worker)
+        model.worker_seen_ms = now_ms
         heapq.heappush(self._liveness, (now_ms + self.config.worker_heartbeat_timeout_ms + 1, hb.worker_id))
 
     def on_result(self, request_id: str) -> None:
@@ -279,10 +293,13 @@ class BatchPolicy:
             out[key] = ClassLoad(depth, now_ms - oldest)
         return out
 
-    def load_by_model(self, now_ms: int) -> list[tuple[str, str, int, int]]:
-        """(class key, model, queue depth, oldest queued age in ms) of every queue of every model seen."""
-        return [(key, model.name, queue.depth, now_ms - (queue.oldest_enqueued_ms() or now_ms) if queue.depth else 0)
-                for model in self._models.values() for key, queue in zip(CLASS_KEYS, model.queues)]
+    def model_states(self, now_ms: int) -> dict[str, ModelState]:
+        """Every model seen (in a request or a heartbeat) -> its queues, live workers and last worker heartbeat."""
+        return {model.name: ModelState(
+            classes={key: ClassLoad(q.depth, now_ms - (q.oldest_enqueued_ms() or now_ms) if q.depth else 0)
+                     for key, q in zip(CLASS_KEYS, model.queues)},
+            workers=len(model.pool.workers), slots=sum(w.max_slots for w in model.pool.workers.values()),
+            worker_seen_ms=model.worker_seen_ms) for model in self._models.values()}
 
     def requests_by_pod(self) -> dict[str, list[str]]:
         """Ids of the requests held here (queued or in flight) by the API pod waiting for them (HttpReply only). O(held)."""
@@ -294,8 +311,10 @@ class BatchPolicy:
         return out
 
     def deferred_blocked(self, now_ms: int) -> bool:
-        """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work."""
-        if any(sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):
+        """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work.
+        Work queued for a model without workers waits for none of the capacity deferred work would use: it blocks
+        nothing (and its own deferred requests must still arrive, so that the model's queue shows its demand)."""
+        if any(m.pool.workers and sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):
             return True
         share = self.config.deferred_reserved_share
         return not any(w.free_slots(now_ms) > w.reserved_slots(share) for w in self._workers.values())

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, metrics, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.labels import LabelSet
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
 from llmq_core.redis_client import check_memory_policy
@@ -25,7 +26,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     settings = load_settings()
     setup_logging("result-router", settings.log_level)
     tracing.configure("result-router", settings)
-    observed = metrics.RouterMetrics()
+    observed = metrics.RouterMetrics(LabelSet.from_settings(settings))
     stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
                                  settings.metrics_host)
     await kafka.ensure_topics(settings)

@@ -72,7 +72,8 @@ def saturate(pod, **ages_ms: int) -> None:
     """A fresh batcher report with one request queued per class, each as old as given."""
     classes = {key.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(depth=1, oldest_age_ms=age)
                for key, age in ages_ms.items()}
-    pod.saturation.reports = [wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms(), classes=classes)]
+    pod.saturation.reports = [wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms(), models={
+        "llmq-sim": wire.ModelLoad(classes=classes, workers=1)})]
 
 
 async def test_overload_sheds_the_lowest_classes_first_with_retry_after(setup):
@@ -90,6 +91,30 @@ async def test_overload_sheds_the_lowest_classes_first_with_retry_after(setup):
     assert len(worker.produced) == 2
     text = (await client.get("/metrics")).text
     assert 'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait"} 1.0' in text
+
+
+async def test_a_model_without_workers_answers_people_503_at_once_and_queues_deferred(setup):
+    client, pod, worker, _ = setup
+    saturate(pod, interactive_paid=60_000)  # llmq-sim's own backlog: sheds llmq-sim's paid, nothing of llmq-tiny's
+    now_ms = pod.clock.now_ms()
+    pod.saturation.reports.append(wire.BatcherSaturation(
+        batcher_id="b2", sent_ms=now_ms, started_ms=now_ms - 60_000, models={
+            "llmq-tiny": wire.ModelLoad(classes={"deferred": wire.QueueLoad(depth=3, oldest_age_ms=50_000)},
+                                        worker_seen_ms=now_ms - 30_000)}))
+    tiny = {**BODY, "model": "llmq-tiny"}
+    statuses = {}
+    for cls in ("interactive", "near_interactive", "deferred"):
+        response = await client.post("/v1/completions", json=tiny, headers={"x-llmq-class": cls})
+        statuses[cls] = response.status_code
+        if response.status_code == 503:
+            assert response.headers["retry-after"] == "2"
+            assert response.json()["error"] == {**response.json()["error"], "code": "model_unavailable",
+                                                "param": "model", "type": "server_error"}
+    assert statuses == {"interactive": 503, "near_interactive": 503, "deferred": 200}
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 429
+    assert [(r.model, r.traffic_class) for r in worker.produced] == [("llmq-tiny", "deferred")]
+    text = (await client.get("/metrics")).text
+    assert 'llmq_api_admission_rejections_total{priority_class="interactive:paid",reason="model_unavailable"} 1.0' in text
 
 
 async def test_overloaded_stream_is_a_plain_429_before_any_sse_byte(setup):

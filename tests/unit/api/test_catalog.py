@@ -22,3 +22,11 @@ def test_builtins_and_seen_models_with_context_windows():
                                     "context_window": 32768}
     clock.advance(1001)
     assert "qwen-0.5b" not in catalog.context_windows()
+
+
+def test_heard_ms_is_when_each_models_last_heartbeat_arrived():
+    clock = FakeClock(1_000)
+    catalog = ModelCatalog(clock)
+    catalog.observe(beat("my-llama", 0))
+    clock.advance(500)
+    assert catalog.heard_ms() == {"my-llama": 1_000}

@@ -7,8 +7,8 @@ from tests.unit.api.fakes import FakeRedis
 
 
 def report(batcher_id: str, sent_ms: int, depth: int, age_ms: int) -> bytes:
-    return wire.encode(wire.BatcherSaturation(batcher_id=batcher_id, sent_ms=sent_ms, classes={
-        "interactive:paid": wire.QueueLoad(depth=depth, oldest_age_ms=age_ms)}))
+    return wire.encode(wire.BatcherSaturation(batcher_id=batcher_id, sent_ms=sent_ms, models={"llmq-sim": wire.ModelLoad(
+        classes={"interactive:paid": wire.QueueLoad(depth=depth, oldest_age_ms=age_ms)})}))
 
 
 async def test_monitor_merges_fresh_reports_and_drops_dead_ones():
@@ -19,6 +19,6 @@ async def test_monitor_merges_fresh_reports_and_drops_dead_ones():
     monitor = SaturationMonitor(redis, clock, stale_ms=5000, key="sat")
     await monitor.refresh()
     assert set(redis.hashes["sat"]) == {b"b1", b"b2"}
-    assert monitor.current.ahead("interactive:paid") == (2, 1300)  # b2 is stale, b1 aged by a second
+    assert monitor.current.ahead("llmq-sim", "interactive:paid") == (2, 1300)  # b2 is stale, b1 aged by a second
     clock.advance(10_000)  # no fresh report: admission sees an idle system
-    assert monitor.current.ahead("deferred") == (0, 0)
+    assert monitor.current.ahead("llmq-sim", "deferred") == (0, 0)

@@ -199,7 +199,9 @@ async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
     assert (stats["batches"], stats["requests"], stats["flush_size"]) == (1, 2, 1)
     assert stats["queued_interactive:paid"] == 1
     (saturation,) = redis.hashes[NAMES.saturation_key].values()
-    assert wire.decode(saturation).classes["interactive:paid"].depth == 1
+    report = wire.decode(saturation)
+    assert report.classes["interactive:paid"].depth == 1 and report.started_ms == loop.started_ms
+    assert (report.models["llmq-sim"].classes["interactive:paid"].depth, report.models["llmq-sim"].workers) == (1, 1)
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,15 @@ def test_deferred_blocked_without_idle_capacity(heartbeats, blocked):
     assert policy.deferred_blocked(T0) is blocked
 
 
+def test_work_queued_for_a_model_without_workers_does_not_block_deferred_work():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(req("tiny-paid", "paid", model="llmq-tiny"))  # no llmq-tiny worker: it waits for one
+    assert not policy.deferred_blocked(T0)
+    policy.add(req("sim-paid", "paid"))
+    assert policy.deferred_blocked(T0)
+
+
 # --- flush triggers --------------------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmq_core import metrics, wire
+from llmq_core.labels import LabelSet
 
 T0 = 1_700_000_000_000
 
@@ -33,7 +34,7 @@ def result(outcome=wire.Outcome.SUCCEEDED, *, ttft_ms=100, total_ms=1000, comple
 
 
 def test_router_counts_a_request_once_with_its_latencies_and_tokens():
-    m = metrics.RouterMetrics()
+    m = metrics.RouterMetrics(LabelSet(tenants=frozenset({"acme"})))
     m.result(result(), first=True)
     m.result(result(), first=False)  # a redelivery
     assert value(m, "llmq_results_total", traffic_class="interactive", model="llmq-sim", outcome="succeeded") == 1

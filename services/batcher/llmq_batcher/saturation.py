@@ -1,0 +1,75 @@
+"""The batcher's admission signal for API pods (``wire.BatcherSaturation`` in Redis ``llmq:saturation``).
+
+Per model and priority class: queue depth, oldest queued age and drain rate (requests dispatched per second, smoothed);
+per model: live workers, their slots and the last worker heartbeat. Only models of the catalogue or with a worker are
+reported: a model name made up by a Kafka producer has no worker, so it cannot grow the report (its requests still
+count in the all-models ``classes``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+
+from llmq_core import wire
+from llmq_batcher.policy import CLASS_KEYS, BatchDispatch, ClassLoad, ModelState, class_index
+
+DRAIN_TAU_MS = 5000  # time constant of the drain rate's smoothing: a burst's effect halves in about 3.5 s
+MIN_RATE_PER_S = 0.001  # slower than this reads 0 and is forgotten
+
+Rates = Mapping[str, Mapping[str, float]]  # model -> priority class -> requests/s
+
+
+class DrainMeter:
+    """Requests dispatched per second per model and priority class, smoothed exponentially over the intervals between
+    :meth:`rates` calls (time constant ``tau_ms``), measured from ``start_ms``. Only dispatched models appear: those
+    with workers."""
+
+    def __init__(self, start_ms: int, tau_ms: int = DRAIN_TAU_MS) -> None:
+        self._tau_ms = tau_ms
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._rates: dict[tuple[str, str], float] = {}
+        self._last_ms = start_ms
+
+    def dispatched(self, batches: Iterable[BatchDispatch]) -> None:
+        for batch in batches:
+            for request in batch.requests:
+                self._counts[(batch.model, CLASS_KEYS[class_index(request)])] += 1
+
+    def rates(self, now_ms: int) -> Rates:
+        """The smoothed rates at ``now_ms``, taking in what was dispatched since the previous call."""
+        elapsed_ms = now_ms - self._last_ms
+        if elapsed_ms > 0:
+            alpha = 1 - math.exp(-elapsed_ms / self._tau_ms)
+            rates = {}
+            for key in self._rates.keys() | self._counts.keys():
+                old = self._rates.get(key, 0.0)
+                rate = old + alpha * (self._counts[key] * 1000 / elapsed_ms - old)
+                if rate >= MIN_RATE_PER_S:
+                    rates[key] = rate
+            self._rates, self._last_ms = rates, now_ms
+            self._counts.clear()
+        nested: dict[str, dict[str, float]] = {}
+        for (model, key), rate in self._rates.items():
+            nested.setdefault(model, {})[key] = rate
+        return nested
+
+
+def saturation_report(batcher_id: str, started_ms: int, now_ms: int, load: Mapping[str, ClassLoad],
+                      models: Mapping[str, ModelState], catalogue: Collection[str],
+                      drain: Rates) -> wire.BatcherSaturation:
+    """The report sent at ``now_ms`` by a batcher started at ``started_ms``; ``load``: all models together."""
+    total: Counter[str] = Counter()
+    for by_class in drain.values():
+        total.update(by_class)
+    return wire.BatcherSaturation(
+        batcher_id=batcher_id, sent_ms=now_ms, started_ms=started_ms, classes=_queues(load, total),
+        models={name: wire.ModelLoad(classes=_queues(state.classes, drain.get(name, {})), workers=state.workers,
+                                     slots=state.slots, worker_seen_ms=state.worker_seen_ms)
+                for name, state in models.items() if name in catalogue or state.worker_seen_ms})
+
+
+def _queues(load: Mapping[str, ClassLoad], drain: Mapping[str, float]) -> dict[str, wire.QueueLoad]:
+    return {key: wire.QueueLoad(depth=c.depth, oldest_age_ms=c.oldest_age_ms,
+                                drained_per_s=round(drain.get(key, 0.0), 3)) for key, c in load.items()}
