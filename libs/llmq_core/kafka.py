@@ -36,9 +36,10 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES_CONFIG = "max.message.bytes"  # a topic's record (batch) limit on the broker
 # The broker (or the client's own max_request_size check) refuses this one record for good: retrying cannot help.
+RECORD_TOO_LARGE_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
 RECORD_REFUSED_ERRORS = (
-    MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError, CorruptRecordException, InvalidTopicError,
-    TopicAuthorizationFailedError, PolicyViolationError,
+    *RECORD_TOO_LARGE_ERRORS, CorruptRecordException, InvalidTopicError, TopicAuthorizationFailedError,
+    PolicyViolationError,
 )
 
 

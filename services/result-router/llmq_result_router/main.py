@@ -28,6 +28,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
                                  settings.metrics_host)
     await kafka.ensure_topics(settings)
+    await kafka.require_topic_limits(settings)
     redis = Redis.from_url(settings.redis_url)
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
