@@ -17,7 +17,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from llmq_core import wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, TOPIC_BATCHES, TOPIC_DEAD_LETTERS, replies_channel, worker_group
-from llmq_core.kafka import MAX_MESSAGE_BYTES_CONFIG, check_topic_limits, make_consumer, make_producer, send_message
+from llmq_core.kafka import (
+    MAX_MESSAGE_BYTES_CONFIG, check_topic_limits, ensure_topics, make_consumer, make_producer, send_message)
 from llmq_core.settings import Settings
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
@@ -137,4 +138,5 @@ async def test_services_refuse_to_start_when_a_topic_limit_is_too_small(settings
         assert f"{TOPIC_DEAD_LETTERS} has {SMALL_LIMIT_BYTES}" in message and str(KAFKA_MAX_MESSAGE_BYTES) in message
         assert "kafka-configs.sh" in message  # how to fix it
     finally:
-        await set_topic_limit(settings, TOPIC_DEAD_LETTERS, KAFKA_MAX_MESSAGE_BYTES)
+        await ensure_topics(settings, raise_limits=True)  # what `llmq dev up` and `llmq topics` do to a local broker
+    await check_topic_limits(settings)

@@ -3,9 +3,7 @@
 import msgspec
 import pytest
 
-from pydantic import ValidationError
-
-from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, MAX_RESULT_BYTES, RECORD_HEADROOM_BYTES
+from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.settings import Settings
 from llmq_api.errors import ApiError
 from llmq_api.validation import DEFAULT_MAX_STOP_BYTES, MAX_STOP_SEQUENCES, parse_chat, parse_completion
@@ -86,9 +84,3 @@ async def test_the_pod_applies_its_stop_byte_setting(make_app):
     assert (refused.status_code, refused.json()["error"]["param"]) == (400, "stop")
     assert len(worker.produced) == 1  # the refused one never reached Kafka
 
-
-def test_a_body_limit_no_record_could_carry_is_refused_at_start():
-    most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
-    assert Settings(api_max_body_bytes=most).api_max_body_bytes == most
-    with pytest.raises(ValidationError, match="api_max_body_bytes"):
-        Settings(api_max_body_bytes=most + 1)
