@@ -130,8 +130,11 @@ class WorkerLoop:
             batch, reason = None, str(exc)
         if not isinstance(batch, wire.Batch):
             log.error("dead-lettering record at offset %d: %s", record.offset, reason)
-            await self._producer.send_and_wait(TOPIC_DEAD_LETTERS, record.value, key=record.key,
-                                               headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])])
+            try:
+                await self._producer.send_and_wait(TOPIC_DEAD_LETTERS, record.value, key=record.key, headers=list(
+                    record.headers or ()) + [("x-llmq-error", reason.encode()[:512])])
+            except RECORD_REFUSED_ERRORS as exc:  # it holds no request; retrying it would stop this partition for good
+                log.error("dead-letters refused the record at offset %d (%r): skipping it", record.offset, exc)
             self._core.skip(record.offset)
             return Outbox()
         log.debug("took batch of %d", len(batch.requests), extra={"batch_id": batch.batch_id})

@@ -32,6 +32,9 @@ class FakeProducer:
 
         return ack()
 
+    async def send_and_wait(self, topic, value, *, key, headers):
+        raise MessageSizeTooLargeError()  # e.g. a record at the topic limit, plus the dead-letter header
+
 
 class FakeRedis:
     def __init__(self, events: list) -> None:
@@ -54,8 +57,11 @@ class FakeRedis:
 
 
 class FakeConsumer:
+    def __init__(self) -> None:
+        self.committed: list[int] = []
+
     async def commit(self, offsets):
-        pass
+        self.committed += list(offsets.values())
 
 
 def setup(failures: dict[str, list[Exception]]):
@@ -105,3 +111,13 @@ async def test_transient_errors_are_retried_a_bounded_number_of_times():
     with pytest.raises(KafkaTimeoutError):  # the broker is gone, not this result: the batch is redelivered elsewhere
         await loop._deliver(out)
     assert finals(events, "redis") == {}  # nobody was answered with an outcome that is not durable
+
+
+async def test_a_record_dead_letters_refuse_is_skipped_not_retried_forever():
+    from types import SimpleNamespace
+
+    loop, out, _ = setup({})
+    record = SimpleNamespace(value=b"not a batch", headers=[], key=None, offset=4)
+    assert not await loop._take(record)
+    await loop._deliver(out)  # offset 3's batch is answered: the commit moves past the skipped record too
+    assert loop._consumer.committed == [5]
