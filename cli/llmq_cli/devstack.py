@@ -142,7 +142,8 @@ class DevStack:
             self._start_kafka()
         _wait(lambda: _redis_ping(self.cfg.redis_url), deadline, "redis")
         _wait(lambda: _tcp_open(self.cfg.kafka_port), deadline, "kafka")
-        _wait(lambda: _try(lambda: _run_in_thread(ensure_topics(self.cfg.settings()))), deadline, "kafka topics")
+        _wait(lambda: _try(lambda: _run_in_thread(ensure_topics(self.cfg.settings(), raise_limits=True))), deadline,
+              "kafka topics")
         for spec in service_specs(self.cfg) if services else ():
             self._spawn(spec)
         for row in self._wait_healthy(deadline):

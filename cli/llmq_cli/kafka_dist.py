@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES
+
 KAFKA_VERSION = os.environ.get("LLMQ_KAFKA_VERSION", "4.1.2")
 LOG4J_VERSION = "2.24.3"
 RECIPE = 2  # bump when the jar set changes, so caches of an older recipe are not reused
@@ -95,6 +97,8 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         "group.initial.rebalance.delay.ms=0",
         "num.partitions=1",
         "auto.create.topics.enable=false",  # owners create their topics (reply topics: `llmq dev create-topic`)
+        f"message.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",  # default of topics without their own max.message.bytes
+        f"replica.fetch.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",
         "",
     ])
 

@@ -178,9 +178,10 @@ def capacity(
 
 @app.command("topics")
 def create_topics() -> None:
-    """Create the llmq topics that are missing on the broker named by LLMQ_KAFKA_BOOTSTRAP_SERVERS."""
+    """Create the llmq topics that are missing on the broker named by LLMQ_KAFKA_BOOTSTRAP_SERVERS (and raise the
+    max.message.bytes of existing ones to what llmq needs)."""
     settings = load_settings()
-    asyncio.run(ensure_topics(settings))
+    asyncio.run(ensure_topics(settings, raise_limits=True))
     console.print(f"topics ready on {settings.kafka_bootstrap_servers}")
 
 

@@ -7,7 +7,17 @@ import re
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    PolicyViolationError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+)
 
 from llmq_core import wire
 from llmq_core.constants import (
@@ -25,6 +35,14 @@ from llmq_core.constants import (
 from llmq_core.settings import Settings
 
 log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES_CONFIG = "max.message.bytes"  # a topic's record (batch) limit on the broker
+# The broker (or the client's own max_request_size check) refuses this one record for good: retrying cannot help.
+RECORD_TOO_LARGE_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+RECORD_REFUSED_ERRORS = (
+    *RECORD_TOO_LARGE_ERRORS, CorruptRecordException, InvalidTopicError, TopicAuthorizationFailedError,
+    PolicyViolationError,
+)
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -57,22 +75,25 @@ def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str
 
 
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
-    """An idempotent producer (acks=all) that waits at most 2 ms to group records."""
+    """An idempotent producer (acks=all) that waits at most 2 ms to group records, of up to KAFKA_MAX_MESSAGE_BYTES."""
     options = dict(
         bootstrap_servers=settings.kafka_bootstrap_servers,
         acks="all",
         enable_idempotence=True,
         linger_ms=2,
         request_timeout_ms=10_000,
+        max_request_size=KAFKA_MAX_MESSAGE_BYTES,
     )
     options.update(overrides)
     return AIOKafkaProducer(**options)
 
 
 def make_consumer(settings: Settings, *topics: str, group_id: str | None, **overrides) -> AIOKafkaConsumer:
-    """A consumer that commits by hand (at-least-once) and starts at the earliest uncommitted record."""
+    """A consumer that commits by hand (at-least-once) and starts at the earliest uncommitted record; it fetches records
+    of up to KAFKA_MAX_MESSAGE_BYTES."""
     options = dict(
         bootstrap_servers=settings.kafka_bootstrap_servers,
+        max_partition_fetch_bytes=KAFKA_MAX_MESSAGE_BYTES,
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -130,7 +151,7 @@ async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> b
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
-        config = {"max.message.bytes": str(KAFKA_MAX_MESSAGE_BYTES)}
+        config = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
         response = await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=config)])
     finally:
         await admin.close()
@@ -142,18 +163,75 @@ async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> b
     return True
 
 
-async def ensure_topics(settings: Settings) -> None:
-    """Create the llmq topics that do not exist yet (replication factor 1: local and test stacks)."""
+class TopicLimitError(RuntimeError):
+    """A topic's max.message.bytes on the broker is below what llmq's records need."""
+
+
+async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> None:
+    """Create the llmq topics that do not exist yet (replication factor 1: local and test stacks) with max.message.bytes
+    = KAFKA_MAX_MESSAGE_BYTES. ``raise_limits``: also raise that limit on existing topics below it (local stacks only:
+    in production the topics' owners set it, and :func:`check_topic_limits` refuses to start without it)."""
+    limit = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(t, n, 1) for t, n in topic_layout(settings).items() if t not in existing]
+        layout = topic_layout(settings)
+        missing = [NewTopic(t, n, 1, topic_configs=limit) for t, n in layout.items() if t not in existing]
         if missing:
             try:
                 await admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass
             log.info("created topics %s", [t.name for t in missing])
+        low = [t for t, v in (await _topic_limits(admin, [t for t in layout if t in existing])).items()
+               if v < KAFKA_MAX_MESSAGE_BYTES]
+        if raise_limits and low:
+            await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, limit) for t in low])
+            log.info("raised %s of %s to %d", MAX_MESSAGE_BYTES_CONFIG, low, KAFKA_MAX_MESSAGE_BYTES)
     finally:
         await admin.close()
+
+
+async def check_topic_limits(settings: Settings, needed_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> None:
+    """Raise :class:`TopicLimitError` naming each existing llmq topic whose effective max.message.bytes on the broker is
+    below ``needed_bytes`` (records that large would be refused at run time). Topics not created yet are skipped."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        limits = await _topic_limits(admin, [t for t in topic_layout(settings) if t in existing])
+    finally:
+        await admin.close()
+    low = {topic: limit for topic, limit in limits.items() if limit < needed_bytes}
+    if low:
+        found = ", ".join(f"{topic} has {limit}" for topic, limit in sorted(low.items()))
+        raise TopicLimitError(
+            f"Kafka topic limit too low: {found} {MAX_MESSAGE_BYTES_CONFIG}; llmq needs at least {needed_bytes} (one"
+            f" result or request of the largest allowed size per record). Fix: kafka-configs.sh --alter --entity-type"
+            f" topics --entity-name <topic> --add-config {MAX_MESSAGE_BYTES_CONFIG}={needed_bytes} (and the brokers'"
+            f" replica.fetch.max.bytes at least as large)"
+        )
+
+
+async def require_topic_limits(settings: Settings) -> None:
+    """:func:`check_topic_limits` at a service's start: a topic limit too low ends the process with its message."""
+    try:
+        await check_topic_limits(settings)
+    except TopicLimitError as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"refusing to start: {exc}") from None
+
+
+async def _topic_limits(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, int]:
+    """Effective max.message.bytes of each of ``topics`` (the topic's own setting, else the broker's default)."""
+    if not topics:
+        return {}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t, {MAX_MESSAGE_BYTES_CONFIG: None}) for t in topics]
+    limits = {}
+    for response in await admin.describe_configs(resources):
+        for error_code, error_message, _type, name, entries, *_ in response.resources:
+            if error_code:
+                raise TopicLimitError(f"cannot read the configuration of topic {name}: {error_message} ({error_code})")
+            limits.update({name: int(entry[1]) for entry in entries if entry[0] == MAX_MESSAGE_BYTES_CONFIG})
+    return limits

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES
 
 
 class Settings(BaseSettings):
@@ -36,6 +39,7 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
     api_produce_timeout_ms: int = 2000  # bound on producing one request to Kafka; past it the client gets 503
     api_max_in_flight: int = 10_000  # waiters per pod; past it new requests get 429
+    api_max_stop_bytes: int = 256  # UTF-8 bytes of one stop sequence; longer ones get 400 (param stop)
     # per-class deadlines (x-llmq-timeout-ms); interactive uses default_timeout_ms / max_timeout_ms above
     near_interactive_default_timeout_ms: int = 60_000
     near_interactive_max_timeout_ms: int = 600_000
@@ -104,6 +108,16 @@ class Settings(BaseSettings):
     tracing_sample_ratio: float = 1.0  # share of new traces recorded (a request's later hops follow its first)
     metrics_port: int = 0  # batcher, worker, result-router: Prometheus /metrics on this port (0: off; flag --metrics-port)
     metrics_host: str = "127.0.0.1"  # address the metrics server binds (0.0.0.0 where Prometheus scrapes pods)
+
+    @field_validator("api_max_body_bytes")
+    @classmethod
+    def _body_fits_one_record(cls, value: int) -> int:
+        """A request body travels in one Kafka record: refuse to start with a limit no record could carry."""
+        most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
+        if value > most:
+            raise ValueError(f"api_max_body_bytes {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
+                             f" RECORD_HEADROOM_BYTES): such a request could not be produced to Kafka")
+        return value
 
 
 def load_settings() -> Settings:

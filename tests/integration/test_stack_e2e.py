@@ -12,13 +12,17 @@ import shutil
 import subprocess
 import uuid
 
+import httpx
 import openai
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from llmq_cli.devstack import DevStack
 from llmq_cli.prompts import cut_prompts
-from llmq_core.constants import requests_topic
+from llmq_core import wire
+from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
+from llmq_core.kafka import make_consumer
 from llmq_core.tokenizer import count_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -131,3 +135,44 @@ async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
     assert result["request_id"] == request_id
     assert result["outcome"] == "succeeded"
     assert result["choices"][0]["text"] == sim_answer("kafka says hi", 20)
+
+
+async def test_the_issue_12_oversized_request_is_one_outcome_and_kills_no_worker(stack):
+    """Issue 12 item 1: n=128 x max_tokens=8190 once killed both llmq-sim workers (a ~1 MB record over the producer's
+    limit). Now its HTTP answer is the llmq.results record, within MAX_RESULT_BYTES; the same workers serve on."""
+    def sim_workers() -> dict[str, int]:
+        return {r["name"]: r["pid"] for r in stack.status() if r["model"] == "llmq-sim" and r["health"] == "healthy"}
+
+    workers = sim_workers()
+    settings = stack.cfg.settings()
+    log_reader = make_consumer(settings, group_id=None)
+    await log_reader.start()
+    try:
+        partitions = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.results_topic_partitions)]
+        log_reader.assign(partitions)
+        await log_reader.seek_to_end(*partitions)
+        for tp in partitions:
+            await log_reader.position(tp)
+        async with httpx.AsyncClient(timeout=120) as http:
+            response = await http.post(f"http://127.0.0.1:{API_PORTS[0]}/v1/completions",
+                                       headers={"authorization": "Bearer llmq-dev-key"},
+                                       json={"model": "llmq-sim", "prompt": "x", "max_tokens": 8190, "n": 128})
+        assert response.status_code == 200, response.text  # 128 x 8190 bytes fit MAX_RESULT_BYTES: served whole
+        body = response.json()
+        assert sum(len(c["text"].encode()) for c in body["choices"]) <= MAX_RESULT_BYTES
+        assert {c["finish_reason"] for c in body["choices"]} == {"length"}
+        async with asyncio.timeout(30):
+            logged = None
+            while logged is None:
+                for records in (await log_reader.getmany(timeout_ms=500)).values():
+                    logged = next((r for r in (wire.decode(rec.value) for rec in records) if r.request_id == body["id"]),
+                                  logged)
+        assert logged.outcome is wire.Outcome.SUCCEEDED
+        assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+            (c.index, c.text, c.finish_reason) for c in sorted(logged.choices, key=lambda c: c.index)]
+        assert body["usage"]["completion_tokens"] == logged.usage.completion_tokens
+    finally:
+        await log_reader.stop()
+    after = await clients()[0].completions.create(model="llmq-sim", prompt="still here", max_tokens=5)
+    assert after.choices[0].text == "still"
+    assert sim_workers() == workers  # the same processes, none restarted

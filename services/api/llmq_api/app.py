@@ -123,7 +123,7 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
     body = await _read_body(request, pod.settings.api_max_body_bytes)
     parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
-    valid = parse(body, pod.catalog.context_windows())
+    valid = parse(body, pod.catalog.context_windows(), max_stop_bytes=pod.settings.api_max_stop_bytes)
     request.state.model = valid.model
     generation = pod.gateway.build(valid, request_id=request_id, principal=principal, traffic_class=traffic_class,
                                    timeout_ms=timeout_ms, idempotency_key=idempotency_key)

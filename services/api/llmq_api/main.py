@@ -9,6 +9,7 @@ rest), then exits within the grace.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -18,7 +19,9 @@ from types import FrameType
 
 import uvicorn
 
-from llmq_core import tracing
+from aiokafka.errors import KafkaConnectionError
+
+from llmq_core import kafka, tracing
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
 from llmq_api import connections
@@ -60,6 +63,15 @@ def default_instance_id() -> str:
     return f"{socket.gethostname()}-{secrets.token_hex(3)}"
 
 
+def check_topic_limits(settings) -> None:
+    """Refuse to start when a topic's record limit is below what requests need (``kafka.require_topic_limits``). A
+    broker that is down is no reason to refuse: the pod serves 503s until it is back, as at any other time."""
+    try:
+        asyncio.run(kafka.require_topic_limits(settings))
+    except KafkaConnectionError as exc:
+        logging.getLogger(__name__).warning("topic limits not checked: Kafka unreachable (%s)", exc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="llmq API pod")
     parser.add_argument("--host", default="127.0.0.1")
@@ -70,6 +82,7 @@ def main() -> None:
     setup_logging("api", settings.log_level)
     tracing.configure("api", settings)
     instance_id = args.instance_id or settings.instance_id or default_instance_id()
+    check_topic_limits(settings)
     try:
         pod = Pod(settings, instance_id)
         connection_options = connections.uvicorn_options(settings)

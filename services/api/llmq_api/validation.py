@@ -14,7 +14,8 @@ import msgspec
 
 from llmq_core import wire
 from llmq_core.constants import (
-    DEFERRED, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, NEAR_INTERACTIVE, TRAFFIC_CLASSES)
+    DEFERRED, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MAX_RESULT_BYTES, NEAR_INTERACTIVE,
+    TRAFFIC_CLASSES)
 from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
 from llmq_api.errors import ApiError, invalid
@@ -22,6 +23,7 @@ from llmq_api.errors import ApiError, invalid
 DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's completions default (16), used for chat too
 MAX_N = 128
 MAX_STOP_SEQUENCES = 4
+DEFAULT_MAX_STOP_BYTES = Settings.model_fields["api_max_stop_bytes"].default
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ECHOED_CHARS = 40  # of a bad value quoted back in an error message
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes digits int() refuses, such as '²'
@@ -164,8 +166,10 @@ def parse_traffic_class(value: str | None) -> str:
 # --- bodies ----------------------------------------------------------------------------------------------------------
 
 
-def parse_completion(body: bytes, models: Mapping[str, int]) -> ValidRequest:
-    """Validate a ``/v1/completions`` body. ``models`` maps served model names to context windows (0: unknown).
+def parse_completion(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
+                     ) -> ValidRequest:
+    """Validate a ``/v1/completions`` body. ``models`` maps served model names to context windows (0: unknown);
+    ``max_stop_bytes``: UTF-8 bytes of one stop sequence, at most (Settings.api_max_stop_bytes).
 
     Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
     """
@@ -174,14 +178,14 @@ def parse_completion(body: bytes, models: Mapping[str, int]) -> ValidRequest:
     _reject_unsupported(raw, echo=bool(raw.echo), logprobs=raw.logprobs is not None,
                         best_of=raw.best_of not in (None, 1), suffix=bool(raw.suffix))
     prompt = _single_prompt(raw.prompt)
-    sampling = _sampling(raw, raw.max_tokens)
+    sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
     prompt_tokens = count_tokens(prompt)
     _check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
     return ValidRequest(endpoint="completions", model=raw.model, prompt=prompt, sampling=sampling,
                         stream=bool(raw.stream), include_usage=_include_usage(raw), prompt_tokens=prompt_tokens)
 
 
-def parse_chat(body: bytes, models: Mapping[str, int]) -> ValidRequest:
+def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES) -> ValidRequest:
     """Validate a ``/v1/chat/completions`` body; ``max_completion_tokens`` wins over ``max_tokens``.
 
     Raises :class:`ApiError` like :func:`parse_completion`.
@@ -194,7 +198,7 @@ def parse_chat(body: bytes, models: Mapping[str, int]) -> ValidRequest:
     messages = _chat_messages(raw.messages)
     max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
     max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
-    sampling = _sampling(raw, max_tokens, max_param)
+    sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
     prompt_tokens = count_tokens(render_chat(messages))
     _check_context(prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param)
     return ValidRequest(endpoint="chat.completions", model=raw.model, messages=messages, sampling=sampling,
@@ -280,20 +284,23 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
     return wire.ChatMessage(role=message.role, content=content)
 
 
-def _sampling(raw: _CommonBody, max_tokens: int | None, max_param: str = "max_tokens") -> wire.SamplingParams:
+def _sampling(raw: _CommonBody, max_tokens: int | None, max_param: str = "max_tokens", *,
+              max_stop_bytes: int) -> wire.SamplingParams:
     _in_range(max_param, max_tokens, 1, INT64_MAX)
     _in_range("temperature", raw.temperature, 0.0, 2.0)
     _in_range("top_p", raw.top_p, 0.0, 1.0)
     _in_range("n", raw.n, 1, MAX_N)
     _in_range("seed", raw.seed, INT64_MIN, INT64_MAX)
     defaults = wire.SamplingParams()
+    n = raw.n if raw.n is not None else defaults.n
+    _check_result_size(n, max_tokens, max_param)
     return wire.SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
         temperature=raw.temperature if raw.temperature is not None else defaults.temperature,
         top_p=raw.top_p if raw.top_p is not None else defaults.top_p,
-        stop=_stop(raw.stop),
+        stop=_stop(raw.stop, max_stop_bytes),
         seed=raw.seed,
-        n=raw.n if raw.n is not None else defaults.n,
+        n=n,
         logit_bias=_logit_bias(raw.logit_bias),
     )
 
@@ -303,12 +310,27 @@ def _in_range(param: str, value: float | None, low: float, high: float) -> None:
         raise invalid(f"'{param}' must be between {low} and {high}, got {value}", param=param, code="out_of_range")
 
 
-def _stop(stop: str | list[str] | None) -> list[str]:
+def _check_result_size(n: int, max_tokens: int | None, max_param: str) -> None:
+    """400 when the result could exceed MAX_RESULT_BYTES: every token decodes to at least one byte, so ``n`` choices of
+    ``max_tokens`` may reach n * max_tokens bytes. Names ``max_tokens`` unless it was left at its default (then ``n``)."""
+    tokens = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    if n * tokens <= MAX_RESULT_BYTES:
+        return
+    param = max_param if max_tokens is not None else "n"
+    raise invalid(f"n ({n}) x {max_param} ({tokens}) = {n * tokens} tokens could exceed the result limit of"
+                  f" {MAX_RESULT_BYTES} bytes (each token is at least one byte); reduce '{param}' so that n x"
+                  f" {max_param} <= {MAX_RESULT_BYTES}", param=param, code="result_too_large")
+
+
+def _stop(stop: str | list[str] | None, max_stop_bytes: int) -> list[str]:
     sequences = [stop] if isinstance(stop, str) else list(stop or [])
     if len(sequences) > MAX_STOP_SEQUENCES:
         raise invalid(f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences", param="stop")
     if any(not s for s in sequences):
         raise invalid("'stop' sequences must not be empty", param="stop")
+    if any(len(s.encode()) > max_stop_bytes for s in sequences):
+        raise invalid(f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each", param="stop",
+                      code="stop_too_long")
     return sequences
 
 

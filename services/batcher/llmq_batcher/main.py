@@ -31,6 +31,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
                                  settings.metrics_host)
     await kafka.ensure_topics(settings)
+    await kafka.require_topic_limits(settings)
     redis = make_redis(settings.redis_url)
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, group_id=constants.GROUP_BATCHER)

@@ -30,6 +30,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
                                  settings.metrics_host)
     await kafka.ensure_topics(settings)
+    await kafka.require_topic_limits(settings)
     redis = Redis.from_url(settings.redis_url)
     await check_memory_policy(redis, "result-router")
     producer = kafka.make_producer(settings)

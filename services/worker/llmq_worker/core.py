@@ -11,8 +11,11 @@ import collections
 import logging
 from dataclasses import dataclass, field
 
+import msgspec
+
+from llmq_core import wire
 from llmq_core.clock import Clock
-from llmq_core.constants import replies_channel
+from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES, TOPIC_RESULTS, replies_channel
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import (
     Batch,
@@ -35,6 +38,16 @@ log = logging.getLogger(__name__)
 REASON_DEADLINE = "deadline"
 REASON_SHUTDOWN = "shutdown"
 REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finished request ids (duplicate suppression)
+MAX_RESULT_RECORD_BYTES = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES  # an encoded FinalResult, at most
+CODE_RESULT_TOO_LARGE = "result_too_large"
+CODE_RESULT_REFUSED = "result_refused"
+
+
+def refused_result(result: FinalResult, code: str, message: str) -> FinalResult:
+    """The errored outcome that stands in for ``result`` when llmq.results cannot take it (too large, or refused for
+    good): its choices are dropped (they are what did not fit), its usage and timings kept (the work was done)."""
+    error = ErrorInfo(type="server_error", message=message, code=code, retryable=False)
+    return msgspec.structs.replace(result, outcome=Outcome.ERRORED, choices=[], error=error)
 
 
 @dataclass
@@ -70,8 +83,11 @@ class _Active:
 class WorkerCore:
     """Per-worker state machine. Not thread-safe; call from one asyncio loop."""
 
-    def __init__(self, *, worker_id: str, partition: int, model: str, engine: Engine, clock: Clock) -> None:
+    def __init__(self, *, worker_id: str, partition: int, model: str, engine: Engine, clock: Clock,
+                 max_record_bytes: int = MAX_RESULT_RECORD_BYTES) -> None:
+        """``max_record_bytes``: the encoded size of a FinalResult that still fits one llmq.results record."""
         self.worker_id = worker_id
+        self._max_record_bytes = max_record_bytes
         self.partition = partition
         self.model = model
         self.last_batch_id = ""
@@ -291,6 +307,7 @@ class WorkerCore:
             traffic_class=request.traffic_class,
             **fields,
         )
+        result = self._fitting(result)
         del self._active[request.request_id]
         self._cancels.pop(request.request_id, None)
         self._remember(self._finished, (request.request_id, request.attempt), None)
@@ -298,6 +315,18 @@ class WorkerCore:
         if isinstance(request.reply_to, HttpReply):
             out.replies.append((replies_channel(request.reply_to.instance_id), result))
         return out
+
+    def _fitting(self, result: FinalResult) -> FinalResult:
+        """``result``, or its errored stand-in when it would not fit one record: settled before anything is published,
+        so the caller's answer and llmq.results carry the same outcome."""
+        size = len(wire.encode(result))
+        if size <= self._max_record_bytes:
+            return result
+        log.error("result of %d bytes exceeds the record limit of %d: answering errored", size, self._max_record_bytes,
+                  extra=request_fields(result.request_id))
+        return refused_result(result, CODE_RESULT_TOO_LARGE,
+                              f"the result ({size} bytes encoded) exceeds the {self._max_record_bytes} bytes one record"
+                              f" of {TOPIC_RESULTS} carries")
 
     @staticmethod
     def _remember(memory: collections.OrderedDict, key, value) -> None:

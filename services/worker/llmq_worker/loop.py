@@ -12,6 +12,7 @@ import logging
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from llmq_core import tracing, wire
@@ -24,10 +25,11 @@ from llmq_core.constants import (
     TOPIC_RESULTS,
     alive_key,
 )
-from llmq_core.kafka import headers
+from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, headers
 from llmq_core.metrics import WorkerMetrics
+from llmq_core.telemetry import request_fields
 
-from llmq_worker.core import Outbox, WorkerCore
+from llmq_worker.core import CODE_RESULT_REFUSED, CODE_RESULT_TOO_LARGE, Outbox, WorkerCore, refused_result
 from llmq_worker.engine import Engine
 from llmq_worker.spans import RequestSpans
 
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 100
 RESUBSCRIBE_DELAY_S = 1.0
+PRODUCE_ATTEMPTS = 4  # tries of one result record on transient errors (each bounded by the producer's own timeout)
+PRODUCE_BACKOFF_S = 0.2  # before retry k: PRODUCE_BACKOFF_S * 2**k
 
 
 class WorkerLoop:
@@ -53,8 +57,10 @@ class WorkerLoop:
         shutdown_grace_s: float,
         max_pending: int,
         metrics: WorkerMetrics | None = None,
+        results_topic: str = TOPIC_RESULTS,
     ) -> None:
-        """``consumer`` must be started with no subscription; ``max_pending``: requests taken but not final, at most."""
+        """``consumer`` must be started with no subscription; ``max_pending``: requests taken but not final, at most;
+        ``results_topic``: where final outcomes are produced (llmq.results; tests may pick another)."""
         self._core = core
         self._engine = engine
         self._consumer = consumer
@@ -69,6 +75,7 @@ class WorkerLoop:
         self._commit_lock = asyncio.Lock()
         self._committed = -1
         self._metrics = metrics
+        self._results_topic = results_topic
         self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -123,8 +130,11 @@ class WorkerLoop:
             batch, reason = None, str(exc)
         if not isinstance(batch, wire.Batch):
             log.error("dead-lettering record at offset %d: %s", record.offset, reason)
-            await self._producer.send_and_wait(TOPIC_DEAD_LETTERS, record.value, key=record.key,
-                                               headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])])
+            try:
+                await self._producer.send_and_wait(TOPIC_DEAD_LETTERS, record.value, key=record.key, headers=list(
+                    record.headers or ()) + [("x-llmq-error", reason.encode()[:512])])
+            except RECORD_REFUSED_ERRORS as exc:  # it holds no request; retrying it would stop this partition for good
+                log.error("dead-letters refused the record at offset %d (%r): skipping it", record.offset, exc)
             self._core.skip(record.offset)
             return Outbox()
         log.debug("took batch of %d", len(batch.requests), extra={"batch_id": batch.batch_id})
@@ -186,34 +196,70 @@ class WorkerLoop:
             log.exception("heartbeat failed")
 
     async def _deliver(self, out: Outbox) -> None:
-        """Publish replies (best effort: Redis), produce results (durable: Kafka; failures end the worker), then commit."""
+        """Produce results (durable: llmq.results), then publish replies (best effort: Redis), then commit.
+
+        Produce first: a result the broker refuses is replaced by its errored stand-in before any waiter sees it, so the
+        caller's answer is always the durable outcome (DESIGN invariant 1). The cost is one produce ack on the answer's
+        path (README "Limits")."""
         if not out:
             return
         traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
+        produced = await asyncio.gather(*(self._produce_result(r, traced) for r in out.results))
+        stand_ins = {r.request_id: r for r, original in zip(produced, out.results, strict=True) if r is not original}
         if out.replies:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for channel, message in out.replies:
+                        if isinstance(message, wire.FinalResult):
+                            message = stand_ins.get(message.request_id, message)
                         pipe.publish(channel, wire.encode(message))
                     await pipe.execute()
-            except Exception:  # noqa: BLE001 - llmq.results still carries every result
+            except Exception:  # noqa: BLE001 - llmq.results carries every result (the router stores it for the pod)
                 log.exception("publishing %d replies failed", len(out.replies))
-        acks = [
-            await self._producer.send(TOPIC_RESULTS, wire.encode(r), key=r.request_id.encode(),
-                                      headers=headers() if traced is None else traced.headers(r.request_id))
-            for r in out.results
-        ]
-        await asyncio.gather(*acks)
         if traced is not None:
             traced.end()
         if self._metrics is not None:
-            for result in out.results:
+            for result in produced:
                 self._metrics.finished(result)
         offset = self._core.release(out.offsets)
         if out.offsets:
             self._progress.set()
         if offset is not None:
             await self._commit(offset)
+
+    async def _produce_result(self, result: wire.FinalResult, traced) -> wire.FinalResult:
+        """Produce ``result``; returns what llmq.results got: ``result``, or its errored stand-in when the broker refuses
+        the record for good (the worker keeps serving: one result never ends it)."""
+        try:
+            await self._send_result(result, traced)
+            return result
+        except RECORD_REFUSED_ERRORS as exc:
+            code = CODE_RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else CODE_RESULT_REFUSED
+            log.error("%s refused the result (%r): answering errored %s", self._results_topic, exc, code,
+                      extra=request_fields(result.request_id))
+            stand_in = refused_result(result, code, f"{self._results_topic} refused the result: {exc!r}"[:512])
+            await self._send_result(stand_in, traced)
+            return stand_in
+
+    async def _send_result(self, result: wire.FinalResult, traced) -> None:
+        """One record, retried with backoff on transient errors; after PRODUCE_ATTEMPTS the error ends the worker (the
+        broker is gone, not this result: its batch is redelivered to the next worker)."""
+        value = wire.encode(result)
+        record_headers = headers() if traced is None else traced.headers(result.request_id)
+        for attempt in range(PRODUCE_ATTEMPTS):
+            try:
+                ack = await self._producer.send(self._results_topic, value, key=result.request_id.encode(),
+                                                headers=record_headers)
+                await ack
+                return
+            except RECORD_REFUSED_ERRORS:
+                raise
+            except KafkaError as exc:
+                if attempt + 1 == PRODUCE_ATTEMPTS:
+                    raise
+                log.warning("producing a result failed (%r): retry %d", exc, attempt + 1,
+                            extra=request_fields(result.request_id))
+                await asyncio.sleep(PRODUCE_BACKOFF_S * 2**attempt)
 
     async def _commit(self, offset: int) -> None:
         async with self._commit_lock:

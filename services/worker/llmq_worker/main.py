@@ -13,7 +13,7 @@ import signal
 from llmq_core import metrics, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import worker_group
-from llmq_core.kafka import make_consumer, make_producer
+from llmq_core.kafka import make_consumer, make_producer, require_topic_limits
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings, load_settings
@@ -93,6 +93,7 @@ def _simulated(args: argparse.Namespace, spec) -> Engine:
 
 
 async def serve(args: argparse.Namespace, settings: Settings) -> None:
+    await require_topic_limits(settings)  # before loading a model: a result the broker refuses must not be computed
     engine = build_engine(args)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,7 +1,8 @@
-"""Engine-independent text handling of one choice: incremental detokenization and stop strings.
+"""Engine-independent text handling of one choice: incremental detokenization, stop strings and the result byte cap.
 
-Invariants: no part of a stop string is ever emitted, no partial UTF-8 character is ever emitted (never U+FFFD), and the
-pieces returned by :meth:`ChoiceText.push` and :meth:`ChoiceText.finish` concatenate to :attr:`ChoiceText.text`.
+Invariants: no part of a stop string is ever emitted, no partial UTF-8 character is ever emitted (never U+FFFD), the
+pieces returned by :meth:`ChoiceText.push` and :meth:`ChoiceText.finish` concatenate to :attr:`ChoiceText.text`, and
+the text of all choices sharing one :class:`ResultBudget` is at most its bytes (MAX_RESULT_BYTES) in UTF-8.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.tokenizer import IncrementalDetokenizer
+from llmq_core.wire import FinishReason
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -87,22 +90,61 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
+class ResultBudget:
+    """The UTF-8 bytes the choices of one result may still add: every engine stops a request's generation where its
+    text reaches ``limit_bytes`` (default MAX_RESULT_BYTES), so every result fits one Kafka record."""
+
+    def __init__(self, limit_bytes: int = MAX_RESULT_BYTES) -> None:
+        self.left_bytes = limit_bytes
+
+    @property
+    def exhausted(self) -> bool:
+        """Nothing more may be added (the cap is reached, or text was already cut at it)."""
+        return self.left_bytes <= 0
+
+    def take(self, text: str) -> str:
+        """The longest prefix of ``text`` that fits, cut at a character boundary; its bytes are spent. Once a cut
+        happens the budget is exhausted, so no later (shorter) piece can follow text that was dropped."""
+        size = len(text.encode())
+        if size <= self.left_bytes:
+            self.left_bytes -= size
+            return text
+        kept = text.encode()[: max(0, self.left_bytes)].decode(errors="ignore")
+        self.left_bytes = 0
+        return kept
+
+
 class ChoiceText:
-    """One choice's output: token ids in, visible text out; counts the tokens generated until a stop matched.
+    """One choice's output: token ids in, visible text out; counts the tokens generated until a stop matched or the
+    ``budget`` (shared by the choices of one request; its own one of MAX_RESULT_BYTES unless given) ran out.
 
     ``detokenizer``: the byte-level one of the built-in models unless given (e.g. a :class:`WindowDetokenizer`).
     """
 
-    def __init__(self, stops: list[str], detokenizer: Detokenizer | None = None) -> None:
+    def __init__(self, stops: list[str], detokenizer: Detokenizer | None = None, budget: ResultBudget | None = None) -> None:
         self._detokenizer = detokenizer or IncrementalDetokenizer()
         self._matcher = StopMatcher(stops)
+        self._budget = budget or ResultBudget()
         self._parts: list[str] = []
         self.tokens = 0
+        self.capped = False  # the result's byte cap ended this choice: later tokens are ignored and not counted
 
     @property
     def stopped(self) -> bool:
         """True once a stop string matched: later tokens are ignored and not counted."""
         return self._matcher.stopped
+
+    @property
+    def done(self) -> bool:
+        """A stop string or the byte cap ended this choice: its engine may stop generating it."""
+        return self.stopped or self.capped
+
+    def finish_reason(self, natural_end: bool) -> FinishReason:
+        """``stop`` for a matched stop string or a ``natural_end`` (EOS, nothing to generate); ``length`` for max_tokens
+        or the byte cap."""
+        if self.stopped:
+            return "stop"
+        return "stop" if natural_end and not self.capped else "length"
 
     @property
     def text(self) -> str:
@@ -113,17 +155,22 @@ class ChoiceText:
         """Feed generated ids; returns the newly visible text ('' while a character or a possible stop is pending)."""
         out = []
         for token_id in token_ids:
-            if self.stopped:
+            self.capped = self.capped or self._budget.exhausted
+            if self.done:
                 break
             self.tokens += 1
-            out.append(self._matcher.push(self._detokenizer.push([token_id])))
+            out.append(self._budget.take(self._matcher.push(self._detokenizer.push([token_id]))))
+            self.capped = self._budget.exhausted
         return self._emit("".join(out))
 
     def finish(self) -> str:
         """End of generation: the remaining visible text (an incomplete trailing character is dropped)."""
-        if self.stopped:
+        if self.done:
             return ""
-        return self._emit(self._matcher.push(self._detokenizer.finish()) + self._matcher.flush())
+        rest = self._matcher.push(self._detokenizer.finish()) + self._matcher.flush()
+        kept = self._budget.take(rest)
+        self.capped = len(kept) < len(rest)
+        return self._emit(kept)
 
     def _emit(self, text: str) -> str:
         if text:

@@ -219,3 +219,17 @@ def test_abandon_all_answers_nothing_and_commits_nothing():
     core.abandon_all()
     out = core.on_events(engine.stop("a"))
     assert not out and core.pending == 0 and core.release([]) is None
+
+
+def test_a_result_over_the_record_limit_is_one_errored_outcome_for_the_caller_and_the_log():
+    clock = FakeClock(T0_MS + 100)
+    engine = StepEngine(clock)
+    core = WorkerCore(worker_id="w1", partition=3, model="llmq-sim", engine=engine, clock=clock, max_record_bytes=600)
+    core.take_batch(batch(make_request("big", "x" * 700, stream=False), make_request("small", "ok")), offset=7)
+    out = core.on_events(engine.step())
+    big, small = results_of(out)["big"], results_of(out)["small"]
+    assert (big.outcome, big.choices, big.error.code, big.error.retryable) == (Outcome.ERRORED, [], "result_too_large", False)
+    assert big.usage.total_tokens == 3 and "600" in big.error.message  # the work is still accounted
+    assert [m for _, m in out.replies if isinstance(m, FinalResult) and m.request_id == "big"] == [big]
+    assert small.outcome is Outcome.SUCCEEDED and small.choices[0].text == "ok"
+    assert core.release(out.offsets) == 8

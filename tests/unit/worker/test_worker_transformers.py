@@ -270,3 +270,14 @@ def test_seeded_choice_draws_by_inverse_cdf_and_leaves_unseeded_rows_alone():
     grid = (torch.arange(1000, dtype=torch.float32) + 0.5) / 1000  # cell midpoints: no ties at the edges
     picks = seeded_choice(logits[:1].repeat(1000, 1), grid).argmax(dim=-1)
     assert torch.bincount(picks, minlength=4).tolist() == [100, 0, 600, 300]
+
+
+async def test_generation_stops_at_the_result_byte_cap(engine, monkeypatch):
+    monkeypatch.setattr(engine, "_max_result_bytes", 12)  # the cap (MAX_RESULT_BYTES) scaled down to a short run
+    finals, streamed = await run(engine, request("cap", "hello", max_tokens=200, n=2, temperature=1.0, seed=3))
+    final = finals["cap"]
+    assert final.outcome is Outcome.SUCCEEDED
+    assert sum(len(c.text.encode()) for c in final.choices) <= 12
+    assert [streamed.get(("cap", c.index), "") for c in final.choices] == [c.text for c in final.choices]
+    assert "length" in {c.finish_reason for c in final.choices}
+    assert final.usage.completion_tokens < 2 * 200  # generation stopped long before max_tokens

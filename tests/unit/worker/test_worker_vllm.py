@@ -94,7 +94,7 @@ class ScriptedClient:
                 reason = ("length" if len(ids) == params["max_tokens"] else "stop") if done else None
                 yield SimpleNamespace(outputs=[SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason)])
                 await asyncio.sleep(0)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # as AsyncLLM.generate: both abort the request
             self.aborted.append(request_id)
             raise
 

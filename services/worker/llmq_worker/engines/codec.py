@@ -8,7 +8,7 @@ from transformers import ByT5Tokenizer
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.wire import GenerationRequest
 
-from llmq_worker.text import ChoiceText, WindowDetokenizer
+from llmq_worker.text import ChoiceText, ResultBudget, WindowDetokenizer
 
 
 class TextCodec:
@@ -35,8 +35,9 @@ class TextCodec:
         bos = self._tokenizer.bos_token_id
         return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
 
-    def choice(self, stops: list[str]) -> ChoiceText:
-        """The text path of one choice: exact byte detokenization, or a window detokenizer over ``decode``."""
+    def choice(self, stops: list[str], budget: ResultBudget) -> ChoiceText:
+        """The text path of one choice (``budget``: its request's result bytes): exact byte detokenization, or a window
+        detokenizer over ``decode``."""
         if self.byte_level:
-            return ChoiceText(stops)
-        return ChoiceText(stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)))
+            return ChoiceText(stops, budget=budget)
+        return ChoiceText(stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)), budget)

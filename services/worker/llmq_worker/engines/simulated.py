@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.tokenizer import VOCAB_SIZE, count_tokens, encode
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 
 from llmq_worker.engine import (
     Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, check_logit_bias, prompt_text)
-from llmq_worker.text import ChoiceText
+from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,12 @@ class SimulatedEngine:
         clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
         poison_marker: str | None = None,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
-        """``poison_marker``: fault injection for tests; a batch holding a prompt that contains it fails as a whole."""
+        """``poison_marker``: fault injection for tests; a batch holding a prompt that contains it fails as a whole.
+        ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its replay stops (``length``)."""
         self.fixed_batch_time_ms = batch_time_ms
+        self._max_result_bytes = max_result_bytes
         self.context_window = context_window
         self._max_batch_size = max_batch_size
         self._clock = clock
@@ -92,7 +96,8 @@ class SimulatedEngine:
         if request.sampling.n < 1:
             raise InvalidRequest("n must be at least 1")
         check_logit_bias(request, VOCAB_SIZE)
-        choices = [ChoiceText(request.sampling.stop) for _ in range(request.sampling.n)]
+        budget = ResultBudget(self._max_result_bytes)
+        choices = [ChoiceText(request.sampling.stop, budget=budget) for _ in range(request.sampling.n)]
         self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, prompt_tokens)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever())
@@ -178,7 +183,7 @@ class SimulatedEngine:
     def _final(self, run: _Run, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
         ended = outcome is Outcome.SUCCEEDED
         choices = [
-            Choice(index=i, text=c.text, finish_reason=("stop" if c.stopped or not run.tokens else "length") if ended else None)
+            Choice(index=i, text=c.text, finish_reason=c.finish_reason(natural_end=not run.tokens) if ended else None)
             for i, c in enumerate(run.choices)
         ]
         completion_tokens = sum(c.tokens for c in run.choices)

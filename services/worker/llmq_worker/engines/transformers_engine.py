@@ -23,6 +23,7 @@ from transformers.generation.continuous_batching import RequestStatus
 
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.models import LLMQ_TINY
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
@@ -32,7 +33,7 @@ from llmq_worker.engine import (
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
-from llmq_worker.text import ChoiceText
+from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,13 @@ class TransformersEngine:
         max_batched_tokens: int | None = None,
         context_window: int | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
         """``max_concurrent_sequences``: sequences per step (and the engine's slots); ``max_batched_tokens``: tokens per
-        step (prefill chunks + decodes), None lets the library size it (on GPU). ``context_window`` in tokens."""
+        step (prefill chunks + decodes), None lets the library size it (on GPU). ``context_window`` in tokens;
+        ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its generation stops."""
         self.context_window = context_window or model.config.max_position_embeddings
+        self._max_result_bytes = max_result_bytes
         self._model = model
         self._codec = TextCodec(tokenizer)
         self._max_sequences = max_concurrent_sequences
@@ -132,7 +136,9 @@ class TransformersEngine:
         check_request(request, ids, self.context_window, self._model.config.get_text_config().vocab_size)
         for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
             self._ensure_manager()
-            job = _Job(request, len(ids), [_Sub(i, self._codec.choice(sampling.stop), sampling.max_tokens) for i in range(sampling.n)])
+            budget = ResultBudget(self._max_result_bytes)
+            job = _Job(request, len(ids), [_Sub(i, self._codec.choice(sampling.stop, budget), sampling.max_tokens)
+                                           for i in range(sampling.n)])
             if self._add(job, ids):
                 return
             self._retire("the generation loop stopped accepting requests")
@@ -204,7 +210,7 @@ class TransformersEngine:
         self._take_tokens(job, sub, output.generated_tokens)
         if not job.started_ms and output.lifespan[0] > 0:
             job.started_ms = int(output.lifespan[0] * 1000 + self._perf_to_epoch_ms)
-        if sub.text.stopped:
+        if sub.text.done:  # a stop string or the result's byte cap: generating more would be wasted
             self._manager.cancel_request(_sub_id(job.request.request_id, sub.index))
             self._end_sub(job, sub)
         elif output.status == RequestStatus.FINISHED:
@@ -258,7 +264,7 @@ class TransformersEngine:
     def _final(self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
         ended = outcome is Outcome.SUCCEEDED
         choices = [
-            Choice(index=s.index, text=s.text.text, finish_reason=("stop" if s.text.stopped or s.eos else "length") if ended else None)
+            Choice(index=s.index, text=s.text.text, finish_reason=s.text.finish_reason(s.eos) if ended else None)
             for s in job.subs
         ]
         completion_tokens = sum(s.text.tokens for s in job.subs)

@@ -16,17 +16,19 @@ uncommitted batches are redelivered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, Usage
 
 from llmq_worker.engine import (
     Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, TokenRate, check_request)
-from llmq_worker.text import REPLACEMENT_CHAR
+from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ class _Choice:
     tokens: int = 0
     reason: str | None = None
     done: bool = False
+    capped: bool = False  # the result's byte cap ended it (finish_reason length)
 
 
 @dataclass(slots=True)
@@ -96,6 +99,7 @@ class _Job:
     request: GenerationRequest
     prompt_ids: list[int]
     choices: list[_Choice]
+    budget: ResultBudget
     tasks: list[asyncio.Task] = field(default_factory=list)
     started_ms: int = 0
     first_token_ms: int = 0
@@ -104,7 +108,8 @@ class _Job:
 class VllmEngine:
     """Create it inside the running event loop (``from_args``). ``client``: a vLLM ``AsyncLLM``; ``make_params`` builds
     a ``vllm.SamplingParams`` from :func:`vllm_sampling_kwargs`; ``make_prompt`` a prompt from token ids;
-    ``request_errors``: the exceptions that mean a request is invalid (vLLM's validation errors)."""
+    ``request_errors``: the exceptions that mean a request is invalid (vLLM's validation errors); ``max_result_bytes``:
+    UTF-8 bytes of all choices' text of one request, where its generation stops."""
 
     fixed_batch_time_ms = 0
 
@@ -120,8 +125,10 @@ class VllmEngine:
         vocab_size: int,
         request_errors: tuple[type[BaseException], ...] = (ValueError,),
         clock: Clock = SYSTEM_CLOCK,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
         self.context_window = context_window
+        self._max_result_bytes = max_result_bytes
         self._client = client
         self._codec = codec
         self._make_params = make_params
@@ -194,7 +201,7 @@ class VllmEngine:
             choices = [_Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i))) for i in range(sampling.n)]
         except self._request_errors as exc:
             raise InvalidRequest(str(exc)) from exc
-        job = _Job(request, ids, choices)
+        job = _Job(request, ids, choices, ResultBudget(self._max_result_bytes))
         self._jobs[request.request_id] = job
         loop = asyncio.get_running_loop()
         job.tasks = [loop.create_task(self._run_choice(job, choice)) for choice in choices]
@@ -239,9 +246,13 @@ class VllmEngine:
 
     async def _run_choice(self, job: _Job, choice: _Choice) -> None:
         sub_id = f"{job.request.request_id}#{choice.index}"
+        outputs = self._client.generate(self._make_prompt(job.prompt_ids), choice.params, sub_id)
         try:
-            async for output in self._client.generate(self._make_prompt(job.prompt_ids), choice.params, sub_id):
-                self._take(job, choice, output.outputs[0])
+            async with contextlib.aclosing(outputs):  # leaving early (the byte cap) closes it: vLLM aborts the request
+                async for output in outputs:
+                    self._take(job, choice, output.outputs[0])
+                    if choice.capped:
+                        break
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes this request's FinalEvent
@@ -260,7 +271,9 @@ class VllmEngine:
             choice.tokens = len(completion.token_ids)
             job.first_token_ms = job.first_token_ms or now
         choice.reason = completion.finish_reason
-        delta = text_delta(completion.text, len(choice.text))
+        delta = job.budget.take(text_delta(completion.text, len(choice.text))) if not job.budget.exhausted else ""
+        if job.budget.exhausted:
+            choice.capped, choice.reason = True, "length"
         if delta:
             choice.text += delta
             self._events.put(ChunkEvent(job.request.request_id, choice.index, delta))

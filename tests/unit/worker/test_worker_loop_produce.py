@@ -1,0 +1,123 @@
+"""WorkerLoop._deliver's produce path with fakes: results reach llmq.results before any Redis answer; a record refused
+for good is replaced by its errored stand-in in both places; transient errors are retried a bounded number of times."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, TopicAuthorizationFailedError
+from test_worker_core import StepEngine, batch
+from worker_fakes import T0_MS, make_request
+
+from llmq_core import wire
+from llmq_core.clock import FakeClock
+from llmq_worker import loop as loop_module
+from llmq_worker.core import WorkerCore
+from llmq_worker.loop import PRODUCE_ATTEMPTS, WorkerLoop
+
+
+class FakeProducer:
+    """Fails the sends of request ids listed in ``failures`` (one exception per try, in order); logs every event."""
+
+    def __init__(self, events: list, failures: dict[str, list[Exception]]) -> None:
+        self.events, self.failures = events, failures
+
+    async def send(self, topic, value, *, key, headers):
+        errors = self.failures.get(key.decode(), [])
+        if errors:
+            raise errors.pop(0)
+        self.events.append(("kafka", wire.decode(value)))
+
+        async def ack():
+            return None
+
+        return ack()
+
+    async def send_and_wait(self, topic, value, *, key, headers):
+        raise MessageSizeTooLargeError()  # e.g. a record at the topic limit, plus the dead-letter header
+
+
+class FakeRedis:
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def pipeline(self, transaction: bool):
+        return self
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    def publish(self, channel, data):
+        self.events.append(("redis", wire.decode(data)))
+
+    async def execute(self):
+        return []
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.committed: list[int] = []
+
+    async def commit(self, offsets):
+        self.committed += list(offsets.values())
+
+
+def setup(failures: dict[str, list[Exception]]):
+    clock = FakeClock(T0_MS + 100)
+    engine = StepEngine(clock)
+    core = WorkerCore(worker_id="w1", partition=0, model="llmq-sim", engine=engine, clock=clock)
+    events: list = []
+    loop = WorkerLoop(core=core, engine=engine, consumer=FakeConsumer(), producer=FakeProducer(events, failures),
+                      redis=FakeRedis(events), clock=clock, heartbeat_interval_ms=100, shutdown_grace_s=1, max_pending=8)
+    core.take_batch(batch(make_request("a", "hi", stream=False), make_request("b", "yo", stream=False)), offset=3)
+    return loop, core.on_events(engine.step()), events
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch):
+    monkeypatch.setattr(loop_module, "PRODUCE_BACKOFF_S", 0)
+
+
+def finals(events, where: str) -> dict[str, wire.FinalResult]:
+    return {m.request_id: m for kind, m in events if kind == where and isinstance(m, wire.FinalResult)}
+
+
+async def test_the_durable_record_comes_first_and_the_answer_is_the_same_outcome():
+    loop, out, events = setup({})
+    await loop._deliver(out)
+    assert [kind for kind, _ in events] == ["kafka", "kafka", "redis", "redis"]
+    assert finals(events, "kafka") == finals(events, "redis") and set(finals(events, "redis")) == {"a", "b"}
+
+
+@pytest.mark.parametrize("error, code", [(MessageSizeTooLargeError(), "result_too_large"),
+                                         (TopicAuthorizationFailedError(), "result_refused")])
+async def test_a_record_refused_for_good_is_answered_by_its_errored_stand_in(error, code):
+    loop, out, events = setup({"a": [error]})
+    await loop._deliver(out)
+    durable, answered = finals(events, "kafka"), finals(events, "redis")
+    assert durable == answered
+    assert (answered["a"].outcome, answered["a"].error.code, answered["a"].choices) == (wire.Outcome.ERRORED, code, [])
+    assert answered["b"].outcome is wire.Outcome.SUCCEEDED
+
+
+async def test_transient_errors_are_retried_a_bounded_number_of_times():
+    loop, out, events = setup({"a": [KafkaTimeoutError()] * (PRODUCE_ATTEMPTS - 1)})
+    await loop._deliver(out)
+    assert finals(events, "kafka")["a"].outcome is wire.Outcome.SUCCEEDED
+
+    loop, out, events = setup({"a": [KafkaTimeoutError()] * PRODUCE_ATTEMPTS})
+    with pytest.raises(KafkaTimeoutError):  # the broker is gone, not this result: the batch is redelivered elsewhere
+        await loop._deliver(out)
+    assert finals(events, "redis") == {}  # nobody was answered with an outcome that is not durable
+
+
+async def test_a_record_dead_letters_refuse_is_skipped_not_retried_forever():
+    from types import SimpleNamespace
+
+    loop, out, _ = setup({})
+    record = SimpleNamespace(value=b"not a batch", headers=[], key=None, offset=4)
+    assert not await loop._take(record)
+    await loop._deliver(out)  # offset 3's batch is answered: the commit moves past the skipped record too
+    assert loop._consumer.committed == [5]
