@@ -15,6 +15,14 @@ from dataclasses import dataclass
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    ProducerClosed,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, tracing, wire
@@ -24,7 +32,7 @@ from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import final_result
 from llmq_batcher.pods import PodWatch
-from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
+from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.spans import RequestSpans
 
 log = logging.getLogger(__name__)
@@ -34,6 +42,20 @@ LOAD_STATS_INTERVAL_MS = 1000
 IDLE_WAKE_S = 1.0
 RESTART_DELAY_S = 1.0
 POD_GONE_REASON = "pod_gone"
+PRODUCE_RETRY_BASE_MS = 100  # first hold of a model after a transient produce failure; doubles per failure in a row
+PRODUCE_RETRY_MAX_MS = 5000
+_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+_TRANSIENT = (KafkaTimeoutError, ProducerClosed)  # not marked retriable by aiokafka, yet a broker outage raises them
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether producing the same record again cannot succeed (aiokafka marks it non-retriable)."""
+    return isinstance(exc, KafkaError) and not exc.retriable and not isinstance(exc, _TRANSIENT)
+
+
+def retry_delay_ms(failures: int) -> int:
+    """Hold after ``failures`` transient produce failures in a row (>= 1): exponential, capped."""
+    return min(PRODUCE_RETRY_BASE_MS << min(failures - 1, 16), PRODUCE_RETRY_MAX_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +99,7 @@ class BatcherLoop:
         self._stopping = asyncio.Event()
         self._last_commit_ms = 0
         self._last_load_ms = 0
+        self._produce_failures: Counter[str] = Counter()  # model -> transient batch produce failures in a row
 
     def subscribe(self) -> None:
         """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
@@ -218,7 +241,7 @@ class BatcherLoop:
         self._wake.clear()
 
     async def _act(self, decision: Decision) -> None:
-        sent = await asyncio.gather(*(self._send_batch(b) for b in decision.batches))
+        sent = [b for out in await asyncio.gather(*(self._send_batch(b) for b in decision.batches)) for b in out]
         results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
         await self._publish_replies(results)
         await asyncio.gather(*(self._send_answer(a, r) for a, r in zip(decision.answers, results)))
@@ -226,28 +249,51 @@ class BatcherLoop:
             self._settle(request_id)
             if tracing.enabled():
                 self.spans.dropped(request_id)
-        await self._record_stats([b for b, ok in zip(decision.batches, sent) if ok], decision)
+        await self._record_stats(sent, decision)
 
-    async def _send_batch(self, batch: BatchDispatch) -> bool:
+    async def _send_batch(self, batch: BatchDispatch) -> list[BatchDispatch]:
+        """Produce ``batch``; returns the batches that went out (its parts, when the broker refused it as too large)."""
         message, flushes = batch.to_wire(), []
         if tracing.enabled():
             message, flushes = self.spans.flush(message, batch.partition)
         try:
             await kafka.send_message(self.producer, self.names.batches_topic, message, key=batch.batch_id,
                                      partition=batch.partition)
-        except Exception as exc:  # broker trouble: hand the requests back to the policy, they go out again later
-            log.error("producing batch failed, re-queueing: %s", exc, extra={"batch_id": batch.batch_id})
-            self.policy.undispatch(batch)
-            return False
+        except Exception as exc:
+            return await self._produce_failed(batch, exc)
         finally:
             for span in flushes:
                 span.end()
+        self._produce_failures.pop(batch.model, None)
         if self.metrics is not None:
             self.metrics.dispatched(batch.model, batch.flush_reason, batch.requests, self.clock.now_ms(),
                                     self.policy.config.model_max_batch.get(batch.model))
         for request in batch.requests:
             self._settle(request.request_id)
-        return True
+        return [batch]
+
+    async def _produce_failed(self, batch: BatchDispatch, exc: Exception) -> list[BatchDispatch]:
+        """Never put a refused record back in front: bisect one too large (its parts go out, a lone request that cannot
+        is answered), answer the requests of one refused for good; a transient failure holds the model, then retries."""
+        extra = {"batch_id": batch.batch_id}
+        self._wake.set()  # answers and re-queued requests are for the next round
+        if not is_permanent(exc):
+            self._produce_failures[batch.model] += 1
+            delay_ms = retry_delay_ms(self._produce_failures[batch.model])
+            log.error("producing batch failed, re-queueing in %d ms: %r", delay_ms, exc, extra=extra)
+            self.policy.undispatch(batch, retry_in_ms=delay_ms)
+            return []
+        if isinstance(exc, _TOO_LARGE) and len(batch.requests) > 1:
+            log.warning("batch of %d refused as too large, splitting: %r", len(batch.requests), exc, extra=extra)
+            parts = await asyncio.gather(*(self._send_batch(part) for part in self.policy.split(batch)))
+            return [sent for part in parts for sent in part]
+        log.error("batch refused for good, answering its %d requests: %r", len(batch.requests), exc, extra=extra)
+        if isinstance(exc, _TOO_LARGE):
+            self.policy.fail(batch, "invalid_request_error",
+                             f"The request does not fit in one record of the batch topic: {exc}", REQUEST_TOO_LARGE)
+        else:
+            self.policy.fail(batch, "server_error", f"The batch topic refused the request: {exc}", "dispatch_failed")
+        return []
 
     async def _publish_replies(self, results: list[wire.FinalResult]) -> None:
         """Answers of HTTP requests to their pods' channels, in one pipeline (many at once must not each take a pooled
