@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -19,6 +20,7 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
     ProducerClosed,
     RecordListTooLargeError,
     RecordTooLargeError,
@@ -45,7 +47,10 @@ POD_GONE_REASON = "pod_gone"
 PRODUCE_RETRY_BASE_MS = 100  # first hold of a model after a transient produce failure; doubles per failure in a row
 PRODUCE_RETRY_MAX_MS = 5000
 _TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
-_TRANSIENT = (KafkaTimeoutError, ProducerClosed)  # not marked retriable by aiokafka, yet a broker outage raises them
+# Not marked retriable by aiokafka, yet a broker outage raises the first two, and the last follows a refused record: an
+# idempotent aiokafka producer never takes back the sequence numbers of a batch the broker refused, so every later
+# record of that partition is out of order until the producer is replaced (see BatcherLoop._renew_producer).
+_TRANSIENT = (KafkaTimeoutError, ProducerClosed, OutOfOrderSequenceNumber)
 
 
 def is_permanent(exc: BaseException) -> bool:
@@ -79,11 +84,15 @@ class BatcherLoop:
     def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
                  clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
                  names: Names = Names(), metrics: BatcherMetrics | None = None, pod_check_ms: int = 1000,
-                 pod_grace_ms: int = 2000) -> None:
-        """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone."""
+                 pod_grace_ms: int = 2000, producer_factory: Callable[[], AIOKafkaProducer] | None = None) -> None:
+        """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone.
+        ``producer_factory`` makes a fresh (unstarted) producer to replace one the broker refused a record of (None:
+        never replaced)."""
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
+        self.producer_factory = producer_factory
+        self._renewing = asyncio.Lock()
         self.redis = redis
         self.results = results
         self.clock = clock
@@ -256,11 +265,12 @@ class BatcherLoop:
         message, flushes = batch.to_wire(), []
         if tracing.enabled():
             message, flushes = self.spans.flush(message, batch.partition)
+        producer = self.producer
         try:
-            await kafka.send_message(self.producer, self.names.batches_topic, message, key=batch.batch_id,
+            await kafka.send_message(producer, self.names.batches_topic, message, key=batch.batch_id,
                                      partition=batch.partition)
         except Exception as exc:
-            return await self._produce_failed(batch, exc)
+            return await self._produce_failed(batch, exc, producer)
         finally:
             for span in flushes:
                 span.end()
@@ -272,11 +282,15 @@ class BatcherLoop:
             self._settle(request.request_id)
         return [batch]
 
-    async def _produce_failed(self, batch: BatchDispatch, exc: Exception) -> list[BatchDispatch]:
-        """Never put a refused record back in front: bisect one too large (its parts go out, a lone request that cannot
-        is answered), answer the requests of one refused for good; a transient failure holds the model, then retries."""
+    async def _produce_failed(self, batch: BatchDispatch, exc: Exception,
+                              producer: AIOKafkaProducer) -> list[BatchDispatch]:
+        """Never put a refused record back in front: bisect one too large (its parts go out one after the other, a lone
+        request that cannot is answered), answer the requests of one refused for good; a transient failure holds the
+        model, then retries."""
         extra = {"batch_id": batch.batch_id}
         self._wake.set()  # answers and re-queued requests are for the next round
+        if is_permanent(exc) or isinstance(exc, OutOfOrderSequenceNumber):
+            await self._renew_producer(producer)
         if not is_permanent(exc):
             self._produce_failures[batch.model] += 1
             delay_ms = retry_delay_ms(self._produce_failures[batch.model])
@@ -285,8 +299,10 @@ class BatcherLoop:
             return []
         if isinstance(exc, _TOO_LARGE) and len(batch.requests) > 1:
             log.warning("batch of %d refused as too large, splitting: %r", len(batch.requests), exc, extra=extra)
-            parts = await asyncio.gather(*(self._send_batch(part) for part in self.policy.split(batch)))
-            return [sent for part in parts for sent in part]
+            sent = []
+            for part in self.policy.split(batch):
+                sent += await self._send_batch(part)
+            return sent
         log.error("batch refused for good, answering its %d requests: %r", len(batch.requests), exc, extra=extra)
         if isinstance(exc, _TOO_LARGE):
             self.policy.fail(batch, "invalid_request_error",
@@ -294,6 +310,23 @@ class BatcherLoop:
         else:
             self.policy.fail(batch, "server_error", f"The batch topic refused the request: {exc}", "dispatch_failed")
         return []
+
+    async def _renew_producer(self, failed: AIOKafkaProducer) -> None:
+        """Replace ``failed`` (once, however many sends saw it fail) with a fresh producer: a new producer id starts
+        its sequence numbers over. Sends still pending on the old one fail and are handed back."""
+        async with self._renewing:
+            if self.producer_factory is None or self.producer is not failed:
+                return
+            fresh = self.producer_factory()
+            try:
+                await fresh.start()
+            except Exception as exc:  # the broker is away: keep the old one, the next refusal tries again
+                log.warning("starting a fresh producer failed: %r", exc)
+                await fresh.stop()
+                return
+            self.producer = fresh
+            log.warning("replaced the producer after a refused record")
+        await failed.stop()
 
     async def _publish_replies(self, results: list[wire.FinalResult]) -> None:
         """Answers of HTTP requests to their pods' channels, in one pipeline (many at once must not each take a pooled

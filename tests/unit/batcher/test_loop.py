@@ -11,6 +11,7 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
     ProducerClosed,
     RecordTooLargeError,
     TopicAuthorizationFailedError,
@@ -67,6 +68,13 @@ class FakeProducer:
         self.sent: list[dict] = []
         self.failing: bool | Exception = False
         self.max_value_bytes: int | None = None
+        self.running = False
+
+    async def start(self):
+        self.running = True
+
+    async def stop(self):
+        self.running = False
 
     async def send_and_wait(self, topic, value, key=None, partition=None, headers=None):
         if self.failing:
@@ -263,6 +271,7 @@ async def test_deferred_partitions_resume_once_capacity_frees(batcher):
         (KafkaTimeoutError(), False),  # broker down: metadata or the send timed out
         (KafkaConnectionError(), False),
         (ProducerClosed(), False),
+        (OutOfOrderSequenceNumber(), False),  # follows a refused record: retried on a fresh producer
         (RuntimeError("anything else"), False),
     ],
 )
@@ -345,3 +354,22 @@ async def test_batch_refused_for_good_for_another_reason_is_answered_errored(bat
         (wire.Outcome.ERRORED, "server_error", "dispatch_failed", False)}
     assert producer.on(NAMES.batches_topic) == [] and loop.policy.queued_total == 0
     assert consumer.commits[-1] == {INTERACTIVE: 3}
+
+
+@pytest.mark.parametrize("error, replaced", [(InvalidTopicError(), True), (OutOfOrderSequenceNumber(), True),
+                                             (KafkaTimeoutError(), False)])
+async def test_a_refused_record_replaces_the_producer_once(error, replaced):
+    """An idempotent producer never takes back the sequence numbers of a refused record: without a new one, every
+    later record of that partition would be refused as out of order."""
+    loop, _, producer, _ = _batcher()
+    fresh: list[FakeProducer] = []
+    loop.producer_factory = lambda: fresh.append(FakeProducer()) or fresh[-1]
+    producer.running = True
+    for worker in ("w1", "w2"):  # two batches at once, both refused
+        loop.policy.on_heartbeat(hb(worker, free=1))
+    for i in range(2):
+        loop.policy.add(req(f"r{i}"))
+    producer.failing = error
+    assert len((await loop.step()).batches) == 2
+    assert len(fresh) == int(replaced) and producer.running is not replaced
+    assert loop.producer is (fresh[0] if replaced else producer) and loop.producer.running
