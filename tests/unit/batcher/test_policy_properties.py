@@ -123,6 +123,7 @@ def test_nothing_lost_nothing_twice_nothing_expired_dispatched(sequence):
     assert not set(dispatched) & set(harness.answered), "a request was both dispatched and answered"
     assert set(dispatched) | set(harness.answered) == set(harness.requests), "a request was lost"
     assert harness.policy.queued_total == 0
+    assert not any(q.size_bytes for m in harness.policy._models.values() for q in m.queues), "queued bytes drifted"
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
