@@ -22,6 +22,7 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
     ProducerClosed,
+    ProducerFenced,
     RecordListTooLargeError,
     RecordTooLargeError,
 )
@@ -47,10 +48,11 @@ POD_GONE_REASON = "pod_gone"
 PRODUCE_RETRY_BASE_MS = 100  # first hold of a model after a transient produce failure; doubles per failure in a row
 PRODUCE_RETRY_MAX_MS = 5000
 _TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
-# Not marked retriable by aiokafka, yet a broker outage raises the first two, and the last follows a refused record: an
-# idempotent aiokafka producer never takes back the sequence numbers of a batch the broker refused, so every later
-# record of that partition is out of order until the producer is replaced (see BatcherLoop._renew_producer).
-_TRANSIENT = (KafkaTimeoutError, ProducerClosed, OutOfOrderSequenceNumber)
+# aiokafka's sender task dies on these and every later send fails the same way: only a new producer recovers. The first
+# follows any refused record: an idempotent producer never takes back the sequence numbers of a refused batch.
+_FATAL_PRODUCER = (OutOfOrderSequenceNumber, ProducerFenced)
+# Not marked retriable by aiokafka, yet none of them is the record's fault (a broker outage raises the first two).
+_TRANSIENT = (KafkaTimeoutError, ProducerClosed, *_FATAL_PRODUCER)
 
 
 def is_permanent(exc: BaseException) -> bool:
@@ -289,7 +291,7 @@ class BatcherLoop:
         model, then retries."""
         extra = {"batch_id": batch.batch_id}
         self._wake.set()  # answers and re-queued requests are for the next round
-        if is_permanent(exc) or isinstance(exc, OutOfOrderSequenceNumber):
+        if is_permanent(exc) or isinstance(exc, _FATAL_PRODUCER):
             await self._renew_producer(producer)
         if not is_permanent(exc):
             self._produce_failures[batch.model] += 1
@@ -346,12 +348,15 @@ class BatcherLoop:
     async def _send_answer(self, answer: Answer, result: wire.FinalResult) -> None:
         outcome = answer.outcome.value if answer.error_type != "overloaded" else "rejected"
         traceparent = self.spans.answered(result.request_id, outcome) if tracing.enabled() else None
+        producer = self.producer
         try:
-            await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id,
+            await kafka.send_message(producer, self.names.results_topic, result, key=result.request_id,
                                      traceparent=traceparent)
         except Exception as exc:  # left unsettled: the request is redelivered after a restart and answered again
             log.error("answering %s failed: %s", result.outcome.value, exc,
                       extra=request_fields(result.request_id, traceparent or answer.request.traceparent))
+            if isinstance(exc, _FATAL_PRODUCER):
+                await self._renew_producer(producer)
             return
         if self.metrics is not None:
             self.metrics.answered_request(answer.request, outcome)

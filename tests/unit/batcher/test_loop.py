@@ -13,6 +13,7 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
     ProducerClosed,
+    ProducerFenced,
     RecordTooLargeError,
     TopicAuthorizationFailedError,
 )
@@ -272,6 +273,7 @@ async def test_deferred_partitions_resume_once_capacity_frees(batcher):
         (KafkaConnectionError(), False),
         (ProducerClosed(), False),
         (OutOfOrderSequenceNumber(), False),  # follows a refused record: retried on a fresh producer
+        (ProducerFenced(), False),
         (RuntimeError("anything else"), False),
     ],
 )
@@ -357,7 +359,7 @@ async def test_batch_refused_for_good_for_another_reason_is_answered_errored(bat
 
 
 @pytest.mark.parametrize("error, replaced", [(InvalidTopicError(), True), (OutOfOrderSequenceNumber(), True),
-                                             (KafkaTimeoutError(), False)])
+                                             (ProducerFenced(), True), (KafkaTimeoutError(), False)])
 async def test_a_refused_record_replaces_the_producer_once(error, replaced):
     """An idempotent producer never takes back the sequence numbers of a refused record: without a new one, every
     later record of that partition would be refused as out of order."""
@@ -373,3 +375,13 @@ async def test_a_refused_record_replaces_the_producer_once(error, replaced):
     assert len((await loop.step()).batches) == 2
     assert len(fresh) == int(replaced) and producer.running is not replaced
     assert loop.producer is (fresh[0] if replaced else producer) and loop.producer.running
+
+
+async def test_an_answer_that_finds_the_producer_broken_replaces_it(batcher):
+    loop, _, producer, _ = batcher
+    fresh = FakeProducer()
+    loop.producer_factory = lambda: fresh
+    loop.policy.add(req("r1", deadline_in_ms=0))  # answered expired, on the results topic
+    producer.failing = OutOfOrderSequenceNumber()
+    await loop.step()
+    assert loop.producer is fresh and fresh.running
