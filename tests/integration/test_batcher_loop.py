@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from aiokafka import TopicPartition
@@ -31,35 +32,46 @@ def _names(tag: str) -> Names:
                  stats_key=f"test:{tag}:stats")
 
 
-async def _create_topics(settings: Settings, names: Names) -> None:
+async def _create_topics(settings: Settings, names: Names, max_message_bytes: dict[str, int] | None = None) -> None:
+    """The private topics; ``max_message_bytes`` sets max.message.bytes of some of them (else the broker's default)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
         layout = {t: 2 for t in names.request_topics}
         layout.update({names.batches_topic: 4, names.results_topic: 1, names.dead_letters_topic: 1})
-        await admin.create_topics([NewTopic(t, n, 1) for t, n in layout.items()])
+        limits = max_message_bytes or {}
+        await admin.create_topics([NewTopic(t, n, 1, topic_configs={"max.message.bytes": str(limits[t])} if t in limits
+                                            else None) for t, n in layout.items()])
     finally:
         await admin.close()
 
 
 @contextlib.asynccontextmanager
-async def _running_batcher(config: PolicyConfig | None = None):
-    """A BatcherLoop on fresh private topics, with one worker heartbeating; yields (names, producer, redis, consumer,
-    loop). Leaving stops the loop the way SIGTERM does."""
+async def _running_batcher(config: PolicyConfig | None = None, *, slots: int = 8,
+                           max_message_bytes: Callable[[Names], dict[str, int]] | None = None):
+    """A BatcherLoop on fresh private topics, with one worker of ``slots`` slots heartbeating; yields (names, producer,
+    redis, consumer, loop). ``max_message_bytes``: max.message.bytes of some topics, by name. Producers take records up
+    to KAFKA_MAX_MESSAGE_BYTES. Leaving stops the loop the way SIGTERM does."""
     settings = Settings()
     tag = uuid.uuid4().hex[:8]
     names = _names(tag)
-    await _create_topics(settings, names)
+    await _create_topics(settings, names, max_message_bytes(names) if max_message_bytes else None)
     redis = Redis.from_url(settings.redis_url)
-    producer = kafka.make_producer(settings)
+
+    def make_producer():
+        return kafka.make_producer(settings, max_request_size=constants.KAFKA_MAX_MESSAGE_BYTES)
+
+    producer = make_producer()  # the test's own: the loop may replace its producer
     consumer = kafka.make_consumer(settings, group_id=f"test-batcher-{tag}")
     policy = BatchPolicy(config or PolicyConfig(batch_id_prefix=tag), SYSTEM_CLOCK)
-    loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=1000, names=names)
+    loop = BatcherLoop(policy, consumer, make_producer(), redis, SYSTEM_CLOCK, max_queued=1000, names=names,
+                       producer_factory=make_producer)
     await producer.start()
+    await loop.producer.start()
     loop.subscribe()
     await consumer.start()
     task = asyncio.create_task(loop.run())
-    heartbeat = asyncio.create_task(_heartbeats(redis, names))
+    heartbeat = asyncio.create_task(_heartbeats(redis, names, slots))
     try:
         yield names, producer, redis, consumer, loop
     finally:
@@ -68,6 +80,7 @@ async def _running_batcher(config: PolicyConfig | None = None):
         await asyncio.wait_for(task, 15)
         await consumer.stop()
         await producer.stop()
+        await loop.producer.stop()
         await redis.aclose()
 
 
@@ -77,17 +90,18 @@ async def batcher():
         yield names, producer, redis, consumer
 
 
-async def _heartbeats(redis: Redis, names: Names) -> None:
+async def _heartbeats(redis: Redis, names: Names, slots: int = 8) -> None:
     while True:
-        hb = wire.WorkerHeartbeat(worker_id="w-test", partition=WORKER_PARTITION, model=MODEL, max_slots=8, running=0,
-                                  queued=0, free_slots=8, est_drain_ms=0, sent_ms=SYSTEM_CLOCK.now_ms())
+        hb = wire.WorkerHeartbeat(worker_id="w-test", partition=WORKER_PARTITION, model=MODEL, max_slots=slots,
+                                  running=0, queued=0, free_slots=slots, est_drain_ms=0, sent_ms=SYSTEM_CLOCK.now_ms())
         await redis.publish(names.heartbeats_channel, wire.encode(hb))
         await asyncio.sleep(0.2)
 
 
-def _request(request_id: str, pod: str, deadline_in_ms: int = 30_000) -> wire.GenerationRequest:
+def _request(request_id: str, pod: str, deadline_in_ms: int = 30_000, *, prompt: str = "abc",
+             tenant: str = "default") -> wire.GenerationRequest:
     now = SYSTEM_CLOCK.now_ms()
-    return wire.GenerationRequest(request_id=request_id, model=MODEL, prompt="abc", created_ms=now,
+    return wire.GenerationRequest(request_id=request_id, tenant_id=tenant, model=MODEL, prompt=prompt, created_ms=now,
                                   deadline_ms=now + deadline_in_ms, reply_to=wire.HttpReply(instance_id=pod))
 
 
@@ -190,3 +204,80 @@ async def test_stop_drains_a_request_held_for_its_window_and_commits_it():
     record = await _read_one(Settings(), names.batches_topic, lambda r: True)
     batch = wire.decode(record.value)
     assert batch.flush_reason == "drain" and [r.request_id for r in batch.requests] == [request.request_id]
+
+
+# --- records the broker would refuse (issue 12 item 2) --------------------------------------------------------------
+
+
+async def _read_until(topic: str, decode, wanted: set[str], timeout_s: float = 30) -> dict[str, list]:
+    """Read ``topic`` from its start until the ids ``decode(value)`` yields cover ``wanted``: id -> decoded values."""
+    reader = kafka.make_consumer(Settings(), topic, group_id=None,
+                                 max_partition_fetch_bytes=constants.KAFKA_MAX_MESSAGE_BYTES)
+    await reader.start()
+    seen: dict[str, list] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not wanted <= seen.keys() and time.monotonic() < deadline:
+            for records in (await reader.getmany(timeout_ms=500)).values():
+                for record in records:
+                    message = wire.decode(record.value)
+                    for request_id in decode(message):
+                        seen.setdefault(request_id, []).append((message, len(record.value)))
+        return seen
+    finally:
+        await reader.stop()
+
+
+async def _send_all(producer, topic: str, requests: list[wire.GenerationRequest]) -> None:
+    await asyncio.gather(*(kafka.send_message(producer, topic, r, key=r.request_id) for r in requests))
+
+
+def _large_records(names: Names) -> dict[str, int]:
+    return {t: constants.KAFKA_MAX_MESSAGE_BYTES for t in (*names.request_topics, names.batches_topic)}
+
+
+async def test_requests_too_large_together_go_out_in_separate_records_and_others_flow_behind():
+    pod = f"pod-{uuid.uuid4().hex[:8]}"
+    big = [_request(f"big-{i}-{uuid.uuid4().hex}", pod, prompt="x" * (3 << 20), tenant="hostile") for i in range(3)]
+    small = [_request(f"small-{i}-{uuid.uuid4().hex}", pod, tenant="other") for i in range(40)]
+    async with _running_batcher(slots=64, max_message_bytes=_large_records) as (names, producer, _, _, loop):
+        await _send_all(producer, names.request_topics[0], big)  # 9 MiB together: more than one record holds
+        await _send_all(producer, names.request_topics[0], small)
+        wanted = {r.request_id for r in big + small}
+        seen = await _read_until(names.batches_topic, lambda b: [r.request_id for r in b.requests], wanted)
+    assert wanted <= seen.keys(), f"{len(wanted - seen.keys())} requests never dispatched"
+    assert all(len(seen[rid]) == 1 for rid in wanted), "a request was dispatched twice"
+    batches = {batch.batch_id: size for values in seen.values() for batch, size in values}
+    assert max(batches.values()) <= constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES
+    assert len({seen[r.request_id][0][0].batch_id for r in big}) >= 2, "three 3 MiB requests in one record"
+
+
+async def test_a_record_the_batches_topic_refuses_is_answered_errored_and_others_keep_flowing():
+    pod = f"pod-{uuid.uuid4().hex[:8]}"
+    refused = _request(f"refused-{uuid.uuid4().hex}", pod, prompt="x" * 300_000, tenant="hostile")
+    before = [_request(f"before-{i}-{uuid.uuid4().hex}", pod, tenant="other") for i in range(5)]
+    after = [_request(f"after-{i}-{uuid.uuid4().hex}", pod, tenant="other") for i in range(20)]
+
+    def small_batches(names: Names) -> dict[str, int]:
+        return {**_large_records(names), names.batches_topic: 100_000}
+
+    async with _running_batcher(slots=64, max_message_bytes=small_batches) as (names, producer, redis, _, loop):
+        pubsub = redis.pubsub()
+        await pubsub.subscribe(constants.replies_channel(pod))
+        await _send_all(producer, names.request_topics[0], [refused, *before])  # one batch, bisected
+        await _send_all(producer, names.request_topics[0], after)
+        wanted = {r.request_id for r in before + after}
+        seen = await _read_until(names.batches_topic, lambda b: [r.request_id for r in b.requests], wanted)
+        answers = await _read_until(names.results_topic, lambda r: [r.request_id], {refused.request_id})
+        reply = None
+        for _ in range(50):
+            reply = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+            if reply:
+                break
+        await pubsub.aclose()
+    assert wanted <= seen.keys() and refused.request_id not in seen
+    ((result, _),) = answers[refused.request_id]
+    assert result.outcome is wire.Outcome.ERRORED and not result.error.retryable
+    assert (result.error.type, result.error.code) == ("invalid_request_error", "request_too_large")
+    assert reply is not None and wire.decode(reply["data"]).request_id == refused.request_id
+    assert loop.policy.queued_total == 0

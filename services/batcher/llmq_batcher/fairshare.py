@@ -22,16 +22,20 @@ DONE = 2
 
 
 class Entry:
-    """One request as the policy holds it. ``cost`` is estimated tokens; ``cls`` indexes CLASS_KEYS."""
+    """One request as the policy holds it. ``cost`` is estimated tokens; ``cls`` indexes CLASS_KEYS; ``size_bytes`` is
+    what the request adds to a Batch record (measured once, on arrival)."""
 
-    __slots__ = ("request", "seq", "cls", "tenant", "cost", "tag", "enqueued_ms", "state", "worker_id", "flight")
+    __slots__ = ("request", "seq", "cls", "tenant", "cost", "size_bytes", "tag", "enqueued_ms", "state", "worker_id",
+                 "flight")
 
-    def __init__(self, request: wire.GenerationRequest, seq: int, cls: int, cost: int, enqueued_ms: int) -> None:
+    def __init__(self, request: wire.GenerationRequest, seq: int, cls: int, cost: int, size_bytes: int,
+                 enqueued_ms: int) -> None:
         self.request = request
         self.seq = seq
         self.cls = cls
         self.tenant = request.tenant_id
         self.cost = cost
+        self.size_bytes = size_bytes
         self.tag = 0.0
         self.enqueued_ms = enqueued_ms
         self.state = QUEUED
@@ -65,10 +69,10 @@ class _Lane:
 
 
 class FairQueue:
-    """Queued requests of one model and class. ``depth`` counts live (QUEUED) entries; callers keep it in step via
-    :meth:`discard` when they cancel or expire an entry."""
+    """Queued requests of one model and class. ``depth`` and ``size_bytes`` count live (QUEUED) entries; callers keep
+    them in step via :meth:`discard` when they cancel or expire an entry."""
 
-    __slots__ = ("lanes", "heap", "vtime", "arrivals", "depth")
+    __slots__ = ("lanes", "heap", "vtime", "arrivals", "depth", "size_bytes")
 
     def __init__(self) -> None:
         self.lanes: dict[str, _Lane] = {}
@@ -76,6 +80,7 @@ class FairQueue:
         self.vtime = 0.0
         self.arrivals: deque[Entry] = deque()  # arrival order, for the oldest queued age
         self.depth = 0
+        self.size_bytes = 0
 
     def push(self, entry: Entry, weight: float) -> None:
         """Append ``entry`` to its tenant's lane with a fresh SFQ tag (``weight`` > 0)."""
@@ -86,6 +91,7 @@ class FairQueue:
         lane.entries.append(entry)
         self.arrivals.append(entry)
         self.depth += 1
+        self.size_bytes += entry.size_bytes
         if lane.heap_seq is None:
             self._activate(entry.tenant, lane)
 
@@ -97,16 +103,19 @@ class FairQueue:
         lane.entries.appendleft(entry)
         self.arrivals.appendleft(entry)
         self.depth += 1
+        self.size_bytes += entry.size_bytes
         lane.heap_seq = entry.seq
         heapq.heappush(self.heap, (entry.tag, entry.seq, entry.tenant))
 
-    def discard(self) -> None:
-        """Account for one entry of this queue leaving the QUEUED state outside :meth:`pop` (cancel, expiry)."""
+    def discard(self, entry: Entry) -> None:
+        """Account for ``entry`` leaving the QUEUED state outside :meth:`take` (cancel, expiry)."""
         self.depth -= 1
+        self.size_bytes -= entry.size_bytes
 
-    def pop(self, is_capped: Callable[[str], bool], park: Callable[[str, FairQueue], None]) -> Entry | None:
-        """The live entry with the lowest start tag among tenants not capped, or None. A capped tenant's lane leaves
-        the heap and ``park(tenant, self)`` is called; :meth:`activate` brings it back."""
+    def peek(self, is_capped: Callable[[str], bool], park: Callable[[str, FairQueue], None]) -> Entry | None:
+        """The live entry with the lowest start tag among tenants not capped, or None; it stays queued until
+        :meth:`take`. A capped tenant's lane leaves the heap and ``park(tenant, self)`` is called; :meth:`activate`
+        brings it back."""
         heap = self.heap
         while heap:
             _, seq, tenant = heap[0]
@@ -128,8 +137,25 @@ class FairQueue:
                 lane.heap_seq = None
                 park(tenant, self)
                 continue
-            return self._take(lane, head, tenant)
+            return head
         return None
+
+    def take(self, head: Entry) -> None:
+        """Dequeue ``head``, the entry :meth:`peek` just returned (no other call in between)."""
+        lane = self.lanes[head.tenant]
+        lane.entries.popleft()
+        if head.tag > self.vtime:
+            self.vtime = head.tag
+        nxt = lane.live_head()
+        if nxt is None:
+            heapq.heappop(self.heap)
+            lane.heap_seq = None
+            self._retire(head.tenant, lane)
+        else:
+            lane.heap_seq = nxt.seq
+            heapq.heapreplace(self.heap, (nxt.tag, nxt.seq, head.tenant))
+        self.depth -= 1
+        self.size_bytes -= head.size_bytes
 
     def activate(self, tenant: str) -> None:
         """Put a parked tenant's lane back in the heap (its in-flight count dropped below the cap)."""
@@ -143,21 +169,6 @@ class FairQueue:
         while arrivals and arrivals[0].state != QUEUED:
             arrivals.popleft()
         return arrivals[0].enqueued_ms if arrivals else None
-
-    def _take(self, lane: _Lane, head: Entry, tenant: str) -> Entry:
-        lane.entries.popleft()
-        if head.tag > self.vtime:
-            self.vtime = head.tag
-        nxt = lane.live_head()
-        if nxt is None:
-            heapq.heappop(self.heap)
-            lane.heap_seq = None
-            self._retire(tenant, lane)
-        else:
-            lane.heap_seq = nxt.seq
-            heapq.heapreplace(self.heap, (nxt.tag, nxt.seq, tenant))
-        self.depth -= 1
-        return head
 
     def _activate(self, tenant: str, lane: _Lane) -> None:
         head = lane.live_head()

@@ -11,10 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+    ProducerClosed,
+    ProducerFenced,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, tracing, wire
@@ -25,7 +36,7 @@ from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import final_result, refused_reply_topic
 from llmq_batcher.pods import PodWatch
-from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
+from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.saturation import DrainMeter, saturation_report
 from llmq_batcher.spans import RequestSpans
 
@@ -36,6 +47,24 @@ LOAD_STATS_INTERVAL_MS = 1000
 IDLE_WAKE_S = 1.0
 RESTART_DELAY_S = 1.0
 POD_GONE_REASON = "pod_gone"
+PRODUCE_RETRY_BASE_MS = 100  # first hold of a model after a transient produce failure; doubles per failure in a row
+PRODUCE_RETRY_MAX_MS = 5000
+_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+# aiokafka's sender task dies on these and every later send fails the same way: only a new producer recovers. The first
+# follows any refused record: an idempotent producer never takes back the sequence numbers of a refused batch.
+_FATAL_PRODUCER = (OutOfOrderSequenceNumber, ProducerFenced)
+# Not marked retriable by aiokafka, yet none of them is the record's fault (a broker outage raises the first two).
+_TRANSIENT = (KafkaTimeoutError, ProducerClosed, *_FATAL_PRODUCER)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether producing the same record again cannot succeed (aiokafka marks it non-retriable)."""
+    return isinstance(exc, KafkaError) and not exc.retriable and not isinstance(exc, _TRANSIENT)
+
+
+def retry_delay_ms(failures: int) -> int:
+    """Hold after ``failures`` transient produce failures in a row (>= 1): exponential, capped."""
+    return min(PRODUCE_RETRY_BASE_MS << min(failures - 1, 16), PRODUCE_RETRY_MAX_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +89,17 @@ class BatcherLoop:
     def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
                  clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
                  names: Names = Names(), metrics: BatcherMetrics | None = None, pod_check_ms: int = 1000,
-                 pod_grace_ms: int = 2000, catalogue: frozenset[str] = frozenset(BUILTIN_MODELS)) -> None:
+                 pod_grace_ms: int = 2000, catalogue: frozenset[str] = frozenset(BUILTIN_MODELS),
+                 producer_factory: Callable[[], AIOKafkaProducer] | None = None) -> None:
         """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone.
-        ``catalogue``: the models the saturation report always carries (others only while they have workers)."""
+        ``catalogue``: the models the saturation report always carries (others only while they have workers).
+        ``producer_factory`` makes a fresh (unstarted) producer to replace one the broker refused a record of (None:
+        never replaced)."""
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
+        self.producer_factory = producer_factory
+        self._renewing = asyncio.Lock()
         self.redis = redis
         self.results = results
         self.clock = clock
@@ -84,6 +118,7 @@ class BatcherLoop:
         self.catalogue = catalogue
         self.started_ms = clock.now_ms()
         self.drain = DrainMeter(self.started_ms)
+        self._produce_failures: Counter[str] = Counter()  # model -> transient batch produce failures in a row
 
     def subscribe(self) -> None:
         """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
@@ -247,7 +282,7 @@ class BatcherLoop:
         self._wake.clear()
 
     async def _act(self, decision: Decision) -> None:
-        sent = await asyncio.gather(*(self._send_batch(b) for b in decision.batches))
+        sent = [b for out in await asyncio.gather(*(self._send_batch(b) for b in decision.batches)) for b in out]
         results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
         await self._publish_replies(results)
         await asyncio.gather(*(self._send_answer(a, r) for a, r in zip(decision.answers, results)))
@@ -255,28 +290,75 @@ class BatcherLoop:
             self._settle(request_id)
             if tracing.enabled():
                 self.spans.dropped(request_id)
-        await self._record_stats([b for b, ok in zip(decision.batches, sent) if ok], decision)
+        await self._record_stats(sent, decision)
 
-    async def _send_batch(self, batch: BatchDispatch) -> bool:
+    async def _send_batch(self, batch: BatchDispatch) -> list[BatchDispatch]:
+        """Produce ``batch``; returns the batches that went out (its parts, when the broker refused it as too large)."""
         message, flushes = batch.to_wire(), []
         if tracing.enabled():
             message, flushes = self.spans.flush(message, batch.partition)
+        producer = self.producer
         try:
-            await kafka.send_message(self.producer, self.names.batches_topic, message, key=batch.batch_id,
+            await kafka.send_message(producer, self.names.batches_topic, message, key=batch.batch_id,
                                      partition=batch.partition)
-        except Exception as exc:  # broker trouble: hand the requests back to the policy, they go out again later
-            log.error("producing batch failed, re-queueing: %s", exc, extra={"batch_id": batch.batch_id})
-            self.policy.undispatch(batch)
-            return False
+        except Exception as exc:
+            return await self._produce_failed(batch, exc, producer)
         finally:
             for span in flushes:
                 span.end()
+        self._produce_failures.pop(batch.model, None)
         if self.metrics is not None:
             self.metrics.dispatched(batch.model, batch.flush_reason, batch.requests, self.clock.now_ms(),
                                     self.policy.config.model_max_batch.get(batch.model))
         for request in batch.requests:
             self._settle(request.request_id)
-        return True
+        return [batch]
+
+    async def _produce_failed(self, batch: BatchDispatch, exc: Exception,
+                              producer: AIOKafkaProducer) -> list[BatchDispatch]:
+        """Never put a refused record back in front: bisect one too large (its parts go out one after the other, a lone
+        request that cannot is answered), answer the requests of one refused for good; a transient failure holds the
+        model, then retries."""
+        extra = {"batch_id": batch.batch_id}
+        self._wake.set()  # answers and re-queued requests are for the next round
+        if is_permanent(exc) or isinstance(exc, _FATAL_PRODUCER):
+            await self._renew_producer(producer)
+        if not is_permanent(exc):
+            self._produce_failures[batch.model] += 1
+            delay_ms = retry_delay_ms(self._produce_failures[batch.model])
+            log.error("producing batch failed, re-queueing in %d ms: %r", delay_ms, exc, extra=extra)
+            self.policy.undispatch(batch, retry_in_ms=delay_ms)
+            return []
+        if isinstance(exc, _TOO_LARGE) and len(batch.requests) > 1:
+            log.warning("batch of %d refused as too large, splitting: %r", len(batch.requests), exc, extra=extra)
+            sent = []
+            for part in self.policy.split(batch):
+                sent += await self._send_batch(part)
+            return sent
+        log.error("batch refused for good, answering its %d requests: %r", len(batch.requests), exc, extra=extra)
+        if isinstance(exc, _TOO_LARGE):
+            self.policy.fail(batch, "invalid_request_error",
+                             f"The request does not fit in one record of the batch topic: {exc}", REQUEST_TOO_LARGE)
+        else:
+            self.policy.fail(batch, "server_error", f"The batch topic refused the request: {exc}", "dispatch_failed")
+        return []
+
+    async def _renew_producer(self, failed: AIOKafkaProducer) -> None:
+        """Replace ``failed`` (once, however many sends saw it fail) with a fresh producer: a new producer id starts
+        its sequence numbers over. Sends still pending on the old one fail and are handed back."""
+        async with self._renewing:
+            if self.producer_factory is None or self.producer is not failed:
+                return
+            fresh = self.producer_factory()
+            try:
+                await fresh.start()
+            except Exception as exc:  # the broker is away: keep the old one, the next refusal tries again
+                log.warning("starting a fresh producer failed: %r", exc)
+                await fresh.stop()
+                return
+            self.producer = fresh
+            log.warning("replaced the producer after a refused record")
+        await failed.stop()
 
     async def _publish_replies(self, results: list[wire.FinalResult]) -> None:
         """Answers of HTTP requests to their pods' channels, in one pipeline (many at once must not each take a pooled
@@ -296,12 +378,15 @@ class BatcherLoop:
     async def _send_answer(self, answer: Answer, result: wire.FinalResult) -> None:
         outcome = answer.outcome.value if answer.error_type != "overloaded" else "rejected"
         traceparent = self.spans.answered(result.request_id, outcome) if tracing.enabled() else None
+        producer = self.producer
         try:
-            await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id,
+            await kafka.send_message(producer, self.names.results_topic, result, key=result.request_id,
                                      traceparent=traceparent)
         except Exception as exc:  # left unsettled: the request is redelivered after a restart and answered again
             log.error("answering %s failed: %s", result.outcome.value, exc,
                       extra=request_fields(result.request_id, traceparent or answer.request.traceparent))
+            if isinstance(exc, _FATAL_PRODUCER):
+                await self._renew_producer(producer)
             return
         if self.metrics is not None:
             self.metrics.answered_request(answer.request, outcome)

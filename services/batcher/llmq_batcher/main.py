@@ -41,7 +41,8 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=settings.batcher_max_queued,
                        results=results, metrics=observed, pod_check_ms=settings.pod_heartbeat_interval_ms,
                        pod_grace_ms=2 * settings.pod_heartbeat_interval_ms, catalogue=labels.models,
-                       names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)))
+                       names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)),
+                       producer_factory=lambda: kafka.make_producer(settings))
     await producer.start()
     loop.subscribe()
     await consumer.start()
@@ -58,7 +59,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     finally:
         alive.cancel()
         lag.cancel()
-        for client in (consumer, results, producer):
+        for client in (consumer, results, loop.producer):  # the loop may have replaced its producer
             await client.stop()
         await redis.aclose()
         tracing.shutdown()

@@ -1,4 +1,4 @@
-"""The FinalResult the batcher sends for a request it answers itself (expired, canceled, overloaded)."""
+"""The FinalResult the batcher sends for a request it answers itself (expired, canceled, overloaded, too large)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
         endpoint=request.endpoint,
         reply_to=request.reply_to,
         timings=wire.Timings(queued_ms=waited_ms, total_ms=waited_ms),
-        error=wire.ErrorInfo(type=answer.error_type, message=answer.message, retryable=answer.retryable),
+        error=wire.ErrorInfo(type=answer.error_type, message=answer.message, code=answer.code,
+                             retryable=answer.retryable),
         created_ms=request.created_ms,
         finished_ms=now_ms,
         traffic_class=request.traffic_class,

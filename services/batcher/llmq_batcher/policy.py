@@ -8,8 +8,11 @@ Rules (DESIGN.md, traffic classes): classes ``interactive:paid`` > ``interactive
 ``deferred`` in strict precedence; deferred only fills capacity above a reserved share of a worker's slots and only while
 no other class waits; within a class tenants share by weighted fair queueing on estimated tokens (see fairshare.py) with
 a per-tenant in-flight cap; one model per batch; each batch goes to the live worker of its model with the least
-outstanding work; a batch flushes on size (the worker's free slots, capped by the model's max batch) or when its oldest
-request has waited the class's window (adaptive: ``bound * room / (room + pending)``, so it shrinks as work piles up).
+outstanding work; a batch flushes on size (the worker's free slots, capped by the model's max batch, or its byte budget:
+one Batch is one Kafka record) or when its oldest request has waited the class's window (adaptive:
+``bound * room / (room + pending)``, so it shrinks as work piles up). A batch takes requests in fair order and closes at
+the first one that would overflow its bytes, which then heads the next batch; a request too large for any batch is
+answered ``request_too_large`` on arrival.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from llmq_batcher.workers import WorkerPool, WorkerView
 
 CLASS_KEYS = constants.PRIORITY_CLASSES  # queue index = position here: interactive:paid first, deferred last
 DEFERRED = CLASS_KEYS.index(constants.DEFERRED)
+# What a request's encoding may grow by after it is measured: a traceparent written at flush (57 bytes), a larger attempt.
+ENTRY_SLACK_BYTES = 64
+REQUEST_TOO_LARGE = "request_too_large"
 _CLASS_INDEX = {
     (constants.INTERACTIVE, constants.TIER_PAID): 0,
     (constants.INTERACTIVE, constants.TIER_FREE): 1,
@@ -71,6 +77,7 @@ class PolicyConfig:
                                                                         for m in BUILTIN_MODELS.values()})
     batch_id_prefix: str = "b"
     recent_cancels_max: int = 100_000
+    max_batch_bytes: int = constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES  # encoded requests
 
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
@@ -116,13 +123,15 @@ class BatchDispatch:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """A request the batcher itself answers: ``outcome`` is expired, canceled or errored (``error_type`` overloaded)."""
+    """A request the batcher itself answers: ``outcome`` is expired, canceled or errored (``error_type`` overloaded,
+    invalid_request_error with ``code`` request_too_large, server_error)."""
 
     request: wire.GenerationRequest
     outcome: wire.Outcome
     error_type: str
     message: str
     retryable: bool = False
+    code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +164,14 @@ class Decision:
 
 
 class _Model:
-    __slots__ = ("name", "queues", "pool", "worker_seen_ms")
+    __slots__ = ("name", "queues", "pool", "worker_seen_ms", "hold_until_ms")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.queues = [FairQueue() for _ in CLASS_KEYS]
         self.pool = WorkerPool()
         self.worker_seen_ms = 0
+        self.hold_until_ms = 0  # no batches before then: producing them failed for a transient reason
 
     def depth(self) -> int:
         return sum(q.depth for q in self.queues)
@@ -204,10 +214,16 @@ class BatchPolicy:
             return self._answer(request, wire.Outcome.CANCELED, "canceled", reason)
         if request.deadline_ms <= now_ms:
             return self._answer(request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
+        size_bytes = len(wire.encode(request)) + ENTRY_SLACK_BYTES
+        if size_bytes > self.config.max_batch_bytes:
+            return self._answer(request, wire.Outcome.ERRORED, "invalid_request_error",
+                                f"The request is {size_bytes} bytes encoded; a batch record holds at most "
+                                f"{self.config.max_batch_bytes}. Shorten the prompt or stop sequences.",
+                                code=REQUEST_TOO_LARGE)
         if self.queued_total >= self.config.max_queued:
             return self._answer(request, wire.Outcome.ERRORED, "overloaded", "batcher queue is full", retryable=True)
         self._seq += 1
-        self._enqueue(Entry(request, self._seq, class_index(request), estimated_tokens(request), now_ms))
+        self._enqueue(Entry(request, self._seq, class_index(request), estimated_tokens(request), size_bytes, now_ms))
         return _QUEUED_STATUS
 
     def cancel(self, request_id: str, reason: str = "canceled") -> bool:
@@ -253,14 +269,30 @@ class BatchPolicy:
             self._settle_queued(entry)
             self._dropped.append(request_id)
 
-    def undispatch(self, batch: BatchDispatch) -> None:
-        """Producing ``batch`` failed: take it back from its worker's count and re-queue its requests in front."""
+    def undispatch(self, batch: BatchDispatch, retry_in_ms: int = 0) -> None:
+        """Producing ``batch`` failed for a transient reason: take it back from its worker's count, re-queue its requests
+        in front and form no batch of its model for ``retry_in_ms``."""
+        self._requeue(self._take_back(batch))
+        model = self._model(batch.model)
+        model.hold_until_ms = max(model.hold_until_ms, self._clock.now_ms() + retry_in_ms)
+
+    def split(self, batch: BatchDispatch) -> list[BatchDispatch]:
+        """The record of ``batch`` was refused as too large: the same worker gets its requests as two batches (new ids,
+        in order). Requests no longer in flight there are left out; fewer than two come back as one batch."""
         worker = self._workers.get(batch.worker_id)
-        if worker is not None:
-            worker.forget_batch(batch.batch_id)
-            self._model(worker.model).pool.touch(worker)
-        entries = [self._index.get(r.request_id) for r in batch.requests]
-        self._requeue([e for e in entries if e is not None and e.state == DISPATCHED])
+        entries = self._take_back(batch)
+        if worker is None or not entries:
+            return []
+        half = (len(entries) + 1) // 2
+        parts = [entries[:half], entries[half:]] if len(entries) > 1 else [entries]
+        return [self._redispatch(worker, batch, part) for part in parts]
+
+    def fail(self, batch: BatchDispatch, error_type: str, message: str, code: str) -> None:
+        """The record of ``batch`` can never be produced: answer its requests errored (not retryable) in the next
+        decision."""
+        for entry in self._take_back(batch):
+            self._release(entry)
+            self._answer(entry.request, wire.Outcome.ERRORED, error_type, message, code=code)
 
     # --- decisions ----------------------------------------------------------------------------------------------------
 
@@ -273,7 +305,9 @@ class BatchPolicy:
         batches: list[BatchDispatch] = []
         wakes = [self._next_housekeeping_ms()]
         for model in self._models.values():
-            if model.depth():
+            if model.hold_until_ms > now_ms and not drain:
+                wakes.append(model.hold_until_ms)
+            elif model.depth():
                 wakes.append(self._schedule_model(model, now_ms, drain, batches))
         answers, self._answers = self._answers, []
         dropped, self._dropped = self._dropped, []
@@ -331,10 +365,10 @@ class BatchPolicy:
             reason, due_ms = self._due(model, room, deferred_room, now_ms, worker.fixed, drain)
             if reason is None:
                 return due_ms
-            entries = self._take(model, room, deferred_room)
+            entries, full = self._take(model, room, deferred_room)
             if not entries:
                 return None  # every queued tenant is at its in-flight cap: results will wake us
-            if reason != "drain" and len(entries) >= room:
+            if reason != "drain" and full:
                 reason = "size"
             out.append(self._dispatch(model, worker, entries, reason, now_ms))
         return None
@@ -358,7 +392,7 @@ class BatchPolicy:
             return None, None
         if drain:
             return "drain", None
-        if pending >= room:
+        if pending >= room or sum(queues[i].size_bytes for i in classes) > self.config.max_batch_bytes:
             return "size", None
         due_ms = min(queues[i].oldest_enqueued_ms() + self._wait_ms(i, fixed, room, pending) for i in classes)
         return ("wait", None) if due_ms <= now_ms else (None, due_ms)
@@ -369,25 +403,31 @@ class BatchPolicy:
             bound = max(bound, self.config.fixed_engine_max_wait_ms)
         return bound * room // (room + pending)
 
-    def _take(self, model: _Model, room: int, deferred_room: int) -> list[Entry]:
-        """Pop up to ``room`` entries in class precedence, fair across tenants; deferred only after all others."""
+    def _take(self, model: _Model, room: int, deferred_room: int) -> tuple[list[Entry], bool]:
+        """Dequeue up to ``room`` entries in class precedence, fair across tenants, deferred only after all others,
+        until the next one would overflow the byte budget. Returns them and whether the batch is full (count or bytes).
+        """
         taken: list[Entry] = []
+        budget_bytes = self.config.max_batch_bytes
         for cls, queue in enumerate(model.queues):
             limit = room if cls != DEFERRED else min(room, deferred_room)
             if cls == DEFERRED and any(q.depth for q in model.queues[:DEFERRED]):
                 break
             while len(taken) < limit and queue.depth:
-                entry = queue.pop(self._is_capped, self._park)
+                entry = queue.peek(self._is_capped, self._park)
                 if entry is None:
                     break
+                if entry.size_bytes > budget_bytes:
+                    return taken, True  # it heads the next batch: nothing behind it may pass it
+                queue.take(entry)
+                budget_bytes -= entry.size_bytes
                 self._tenant_inflight[entry.tenant] = self._tenant_inflight.get(entry.tenant, 0) + 1
                 taken.append(entry)
-        return taken
+        return taken, len(taken) >= room
 
     def _dispatch(self, model: _Model, worker: WorkerView, entries: list[Entry], reason: wire.FlushReason,
                   now_ms: int) -> BatchDispatch:
-        self._batches += 1
-        batch_id = f"{self.config.batch_id_prefix}-{self._batches}"
+        batch_id = self._next_batch_id()
         flight = Flight(entries)
         inflight = worker.inflight
         worker_id = worker.worker_id
@@ -410,6 +450,23 @@ class BatchPolicy:
         worker.record_dispatch(batch_id, len(entries), now_ms)
         model.pool.touch(worker)
         return BatchDispatch(batch_id, worker_id, worker.partition, model.name, requests, reason, now_ms)
+
+    def _redispatch(self, worker: WorkerView, batch: BatchDispatch, entries: list[Entry]) -> BatchDispatch:
+        """Part of a refused batch, to the same worker under a new id (its entries stay in flight there)."""
+        batch_id = self._next_batch_id()
+        worker.record_dispatch(batch_id, len(entries), self._clock.now_ms())
+        self._model(worker.model).pool.touch(worker)
+        return BatchDispatch(batch_id, worker.worker_id, worker.partition, batch.model, [e.request for e in entries],
+                             batch.flush_reason, batch.formed_ms)
+
+    def _take_back(self, batch: BatchDispatch) -> list[Entry]:
+        """Undo the worker's count of a batch that never reached Kafka; its entries still in flight there, in order."""
+        worker = self._workers.get(batch.worker_id)
+        if worker is not None:
+            worker.forget_batch(batch.batch_id)
+            self._model(worker.model).pool.touch(worker)
+        entries = [self._index.get(r.request_id) for r in batch.requests]
+        return [e for e in entries if e is not None and e.state == DISPATCHED and e.worker_id == batch.worker_id]
 
     # --- housekeeping -------------------------------------------------------------------------------------------------
 
@@ -456,7 +513,7 @@ class BatchPolicy:
         for old in sorted(entries, key=lambda e: e.seq, reverse=True):  # push_front: last first keeps their order
             self._release(old)
             request = msgspec.structs.replace(old.request, attempt=old.request.attempt + 1)
-            entry = Entry(request, self._next_seq(), old.cls, old.cost, old.enqueued_ms)
+            entry = Entry(request, self._next_seq(), old.cls, old.cost, old.size_bytes, old.enqueued_ms)
             self._index[request.request_id] = entry
             self._model(request.model).queues[entry.cls].push_front(entry)
             heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))
@@ -476,7 +533,7 @@ class BatchPolicy:
     def _settle_queued(self, entry: Entry) -> None:
         """A queued entry leaves without dispatch (cancel, expiry, result seen)."""
         entry.state = DONE
-        self._models[entry.request.model].queues[entry.cls].discard()
+        self._models[entry.request.model].queues[entry.cls].discard(entry)
         self._index.pop(entry.request.request_id, None)
         self.queued_total -= 1
 
@@ -513,8 +570,8 @@ class BatchPolicy:
         self._parked.setdefault(tenant, []).append(queue)
 
     def _answer(self, request: wire.GenerationRequest, outcome: wire.Outcome, error_type: str, message: str,
-                retryable: bool = False) -> AddStatus:
-        self._answers.append(Answer(request, outcome, error_type, message, retryable))
+                retryable: bool = False, code: str | None = None) -> AddStatus:
+        self._answers.append(Answer(request, outcome, error_type, message, retryable, code))
         return AddStatus.ANSWERED
 
     def _remember_cancel(self, request_id: str, reason: str) -> None:
@@ -531,3 +588,7 @@ class BatchPolicy:
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
+
+    def _next_batch_id(self) -> str:
+        self._batches += 1
+        return f"{self.config.batch_id_prefix}-{self._batches}"

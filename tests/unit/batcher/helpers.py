@@ -6,7 +6,7 @@ import dataclasses
 
 from llmq_core import wire
 from llmq_core.clock import FakeClock
-from llmq_batcher.policy import BatchPolicy, PolicyConfig
+from llmq_batcher.policy import ENTRY_SLACK_BYTES, BatchPolicy, PolicyConfig
 
 MODEL = "llmq-sim"
 T0 = 1_700_000_000_000
@@ -26,10 +26,11 @@ def make_policy(**config) -> tuple[BatchPolicy, FakeClock]:
 
 
 def req(request_id: str, cls: str = "paid", *, tenant: str = "acme", model: str = MODEL, now_ms: int = T0,
-        deadline_in_ms: int = 10_000, prompt_tokens: int = 10, max_tokens: int = 10) -> wire.GenerationRequest:
+        deadline_in_ms: int = 10_000, prompt_tokens: int = 10, max_tokens: int = 10,
+        prompt: str = "x") -> wire.GenerationRequest:
     traffic_class, tier = CLASSES[cls]
     return wire.GenerationRequest(
-        request_id=request_id, tenant_id=tenant, traffic_class=traffic_class, tier=tier, model=model, prompt="x",
+        request_id=request_id, tenant_id=tenant, traffic_class=traffic_class, tier=tier, model=model, prompt=prompt,
         sampling=wire.SamplingParams(max_tokens=max_tokens), created_ms=now_ms, deadline_ms=now_ms + deadline_in_ms,
         reply_to=wire.HttpReply(instance_id="pod-1"), prompt_tokens=prompt_tokens)
 
@@ -48,3 +49,8 @@ def hb(worker_id: str = "w1", *, free: int = 8, max_slots: int = 8, model: str =
 def dispatched_ids(decision) -> list[list[str]]:
     """Request ids of each batch of a decision."""
     return [[r.request_id for r in batch.requests] for batch in decision.batches]
+
+
+def entry_bytes(request: wire.GenerationRequest) -> int:
+    """What ``request`` counts against a batch's byte budget."""
+    return len(wire.encode(request)) + ENTRY_SLACK_BYTES

@@ -6,10 +6,21 @@ from dataclasses import dataclass
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import (
+    InvalidTopicError,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+    ProducerClosed,
+    ProducerFenced,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
 
 from llmq_core import constants, wire
-from llmq_batcher.loop import BatcherLoop, Names
+from llmq_batcher.loop import BatcherLoop, Names, is_permanent, retry_delay_ms
+from llmq_batcher.policy import REQUEST_TOO_LARGE
 
 from tests.unit.batcher.helpers import T0, hb, make_policy, req
 
@@ -51,13 +62,26 @@ class FakeConsumer:
 
 
 class FakeProducer:
+    """Records what is sent; ``failing`` raises that error (True: a timeout); values over ``max_value_bytes`` are
+    refused as the broker refuses a record over its topic's max.message.bytes."""
+
     def __init__(self) -> None:
         self.sent: list[dict] = []
-        self.failing = False
+        self.failing: bool | Exception = False
+        self.max_value_bytes: int | None = None
+        self.running = False
+
+    async def start(self):
+        self.running = True
+
+    async def stop(self):
+        self.running = False
 
     async def send_and_wait(self, topic, value, key=None, partition=None, headers=None):
         if self.failing:
-            raise KafkaTimeoutError()
+            raise KafkaTimeoutError() if self.failing is True else self.failing
+        if self.max_value_bytes is not None and len(value) > self.max_value_bytes:
+            raise MessageSizeTooLargeError()
         self.sent.append(dict(topic=topic, value=value, key=key, partition=partition, headers=headers))
 
     def on(self, topic: str) -> list[dict]:
@@ -101,12 +125,17 @@ class FakeRedis:
         return FakePipeline(self)
 
 
-@pytest.fixture
-def batcher():
-    policy, clock = make_policy()
+def _batcher(**config):
+    """A loop on fakes; ``config`` overrides PolicyConfig fields."""
+    policy, clock = make_policy(**config)
     consumer, producer, redis = FakeConsumer(), FakeProducer(), FakeRedis()
     loop = BatcherLoop(policy, consumer, producer, redis, clock, max_queued=100, names=NAMES)
     return loop, consumer, producer, redis
+
+
+@pytest.fixture
+def batcher():
+    return _batcher()
 
 
 def _json(request: wire.GenerationRequest, header: bool) -> Record:
@@ -230,3 +259,131 @@ async def test_deferred_partitions_resume_once_capacity_frees(batcher):
     loop.policy.on_heartbeat(hb("w1", free=8, now_ms=T0))
     await loop.step()
     assert DEFERRED not in consumer.paused_tps
+
+
+# --- produce failures: never re-queued at the head for good, never a busy loop --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc, permanent",
+    [
+        (MessageSizeTooLargeError(), True),  # the broker's or the producer's record limit
+        (RecordTooLargeError(), True),
+        (InvalidTopicError(), True),
+        (TopicAuthorizationFailedError(), True),
+        (KafkaTimeoutError(), False),  # broker down: metadata or the send timed out
+        (KafkaConnectionError(), False),
+        (ProducerClosed(), False),
+        (OutOfOrderSequenceNumber(), False),  # follows a refused record: retried on a fresh producer
+        (ProducerFenced(), False),
+        (RuntimeError("anything else"), False),
+    ],
+)
+def test_permanent_produce_errors_are_those_no_retry_can_fix(exc, permanent):
+    assert is_permanent(exc) is permanent
+
+
+@pytest.mark.parametrize("failures, delay_ms", [(1, 100), (2, 200), (3, 400), (6, 3200), (7, 5000), (1000, 5000)])
+def test_retry_delay_doubles_per_failure_in_a_row_up_to_a_cap(failures, delay_ms):
+    assert retry_delay_ms(failures) == delay_ms
+
+
+async def test_transient_failure_holds_the_model_with_growing_backoff(batcher):
+    loop, consumer, producer, _ = batcher
+    loop.policy.on_heartbeat(hb("w1", free=8))
+    await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1"))))
+    producer.failing = True
+    assert (await loop.step()).batches  # formed, refused
+    held = await loop.step()
+    assert held.batches == [] and held.next_wake_ms == T0 + 100  # no second try before the hold ends
+    loop.clock.advance(100)
+    assert (await loop.step()).batches  # refused again
+    assert (await loop.step()).next_wake_ms == T0 + 100 + 200  # second failure in a row: twice the hold
+    producer.failing = False
+    loop.clock.advance(200)
+    await loop.step(drain=True)
+    assert [wire.decode(s["value"]).requests[0].attempt for s in producer.on(NAMES.batches_topic)] == [2]
+    assert consumer.commits == [{INTERACTIVE: 1}]
+
+
+def _too_large(result: wire.FinalResult) -> bool:
+    return result.outcome is wire.Outcome.ERRORED and result.error.code == REQUEST_TOO_LARGE and \
+        not result.error.retryable
+
+
+async def test_batch_refused_as_too_large_is_bisected_and_a_lone_misfit_answered(batcher):
+    loop, consumer, producer, redis = batcher
+    loop.policy.on_heartbeat(hb("w1", free=8))
+    sizes = [1000, 1000, 5000, 1000, 1000]  # the broker takes records up to ~2,400 bytes: r2 never fits
+    for i, chars in enumerate(sizes):
+        await loop.ingest(INTERACTIVE, Record(offset=i, value=wire.encode(req(f"r{i}", prompt="x" * chars))))
+    producer.max_value_bytes = 2400
+    await loop.step()
+    await loop.step(drain=True)  # the answer to r2 goes out in the next round (drain: commit now)
+    batches = [wire.decode(s["value"]) for s in producer.on(NAMES.batches_topic)]
+    assert sorted(r.request_id for b in batches for r in b.requests) == ["r0", "r1", "r3", "r4"]
+    assert all(b.worker_id == "w1" and len({b.batch_id for b in batches}) == len(batches) for b in batches)
+    (answer,) = [wire.decode(s["value"]) for s in producer.on(NAMES.results_topic)]
+    assert answer.request_id == "r2" and _too_large(answer)
+    assert [wire.decode(payload).request_id for _, payload in redis.published] == ["r2"]
+    assert loop.policy.queued_total == 0 and loop.policy.inflight_total == 4
+    assert consumer.commits[-1] == {INTERACTIVE: 5}
+
+
+async def test_request_too_large_for_any_batch_is_answered_on_arrival():
+    loop, consumer, producer, _ = _batcher(max_batch_bytes=2000)
+    loop.policy.on_heartbeat(hb("w1", free=8))
+    await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("big", prompt="x" * 3000))))
+    await loop.ingest(INTERACTIVE, Record(offset=1, value=wire.encode(req("small"))))
+    await loop.step()
+    (batch,) = [wire.decode(s["value"]) for s in producer.on(NAMES.batches_topic)]
+    assert [r.request_id for r in batch.requests] == ["small"]
+    (answer,) = [wire.decode(s["value"]) for s in producer.on(NAMES.results_topic)]
+    assert answer.request_id == "big" and _too_large(answer) and answer.error.type == "invalid_request_error"
+    assert consumer.commits == [{INTERACTIVE: 2}]
+
+
+async def test_batch_refused_for_good_for_another_reason_is_answered_errored(batcher):
+    loop, consumer, producer, _ = batcher
+    loop.policy.on_heartbeat(hb("w1", free=8))
+    for i in range(3):
+        await loop.ingest(INTERACTIVE, Record(offset=i, value=wire.encode(req(f"r{i}"))))
+    producer.failing = InvalidTopicError()
+    await loop.step()
+    producer.failing = False
+    await loop.step()
+    answers = [wire.decode(s["value"]) for s in producer.on(NAMES.results_topic)]
+    assert sorted(a.request_id for a in answers) == ["r0", "r1", "r2"]
+    assert {(a.outcome, a.error.type, a.error.code, a.error.retryable) for a in answers} == {
+        (wire.Outcome.ERRORED, "server_error", "dispatch_failed", False)}
+    assert producer.on(NAMES.batches_topic) == [] and loop.policy.queued_total == 0
+    assert consumer.commits[-1] == {INTERACTIVE: 3}
+
+
+@pytest.mark.parametrize("error, replaced", [(InvalidTopicError(), True), (OutOfOrderSequenceNumber(), True),
+                                             (ProducerFenced(), True), (KafkaTimeoutError(), False)])
+async def test_a_refused_record_replaces_the_producer_once(error, replaced):
+    """An idempotent producer never takes back the sequence numbers of a refused record: without a new one, every
+    later record of that partition would be refused as out of order."""
+    loop, _, producer, _ = _batcher()
+    fresh: list[FakeProducer] = []
+    loop.producer_factory = lambda: fresh.append(FakeProducer()) or fresh[-1]
+    producer.running = True
+    for worker in ("w1", "w2"):  # two batches at once, both refused
+        loop.policy.on_heartbeat(hb(worker, free=1))
+    for i in range(2):
+        loop.policy.add(req(f"r{i}"))
+    producer.failing = error
+    assert len((await loop.step()).batches) == 2
+    assert len(fresh) == int(replaced) and producer.running is not replaced
+    assert loop.producer is (fresh[0] if replaced else producer) and loop.producer.running
+
+
+async def test_an_answer_that_finds_the_producer_broken_replaces_it(batcher):
+    loop, _, producer, _ = batcher
+    fresh = FakeProducer()
+    loop.producer_factory = lambda: fresh
+    loop.policy.add(req("r1", deadline_in_ms=0))  # answered expired, on the results topic
+    producer.failing = OutOfOrderSequenceNumber()
+    await loop.step()
+    assert loop.producer is fresh and fresh.running

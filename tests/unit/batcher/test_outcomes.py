@@ -2,7 +2,7 @@
 
 from llmq_core import wire
 from llmq_batcher.outcomes import final_result
-from llmq_batcher.policy import Answer
+from llmq_batcher.policy import REQUEST_TOO_LARGE, Answer
 
 from tests.unit.batcher.helpers import T0, req
 
@@ -16,3 +16,9 @@ def test_expired_answer_carries_the_requests_identity_and_timings():
     assert (result.timings.total_ms, result.created_ms, result.finished_ms) == (250, T0, T0 + 250)
     assert result.error == wire.ErrorInfo(type="expired", message="deadline passed")
     assert wire.decode(wire.encode(result)) == result
+
+
+def test_request_too_large_answer_is_an_openai_error_with_its_code():
+    answer = Answer(req("r1"), wire.Outcome.ERRORED, "invalid_request_error", "too large", code=REQUEST_TOO_LARGE)
+    assert final_result(answer, T0).error == wire.ErrorInfo(type="invalid_request_error", message="too large",
+                                                            code="request_too_large", retryable=False)

@@ -3,9 +3,9 @@
 import pytest
 
 from llmq_core import wire
-from llmq_batcher.policy import AddStatus, estimated_tokens
+from llmq_batcher.policy import REQUEST_TOO_LARGE, AddStatus, estimated_tokens
 
-from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, hb, make_policy, req
+from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, entry_bytes, hb, make_policy, req
 
 # --- classes and precedence ------------------------------------------------------------------------------------------
 
@@ -396,3 +396,101 @@ def test_load_reports_depth_and_oldest_age_per_class():
 def test_estimated_tokens_counts_prompt_and_every_choice():
     request = req("r1", prompt_tokens=0, max_tokens=7)
     assert estimated_tokens(request) == len("x") + 7
+
+
+# --- byte budget: one Batch is one Kafka record ----------------------------------------------------------------------
+
+UNIT = entry_bytes(req("r0", prompt="x" * 1000))  # a 1,000-character prompt; budgets below are in these units
+
+
+def _sized(request_id: str, chars: int, **kwargs) -> wire.GenerationRequest:
+    return req(request_id, prompt="x" * chars, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "prompts, expected_batches, too_large",
+    [
+        ([1000, 1000, 1000], [["r0", "r1"], ["r2"]], []),  # two fit in a record, the third heads the next one
+        ([2000, 1000], [["r0"], ["r1"]], []),
+        ([1000, 2000, 1000], [["r0"], ["r1"], ["r2"]], []),  # r2 fits beside r0 yet never passes r1
+        ([10, 10, 10, 10], [["r0", "r1", "r2", "r3"]], []),  # small requests: the count, not the bytes, bounds
+        ([3000, 1000], [["r1"]], ["r0"]),  # r0 alone overflows any record: answered at once, never queued
+    ],
+)
+def test_batches_are_capped_by_encoded_bytes_in_fair_order(prompts, expected_batches, too_large):
+    policy, _ = make_policy(max_batch_bytes=2 * UNIT)
+    policy.on_heartbeat(hb("w1", free=8))
+    for i, chars in enumerate(prompts):
+        policy.add(_sized(f"r{i}", chars))
+    decision = policy.schedule(T0)
+    assert dispatched_ids(decision) == expected_batches
+    assert all(sum(entry_bytes(r) for r in b.requests) <= 2 * UNIT for b in decision.batches)
+    assert [a.request.request_id for a in decision.answers] == too_large
+    for answer in decision.answers:
+        assert (answer.outcome, answer.error_type, answer.code, answer.retryable) == (
+            wire.Outcome.ERRORED, "invalid_request_error", REQUEST_TOO_LARGE, False)
+
+
+def test_a_batch_full_by_bytes_flushes_before_the_window():
+    near = [_sized(f"n{i}", 1000, cls="near") for i in range(3)]
+    policy, _ = make_policy(max_batch_bytes=2 * entry_bytes(near[0]))
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(near[0])
+    assert policy.schedule(T0).batches == []  # one request, room for eight: it waits its window
+    policy.add(near[1])
+    policy.add(near[2])
+    decision = policy.schedule(T0)
+    assert dispatched_ids(decision)[0] == ["n0", "n1"] and decision.batches[0].flush_reason == "size"
+
+
+def test_split_sends_the_halves_to_the_same_worker_under_new_ids():
+    policy, _ = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    for i in range(5):
+        policy.add(req(f"r{i}"))
+    (batch,) = policy.schedule(T0).batches
+    parts = policy.split(batch)
+    assert [[r.request_id for r in p.requests] for p in parts] == [["r0", "r1", "r2"], ["r3", "r4"]]
+    assert {(p.worker_id, p.partition) for p in parts} == {("w1", 1)}
+    assert len({batch.batch_id, *(p.batch_id for p in parts)}) == 3
+    policy.add(req("r5"))  # the worker's count still holds the 5 split requests: 3 slots left
+    assert policy.inflight_total == 5 and dispatched_ids(policy.schedule(T0)) == [["r5"]]
+
+
+def test_split_of_a_batch_whose_worker_went_silent_is_empty():
+    policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(req("r0"))
+    policy.add(req("r1"))
+    (batch,) = policy.schedule(T0).batches
+    clock.advance(2001)
+    policy.schedule(clock.now_ms())  # w1 is gone: its requests are queued again
+    assert policy.split(batch) == [] and policy.queued_total == 2
+
+
+def test_fail_answers_the_batch_errored_and_frees_its_slots():
+    policy, _ = make_policy(tenant_max_inflight=2)
+    policy.on_heartbeat(hb("w1", free=2))
+    for i in range(4):
+        policy.add(req(f"r{i}"))
+    (batch,) = policy.schedule(T0).batches
+    policy.fail(batch, "invalid_request_error", "too large", REQUEST_TOO_LARGE)
+    decision = policy.schedule(T0)
+    assert [(a.request.request_id, a.outcome, a.code) for a in decision.answers] == [
+        ("r0", wire.Outcome.ERRORED, REQUEST_TOO_LARGE), ("r1", wire.Outcome.ERRORED, REQUEST_TOO_LARGE)]
+    assert dispatched_ids(decision) == [["r2", "r3"]]  # the tenant's cap and the worker's slots were freed
+
+
+def test_undispatch_with_a_retry_delay_holds_the_model_until_then():
+    policy, clock = make_policy()
+    policy.on_heartbeat(hb("w1", free=8))
+    policy.on_heartbeat(hb("w2", free=8, model="llmq-tiny"))
+    policy.add(req("r0"))
+    (batch,) = policy.schedule(T0).batches
+    policy.undispatch(batch, retry_in_ms=200)
+    policy.add(req("t0", model="llmq-tiny"))
+    decision = policy.schedule(T0)
+    assert dispatched_ids(decision) == [["t0"]] and decision.next_wake_ms == T0 + 200  # only llmq-sim waits
+    clock.advance(200)
+    assert [(b.requests[0].request_id, b.requests[0].attempt) for b in policy.schedule(clock.now_ms()).batches] == [
+        ("r0", 1)]

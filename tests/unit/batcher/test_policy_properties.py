@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmq_core import wire
-from llmq_batcher.policy import class_index, estimated_tokens
+from llmq_batcher.policy import REQUEST_TOO_LARGE, class_index, estimated_tokens
 
-from tests.unit.batcher.helpers import CLASSES, T0, hb, make_policy, req
+from tests.unit.batcher.helpers import CLASSES, T0, entry_bytes, hb, make_policy, req
 
 WORKERS = {  # worker id -> (model, fixed batch time ms)
     "w0": ("llmq-sim", 0),
@@ -19,8 +19,9 @@ WORKERS = {  # worker id -> (model, fixed batch time ms)
 MODELS = ("llmq-sim", "llmq-tiny", "no-worker-model")
 TENANTS = ("t0", "t1", "t2")
 
+BATCH_BYTES = 6000  # a small record: prompts below overflow it in twos and threes, now and then alone
 _add = st.tuples(st.just("add"), st.sampled_from(sorted(CLASSES)), st.sampled_from(TENANTS), st.sampled_from(MODELS),
-                st.integers(1, 3000))
+                st.integers(1, 3000), st.one_of(st.integers(0, 100), st.integers(0, 7000)))
 ops = st.one_of(  # adds weigh triple and free slots lean small, so queues build up and capacity is often short
     _add, _add, _add,
     st.tuples(st.just("cancel"), st.integers(0, 10_000)),
@@ -35,7 +36,8 @@ class Harness:
     """Drives a policy and records every request's fate; asserts per-decision invariants as it goes."""
 
     def __init__(self, heartbeat_timeout_ms: int) -> None:
-        self.policy, self.clock = make_policy(worker_heartbeat_timeout_ms=heartbeat_timeout_ms, tenant_max_inflight=10**6)
+        self.policy, self.clock = make_policy(worker_heartbeat_timeout_ms=heartbeat_timeout_ms, tenant_max_inflight=10**6,
+                                              max_batch_bytes=BATCH_BYTES)
         self.requests: dict[str, wire.GenerationRequest] = {}
         self.dispatches: list[tuple[str, int]] = []  # (request id, attempt)
         self.answered: dict[str, wire.Outcome] = {}
@@ -52,10 +54,10 @@ class Harness:
             self._hb(worker_id, 8, True)
         self._schedule(True)
 
-    def _add(self, cls: str, tenant: str, model: str, deadline_in_ms: int) -> None:
+    def _add(self, cls: str, tenant: str, model: str, deadline_in_ms: int, prompt_chars: int) -> None:
         request_id = f"r{len(self.requests)}"
         request = req(request_id, cls, tenant=tenant, model=model, now_ms=self.clock.now_ms(),
-                      deadline_in_ms=deadline_in_ms)
+                      deadline_in_ms=deadline_in_ms, prompt="x" * prompt_chars)
         self.requests[request_id] = request
         self.policy.add(request)
 
@@ -82,11 +84,14 @@ class Harness:
         for answer in decision.answers:
             request_id = answer.request.request_id
             assert request_id not in self.answered, f"{request_id} answered twice"
+            too_large = entry_bytes(answer.request) > BATCH_BYTES
+            assert (answer.code == REQUEST_TOO_LARGE) is too_large, f"{request_id} fits yet was refused, or vice versa"
             self.answered[request_id] = answer.outcome
         for batch in decision.batches:
             assert WORKERS[batch.worker_id][0] == batch.model
             assert {r.model for r in batch.requests} == {batch.model}, "a batch mixed models"
             assert 0 < len(batch.requests) <= 64
+            assert sum(entry_bytes(r) for r in batch.requests) <= BATCH_BYTES, "a batch overflows its record"
             self.last_batch[batch.worker_id] = batch.batch_id
             for request in batch.requests:
                 assert request.deadline_ms > now_ms, "dispatched an expired request"
@@ -118,6 +123,7 @@ def test_nothing_lost_nothing_twice_nothing_expired_dispatched(sequence):
     assert not set(dispatched) & set(harness.answered), "a request was both dispatched and answered"
     assert set(dispatched) | set(harness.answered) == set(harness.requests), "a request was lost"
     assert harness.policy.queued_total == 0
+    assert not any(q.size_bytes for m in harness.policy._models.values() for q in m.queues), "queued bytes drifted"
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -162,3 +168,40 @@ def test_backlogged_tenants_share_tokens_by_weight(weights, costs, frees):
     for tenant, weight in zip(tenants, weights):
         expected = weight / total_weight
         assert abs(tokens[tenant] / total_tokens - expected) <= 0.1 * expected, (tokens, weights)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arrivals=st.lists(st.tuples(st.sampled_from(TENANTS), st.sampled_from(sorted(CLASSES)), st.integers(0, 7000)),
+                      min_size=1, max_size=40),
+    frees=st.lists(st.integers(3, 8), min_size=1, max_size=8),
+)
+def test_byte_budget_starves_no_request(arrivals, frees):
+    """Every round with work queued and a worker with room dispatches something, so each request that fits goes out
+    within as many rounds as there are requests, in its tenant's and class's arrival order; the rest are refused."""
+    policy, clock = make_policy(max_batch_bytes=BATCH_BYTES)
+    requests = [req(f"r{i:02}", cls, tenant=tenant, deadline_in_ms=10**9, prompt="x" * chars)
+                for i, (tenant, cls, chars) in enumerate(arrivals)]
+    for request in requests:
+        policy.add(request)
+    dispatched, refused, last_batch = [], [], ""
+    for step in range(len(requests)):
+        clock.advance(500)  # past every window: only room and bytes decide
+        policy.on_heartbeat(hb("w1", free=frees[step % len(frees)], last_batch_id=last_batch, now_ms=clock.now_ms()))
+        queued = policy.queued_total
+        decision = policy.schedule(clock.now_ms())
+        refused += [a.request.request_id for a in decision.answers]
+        assert decision.batches or not queued, "a round with room dispatched nothing"
+        for batch in decision.batches:
+            assert sum(entry_bytes(r) for r in batch.requests) <= BATCH_BYTES
+            dispatched += [r.request_id for r in batch.requests]
+            last_batch = batch.batch_id
+    fits = [r.request_id for r in requests if entry_bytes(r) <= BATCH_BYTES]
+    assert sorted(dispatched) == fits
+    assert sorted(refused) == [r.request_id for r in requests if r.request_id not in fits]
+    lanes: dict[tuple[str, str], list[str]] = {}
+    for (tenant, cls, _), request in zip(arrivals, requests):
+        if request.request_id in fits:
+            lanes.setdefault((tenant, cls), []).append(request.request_id)
+    for lane in lanes.values():
+        assert [rid for rid in dispatched if rid in lane] == lane, "a request was passed by a later one of its lane"
