@@ -237,7 +237,7 @@ class Charge:
         self._settle(self.estimate if used is None else used, requests=0)
 
     def cancel(self) -> None:
-        """The request never got queued (produce failed, an idempotent retry joined an earlier one): give it all back."""
+        """The request was never queued (produce failed, an idempotent retry joined an earlier one): give all back."""
         self._settle(0, requests=1)
 
     def _settle(self, used: int, requests: int) -> None:
