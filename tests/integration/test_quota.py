@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -231,6 +232,7 @@ async def test_batch_create_streams_its_input_and_concurrent_creates_are_limited
         await asyncio.to_thread(process.wait, 10)
         await _forget_jobs(redis, [tenant])
         await redis.aclose()
+        shutil.rmtree(tmp_path / "files", ignore_errors=True)  # ~400 MB: the upload and three prepared files
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------

@@ -153,9 +153,8 @@ class RateLimiter:
                                             Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens)])
 
     async def acquire_batch(self, principal: Principal, tokens: int) -> Rejection | None:
-        """Charge a batch job of ``tokens`` (all its lines' estimates) to the tenant's batch quota and one request."""
-        return await self._draw(principal, [Draw("requests", principal.requests_per_min, MINUTE_MS, 1),
-                                            Draw(BATCH_BUCKET, batch_tokens_per_day(principal), DAY_MS, tokens)])
+        """Charge a batch job of ``tokens`` (all its lines' estimates) to the tenant's daily batch quota."""
+        return await self._draw(principal, [Draw(BATCH_BUCKET, batch_tokens_per_day(principal), DAY_MS, tokens)])
 
     async def refund(self, principal: Principal, tokens: int, requests: int = 0) -> None:
         """Give back ``tokens`` (and ``requests``) taken by :meth:`acquire`; best effort, never raises."""

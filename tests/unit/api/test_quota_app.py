@@ -63,3 +63,11 @@ async def test_an_idempotent_retry_is_not_charged_twice(capped):
     await pod.limiter.drain()
     assert first.status_code == again.status_code == 200 and len(worker.produced) == 1
     assert tokens(redis.takes) == [ESTIMATE]
+
+
+async def test_a_stream_settles_like_a_single_response(capped):
+    client, pod, worker, redis = capped
+    response = await client.post("/v1/completions", headers=CAPPED, json={**BODY, "n": 3, "stream": True})
+    await pod.limiter.drain()
+    assert response.status_code == 200 and response.content.endswith(b"data: [DONE]\n\n")
+    assert tokens(redis.takes) == [3 + 3 * 5] and tokens(redis.gives) == [2 * 5]  # one choice of 5 generated
