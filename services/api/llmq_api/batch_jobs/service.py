@@ -1,8 +1,8 @@
 """The API pod's side of files and batch jobs: store uploads, validate and create jobs, read them back, ask for a
 cancel. Every object belongs to the tenant that created it; any other tenant gets the same 404 as for a missing one.
 
-Creating a job is synchronous: the input file is validated line by line (in a thread) while the request waits, so a
-batch is returned ``in_progress`` (its lines are in the ledger and the result-routers drive it) or ``failed`` (with
+Creating a job is synchronous: the input file is streamed from the store and validated line by line (in a thread)
+while the request waits, never held whole, so a batch is returned ``in_progress`` (its lines are in the ledger and the result-routers drive it) or ``failed`` (with
 the structural errors). The API pod never produces lines itself: see :mod:`llmq_result_router.jobs`.
 """
 
@@ -188,8 +188,10 @@ class BatchJobs:
 
     async def create(self, principal: Principal, body: bytes, idempotency_key: str | None = None) -> JobView:
         """Validate and create a job from a ``POST /v1/batches`` body. A repeated ``idempotency_key`` returns the
-        batch it created (nothing runs twice). Raises 400 (bad body, endpoint, window, metadata, input file purpose),
-        403 (the key may not use the deferred class), 404 (input file), 409 (the same key's batch is being created)."""
+        batch it created (nothing runs twice). Raises 400 (bad body, endpoint, window, metadata, input file purpose,
+        an estimate over the batch quota), 403 (the key may not use the deferred class), 404 (input file), 409 (the
+        same key's batch is being created), 429 (requests per minute, the batch quota's rest today, concurrent
+        creates)."""
         _check_deferred(principal, "create batches")
         await self._take_request(principal)
         request = _decode_create(body)
