@@ -2,8 +2,9 @@
 cancel. Every object belongs to the tenant that created it; any other tenant gets the same 404 as for a missing one.
 
 Creating a job is synchronous: the input file is streamed from the store and validated line by line (in a thread)
-while the request waits, never held whole, so a batch is returned ``in_progress`` (its lines are in the ledger and the result-routers drive it) or ``failed`` (with
-the structural errors). The API pod never produces lines itself: see :mod:`llmq_result_router.jobs`.
+while the request waits, never held whole, so a batch is returned ``in_progress`` (its lines are in the ledger and
+the result-routers drive it) or ``failed`` (with the structural errors). The API pod never produces lines itself: see
+:mod:`llmq_result_router.jobs`.
 """
 
 from __future__ import annotations
