@@ -158,14 +158,20 @@ class RateLimiter:
 
     async def refund(self, principal: Principal, tokens: int, requests: int = 0) -> None:
         """Give back ``tokens`` (and ``requests``) taken by :meth:`acquire`; best effort, never raises."""
-        draws = [Draw("requests", principal.requests_per_min, MINUTE_MS, requests),
-                 Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens)]
+        await self._give_back(principal, [Draw("requests", principal.requests_per_min, MINUTE_MS, requests),
+                                          Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens)])
+
+    async def refund_batch(self, principal: Principal, tokens: int) -> None:
+        """Give back a batch charge of :meth:`acquire_batch` whose job was not created; never raises."""
+        await self._give_back(principal, [Draw(BATCH_BUCKET, batch_tokens_per_day(principal), DAY_MS, tokens)])
+
+    async def _give_back(self, principal: Principal, draws: Sequence[Draw]) -> None:
         if not any(d.limit and d.amount for d in draws):
             return
         try:
             await asyncio.wait_for(self._give(keys=_keys(principal, draws), args=self._args(draws)), TIMEOUT_S)
         except Exception as exc:
-            log.warning("rate limit refund of %d tokens failed: %r", tokens, exc)
+            log.warning("rate limit refund to %s failed: %r", principal.tenant_id, exc)
 
     def settle_later(self, principal: Principal, tokens: int, requests: int = 0) -> None:
         """:meth:`refund` in the background (callers may be cancelled); :meth:`drain` awaits what is still running."""

@@ -123,3 +123,13 @@ async def test_redis_trouble_lets_requests_through():
 
     limiter = RateLimiter(Broken(), FakeClock())
     assert await limiter.acquire(Principal(tenant_id="t", requests_per_min=1), 1) is None
+
+
+async def test_a_batch_draws_from_its_daily_bucket_and_an_uncreated_batch_gets_it_back():
+    redis, clock = FakeRedis(), FakeClock(5_000)
+    principal = Principal(tenant_id="acme", requests_per_min=60, tokens_per_min=10)
+    limiter = RateLimiter(redis, clock)
+    assert await limiter.acquire_batch(principal, 900) is None
+    await limiter.refund_batch(principal, 900)
+    day = [5_000, 14_400, 86_400_000, 900]  # 1440 x tokens_per_min per day
+    assert redis.takes == redis.gives == [(["llmq:ratelimit:acme:batch_tokens"], day)]

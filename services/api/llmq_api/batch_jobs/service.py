@@ -287,8 +287,12 @@ class BatchJobs:
         rejection = await self.limiter.acquire_batch(principal, tally.estimate)
         if rejection is not None:
             raise rejection.error
-        return await self._start(msgspec.structs.replace(spec, total=tally.total, runnable=tally.runnable),
-                                 tally.errored)
+        try:
+            return await self._start(msgspec.structs.replace(spec, total=tally.total, runnable=tally.runnable),
+                                     tally.errored)
+        except BaseException:
+            await self.limiter.refund_batch(principal, tally.estimate)
+            raise
 
     async def _stage(self, spec: JobSpec, principal: Principal, lines: list[inputs.InputLine],
                      write: Callable[[bytes], Awaitable[int]], tally: _Tally) -> None:
