@@ -27,8 +27,10 @@ from redis.asyncio import Redis
 from llmq_core import constants, jobs, wire
 from llmq_core.clock import FakeClock
 from llmq_core.settings import Settings
+from llmq_core.tokenizer import count_tokens, render_chat
 from llmq_api.auth import KeyEntry, KeyStore
 from llmq_api.pod import Pod
+from llmq_api.ratelimit import DAY_MS, MINUTE_MS
 from tests.integration.test_api import FakeWorker, free_port, serving, wait_ready
 
 pytestmark = pytest.mark.integration
@@ -39,7 +41,6 @@ CAPPED = KeyEntry(tenant=f"capped-{RUN}", key=f"k-capped-{RUN}", requests_per_mi
                   batch_tokens_per_day=2000, file_storage_bytes=4000)
 FEW_CALLS = KeyEntry(tenant=f"few-{RUN}", key=f"k-few-{RUN}", requests_per_min=2)
 NO_DEFERRED = KeyEntry(tenant=f"live-{RUN}", key=f"k-live-{RUN}", classes=["interactive"])
-TOKEN_MS = 60_000  # a per-minute bucket keeps its level in tokens x 60000
 
 
 def heartbeat(model: str) -> wire.WorkerHeartbeat:
@@ -50,7 +51,7 @@ def heartbeat(model: str) -> wire.WorkerHeartbeat:
 
 @pytest.fixture(scope="module")
 async def stack(tmp_path_factory):
-    """(base_url, redis) of one pod with a frozen clock and the keys above, answered by test_api's fake worker."""
+    """(base_url, redis, pod): one pod with a frozen clock and the keys above, answered by test_api's fake worker."""
     settings = Settings(files_url=str(tmp_path_factory.mktemp("quota-files")))
     instance_id = f"api-quota-{RUN}"
     keys = KeyStore({})
@@ -63,9 +64,9 @@ async def stack(tmp_path_factory):
     redis = Redis.from_url(settings.redis_url)
     try:
         async with serving(pod) as base_url:
-            yield base_url, redis
+            yield base_url, redis, pod
     finally:
-        await _forget_jobs(redis, [CAPPED.tenant])
+        await _forget_jobs(redis, [CAPPED.tenant, FEW_CALLS.tenant])
         await worker.stop()
         await redis.aclose()
 
@@ -73,12 +74,12 @@ async def stack(tmp_path_factory):
 @pytest.fixture
 async def capped(stack):
     """A fresh start for the capped tenant: full buckets, no files."""
-    base_url, redis = stack
+    base_url, redis, pod = stack
     await redis.delete(*(constants.ratelimit_key(CAPPED.tenant, b) for b in ("requests", "tokens", "batch_tokens")))
     async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=auth(CAPPED)) as client:
         for record in (await client.get("/v1/files")).json()["data"]:
             await client.delete(f"/v1/files/{record['id']}")
-    return base_url, redis
+    return base_url, redis, pod
 
 
 def auth(entry: KeyEntry) -> dict:
@@ -92,11 +93,11 @@ def sdk(base_url: str, entry: KeyEntry = CAPPED) -> openai.AsyncOpenAI:
 async def tokens_left(redis: Redis, tenant: str, bucket: str = "tokens") -> float | None:
     """What the bucket holds (None: no key, a full bucket)."""
     level = await redis.hget(constants.ratelimit_key(tenant, bucket), "level")
-    return None if level is None else int(level) / (TOKEN_MS if bucket != "batch_tokens" else 86_400_000)
+    return None if level is None else int(level) / (DAY_MS if bucket == "batch_tokens" else MINUTE_MS)
 
 
 async def test_a_request_whose_estimate_exceeds_the_bucket_is_refused_with_a_400(capped):
-    base_url, redis = capped
+    base_url, redis, _ = capped
     with pytest.raises(openai.BadRequestError) as refused:
         await sdk(base_url).completions.create(model=MODEL, prompt="x", max_tokens=8000, n=100)
     error = refused.value.body
@@ -106,7 +107,7 @@ async def test_a_request_whose_estimate_exceeds_the_bucket_is_refused_with_a_400
 
 
 async def test_a_request_is_charged_its_estimate_and_refunded_to_its_usage(capped):
-    base_url, redis = capped
+    base_url, redis, _ = capped
     prompt = "slow:1500 abcd"  # held by the fake worker for 1.5 s: long enough to read the charge mid-flight
     call = asyncio.create_task(sdk(base_url).completions.create(model=MODEL, prompt=prompt, max_tokens=100, n=4))
     estimate = len(prompt) + 4 * 100
@@ -118,7 +119,7 @@ async def test_a_request_is_charged_its_estimate_and_refunded_to_its_usage(cappe
 
 
 async def test_a_deadline_and_a_client_that_leaves_keep_their_estimate_and_settle_once(capped):
-    base_url, redis = capped
+    base_url, redis, pod = capped
     body = {"model": MODEL, "prompt": "silent", "max_tokens": 50}
     async with httpx.AsyncClient(base_url=base_url, headers=auth(CAPPED)) as client:
         response = await client.post("/v1/completions", json=body, headers={"x-llmq-timeout-ms": "300"}, timeout=10)
@@ -126,12 +127,13 @@ async def test_a_deadline_and_a_client_that_leaves_keep_their_estimate_and_settl
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/v1/completions", json=body, timeout=0.5)
     estimate = len("silent") + 50
-    await asyncio.sleep(0.3)  # a refund would have landed by now; none must
+    await _eventually(lambda: asyncio.sleep(0, len(pod.registry)), lambda waiting: waiting == 0)  # both resolved
+    await pod.limiter.drain()  # their settlements ran
     assert await tokens_left(redis, CAPPED.tenant) == 1000 - 2 * estimate
 
 
 async def test_an_idempotent_replay_is_not_charged_twice(capped):
-    base_url, redis = capped
+    base_url, redis, _ = capped
     headers = {**auth(CAPPED), "idempotency-key": f"order-{uuid.uuid4().hex}"}
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
         body = {"model": MODEL, "prompt": "abc", "max_tokens": 10}
@@ -143,7 +145,7 @@ async def test_an_idempotent_replay_is_not_charged_twice(capped):
 
 
 async def test_batch_lines_draw_from_the_batch_quota_and_a_batch_that_cannot_fit_is_refused(capped):
-    base_url, redis = capped
+    base_url, redis, _ = capped
     client = sdk(base_url)
     first = await upload(client, [chat_line(f"s{i}", max_tokens=400) for i in range(3)])
     batch = await client.batches.create(input_file_id=first, endpoint="/v1/chat/completions", completion_window="1h")
@@ -161,17 +163,17 @@ async def test_batch_lines_draw_from_the_batch_quota_and_a_batch_that_cannot_fit
 
 
 async def test_files_and_batches_take_from_the_requests_bucket(stack):
-    base_url, _ = stack
+    base_url, _, _ = stack
     client = sdk(base_url, FEW_CALLS)
-    await upload(client, [chat_line("a")])
-    await upload(client, [chat_line("b")])
+    file_id = await upload(client, [chat_line("a")])
+    await client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="1h")
     with pytest.raises(openai.RateLimitError) as refused:
-        await upload(client, [chat_line("c")])
+        await upload(client, [chat_line("b")])
     assert refused.value.body["type"] == "requests"
 
 
 async def test_the_storage_quota_bounds_a_tenants_live_files(capped):
-    base_url, redis = capped
+    base_url, redis, _ = capped
     client = sdk(base_url)
     first = await client.files.create(file=("a.jsonl", b"x" * 3000), purpose="batch")
     with pytest.raises(openai.BadRequestError) as refused:
@@ -185,7 +187,7 @@ async def test_the_storage_quota_bounds_a_tenants_live_files(capped):
 
 
 async def test_uploads_need_a_key_that_may_use_the_deferred_class(stack):
-    base_url, _ = stack
+    base_url, _, _ = stack
     with pytest.raises(openai.PermissionDeniedError) as refused:
         await sdk(base_url, NO_DEFERRED).files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
     assert refused.value.body["code"] == "class_not_allowed" and "deferred" in refused.value.body["message"]
@@ -244,7 +246,6 @@ def chat_line(custom_id: str, max_tokens: int = 8, content: str = "hi") -> dict:
 
 
 def _chat_prompt_tokens(content: str) -> int:
-    from llmq_core.tokenizer import count_tokens, render_chat
     return count_tokens(render_chat([wire.ChatMessage(role="user", content=content)]))
 
 
