@@ -250,5 +250,6 @@ class Charge:
             return
         self.settled = True
         unused = self.estimate - min(max(used, 0), self.estimate)
-        if unused or requests:
+        limited = self._principal.requests_per_min or self._principal.tokens_per_min
+        if limited and (unused or requests):  # an unlimited tenant's requests cost the hot path no task
             self._limiter.settle_later(self._principal, unused, requests)

@@ -133,3 +133,9 @@ async def test_a_batch_draws_from_its_daily_bucket_and_an_uncreated_batch_gets_i
     await limiter.refund_batch(principal, 900)
     day = [5_000, 14_400, 86_400_000, 900]  # 1440 x tokens_per_min per day
     assert redis.takes == redis.gives == [(["llmq:ratelimit:acme:batch_tokens"], day)]
+
+
+async def test_an_unlimited_tenant_settles_without_a_task():
+    limiter = RateLimiter(FakeRedis(), FakeClock())
+    Charge(limiter, Principal(tenant_id="t"), 60).cancel()
+    assert limiter._settling == set()
