@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 TIMEOUT_S = 0.25
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
-BUCKETS = ("requests", "tokens")
 BATCH_BUCKET = "batch_tokens"
 
 # KEYS: the buckets. ARGV: now_ms, then (limit per period, period ms, cost) per bucket (limit 0: none).
