@@ -8,7 +8,8 @@ root. fsspec calls block, so every method runs them in a thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -41,6 +42,19 @@ class FileStore:
                 out.write(chunk)
                 size += len(chunk)
         return size
+
+    @contextlib.asynccontextmanager
+    async def writer(self, path: str) -> AsyncIterator[Callable[[bytes], Awaitable[int]]]:
+        """Write the object ``path`` (parents created) piece by piece: yields an async ``write(data)``."""
+        full = self._full(path)
+        parent = full.rsplit("/", 1)[0]
+        if parent:
+            await asyncio.to_thread(self.fs.makedirs, parent, exist_ok=True)
+        handle = await asyncio.to_thread(self.fs.open, full, "wb")
+        try:
+            yield lambda data: asyncio.to_thread(handle.write, data)
+        finally:
+            await asyncio.to_thread(handle.close)
 
     async def read(self, path: str) -> bytes:
         """The whole object. Raises FileNotFoundError."""

@@ -213,6 +213,11 @@ def tenant_files_key(tenant_id: str) -> str:
     return f"{REDIS_FILES_PREFIX}tenant:{tenant_id}"
 
 
+def tenant_storage_key(tenant_id: str) -> str:
+    """Integer: bytes of the tenant's live uploaded files (its storage quota's use)."""
+    return f"{REDIS_FILES_PREFIX}tenant:{tenant_id}:bytes"
+
+
 def job_key(batch_id: str) -> str:
     """Hash: ``spec`` (JSON JobSpec), ``status``, ``at:<status>`` (epoch s), ``errors`` (JSON), COUNTERS, ``cursor``,
     ``end_ms``."""

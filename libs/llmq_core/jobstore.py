@@ -70,6 +70,26 @@ return 0
 """
 
 
+# KEYS: the tenant's storage counter. ARGV: bytes, quota. Adds the bytes when they fit under the quota; returns the
+# bytes in use before (-1 when they do not fit).
+_RESERVE_STORAGE = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if used + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return -1 end
+redis.call('INCRBY', KEYS[1], ARGV[1])
+return used
+"""
+
+# KEYS: the file's record, the tenant's listing, the expiry zset, the tenant's storage counter. ARGV: listing member,
+# file id, bytes. Forgets the file; its bytes leave the storage counter only if the record still existed (once).
+_DELETE_FILE = """
+local existed = redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+if existed == 1 and tonumber(ARGV[3]) > 0 then redis.call('DECRBY', KEYS[4], ARGV[3]) end
+return existed
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class LineChange:
     """One line's compare-and-set for :meth:`JobStore.settle_many` (fields as in :meth:`JobStore.settle`)."""
@@ -93,6 +113,8 @@ class JobStore:
         self._move_status = redis.register_script(_MOVE_STATUS)
         self._lease = redis.register_script(_LEASE)
         self._release = redis.register_script(_RELEASE)
+        self._reserve_storage = redis.register_script(_RESERVE_STORAGE)
+        self._delete_file = redis.register_script(_DELETE_FILE)
 
     # --- files ----------------------------------------------------------------------------------------------------
 
@@ -113,12 +135,24 @@ class JobStore:
         return msgspec.json.decode(data, type=FileRecord) if data else None
 
     async def delete_file(self, record: FileRecord) -> None:
-        """Forget the record (the caller deletes the stored object)."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(jobs.file_key(record.id))
-            pipe.zrem(jobs.tenant_files_key(record.tenant_id), _file_member(record))
-            pipe.zrem(jobs.FILE_EXPIRY_KEY, record.id)
-            await pipe.execute()
+        """Forget the record (the caller deletes the stored object); an upload's bytes leave its tenant's storage."""
+        stored = record.bytes if record.kind == "input" else 0
+        keys = [jobs.file_key(record.id), jobs.tenant_files_key(record.tenant_id), jobs.FILE_EXPIRY_KEY,
+                jobs.tenant_storage_key(record.tenant_id)]
+        await self._delete_file(keys=keys, args=[_file_member(record), record.id, stored])
+
+    async def reserve_storage(self, tenant_id: str, size: int, quota: int) -> int | None:
+        """Count ``size`` more bytes against the tenant's storage ``quota``; the bytes in use before, or None (and
+        nothing counted) when they do not fit."""
+        used = await self._reserve_storage(keys=[jobs.tenant_storage_key(tenant_id)], args=[size, quota])
+        return None if used < 0 else used
+
+    async def release_storage(self, tenant_id: str, size: int) -> None:
+        """Give back bytes reserved for an upload that was not kept."""
+        await self.redis.decrby(jobs.tenant_storage_key(tenant_id), size)
+
+    async def stored_bytes(self, tenant_id: str) -> int:
+        return int(await self.redis.get(jobs.tenant_storage_key(tenant_id)) or 0)
 
     async def list_files(self, tenant_id: str, limit: int) -> list[FileRecord]:
         """A tenant's newest files first, at most ``limit``."""
@@ -135,13 +169,15 @@ class JobStore:
 
     async def create_job(self, spec: JobSpec, status: str, times: Mapping[str, int], *, files: Iterable[FileRecord],
                          lines: Mapping[str, str] = {}, offsets: Mapping[str, str] = {},
-                         results: Mapping[str, wire.FinalResult] = {}, errors: Iterable[LineError] = ()) -> None:
+                         results: Mapping[str, wire.FinalResult] = {}, errors: Iterable[LineError] = (),
+                         errored: int = 0) -> None:
         """Write a new job in one transaction: its hash, ledger lines (custom_id -> state), prepared-file offsets,
-        results settled already (lines that failed validation: counted as errored), its output/error file records,
-        its tenant listing entry, and (when it is ``in_progress``) its place among the jobs the routers drive."""
+        results settled already (lines that failed validation: counted as errored, with ``errored`` more written by
+        :meth:`add_lines`), its output/error file records, its tenant listing entry, and (when it is ``in_progress``)
+        its place among the jobs the routers drive."""
         job = {"spec": _json(spec), "status": status, "cursor": 0, "errors": _json(list(errors)),
                **{f"at:{name}": at for name, at in times.items()},
-               **{name: 0 for name in jobs.COUNTERS}, "errored": len(results)}
+               **{name: 0 for name in jobs.COUNTERS}, "errored": len(results) + errored}
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(jobs.job_key(spec.id), mapping=job)
             if lines:
@@ -156,6 +192,23 @@ class JobStore:
             if status in jobs.ACTIVE_STATUSES:
                 pipe.sadd(jobs.ACTIVE_JOBS_KEY, spec.id)
             await pipe.execute()
+
+    async def add_lines(self, batch_id: str, lines: Mapping[str, str], offsets: Mapping[str, str],
+                        results: Mapping[str, wire.FinalResult]) -> None:
+        """Write a slice of a job's ledger before the job itself exists (create_job makes it visible), so a large
+        input never sits in the API pod whole; :meth:`discard_ledger` drops it when the job is not created."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if lines:
+                pipe.hset(jobs.job_lines_key(batch_id), mapping=dict(lines))
+            if offsets:
+                pipe.hset(jobs.job_offsets_key(batch_id), mapping=dict(offsets))
+            if results:
+                pipe.hset(jobs.job_results_key(batch_id), mapping={k: wire.encode(v) for k, v in results.items()})
+            await pipe.execute()
+
+    async def discard_ledger(self, batch_id: str) -> None:
+        await self.redis.delete(jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id),
+                                jobs.job_results_key(batch_id))
 
     async def claim_batch_key(self, tenant_id: str, key: str, batch_id: str, ttl_s: int) -> str | None:
         """Claim an ``Idempotency-Key`` for ``batch_id``; returns the batch id that claimed it earlier, or None."""

@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     batch_lease_ms: int = 5000  # a result-router's hold on a job it drives; another takes over once it lapses
     batch_tick_ms: int = 250  # how often the job driver looks at its jobs
     batch_end_grace_ms: int = 5000  # after a cancel or the window's end: wait this long for in-flight lines
+    files_tenant_max_bytes: int = 1024 * 1024 * 1024  # a tenant's live uploads, unless its key sets file_storage_bytes
+    batch_create_max_per_pod: int = 4  # batch creates validating at once on one API pod; past it 429
+    batch_create_max_per_tenant: int = 2  # ... of one tenant on one API pod
 
     # ops
     dev_redis_maxmemory_bytes: int = 512 * 1024 * 1024  # the dev/test stack's redis-server (volatile-lru past it)

@@ -19,6 +19,7 @@ from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.service import BatchJobs
 from llmq_api.errors import ApiError
+from llmq_api.ratelimit import RateLimiter
 from llmq_result_router.jobs import JobDriver, JobLedger
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,8 @@ class Harness:
         self.files = FileStore(self.settings.files_url)
         self.producer = RecordingProducer()
         models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
-        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models)
+        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models,
+                             RateLimiter(redis, self.clock))
         self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
         self.driver = self.new_driver()
         self.created: list[str] = []

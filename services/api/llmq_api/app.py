@@ -32,7 +32,7 @@ from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, store_unavailable
 from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body
 from llmq_api.pod import Pod
-from llmq_api.ratelimit import token_cost
+from llmq_api.ratelimit import Charge, check_fits, token_cost
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
 from llmq_api.waiters import Waiter
 
@@ -128,14 +128,21 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     generation = pod.gateway.build(valid, request_id=request_id, principal=principal, traffic_class=traffic_class,
                                    timeout_ms=timeout_ms, idempotency_key=idempotency_key)
     if idempotency_key is None:
-        await _admit(pod, principal, traffic_class, valid)
-        return await _run(pod, generation, valid)
+        charge = await _admit(pod, principal, traffic_class, valid)
+        return await _run(pod, generation, valid, charge=charge)
     claim = idempotency.Claim(request_id=request_id, fingerprint=idempotency.fingerprint(valid, traffic_class),
                               deadline_ms=generation.deadline_ms)
     earlier = await _redis_call(pod.idempotency.find(principal.tenant_id, idempotency_key))
+    charge = None
     if earlier is None:
-        await _admit(pod, principal, traffic_class, valid)
-        earlier = await _redis_call(pod.idempotency.claim(principal.tenant_id, idempotency_key, claim))
+        charge = await _admit(pod, principal, traffic_class, valid)
+        try:
+            earlier = await _redis_call(pod.idempotency.claim(principal.tenant_id, idempotency_key, claim))
+        except BaseException:
+            charge.cancel()
+            raise
+        if earlier is not None:  # joins the request that claimed the key first: never charged twice
+            charge.cancel()
     if earlier is not None:
         request.state.request_id = earlier.request_id
         return await _join(pod, generation, valid, claim, earlier)
@@ -143,31 +150,38 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     async def release() -> None:
         await pod.idempotency.release(principal.tenant_id, idempotency_key, request_id)
 
-    return await _run(pod, generation, valid, release)
+    return await _run(pod, generation, valid, release, charge)
 
 
-async def _admit(pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest) -> None:
-    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses."""
+async def _admit(pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest) -> Charge:
+    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses (a 400 for a token
+    estimate no bucket refill could ever cover). Returns the charge the request settles when it ends."""
     priority_class = constants.priority_class(traffic_class, principal.tier)
+    estimate = token_cost(valid, pod.catalog.context_windows().get(valid.model, 0))
+    check_fits(estimate, principal.tokens_per_min, valid)
     rejection = (pod.shed.check(priority_class, valid.model, pod.saturation.current, len(pod.registry))
-                 or await pod.limiter.acquire(principal, token_cost(valid)))
+                 or await pod.limiter.acquire(principal, estimate))
     if rejection is not None:
         pod.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()
         raise rejection.error
+    return Charge(pod.limiter, principal, estimate)
 
 
 async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,
-               on_gave_up: Callable[[], Awaitable[None]] | None = None) -> Response:
-    """Produce the request and hold the connection until its resolution; ``on_gave_up`` also runs if producing fails."""
+               on_gave_up: Callable[[], Awaitable[None]] | None = None, charge: Charge | None = None) -> Response:
+    """Produce the request and hold the connection until its resolution; ``on_gave_up`` also runs if producing fails.
+    ``charge`` is settled by the resolution, or cancelled when producing fails."""
     try:
         waiter = await pod.gateway.submit(generation)
     except BaseException:
+        if charge is not None:
+            charge.cancel()
         if on_gave_up is not None:
             await on_gave_up()
         raise
     pending = PendingRequest(request=generation, waiter=waiter, include_usage=valid.include_usage,
                              registry=pod.registry, publish_cancel=pod.publish_cancel, metrics=pod.metrics,
-                             clock=pod.clock, on_gave_up=on_gave_up)
+                             clock=pod.clock, on_gave_up=on_gave_up, on_resolved=charge and charge.settle)
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
 
 

@@ -26,17 +26,21 @@ PERMISSION_ERROR = "permission_error"
 DEV_KEY = "llmq-dev-key"
 DEV_FREE_KEY = "llmq-dev-free-key"
 PerMinute = Annotated[int, msgspec.Meta(ge=0)]
+Quota = Annotated[int, msgspec.Meta(ge=0)]
 Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]{64}$")]
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True):
-    """A caller: ``classes`` it may use (the first is its default), and limits per minute (0: unlimited)."""
+    """A caller: ``classes`` it may use (the first is its default), and limits per minute (0: unlimited); its batch
+    quota (0: 1440 x ``tokens_per_min``) and file storage quota (0: the ``files_tenant_max_bytes`` setting)."""
 
     tenant_id: str
     tier: Literal["paid", "free"] = TIER_PAID
     classes: tuple[str, ...] = TRAFFIC_CLASSES
     requests_per_min: int = 0
     tokens_per_min: int = 0
+    batch_tokens_per_day: int = 0
+    file_storage_bytes: int = 0
 
     def pick_class(self, header: str | None) -> str:
         """The traffic class from the ``x-llmq-class`` header value (absent: this caller's default class).
@@ -68,6 +72,8 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         default_factory=lambda: list(TRAFFIC_CLASSES))
     requests_per_min: PerMinute = 0
     tokens_per_min: PerMinute = 0
+    batch_tokens_per_day: Quota = 0
+    file_storage_bytes: Quota = 0
 
 
 class KeysFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -121,7 +127,8 @@ def load_keys_file(path: Path) -> list[KeyEntry]:
 def _principal(entry: KeyEntry) -> Principal:
     classes = tuple(sorted(set(entry.classes), key=TRAFFIC_CLASSES.index))
     return Principal(tenant_id=entry.tenant, tier=entry.tier, classes=classes,
-                     requests_per_min=entry.requests_per_min, tokens_per_min=entry.tokens_per_min)
+                     requests_per_min=entry.requests_per_min, tokens_per_min=entry.tokens_per_min,
+                     batch_tokens_per_day=entry.batch_tokens_per_day, file_storage_bytes=entry.file_storage_bytes)
 
 
 def _digest(key: str) -> str:

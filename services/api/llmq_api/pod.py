@@ -253,6 +253,8 @@ class Pod:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):  # refunds of requests that just ended (each bounded)
+            await self.limiter.drain()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.redis.delete(constants.pod_key(self.instance_id),
                                                      constants.alive_key("api", self.instance_id)),

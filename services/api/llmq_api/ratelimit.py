@@ -1,47 +1,59 @@
-"""Per-tenant rate limits shared by every API pod: two token buckets per tenant in Redis, taken by one Lua script.
+"""Per-tenant limits shared by every API pod: token buckets per tenant in Redis, taken and refilled by Lua scripts.
 
 Bucket ``requests`` holds up to ``requests_per_min`` and refills at that rate per minute; bucket ``tokens`` the
-same with ``tokens_per_min``, charged the request's prompt tokens plus ``max_tokens * n``. A request passes only
-when both hold enough (a cost above a bucket's size is charged as the whole bucket, so a large request waits for a
-full bucket instead of never passing); a refused request takes nothing. Time comes from the pod's injected clock.
-Redis unreachable lets requests through (logged): the pod's own admission control still bounds the load; Redis
-refusing the write (maxmemory) answers 503 ``store_unavailable``, or every tenant's limits would lapse while it is full.
+same with ``tokens_per_min``. A generation request is charged at admission with its estimate (:func:`token_cost`:
+prompt tokens plus ``n`` times the most each choice may generate) and settled when it ends (:class:`Charge`): the
+part of the estimate it did not use is refunded. An estimate above the bucket's size could never be admitted and is
+refused with a 400 (:func:`check_fits`): a 429 would make SDKs retry in vain. Batch jobs draw from a third bucket,
+``batch_tokens`` (``batch_tokens_per_day``, by default 1440 x ``tokens_per_min``), charged with the estimate of all of
+a job's lines at create. A request passes only when every bucket it draws from holds enough; a refused request takes
+nothing. Time comes from the pod's injected clock. Redis unreachable lets requests through (logged): the pod's own
+admission control still bounds the load; Redis refusing the write (maxmemory) answers 503 ``store_unavailable``,
+or every tenant's limits would lapse while it is full.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from llmq_core import wire
 from llmq_core.clock import Clock
-from llmq_core.constants import ratelimit_key
+from llmq_core.constants import MAX_RESULT_BYTES, ratelimit_key
 from llmq_api.admission import Rejection, retry_after_s, too_many_requests
 from llmq_api.auth import Principal
-from llmq_api.errors import store_unavailable
+from llmq_api.errors import ApiError, invalid, store_unavailable
+from llmq_api.exchange import SHUTDOWN_REASON
 from llmq_api.validation import ValidRequest
+from llmq_api.waiters import Abandoned, Resolution
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 0.25
-BUCKETS = ("requests", "tokens")
+MINUTE_MS = 60_000
+DAY_MS = 86_400_000
+BATCH_BUCKET = "batch_tokens"
 
-# KEYS: the requests and tokens buckets. ARGV: now_ms, then (limit per minute, cost) for each bucket (limit 0: none).
-# Levels are kept in tokens x 60000 (token-milliseconds per minute), so refills of `limit` per ms stay whole numbers.
+# KEYS: the buckets. ARGV: now_ms, then (limit per period, period ms, cost) per bucket (limit 0: none).
+# Levels are kept in tokens x period ms, so refills of `limit` per ms stay whole numbers.
 # Returns {1, 0, 0} when taken, {0, wait_ms, bucket number} when refused.
 _TAKE = """
 local now = tonumber(ARGV[1])
 local after, stamp, wait, which = {}, {}, 0, 0
-for i = 1, 2 do
-  local limit, cost = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+for i = 1, #KEYS do
+  local limit, period, cost = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
   if limit > 0 then
-    local size = limit * 60000
+    local size = limit * period
     local state = redis.call('HMGET', KEYS[i], 'level', 'ms')
     local level, last = tonumber(state[1]) or size, tonumber(state[2]) or now
     level = math.min(size, level + math.max(0, now - last) * limit)
-    cost = math.min(cost * 60000, size)
+    cost = math.min(cost * period, size)
     after[i], stamp[i] = level - cost, math.max(now, last)
     if level < cost then
       local need = math.ceil((cost - level) / limit)
@@ -50,19 +62,81 @@ for i = 1, 2 do
   end
 end
 if wait > 0 then return {0, wait, which} end
-for i = 1, 2 do
+for i = 1, #KEYS do
   if after[i] then
     redis.call('HSET', KEYS[i], 'level', string.format('%d', after[i]), 'ms', string.format('%d', stamp[i]))
-    redis.call('PEXPIRE', KEYS[i], 60000)
+    redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[3 * i]))
   end
 end
 return {1, 0, 0}
 """
 
+# KEYS and ARGV as _TAKE, with amounts to give back instead of costs. A bucket whose key is gone is full already.
+_GIVE = """
+local now = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  local limit, period, amount = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  local state = redis.call('HMGET', KEYS[i], 'level', 'ms')
+  if limit > 0 and amount > 0 and state[1] then
+    local last = tonumber(state[2])
+    local level = math.min(limit * period, tonumber(state[1]) + math.max(0, now - last) * limit + amount * period)
+    redis.call('HSET', KEYS[i], 'level', string.format('%d', level), 'ms', string.format('%d', math.max(now, last)))
+  end
+end
+return 1
+"""
 
-def token_cost(valid: ValidRequest) -> int:
-    """What a request charges the ``tokens`` bucket: its prompt tokens plus the most it may generate."""
-    return valid.prompt_tokens + valid.sampling.max_tokens * valid.sampling.n
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """What one call takes from (or gives back to) one bucket: ``limit`` per ``period_ms`` (0: unlimited)."""
+
+    bucket: str
+    limit: int
+    period_ms: int
+    amount: int
+
+
+def effective_max_tokens(valid: ValidRequest, context_window: int) -> int:
+    """The most one choice may generate: ``max_tokens`` (a missing one is already its default), within the context
+    window left after the prompt (0: unknown) and within its share of the result byte cap (a token is at least a
+    byte: the workers stop there)."""
+    bounds = [valid.sampling.max_tokens, MAX_RESULT_BYTES // valid.sampling.n]
+    if context_window > 0:
+        bounds.append(max(0, context_window - valid.prompt_tokens))
+    return min(bounds)
+
+
+def token_cost(valid: ValidRequest, context_window: int = 0) -> int:
+    """A request's estimate, what it is charged at admission: its prompt tokens plus ``n`` x the most each choice may
+    generate (:func:`effective_max_tokens`)."""
+    return valid.prompt_tokens + valid.sampling.n * effective_max_tokens(valid, context_window)
+
+
+def check_fits(estimate: int, limit: int, valid: ValidRequest) -> None:
+    """Raise a 400 naming the parameter to lower when ``estimate`` exceeds a bucket of size ``limit`` (0: none)."""
+    if not limit or estimate <= limit:
+        return
+    n, prompt = valid.sampling.n, valid.prompt_tokens
+    per_choice = (estimate - prompt) // n
+    if prompt >= limit:
+        param = "prompt" if valid.endpoint == "completions" else "messages"
+    else:
+        param = "n" if n > 1 and prompt + per_choice <= limit else "max_tokens"
+    raise invalid(f"This request could never be admitted: its token estimate is {estimate} (prompt {prompt} + n {n} "
+                  f"x max_tokens {per_choice}), but this API key's tokens per min limit is {limit}. Lower '{param}' "
+                  "(a 400, not a 429: retrying the same request cannot succeed)", param=param,
+                  code="tokens_exceed_limit")
+
+
+def used_tokens(resolution: Resolution) -> int | None:
+    """Tokens a request really spent, known from its result; None when the pod gave up on it (deadline, client gone:
+    the work may have run, so the estimate stands). A pod shutdown told the client to retry: it spent nothing."""
+    if isinstance(resolution, wire.FinalResult):
+        return resolution.usage.prompt_tokens + resolution.usage.completion_tokens
+    if isinstance(resolution, Abandoned) and resolution.reason == SHUTDOWN_REASON:
+        return 0
+    return None
 
 
 class RateLimiter:
@@ -70,17 +144,51 @@ class RateLimiter:
 
     def __init__(self, redis: Redis, clock: Clock) -> None:
         self._take = redis.register_script(_TAKE)
+        self._give = redis.register_script(_GIVE)
         self._clock = clock
+        self._settling: set[asyncio.Task] = set()
 
     async def acquire(self, principal: Principal, tokens: int) -> Rejection | None:
         """Charge one request of ``tokens`` to ``principal``'s tenant; a Rejection when a bucket is short."""
-        limits = (principal.requests_per_min, principal.tokens_per_min)
-        if not any(limits):
-            return None
-        keys = [ratelimit_key(principal.tenant_id, bucket) for bucket in BUCKETS]
-        args = [self._clock.now_ms(), limits[0], 1, limits[1], tokens]
+        return await self._draw(principal, [Draw("requests", principal.requests_per_min, MINUTE_MS, 1),
+                                            Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens)])
+
+    async def acquire_batch(self, principal: Principal, tokens: int) -> Rejection | None:
+        """Charge a batch job of ``tokens`` (all its lines' estimates) to the tenant's daily batch quota."""
+        return await self._draw(principal, [Draw(BATCH_BUCKET, batch_tokens_per_day(principal), DAY_MS, tokens)])
+
+    async def refund(self, principal: Principal, tokens: int, requests: int = 0) -> None:
+        """Give back ``tokens`` (and ``requests``) taken by :meth:`acquire`; best effort, never raises."""
+        await self._give_back(principal, [Draw("requests", principal.requests_per_min, MINUTE_MS, requests),
+                                          Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens)])
+
+    async def refund_batch(self, principal: Principal, tokens: int) -> None:
+        """Give back a batch charge of :meth:`acquire_batch` whose job was not created; never raises."""
+        await self._give_back(principal, [Draw(BATCH_BUCKET, batch_tokens_per_day(principal), DAY_MS, tokens)])
+
+    async def _give_back(self, principal: Principal, draws: Sequence[Draw]) -> None:
+        if not any(d.limit and d.amount for d in draws):
+            return
         try:
-            taken, wait_ms, which = await asyncio.wait_for(self._take(keys=keys, args=args), TIMEOUT_S)
+            await asyncio.wait_for(self._give(keys=_keys(principal, draws), args=self._args(draws)), TIMEOUT_S)
+        except Exception as exc:
+            log.warning("rate limit refund to %s failed: %r", principal.tenant_id, exc)
+
+    def settle_later(self, principal: Principal, tokens: int, requests: int = 0) -> None:
+        """:meth:`refund` in the background (callers may be cancelled); :meth:`drain` awaits what is still running."""
+        task = asyncio.ensure_future(self.refund(principal, tokens, requests))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def drain(self) -> None:
+        await asyncio.gather(*self._settling, return_exceptions=True)
+
+    async def _draw(self, principal: Principal, draws: Sequence[Draw]) -> Rejection | None:
+        if not any(d.limit for d in draws):
+            return None
+        try:
+            taken, wait_ms, which = await asyncio.wait_for(
+                self._take(keys=_keys(principal, draws), args=self._args(draws)), TIMEOUT_S)
         except ResponseError as exc:  # Redis refuses writes (maxmemory): limits cannot be kept, so refuse the request
             raise store_unavailable(exc) from None
         except Exception as exc:
@@ -88,8 +196,63 @@ class RateLimiter:
             return None
         if taken:
             return None
-        bucket = BUCKETS[which - 1]
-        retry_s = retry_after_s(wait_ms)
-        message = (f"Rate limit reached for tenant {principal.tenant_id} on {bucket} per min: limit "
-                   f"{limits[which - 1]}. Please try again in {retry_s}s.")
-        return Rejection(f"tenant_{bucket}", too_many_requests(message, retry_s, type=bucket))
+        draw = draws[which - 1]
+        per = "min" if draw.period_ms == MINUTE_MS else "day"
+        retry_s = retry_after_s(wait_ms) if draw.period_ms == MINUTE_MS else max(1, math.ceil(wait_ms / 1000))
+        message = (f"Rate limit reached for tenant {principal.tenant_id} on {draw.bucket} per {per}: limit "
+                   f"{draw.limit}. Please try again in {retry_s}s.")
+        return Rejection(f"tenant_{draw.bucket}", too_many_requests(message, retry_s, type=draw.bucket))
+
+    def _args(self, draws: Sequence[Draw]) -> list[int]:
+        args = [self._clock.now_ms()]
+        for draw in draws:
+            args += [draw.limit, draw.period_ms, draw.amount]
+        return args
+
+
+def _keys(principal: Principal, draws: Sequence[Draw]) -> list[str]:
+    return [ratelimit_key(principal.tenant_id, draw.bucket) for draw in draws]
+
+
+def batch_tokens_per_day(principal: Principal) -> int:
+    """The tenant's batch quota: its own, else the day's worth of its per-minute tokens (0: unlimited)."""
+    return principal.batch_tokens_per_day or principal.tokens_per_min * 1440
+
+
+def check_batch_fits(estimate: int, principal: Principal) -> None:
+    """Raise a 400 when a batch's total estimate exceeds the tenant's batch quota: it could never be created."""
+    limit = batch_tokens_per_day(principal)
+    if limit and estimate > limit:
+        raise ApiError(400, f"This batch could never run: its lines' token estimate is {estimate} (prompt tokens + "
+                       f"n x max_tokens per line), but this API key's batch tokens per day quota is {limit}. Split "
+                       "the file or lower 'max_tokens' / 'n' in its lines (a 400, not a 429: retrying cannot "
+                       "succeed)", param="input_file_id", code="batch_tokens_exceed_quota")
+
+
+class Charge:
+    """One admitted request's charge of ``estimate`` tokens, settled once when it ends: what it did not use (by its
+    result's usage; never more than the estimate is kept) goes back to the bucket."""
+
+    def __init__(self, limiter: RateLimiter, principal: Principal, estimate: int) -> None:
+        self._limiter = limiter
+        self._principal = principal
+        self.estimate = estimate
+        self.settled = False
+
+    def settle(self, resolution: Resolution) -> None:
+        """Settle by the request's resolution (see :func:`used_tokens`)."""
+        used = used_tokens(resolution)
+        self._settle(self.estimate if used is None else used, requests=0)
+
+    def cancel(self) -> None:
+        """The request was never queued (produce failed, an idempotent retry joined an earlier one): give all back."""
+        self._settle(0, requests=1)
+
+    def _settle(self, used: int, requests: int) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        unused = self.estimate - min(max(used, 0), self.estimate)
+        limited = self._principal.requests_per_min or self._principal.tokens_per_min
+        if limited and (unused or requests):  # an unlimited tenant's requests cost the hot path no task
+            self._limiter.settle_later(self._principal, unused, requests)

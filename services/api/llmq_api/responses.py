@@ -35,12 +35,14 @@ class PendingRequest:
     """Everything one held connection needs: the produced request, its waiter, and the pod's shared parts.
 
     ``on_gave_up`` runs once the pod gave up on the request (its deadline passed or its client left);
-    ``headers`` are added to the response.
+    ``on_resolved`` is called once with the resolution, however the wait ends (it must not block: it is called while
+    the wait may be being cancelled); ``headers`` are added to the response.
     """
 
     def __init__(self, *, request: wire.GenerationRequest, waiter: Waiter, include_usage: bool,
                  registry: WaiterRegistry, publish_cancel: CancelPublisher, metrics: ApiMetrics, clock: Clock,
                  on_gave_up: Callable[[], Awaitable[None]] | None = None,
+                 on_resolved: Callable[[Resolution], None] | None = None,
                  headers: dict[str, str] | None = None) -> None:
         self.request = request
         self.waiter = waiter
@@ -50,6 +52,7 @@ class PendingRequest:
         self.metrics = metrics
         self.clock = clock
         self.on_gave_up = on_gave_up
+        self.on_resolved = on_resolved
         self.headers = headers or {}
         self.started_s = time.perf_counter()
         self.first_text_s: float | None = None  # streaming: accepted (created_ms) to the first text written
@@ -65,9 +68,13 @@ class PendingRequest:
     async def resolution(self, receive: Receive, on_chunk=None) -> Resolution:
         """Wait for the resolution, giving up at the request's deadline or when the client disconnects."""
         remaining_s = max(0.0, (self.request.deadline_ms - self.clock.now_ms()) / 1000)
-        resolution = await wait_for_resolution(
-            self.registry, self.waiter, deadline=asyncio.sleep(remaining_s), client_gone=_disconnected(receive),
-            publish_cancel=self.publish_cancel, on_chunk=on_chunk)
+        try:
+            resolution = await wait_for_resolution(
+                self.registry, self.waiter, deadline=asyncio.sleep(remaining_s), client_gone=_disconnected(receive),
+                publish_cancel=self.publish_cancel, on_chunk=on_chunk)
+        finally:  # the wait resolved the waiter however it ended
+            if self.on_resolved is not None:
+                self.on_resolved(self.waiter.resolution)
         if isinstance(resolution, wire.FinalResult) and tracing.enabled():  # worker finished -> Redis -> this pod
             tracing.record_span("api.reply", resolution.finished_ms, self.clock.now_ms(),
                                 attributes={"llmq.request_id": self.request_id,

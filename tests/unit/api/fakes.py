@@ -44,7 +44,8 @@ class Trigger:
 
 class FakeRedis:
     """In memory, the Redis calls an API pod makes (no expiry). Scripts: the idempotency release compares and deletes;
-    the rate limiter's take answers ``take_reply`` ({1, 0, 0}: granted) and records its keys and args."""
+    the rate limiter's take answers ``take_reply`` ({1, 0, 0}: granted) and records its keys and args in ``takes``,
+    its refund in ``gives``."""
 
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
@@ -52,6 +53,7 @@ class FakeRedis:
         self.hashes: dict[str, dict[bytes, bytes]] = {}
         self.take_reply = [1, 0, 0]
         self.takes: list[tuple[list, list]] = []
+        self.gives: list[tuple[list, list]] = []
 
     async def publish(self, channel: str, data: bytes) -> int:
         self.published.append((channel, data))
@@ -82,6 +84,9 @@ class FakeRedis:
                 return 0
             if "ZPOPMIN" in script:  # the result-router's ResultStore.put: first stored wins, no bound
                 return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
+            if "amount" in script:  # the rate limiter's refund
+                self.gives.append((keys, args))
+                return 1
             self.takes.append((keys, args))
             return list(self.take_reply)
         return run

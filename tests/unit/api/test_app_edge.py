@@ -153,7 +153,7 @@ async def test_tenant_rate_limit_is_a_429_naming_the_bucket(setup):
     assert response.status_code == 429 and response.headers["retry-after"] == "2"
     assert response.json()["error"]["type"] == "requests" and worker.produced == []
     (keys_args,) = redis.takes
-    assert keys_args[1][1:] == [1, 1, 10, 3 + 5]  # one request; prompt + max_tokens tokens
+    assert keys_args[1][1:] == [1, 60_000, 1, 10, 60_000, 3 + 5]  # one request; prompt + max_tokens tokens
 
 
 async def test_idempotent_retry_returns_the_stored_result_without_running_again(setup):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from llmq_api.batch_jobs.inputs import MAX_REPORTED_ERRORS, Limits, check_input
+from llmq_api.batch_jobs.inputs import MAX_REPORTED_ERRORS, InputChecker, Limits, check_input
 from llmq_core.models import BUILTIN_MODELS
 
 MODELS = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
@@ -108,3 +108,26 @@ def test_reported_errors_are_capped_with_a_count_of_the_rest():
     reported = checked.reported_errors()
     assert len(reported) == MAX_REPORTED_ERRORS + 1
     assert reported[-1].code == "too_many_errors" and "5 more" in reported[-1].message
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1 << 20])
+def test_streamed_in_chunks_the_file_checks_as_it_does_whole(chunk_bytes):
+    data = ("\ufeff" + line("a") + "\r\n\n" + line("b") + "\n{oops\n" + line("a") + "\n" + line("c")).encode()
+    limits = Limits(max_lines=10, max_line_bytes=1000)
+    whole = check_input(data, "/v1/chat/completions", MODELS, limits)
+    checker = InputChecker("/v1/chat/completions", MODELS, limits)
+    lines = [x for start in range(0, len(data), chunk_bytes) for x in checker.feed(data[start:start + chunk_bytes])]
+    lines += checker.end()
+    assert [(x.line, x.custom_id) for x in lines] == [(x.line, x.custom_id) for x in whole.lines] == [
+        (1, "a"), (3, "b"), (6, "c")]
+    assert checker.checked.errors == whole.errors and len(whole.errors) == 2
+
+
+def test_a_line_too_long_is_never_held_whole():
+    checker = InputChecker("/v1/chat/completions", MODELS, Limits(max_lines=10, max_line_bytes=300))
+    for _ in range(50):
+        checker.feed(b"x" * 1000)
+        assert len(checker._buffer) <= 301
+    assert checker.feed(b"\n" + line("ok").encode() + b"\n")[0].custom_id == "ok"
+    (error,) = checker.checked.errors
+    assert (error.code, error.line) == ("line_too_large", 1) and "50000 bytes" in error.message

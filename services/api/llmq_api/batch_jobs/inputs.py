@@ -69,32 +69,80 @@ class CheckedInput:
         return [*self.errors, jobs.LineError(code="too_many_errors", message=f"{left_out} more errors not listed")]
 
 
-def check_input(data: bytes, endpoint: str, models: Mapping[str, int], limits: Limits) -> CheckedInput:
-    """Validate a whole input file for ``endpoint`` (an OpenAI path such as ``/v1/chat/completions``).
+class InputChecker:
+    """Checks an input file line by line as it streams in: :meth:`feed` its chunks in order, then :meth:`end`. Each
+    returns the structurally valid lines completed so far; ``checked`` gathers the errors (its ``lines`` stay empty).
+    It keeps at most one line of the file (``max_line_bytes``) and the custom_ids seen; ``stopped`` turns True once
+    the file has too many lines (the rest need not be read)."""
 
-    ``models`` maps served model names to context windows (see :mod:`llmq_api.validation`).
-    """
-    checked = CheckedInput()
-    seen: set[str] = set()
-    count = 0
-    for number, raw in enumerate(data.removeprefix(BOM).split(b"\n"), start=1):
-        raw = raw.removesuffix(b"\r")
-        if not raw.strip():
-            continue
-        count += 1
-        if count > limits.max_lines:
-            checked.fail("too_many_lines", f"The file has more than {limits.max_lines} requests", line=number)
-            break
-        if len(raw) > limits.max_line_bytes:
-            checked.fail("line_too_large", f"Line is {len(raw)} bytes; the limit is {limits.max_line_bytes}",
-                         line=number)
-            continue
-        line = _check_line(raw, number, endpoint, models, seen, checked)
-        if line is not None:
-            checked.lines.append(line)
-    if count == 0:
-        checked.fail("empty_file", "The input file has no requests")
-    return checked
+    def __init__(self, endpoint: str, models: Mapping[str, int], limits: Limits) -> None:
+        self.endpoint, self.models, self.limits = endpoint, models, limits
+        self.checked = CheckedInput()
+        self.stopped = False
+        self._seen: set[str] = set()
+        self._count = 0  # request lines (not blank)
+        self._number = 0  # physical lines
+        self._buffer = bytearray()
+        self._skipped = 0  # bytes of a line too long to keep
+
+    def feed(self, chunk: bytes) -> list[InputLine]:
+        out: list[InputLine] = []
+        start = 0
+        while not self.stopped:
+            end = chunk.find(b"\n", start)
+            self._take(chunk[start:] if end < 0 else chunk[start:end])
+            if end < 0:
+                break
+            out += self._line()
+            start = end + 1
+        return out
+
+    def end(self) -> list[InputLine]:
+        """The last line (one without a line end), and the empty file's error."""
+        out = self._line() if (self._buffer or self._skipped) and not self.stopped else []
+        if self._count == 0:
+            self.checked.fail("empty_file", "The input file has no requests")
+        return out
+
+    def _take(self, piece: bytes) -> None:
+        if self._skipped or len(self._buffer) + len(piece) > self.limits.max_line_bytes + 1:  # + 1: a CR
+            self._skipped += len(self._buffer) + len(piece)
+            self._buffer.clear()
+        else:
+            self._buffer += piece
+
+    def _line(self) -> list[InputLine]:
+        self._number += 1
+        raw, skipped = bytes(self._buffer).removesuffix(b"\r"), self._skipped
+        self._buffer.clear()
+        self._skipped = 0
+        if self._number == 1:
+            raw = raw.removeprefix(BOM)
+        if not skipped and not raw.strip():
+            return []
+        self._count += 1
+        limits = self.limits
+        if self._count > limits.max_lines:
+            self.checked.fail("too_many_lines", f"The file has more than {limits.max_lines} requests",
+                              line=self._number)
+            self.stopped = True
+            return []
+        size = skipped or len(raw)
+        if size > limits.max_line_bytes:
+            self.checked.fail("line_too_large", f"Line is {size} bytes; the limit is {limits.max_line_bytes}",
+                              line=self._number)
+            return []
+        line = _check_line(raw, self._number, self.endpoint, self.models, self._seen, self.checked)
+        return [] if line is None else [line]
+
+
+def check_input(data: bytes, endpoint: str, models: Mapping[str, int], limits: Limits) -> CheckedInput:
+    """Validate a whole input file held in memory for ``endpoint`` (an OpenAI path such as ``/v1/chat/completions``);
+    :class:`InputChecker` does the same as the file streams in. ``models`` maps served model names to context
+    windows (see :mod:`llmq_api.validation`)."""
+    checker = InputChecker(endpoint, models, limits)
+    checker.checked.lines = checker.feed(data) + checker.end()
+    return checker.checked
 
 
 def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int], seen: set[str],

@@ -29,7 +29,7 @@ def _jobs(request: Request) -> BatchJobs:
     if service is None:
         pod = state.pod
         service = state.batch_jobs = BatchJobs(pod.settings, JobStore(pod.redis), FileStore(pod.settings.files_url),
-                                               pod.clock, pod.catalog.context_windows)
+                                               pod.clock, pod.catalog.context_windows, pod.limiter)
     return service
 
 
@@ -57,6 +57,7 @@ async def create_file(request: Request) -> dict:
     if declared is not None and declared > limit_bytes:
         raise ApiError(413, f"File is larger than the limit of {service.settings.files_max_bytes} bytes",
                        param="file", code="file_too_large")
+    await service.admit_upload(principal)
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise ApiError(415, "Upload files as multipart/form-data with fields 'file' and 'purpose'",
                        code="unsupported_media_type")

@@ -1,16 +1,19 @@
 """The API pod's side of files and batch jobs: store uploads, validate and create jobs, read them back, ask for a
 cancel. Every object belongs to the tenant that created it; any other tenant gets the same 404 as for a missing one.
 
-Creating a job is synchronous: the input file is validated line by line (in a thread) while the request waits, so a
-batch is returned ``in_progress`` (its lines are in the ledger and the result-routers drive it) or ``failed`` (with
-the structural errors). The API pod never produces lines itself: see :mod:`llmq_result_router.jobs`.
+Creating a job is synchronous: the input file is streamed from the store and validated line by line (in a thread)
+while the request waits, never held whole, so a batch is returned ``in_progress`` (its lines are in the ledger and
+the result-routers drive it) or ``failed`` (with the structural errors). The API pod never produces lines itself: see
+:mod:`llmq_result_router.jobs`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import msgspec
@@ -22,11 +25,14 @@ from llmq_core.filestore import FileStore
 from llmq_core.jobs import FileRecord, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.settings import Settings
-from llmq_api.auth import Principal
+from llmq_api.admission import too_many_requests
+from llmq_api.auth import PERMISSION_ERROR, Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.errors import ApiError, invalid
+from llmq_api.ratelimit import RateLimiter, check_batch_fits, token_cost
 
 UPLOAD_CHUNK_BYTES = 1 << 20
+CREATE_RETRY_AFTER_S = 2  # a busy pod's or tenant's creates: each takes about a second per 10 MB of input
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 _json = msgspec.json.encode
 
@@ -44,42 +50,99 @@ def not_found(kind: str, object_id: str) -> ApiError:
     return ApiError(404, f"No such {kind}: '{object_id}'", param="id", code="not_found")
 
 
+@dataclass
+class _Tally:
+    """What validating an input file counts as it streams: lines, the runnable ones' token estimate, prepared bytes."""
+
+    total: int = 0
+    runnable: int = 0
+    errored: int = 0
+    estimate: int = 0
+    position: int = 0
+
+
+class _Failed(Exception):
+    """The input file has structural errors: the job is created ``failed`` with them."""
+
+    def __init__(self, checked: inputs.CheckedInput) -> None:
+        self.checked = checked
+
+
 class BatchJobs:
-    """Files and jobs of one API pod. ``models()`` gives the served models (name -> context window)."""
+    """Files and jobs of one API pod. ``models()`` gives the served models (name -> context window); ``limiter`` the
+    tenants' buckets (every POST takes a request; a batch its lines' estimate from the batch quota)."""
 
     def __init__(self, settings: Settings, store: JobStore, files: FileStore, clock: Clock,
-                 models: Callable[[], Mapping[str, int]]) -> None:
+                 models: Callable[[], Mapping[str, int]], limiter: RateLimiter) -> None:
         self.settings = settings
         self.store = store
         self.files = files
         self.clock = clock
         self.models = models
+        self.limiter = limiter
+        self._creating: list[str] = []  # tenant of each create running on this pod
 
     # --- files ----------------------------------------------------------------------------------------------------
 
+    async def admit_upload(self, principal: Principal) -> None:
+        """Before an upload is read: 403 for a key that may not use the deferred class (files only feed batches),
+        429 past the tenant's requests per minute, 400 when its storage quota is full already."""
+        _check_deferred(principal, "upload files for batches")
+        await self._take_request(principal)
+        quota, used = await self._storage(principal)
+        if used >= quota:
+            raise self._over_quota(quota, used)
+
     async def upload(self, principal: Principal, filename: str, purpose: str, source: BinaryIO) -> FileRecord:
-        """Store an uploaded input file (``purpose`` must be ``batch``). 413 past ``files_max_bytes``."""
+        """Store an uploaded input file (``purpose`` must be ``batch``). 413 past ``files_max_bytes``; 400 past the
+        tenant's storage quota (the bytes of its live uploads)."""
         if purpose != jobs.FILE_PURPOSE_BATCH:
             raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {purpose!r}", param="purpose")
         file_id = f"file-{uuid.uuid4().hex}"
         path = f"files/{file_id}"
-        limit = self.settings.files_max_bytes
+        quota, used = await self._storage(principal)
+        limit = min(self.settings.files_max_bytes, quota - used)
         try:
             size = await self.files.write(path, _chunks(source, limit))
         except _TooLarge:
             await self.files.delete(path)
+            if limit < self.settings.files_max_bytes:
+                raise self._over_quota(quota, used) from None
             raise ApiError(413, f"File is larger than the limit of {limit} bytes", param="file",
                            code="file_too_large") from None
+        if await self.store.reserve_storage(principal.tenant_id, size, quota) is None:  # a concurrent upload won
+            await self.files.delete(path)
+            raise self._over_quota(quota, await self.store.stored_bytes(principal.tenant_id))
         now_s = self.clock.now_ms() // 1000
         record = FileRecord(id=file_id, tenant_id=principal.tenant_id, filename=filename or "upload.jsonl",
                             purpose=purpose, bytes=size, created_at=now_s,
                             expires_at=now_s + self.settings.files_retention_s, path=path)
         try:
             await self.store.put_file(record)
-        except Exception:  # Redis refused the record (503): no sweep would ever find these bytes
-            await self.files.delete(path)
+        except BaseException:
+            try:
+                await self.store.release_storage(principal.tenant_id, size)
+            finally:  # Redis refused the record (503): no sweep would ever find these bytes
+                await self.files.delete(path)
             raise
         return record
+
+    async def _storage(self, principal: Principal) -> tuple[int, int]:
+        """(the tenant's storage quota, the bytes its live uploads take now)."""
+        quota = principal.file_storage_bytes or self.settings.files_tenant_max_bytes
+        return quota, await self.store.stored_bytes(principal.tenant_id)
+
+    @staticmethod
+    def _over_quota(quota: int, used: int) -> ApiError:
+        return invalid(f"This upload would exceed the tenant's file storage quota of {quota} bytes ({used} bytes "
+                       "in use by live files); delete files (DELETE /v1/files/{id}) to make room",
+                       param="file", code="storage_quota_exceeded")
+
+    async def _take_request(self, principal: Principal) -> None:
+        """One request from the tenant's requests per minute: files and batches count like generation requests."""
+        rejection = await self.limiter.acquire(principal, 0)
+        if rejection is not None:
+            raise rejection.error
 
     async def get_file(self, principal: Principal, file_id: str) -> FileRecord:
         record = await self.store.get_file(file_id)
@@ -128,11 +191,12 @@ class BatchJobs:
 
     async def create(self, principal: Principal, body: bytes, idempotency_key: str | None = None) -> JobView:
         """Validate and create a job from a ``POST /v1/batches`` body. A repeated ``idempotency_key`` returns the
-        batch it created (nothing runs twice). Raises 400 (bad body, endpoint, window, metadata, input file purpose),
-        403 (the key may not use the deferred class), 404 (input file), 409 (the same key's batch is being created)."""
-        if DEFERRED not in principal.classes:
-            raise ApiError(403, "This API key may not use the deferred class that batches run in",
-                           type="permission_error", code="class_not_allowed")
+        batch it created (nothing runs twice). Raises 400 (bad body, endpoint, window, metadata, input file purpose,
+        an estimate over the batch quota), 403 (the key may not use the deferred class), 404 (input file), 409 (the
+        same key's batch is being created), 429 (requests per minute, the batch quota's rest today, concurrent
+        creates)."""
+        _check_deferred(principal, "create batches")
+        await self._take_request(principal)
         request = _decode_create(body)
         batch_id = f"batch_{uuid.uuid4().hex}"
         if idempotency_key is None:
@@ -164,58 +228,114 @@ class BatchJobs:
         source = await self.get_file(principal, request.input_file_id)
         if source.purpose != jobs.FILE_PURPOSE_BATCH or source.kind != "input":
             raise invalid(f"File {source.id} does not have purpose 'batch'", param="input_file_id")
-        data = await self.files.read(source.path)
-        limits = inputs.Limits(self.settings.batch_max_lines, self.settings.batch_max_line_bytes)
-        checked = await asyncio.to_thread(inputs.check_input, data, endpoint, self.models(), limits)
-        spec = self._spec(batch_id, principal, request, window_s, checked)
-        if checked.errors:
-            return await self._fail(spec, checked)
-        return await self._start(spec, principal, checked)
+        spec = self._spec(batch_id, principal, request, window_s)
+        with self._create_slot(principal.tenant_id):
+            try:
+                return await self._validate(spec, principal, source.path)
+            except _Failed as failed:
+                await self._discard(spec)
+                return await self._fail(spec, failed.checked)
+            except BaseException:
+                await self._discard(spec)
+                raise
 
-    def _spec(self, batch_id: str, principal: Principal, request: CreateBatch, window_s: int,
-              checked: inputs.CheckedInput) -> JobSpec:
+    async def _discard(self, spec: JobSpec) -> None:
+        """Drop what validating a job that is not created wrote ahead: its ledger slices and prepared file."""
+        await self.store.discard_ledger(spec.id)
+        await self.files.delete(spec.prepared_path)
+
+    @contextlib.contextmanager
+    def _create_slot(self, tenant_id: str) -> Iterator[None]:
+        """One of the pod's and the tenant's concurrent creates; 429 with Retry-After when none is free."""
+        settings = self.settings
+        if len(self._creating) >= settings.batch_create_max_per_pod or \
+                self._creating.count(tenant_id) >= settings.batch_create_max_per_tenant:
+            raise too_many_requests(f"Too many batches are being created at once (at most "
+                                    f"{settings.batch_create_max_per_tenant} per tenant and "
+                                    f"{settings.batch_create_max_per_pod} per API pod); retry shortly",
+                                    CREATE_RETRY_AFTER_S)
+        self._creating.append(tenant_id)
+        try:
+            yield
+        finally:
+            self._creating.remove(tenant_id)
+
+    def _spec(self, batch_id: str, principal: Principal, request: CreateBatch, window_s: int) -> JobSpec:
+        """The job's spec before its input is read (``total`` and ``runnable`` are counted while it is)."""
         now_ms = self.clock.now_ms()
         return JobSpec(id=batch_id, tenant_id=principal.tenant_id, endpoint=request.endpoint,
                        input_file_id=request.input_file_id, completion_window=request.completion_window,
                        created_ms=now_ms, expires_ms=now_ms + window_s * 1000, metadata=request.metadata,
                        output_file_id=f"file-{uuid.uuid4().hex}", error_file_id=f"file-{uuid.uuid4().hex}",
-                       total=len(checked.lines), runnable=sum(1 for line in checked.lines if line.valid),
                        prepared_path=f"jobs/{batch_id}/requests.jsonl", results_path=f"jobs/{batch_id}/results.jsonl")
 
-    async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
-        now_s = spec.created_ms // 1000
-        spec = msgspec.structs.replace(spec, total=0, runnable=0)
-        await self.store.create_job(spec, jobs.FAILED, {jobs.VALIDATING: now_s, jobs.FAILED: now_s}, files=(),
-                                    errors=checked.reported_errors())
-        return await self._read(spec.id)
+    async def _validate(self, spec: JobSpec, principal: Principal, source_path: str) -> JobView:
+        """Stream the input file from the store line by line: each valid line goes to the prepared file and the
+        job's ledger (written ahead of the job, a slice per chunk read), so the pod holds one chunk at a time.
+        Then fail the job (structural errors), refuse it (its estimate does not fit the batch quota), or start it."""
+        limits = inputs.Limits(self.settings.batch_max_lines, self.settings.batch_max_line_bytes)
+        checker = inputs.InputChecker(spec.endpoint, self.models(), limits)
+        tally = _Tally()
+        async with self.files.writer(spec.prepared_path) as write:
+            async with contextlib.aclosing(self.files.iter_bytes(source_path)) as chunks:
+                async for chunk in chunks:
+                    await self._stage(spec, principal, await asyncio.to_thread(checker.feed, chunk), write, tally)
+                    if checker.stopped:
+                        break
+            await self._stage(spec, principal, checker.end(), write, tally)
+        if checker.checked.errors:
+            raise _Failed(checker.checked)
+        check_batch_fits(tally.estimate, principal)
+        rejection = await self.limiter.acquire_batch(principal, tally.estimate)
+        if rejection is not None:
+            raise rejection.error
+        try:
+            return await self._start(msgspec.structs.replace(spec, total=tally.total, runnable=tally.runnable),
+                                     tally.errored)
+        except BaseException:
+            await self.limiter.refund_batch(principal, tally.estimate)
+            raise
 
-    async def _start(self, spec: JobSpec, principal: Principal, checked: inputs.CheckedInput) -> JobView:
-        prepared, lines, offsets, results = [], {}, {}, {}
-        position = 0
-        for line in checked.lines:
+    async def _stage(self, spec: JobSpec, principal: Principal, lines: list[inputs.InputLine],
+                     write: Callable[[bytes], Awaitable[int]], tally: _Tally) -> None:
+        """Write one chunk's lines: the valid ones' requests to the prepared file, every line to the ledger."""
+        prepared, states, offsets, results = [], {}, {}, {}
+        windows = self.models()
+        for line in lines:
+            tally.total += 1
             if line.error is not None:
-                lines[line.custom_id] = jobs.ERRORED
+                tally.errored += 1
+                states[line.custom_id] = jobs.ERRORED
                 results[line.custom_id] = _rejected(spec, principal, line)
                 continue
             encoded = wire.encode(_request(spec, principal, line), CONTENT_TYPE_JSON) + b"\n"
             prepared.append(encoded)
-            offsets[line.custom_id] = f"{position}:{position + len(encoded)}"
-            position += len(encoded)
-            lines[line.custom_id] = jobs.pending(0)
-        await self.files.write(spec.prepared_path, prepared)
+            offsets[line.custom_id] = f"{tally.position}:{tally.position + len(encoded)}"
+            tally.position += len(encoded)
+            tally.runnable += 1
+            tally.estimate += token_cost(line.valid, windows.get(line.valid.model, 0))
+            states[line.custom_id] = jobs.pending(0)
+        if prepared:
+            await write(b"".join(prepared))
+        if states:
+            await self.store.add_lines(spec.id, states, offsets, results)
+
+    async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
+        now_s = spec.created_ms // 1000
+        await self.store.create_job(spec, jobs.FAILED, {jobs.VALIDATING: now_s, jobs.FAILED: now_s}, files=(),
+                                    errors=checked.reported_errors())
+        return await self._read(spec.id)
+
+    async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
         expires_at = spec.expires_ms // 1000 + self.settings.files_retention_s
         outputs = [FileRecord(id=file_id, tenant_id=spec.tenant_id, filename=f"{spec.id}_{kind}.jsonl",
                               purpose=jobs.FILE_PURPOSE_OUTPUT, created_at=now_s, expires_at=expires_at,
                               path=spec.results_path, batch_id=spec.id, kind=kind)
                    for file_id, kind in ((spec.output_file_id, "output"), (spec.error_file_id, "error"))]
-        try:
-            await self.store.create_job(spec, jobs.IN_PROGRESS, {jobs.VALIDATING: spec.created_ms // 1000,
-                                                                 jobs.IN_PROGRESS: now_s},
-                                        files=outputs, lines=lines, offsets=offsets, results=results)
-        except Exception:  # Redis refused the job (503): nothing will ever read its prepared file
-            await self.files.delete(spec.prepared_path)
-            raise
+        await self.store.create_job(spec, jobs.IN_PROGRESS, {jobs.VALIDATING: spec.created_ms // 1000,
+                                                             jobs.IN_PROGRESS: now_s},
+                                    files=outputs, errored=errored)
         return await self._read(spec.id)
 
     async def _read(self, batch_id: str) -> JobView:
@@ -262,6 +382,12 @@ def _chunks(source: BinaryIO, limit: int) -> Iterator[bytes]:
         if size > limit:
             raise _TooLarge()
         yield chunk
+
+
+def _check_deferred(principal: Principal, action: str) -> None:
+    if DEFERRED not in principal.classes:
+        raise ApiError(403, f"This API key may not use the deferred class that batches run in, so it may not {action}",
+                       type=PERMISSION_ERROR, code="class_not_allowed")
 
 
 def _decode_create(body: bytes) -> CreateBatch:
