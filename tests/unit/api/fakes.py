@@ -99,6 +99,7 @@ class MemoryJobStore:
         self.files: dict = {}
         self.jobs: dict = {}
         self.batch_keys: dict[tuple[str, str], str] = {}
+        self.storage: dict[str, int] = {}
 
     async def put_file(self, record) -> None:
         self.files[record.id] = record
@@ -107,17 +108,37 @@ class MemoryJobStore:
         return self.files.get(file_id)
 
     async def delete_file(self, record) -> None:
-        self.files.pop(record.id, None)
+        if self.files.pop(record.id, None) is not None and record.kind == "input":
+            await self.release_storage(record.tenant_id, record.bytes)
+
+    async def reserve_storage(self, tenant_id: str, size: int, quota: int) -> int | None:
+        used = self.storage.get(tenant_id, 0)
+        if used + size > quota:
+            return None
+        self.storage[tenant_id] = used + size
+        return used
+
+    async def release_storage(self, tenant_id: str, size: int) -> None:
+        self.storage[tenant_id] = self.storage.get(tenant_id, 0) - size
+
+    async def stored_bytes(self, tenant_id: str) -> int:
+        return self.storage.get(tenant_id, 0)
 
     async def list_files(self, tenant_id: str, limit: int) -> list:
         return [r for r in self.files.values() if r.tenant_id == tenant_id][::-1][:limit]
 
     async def create_job(self, spec, status: str, times, *, files, lines={}, offsets={}, results={},
-                         errors=()) -> None:
+                         errors=(), errored: int = 0) -> None:
         for record in files:
             self.files[record.id] = record
         self.jobs[spec.id] = jobs.JobView(spec=spec, status=status, times=dict(times), errors=list(errors),
-                                     counts={"errored": len(results)})
+                                     counts={"errored": len(results) + errored})
+
+    async def add_lines(self, batch_id: str, lines, offsets, results) -> None:
+        pass  # no ledger here: the routes never read it
+
+    async def discard_ledger(self, batch_id: str) -> None:
+        pass
 
     async def claim_batch_key(self, tenant_id: str, key: str, batch_id: str, ttl_s: int) -> str | None:
         earlier = self.batch_keys.setdefault((tenant_id, key), batch_id)

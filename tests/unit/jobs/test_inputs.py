@@ -131,3 +131,13 @@ def test_a_line_too_long_is_never_held_whole():
     assert checker.feed(b"\n" + line("ok").encode() + b"\n")[0].custom_id == "ok"
     (error,) = checker.checked.errors
     assert (error.code, error.line) == ("line_too_large", 1) and "50000 bytes" in error.message
+
+
+def test_batch_lines_apply_the_stop_limit_of_the_endpoints():
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "llmq-sim", "prompt": "x", "stop": ["s" * 20]}}
+    data = json.dumps(line).encode()
+    tight = check_input(data, "/v1/completions", MODELS, Limits(max_lines=10, max_line_bytes=10_000, max_stop_bytes=10))
+    loose = check_input(data, "/v1/completions", MODELS, Limits(max_lines=10, max_line_bytes=10_000))
+    assert tight.lines[0].error is not None and tight.lines[0].error.param == "stop"
+    assert loose.lines[0].error is None

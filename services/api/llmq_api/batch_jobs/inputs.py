@@ -35,6 +35,7 @@ class _Line(msgspec.Struct, kw_only=True):
 class Limits:
     max_lines: int
     max_line_bytes: int
+    max_stop_bytes: int = validation.DEFAULT_MAX_STOP_BYTES  # per stop sequence, as over HTTP
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,8 @@ class InputChecker:
             self.checked.fail("line_too_large", f"Line is {size} bytes; the limit is {limits.max_line_bytes}",
                               line=self._number)
             return []
-        line = _check_line(raw, self._number, self.endpoint, self.models, self._seen, self.checked)
+        line = _check_line(raw, self._number, self.endpoint, self.models, self._seen, self.checked,
+                           limits.max_stop_bytes)
         return [] if line is None else [line]
 
 
@@ -146,7 +148,7 @@ def check_input(data: bytes, endpoint: str, models: Mapping[str, int], limits: L
 
 
 def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int], seen: set[str],
-                checked: CheckedInput) -> InputLine | None:
+                checked: CheckedInput, max_stop_bytes: int) -> InputLine | None:
     try:
         line = msgspec.json.decode(raw, type=_Line)
     except msgspec.ValidationError:
@@ -179,14 +181,15 @@ def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int
     if not body.lstrip().startswith(b"{"):
         checked.fail("invalid_body", "body must be a JSON object with the request", param="body", line=number)
         return None
-    return _check_body(body, number, custom_id, endpoint, models)
+    return _check_body(body, number, custom_id, endpoint, models, max_stop_bytes)
 
 
-def _check_body(body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int]) -> InputLine:
+def _check_body(body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int],
+                max_stop_bytes: int) -> InputLine:
     parse = validation.parse_chat if jobs.BATCH_ENDPOINTS[endpoint] == "chat.completions" else \
         validation.parse_completion
     try:
-        valid = parse(body, models)
+        valid = parse(body, models, max_stop_bytes=max_stop_bytes)
     except ApiError as exc:
         return InputLine(line=number, custom_id=custom_id, model=_model_of(body), error=exc)
     if valid.stream:

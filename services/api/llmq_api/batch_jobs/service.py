@@ -273,7 +273,8 @@ class BatchJobs:
         """Stream the input file from the store line by line: each valid line goes to the prepared file and the
         job's ledger (written ahead of the job, a slice per chunk read), so the pod holds one chunk at a time.
         Then fail the job (structural errors), refuse it (its estimate does not fit the batch quota), or start it."""
-        limits = inputs.Limits(self.settings.batch_max_lines, self.settings.batch_max_line_bytes)
+        limits = inputs.Limits(self.settings.batch_max_lines, self.settings.batch_max_line_bytes,
+                               self.settings.api_max_stop_bytes)
         checker = inputs.InputChecker(spec.endpoint, self.models(), limits)
         tally = _Tally()
         async with self.files.writer(spec.prepared_path) as write:
