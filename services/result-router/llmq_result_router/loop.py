@@ -161,9 +161,9 @@ class ResultRouter:
                                           headers=kafka.headers(delivery.reply_content_type))
 
     async def _store(self, delivery: Delivery) -> bool:
-        """Store the retrieval copy; True unless one was stored before (False for a copy's answer: never stored). A write
-        Redis refuses (maxmemory) costs only
-        that copy: no delivery reads it, so routing goes on instead of retrying the partition."""
+        """Store the retrieval copy; True unless one was stored before (False for a copy's answer: never stored). A
+        write Redis refuses (maxmemory) costs only that copy: no delivery reads it, so routing goes on instead of
+        retrying the partition."""
         if delivery.store is None:
             return False
         try:
