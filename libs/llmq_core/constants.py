@@ -71,6 +71,7 @@ REDIS_IDEMPOTENCY_PREFIX: Final = "llmq:idempotency:"
 # Not under REDIS_RESULT_PREFIX: request ids of Kafka-direct producers are free text and could name these keys.
 REDIS_RESULT_INDEX_PREFIX: Final = "llmq:result-index:"
 REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
+REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 
 
 def replies_channel(instance_id: str) -> str:
@@ -97,6 +98,16 @@ def result_bytes_key(tenant_id: str) -> str:
 def delivered_key(request_id: str) -> str:
     """Redis key set once a result was delivered to a Kafka reply topic: suppresses duplicate deliveries."""
     return f"{REDIS_DELIVERED_PREFIX}{request_id}"
+
+
+def copy_delivered_key(request_id: str, request_copy: str) -> str:
+    """Like :func:`delivered_key`, for the answer to one re-produced copy of a request (``FinalResult.request_copy``)."""
+    return f"{REDIS_DELIVERED_PREFIX}{request_id}\n{request_copy}"
+
+
+def request_copy_key(request_id: str) -> str:
+    """Redis key: the Kafka position of the first record that carried a Kafka-direct ``request_id`` (its claim)."""
+    return f"{REDIS_REQUEST_COPY_PREFIX}{request_id}"
 
 
 def pod_key(instance_id: str) -> str:

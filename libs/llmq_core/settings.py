@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     batch_topic_partitions: int = 16
     results_topic_partitions: int = 4
     kafka_reply_topic_prefixes: str = ""  # comma-separated prefixes a Kafka reply topic must start with (empty: any)
+    kafka_request_id_ttl_s: int = 86400  # a Kafka-direct request_id is known this long: copies get its answer again
 
     # api
     instance_id: str = ""  # empty: generated at start (hostname + random suffix)

@@ -212,6 +212,9 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     finished_ms: int = 0
     batch_size: int = 0
     traffic_class: TrafficClass | None = None  # the request's class (None from producers that predate it): metrics
+    # Set on the answer to a re-produced request_id (a second Kafka record with the id of a known request): that record's
+    # position, "<topic>/<partition>@<offset>". The result-router delivers it once per copy and never stores it.
+    request_copy: str = ""
 
 
 # --- heartbeats --------------------------------------------------------------------------------------------------------

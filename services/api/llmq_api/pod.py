@@ -20,6 +20,7 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.redis_client import check_memory_policy
 from llmq_core.labels import LabelSet
 from llmq_core.settings import Settings
+from llmq_core.requests import timeouts_by_class
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
 from llmq_api.catalog import ModelCatalog
@@ -28,7 +29,6 @@ from llmq_api.idempotency import IdempotencyStore
 from llmq_api.metrics import ApiMetrics
 from llmq_api.ratelimit import RateLimiter
 from llmq_api.saturation import SaturationMonitor
-from llmq_api.validation import timeouts_by_class
 from llmq_api.waiters import WaiterRegistry
 
 log = logging.getLogger(__name__)

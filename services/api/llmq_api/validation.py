@@ -7,27 +7,20 @@ tokens, 0 when unknown), and gets back a :class:`ValidRequest` ready to become a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 
-from llmq_core import wire
-from llmq_core.constants import (
-    DEFERRED, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MAX_RESULT_BYTES, NEAR_INTERACTIVE,
-    TRAFFIC_CLASSES)
-from llmq_core.settings import Settings
+from llmq_core import requests, wire
+from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, TRAFFIC_CLASSES
+from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, ECHOED_CHARS, INT64_MAX, RequestError
 from llmq_core.tokenizer import count_tokens, render_chat
 from llmq_api.errors import ApiError, invalid
 
 DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's completions default (16), used for chat too
-MAX_N = 128
-MAX_STOP_SEQUENCES = 4
-DEFAULT_MAX_STOP_BYTES = Settings.model_fields["api_max_stop_bytes"].default
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-ECHOED_CHARS = 40  # of a bad value quoted back in an error message
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes digits int() refuses, such as '²'
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
 class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,13 +138,6 @@ def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
     return min(timeout_ms, max_ms)
 
 
-def timeouts_by_class(settings: Settings) -> dict[str, tuple[int, int]]:
-    """Traffic class -> (default, maximum) request timeout in ms, from the settings."""
-    return {INTERACTIVE: (settings.default_timeout_ms, settings.max_timeout_ms),
-            NEAR_INTERACTIVE: (settings.near_interactive_default_timeout_ms, settings.near_interactive_max_timeout_ms),
-            DEFERRED: (settings.deferred_default_timeout_ms, settings.deferred_max_timeout_ms)}
-
-
 def parse_traffic_class(value: str | None) -> str:
     """The traffic class from the ``x-llmq-class`` header (default interactive); 400 for an unknown class."""
     if value is None:
@@ -174,13 +160,14 @@ def parse_completion(body: bytes, models: Mapping[str, int], *, max_stop_bytes: 
     Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
     """
     raw = _decode(body, _CompletionBody)
-    context_window = _model_window(raw.model, models)
-    _reject_unsupported(raw, echo=bool(raw.echo), logprobs=raw.logprobs is not None,
-                        best_of=raw.best_of not in (None, 1), suffix=bool(raw.suffix))
-    prompt = _single_prompt(raw.prompt)
-    sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
-    prompt_tokens = count_tokens(prompt)
-    _check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
+    with _client_error():
+        context_window = requests.check_model(raw.model, models)
+        _reject_unsupported(raw, echo=bool(raw.echo), logprobs=raw.logprobs is not None,
+                            best_of=raw.best_of not in (None, 1), suffix=bool(raw.suffix))
+        prompt = _single_prompt(raw.prompt)
+        sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
+        prompt_tokens = count_tokens(prompt)
+        requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
     return ValidRequest(endpoint="completions", model=raw.model, prompt=prompt, sampling=sampling,
                         stream=bool(raw.stream), include_usage=_include_usage(raw), prompt_tokens=prompt_tokens)
 
@@ -191,18 +178,29 @@ def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = 
     Raises :class:`ApiError` like :func:`parse_completion`.
     """
     raw = _decode(body, _ChatBody)
-    context_window = _model_window(raw.model, models)
-    _reject_unsupported(raw, logprobs=bool(raw.logprobs), top_logprobs=bool(raw.top_logprobs), tools=bool(raw.tools),
-                        functions=bool(raw.functions),
-                        response_format=raw.response_format is not None and raw.response_format.type != "text")
-    messages = _chat_messages(raw.messages)
-    max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
-    max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
-    sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
-    prompt_tokens = count_tokens(render_chat(messages))
-    _check_context(prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param)
+    with _client_error():
+        context_window = requests.check_model(raw.model, models)
+        _reject_unsupported(raw, logprobs=bool(raw.logprobs), top_logprobs=bool(raw.top_logprobs),
+                            tools=bool(raw.tools), functions=bool(raw.functions),
+                            response_format=raw.response_format is not None and raw.response_format.type != "text")
+        messages = _chat_messages(raw.messages)
+        max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
+        max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
+        sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
+        prompt_tokens = count_tokens(render_chat(messages))
+        requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None,
+                               max_param)
     return ValidRequest(endpoint="chat.completions", model=raw.model, messages=messages, sampling=sampling,
                         stream=bool(raw.stream), include_usage=_include_usage(raw), prompt_tokens=prompt_tokens)
+
+
+@contextmanager
+def _client_error() -> Iterator[None]:
+    """The shared checks (``llmq_core.requests``) raise RequestError: answer it as the same OpenAI error object."""
+    try:
+        yield
+    except RequestError as exc:
+        raise ApiError(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code) from None
 
 
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -233,12 +231,6 @@ def _type_error(text: str) -> ApiError:
                    param=path or None, code="invalid_type")
 
 
-def _model_window(model: str, models: Mapping[str, int]) -> int:
-    if model not in models:
-        raise ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
-    return models[model]
-
-
 def _reject_unsupported(raw: _CommonBody, **used: bool) -> None:
     for param, is_used in used.items():
         if is_used:
@@ -255,23 +247,15 @@ def _single_prompt(prompt: str | list[Any] | None) -> str:
             raise invalid("'prompt' must be a string or a list of exactly one string (token arrays and batched "
                           "prompts are not supported)", param="prompt")
         prompt = prompt[0]
-    if prompt is None:
-        raise invalid("'prompt' is required", param="prompt")
-    if not prompt:
-        raise invalid("'prompt' must not be empty", param="prompt")
-    return prompt
+    return requests.check_prompt(prompt)
 
 
 def _chat_messages(messages: list[_Message] | None) -> list[wire.ChatMessage]:
-    if not messages:
-        raise invalid("'messages' must be a non-empty list", param="messages")
-    return [_chat_message(i, message) for i, message in enumerate(messages)]
+    return requests.check_messages([_chat_message(i, message) for i, message in enumerate(messages or ())] or None)
 
 
 def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
-    if message.role not in CHAT_ROLES:
-        raise invalid(f"Unsupported role {message.role!r}; expected one of {', '.join(sorted(CHAT_ROLES))}",
-                      param=f"messages[{i}].role")
+    requests.check_role(i, message.role)
     content = message.content
     if isinstance(content, list):
         for j, part in enumerate(content):
@@ -286,67 +270,31 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
 
 def _sampling(raw: _CommonBody, max_tokens: int | None, max_param: str = "max_tokens", *,
               max_stop_bytes: int) -> wire.SamplingParams:
-    _in_range(max_param, max_tokens, 1, INT64_MAX)
-    _in_range("temperature", raw.temperature, 0.0, 2.0)
-    _in_range("top_p", raw.top_p, 0.0, 1.0)
-    _in_range("n", raw.n, 1, MAX_N)
-    _in_range("seed", raw.seed, INT64_MIN, INT64_MAX)
     defaults = wire.SamplingParams()
-    n = raw.n if raw.n is not None else defaults.n
-    _check_result_size(n, max_tokens, max_param)
-    return wire.SamplingParams(
+    sampling = wire.SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
         temperature=raw.temperature if raw.temperature is not None else defaults.temperature,
         top_p=raw.top_p if raw.top_p is not None else defaults.top_p,
-        stop=_stop(raw.stop, max_stop_bytes),
+        stop=[raw.stop] if isinstance(raw.stop, str) else list(raw.stop or []),
         seed=raw.seed,
-        n=n,
+        n=raw.n if raw.n is not None else defaults.n,
         logit_bias=_logit_bias(raw.logit_bias),
     )
-
-
-def _in_range(param: str, value: float | None, low: float, high: float) -> None:
-    if value is not None and not low <= value <= high:
-        raise invalid(f"'{param}' must be between {low} and {high}, got {value}", param=param, code="out_of_range")
-
-
-def _check_result_size(n: int, max_tokens: int | None, max_param: str) -> None:
-    """400 when the result could exceed MAX_RESULT_BYTES: every token decodes to at least one byte, so ``n`` choices of
-    ``max_tokens`` may reach n * max_tokens bytes. Names ``max_tokens`` unless it was left at its default (then ``n``)."""
-    tokens = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
-    if n * tokens <= MAX_RESULT_BYTES:
-        return
-    param = max_param if max_tokens is not None else "n"
-    raise invalid(f"n ({n}) x {max_param} ({tokens}) = {n * tokens} tokens could exceed the result limit of"
-                  f" {MAX_RESULT_BYTES} bytes (each token is at least one byte); reduce '{param}' so that n x"
-                  f" {max_param} <= {MAX_RESULT_BYTES}", param=param, code="result_too_large")
-
-
-def _stop(stop: str | list[str] | None, max_stop_bytes: int) -> list[str]:
-    sequences = [stop] if isinstance(stop, str) else list(stop or [])
-    if len(sequences) > MAX_STOP_SEQUENCES:
-        raise invalid(f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences", param="stop")
-    if any(not s for s in sequences):
-        raise invalid("'stop' sequences must not be empty", param="stop")
-    if any(len(s.encode()) > max_stop_bytes for s in sequences):
-        raise invalid(f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each", param="stop",
-                      code="stop_too_long")
-    return sequences
+    requests.check_sampling(sampling, max_stop_bytes=max_stop_bytes, max_param=max_param,
+                            max_tokens_given=max_tokens is not None)
+    return sampling
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI's ``logit_bias``: token id (a decimal string) -> bias in [-100, 100]; the worker checks the ids exist."""
+    """OpenAI's ``logit_bias`` keys are token ids spelled as decimal strings; the values are checked with the rest."""
     if not bias:
         return None
-    if len(bias) > MAX_LOGIT_BIAS_TOKENS:
-        raise invalid(f"'logit_bias' allows at most {MAX_LOGIT_BIAS_TOKENS} tokens", param="logit_bias")
+    requests.check_logit_bias_size(len(bias))
     checked = {}
     for token, value in bias.items():
         token_id = bounded_int(token, INT64_MAX + 1)
         if token_id is None or token_id > INT64_MAX:
-            raise invalid(f"'logit_bias' keys must be token ids (integers from 0 to {INT64_MAX}), got "
-                          f"{token[:ECHOED_CHARS]!r}", param="logit_bias")
-        _in_range(f"logit_bias[{token_id}]", value, -100.0, 100.0)
+            raise requests.bad_token_id(token)
         checked[token_id] = float(value)
     return checked
 
@@ -357,15 +305,3 @@ def _include_usage(raw: _CommonBody) -> bool:
     if not raw.stream:
         raise invalid("'stream_options' is only allowed when 'stream' is true", param="stream_options")
     return bool(raw.stream_options.include_usage)
-
-
-def _check_context(prompt_tokens: int, max_tokens: int, context_window: int, prompt_param: str,
-                   max_tokens_given: bool, max_param: str = "max_tokens") -> None:
-    if context_window <= 0 or prompt_tokens + max_tokens <= context_window:
-        return
-    param = max_param if max_tokens_given and prompt_tokens < context_window else prompt_param
-    raise invalid(
-        f"This model's maximum context length is {context_window} tokens. However, you requested "
-        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} for the "
-        f"completion). Please reduce the length of the {prompt_param} or the completion.",
-        param=param, code="context_length_exceeded")

@@ -28,13 +28,13 @@ from aiokafka.errors import (
 )
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, tracing, wire
+from llmq_core import constants, kafka, requests, tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
-from llmq_batcher.outcomes import final_result, refused_reply_topic
+from llmq_batcher.outcomes import final_result, refused, replayed, reply_topic_refusal, reused_id
 from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.saturation import DrainMeter, saturation_report
@@ -90,11 +90,13 @@ class BatcherLoop:
                  clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
                  names: Names = Names(), metrics: BatcherMetrics | None = None, pod_check_ms: int = 1000,
                  pod_grace_ms: int = 2000, catalogue: frozenset[str] = frozenset(BUILTIN_MODELS),
-                 producer_factory: Callable[[], AIOKafkaProducer] | None = None) -> None:
+                 producer_factory: Callable[[], AIOKafkaProducer] | None = None,
+                 rules: requests.Rules = requests.Rules(), request_id_ttl_ms: int = 86_400_000) -> None:
         """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone.
         ``catalogue``: the models the saturation report always carries (others only while they have workers).
         ``producer_factory`` makes a fresh (unstarted) producer to replace one the broker refused a record of (None:
-        never replaced)."""
+        never replaced). ``rules``: what Kafka-direct requests are checked against; ``request_id_ttl_ms``: how long
+        their ids stay claimed (Settings.kafka_request_id_ttl_s)."""
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
@@ -116,6 +118,8 @@ class BatcherLoop:
         self._last_commit_ms = 0
         self._last_load_ms = 0
         self.catalogue = catalogue
+        self.rules = rules
+        self.request_id_ttl_ms = request_id_ttl_ms
         self.started_ms = clock.now_ms()
         self.drain = DrainMeter(self.started_ms)
         self._produce_failures: Counter[str] = Counter()  # model -> transient batch produce failures in a row
@@ -172,8 +176,10 @@ class BatcherLoop:
         if not isinstance(message, wire.GenerationRequest):
             await self._dead_letter(tp, record, f"not a generation_request: {type(message).__name__}")
             return
-        if await self._refuse_reply_topic(tp, record.offset, message):
-            return
+        if isinstance(message.reply_to, wire.KafkaReply):
+            message = await self._enter_direct(tp, record.offset, message)
+            if message is None:
+                return
         status = self.policy.add(message)
         if self.metrics is not None:
             self.metrics.consumed(message)
@@ -184,25 +190,70 @@ class BatcherLoop:
         else:
             self._held.setdefault(message.request_id, []).append((tp, record.offset))
 
-    async def _refuse_reply_topic(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest) -> bool:
-        """Answer a request whose Kafka reply topic may not receive results ``errored`` at once, never queueing it;
-        True when refused. The result-router stores that answer and dead-letters it: the topic is never produced to."""
-        reply = request.reply_to
-        if not isinstance(reply, wire.KafkaReply):
-            return False
-        reason = kafka.reply_topic_error(reply.topic, self.names.reply_topic_prefixes)
-        if reason is None:
-            return False
-        result = refused_reply_topic(request, reason, self.clock.now_ms())
+    async def _enter_direct(self, tp: TopicPartition, offset: int,
+                            request: wire.GenerationRequest) -> wire.GenerationRequest | None:
+        """Where a request produced straight to Kafka enters: the API's checks (``llmq_core.requests``), its reply
+        topic, its id's claim. Returns it (deadline clamped to its class's maximum) to be queued, or None when it was
+        answered here: errored for a fault, or, for a copy of a known id that is not held here, that id's stored
+        result again (or errored ``request_id_reused``). A copy of an id held here joins it (one answer, as before)."""
+        now_ms = self.clock.now_ms()
+        reason = kafka.reply_topic_error(request.reply_to.topic, self.names.reply_topic_prefixes)
+        if reason is not None:  # checked first: nothing, not even a replay, may be produced to that topic
+            await self._answer_at_entry(tp, offset, request, refused(request, reply_topic_refusal(reason), now_ms))
+            return None
+        position = f"{tp.topic}/{tp.partition}@{offset}"
+        if not await self._claim(request.request_id, position):
+            if self.policy.holds(request.request_id):
+                return request  # joins its twin: unchecked, so it cannot answer in the twin's place
+            await self._answer_copy(tp, offset, request, position)
+            return None
+        try:
+            requests.check_request(request, self.rules)
+        except requests.RequestError as exc:
+            await self._answer_at_entry(tp, offset, request, refused(request, exc.error_info(), now_ms))
+            return None
+        max_timeout_ms = self.rules.max_timeout_ms.get(request.traffic_class)
+        return request if max_timeout_ms is None else requests.clamp_deadline(request, max_timeout_ms, now_ms)
+
+    async def _claim(self, request_id: str, position: str) -> bool:
+        """Claim ``request_id`` for the record at ``position``; False when another record claimed it first (a
+        redelivery of the claiming record is not another). Without Redis every record counts as the first."""
+        try:
+            first = await self.redis.set(constants.request_copy_key(request_id), position, nx=True, get=True,
+                                         px=self.request_id_ttl_ms)
+        except Exception as exc:
+            log.warning("claiming request id failed, taking it as new: %s", exc, extra=request_fields(request_id))
+            return True
+        return first is None or first == position.encode()
+
+    async def _answer_copy(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest,
+                           position: str) -> None:
+        """Answer a re-produced id with its stored result, or errored ``request_id_reused`` when there is none to give.
+        Left unsettled when Redis cannot be read (answered after a restart)."""
+        try:
+            stored = await self.redis.get(constants.result_key(request.request_id))
+        except Exception as exc:
+            log.error("reading the stored result failed: %s", exc, extra=request_fields(request.request_id))
+            return
+        first = _decoded_result(stored)
+        result = replayed(first, request, position) if first is not None else None
+        if result is None:
+            result = refused(request, reused_id(request.request_id), self.clock.now_ms(), position)
+        await self._answer_at_entry(tp, offset, request, result)
+
+    async def _answer_at_entry(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest,
+                               result: wire.FinalResult) -> None:
+        """Send ``result`` to llmq.results (the result-router delivers it), never queueing ``request``. Left unsettled
+        when it cannot be produced, like _send_answer: answered again after a restart."""
         try:
             await kafka.send_message(self.producer, self.names.results_topic, result, key=request.request_id)
-        except Exception as exc:  # left unsettled, like _send_answer: refused again after a restart
-            log.error("refusing %s failed: %s", request.request_id, exc, extra=request_fields(request.request_id))
-            return True
+        except Exception as exc:
+            log.error("answering %s at entry failed: %s", request.request_id, exc,
+                      extra=request_fields(request.request_id))
+            return
         if self.metrics is not None:
             self.metrics.answered_request(request, result.outcome.value)
         self.offsets.settle(tp, offset)
-        return True
 
     async def _signals(self) -> None:
         pubsub = self.redis.pubsub()
@@ -482,6 +533,15 @@ class BatcherLoop:
             log.warning("commit on revocation failed: %s", exc)
         for tp in revoked:
             self.offsets.forget(tp)
+
+
+def _decoded_result(value: bytes | None) -> wire.FinalResult | None:
+    """A stored result (msgpack FinalResult), or None when there is none or it cannot be read."""
+    try:
+        message = wire.decode(value) if value is not None else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return message if isinstance(message, wire.FinalResult) else None
 
 
 class _Revocations(ConsumerRebalanceListener):

@@ -10,7 +10,7 @@ import logging
 import os
 import uuid
 
-from llmq_core import constants, kafka, metrics, runtime, tracing
+from llmq_core import constants, kafka, metrics, requests, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.labels import LabelSet
 from llmq_core.redis_client import make_redis
@@ -42,7 +42,9 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
                        results=results, metrics=observed, pod_check_ms=settings.pod_heartbeat_interval_ms,
                        pod_grace_ms=2 * settings.pod_heartbeat_interval_ms, catalogue=labels.models,
                        names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)),
-                       producer_factory=lambda: kafka.make_producer(settings))
+                       producer_factory=lambda: kafka.make_producer(settings),
+                       rules=requests.Rules.from_settings(settings),
+                       request_id_ttl_ms=settings.kafka_request_id_ttl_s * 1000)
     await producer.start()
     loop.subscribe()
     await consumer.start()

@@ -1,11 +1,15 @@
-"""The FinalResult the batcher sends for a request it answers itself (expired, canceled, overloaded, too large)."""
+"""The FinalResult the batcher sends for a request it answers itself (expired, canceled, overloaded, too large,
+refused at entry, a re-produced request_id)."""
 
 from __future__ import annotations
+
+import msgspec
 
 from llmq_core import wire
 from llmq_batcher.policy import Answer
 
 INVALID_REPLY_TOPIC = "invalid_reply_topic"  # error.code of a request refused for its reply topic
+REQUEST_ID_REUSED = "request_id_reused"  # error.code of a re-produced request_id that gets no replay
 
 
 def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
@@ -28,12 +32,35 @@ def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
     )
 
 
-def refused_reply_topic(request: wire.GenerationRequest, reason: str, now_ms: int) -> wire.FinalResult:
-    """The ``errored`` result of a Kafka-direct request whose reply topic may not receive results (see
-    :func:`llmq_core.kafka.reply_topic_error`): it is answered at entry, never queued."""
-    error = wire.ErrorInfo(type="invalid_request_error", message=reason, code=INVALID_REPLY_TOPIC,
-                           param="reply_to.topic")
+def reply_topic_refusal(reason: str) -> wire.ErrorInfo:
+    """The error of a Kafka-direct request whose reply topic may not receive results (see
+    :func:`llmq_core.kafka.reply_topic_error`)."""
+    return wire.ErrorInfo(type="invalid_request_error", message=reason, code=INVALID_REPLY_TOPIC,
+                          param="reply_to.topic")
+
+
+def reused_id(request_id: str) -> wire.ErrorInfo:
+    """The error of a re-produced ``request_id`` whose first request's result cannot be replayed to it."""
+    return wire.ErrorInfo(
+        type="invalid_request_error", param="request_id", code=REQUEST_ID_REUSED,
+        message=f"The request_id {request_id!r} was already used by another request, whose result is not stored (it "
+                f"is still running, its stored result is gone, or it was not a Kafka-direct request of this tenant). "
+                f"Use a new request_id to run this request.")
+
+
+def refused(request: wire.GenerationRequest, error: wire.ErrorInfo, now_ms: int,
+            request_copy: str = "") -> wire.FinalResult:
+    """The ``errored`` result of a Kafka-direct request answered at entry, never queued."""
     return wire.FinalResult(request_id=request.request_id, outcome=wire.Outcome.ERRORED, model=request.model,
                             tenant_id=request.tenant_id, endpoint=request.endpoint, reply_to=request.reply_to,
                             error=error, created_ms=request.created_ms, finished_ms=now_ms,
-                            traffic_class=request.traffic_class)
+                            traffic_class=request.traffic_class, request_copy=request_copy)
+
+
+def replayed(stored: wire.FinalResult, request: wire.GenerationRequest, request_copy: str) -> wire.FinalResult | None:
+    """The stored result of an earlier request, as the answer to ``request`` that re-produced its id at
+    ``request_copy``; None when it may not be given: another tenant's, or one that did not answer a Kafka reply topic
+    (HTTP and batch-job ids are not a Kafka producer's to replay)."""
+    if stored.tenant_id != request.tenant_id or not isinstance(stored.reply_to, wire.KafkaReply):
+        return None
+    return msgspec.structs.replace(stored, reply_to=request.reply_to, request_copy=request_copy)

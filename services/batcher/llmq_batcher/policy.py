@@ -269,6 +269,10 @@ class BatchPolicy:
             self._settle_queued(entry)
             self._dropped.append(request_id)
 
+    def holds(self, request_id: str) -> bool:
+        """Whether ``request_id`` is queued or in flight here."""
+        return request_id in self._index
+
     def undispatch(self, batch: BatchDispatch, retry_in_ms: int = 0) -> None:
         """Producing ``batch`` failed for a transient reason: take it back from its worker's count, re-queue its requests
         in front and form no batch of its model for ``retry_in_ms``."""

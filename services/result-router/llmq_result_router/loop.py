@@ -28,7 +28,8 @@ RETRY_DELAY_S = 1.0
 
 
 class ResultRouter:
-    """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery,
+    """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery
+    (per re-produced copy, for the answers to copies: ``copy_delivered_key``),
     the job ledger's compare-and-set each batch-job line to one settlement. A reply that cannot be produced within
     its tries (see :mod:`replies`) is dead-lettered: one result never holds up the others."""
 
@@ -116,7 +117,7 @@ class ResultRouter:
             return first
         if delivery.reply_topic is None:
             return first
-        key = constants.delivered_key(delivery.request_id)
+        key = delivery.delivered_key
         if await self.redis.exists(key):
             return first  # already answered once; this is a redelivery
         failed = await self._reply(delivery)
@@ -160,8 +161,11 @@ class ResultRouter:
                                           headers=kafka.headers(delivery.reply_content_type))
 
     async def _store(self, delivery: Delivery) -> bool:
-        """Store the retrieval copy; True unless one was stored before. A write Redis refuses (maxmemory) costs only
-        that copy: no delivery reads it, so routing goes on instead of retrying the partition."""
+        """Store the retrieval copy; True unless one was stored before (False for a copy's answer: never stored). A
+        write Redis refuses (maxmemory) costs only that copy: no delivery reads it, so routing goes on instead of
+        retrying the partition."""
+        if delivery.store is None:
+            return False
         try:
             stored = await self.results.put(delivery.tenant_id, delivery.request_id, delivery.store)
         except ResponseError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from llmq_core import wire
+from llmq_core import constants, wire
 from llmq_core.kafka import reply_topic_error
 
 
@@ -14,7 +14,8 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
 
     request_id: str
     tenant_id: str = ""  # whose stored results ``store`` counts against
-    store: bytes
+    store: bytes | None  # None: nothing to store (the answer to a re-produced copy: the first result stays)
+    delivered_key: str = ""  # Redis marker of this reply's delivery (constants.delivered_key / copy_delivered_key)
     reply_topic: str | None = None
     reply_value: bytes | None = None
     reply_content_type: str | None = None
@@ -22,10 +23,10 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = ()) -> Delivery:
-    """Every result is stored (msgpack); a KafkaReply result is also encoded for its topic in the producer's format,
+    """Every result is stored (msgpack) but the answer to a re-produced copy; a KafkaReply result is also encoded for its topic in the producer's format,
     unless results may not go to that topic (``undeliverable``, see :func:`reply_topic_error`; ``allowed_prefixes``:
     Settings.kafka_reply_topic_prefixes)."""
-    stored = wire.encode(result)
+    stored = None if result.request_copy else wire.encode(result)
     reply = result.reply_to
     refused = reply_topic_error(reply.topic, allowed_prefixes) if isinstance(reply, wire.KafkaReply) else None
     if refused is not None:
@@ -36,6 +37,8 @@ def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = 
             request_id=result.request_id,
             tenant_id=result.tenant_id,
             store=stored,
+            delivered_key=(constants.copy_delivered_key(result.request_id, result.request_copy) if result.request_copy
+                           else constants.delivered_key(result.request_id)),
             reply_topic=reply.topic,
             reply_value=wire.encode(result, reply.content_type),
             reply_content_type=reply.content_type,

@@ -6,7 +6,8 @@ import pytest
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.settings import Settings
 from llmq_api.errors import ApiError
-from llmq_api.validation import DEFAULT_MAX_STOP_BYTES, MAX_STOP_SEQUENCES, parse_chat, parse_completion
+from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, MAX_STOP_SEQUENCES
+from llmq_api.validation import parse_chat, parse_completion
 
 MODELS = {"llmq-sim": 0}
 CHAT = [{"role": "user", "content": "hi"}]
@@ -44,9 +45,9 @@ def test_chat_names_max_completion_tokens_when_that_set_the_size():
 
 
 def test_n_alone_is_named_when_max_tokens_is_left_at_its_default(monkeypatch):
-    import llmq_api.validation as validation
+    import llmq_core.requests as requests
 
-    monkeypatch.setattr(validation, "MAX_N", 10**6)  # today n <= 128 keeps n x 16 under the cap: widen n to reach it
+    monkeypatch.setattr(requests, "MAX_N", 10**6)  # today n <= 128 keeps n x 16 under the cap: widen n to reach it
     error = rejected(parse_completion, completion(n=MAX_RESULT_BYTES // 16 + 1), MODELS)
     assert (error.status, error.param) == (400, "n")
 

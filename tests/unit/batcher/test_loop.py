@@ -117,9 +117,19 @@ class FakeRedis:
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
         self.hashes: dict[str, dict] = {}
+        self.data: dict[str, bytes] = {}
 
     async def publish(self, channel, payload):
         self.published.append((channel, payload))
+
+    async def get(self, key):
+        return self.data.get(key)
+
+    async def set(self, key, value, nx=False, get=False, px=None):
+        old = self.data.get(key)
+        if not (nx and old is not None):
+            self.data[key] = value.encode() if isinstance(value, str) else value
+        return old if get else True
 
     def pipeline(self, transaction=False):
         return FakePipeline(self)

@@ -1,0 +1,196 @@
+"""The checks of a generation request's content, shared by every entry: the API pod (over HTTP and batch-job lines)
+and the batcher (Kafka-direct requests), so the two can never disagree.
+
+Pure: a fault raises :class:`RequestError`, carrying the OpenAI error object (message, type, param, code) the API
+answers with its ``status`` and the batcher puts into an ``errored`` result. Parsing OpenAI bodies stays in the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+
+from llmq_core import wire
+from llmq_core.constants import DEFERRED, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MAX_RESULT_BYTES, NEAR_INTERACTIVE
+from llmq_core.models import BUILTIN_MODELS
+from llmq_core.settings import Settings
+from llmq_core.tokenizer import count_tokens, render_chat
+
+INVALID_REQUEST = "invalid_request_error"
+MAX_N = 128
+MAX_STOP_SEQUENCES = 4
+DEFAULT_MAX_STOP_BYTES = Settings.model_fields["api_max_stop_bytes"].default
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+ECHOED_CHARS = 40  # of a bad value quoted back in an error message
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+class RequestError(Exception):
+    """A client mistake in a request: ``status`` is the HTTP status the API answers it with."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str = INVALID_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type
+
+    def error_info(self) -> wire.ErrorInfo:
+        """The same error object as a result's error (never retryable: the same request fails the same way)."""
+        return wire.ErrorInfo(type=self.type, message=self.message, code=self.code, param=self.param)
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> RequestError:
+    """A 400 ``invalid_request_error``."""
+    return RequestError(400, message, param=param, code=code)
+
+
+def timeouts_by_class(settings: Settings) -> dict[str, tuple[int, int]]:
+    """Traffic class -> (default, maximum) request timeout in ms, from the settings."""
+    return {INTERACTIVE: (settings.default_timeout_ms, settings.max_timeout_ms),
+            NEAR_INTERACTIVE: (settings.near_interactive_default_timeout_ms, settings.near_interactive_max_timeout_ms),
+            DEFERRED: (settings.deferred_default_timeout_ms, settings.deferred_max_timeout_ms)}
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What a request produced straight to Kafka is checked against: ``windows`` maps the catalogue's models to their
+    context windows (0: unknown), ``max_timeout_ms`` each traffic class to its longest deadline."""
+
+    windows: Mapping[str, int] = field(default_factory=lambda: {m.name: m.context_window
+                                                                for m in BUILTIN_MODELS.values()})
+    max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
+    max_timeout_ms: Mapping[str, int] = field(default_factory=lambda: {
+        cls: bounds[1] for cls, bounds in timeouts_by_class(Settings.model_construct()).items()})
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Rules:
+        windows = dict.fromkeys(settings.extra_models, 0)
+        windows.update({m.name: m.context_window for m in BUILTIN_MODELS.values()})
+        return cls(windows=windows, max_stop_bytes=settings.api_max_stop_bytes,
+                   max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()})
+
+
+def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
+    """Check a request that did not pass an API pod, as the API checks a body; raises :class:`RequestError`."""
+    window = check_model(request.model, rules.windows)
+    chat = request.endpoint == "chat.completions"
+    text = render_chat(check_messages(request.messages)) if chat else check_prompt(request.prompt)
+    sampling = request.sampling
+    check_sampling(sampling, max_stop_bytes=rules.max_stop_bytes)
+    check_context(count_tokens(text), sampling.max_tokens, window, "messages" if chat else "prompt", True)
+
+
+def clamp_deadline(request: wire.GenerationRequest, max_timeout_ms: int, now_ms: int) -> wire.GenerationRequest:
+    """``request`` with its deadline at most ``max_timeout_ms`` after it was created (or after ``now_ms`` when its
+    ``created_ms`` lies ahead): a producer cannot make a request outlive its class's maximum."""
+    latest_ms = min(request.created_ms, now_ms) + max_timeout_ms
+    if request.deadline_ms <= latest_ms:
+        return request
+    return msgspec.structs.replace(request, deadline_ms=latest_ms)
+
+
+def check_model(model: str, windows: Mapping[str, int]) -> int:
+    """The model's context window (0: unknown); 404 ``model_not_found`` outside the catalogue."""
+    if model not in windows:
+        raise RequestError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+    return windows[model]
+
+
+def check_prompt(prompt: str | None) -> str:
+    if prompt is None:
+        raise invalid("'prompt' is required", param="prompt")
+    if not prompt:
+        raise invalid("'prompt' must not be empty", param="prompt")
+    return prompt
+
+
+def check_messages(messages: list[wire.ChatMessage] | None) -> list[wire.ChatMessage]:
+    if not messages:
+        raise invalid("'messages' must be a non-empty list", param="messages")
+    for i, message in enumerate(messages):
+        check_role(i, message.role)
+    return messages
+
+
+def check_role(i: int, role: str) -> None:
+    if role not in CHAT_ROLES:
+        raise invalid(f"Unsupported role {role!r}; expected one of {', '.join(sorted(CHAT_ROLES))}",
+                      param=f"messages[{i}].role")
+
+
+def check_sampling(sampling: wire.SamplingParams, *, max_stop_bytes: int, max_param: str = "max_tokens",
+                   max_tokens_given: bool = True) -> None:
+    """Ranges of every sampling value; ``max_param`` names ``max_tokens`` in errors (chat may call it
+    ``max_completion_tokens``), ``max_tokens_given`` False when it holds the default rather than the caller's value."""
+    in_range(max_param, sampling.max_tokens, 1, INT64_MAX)
+    in_range("temperature", sampling.temperature, 0.0, 2.0)
+    in_range("top_p", sampling.top_p, 0.0, 1.0)
+    in_range("n", sampling.n, 1, MAX_N)
+    in_range("seed", sampling.seed, INT64_MIN, INT64_MAX)
+    check_result_size(sampling.n, sampling.max_tokens, max_param, max_tokens_given)
+    check_stop(sampling.stop, max_stop_bytes)
+    check_logit_bias(sampling.logit_bias)
+
+
+def in_range(param: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not low <= value <= high:
+        raise invalid(f"'{param}' must be between {low} and {high}, got {value}", param=param, code="out_of_range")
+
+
+def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given: bool) -> None:
+    """400 when the result could exceed MAX_RESULT_BYTES: every token decodes to at least one byte, so ``n`` choices of
+    ``max_tokens`` may reach n * max_tokens bytes. Names ``max_tokens`` unless it was left at its default (then ``n``)."""
+    if n * max_tokens <= MAX_RESULT_BYTES:
+        return
+    param = max_param if max_tokens_given else "n"
+    raise invalid(f"n ({n}) x {max_param} ({max_tokens}) = {n * max_tokens} tokens could exceed the result limit of"
+                  f" {MAX_RESULT_BYTES} bytes (each token is at least one byte); reduce '{param}' so that n x"
+                  f" {max_param} <= {MAX_RESULT_BYTES}", param=param, code="result_too_large")
+
+
+def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
+    if len(sequences) > MAX_STOP_SEQUENCES:
+        raise invalid(f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences", param="stop")
+    if any(not s for s in sequences):
+        raise invalid("'stop' sequences must not be empty", param="stop")
+    if any(len(s.encode()) > max_stop_bytes for s in sequences):
+        raise invalid(f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each", param="stop",
+                      code="stop_too_long")
+
+
+def check_logit_bias_size(entries: int) -> None:
+    if entries > MAX_LOGIT_BIAS_TOKENS:
+        raise invalid(f"'logit_bias' allows at most {MAX_LOGIT_BIAS_TOKENS} tokens", param="logit_bias")
+
+
+def bad_token_id(token: str) -> RequestError:
+    """The 400 for a ``logit_bias`` key that is no token id (``token`` as the caller spelled it)."""
+    return invalid(f"'logit_bias' keys must be token ids (integers from 0 to {INT64_MAX}), got "
+                   f"{token[:ECHOED_CHARS]!r}", param="logit_bias")
+
+
+def check_logit_bias(bias: Mapping[int, float] | None) -> None:
+    """OpenAI's ``logit_bias``: token id -> bias in [-100, 100]; the worker checks the ids exist."""
+    check_logit_bias_size(len(bias or ()))
+    for token_id, value in (bias or {}).items():
+        if not 0 <= token_id <= INT64_MAX:
+            raise bad_token_id(str(token_id))
+        in_range(f"logit_bias[{token_id}]", value, -100.0, 100.0)
+
+
+def check_context(prompt_tokens: int, max_tokens: int, context_window: int, prompt_param: str,
+                  max_tokens_given: bool, max_param: str = "max_tokens") -> None:
+    """400 ``context_length_exceeded`` when prompt and completion do not fit the model's window (0: unknown)."""
+    if context_window <= 0 or prompt_tokens + max_tokens <= context_window:
+        return
+    param = max_param if max_tokens_given and prompt_tokens < context_window else prompt_param
+    raise invalid(
+        f"This model's maximum context length is {context_window} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} for the "
+        f"completion). Please reduce the length of the {prompt_param} or the completion.",
+        param=param, code="context_length_exceeded")

@@ -1,0 +1,99 @@
+"""Kafka-direct requests at the batcher's entry (issue 13, items 7 and 9): the API's checks answer a faulty one errored
+at once (it used to wait for its deadline and expire), deadlines are clamped to the class maximum, and a re-produced
+request_id gets the stored result again, or errored ``request_id_reused``; it used to get nothing."""
+
+from __future__ import annotations
+
+import msgspec
+
+from llmq_core import constants, requests, wire
+from llmq_batcher.loop import BatcherLoop
+from tests.unit.batcher.helpers import T0, make_policy, req
+from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
+
+REPLIES = wire.KafkaReply(topic="team.replies")
+
+
+def direct(request_id: str = "r1", **fields) -> wire.GenerationRequest:
+    return msgspec.structs.replace(req(request_id), **{"reply_to": REPLIES, **fields})
+
+
+def make_loop():
+    policy, clock = make_policy()
+    producer, redis = FakeProducer(), FakeRedis()
+    loop = BatcherLoop(policy, FakeConsumer(), producer, redis, clock, max_queued=100, names=NAMES,
+                       rules=requests.Rules(max_timeout_ms={"interactive": 60_000}))
+    return loop, policy, producer, redis
+
+
+async def put(loop, request: wire.GenerationRequest, offset: int = 0) -> None:
+    await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(request), key=request.request_id.encode()))
+
+
+def answers(producer) -> list[wire.FinalResult]:
+    return [wire.decode(s["value"]) for s in producer.on(NAMES.results_topic)]
+
+
+async def test_a_faulty_request_is_answered_errored_at_once_with_the_apis_error():
+    loop, policy, producer, _ = make_loop()
+    await put(loop, direct(model="no-such-model"), 0)
+    await put(loop, direct("r2", sampling=wire.SamplingParams(temperature=9.0)), 1)
+    unknown, hot = answers(producer)
+    assert (unknown.outcome, unknown.error.code, unknown.error.param) == (wire.Outcome.ERRORED, "model_not_found",
+                                                                          "model")
+    assert unknown.error.message == "The model 'no-such-model' does not exist" and unknown.reply_to == REPLIES
+    assert (hot.error.type, hot.error.param, hot.error.code) == ("invalid_request_error", "temperature", "out_of_range")
+    assert policy.queued_total == 0 and "no-such-model" not in policy.model_states(T0)  # no per-model state grew
+
+
+async def test_a_deadline_beyond_the_class_maximum_is_clamped():
+    loop, policy, producer, _ = make_loop()
+    await put(loop, direct(deadline_ms=T0 + 10**12))
+    assert producer.sent == [] and policy.queued_total == 1
+    (entry,) = policy.schedule(T0 + 60_001).answers  # expired at the clamped deadline, not in years
+    assert entry.outcome is wire.Outcome.EXPIRED
+
+
+async def test_a_reproduced_finished_id_gets_its_stored_result_again_once_per_copy():
+    loop, policy, producer, redis = make_loop()
+    await put(loop, direct(), 3)
+    first = wire.FinalResult(request_id="r1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id="acme",
+                             reply_to=REPLIES, choices=[wire.Choice(index=0, text="hi", finish_reason="stop")])
+    redis.data[constants.result_key("r1")] = wire.encode(first)
+    policy.on_result("r1")
+    policy.schedule(T0)  # the first copy is no longer held
+    other_topic = wire.KafkaReply(topic="team.other")
+    await put(loop, direct(reply_to=other_topic), 9)
+    (replay,) = answers(producer)
+    assert replay.choices == first.choices and replay.outcome is wire.Outcome.SUCCEEDED
+    assert (replay.reply_to, replay.request_copy) == (other_topic, f"{INTERACTIVE.topic}/{INTERACTIVE.partition}@9")
+
+
+async def test_a_reproduced_id_without_a_stored_result_is_errored_naming_it():
+    loop, _, producer, redis = make_loop()
+    redis.data[constants.request_copy_key("r1")] = b"llmq.requests.interactive/0@1"
+    await put(loop, direct(), 5)
+    (reused,) = answers(producer)
+    assert (reused.outcome, reused.error.code, reused.error.param) == (wire.Outcome.ERRORED, "request_id_reused",
+                                                                       "request_id")
+    assert "'r1'" in reused.error.message and reused.request_copy.endswith("@5")
+
+
+async def test_another_tenants_or_an_http_result_is_never_replayed():
+    loop, _, producer, redis = make_loop()
+    for n, (tenant, reply) in enumerate([("other", REPLIES), ("acme", wire.HttpReply(instance_id="pod"))]):
+        request_id = f"r{n}"
+        redis.data[constants.request_copy_key(request_id)] = b"elsewhere"
+        redis.data[constants.result_key(request_id)] = wire.encode(wire.FinalResult(
+            request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id=tenant, reply_to=reply))
+        await put(loop, direct(request_id), n)
+    assert [a.error.code for a in answers(producer)] == ["request_id_reused"] * 2
+
+
+async def test_a_redelivered_record_is_not_a_copy_and_a_copy_of_a_held_id_joins_it():
+    loop, policy, producer, redis = make_loop()
+    await put(loop, direct(), 4)
+    await put(loop, direct(), 4)  # the same record again (a rebalance): not a copy
+    await put(loop, direct(), 8)  # a copy while the first is queued: suppressed, one answer
+    assert producer.sent == [] and policy.queued_total == 1
+    assert redis.data[constants.request_copy_key("r1")] == f"{INTERACTIVE.topic}/{INTERACTIVE.partition}@4".encode()
