@@ -68,8 +68,9 @@ def run_block(example: Example, stack: DevStack, folder: Path) -> Run:
                                ("127.0.0.1:9092", stack.cfg.kafka_bootstrap)):
         code = code.replace(documented, actual)
     argv = [sys.executable, "-c", code] if example.lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
-    env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": stack.cfg.kafka_bootstrap, "LLMQ_REDIS_URL": stack.cfg.redis_url,
-           "LLMQ_API_URL": f"http://127.0.0.1:{API_PORTS[0]}/v1", "COLUMNS": "200"}
+    env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": stack.cfg.kafka_bootstrap,
+           "LLMQ_REDIS_URL": stack.cfg.redis_url, "LLMQ_API_URL": f"http://127.0.0.1:{API_PORTS[0]}/v1",
+           "COLUMNS": "200"}  # rich wraps at the terminal's width: keep the printed lines whole
     started_ms = int(time.time() * 1000)
     done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
     assert done.returncode == 0, f"{example} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
