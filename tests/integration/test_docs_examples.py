@@ -10,7 +10,8 @@ Addresses: the examples name the documented ones (API pods 127.0.0.1:8000 and 12
 This test's stack listens on API_PORTS and uses the suite's Kafka, so each block's text has exactly those three
 addresses replaced and nothing else. Commands that read their address from the environment get it there:
 LLMQ_KAFKA_BOOTSTRAP_SERVERS and LLMQ_REDIS_URL (the suite's, for `llmq dev create-topic`) and LLMQ_API_URL (for
-`llmq batch`).
+`llmq batch`). The stack has one llmq-tiny and one llmq-sim worker (200 ms batches), to stay quick: no example depends
+on the stack's shape.
 """
 
 from __future__ import annotations
