@@ -141,7 +141,9 @@ def cancel(batch_id: str, base_url: str = BASE_URL, api_key: str = API_KEY) -> N
 def sample(
     lines: int = typer.Option(300, "--lines", help="How many request lines."),
     output: Path = typer.Option(Path("var/batch/claims-sample.jsonl"), "-o", "--output"),
-    model: str = typer.Option("llmq-sim", help="Model of every line: llmq-sim (fast) or llmq-tiny (real)."),
+    model: str = typer.Option("llmq-sim", help="Model of every line: llmq-sim (simulated: fast, replays the prompt) "
+                                               "or llmq-tiny (a small transformer with random weights: slow on "
+                                               "a CPU, its text is noise)."),
     seed: int = typer.Option(0, help="Same seed, same file."),
 ) -> None:
     """Write an OpenAI batch input file of insurance-claim classify-and-summarise chat requests."""

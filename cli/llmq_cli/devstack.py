@@ -150,7 +150,7 @@ class DevStack:
             log(f"  {row['name']:<18} pid {row['pid']:<8} {row['health']}")
 
     def _start_redis(self) -> None:
-        spec = ProcSpec(name="redis", kind="redis", marker="redis-server",
+        spec = ProcSpec(name="redis", kind="redis", marker="redis-server", port=self.cfg.redis_port,
                         argv=["redis-server", "--port", str(self.cfg.redis_port), "--bind", "127.0.0.1",
                               "--save", "", "--appendonly", "no", "--dir", str(self.state),
                               "--maxmemory", str(self.cfg.redis_maxmemory_bytes), "--maxmemory-policy", MEMORY_POLICY])
@@ -207,23 +207,26 @@ class DevStack:
         return record["pid"] if _is_ours(record["pid"], record["marker"]) else None
 
     def status(self) -> list[dict]:
-        """One row per process started here: name, kind, model, pid, health (healthy | starting | exited)."""
+        """One row per process started here: name, kind, model, pid, port, metrics_port, health (healthy | starting |
+        exited). ``port`` is the one the process listens on: Kafka's, Redis', an API pod's, else its /metrics port."""
         client = redis_sync.Redis.from_url(self.cfg.redis_url, socket_timeout=1)
         rows = []
         for name, record in self._records():
             health = "exited"
             if _is_ours(record["pid"], record["marker"]):
                 health = "healthy" if _healthy(record, self.cfg, client) else "starting"
+            metrics_port = _metrics_port(record)
             rows.append({"name": name, "kind": record["kind"], "model": record["model"], "pid": record["pid"],
-                         "port": record["port"], "health": health, "log": str(self.logs / f"{name}.log")})
+                         "port": record["port"] or metrics_port, "metrics_port": metrics_port, "health": health,
+                         "log": str(self.logs / f"{name}.log")})
         return rows
 
     def metrics_urls(self) -> dict[str, str]:
         """Process name -> Prometheus /metrics URL, for each llmq service started here (API pods: their port)."""
         urls = {}
         for name, record in self._records():
-            port = record["port"] if record["kind"] == "api" else record.get("metrics_port", 0)
-            if port and record["kind"] not in ("kafka", "redis"):
+            port = _metrics_port(record)
+            if port:
                 urls[name] = f"http://127.0.0.1:{port}/metrics"
         return urls
 
@@ -262,6 +265,13 @@ def _is_ours(pid: int, marker: str) -> bool:
         return False
     # An empty command line is a child between fork and exec: still ours.
     return (not cmdline or marker in cmdline) and stat.split(")")[-1].split()[0] != "Z"
+
+
+def _metrics_port(record: dict) -> int:
+    """Where a process serves Prometheus /metrics: an API pod on its HTTP port; Kafka and Redis nowhere (0)."""
+    if record["kind"] in ("kafka", "redis"):
+        return 0
+    return record["port"] if record["kind"] == "api" else record.get("metrics_port", 0)
 
 
 def _wait_gone(pid: int, marker: str, timeout_s: float) -> None:

@@ -33,10 +33,13 @@ STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and K
 
 
 def _stack(state_dir: Path, tiny_workers: int = 1, sim_workers: int = 2, sim_batch_time_ms: int = 500,
-           kafka_port: int = 9092, redis_port: int = 6379, api_port: int = 8000) -> DevStack:
+           kafka_port: int = 9092, redis_port: int = 6379, api_port: int = 8000,
+           keys_file: Path | None = None) -> DevStack:
+    # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
+    extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
     return DevStack(StackConfig(state_dir=state_dir, tiny_workers=tiny_workers, sim_workers=sim_workers,
                                 sim_batch_time_ms=sim_batch_time_ms, kafka_port=kafka_port, redis_port=redis_port,
-                                api_ports=(api_port, api_port + 1)))
+                                api_ports=(api_port, api_port + 1), extra_env=extra_env))
 
 
 @dev.command("install")
@@ -54,9 +57,14 @@ def dev_up(
     kafka_port: int = typer.Option(9092, help="Kafka listener port (the controller takes the next one)."),
     redis_port: int = typer.Option(6379),
     api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
+    keys_file: Path | None = typer.Option(None, exists=True, dir_okay=False,
+                                          help="API keys file (YAML/JSON, like deploy/keys.example.yaml): sets "
+                                               "LLMQ_API_KEYS_FILE for every process (the environment's own "
+                                               "LLMQ_API_KEYS_FILE works too)."),
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
-    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port)
+    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port,
+                   keys_file)
     started = time.perf_counter()
     try:
         stack.up(log=console.print)
@@ -69,16 +77,16 @@ def dev_up(
 @dev.command("status")
 def dev_status(state_dir: Path = STATE_DIR, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
                redis_port: int = typer.Option(6379)) -> None:
-    """Each process the stack started: name, model, pid and health."""
+    """Each process the stack started: name, model, pid, the port it listens on, its /metrics port and health."""
     rows = DevStack(StackConfig(state_dir=state_dir, redis_port=redis_port)).status()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table("process", "kind", "model", "pid", "port", "health")
+    table = Table("process", "kind", "model", "pid", "port", "metrics port", "health")
     for row in rows:
         colour = {"healthy": "green", "starting": "yellow"}.get(row["health"], "red")
         table.add_row(row["name"], row["kind"], row["model"], str(row["pid"]), str(row["port"] or ""),
-                      f"[{colour}]{row['health']}[/{colour}]")
+                      str(row["metrics_port"] or ""), f"[{colour}]{row['health']}[/{colour}]")
     console.print(table)
 
 
@@ -207,7 +215,7 @@ def run_demo(
     stack = _stack(state_dir, kafka_port=kafka_port, redis_port=redis_port, api_port=api_port)
     if up:
         dev_up(state_dir=state_dir, tiny_workers=1, sim_workers=2, sim_batch_time_ms=500, kafka_port=kafka_port,
-               redis_port=redis_port, api_port=api_port)
+               redis_port=redis_port, api_port=api_port, keys_file=None)
     cut = prompts.cut_prompts(requests)
     prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
     model_names = models.split(",")
