@@ -128,13 +128,14 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     generation = pod.gateway.build(valid, request_id=request_id, principal=principal, traffic_class=traffic_class,
                                    timeout_ms=timeout_ms, idempotency_key=idempotency_key)
     if idempotency_key is None:
-        await _admit(pod, principal, traffic_class, valid)
-        return await _run(pod, generation, valid)
+        predicted = await _admit(pod, principal, traffic_class, valid)
+        return await _run(pod, generation, valid, headers=predicted)
     claim = idempotency.Claim(request_id=request_id, fingerprint=idempotency.fingerprint(valid, traffic_class),
                               deadline_ms=generation.deadline_ms)
     earlier = await _redis_call(pod.idempotency.find(principal.tenant_id, idempotency_key))
+    predicted = None
     if earlier is None:
-        await _admit(pod, principal, traffic_class, valid)
+        predicted = await _admit(pod, principal, traffic_class, valid)
         earlier = await _redis_call(pod.idempotency.claim(principal.tenant_id, idempotency_key, claim))
     if earlier is not None:
         request.state.request_id = earlier.request_id
@@ -143,21 +144,31 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     async def release() -> None:
         await pod.idempotency.release(principal.tenant_id, idempotency_key, request_id)
 
-    return await _run(pod, generation, valid, release)
+    return await _run(pod, generation, valid, release, predicted)
 
 
-async def _admit(pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest) -> None:
-    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses."""
+async def _admit(pod: Pod, principal: Principal, traffic_class: str,
+                 valid: validation.ValidRequest) -> dict[str, str]:
+    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses.
+    The admission counts as queued work at once (before the rate limiter's await lets a burst's other requests check)
+    and is taken back if the rate limiter refuses. Returns the predicted-wait response header."""
     priority_class = constants.priority_class(traffic_class, principal.tier)
-    rejection = (pod.shed.check(priority_class, valid.model, pod.saturation.current, len(pod.registry))
-                 or await pod.limiter.acquire(principal, token_cost(valid)))
+    saturation = pod.saturation.current
+    rejection = pod.shed.check(priority_class, valid.model, saturation, len(pod.registry))
+    if rejection is None:
+        pod.saturation.admit(valid.model, priority_class)
+        rejection = await pod.limiter.acquire(principal, token_cost(valid))
+        if rejection is not None:
+            pod.saturation.admit(valid.model, priority_class, -1)
     if rejection is not None:
         pod.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()
         raise rejection.error
+    return {constants.HTTP_PREDICTED_WAIT_MS: str(saturation.predict(valid.model, priority_class).wait_ms)}
 
 
 async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,
-               on_gave_up: Callable[[], Awaitable[None]] | None = None) -> Response:
+               on_gave_up: Callable[[], Awaitable[None]] | None = None,
+               headers: dict[str, str] | None = None) -> Response:
     """Produce the request and hold the connection until its resolution; ``on_gave_up`` also runs if producing fails."""
     try:
         waiter = await pod.gateway.submit(generation)
@@ -167,7 +178,7 @@ async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.V
         raise
     pending = PendingRequest(request=generation, waiter=waiter, include_usage=valid.include_usage,
                              registry=pod.registry, publish_cancel=pod.publish_cancel, metrics=pod.metrics,
-                             clock=pod.clock, on_gave_up=on_gave_up)
+                             clock=pod.clock, on_gave_up=on_gave_up, headers=headers)
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
 
 
