@@ -41,9 +41,9 @@ class Outcome:
     retry_after_s: int | None = None
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> int | None:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else None
 
 
 def summary(outcomes: list[Outcome]) -> dict:
@@ -54,12 +54,12 @@ def summary(outcomes: list[Outcome]) -> dict:
     signed = [o.latency_ms - o.predicted_ms for o in ok if o.predicted_ms is not None]
     return {"requests": len(outcomes), "admitted": len(ok), "refused_429": len(refused),
             "other": len(outcomes) - len(ok) - len(refused),
-            "first_429_ms": round(min((o.latency_ms for o in refused), default=float("nan"))),
-            "prediction_abs_error_ms": {"p50": round(percentile(errors, 0.5)), "p95": round(percentile(errors, 0.95))},
+            "first_429_ms": percentile([o.latency_ms for o in refused], 0),
+            "prediction_abs_error_ms": {"p50": percentile(errors, 0.5), "p95": percentile(errors, 0.95)},
             "prediction_signed_error_p50_ms": round(statistics.median(signed)) if signed else None,
-            "admitted_latency_ms": {"p50": round(percentile([o.latency_ms for o in ok], 0.5)),
-                                    "p99": round(percentile([o.latency_ms for o in ok], 0.99)),
-                                    "max": round(max((o.latency_ms for o in ok), default=float("nan")))},
+            "admitted_latency_ms": {"p50": percentile([o.latency_ms for o in ok], 0.5),
+                                    "p99": percentile([o.latency_ms for o in ok], 0.99),
+                                    "max": percentile([o.latency_ms for o in ok], 1)},
             "retry_after_s": {"min": min((o.retry_after_s for o in refused), default=None),
                               "max": max((o.retry_after_s for o in refused), default=None)}}
 

@@ -13,3 +13,9 @@ def test_summary_compares_each_admitted_prediction_with_its_latency():
     assert figures["prediction_signed_error_p50_ms"] == 500
     assert figures["admitted_latency_ms"] == {"p50": 1500, "p99": 4000, "max": 4000}
     assert figures["retry_after_s"] == {"min": 6, "max": 9}
+
+
+def test_summary_of_a_run_without_refusals_or_admissions_has_no_figures_instead_of_failing():
+    figures = summary([Outcome(200, 10.0, 0)])
+    assert figures["first_429_ms"] is None and figures["retry_after_s"] == {"min": None, "max": None}
+    assert summary([Outcome(429, 5.0, None, 1)])["admitted_latency_ms"] == {"p50": None, "p99": None, "max": None}
