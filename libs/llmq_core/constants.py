@@ -137,6 +137,7 @@ HTTP_TIMEOUT_MS: Final = "x-llmq-timeout-ms"
 HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
 HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
+HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -259,6 +259,9 @@ class QueueLoad(_Struct, kw_only=True):
     depth: int = 0
     oldest_age_ms: int = 0
     drained_per_s: float = 0.0
+    # requests of this class and the classes above dispatched per second while some of them were queued: the rate a
+    # backlog drains at (smoothed; between backlogs the last one measured; 0: never measured)
+    backlog_drained_per_s: float = 0.0
 
 
 class ModelLoad(_Struct, kw_only=True):
@@ -269,6 +272,7 @@ class ModelLoad(_Struct, kw_only=True):
     workers: int = 0
     slots: int = 0
     worker_seen_ms: int = 0
+    capacity_per_s: float = 0.0  # requests/s the live workers can take by their heartbeats (slots per batch time)
 
 
 class BatcherSaturation(_Message, kw_only=True, tag="batcher_saturation"):

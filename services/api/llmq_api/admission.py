@@ -1,19 +1,26 @@
 """Admission control (pure): refuse a new request before it costs anything when its model's class is overloaded or
 its model has no worker.
 
-Inputs: the batchers' saturation reports, per model (queue depth and oldest queued age per ``PRIORITY_CLASSES`` entry,
-live workers, last worker heartbeat), and this pod's in-flight count. A new request of class c for model m waits behind
-every queued request of m in c and in the classes more important than c, so its predicted queue wait is the oldest
-queued age among those queues; other models' queues do not delay it and never shed it. Class c of model m is shed (429)
-when
+Inputs: the batchers' saturation reports, per model (per ``PRIORITY_CLASSES`` entry: queue depth, oldest queued age,
+backlog drain rate; live workers, their slots and the requests/s their heartbeats promise, last worker heartbeat), the
+requests this pod admitted since those reports were sent (:class:`Admitted`), and this pod's in-flight count.
 
-- that predicted wait exceeds ``api_shed_wait_ms[c]`` (not for deferred work of a model without workers: it waits for
-  them, so that an autoscaler scaling the model from zero sees its queue), or
+A new request of class c for model m waits behind every request of m queued in c and in the classes more important
+than c (other models' queues do not delay it and never shed it). Its predicted queue wait is that work divided by the
+rate m's workers drain it at: the backlog drain rate the batchers measured while such work waited, or, until one is
+measured, the capacity the workers' heartbeats promise (the pipeline, not the nominal rate, may be the limit, so the
+measured rate wins). Unlike the oldest queued age, the prediction sees a burst as soon as it is admitted. Class c of
+model m is shed (429) when
+
+- that predicted wait exceeds ``api_shed_wait_ms[c]``, unless the work ahead fits in the workers' next batch (fewer
+  requests than their slots: an idle stack never refuses for a wait, whatever the threshold) or it is deferred work of
+  a model without workers (it waits for them, so that an autoscaler scaling the model from zero sees its queue), or
 - the requests of m queued in c and above fill ``api_shed_share[c]`` of ``batcher_max_queued``, or
 - this pod's in-flight requests fill ``api_shed_share[c]`` of ``api_max_in_flight``.
 
 Both thresholds fall with priority (settings' defaults), so the lowest class is always shed first. The answer's
-``Retry-After`` is the predicted wait in whole seconds (1 to :data:`MAX_RETRY_AFTER_S`).
+``Retry-After`` is the predicted wait rounded up to whole seconds (1 to :data:`MAX_RETRY_AFTER_S`); admitted requests
+carry the prediction in ``x-llmq-predicted-wait-ms``.
 
 A model whose workers have all been gone for longer than ``worker_heartbeat_timeout_ms`` (or that no batcher has seen a
 worker of since it started, that long ago) answers interactive and near_interactive requests (a person waits for
@@ -23,6 +30,7 @@ both) with 503 ``model_unavailable`` at once; deferred requests still queue.
 from __future__ import annotations
 
 import math
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -39,36 +47,56 @@ MODEL_UNAVAILABLE_CODE = "model_unavailable"
 @dataclass(frozen=True, slots=True)
 class Queues:
     """One model's queues merged over the batchers per PRIORITY_CLASSES entry: requests queued (sum), oldest queued
-    age (ms, max)."""
+    age (ms, max), backlog drain rate of the class and those above (requests/s, sum: each batcher drains its share)."""
 
     depth: Mapping[str, int]
     oldest_age_ms: Mapping[str, int]
-
-    def ahead(self, priority_class: str) -> tuple[int, int]:
-        """(requests queued, oldest queued age in ms) over ``priority_class`` and every class above it."""
-        classes = PRIORITY_CLASSES[:PRIORITY_CLASSES.index(priority_class) + 1]
-        return (sum(self.depth.get(c, 0) for c in classes),
-                max((self.oldest_age_ms.get(c, 0) for c in classes), default=0))
+    drain_per_s: Mapping[str, float] = field(default_factory=dict)
 
 
 EMPTY = Queues({}, {})
 
 
 @dataclass(frozen=True, slots=True)
+class Prediction:
+    """What waits ahead of a new request: ``queued`` requests (reported, plus admitted here since), the predicted queue
+    wait (ms), and whether that work fits in the workers' next batch (then it is never shed for its wait)."""
+
+    queued: int
+    wait_ms: int
+    next_batch: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Saturation:
     """The fresh reports merged at ``as_of_ms``: queues per model; live workers per model (the most any batcher
-    sees: they all hear the same heartbeats); the newest heartbeat of each model's workers; and since when the
-    batchers have been watching (the earliest start among them; None without a fresh report, when nothing is known)."""
+    sees: they all hear the same heartbeats); the newest heartbeat of each model's workers; since when the batchers
+    have been watching (the earliest start among them; None without a fresh report, when nothing is known); per model
+    the slots and requests/s of its workers (the most any batcher sees); and (model, class) -> requests this pod
+    admitted since the reports were sent."""
 
     queues: Mapping[str, Queues] = field(default_factory=dict)
     workers: Mapping[str, int] = field(default_factory=dict)
     worker_seen_ms: Mapping[str, int] = field(default_factory=dict)
     watching_since_ms: int | None = None
     as_of_ms: int = 0
+    slots: Mapping[str, int] = field(default_factory=dict)
+    capacity_per_s: Mapping[str, float] = field(default_factory=dict)
+    admitted: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
-    def ahead(self, model: str, priority_class: str) -> tuple[int, int]:
-        """(requests of ``model`` queued, their oldest queued age in ms) over ``priority_class`` and the classes above."""
-        return self.queues.get(model, EMPTY).ahead(priority_class)
+    def predict(self, model: str, priority_class: str) -> Prediction:
+        """The wait of a new request of ``priority_class`` for ``model``: the work queued ahead of it (its class and
+        those above) over the rate it drains at. With neither a measured rate nor a worker's capacity (a model without
+        workers) the oldest queued age ahead is the only signal."""
+        queues = self.queues.get(model, EMPTY)
+        ahead = PRIORITY_CLASSES[:PRIORITY_CLASSES.index(priority_class) + 1]
+        queued = sum(queues.depth.get(c, 0) + self.admitted.get((model, c), 0) for c in ahead)
+        rate_per_s = queues.drain_per_s.get(priority_class) or self.capacity_per_s.get(model, 0.0)
+        if rate_per_s > 0:
+            wait_ms = math.ceil(queued * 1000 / rate_per_s)
+        else:
+            wait_ms = max((queues.oldest_age_ms.get(c, 0) for c in ahead), default=0)
+        return Prediction(queued, wait_ms, queued < self.slots.get(model, 0))
 
     def worker_gone_ms(self, model: str) -> int | None:
         """How long ``model`` has been without a live worker (ms); None while it has one or nothing is known."""
@@ -80,34 +108,68 @@ class Saturation:
 IDLE = Saturation()
 
 
+class Admitted:
+    """This pod's admissions per (model, priority class), kept until a report sent after them covers them: the
+    batchers' next reports will count them, the ones read so far do not (and other pods' admissions show up there)."""
+
+    def __init__(self) -> None:
+        self._log: deque[tuple[int, str, str, int]] = deque()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def add(self, model: str, priority_class: str, now_ms: int, count: int = 1) -> None:
+        """Count an admission at ``now_ms`` (``count=-1`` takes back one that a later check refused)."""
+        self._log.append((now_ms, model, priority_class, count))
+        self._counts[(model, priority_class)] += count
+
+    def since(self, since_ms: int) -> dict[tuple[str, str], int]:
+        """(model, class) -> admissions after ``since_ms``; older ones are forgotten."""
+        log, counts = self._log, self._counts
+        while log and log[0][0] <= since_ms:
+            _, model, priority_class, count = log.popleft()
+            counts[(model, priority_class)] -= count
+            if not counts[(model, priority_class)]:
+                del counts[(model, priority_class)]
+        return dict(counts)
+
+
 def merge_reports(reports: Iterable[wire.BatcherSaturation], now_ms: int, stale_ms: int,
-                  heard_ms: Mapping[str, int] | None = None) -> Saturation:
+                  heard_ms: Mapping[str, int] | None = None, admitted: Admitted | None = None) -> Saturation:
     """Merge the reports sent within ``stale_ms`` of ``now_ms``; a queue's oldest request has aged since its report.
     ``heard_ms``: model -> the last worker heartbeat this pod heard itself, which knows of a new worker up to a report
-    interval sooner than the batchers' reports do."""
+    interval sooner than the batchers' reports do. ``admitted``: this pod's admissions; those after the oldest fresh
+    report count as queued (without a fresh report, those within ``stale_ms``)."""
     depth: dict[str, dict[str, int]] = {}
     oldest: dict[str, dict[str, int]] = {}
+    drain: dict[str, dict[str, float]] = {}
     workers: dict[str, int] = {}
+    slots: dict[str, int] = {}
+    capacity: dict[str, float] = {}
     seen: dict[str, int] = dict(heard_ms or {})
-    starts = []
+    starts, sent = [], []
     for report in reports:
         since_ms = now_ms - report.sent_ms
         if since_ms > stale_ms:
             continue
+        sent.append(report.sent_ms)
         if report.started_ms:
             starts.append(report.started_ms)
         for model, load in report.models.items():
             workers[model] = max(workers.get(model, 0), load.workers)
+            slots[model] = max(slots.get(model, 0), load.slots)
+            capacity[model] = max(capacity.get(model, 0.0), load.capacity_per_s)
             seen[model] = max(seen.get(model, 0), load.worker_seen_ms)
-            _add_queues(load.classes, since_ms, depth.setdefault(model, {}), oldest.setdefault(model, {}))
-    return Saturation({m: Queues(depth[m], oldest[m]) for m in depth}, workers, seen, min(starts, default=None),
-                      now_ms)
+            _add_queues(load.classes, since_ms, depth.setdefault(model, {}), oldest.setdefault(model, {}),
+                        drain.setdefault(model, {}))
+    local = admitted.since(min(sent, default=now_ms - stale_ms)) if admitted is not None else {}
+    return Saturation({m: Queues(depth[m], oldest[m], drain[m]) for m in depth}, workers, seen,
+                      min(starts, default=None), now_ms, slots, capacity, local)
 
 
 def _add_queues(classes: Mapping[str, wire.QueueLoad], since_ms: int, depth: dict[str, int],
-                oldest: dict[str, int]) -> None:
+                oldest: dict[str, int], drain: dict[str, float]) -> None:
     for name, load in classes.items():
         depth[name] = depth.get(name, 0) + load.depth
+        drain[name] = drain.get(name, 0.0) + load.backlog_drained_per_s
         if load.depth:
             oldest[name] = max(oldest.get(name, 0), load.oldest_age_ms + max(since_ms, 0))
 
@@ -161,17 +223,17 @@ class ShedPolicy:
         gone = gone_ms is not None and gone_ms > self.worker_timeout_ms
         if gone and priority_class != DEFERRED:
             return Rejection(MODEL_UNAVAILABLE_CODE, model_unavailable(model, retry_after_s(self.worker_timeout_ms)))
-        queued, wait_ms = saturation.ahead(model, priority_class)
+        predicted = saturation.predict(model, priority_class)
         share = self.share.get(priority_class, 1.0)
         limit_ms = self.wait_ms.get(priority_class)
-        if limit_ms is not None and wait_ms > limit_ms and not gone:
+        if limit_ms is not None and predicted.wait_ms > limit_ms and not predicted.next_batch and not gone:
             reason = "queue_wait"
-        elif queued >= share * self.max_queued:
+        elif predicted.queued >= share * self.max_queued:
             reason = "queue_depth"
         elif in_flight >= share * self.max_in_flight:
             reason = "pod_in_flight"
         else:
             return None
         message = (f"The service is overloaded for {priority_class} requests of {model} (predicted queue wait "
-                   f"{wait_ms} ms); retry after the Retry-After delay")
-        return Rejection(reason, too_many_requests(message, retry_after_s(wait_ms)))
+                   f"{predicted.wait_ms} ms); retry after the Retry-After delay")
+        return Rejection(reason, too_many_requests(message, retry_after_s(predicted.wait_ms)))

@@ -128,14 +128,14 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     generation = pod.gateway.build(valid, request_id=request_id, principal=principal, traffic_class=traffic_class,
                                    timeout_ms=timeout_ms, idempotency_key=idempotency_key)
     if idempotency_key is None:
-        charge = await _admit(pod, principal, traffic_class, valid)
-        return await _run(pod, generation, valid, charge=charge)
+        charge, predicted = await _admit(pod, principal, traffic_class, valid)
+        return await _run(pod, generation, valid, charge=charge, headers=predicted)
     claim = idempotency.Claim(request_id=request_id, fingerprint=idempotency.fingerprint(valid, traffic_class),
                               deadline_ms=generation.deadline_ms)
     earlier = await _redis_call(pod.idempotency.find(principal.tenant_id, idempotency_key))
-    charge = None
+    charge = predicted = None
     if earlier is None:
-        charge = await _admit(pod, principal, traffic_class, valid)
+        charge, predicted = await _admit(pod, principal, traffic_class, valid)
         try:
             earlier = await _redis_call(pod.idempotency.claim(principal.tenant_id, idempotency_key, claim))
         except BaseException:
@@ -150,25 +150,39 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     async def release() -> None:
         await pod.idempotency.release(principal.tenant_id, idempotency_key, request_id)
 
-    return await _run(pod, generation, valid, release, charge)
+    return await _run(pod, generation, valid, release, charge=charge, headers=predicted)
 
 
-async def _admit(pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest) -> Charge:
-    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses (a 400 for a token
-    estimate no bucket refill could ever cover). Returns the charge the request settles when it ends."""
+async def _admit(pod: Pod, principal: Principal, traffic_class: str,
+                 valid: validation.ValidRequest) -> tuple[Charge, dict[str, str]]:
+    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses (a
+    400 for a token estimate no bucket refill could ever cover). The admission counts as queued work at once (before
+    the rate limiter's await lets a burst's other requests check) and is taken back if the rate limiter refuses.
+    Returns the charge the request settles when it ends and the predicted-wait response header."""
     priority_class = constants.priority_class(traffic_class, principal.tier)
     estimate = token_cost(valid, pod.catalog.context_windows().get(valid.model, 0))
     check_fits(estimate, principal.tokens_per_min, valid)
-    rejection = (pod.shed.check(priority_class, valid.model, pod.saturation.current, len(pod.registry))
-                 or await pod.limiter.acquire(principal, estimate))
+    saturation = pod.saturation.current
+    rejection = pod.shed.check(priority_class, valid.model, saturation, len(pod.registry))
+    if rejection is None:
+        pod.saturation.admit(valid.model, priority_class)
+        try:
+            rejection = await pod.limiter.acquire(principal, estimate)
+        except BaseException:  # e.g. 503 store_unavailable
+            pod.saturation.admit(valid.model, priority_class, -1)
+            raise
+        if rejection is not None:
+            pod.saturation.admit(valid.model, priority_class, -1)
     if rejection is not None:
         pod.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()
         raise rejection.error
-    return Charge(pod.limiter, principal, estimate)
+    predicted = {constants.HTTP_PREDICTED_WAIT_MS: str(saturation.predict(valid.model, priority_class).wait_ms)}
+    return Charge(pod.limiter, principal, estimate), predicted
 
 
 async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,
-               on_gave_up: Callable[[], Awaitable[None]] | None = None, charge: Charge | None = None) -> Response:
+               on_gave_up: Callable[[], Awaitable[None]] | None = None, *, charge: Charge | None = None,
+               headers: dict[str, str] | None = None) -> Response:
     """Produce the request and hold the connection until its resolution; ``on_gave_up`` also runs if producing fails.
     ``charge`` is settled by the resolution, or cancelled when producing fails."""
     try:
@@ -181,7 +195,8 @@ async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.V
         raise
     pending = PendingRequest(request=generation, waiter=waiter, include_usage=valid.include_usage,
                              registry=pod.registry, publish_cancel=pod.publish_cancel, metrics=pod.metrics,
-                             clock=pod.clock, on_gave_up=on_gave_up, on_resolved=charge and charge.settle)
+                             clock=pod.clock, on_gave_up=on_gave_up, on_resolved=charge and charge.settle,
+                             headers=headers)
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
 
 

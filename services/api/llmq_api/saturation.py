@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, wire
 from llmq_core.clock import Clock
-from llmq_api.admission import Saturation, merge_reports
+from llmq_api.admission import Admitted, Saturation, merge_reports
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,7 @@ class SaturationMonitor:
     """Polls the reports every ``poll_ms``; :attr:`current` merges those fresher than ``stale_ms``.
 
     When Redis or the batchers go quiet the reports age out and admission falls back to the pod's own in-flight cap.
+    :attr:`admitted` counts this pod's admissions until the reports include them.
     """
 
     def __init__(self, redis: Redis, clock: Clock, stale_ms: int, *, key: str = constants.REDIS_SATURATION_KEY,
@@ -36,10 +37,15 @@ class SaturationMonitor:
         self._key = key
         self._poll_s = poll_ms / 1000
         self.reports: list[wire.BatcherSaturation] = []
+        self.admitted = Admitted()
 
     @property
     def current(self) -> Saturation:
-        return merge_reports(self.reports, self._clock.now_ms(), self._stale_ms, self._heard_ms())
+        return merge_reports(self.reports, self._clock.now_ms(), self._stale_ms, self._heard_ms(), self.admitted)
+
+    def admit(self, model: str, priority_class: str, count: int = 1) -> None:
+        """Count an admission now (``count=-1`` takes it back)."""
+        self.admitted.add(model, priority_class, self._clock.now_ms(), count)
 
     async def run(self) -> None:
         while True:

@@ -37,7 +37,7 @@ from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import final_result, refused, replayed, reply_topic_refusal, reused_id
 from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
-from llmq_batcher.saturation import DrainMeter, saturation_report
+from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from llmq_batcher.spans import RequestSpans
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,7 @@ class BatcherLoop:
         self.request_id_ttl_ms = request_id_ttl_ms
         self.started_ms = clock.now_ms()
         self.drain = DrainMeter(self.started_ms)
+        self.backlog_drain = BacklogDrain(self.started_ms)
         self._produce_failures: Counter[str] = Counter()  # model -> transient batch produce failures in a row
 
     def subscribe(self) -> None:
@@ -494,6 +495,7 @@ class BatcherLoop:
             counts[f"requests:{batch.model}"] += len(batch.requests)
             counts[f"flush_{batch.flush_reason}"] += 1
         self.drain.dispatched(sent)
+        self.backlog_drain.dispatched(sent)
         for answer in decision.answers:
             counts[answer.outcome.value if answer.error_type != "overloaded" else "rejected"] += 1
         now_ms = self.clock.now_ms()
@@ -508,7 +510,8 @@ class BatcherLoop:
                 self.metrics.queues((key, name, c.depth, c.oldest_age_ms)
                                     for name, state in models.items() for key, c in state.classes.items())
             report = saturation_report(self.policy.config.batch_id_prefix, self.started_ms, now_ms, decision.load,
-                                       models, self.catalogue, self.drain.rates(now_ms))
+                                       models, self.catalogue, self.drain.rates(now_ms),
+                                       self.backlog_drain.rates(now_ms, models))
         if not counts and not load:
             return
         try:

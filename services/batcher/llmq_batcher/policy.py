@@ -149,6 +149,7 @@ class ModelState:
     workers: int
     slots: int
     worker_seen_ms: int
+    capacity_per_s: float = 0.0  # requests/s the live workers can take by their heartbeats
 
 
 @dataclass(slots=True)
@@ -337,7 +338,9 @@ class BatchPolicy:
             classes={key: ClassLoad(q.depth, now_ms - (q.oldest_enqueued_ms() or now_ms) if q.depth else 0)
                      for key, q in zip(CLASS_KEYS, model.queues)},
             workers=len(model.pool.workers), slots=sum(w.max_slots for w in model.pool.workers.values()),
-            worker_seen_ms=model.worker_seen_ms) for model in self._models.values()}
+            worker_seen_ms=model.worker_seen_ms,
+            capacity_per_s=sum(w.capacity_per_s() for w in model.pool.workers.values()))
+            for model in self._models.values()}
 
     def requests_by_pod(self) -> dict[str, list[str]]:
         """Ids of the requests held here (queued or in flight) by the API pod waiting for them (HttpReply only). O(held)."""

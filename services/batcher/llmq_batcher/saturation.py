@@ -1,7 +1,9 @@
 """The batcher's admission signal for API pods (``wire.BatcherSaturation`` in Redis ``llmq:saturation``).
 
-Per model and priority class: queue depth, oldest queued age and drain rate (requests dispatched per second, smoothed);
-per model: live workers, their slots and the last worker heartbeat. Only models of the catalogue or with a worker are
+Per model and priority class: queue depth, oldest queued age, drain rate (requests dispatched per second, smoothed) and
+backlog drain rate (the same over the class and those above, measured only while some of them waited: what API pods
+divide the work queued ahead of a new request by); per model: live workers, their slots, the requests/s their
+heartbeats promise and the last worker heartbeat. Only models of the catalogue or with a worker are
 reported: a model name made up by a Kafka producer has no worker, so it cannot grow the report (its requests still
 count in the all-models ``classes``).
 """
@@ -33,9 +35,7 @@ class DrainMeter:
         self._last_ms = start_ms
 
     def dispatched(self, batches: Iterable[BatchDispatch]) -> None:
-        for batch in batches:
-            for request in batch.requests:
-                self._counts[(batch.model, CLASS_KEYS[class_index(request)])] += 1
+        _count(self._counts, batches)
 
     def rates(self, now_ms: int) -> Rates:
         """The smoothed rates at ``now_ms``, taking in what was dispatched since the previous call."""
@@ -56,20 +56,73 @@ class DrainMeter:
         return nested
 
 
+class BacklogDrain:
+    """Per model and priority class c: requests of c and the classes above dispatched per second, measured only over
+    intervals between :meth:`rates` calls that began and ended with some of them queued, so it is the rate the workers
+    (and the pipeline before them) drain a backlog at, not the arrival rate of a system with room to spare. The first
+    such interval sets it, later ones smooth it (time constant ``tau_ms``); between backlogs the last value stands."""
+
+    def __init__(self, start_ms: int, tau_ms: int = DRAIN_TAU_MS) -> None:
+        self._tau_ms = tau_ms
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._queued: dict[tuple[str, str], int] = {}  # queued in the class and above at the previous call
+        self._rates: dict[tuple[str, str], float] = {}
+        self._last_ms = start_ms
+
+    def dispatched(self, batches: Iterable[BatchDispatch]) -> None:
+        _count(self._counts, batches)
+
+    def rates(self, now_ms: int, models: Mapping[str, ModelState]) -> Rates:
+        """The rates at ``now_ms``, taking in what was dispatched since the previous call and what is queued now."""
+        elapsed_ms = now_ms - self._last_ms
+        if elapsed_ms > 0:
+            alpha = 1 - math.exp(-elapsed_ms / self._tau_ms)
+            for model, state in models.items():
+                self._measure(model, state, elapsed_ms, alpha)
+            self._counts.clear()
+            self._last_ms = now_ms
+        nested: dict[str, dict[str, float]] = {}
+        for (model, key), rate in self._rates.items():
+            nested.setdefault(model, {})[key] = rate
+        return nested
+
+    def _measure(self, model: str, state: ModelState, elapsed_ms: int, alpha: float) -> None:
+        queued = dispatched = 0
+        for key in CLASS_KEYS:  # most important first: each class adds to the ones above it
+            load = state.classes.get(key)
+            queued += load.depth if load else 0
+            dispatched += self._counts[(model, key)]
+            if queued and self._queued.get((model, key)):
+                measured = dispatched * 1000 / elapsed_ms
+                old = self._rates.get((model, key))
+                self._rates[(model, key)] = measured if old is None else old + alpha * (measured - old)
+            self._queued[(model, key)] = queued
+
+
+def _count(counts: Counter[tuple[str, str]], batches: Iterable[BatchDispatch]) -> None:
+    for batch in batches:
+        for request in batch.requests:
+            counts[(batch.model, CLASS_KEYS[class_index(request)])] += 1
+
+
 def saturation_report(batcher_id: str, started_ms: int, now_ms: int, load: Mapping[str, ClassLoad],
                       models: Mapping[str, ModelState], catalogue: Collection[str],
-                      drain: Rates) -> wire.BatcherSaturation:
+                      drain: Rates, backlog: Rates) -> wire.BatcherSaturation:
     """The report sent at ``now_ms`` by a batcher started at ``started_ms``; ``load``: all models together."""
     total: Counter[str] = Counter()
     for by_class in drain.values():
         total.update(by_class)
     return wire.BatcherSaturation(
         batcher_id=batcher_id, sent_ms=now_ms, started_ms=started_ms, classes=_queues(load, total),
-        models={name: wire.ModelLoad(classes=_queues(state.classes, drain.get(name, {})), workers=state.workers,
-                                     slots=state.slots, worker_seen_ms=state.worker_seen_ms)
+        models={name: wire.ModelLoad(classes=_queues(state.classes, drain.get(name, {}), backlog.get(name, {})),
+                                     workers=state.workers, slots=state.slots, worker_seen_ms=state.worker_seen_ms,
+                                     capacity_per_s=round(state.capacity_per_s, 3))
                 for name, state in models.items() if name in catalogue or state.worker_seen_ms})
 
 
-def _queues(load: Mapping[str, ClassLoad], drain: Mapping[str, float]) -> dict[str, wire.QueueLoad]:
+def _queues(load: Mapping[str, ClassLoad], drain: Mapping[str, float],
+            backlog: Mapping[str, float] | None = None) -> dict[str, wire.QueueLoad]:
+    backlog = backlog or {}
     return {key: wire.QueueLoad(depth=c.depth, oldest_age_ms=c.oldest_age_ms,
-                                drained_per_s=round(drain.get(key, 0.0), 3)) for key, c in load.items()}
+                                drained_per_s=round(drain.get(key, 0.0), 3),
+                                backlog_drained_per_s=round(backlog.get(key, 0.0), 3)) for key, c in load.items()}

@@ -15,6 +15,8 @@ from collections import deque
 from llmq_core import wire
 from llmq_batcher.fairshare import Entry
 
+ASSUMED_SERVICE_MS = 1000  # a continuous-batching slot's service time while the worker has no drain estimate
+
 
 class WorkerView:
     """One live worker. ``since`` holds (batch_id, requests, dispatched_ms) sent after its newest heartbeat's batch."""
@@ -73,6 +75,12 @@ class WorkerView:
         if self.fixed:
             return self.max_slots if self.busy_until_ms <= now_ms else 0
         return max(self.hb_free - self.since_count, 0)
+
+    def capacity_per_s(self) -> float:
+        """Requests per second this worker can take by its heartbeat: its slots per batch time (fixed-time engines) or
+        per its drain estimate, at least ASSUMED_SERVICE_MS (continuous batching). API pods predict waits with it until
+        a backlog's drain rate is measured."""
+        return self.max_slots * 1000 / (self.fixed_batch_ms or max(self.est_drain_ms, ASSUMED_SERVICE_MS))
 
     def reserved_slots(self, share: float) -> int:
         """Slots deferred work must leave free for interactive work."""

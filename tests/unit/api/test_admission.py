@@ -1,5 +1,6 @@
-"""admission.py: merged batcher reports per model, the shed rules, Retry-After from the predicted wait, lowest class
-first, one model's backlog never shedding another's traffic, and 503 for a model whose workers are gone."""
+"""admission.py: merged batcher reports per model, the wait predicted from the work queued ahead over its drain rate,
+the shed rules, Retry-After from the predicted wait, lowest class first, one model's backlog never shedding another's
+traffic, an idle stack never refusing for a wait, and 503 for a model whose workers are gone."""
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -7,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from llmq_core import wire
 from llmq_core.constants import PRIORITY_CLASSES
 from llmq_core.settings import Settings
-from llmq_api.admission import IDLE, Queues, Saturation, ShedPolicy, merge_reports, retry_after_s
+from llmq_core.clock import FakeClock
+from llmq_api.admission import IDLE, Admitted, Prediction, Queues, Saturation, ShedPolicy, merge_reports, retry_after_s
 
 PAID, FREE, NEAR, DEFERRED = PRIORITY_CLASSES
 SIM, TINY = "llmq-sim", "llmq-tiny"
@@ -16,13 +18,16 @@ POLICY = ShedPolicy.from_settings(Settings(api_max_in_flight=100, batcher_max_qu
                                            worker_heartbeat_timeout_ms=2000))
 
 
-def classes(**loads: tuple[int, int]) -> dict[str, wire.QueueLoad]:
-    return {key.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(depth=d, oldest_age_ms=a)
-            for key, (d, a) in loads.items()}
+def classes(**loads: tuple) -> dict[str, wire.QueueLoad]:
+    """class=(depth, oldest age ms[, backlog drain rate])"""
+    return {key.replace("_paid", ":paid").replace("_free", ":free"):
+            wire.QueueLoad(depth=load[0], oldest_age_ms=load[1], backlog_drained_per_s=(load + (0.0,))[2])
+            for key, load in loads.items()}
 
 
-def model(workers: int = 1, seen_ms: int = NOW, **loads: tuple[int, int]) -> wire.ModelLoad:
-    return wire.ModelLoad(classes=classes(**loads), workers=workers, slots=8 * workers, worker_seen_ms=seen_ms)
+def model(workers: int = 1, seen_ms: int = NOW, capacity_per_s: float = 0.0, **loads: tuple) -> wire.ModelLoad:
+    return wire.ModelLoad(classes=classes(**loads), workers=workers, slots=8 * workers, worker_seen_ms=seen_ms,
+                          capacity_per_s=capacity_per_s)
 
 
 def report(batcher_id: str, sent_ms: int, started_ms: int = 1, **models: wire.ModelLoad) -> wire.BatcherSaturation:
@@ -36,14 +41,20 @@ def saturation(models: dict[str, Queues], workers: dict[str, int] | None = None)
 
 
 def test_reports_merge_fresh_ones_per_model_and_age_them():
-    reports = [report("b1", 10_000, llmq_sim=model(interactive_paid=(3, 400), deferred=(10, 9000))),
-               report("b2", 9_000, llmq_sim=model(interactive_paid=(2, 100)), llmq_tiny=model(near_interactive=(4, 50))),
+    reports = [report("b1", 10_000, llmq_sim=model(2, NOW, 200.0, interactive_paid=(3, 400, 30.0), deferred=(10, 9000))),
+               report("b2", 9_000, llmq_sim=model(1, NOW, 100.0, interactive_paid=(2, 100, 20.0)),
+                      llmq_tiny=model(0, NOW, near_interactive=(4, 50))),
                report("b3", 1_000, llmq_sim=model(interactive_paid=(50, 60_000)))]  # stale: ignored
     merged = merge_reports(reports, now_ms=10_500, stale_ms=5000)
-    assert merged.queues[SIM] == Queues({PAID: 5, DEFERRED: 10}, {PAID: 1600, DEFERRED: 9500})  # b2's 100 ms + 1.5 s
-    assert merged.ahead(SIM, PAID) == (5, 1600) and merged.ahead(SIM, DEFERRED) == (15, 9500)
-    assert merged.ahead(TINY, DEFERRED) == (4, 1550) and merged.ahead(TINY, FREE) == (0, 0)
-    assert merged.ahead("never-reported", DEFERRED) == (0, 0) and IDLE.ahead(SIM, DEFERRED) == (0, 0)
+    # b2's 100 ms + 1.5 s; drain rates add up (each batcher drains its share), workers' slots and capacity do not
+    assert merged.queues[SIM] == Queues({PAID: 5, DEFERRED: 10}, {PAID: 1600, DEFERRED: 9500},
+                                        {PAID: 50.0, DEFERRED: 0.0})
+    assert (merged.slots[SIM], merged.capacity_per_s[SIM]) == (16, 200.0)
+    assert merged.predict(SIM, PAID) == Prediction(5, 100, True)  # 5 at the measured 50/s
+    assert merged.predict(SIM, DEFERRED) == Prediction(15, 75, True)  # no measured rate: 15 at the promised 200/s
+    assert merged.predict(TINY, DEFERRED) == Prediction(4, 1550, False)  # no worker, no rate: the oldest age
+    assert merged.predict(TINY, FREE) == Prediction(0, 0, False)
+    assert merged.predict("never-reported", DEFERRED) == IDLE.predict(SIM, DEFERRED) == Prediction(0, 0, False)
 
 
 def test_idle_system_admits_everyone():
@@ -160,3 +171,104 @@ def test_a_worker_heartbeat_the_pod_heard_itself_counts_before_the_batchers_repo
     assert heard.worker_gone_ms(TINY) == 300 and POLICY.check(PAID, TINY, heard, 0) is None
     long_ago = merge_reports(reports, NOW, stale_ms=5000, heard_ms={TINY: NOW - 30_000})
     assert POLICY.check(PAID, TINY, long_ago, 0).reason == "model_unavailable"
+
+
+# Prediction: (reported depth per class, backlog drain rate per class, capacity, slots, admitted here) -> (queued, ms)
+PREDICTIONS = [
+    pytest.param({FREE: 300}, {}, 256.0, 128, {}, FREE, (300, 1172), id="capacity-until-a-rate-is-measured"),
+    pytest.param({FREE: 300}, {FREE: 60.0}, 256.0, 128, {}, FREE, (300, 5000), id="measured-rate-wins"),
+    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, PAID, (100, 2000),
+                 id="lower-classes-do-not-delay-paid"),
+    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, FREE, (300, 6000),
+                 id="free-waits-behind-paid"),
+    pytest.param({FREE: 100}, {FREE: 50.0}, 256.0, 128, {(SIM, FREE): 150, (TINY, FREE): 99, (SIM, NEAR): 7}, FREE,
+                 (250, 5000), id="this-pods-admissions-since-the-report-count"),
+]
+
+
+@pytest.mark.parametrize("depth,drain,capacity,slots,admitted,cls,expected", PREDICTIONS)
+def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(depth, drain, capacity, slots, admitted, cls, expected):
+    sat = Saturation({SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: slots}, {SIM: capacity}, admitted)
+    predicted = sat.predict(SIM, cls)
+    assert (predicted.queued, predicted.wait_ms) == expected
+    assert predicted.next_batch == (expected[0] < slots)
+
+
+def test_an_idle_stack_never_refuses_for_a_wait_whatever_the_threshold():
+    # A slow measured drain (a 500 ms batch plus the pipeline's waits): one request already predicts more than 1 s.
+    slow = Saturation({SIM: Queues({}, {}, {DEFERRED: 0.9})}, {SIM: 2}, {}, 0, NOW, {SIM: 128}, {SIM: 256.0})
+    assert slow.predict(SIM, DEFERRED).wait_ms == 0 and POLICY.check(DEFERRED, SIM, slow, 0) is None
+    queued = Saturation({SIM: Queues({FREE: 127}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128},
+                        {SIM: 256.0})
+    assert queued.predict(SIM, DEFERRED) == Prediction(127, 1270, True)  # over deferred's 1 s, but in the next batch
+    assert POLICY.check(DEFERRED, SIM, queued, 0) is None
+    full = Saturation({SIM: Queues({FREE: 128}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128},
+                      {SIM: 256.0})
+    assert POLICY.check(DEFERRED, SIM, full, 0).reason == "queue_wait"
+
+
+def test_retry_after_on_a_stuck_queue_is_the_prediction_not_a_growing_age():
+    # The queue is stuck (measured drain ~0): the oldest age grows, the prediction is capped at 60 s and stays there.
+    for age_ms in (9_000, 18_000, 36_000):
+        stuck = Saturation({SIM: Queues({FREE: 300}, {FREE: age_ms}, {FREE: 0.01})}, {SIM: 1}, {}, 0, NOW,
+                           {SIM: 8}, {SIM: 16.0})
+        assert POLICY.check(FREE, SIM, stuck, 0).error.headers == {"retry-after": "60"}
+    slow = Saturation({SIM: Queues({FREE: 300}, {FREE: 36_000}, {FREE: 40.0})}, {SIM: 1}, {}, 0, NOW, {SIM: 8},
+                      {SIM: 16.0})
+    assert POLICY.check(FREE, SIM, slow, 0).error.headers == {"retry-after": "8"}  # 7.5 s rounded up, age aside
+
+
+BURST_RATE_PER_S = 100.0  # measured drain of the model while a backlog waited
+BURST_LIMIT_MS = 5_000  # interactive:free's shed wait
+
+
+def burst(clock: FakeClock, admitted: Admitted, report_ms: int, queued: dict[str, int], arrivals: list[str]):
+    """Each arrival (a priority class) checked against one report plus this pod's admissions since it, like a pod."""
+    outcomes = []
+    for cls in arrivals:
+        clock.advance(1)
+        sat = merge_reports([report("b", report_ms, llmq_sim=wire.ModelLoad(
+            classes={c: wire.QueueLoad(depth=queued.get(c, 0), backlog_drained_per_s=BURST_RATE_PER_S)
+                     for c in PRIORITY_CLASSES}, workers=1, slots=64, worker_seen_ms=report_ms,
+            capacity_per_s=128.0))], clock.now_ms(), 5000, admitted=admitted)
+        predicted = sat.predict(SIM, cls)
+        rejection = POLICY.check(cls, SIM, sat, 0)
+        if rejection is None:
+            admitted.add(SIM, cls, clock.now_ms())
+        outcomes.append((cls, predicted, rejection))
+    return outcomes
+
+
+def test_a_burst_is_shed_as_soon_as_the_predicted_wait_crosses_the_limit_and_paid_traffic_beside_it_is_not():
+    clock, admitted = FakeClock(NOW), Admitted()
+    arrivals = ([FREE] * 3 + [PAID]) * 300  # 900 free, 300 paid at once, before the batcher reports any of them
+    outcomes = burst(clock, admitted, NOW, {}, arrivals)
+    free = [(p, r) for cls, p, r in outcomes if cls == FREE]
+    refused_at = next(i for i, (_, r) in enumerate(free) if r is not None)
+    # paid requests queue ahead of free ones: the 501st piece of work (ahead: 375 free + 125 paid) is the first over 5 s
+    ahead_limit = int(BURST_LIMIT_MS * BURST_RATE_PER_S / 1000)
+    assert free[refused_at][0].queued == ahead_limit + 1
+    assert all(r is None for p, r in free[:refused_at]) and all(r is not None for p, r in free[refused_at:])
+    assert all(p.wait_ms <= BURST_LIMIT_MS for p, r in free if r is None)
+    for predicted, rejection in free[refused_at:]:
+        assert rejection.reason == "queue_wait"
+        assert rejection.error.headers == {"retry-after": str(min(60, -(-predicted.wait_ms // 1000)))}
+    assert all(r is None for cls, _, r in outcomes if cls == PAID)  # paid: 300 ahead at most, 3 s < 15 s
+
+    # The batcher's next report has them (and the pod forgets its own count): the same predictions follow.
+    later = clock.now_ms() + 1
+    clock.advance(5)
+    more = burst(clock, admitted, later, {PAID: 300, FREE: refused_at}, [FREE, PAID])
+    assert more[0][1].queued == 300 + refused_at and more[0][2] is not None
+    assert more[1][1].queued == 300 and more[1][2] is None
+
+
+def test_admitted_counts_expire_once_a_report_covers_them():
+    admitted = Admitted()
+    for t in (10, 20, 30):
+        admitted.add(SIM, FREE, t)
+    admitted.add(TINY, PAID, 25)
+    admitted.add(SIM, FREE, 35, count=-1)
+    assert admitted.since(0) == {(SIM, FREE): 2, (TINY, PAID): 1}
+    assert admitted.since(20) == {(TINY, PAID): 1}  # the one at 30 and the one taken back at 35 cancel out
+    assert admitted.since(35) == {}

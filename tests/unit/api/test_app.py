@@ -150,3 +150,15 @@ async def test_unexpected_error_is_a_clean_500(setup):
         response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "a"})
     assert response.status_code == 500
     assert response.json()["error"]["type"] == "server_error" and "bug" not in response.text
+
+
+async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queued_until_reported(setup):
+    client, pod, _, _ = setup
+    load = wire.ModelLoad(classes={"interactive:paid": wire.QueueLoad(depth=30, backlog_drained_per_s=20.0)},
+                          workers=1, slots=8, worker_seen_ms=pod.clock.now_ms(), capacity_per_s=16.0)
+    pod.saturation.reports = [wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms() - 1,
+                                                     models={"llmq-sim": load})]
+    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
+                                 headers={"authorization": "Bearer llmq-dev-key"})
+    assert response.status_code == 200 and response.headers[constants.HTTP_PREDICTED_WAIT_MS] == "1500"  # 30 at 20/s
+    assert pod.saturation.current.predict("llmq-sim", "interactive:paid").queued == 31

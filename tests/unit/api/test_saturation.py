@@ -2,6 +2,7 @@
 
 from llmq_core import wire
 from llmq_core.clock import FakeClock
+from llmq_api.admission import Prediction
 from llmq_api.saturation import FORGET_AFTER_MS, SaturationMonitor
 from tests.unit.api.fakes import FakeRedis
 
@@ -19,6 +20,22 @@ async def test_monitor_merges_fresh_reports_and_drops_dead_ones():
     monitor = SaturationMonitor(redis, clock, stale_ms=5000, key="sat")
     await monitor.refresh()
     assert set(redis.hashes["sat"]) == {b"b1", b"b2"}
-    assert monitor.current.ahead("llmq-sim", "interactive:paid") == (2, 1300)  # b2 is stale, b1 aged by a second
+    # b2 is stale, b1 aged by a second (no rate known: the oldest age is the wait)
+    assert monitor.current.predict("llmq-sim", "interactive:paid") == Prediction(2, 1300, False)
     clock.advance(10_000)  # no fresh report: admission sees an idle system
-    assert monitor.current.ahead("llmq-sim", "deferred") == (0, 0)
+    assert monitor.current.predict("llmq-sim", "deferred") == Prediction(0, 0, False)
+
+
+async def test_monitor_counts_the_pods_admissions_until_a_report_sent_after_them_arrives():
+    redis, clock = FakeRedis(), FakeClock(10_000_000)
+    redis.hashes["sat"] = {b"b1": report("b1", clock.now_ms(), 0, 0)}
+    monitor = SaturationMonitor(redis, clock, stale_ms=5000, key="sat")
+    await monitor.refresh()
+    clock.advance(100)
+    for _ in range(3):
+        monitor.admit("llmq-sim", "interactive:paid")
+    monitor.admit("llmq-sim", "interactive:paid", -1)  # taken back: the rate limiter refused it
+    assert monitor.current.predict("llmq-sim", "interactive:paid").queued == 2
+    redis.hashes["sat"] = {b"b1": report("b1", clock.now_ms(), 2, 50)}  # the batcher has them now
+    await monitor.refresh()
+    assert monitor.current.predict("llmq-sim", "interactive:paid").queued == 2

@@ -7,7 +7,8 @@ import pytest
 from llmq_core import wire
 from llmq_core.models import BUILTIN_MODELS
 from llmq_batcher.policy import BatchDispatch
-from llmq_batcher.saturation import DrainMeter, saturation_report
+from llmq_batcher.policy import ClassLoad, ModelState
+from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from tests.unit.batcher.helpers import MODEL, T0, hb, make_policy, req
 
 TINY = "llmq-tiny"
@@ -26,14 +27,17 @@ def test_report_carries_each_models_queues_workers_and_last_heartbeat_but_no_mad
     now_ms = clock.now_ms()
     decision = policy.schedule(now_ms)
     drain = {MODEL: {"interactive:paid": 2.5}, TINY: {}}
+    backlog = {MODEL: {"interactive:paid": 40.0}}
     report = saturation_report("b-1", T0 - 5, now_ms, decision.load, policy.model_states(now_ms), BUILTIN_MODELS,
-                               drain)
+                               drain, backlog)
 
     assert (report.batcher_id, report.sent_ms, report.started_ms) == ("b-1", T0 + 1000, T0 - 5)
     assert set(report.models) == {MODEL, TINY}
     sim, tiny = report.models[MODEL], report.models[TINY]
     assert (sim.workers, sim.slots, sim.worker_seen_ms) == (1, 8, T0)
-    assert sim.classes["interactive:paid"] == wire.QueueLoad(depth=1, oldest_age_ms=1000, drained_per_s=2.5)
+    assert sim.capacity_per_s == 8.0  # 8 slots, no drain estimate: the assumed 1 s service time
+    assert sim.classes["interactive:paid"] == wire.QueueLoad(depth=1, oldest_age_ms=1000, drained_per_s=2.5,
+                                                             backlog_drained_per_s=40.0)
     assert (tiny.workers, tiny.slots, tiny.worker_seen_ms) == (0, 0, 0)
     assert [(tiny.classes[c].depth, tiny.classes[c].oldest_age_ms) for c in ("interactive:free", "deferred")] == [
         (1, 700), (1, 1000)]
@@ -49,7 +53,7 @@ def test_a_gone_workers_model_keeps_its_last_heartbeat_time_and_a_new_model_with
     policy.schedule(clock.now_ms())  # both workers are past the heartbeat timeout: gone
     states = policy.model_states(clock.now_ms())
     assert [(states[m].workers, states[m].worker_seen_ms) for m in (MODEL, "my-llama")] == [(0, T0), (0, T0)]
-    report = saturation_report("b", T0, clock.now_ms(), {}, states, BUILTIN_MODELS, {})
+    report = saturation_report("b", T0, clock.now_ms(), {}, states, BUILTIN_MODELS, {}, {})
     assert set(report.models) == {MODEL, "my-llama"}
 
 
@@ -70,3 +74,41 @@ def test_drain_rate_per_model_and_class_follows_dispatches_and_decays():
         meter.dispatched([batch(MODEL, "paid", "paid")])
         rates = meter.rates(T0 + second * 1000)
     assert rates == {MODEL: {"interactive:paid": pytest.approx(2, rel=1e-3)}}
+
+
+# (engine's heartbeat) -> requests/s its slots promise
+CAPACITY = [
+    pytest.param(dict(max_slots=64, fixed_ms=500), 128.0, id="fixed-time-64-per-500ms"),
+    pytest.param(dict(max_slots=8, est_drain_ms=4000, free=0), 2.0, id="continuous-with-drain-estimate"),
+    pytest.param(dict(max_slots=8, est_drain_ms=200, free=0), 8.0, id="continuous-estimate-below-assumed-1s"),
+]
+
+
+@pytest.mark.parametrize("heartbeat,per_s", CAPACITY)
+def test_capacity_from_heartbeats_is_slots_per_batch_time(heartbeat, per_s):
+    policy, clock = make_policy()
+    policy.on_heartbeat(hb("w1", **heartbeat))
+    policy.on_heartbeat(hb("w2", **heartbeat))
+    assert policy.model_states(clock.now_ms())[MODEL].capacity_per_s == pytest.approx(2 * per_s)
+
+
+def state(**depths: int) -> dict[str, ModelState]:
+    classes = {k.replace("_paid", ":paid").replace("_free", ":free"): ClassLoad(d, 0) for k, d in depths.items()}
+    return {MODEL: ModelState(classes=classes, workers=1, slots=8, worker_seen_ms=T0)}
+
+
+def test_backlog_drain_rate_is_measured_only_while_work_waits_and_covers_the_classes_above():
+    meter = BacklogDrain(T0, tau_ms=5000)
+    meter.dispatched([batch(MODEL, *["paid"] * 3)])
+    assert meter.rates(T0 + 1000, state(interactive_paid=0)) == {}  # room to spare: an arrival rate, not a drain rate
+    assert meter.rates(T0 + 2000, state(interactive_paid=50, deferred=7)) == {}  # waiting since now only
+    meter.dispatched([batch(MODEL, *["paid"] * 30, *["free"] * 10)])
+    rates = meter.rates(T0 + 3000, state(interactive_paid=20, deferred=7))[MODEL]
+    # paid waited throughout: 30 paid/s; free and near drain behind paid: 40/s; deferred too (nothing of it went out)
+    assert rates == {"interactive:paid": 30.0, "interactive:free": 40.0, "near_interactive": 40.0, "deferred": 40.0}
+    meter.dispatched([batch(MODEL, *["paid"] * 10)])
+    rates = meter.rates(T0 + 4000, state(interactive_paid=1))[MODEL]  # smoothed from the first measurement on
+    alpha = 1 - math.exp(-0.2)
+    assert rates["interactive:paid"] == pytest.approx(30 + alpha * (10 - 30))
+    assert rates["deferred"] == pytest.approx(40 + alpha * (10 - 40))  # paid above it still waited
+    assert meter.rates(T0 + 60_000, state())[MODEL] == rates  # no backlog: the last measured rates stand

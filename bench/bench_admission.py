@@ -1,0 +1,128 @@
+"""Burst admission benchmark (issue 13, item 1): N concurrent free-tier completions at once against a stack, and how
+well admission's predicted queue wait matched the wait that followed.
+
+Every request is launched at the same moment (max_tokens 64, a share of them streaming, spread over the API pods).
+An admitted request carries its prediction in ``x-llmq-predicted-wait-ms``; the client measures its latency to the
+last byte. Reported: admitted and 429 counts, when the first 429 came, the prediction error (latency - prediction:
+p50/p95 of the absolute error, and the median signed error, which includes the service time), admitted latency p50/p99,
+and each 429's Retry-After range.
+
+    python -m bench.bench_admission --start-stack --count 3000   # its own stack: two llmq-sim workers x 64 per 500 ms
+    python -m bench.bench_admission --url http://127.0.0.1:8000 --url http://127.0.0.1:8001   # a running stack
+
+Not part of ``make test``: a load run, sized by ``--count`` for the machine at hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from llmq_core.constants import HTTP_PREDICTED_WAIT_MS, HTTP_RETRY_AFTER
+
+STACK_PORTS = dict(kafka_port=29092, redis_port=29379, api_ports=(29000, 29001))  # --start-stack: private ports
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One request: HTTP status, latency (ms, launch to last byte), admission's prediction (admitted) or Retry-After
+    (refused)."""
+
+    status: int
+    latency_ms: float
+    predicted_ms: int | None = None
+    retry_after_s: int | None = None
+
+
+def percentile(values: list[float], q: float) -> int | None:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else None
+
+
+def summary(outcomes: list[Outcome]) -> dict:
+    """The figures of one run."""
+    ok = [o for o in outcomes if o.status == 200]
+    refused = [o for o in outcomes if o.status == 429]
+    errors = [abs(o.latency_ms - o.predicted_ms) for o in ok if o.predicted_ms is not None]
+    signed = [o.latency_ms - o.predicted_ms for o in ok if o.predicted_ms is not None]
+    return {"requests": len(outcomes), "admitted": len(ok), "refused_429": len(refused),
+            "other": len(outcomes) - len(ok) - len(refused),
+            "first_429_ms": percentile([o.latency_ms for o in refused], 0),
+            "prediction_abs_error_ms": {"p50": percentile(errors, 0.5), "p95": percentile(errors, 0.95)},
+            "prediction_signed_error_p50_ms": round(statistics.median(signed)) if signed else None,
+            "admitted_latency_ms": {"p50": percentile([o.latency_ms for o in ok], 0.5),
+                                    "p99": percentile([o.latency_ms for o in ok], 0.99),
+                                    "max": percentile([o.latency_ms for o in ok], 1)},
+            "retry_after_s": {"min": min((o.retry_after_s for o in refused), default=None),
+                              "max": max((o.retry_after_s for o in refused), default=None)}}
+
+
+async def one(client: httpx.AsyncClient, url: str, key: str, stream: bool, max_tokens: int, start: float) -> Outcome:
+    body = {"model": "llmq-sim", "prompt": "a burst of free-tier work", "max_tokens": max_tokens, "stream": stream}
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body,
+                                 headers={"authorization": f"Bearer {key}"}) as response:
+            await response.aread()
+    except httpx.HTTPError:
+        return Outcome(0, (time.monotonic() - start) * 1000)
+    headers = response.headers
+    return Outcome(response.status_code, (time.monotonic() - start) * 1000,
+                   int(headers[HTTP_PREDICTED_WAIT_MS]) if HTTP_PREDICTED_WAIT_MS in headers else None,
+                   int(headers[HTTP_RETRY_AFTER]) if HTTP_RETRY_AFTER in headers else None)
+
+
+async def burst(urls: list[str], count: int, stream_share: float, max_tokens: int, key: str) -> list[Outcome]:
+    every = round(1 / stream_share) if stream_share else 0
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=count + 10)) as client:
+        start = time.monotonic()
+        return await asyncio.gather(*(one(client, urls[i % len(urls)], key, bool(every) and i % every == 0,
+                                          max_tokens, start) for i in range(count)))
+
+
+async def warm_up(urls: list[str]) -> None:
+    """Until every pod serves a request (workers heard, reports read)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        for url in urls:
+            deadline = time.monotonic() + 120
+            while (await one(client, url, "llmq-dev-key", False, 1, time.monotonic())).status != 200:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{url} never served a request")
+                await asyncio.sleep(1)
+        await asyncio.sleep(3)  # the warm-up's own work has left the queues and the reports
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", action="append", help="an API pod (repeat for several); default: --start-stack's")
+    parser.add_argument("--start-stack", action="store_true",
+                        help="start a private stack (two llmq-sim workers x 64 per 500 ms, two API pods) for the run")
+    parser.add_argument("--count", type=int, default=3000)
+    parser.add_argument("--stream-share", type=float, default=1 / 3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--key", default="llmq-dev-free-key")
+    args = parser.parse_args()
+    stack = None
+    if args.start_stack:
+        from llmq_cli.devstack import DevStack, StackConfig
+        stack = DevStack(StackConfig(state_dir=Path("var/bench-admission"), tiny_workers=0, sim_workers=2,
+                                     **STACK_PORTS))
+        stack.up(timeout_s=300, log=lambda *_: None)
+    urls = args.url or [f"http://127.0.0.1:{p}" for p in STACK_PORTS["api_ports"]]
+    try:
+        asyncio.run(warm_up(urls))
+        outcomes = asyncio.run(burst(urls, args.count, args.stream_share, args.max_tokens, args.key))
+    finally:
+        if stack is not None:
+            stack.down()
+    print(json.dumps(summary(outcomes), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""bench_admission.summary: counts, prediction error against the measured latency, admitted percentiles."""
+
+from bench.bench_admission import Outcome, summary
+
+
+def test_summary_compares_each_admitted_prediction_with_its_latency():
+    outcomes = [Outcome(200, 1500.0, 1000), Outcome(200, 900.0, 1000), Outcome(200, 4000.0, 3000),
+                Outcome(429, 30.0, None, 6), Outcome(429, 80.0, None, 9), Outcome(0, 120_000.0)]
+    figures = summary(outcomes)
+    assert (figures["requests"], figures["admitted"], figures["refused_429"], figures["other"]) == (6, 3, 2, 1)
+    assert figures["first_429_ms"] == 30
+    assert figures["prediction_abs_error_ms"] == {"p50": 500, "p95": 1000}  # |500|, |-100|, |1000|
+    assert figures["prediction_signed_error_p50_ms"] == 500
+    assert figures["admitted_latency_ms"] == {"p50": 1500, "p99": 4000, "max": 4000}
+    assert figures["retry_after_s"] == {"min": 6, "max": 9}
+
+
+def test_summary_of_a_run_without_refusals_or_admissions_has_no_figures_instead_of_failing():
+    figures = summary([Outcome(200, 10.0, 0)])
+    assert figures["first_429_ms"] is None and figures["retry_after_s"] == {"min": None, "max": None}
+    assert summary([Outcome(429, 5.0, None, 1)])["admitted_latency_ms"] == {"p50": None, "p99": None, "max": None}
