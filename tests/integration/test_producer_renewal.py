@@ -27,12 +27,12 @@ from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
 
-from tests.integration.test_result_limits import SMALL_LIMIT_BYTES, request, set_topic_limit, settings  # noqa: F401
+from tests.integration.test_result_limits import (  # noqa: F401 (settings: the fixture)
+    MODEL, SMALL_LIMIT_BYTES, request, set_topic_limit, settings)
 
 pytestmark = pytest.mark.integration
 
 PARTITION = 13  # of llmq.batches: no stack worker and no other test's worker reads it
-MODEL = "llmq-sim-renewal-itest"
 OVER_LIMIT = b"x" * (2 * SMALL_LIMIT_BYTES)
 
 
