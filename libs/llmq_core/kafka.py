@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -12,7 +15,10 @@ from aiokafka.errors import (
     CorruptRecordException,
     InvalidTopicError,
     MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
     PolicyViolationError,
+    ProducerClosed,
+    ProducerFenced,
     RecordListTooLargeError,
     RecordTooLargeError,
     TopicAlreadyExistsError,
@@ -20,6 +26,7 @@ from aiokafka.errors import (
 )
 
 from llmq_core import wire
+from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import (
     CONTENT_TYPE_MSGPACK,
     HEADER_CONTENT_TYPE,
@@ -43,6 +50,10 @@ RECORD_REFUSED_ERRORS = (
     *RECORD_TOO_LARGE_ERRORS, CorruptRecordException, InvalidTopicError, TopicAuthorizationFailedError,
     PolicyViolationError,
 )
+# aiokafka's sender task dies on these and every later send of that producer fails the same way: only a new one helps.
+BROKEN_PRODUCER_ERRORS = (OutOfOrderSequenceNumber, ProducerFenced)
+PRODUCER_RENEW_RETRY_MS = 1000  # after a fresh producer failed to start (broker away), the next try waits this long
+PRODUCER_CLOSE_TIMEOUT_S = 5.0  # a replaced producer's flush of its other records, at most
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -86,6 +97,120 @@ def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
     )
     options.update(overrides)
     return AIOKafkaProducer(**options)
+
+
+class RenewableProducer:
+    """A producer that replaces itself (``factory`` makes each, unstarted) once it can no longer send.
+
+    aiokafka's idempotent producer never takes back the sequence number of a record the broker refused
+    (RECORD_REFUSED_ERRORS: too large for the topic, invalid topic, policy...): the next record of that partition is
+    then refused as out of order, which kills the sender task, and every later send fails (BROKEN_PRODUCER_ERRORS).
+    A fresh producer gets a new producer id whose sequence numbers start over, so after either the producer is
+    replaced (once, however many sends saw it fail) before the next send. The error is still raised: the caller
+    decides whether its record is refused for good or tried again. A refusal raised before the record is queued (the
+    client's own max_request_size check) took no sequence number and replaces nothing. While no fresh producer starts
+    (broker away), sends go to the broken one (they fail at once) and a new start is tried at most every
+    ``renew_retry_ms``.
+
+    Offers what llmq calls of AIOKafkaProducer: start, stop, send, send_and_wait, partitions_for.
+    """
+
+    def __init__(self, factory: Callable[[], AIOKafkaProducer], *, clock: Clock = SYSTEM_CLOCK,
+                 renew_retry_ms: int = PRODUCER_RENEW_RETRY_MS) -> None:
+        self._factory = factory
+        self._clock = clock
+        self._renew_retry_ms = renew_retry_ms
+        self._producer: AIOKafkaProducer | None = None
+        self._stale = False  # the current producer cannot send any more: replace it before the next send
+        self._next_try_ms = 0
+        self._renewing = asyncio.Lock()
+        self._closing: set[asyncio.Task] = set()  # replaced producers being stopped
+        self.renewals = 0
+
+    async def start(self) -> None:
+        """Start a fresh producer; if that fails it is stopped and the error raised (call again to retry)."""
+        producer = self._factory()
+        try:
+            await producer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        self._producer = producer
+
+    async def stop(self) -> None:
+        await asyncio.gather(*self._closing)
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return await (await self._usable()).partitions_for(topic)
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                   partition: int | None = None, timestamp_ms: int | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable:
+        """Queue one record; returns an awaitable of its RecordMetadata, like AIOKafkaProducer.send."""
+        producer = await self._usable()
+        try:
+            ack = await producer.send(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms,
+                                      headers=headers)
+        except BROKEN_PRODUCER_ERRORS:
+            await self._broke(producer)
+            raise
+        return self._acked(producer, ack)
+
+    async def send_and_wait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                            partition: int | None = None, timestamp_ms: int | None = None,
+                            headers: list[tuple[str, bytes]] | None = None):
+        return await (await self.send(topic, value, key, partition, timestamp_ms, headers))
+
+    async def _acked(self, producer: AIOKafkaProducer, ack: Awaitable):
+        try:
+            return await ack
+        except (*BROKEN_PRODUCER_ERRORS, *RECORD_REFUSED_ERRORS):  # refused by the broker: its sequence number is spent
+            await self._broke(producer)
+            raise
+
+    async def _usable(self) -> AIOKafkaProducer:
+        if self._stale:
+            await self._renew()
+        if self._producer is None:
+            raise ProducerClosed()
+        return self._producer
+
+    async def _broke(self, producer: AIOKafkaProducer) -> None:
+        if producer is self._producer:  # not one replaced already
+            self._stale = True
+            await self._renew()
+
+    async def _renew(self) -> None:
+        async with self._renewing:
+            if not self._stale or self._clock.now_ms() < self._next_try_ms:
+                return
+            old = self._producer
+            try:
+                await self.start()
+            except Exception as exc:
+                self._next_try_ms = self._clock.now_ms() + self._renew_retry_ms
+                log.warning("starting a fresh Kafka producer failed (%r); next try in %d ms", exc, self._renew_retry_ms)
+                return
+            self._stale = False
+            self.renewals += 1
+            log.warning("replaced the Kafka producer after it refused a record or broke (%d so far)", self.renewals)
+        # In the background: the old one flushes its other records (those that fail are retried by their senders).
+        closing = asyncio.create_task(_stop_quietly(old))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+
+async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.stop(), PRODUCER_CLOSE_TIMEOUT_S)
+
+
+def make_renewable_producer(settings: Settings, **overrides) -> RenewableProducer:
+    """A :class:`RenewableProducer` of :func:`make_producer` producers."""
+    return RenewableProducer(lambda: make_producer(settings, **overrides))
 
 
 def make_consumer(settings: Settings, *topics: str, group_id: str | None, **overrides) -> AIOKafkaConsumer:

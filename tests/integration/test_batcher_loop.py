@@ -61,11 +61,11 @@ async def _running_batcher(config: PolicyConfig | None = None, *, slots: int = 8
     def make_producer():
         return kafka.make_producer(settings, max_request_size=constants.KAFKA_MAX_MESSAGE_BYTES)
 
-    producer = make_producer()  # the test's own: the loop may replace its producer
+    producer = make_producer()  # the test's own
     consumer = kafka.make_consumer(settings, group_id=f"test-batcher-{tag}")
     policy = BatchPolicy(config or PolicyConfig(batch_id_prefix=tag), SYSTEM_CLOCK)
-    loop = BatcherLoop(policy, consumer, make_producer(), redis, SYSTEM_CLOCK, max_queued=1000, names=names,
-                       producer_factory=make_producer)
+    loop = BatcherLoop(policy, consumer, kafka.RenewableProducer(make_producer), redis, SYSTEM_CLOCK, max_queued=1000,
+                       names=names)
     await producer.start()
     await loop.producer.start()
     loop.subscribe()

@@ -11,8 +11,6 @@ import logging
 import os
 
 import msgspec
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import OutOfOrderSequenceNumber, ProducerFenced
 from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, runtime, tracing, wire
@@ -37,54 +35,34 @@ RETRY_CONNECT_S = 1.0
 REDIS_OP_TIMEOUT_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
 POLL_S = 1.0  # pub/sub read timeout: lets health checks (PING) notice a dead connection
-# aiokafka's sender task dies on these and every later send fails the same way: only a new producer recovers
-FATAL_PRODUCER_ERRORS = (OutOfOrderSequenceNumber, ProducerFenced)
 
 
 class KafkaRequestProducer:
     """Produces GenerationRequests to ``requests_topic(traffic_class)`` (key = request_id, msgpack).
 
-    :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on, except while
-    a producer that broke for good (its sender died, e.g. on a sequence gap left by a broker outage) is replaced.
+    :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on. A producer
+    that broke (a refused record, a sequence gap left by a broker outage) replaces itself: see kafka.RenewableProducer.
     """
 
     def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._producer: AIOKafkaProducer | None = None
-        self._broken = asyncio.Event()
+        self._producer = kafka.make_renewable_producer(settings)
         self.ready = False
 
     async def run(self) -> None:
         while True:
-            self._producer, self.ready = await self._start(), True
-            log.info("Kafka producer ready")
-            await self._broken.wait()
-            self._broken.clear()
-            broken, self._producer, self.ready = self._producer, None, False
-            log.warning("Kafka producer broke for good; starting a new one")
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(broken.stop(), CLOSE_TIMEOUT_S)
-
-    async def _start(self) -> AIOKafkaProducer:
-        while True:
-            producer = kafka.make_producer(self._settings)
             try:
-                await producer.start()
-                return producer
+                await self._producer.start()
+                break
             except Exception as exc:
                 log.warning("Kafka producer not started (%r); retrying in %.0fs", exc, RETRY_CONNECT_S)
-                with contextlib.suppress(Exception):
-                    await producer.stop()
                 await asyncio.sleep(RETRY_CONNECT_S)
+        self.ready = True
+        log.info("Kafka producer ready")
 
     async def produce(self, request: wire.GenerationRequest) -> None:
-        if self._producer is None:
+        if not self.ready:
             raise ConnectionError("Kafka producer is not started")
-        try:
-            await self._send(request)
-        except FATAL_PRODUCER_ERRORS:
-            self._broken.set()
-            raise
+        await self._send(request)
 
     async def _send(self, request: wire.GenerationRequest) -> None:
         topic = constants.requests_topic(request.traffic_class)
@@ -104,8 +82,7 @@ class KafkaRequestProducer:
 
     async def stop(self) -> None:
         self.ready = False
-        if self._producer is not None:
-            await self._producer.stop()
+        await self._producer.stop()
 
 
 class ReplyListener:

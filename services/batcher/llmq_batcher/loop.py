@@ -11,21 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    OutOfOrderSequenceNumber,
-    ProducerClosed,
-    ProducerFenced,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-)
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerClosed
 from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, requests, tracing, wire
@@ -49,12 +39,10 @@ RESTART_DELAY_S = 1.0
 POD_GONE_REASON = "pod_gone"
 PRODUCE_RETRY_BASE_MS = 100  # first hold of a model after a transient produce failure; doubles per failure in a row
 PRODUCE_RETRY_MAX_MS = 5000
-_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
-# aiokafka's sender task dies on these and every later send fails the same way: only a new producer recovers. The first
-# follows any refused record: an idempotent producer never takes back the sequence numbers of a refused batch.
-_FATAL_PRODUCER = (OutOfOrderSequenceNumber, ProducerFenced)
-# Not marked retriable by aiokafka, yet none of them is the record's fault (a broker outage raises the first two).
-_TRANSIENT = (KafkaTimeoutError, ProducerClosed, *_FATAL_PRODUCER)
+_TOO_LARGE = kafka.RECORD_TOO_LARGE_ERRORS
+# Not marked retriable by aiokafka, yet none of them is the record's fault (a broker outage raises the first two; the
+# producer replaces itself after the others, see kafka.RenewableProducer).
+_TRANSIENT = (KafkaTimeoutError, ProducerClosed, *kafka.BROKEN_PRODUCER_ERRORS)
 
 
 def is_permanent(exc: BaseException) -> bool:
@@ -86,22 +74,19 @@ class Names:
 class BatcherLoop:
     """Owns the policy and the offsets; ``run()`` returns after ``stop()`` once held work is dispatched or uncommitted."""
 
-    def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
-                 clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
+    def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: kafka.RenewableProducer,
+                 redis: Redis, clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
                  names: Names = Names(), metrics: BatcherMetrics | None = None, pod_check_ms: int = 1000,
                  pod_grace_ms: int = 2000, catalogue: frozenset[str] = frozenset(BUILTIN_MODELS),
-                 producer_factory: Callable[[], AIOKafkaProducer] | None = None,
                  rules: requests.Rules = requests.Rules(), request_id_ttl_ms: int = 86_400_000) -> None:
         """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone.
         ``catalogue``: the models the saturation report always carries (others only while they have workers).
-        ``producer_factory`` makes a fresh (unstarted) producer to replace one the broker refused a record of (None:
-        never replaced). ``rules``: what Kafka-direct requests are checked against; ``request_id_ttl_ms``: how long
-        their ids stay claimed (Settings.kafka_request_id_ttl_s)."""
+        ``producer``: a kafka.RenewableProducer in service (one refused record must not break every later send).
+        ``rules``: what Kafka-direct requests are checked against; ``request_id_ttl_ms``: how long their ids stay
+        claimed (Settings.kafka_request_id_ttl_s)."""
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
-        self.producer_factory = producer_factory
-        self._renewing = asyncio.Lock()
         self.redis = redis
         self.results = results
         self.clock = clock
@@ -349,12 +334,11 @@ class BatcherLoop:
         message, flushes = batch.to_wire(), []
         if tracing.enabled():
             message, flushes = self.spans.flush(message, batch.partition)
-        producer = self.producer
         try:
-            await kafka.send_message(producer, self.names.batches_topic, message, key=batch.batch_id,
+            await kafka.send_message(self.producer, self.names.batches_topic, message, key=batch.batch_id,
                                      partition=batch.partition)
         except Exception as exc:
-            return await self._produce_failed(batch, exc, producer)
+            return await self._produce_failed(batch, exc)
         finally:
             for span in flushes:
                 span.end()
@@ -366,15 +350,12 @@ class BatcherLoop:
             self._settle(request.request_id)
         return [batch]
 
-    async def _produce_failed(self, batch: BatchDispatch, exc: Exception,
-                              producer: AIOKafkaProducer) -> list[BatchDispatch]:
+    async def _produce_failed(self, batch: BatchDispatch, exc: Exception) -> list[BatchDispatch]:
         """Never put a refused record back in front: bisect one too large (its parts go out one after the other, a lone
         request that cannot is answered), answer the requests of one refused for good; a transient failure holds the
         model, then retries."""
         extra = {"batch_id": batch.batch_id}
         self._wake.set()  # answers and re-queued requests are for the next round
-        if is_permanent(exc) or isinstance(exc, _FATAL_PRODUCER):
-            await self._renew_producer(producer)
         if not is_permanent(exc):
             self._produce_failures[batch.model] += 1
             delay_ms = retry_delay_ms(self._produce_failures[batch.model])
@@ -395,23 +376,6 @@ class BatcherLoop:
             self.policy.fail(batch, "server_error", f"The batch topic refused the request: {exc}", "dispatch_failed")
         return []
 
-    async def _renew_producer(self, failed: AIOKafkaProducer) -> None:
-        """Replace ``failed`` (once, however many sends saw it fail) with a fresh producer: a new producer id starts
-        its sequence numbers over. Sends still pending on the old one fail and are handed back."""
-        async with self._renewing:
-            if self.producer_factory is None or self.producer is not failed:
-                return
-            fresh = self.producer_factory()
-            try:
-                await fresh.start()
-            except Exception as exc:  # the broker is away: keep the old one, the next refusal tries again
-                log.warning("starting a fresh producer failed: %r", exc)
-                await fresh.stop()
-                return
-            self.producer = fresh
-            log.warning("replaced the producer after a refused record")
-        await failed.stop()
-
     async def _publish_replies(self, results: list[wire.FinalResult]) -> None:
         """Answers of HTTP requests to their pods' channels, in one pipeline (many at once must not each take a pooled
         connection). Best effort: every answer also goes to llmq.results, whose stored copy a resubscribing pod reads."""
@@ -430,15 +394,12 @@ class BatcherLoop:
     async def _send_answer(self, answer: Answer, result: wire.FinalResult) -> None:
         outcome = answer.outcome.value if answer.error_type != "overloaded" else "rejected"
         traceparent = self.spans.answered(result.request_id, outcome) if tracing.enabled() else None
-        producer = self.producer
         try:
-            await kafka.send_message(producer, self.names.results_topic, result, key=result.request_id,
+            await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id,
                                      traceparent=traceparent)
         except Exception as exc:  # left unsettled: the request is redelivered after a restart and answered again
             log.error("answering %s failed: %s", result.outcome.value, exc,
                       extra=request_fields(result.request_id, traceparent or answer.request.traceparent))
-            if isinstance(exc, _FATAL_PRODUCER):
-                await self._renew_producer(producer)
             return
         if self.metrics is not None:
             self.metrics.answered_request(answer.request, outcome)

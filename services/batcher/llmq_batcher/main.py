@@ -33,7 +33,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     await kafka.ensure_topics(settings)
     await kafka.require_topic_limits(settings)
     redis = make_redis(settings.redis_url)
-    producer = kafka.make_producer(settings)
+    producer = kafka.make_renewable_producer(settings)  # a refused record does not break it
     consumer = kafka.make_consumer(settings, group_id=constants.GROUP_BATCHER)
     results = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=None, auto_offset_reset="latest")
     # Batch ids must be unique across restarts: workers report them back as last_batch_id.
@@ -42,7 +42,6 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
                        results=results, metrics=observed, pod_check_ms=settings.pod_heartbeat_interval_ms,
                        pod_grace_ms=2 * settings.pod_heartbeat_interval_ms, catalogue=labels.models,
                        names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)),
-                       producer_factory=lambda: kafka.make_producer(settings),
                        rules=requests.Rules.from_settings(settings),
                        request_id_ttl_ms=settings.kafka_request_id_ttl_s * 1000)
     await producer.start()
@@ -61,7 +60,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     finally:
         alive.cancel()
         lag.cancel()
-        for client in (consumer, results, loop.producer):  # the loop may have replaced its producer
+        for client in (consumer, results, producer):
             await client.stop()
         await redis.aclose()
         tracing.shutdown()

@@ -33,7 +33,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     await kafka.require_topic_limits(settings)
     redis = Redis.from_url(settings.redis_url)
     await check_memory_policy(redis, "result-router")
-    producer = kafka.make_producer(settings)
+    producer = kafka.make_renewable_producer(settings)  # a refused reply or dead letter does not break it
     consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
     await producer.start()
     await consumer.start()

@@ -14,16 +14,9 @@ from dataclasses import dataclass
 from aiokafka import errors
 
 from llmq_core.clock import Clock
+from llmq_core.kafka import RECORD_REFUSED_ERRORS
 from llmq_core.settings import Settings
 
-# No retry changes these: the broker refuses the topic or the record for good.
-PERMANENT_ERRORS: tuple[type[Exception], ...] = (
-    errors.TopicAuthorizationFailedError,
-    errors.InvalidTopicError,
-    errors.MessageSizeTooLargeError,
-    errors.RecordTooLargeError,
-    errors.PolicyViolationError,
-)
 # Failures of the topic itself, not of one record: every result for it would fail the same way.
 TOPIC_ERRORS: tuple[type[Exception], ...] = (
     errors.UnknownTopicOrPartitionError,
@@ -53,7 +46,7 @@ class ReplyRetry:
 
     def wait_ms(self, error: Exception, failures: int) -> int | None:
         """The wait before the next try after failure number ``failures`` (1-based) with ``error``; None: give up."""
-        if isinstance(error, PERMANENT_ERRORS) or failures >= self.attempts:
+        if isinstance(error, RECORD_REFUSED_ERRORS) or failures >= self.attempts:  # no retry changes those
             return None
         return self.backoff_ms * 2 ** (failures - 1)
 

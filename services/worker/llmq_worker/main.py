@@ -13,7 +13,7 @@ import signal
 from llmq_core import metrics, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import worker_group
-from llmq_core.kafka import make_consumer, make_producer, require_topic_limits
+from llmq_core.kafka import make_consumer, make_renewable_producer, require_topic_limits
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings, load_settings
@@ -103,7 +103,7 @@ async def serve(args: argparse.Namespace, settings: Settings) -> None:
     metrics_port = settings.metrics_port if args.metrics_port is None else args.metrics_port
     stop_metrics = metrics.serve(observed.registry, metrics_port, settings.metrics_host)
     redis = make_redis(settings.redis_url)
-    producer = make_producer(settings)
+    producer = make_renewable_producer(settings)  # a refused result does not break it
     consumer = make_consumer(settings, group_id=worker_group(args.partition))
     await producer.start()
     await consumer.start()

@@ -370,30 +370,3 @@ async def test_batch_refused_for_good_for_another_reason_is_answered_errored(bat
     assert consumer.commits[-1] == {INTERACTIVE: 3}
 
 
-@pytest.mark.parametrize("error, replaced", [(InvalidTopicError(), True), (OutOfOrderSequenceNumber(), True),
-                                             (ProducerFenced(), True), (KafkaTimeoutError(), False)])
-async def test_a_refused_record_replaces_the_producer_once(error, replaced):
-    """An idempotent producer never takes back the sequence numbers of a refused record: without a new one, every
-    later record of that partition would be refused as out of order."""
-    loop, _, producer, _ = _batcher()
-    fresh: list[FakeProducer] = []
-    loop.producer_factory = lambda: fresh.append(FakeProducer()) or fresh[-1]
-    producer.running = True
-    for worker in ("w1", "w2"):  # two batches at once, both refused
-        loop.policy.on_heartbeat(hb(worker, free=1))
-    for i in range(2):
-        loop.policy.add(req(f"r{i}"))
-    producer.failing = error
-    assert len((await loop.step()).batches) == 2
-    assert len(fresh) == int(replaced) and producer.running is not replaced
-    assert loop.producer is (fresh[0] if replaced else producer) and loop.producer.running
-
-
-async def test_an_answer_that_finds_the_producer_broken_replaces_it(batcher):
-    loop, _, producer, _ = batcher
-    fresh = FakeProducer()
-    loop.producer_factory = lambda: fresh
-    loop.policy.add(req("r1", deadline_in_ms=0))  # answered expired, on the results topic
-    producer.failing = OutOfOrderSequenceNumber()
-    await loop.step()
-    assert loop.producer is fresh and fresh.running
