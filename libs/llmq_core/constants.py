@@ -108,6 +108,7 @@ HTTP_TIMEOUT_MS: Final = "x-llmq-timeout-ms"
 HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
 HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
+HTTP_SHOULD_RETRY: Final = "x-should-retry"  # on every error response: whether a retry can help (OpenAI SDKs obey it)
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -239,7 +239,7 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
 def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = dict(exc.headers)
+        headers = exc.response_headers()
         request_id = getattr(request.state, "request_id", None)
         if request_id:
             headers[HTTP_REQUEST_ID] = request_id
@@ -255,7 +255,8 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error = ApiError(exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500 else
                          SERVER_ERROR)
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(error.body(), status_code=exc.status_code,
+                            headers={**(exc.headers or {}), **error.response_headers()})
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -264,7 +265,7 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
         error = ApiError(400, f"Invalid parameter {param!r}: {first.get('msg', 'invalid value')}", param=param,
                          code="invalid_type")
-        return JSONResponse(error.body(), status_code=400)
+        return JSONResponse(error.body(), status_code=400, headers=error.response_headers())
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -276,5 +277,7 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
             pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
                                  500)
         error = ApiError(500, "The server had an error while processing the request", type=SERVER_ERROR)
-        return JSONResponse(error.body(), status_code=500,
-                            headers={HTTP_REQUEST_ID: request_id} if request_id else None)
+        headers = error.response_headers()
+        if request_id:
+            headers[HTTP_REQUEST_ID] = request_id
+        return JSONResponse(error.body(), status_code=500, headers=headers)
