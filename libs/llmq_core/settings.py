@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
     api_produce_timeout_ms: int = 2000  # bound on producing one request to Kafka; past it the client gets 503
     api_max_in_flight: int = 10_000  # waiters per pod; past it new requests get 429
+    # Kafka circuit breaker (llmq_api.health): after a failed produce, requests get 503 at once for this long, then one
+    # probes; each failed probe doubles the wait up to the maximum
+    api_kafka_breaker_backoff_ms: int = 1000
+    api_kafka_breaker_max_backoff_ms: int = 10_000
     # per-class deadlines (x-llmq-timeout-ms); interactive uses default_timeout_ms / max_timeout_ms above
     near_interactive_default_timeout_ms: int = 60_000
     near_interactive_max_timeout_ms: int = 600_000

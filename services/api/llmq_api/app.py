@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 
 from llmq_core import constants, tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
-from llmq_api import idempotency, validation
+from llmq_api import health, idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.errors import INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, ApiError, unavailable
@@ -97,9 +97,18 @@ def create_app(pod: Pod) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
+        """For the Service: 503 until Kafka and Redis were reached once, and while draining; 200 otherwise, also
+        ``degraded`` (see :func:`llmq_api.health.report`)."""
+        ready, body = health.report(pod.dependencies, pod.draining)
         checks = {"kafka_producer": pod.producer.ready, "replies_subscription": pod.listener.subscribed,
                   "draining": pod.draining}
-        return JSONResponse({"ready": pod.ready, **checks}, status_code=200 if pod.ready else 503)
+        return JSONResponse({**body, **checks}, status_code=200 if ready else 503)
+
+    @app.get("/dependencies")
+    async def dependencies() -> JSONResponse:
+        """For a global load balancer that fails a region over: 503 while Kafka or Redis is not up."""
+        healthy, body = health.dependencies_report(pod.dependencies)
+        return JSONResponse(body, status_code=200 if healthy else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

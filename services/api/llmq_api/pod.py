@@ -22,6 +22,7 @@ from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
 from llmq_api.catalog import ModelCatalog
 from llmq_api.gateway import Gateway, RequestProducer
+from llmq_api.health import KAFKA, REDIS, CircuitBreaker, Dependency
 from llmq_api.idempotency import IdempotencyStore
 from llmq_api.metrics import ApiMetrics
 from llmq_api.ratelimit import RateLimiter
@@ -44,10 +45,12 @@ class KafkaRequestProducer:
 
     :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on, except while
     a producer that broke for good (its sender died, e.g. on a sequence gap left by a broker outage) is replaced.
+    Starts and failures to start are reported to ``breaker`` (the gateway reports each produce).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, breaker: CircuitBreaker | None = None) -> None:
         self._settings = settings
+        self._breaker = breaker
         self._producer: AIOKafkaProducer | None = None
         self._broken = asyncio.Event()
         self.ready = False
@@ -56,10 +59,12 @@ class KafkaRequestProducer:
         while True:
             self._producer, self.ready = await self._start(), True
             log.info("Kafka producer ready")
+            self._report(None)
             await self._broken.wait()
             self._broken.clear()
             broken, self._producer, self.ready = self._producer, None, False
             log.warning("Kafka producer broke for good; starting a new one")
+            self._report("the Kafka producer broke for good and is being replaced")
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(broken.stop(), CLOSE_TIMEOUT_S)
 
@@ -71,9 +76,14 @@ class KafkaRequestProducer:
                 return producer
             except Exception as exc:
                 log.warning("Kafka producer not started (%r); retrying in %.0fs", exc, RETRY_CONNECT_S)
+                self._report(f"the Kafka producer could not start: {exc!r}"[:200])
                 with contextlib.suppress(Exception):
                     await producer.stop()
                 await asyncio.sleep(RETRY_CONNECT_S)
+
+    def _report(self, failure: str | None) -> None:
+        if self._breaker is not None:
+            self._breaker.succeeded() if failure is None else self._breaker.failed(failure)
 
     async def produce(self, request: wire.GenerationRequest) -> None:
         if self._producer is None:
@@ -109,19 +119,28 @@ class KafkaRequestProducer:
 class ReplyListener:
     """One Redis pub/sub connection: the pod's replies channel feeds the waiters, the heartbeats channel the catalog.
 
-    ``subscribed`` is True while the replies channel subscription is confirmed. After every (re)subscription the
-    results of requests still waiting are looked up in the result store, in case they were published while the
+    ``subscribed`` is True while the replies channel subscription is confirmed; ``redis`` (a
+    :class:`~llmq_api.health.Dependency`) records it with since-when and why it was lost. After every (re)subscription
+    the results of requests still waiting are looked up in the result store, in case they were published while the
     subscription was down.
     """
 
     def __init__(self, redis: Redis, instance_id: str, registry: WaiterRegistry, catalog: ModelCatalog,
-                 metrics: ApiMetrics) -> None:
+                 metrics: ApiMetrics, health: Dependency | None = None) -> None:
         self._redis = redis
         self._replies = constants.replies_channel(instance_id)
         self._registry = registry
         self._catalog = catalog
         self._metrics = metrics
-        self.subscribed = False
+        self.health = health or Dependency(REDIS, SYSTEM_CLOCK)
+
+    @property
+    def subscribed(self) -> bool:
+        return self.health.up
+
+    @subscribed.setter
+    def subscribed(self, value: bool) -> None:
+        self.health.mark(value, None if value else "the replies subscription is not confirmed")
 
     async def run(self) -> None:
         while True:
@@ -131,7 +150,7 @@ class ReplyListener:
                 raise
             except Exception as exc:
                 log.warning("Redis subscription lost (%r); resubscribing in %.0fs", exc, RETRY_CONNECT_S)
-            self.subscribed = False
+                self.health.mark(False, f"the replies subscription was lost: {exc!r}"[:200])
             await asyncio.sleep(RETRY_CONNECT_S)
 
     async def _listen(self) -> None:
@@ -219,18 +238,28 @@ class Pod:
         self.limiter = RateLimiter(self.redis, clock)
         self.idempotency = IdempotencyStore(self.redis, clock, settings.result_ttl_s * 1000)
         self.followers: set[asyncio.Task] = set()  # retries polling for the result of the request they joined
-        self.producer = producer or KafkaRequestProducer(settings)
-        self.listener = ReplyListener(self.redis, instance_id, self.registry, self.catalog, self.metrics)
+        self.breaker = CircuitBreaker(Dependency(KAFKA, clock), clock,
+                                      backoff_ms=settings.api_kafka_breaker_backoff_ms,
+                                      max_backoff_ms=settings.api_kafka_breaker_max_backoff_ms,
+                                      probe_timeout_ms=settings.api_produce_timeout_ms)
+        self.producer = producer or KafkaRequestProducer(settings, self.breaker)
+        self.listener = ReplyListener(self.redis, instance_id, self.registry, self.catalog, self.metrics,
+                                      Dependency(REDIS, clock))
         self.gateway = Gateway(instance_id=instance_id, registry=self.registry, producer=self.producer,
                                publish_cancel=self.publish_cancel, clock=clock,
                                produce_timeout_ms=settings.api_produce_timeout_ms,
-                               accepting=lambda: self.ready)
+                               accepting=lambda: self.accepting, breaker=self.breaker)
         self._tasks: list[asyncio.Task] = []
 
     @property
-    def ready(self) -> bool:
-        """Kafka producer started, replies subscription confirmed, not draining."""
+    def accepting(self) -> bool:
+        """Kafka producer started, replies subscription confirmed, not draining (the breaker decides the rest)."""
         return self.producer.ready and self.listener.subscribed and not self.draining
+
+    @property
+    def dependencies(self) -> list[Dependency]:
+        """Kafka (the breaker's view, and the producer's starts) and Redis (the replies subscription)."""
+        return [self.breaker.dependency, self.listener.health]
 
     async def start(self) -> None:
         """Start the background loops (they keep retrying their connections; see :attr:`ready`)."""
