@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     # probes; each failed probe doubles the wait up to the maximum
     api_kafka_breaker_backoff_ms: int = 1000
     api_kafka_breaker_max_backoff_ms: int = 10_000
+    api_kafka_check_interval_ms: int = 1000  # how often the pod checks that its Kafka client reaches a broker
     # per-class deadlines (x-llmq-timeout-ms); interactive uses default_timeout_ms / max_timeout_ms above
     near_interactive_default_timeout_ms: int = 60_000
     near_interactive_max_timeout_ms: int = 600_000

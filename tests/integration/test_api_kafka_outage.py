@@ -1,4 +1,5 @@
-"""An API pod whose Kafka broker dies and comes back: the circuit breaker, degraded readiness and /dependencies.
+"""An API pod whose Kafka broker dies and comes back: the circuit breaker, degraded readiness, /dependencies, and
+recovery without a restart (the pod's own check closes the breaker, with no request sent).
 
 The broker is a private one this test starts (DevStack's Kafka on free ports, its own data directory), so killing it
 touches nobody else's; Redis is the suite's. A fake worker (test_api.FakeWorker) answers what the pod produces.
@@ -113,14 +114,16 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
                 assert deps.json()["dependencies"]["redis"]["state"] == "up"
                 down_since_ms = kafka["since_ms"]
 
-                await broker.start()
-                deadline = time.monotonic() + RECOVERY_S
+                await broker.start()  # no request is sent until the pod's own check has closed the breaker:
+                deadline = time.monotonic() + RECOVERY_S  # an idle pod (failed over) must come back by itself
+                while (deps := await client.get("/dependencies")).status_code != 200:
+                    assert time.monotonic() < deadline, "the pod did not see the broker return"
+                    await asyncio.sleep(0.2)
+                assert deps.json()["dependencies"]["kafka"]["since_ms"] > down_since_ms
+                assert (await client.get("/readyz")).json()["status"] == "ok"
                 while (await post(client))[0].status_code != 200:
                     assert time.monotonic() < deadline, "requests did not succeed again after the broker returned"
                     await asyncio.sleep(0.2)
-                deps = (await client.get("/dependencies")).json()
-                assert deps["status"] == "ok" and deps["dependencies"]["kafka"]["since_ms"] > down_since_ms
-                assert (await client.get("/readyz")).json()["status"] == "ok"
         finally:
             await worker.stop()
     finally:

@@ -45,7 +45,10 @@ class KafkaRequestProducer:
 
     :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on, except while
     a producer that broke for good (its sender died, e.g. on a sequence gap left by a broker outage) is replaced.
-    Starts and failures to start are reported to ``breaker`` (the gateway reports each produce).
+    Starts and failures to start are reported to ``breaker`` (the gateway reports each produce), and every
+    ``api_kafka_check_interval_ms`` the client is asked to reach a broker whenever the breaker lets a request through:
+    so the breaker opens without waiting for a request to fail, and an idle pod (say, one a global load balancer
+    failed over) still probes and closes it again once the broker is back.
     """
 
     def __init__(self, settings: Settings, breaker: CircuitBreaker | None = None) -> None:
@@ -56,6 +59,33 @@ class KafkaRequestProducer:
         self.ready = False
 
     async def run(self) -> None:
+        watch = asyncio.create_task(self._watch())
+        try:
+            await self._keep_started()
+        finally:
+            watch.cancel()
+
+    async def _watch(self) -> None:
+        if self._breaker is None:
+            return
+        timeout_s = self._settings.api_produce_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(self._settings.api_kafka_check_interval_ms / 1000)
+            if self.ready and self._breaker.allow():
+                connected = await self.reachable(timeout_s)
+                self._report(None if connected else "the Kafka client reaches no broker")
+
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the producer's client fetches cluster metadata from a broker within ``timeout_s``."""
+        producer = self._producer
+        if producer is None:
+            return False
+        try:
+            return bool(await asyncio.wait_for(producer.client.force_metadata_update(), timeout_s))
+        except Exception:
+            return False
+
+    async def _keep_started(self) -> None:
         while True:
             self._producer, self.ready = await self._start(), True
             log.info("Kafka producer ready")
