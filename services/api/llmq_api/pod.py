@@ -279,6 +279,7 @@ class Pod:
                                publish_cancel=self.publish_cancel, clock=clock,
                                produce_timeout_ms=settings.api_produce_timeout_ms,
                                accepting=lambda: self.accepting, breaker=self.breaker)
+        self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []
 
     @property
