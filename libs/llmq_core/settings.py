@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     # Kafka circuit breaker (llmq_api.health): after a failed produce, requests get 503 at once for this long, then one
     # probes; each failed probe doubles the wait up to the maximum
     api_kafka_breaker_backoff_ms: int = 1000
-    api_kafka_breaker_max_backoff_ms: int = 10_000
+    api_kafka_breaker_max_backoff_ms: int = 5000
     api_kafka_check_interval_ms: int = 1000  # how often the pod checks that its Kafka client reaches a broker
     # per-class deadlines (x-llmq-timeout-ms); interactive uses default_timeout_ms / max_timeout_ms above
     near_interactive_default_timeout_ms: int = 60_000
