@@ -112,8 +112,12 @@ class KafkaRequestProducer:
                 await asyncio.sleep(RETRY_CONNECT_S)
 
     def _report(self, failure: str | None) -> None:
-        if self._breaker is not None:
-            self._breaker.succeeded() if failure is None else self._breaker.failed(failure)
+        if self._breaker is None:
+            return
+        if failure is None:
+            self._breaker.succeeded()
+        else:
+            self._breaker.failed(failure)
 
     async def produce(self, request: wire.GenerationRequest) -> None:
         if self._producer is None:
@@ -149,7 +153,7 @@ class KafkaRequestProducer:
 class ReplyListener:
     """One Redis pub/sub connection: the pod's replies channel feeds the waiters, the heartbeats channel the catalog.
 
-    ``subscribed`` is True while the replies channel subscription is confirmed; ``redis`` (a
+    ``subscribed`` is True while the replies channel subscription is confirmed; ``health`` (the ``redis``
     :class:`~llmq_api.health.Dependency`) records it with since-when and why it was lost. After every (re)subscription
     the results of requests still waiting are looked up in the result store, in case they were published while the
     subscription was down.
@@ -293,7 +297,7 @@ class Pod:
         return [self.breaker.dependency, self.listener.health]
 
     async def start(self) -> None:
-        """Start the background loops (they keep retrying their connections; see :attr:`ready`)."""
+        """Start the background loops (they keep retrying their connections; see :attr:`accepting`)."""
         settings = self.settings
         loops = [self.listener.run(),
                  pod_heartbeat(self.redis, self.instance_id, self.clock, settings.pod_heartbeat_interval_ms,
