@@ -97,10 +97,11 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
                 broker.kill()
                 await until(lambda: not _tcp_open(broker.stack.cfg.kafka_port), 10, "the broker's exit")
                 first, first_s = await post(client)
-                assert first.status_code == 503 and first_s <= settings.api_produce_timeout_ms / 1000 + 0.5
-                for _ in range(5):  # Kafka is known to be failing: refused at once, none is produced
+                # at most the produce timeout (plus HTTP on a loaded machine); at once if the pod's check saw it first
+                assert first.status_code == 503 and first_s <= settings.api_produce_timeout_ms / 1000 + 1
+                for _ in range(5):  # Kafka is known to be failing: refused at once (not after the 2 s timeout)
                     later, later_s = await post(client)
-                    assert later.status_code == 503 and later_s < 0.5, (later_s, later.text)
+                    assert later.status_code == 503 and later_s < 1, (later_s, later.text)
                     assert later.json()["error"]["code"] == "kafka_unavailable"
                     assert 1 <= int(later.headers["retry-after"]) <= BACKOFF_MS // 1000
                     assert later.headers["x-should-retry"] == "true"
