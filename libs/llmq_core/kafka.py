@@ -143,6 +143,16 @@ class RenewableProducer:
         if self._producer is not None:
             await self._producer.stop()
 
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the current producer's client fetches cluster metadata from a broker within ``timeout_s``."""
+        producer = self._producer
+        if producer is None:
+            return False
+        try:
+            return bool(await asyncio.wait_for(producer.client.force_metadata_update(), timeout_s))
+        except Exception:
+            return False
+
     async def partitions_for(self, topic: str) -> set[int]:
         return await (await self._usable()).partitions_for(topic)
 

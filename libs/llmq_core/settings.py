@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     api_produce_timeout_ms: int = 2000  # bound on producing one request to Kafka; past it the client gets 503
     api_max_in_flight: int = 10_000  # waiters per pod; past it new requests get 429
     api_max_stop_bytes: int = 256  # UTF-8 bytes of one stop sequence; longer ones get 400 (param stop)
+    # Kafka circuit breaker (llmq_api.health): after a failed produce, requests get 503 at once for this long, then one
+    # probes; each failed probe doubles the wait up to the maximum
+    api_kafka_breaker_backoff_ms: int = 1000
+    api_kafka_breaker_max_backoff_ms: int = 5000
+    api_kafka_check_interval_ms: int = 1000  # how often the pod checks that its Kafka client reaches a broker
     # per-class deadlines (x-llmq-timeout-ms); interactive uses default_timeout_ms / max_timeout_ms above
     near_interactive_default_timeout_ms: int = 60_000
     near_interactive_max_timeout_ms: int = 600_000

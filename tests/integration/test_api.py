@@ -221,6 +221,54 @@ async def test_stream_chunks_are_written_as_they_arrive(api):
     assert arrivals[-1][0] - first_text_s > 0.4, "the first chunk was held back until the end"
 
 
+def counting_sdk(base_url: str, sent: list[int], on_response=None) -> openai.AsyncOpenAI:
+    """The SDK with its default retries; ``sent`` collects each HTTP response's status as the SDK receives it."""
+    async def record(response) -> None:
+        sent.append(response.status_code)
+        if on_response is not None:
+            on_response(response)
+
+    http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [record]})
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="llmq-dev-key", timeout=30, http_client=http)
+
+
+async def test_the_sdk_does_not_retry_a_passed_deadline(api):
+    base_url, _, _, _ = api
+    sent: list[int] = []
+    async with counting_sdk(base_url, sent) as client:
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.completions.create(model=MODEL, prompt="silent", max_tokens=2,
+                                            extra_headers={"x-llmq-timeout-ms": "100"})
+    assert info.value.status_code == 504 and info.value.response.headers["x-should-retry"] == "false"
+    assert sent == [504], "the SDK retried a request whose deadline had passed"
+
+
+async def test_the_sdk_retries_a_429_after_its_retry_after(api):
+    base_url, pod, _, _ = api
+    cap = pod.registry.max_waiters
+    pod.registry.max_waiters = 0  # the pod is full: 429 + Retry-After, until the first answer went out
+
+    def reopen(response) -> None:
+        pod.registry.max_waiters = cap
+
+    sent: list[int] = []
+    try:
+        async with counting_sdk(base_url, sent, reopen) as client:
+            completion = await client.completions.create(model=MODEL, prompt="abc", max_tokens=3)
+    finally:
+        pod.registry.max_waiters = cap
+    assert sent == [429, 200] and completion.choices[0].text == "abc"
+
+
+async def test_chat_without_max_tokens_runs_to_the_context_window(api):
+    base_url, _, worker, _ = api
+    async with sdk(base_url) as client:
+        completion = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    request, _ = worker.seen[completion.id]
+    assert request.sampling.max_tokens == 512 - request.prompt_tokens  # the heartbeat's context window
+    assert completion.usage.completion_tokens == request.sampling.max_tokens > 16
+
+
 async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
     base_url, pod, _, redis = api
     cancels = redis.pubsub()

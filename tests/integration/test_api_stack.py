@@ -346,3 +346,15 @@ async def test_idempotent_retry_joins_the_request_still_running(pods):
     assert retry.headers["idempotent-replayed"] == "true" and "idempotent-replayed" not in original.headers
     assert retry.json()["id"] == original.json()["id"]
     assert msgspec.json.decode(retry.content)["choices"][0]["text"] == "join me"
+
+
+async def test_chat_without_max_tokens_runs_to_the_context_window_on_a_real_worker(pods):
+    """OpenAI's chat contract: no max_tokens, no limit but the window; the worker's own context check agrees."""
+    _, client, _ = pods
+    response = await client.post("/v1/chat/completions", json={
+        "model": "llmq-sim", "messages": [{"role": "user", "content": "go on"}], "max_tokens": None})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    usage, window = body["usage"], 8192  # llmq-sim's context window
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert usage["completion_tokens"] == window - usage["prompt_tokens"] > 16

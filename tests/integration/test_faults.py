@@ -234,12 +234,12 @@ async def test_redis_restart_during_streams_ends_every_stream_and_pods_resubscri
 
 
 async def wait_ready(stack: FaultStack, timeout_s: float) -> None:
-    """Until every API pod answers /readyz with 200 (Kafka producer up, replies subscription confirmed)."""
+    """Until every API pod answers /dependencies with 200 (Kafka and Redis up; /readyz stays 200 while degraded)."""
     async with httpx.AsyncClient(timeout=2) as client, asyncio.timeout(timeout_s):
         for port in stack.api_ports:
             while True:
                 try:
-                    if (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                    if (await client.get(f"http://127.0.0.1:{port}/dependencies")).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass

@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from llmq_core import constants, tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
-from llmq_api import idempotency, validation
+from llmq_api import health, idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, store_unavailable
@@ -98,9 +98,18 @@ def create_app(pod: Pod) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
+        """For the Service: 503 until Kafka and Redis were reached once, and while draining; 200 otherwise, also
+        ``degraded`` (see :func:`llmq_api.health.report`)."""
+        ready, body = health.report(pod.dependencies, pod.draining)
         checks = {"kafka_producer": pod.producer.ready, "replies_subscription": pod.listener.subscribed,
                   "draining": pod.draining}
-        return JSONResponse({"ready": pod.ready, **checks}, status_code=200 if pod.ready else 503)
+        return JSONResponse({**body, **checks}, status_code=200 if ready else 503)
+
+    @app.get("/dependencies")
+    async def dependencies() -> JSONResponse:
+        """For a global load balancer that fails a region over: 503 while Kafka or Redis is not up."""
+        healthy, body = health.dependencies_report(pod.dependencies)
+        return JSONResponse(body, status_code=200 if healthy else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -278,7 +287,7 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
 def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = dict(exc.headers)
+        headers = exc.response_headers()
         request_id = getattr(request.state, "request_id", None)
         if request_id:
             headers[HTTP_REQUEST_ID] = request_id
@@ -300,7 +309,8 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error = ApiError(exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500 else
                          SERVER_ERROR)
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(error.body(), status_code=exc.status_code,
+                            headers={**(exc.headers or {}), **error.response_headers()})
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -309,7 +319,7 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
         error = ApiError(400, f"Invalid parameter {param!r}: {first.get('msg', 'invalid value')}", param=param,
                          code="invalid_type")
-        return JSONResponse(error.body(), status_code=400)
+        return JSONResponse(error.body(), status_code=400, headers=error.response_headers())
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -321,5 +331,7 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
             pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
                                  500)
         error = ApiError(500, "The server had an error while processing the request", type=SERVER_ERROR)
-        return JSONResponse(error.body(), status_code=500,
-                            headers={HTTP_REQUEST_ID: request_id} if request_id else None)
+        headers = error.response_headers()
+        if request_id:
+            headers[HTTP_REQUEST_ID] = request_id
+        return JSONResponse(error.body(), status_code=500, headers=headers)

@@ -92,7 +92,7 @@ def error_response(error: ApiError) -> bytes:
     body = msgspec.json.encode(error.body())
     head = [STATUS_LINE[error.status], b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body), b"connection: close\r\n",
-            *(f"{name}: {value}\r\n".encode("latin-1") for name, value in error.headers.items())]
+            *(f"{name}: {value}\r\n".encode("latin-1") for name, value in error.response_headers().items())]
     return b"".join([*head, b"\r\n", body])
 
 

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from redis.exceptions import ResponseError
 
+from llmq_core.constants import HTTP_RETRY_AFTER, HTTP_SHOULD_RETRY
+
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 TIMEOUT_ERROR = "timeout_error"
@@ -14,17 +16,20 @@ RATE_LIMIT_ERROR = "rate_limit_error"
 RETRY_AFTER_S = 1  # what 429/503 answers tell clients to wait
 STORE_FULL_RETRY_AFTER_S = 5  # Redis refuses writes (maxmemory): TTLs and evictions free room in seconds, not ms
 STORE_UNAVAILABLE = "store_unavailable"
+RETRYABLE_STATUSES = frozenset({429, 503})  # overload and unavailability pass; a deadline, a client mistake do not
 
 
 class ApiError(Exception):
     """A request's terminal error as the client sees it.
 
     ``status`` is the HTTP status; ``param`` names the offending request field or header (``None`` when none does);
-    ``headers`` are extra response headers such as ``retry-after``.
+    ``headers`` are extra response headers such as ``retry-after``; ``retryable`` says whether the same request may
+    succeed later (default: the status is 429 or 503).
     """
 
     def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None,
-                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+                 code: str | None = None, headers: Mapping[str, str] | None = None,
+                 retryable: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -32,6 +37,15 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        self.retryable = status in RETRYABLE_STATUSES if retryable is None else retryable
+
+    def response_headers(self) -> dict[str, str]:
+        """``headers`` plus ``x-should-retry`` (OpenAI's SDKs obey it over their own status rules) and, when a retry
+        can help, a ``retry-after`` (1 s unless set)."""
+        headers = {**self.headers, HTTP_SHOULD_RETRY: "true" if self.retryable else "false"}
+        if self.retryable:
+            headers.setdefault(HTTP_RETRY_AFTER, str(RETRY_AFTER_S))
+        return headers
 
     def body(self) -> dict:
         """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}`` (param/code may be None)."""

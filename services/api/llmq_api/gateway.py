@@ -10,15 +10,17 @@ from typing import Protocol
 from llmq_core import wire
 from llmq_core.clock import Clock
 from llmq_api.auth import Principal
-from llmq_api.admission import too_many_requests
+from llmq_api.admission import retry_after_s, too_many_requests
 from llmq_api.errors import RETRY_AFTER_S, unavailable
 from llmq_api.exchange import CancelPublisher
+from llmq_api.health import KAFKA, CircuitBreaker, Dependency
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Abandoned, Waiter, WaiterRegistry
 
 log = logging.getLogger(__name__)
 
 PRODUCE_FAILED_REASON = "produce_failed"
+KAFKA_UNAVAILABLE = "kafka_unavailable"  # the error code of a request refused while the breaker is open
 
 
 class RequestProducer(Protocol):
@@ -39,12 +41,13 @@ class RequestProducer(Protocol):
 class Gateway:
     """Builds GenerationRequests for this pod and submits them: register the waiter, then produce (bounded).
 
-    ``accepting()`` says whether the pod takes new work now.
+    ``accepting()`` says whether the pod takes new work now; ``breaker`` (see :mod:`llmq_api.health`; default: one of
+    its own, 1 s backoff) learns from every produce and refuses requests at once while Kafka is known to be failing.
     """
 
     def __init__(self, *, instance_id: str, registry: WaiterRegistry, producer: RequestProducer,
                  publish_cancel: CancelPublisher, clock: Clock, produce_timeout_ms: int,
-                 accepting: Callable[[], bool] = lambda: True) -> None:
+                 accepting: Callable[[], bool] = lambda: True, breaker: CircuitBreaker | None = None) -> None:
         self.instance_id = instance_id
         self.registry = registry
         self.producer = producer
@@ -52,6 +55,8 @@ class Gateway:
         self.clock = clock
         self.produce_timeout_s = produce_timeout_ms / 1000
         self.accepting = accepting
+        self.breaker = breaker or CircuitBreaker(Dependency(KAFKA, clock), clock, backoff_ms=1000,
+                                                 max_backoff_ms=1000, probe_timeout_ms=produce_timeout_ms)
 
     def build(self, valid: ValidRequest, *, request_id: str, principal: Principal, traffic_class: str,
               timeout_ms: int, idempotency_key: str | None = None) -> wire.GenerationRequest:
@@ -68,14 +73,17 @@ class Gateway:
         """Register the request's waiter, then produce it. Returns the waiter.
 
         Raises ApiError 503 (+ Retry-After) when the pod is not accepting (draining, Kafka or the replies subscription
-        not ready: a result could not reach the waiter), or when producing failed or took
-        longer than the produce timeout (a Cancel then follows, in case the record lands later); 429 when the pod
-        already holds its maximum of waiters.
+        not ready: a result could not reach the waiter), at once while the breaker is open, or when producing failed
+        or took longer than the produce timeout (a Cancel then follows, in case the record lands later); 429 when the
+        pod already holds its maximum of waiters.
         """
         if not self.accepting():
             raise unavailable("The service is not accepting requests right now", RETRY_AFTER_S)
         if self.registry.full:
             raise too_many_requests("Too many requests in flight on this server", RETRY_AFTER_S)
+        if not self.breaker.allow():
+            raise unavailable("The request queue (Kafka) is failing; retry after the Retry-After delay",
+                              retry_after_s(self.breaker.retry_after_ms()), code=KAFKA_UNAVAILABLE)
         waiter = self.registry.register(request.request_id, request.stream)
         try:
             await asyncio.wait_for(self.producer.produce(request), self.produce_timeout_s)
@@ -85,7 +93,16 @@ class Gateway:
             if isinstance(exc, Exception):
                 log.warning("producing %s failed: %r", request.request_id, exc,
                             extra={"request_id": request.request_id})
-                raise unavailable("The request queue is unavailable; retry shortly", RETRY_AFTER_S) from None
+                self.breaker.failed(_describe(exc, self.produce_timeout_s))
+                raise unavailable("The request queue is unavailable; retry shortly",
+                                  retry_after_s(self.breaker.retry_after_ms())) from None
             raise
+        self.breaker.succeeded()
         return waiter
+
+
+def _describe(exc: Exception, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"producing a request took longer than {timeout_s:g} s"
+    return f"producing a request failed: {exc!r}"[:200]
 

@@ -56,6 +56,14 @@ class ApiMetrics:
                                     "Accept to first token: first streamed text, else the result's first token",
                                     ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
 
+        self.dependency_up = Gauge("llmq_api_dependency_up", "1 while a shared dependency (kafka, redis) is up for this "
+                                   "pod, as /dependencies reports it", ["dependency"], registry=self.registry)
+
+    def track_dependencies(self, dependencies: list) -> None:
+        """Read each :class:`llmq_api.health.Dependency`'s state into ``llmq_api_dependency_up`` at every scrape."""
+        for dependency in dependencies:
+            self.dependency_up.labels(dependency.name).set_function(lambda d=dependency: float(d.up))
+
     def finished(self, endpoint: str, outcome: str, status: int, duration_s: float | None = None) -> None:
         """Count one finished request; ``duration_s`` for requests that were accepted (not for rejections)."""
         self.requests.labels(endpoint, outcome, str(status)).inc()

@@ -96,7 +96,8 @@ def error_for(resolution: Resolution) -> ApiError | None:
         return ApiError(504, "The request expired before it completed", type=TIMEOUT_ERROR, code="deadline_exceeded")
     if resolution.outcome == wire.Outcome.CANCELED:
         reason = resolution.error.message if resolution.error else "canceled"
-        return ApiError(409, f"The request was canceled: {reason}", type=CANCELED_ERROR, code="request_canceled")
+        return ApiError(409, f"The request was canceled: {reason}", type=CANCELED_ERROR, code="request_canceled",
+                        retryable=True)
     return _errored(resolution.error)
 
 

@@ -23,6 +23,7 @@ from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
 from llmq_api.catalog import ModelCatalog
 from llmq_api.gateway import Gateway, RequestProducer
+from llmq_api.health import KAFKA, REDIS, CircuitBreaker, Dependency
 from llmq_api.idempotency import IdempotencyStore
 from llmq_api.metrics import ApiMetrics
 from llmq_api.ratelimit import RateLimiter
@@ -42,22 +43,56 @@ class KafkaRequestProducer:
 
     :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on. A producer
     that broke (a refused record, a sequence gap left by a broker outage) replaces itself: see kafka.RenewableProducer.
+    Starts and failures to start are reported to ``breaker`` (the gateway reports each produce), and every
+    ``api_kafka_check_interval_ms`` the client is asked to reach a broker whenever the breaker lets a request through:
+    so the breaker opens without waiting for a request to fail, and an idle pod (say, one a global load balancer
+    failed over) still probes and closes it again once the broker is back.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, breaker: CircuitBreaker | None = None) -> None:
+        self._settings = settings
+        self._breaker = breaker
         self._producer = kafka.make_renewable_producer(settings)
         self.ready = False
 
     async def run(self) -> None:
+        await self._start()
+        await self._watch()
+
+    async def _start(self) -> None:
         while True:
             try:
                 await self._producer.start()
                 break
             except Exception as exc:
                 log.warning("Kafka producer not started (%r); retrying in %.0fs", exc, RETRY_CONNECT_S)
+                self._report(f"the Kafka producer could not start: {exc!r}"[:200])
                 await asyncio.sleep(RETRY_CONNECT_S)
         self.ready = True
         log.info("Kafka producer ready")
+        self._report(None)
+
+    async def _watch(self) -> None:
+        if self._breaker is None:
+            return
+        timeout_s = self._settings.api_produce_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(self._settings.api_kafka_check_interval_ms / 1000)
+            if self._breaker.allow():
+                connected = await self.reachable(timeout_s)
+                self._report(None if connected else "the Kafka client reaches no broker")
+
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the producer's client fetches cluster metadata from a broker within ``timeout_s``."""
+        return await self._producer.reachable(timeout_s)
+
+    def _report(self, failure: str | None) -> None:
+        if self._breaker is None:
+            return
+        if failure is None:
+            self._breaker.succeeded()
+        else:
+            self._breaker.failed(failure)
 
     async def produce(self, request: wire.GenerationRequest) -> None:
         if not self.ready:
@@ -88,19 +123,28 @@ class KafkaRequestProducer:
 class ReplyListener:
     """One Redis pub/sub connection: the pod's replies channel feeds the waiters, the heartbeats channel the catalog.
 
-    ``subscribed`` is True while the replies channel subscription is confirmed. After every (re)subscription the
-    results of requests still waiting are looked up in the result store, in case they were published while the
+    ``subscribed`` is True while the replies channel subscription is confirmed; ``health`` (the ``redis``
+    :class:`~llmq_api.health.Dependency`) records it with since-when and why it was lost. After every (re)subscription
+    the results of requests still waiting are looked up in the result store, in case they were published while the
     subscription was down.
     """
 
     def __init__(self, redis: Redis, instance_id: str, registry: WaiterRegistry, catalog: ModelCatalog,
-                 metrics: ApiMetrics) -> None:
+                 metrics: ApiMetrics, health: Dependency | None = None) -> None:
         self._redis = redis
         self._replies = constants.replies_channel(instance_id)
         self._registry = registry
         self._catalog = catalog
         self._metrics = metrics
-        self.subscribed = False
+        self.health = health or Dependency(REDIS, SYSTEM_CLOCK)
+
+    @property
+    def subscribed(self) -> bool:
+        return self.health.up
+
+    @subscribed.setter
+    def subscribed(self, value: bool) -> None:
+        self.health.mark(value, None if value else "the replies subscription is not confirmed")
 
     async def run(self) -> None:
         while True:
@@ -110,7 +154,7 @@ class ReplyListener:
                 raise
             except Exception as exc:
                 log.warning("Redis subscription lost (%r); resubscribing in %.0fs", exc, RETRY_CONNECT_S)
-            self.subscribed = False
+                self.health.mark(False, f"the replies subscription was lost: {exc!r}"[:200])
             await asyncio.sleep(RETRY_CONNECT_S)
 
     async def _listen(self) -> None:
@@ -199,21 +243,32 @@ class Pod:
         self.limiter = RateLimiter(self.redis, clock)
         self.idempotency = IdempotencyStore(self.redis, clock, settings.result_ttl_s * 1000)
         self.followers: set[asyncio.Task] = set()  # retries polling for the result of the request they joined
-        self.producer = producer or KafkaRequestProducer(settings)
-        self.listener = ReplyListener(self.redis, instance_id, self.registry, self.catalog, self.metrics)
+        self.breaker = CircuitBreaker(Dependency(KAFKA, clock), clock,
+                                      backoff_ms=settings.api_kafka_breaker_backoff_ms,
+                                      max_backoff_ms=settings.api_kafka_breaker_max_backoff_ms,
+                                      probe_timeout_ms=settings.api_produce_timeout_ms)
+        self.producer = producer or KafkaRequestProducer(settings, self.breaker)
+        self.listener = ReplyListener(self.redis, instance_id, self.registry, self.catalog, self.metrics,
+                                      Dependency(REDIS, clock))
         self.gateway = Gateway(instance_id=instance_id, registry=self.registry, producer=self.producer,
                                publish_cancel=self.publish_cancel, clock=clock,
                                produce_timeout_ms=settings.api_produce_timeout_ms,
-                               accepting=lambda: self.ready)
+                               accepting=lambda: self.accepting, breaker=self.breaker)
+        self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []
 
     @property
-    def ready(self) -> bool:
-        """Kafka producer started, replies subscription confirmed, not draining."""
+    def accepting(self) -> bool:
+        """Kafka producer started, replies subscription confirmed, not draining (the breaker decides the rest)."""
         return self.producer.ready and self.listener.subscribed and not self.draining
 
+    @property
+    def dependencies(self) -> list[Dependency]:
+        """Kafka (the breaker's view, and the producer's starts) and Redis (the replies subscription)."""
+        return [self.breaker.dependency, self.listener.health]
+
     async def start(self) -> None:
-        """Start the background loops (they keep retrying their connections; see :attr:`ready`)."""
+        """Start the background loops (they keep retrying their connections; see :attr:`accepting`)."""
         settings = self.settings
         loops = [self.listener.run(),
                  pod_heartbeat(self.redis, self.instance_id, self.clock, settings.pod_heartbeat_interval_ms,

@@ -121,7 +121,8 @@ class ResultResponse(Response):
         try:
             resolution = await pending.resolution(receive)
         except asyncio.CancelledError:  # the pod's drain ran out of time: hand the request back to its client
-            await _send_json(send, pending, SHUTTING_DOWN.status, SHUTTING_DOWN.body(), SHUTTING_DOWN.headers)
+            await _send_json(send, pending, SHUTTING_DOWN.status, SHUTTING_DOWN.body(),
+                             SHUTTING_DOWN.response_headers())
             pending.record(pending.waiter.resolution, SHUTTING_DOWN.status)
             return
         error = error_for(resolution)
@@ -132,7 +133,7 @@ class ResultResponse(Response):
             status, payload, extra = 200, response_body(resolution, pending.request_id, pending.request.endpoint,
                                                         pending.created_s), None
         else:
-            status, payload, extra = error.status, error.body(), error.headers
+            status, payload, extra = error.status, error.body(), error.response_headers()
         await _send_json(send, pending, status, payload, extra)
         pending.record(resolution, status)
 

@@ -14,12 +14,12 @@ from typing import Any
 import msgspec
 
 from llmq_core import requests, wire
-from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, TRAFFIC_CLASSES
+from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, ECHOED_CHARS, INT64_MAX, RequestError
 from llmq_core.tokenizer import count_tokens, render_chat
 from llmq_api.errors import ApiError, invalid
 
-DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's completions default (16), used for chat too
+DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's legacy completions default (16); chat has none
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes digits int() refuses, such as '²'
 
 
@@ -173,7 +173,9 @@ def parse_completion(body: bytes, models: Mapping[str, int], *, max_stop_bytes: 
 
 
 def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES) -> ValidRequest:
-    """Validate a ``/v1/chat/completions`` body; ``max_completion_tokens`` wins over ``max_tokens``.
+    """Validate a ``/v1/chat/completions`` body; ``max_completion_tokens`` wins over ``max_tokens``. Without either
+    (absent or null) the completion is bounded only by the context window and the result cap (OpenAI's chat contract):
+    see :func:`chat_max_tokens`.
 
     Raises :class:`ApiError` like :func:`parse_completion`.
     """
@@ -188,6 +190,9 @@ def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = 
         max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
         sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
         prompt_tokens = count_tokens(render_chat(messages))
+        if max_tokens is None:
+            sampling = msgspec.structs.replace(
+                sampling, max_tokens=chat_max_tokens(prompt_tokens, context_window, sampling.n))
         requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None,
                                max_param)
     return ValidRequest(endpoint="chat.completions", model=raw.model, messages=messages, sampling=sampling,
@@ -201,6 +206,14 @@ def _client_error() -> Iterator[None]:
         yield
     except RequestError as exc:
         raise ApiError(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code) from None
+
+
+def chat_max_tokens(prompt_tokens: int, context_window: int, n: int) -> int:
+    """A chat request's limit when it sets none: the room the prompt leaves in the context window (0: unknown, no
+    bound), and no more than the result cap allows (every token is at least one byte: ``MAX_RESULT_BYTES // n``).
+    At least 1, so a prompt that fills the window is refused as too long."""
+    cap = MAX_RESULT_BYTES // n
+    return max(1, min(cap, context_window - prompt_tokens)) if context_window > 0 else cap
 
 
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")

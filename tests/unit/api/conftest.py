@@ -64,6 +64,7 @@ async def make_app():
         pod = Pod(settings or Settings(api_max_body_bytes=2000), "pod-test", producer=worker, redis=redis, keys=keys)
         worker.pod = pod
         pod.listener.subscribed = True  # stands in for the Redis subscription, which these tests never open
+        pod.breaker.succeeded()  # and for the Kafka producer's start
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api",
                                    headers=DEV_AUTH)
         clients.append(client)

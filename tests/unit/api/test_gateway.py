@@ -2,6 +2,7 @@
 
 import asyncio
 
+import msgspec
 import pytest
 
 from llmq_core import wire
@@ -99,3 +100,41 @@ async def test_cancelled_submit_resolves_waiter_and_cancels():
     await asyncio.gather(task, return_exceptions=True)
     assert waiter_seen and task.cancelled() and len(registry) == 0
     assert cancels.cancels == [("cmpl-1", "produce_failed")]
+
+
+async def test_a_failing_kafka_opens_the_breaker_and_later_requests_get_503_at_once():
+    gateway, registry, producer, cancels, request = make("fail")
+    clock = gateway.clock
+    with pytest.raises(ApiError):
+        await gateway.submit(request)  # the first one learns that producing fails
+    assert gateway.breaker.state == "open" and gateway.breaker.dependency.state == "down"
+    for advance_ms in (0, 999):
+        clock.advance(advance_ms)
+        with pytest.raises(ApiError) as info:
+            await gateway.submit(msgspec.structs.replace(request, request_id="cmpl-2"))
+        assert (info.value.status, info.value.code) == (503, "kafka_unavailable")
+        assert info.value.headers["retry-after"] == "1"
+    assert producer.seen_registered == [True] and len(registry) == 0  # refused before registering or producing
+    assert cancels.cancels == [("cmpl-1", "produce_failed")]
+
+
+async def test_the_breaker_probes_after_its_backoff_and_closes_when_kafka_answers():
+    gateway, _, producer, _, request = make("fail")
+    await asyncio.gather(gateway.submit(request), return_exceptions=True)
+    gateway.clock.advance(1000)
+    producer.behaviour = "ok"  # the broker is back
+    probe = msgspec.structs.replace(request, request_id="cmpl-probe")
+    await gateway.submit(probe)
+    assert producer.produced == [probe] and gateway.breaker.state == "closed"
+    await gateway.submit(msgspec.structs.replace(request, request_id="cmpl-3"))
+    assert len(producer.produced) == 2
+
+
+async def test_a_canceled_submit_is_not_a_kafka_failure():
+    gateway, _, _, _, request = make("hang")
+    gateway.produce_timeout_s = 60
+    task = asyncio.create_task(gateway.submit(request))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert gateway.breaker.state == "closed"

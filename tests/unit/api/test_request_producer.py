@@ -1,11 +1,15 @@
 """KafkaRequestProducer keeps producing after its producer broke (aiokafka fails every later send the same way): the
-shared kafka.RenewableProducer replaces it."""
+shared kafka.RenewableProducer replaces it. It also tells the circuit breaker what it sees of the broker."""
+
+import asyncio
 
 import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber
 
 from llmq_core import kafka, wire
+from llmq_core.clock import FakeClock
 from llmq_core.settings import Settings
+from llmq_api.health import CircuitBreaker, Dependency
 from llmq_api.pod import KafkaRequestProducer
 
 from tests.unit.core.kafka_fakes import FakeKafkaProducer
@@ -31,3 +35,34 @@ async def test_a_producer_that_broke_for_good_is_replaced_and_sending_works_agai
     assert producer.ready and len(made[2].sent) == 1
     await producer.stop()
     assert made[1].stopped and made[2].stopped
+
+
+async def eventually(condition) -> None:
+    async with asyncio.timeout(2):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+async def test_the_health_check_opens_the_breaker_and_an_idle_pod_closes_it_again(monkeypatch):
+    fake = FakeKafkaProducer()
+    monkeypatch.setattr(kafka, "make_producer", lambda settings: fake)
+    clock = FakeClock()
+    breaker = CircuitBreaker(Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=1000,
+                             probe_timeout_ms=2000)
+    producer = KafkaRequestProducer(Settings(api_kafka_check_interval_ms=1), breaker)
+    runner = asyncio.create_task(producer.run())
+    try:
+        await eventually(lambda: breaker.dependency.state == "up")  # the producer started
+        fake.client.reachable = False  # the broker went away: no request has failed yet
+        await eventually(lambda: breaker.state == "open")
+        assert breaker.dependency.reason == "the Kafka client reaches no broker"
+        checks = fake.client.checks
+        await eventually(lambda: fake.client.checks == checks)  # no checks while the backoff runs
+        fake.client.reachable = True
+        await asyncio.sleep(0.02)
+        assert breaker.state == "open" and fake.client.checks == checks
+        clock.advance(1000)  # past the backoff the check is the probe, with no request in sight
+        await eventually(lambda: breaker.state == "closed" and breaker.dependency.state == "up")
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)

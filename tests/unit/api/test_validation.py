@@ -4,6 +4,7 @@ import msgspec
 import pytest
 
 from llmq_core import wire
+from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.tokenizer import render_chat
 from llmq_api.errors import ApiError
 from llmq_api.validation import (
@@ -46,6 +47,35 @@ def test_chat_renders_prompt_and_prefers_max_completion_tokens():
                               wire.ChatMessage(role="user", content="hi there")]
     assert valid.sampling.max_tokens == 4
     assert valid.prompt_tokens == len(render_chat(valid.messages).encode())
+
+
+@pytest.mark.parametrize("limit", [{}, {"max_tokens": None}, {"max_completion_tokens": None},
+                                   {"max_tokens": None, "max_completion_tokens": None}])
+def test_chat_without_max_tokens_fills_the_context_window(limit):
+    valid = parse_chat(body(messages=[{"role": "user", "content": "hi"}], **limit), MODELS)
+    assert valid.sampling.max_tokens == 100 - valid.prompt_tokens > DEFAULT_MAX_TOKENS
+
+
+@pytest.mark.parametrize("n, window, expected", [
+    (1, 0, MAX_RESULT_BYTES),  # unknown window: the result cap alone
+    (4, 0, MAX_RESULT_BYTES // 4),  # n choices share the cap
+    (1, 8 * MAX_RESULT_BYTES, MAX_RESULT_BYTES),  # a window larger than the cap
+])
+def test_chat_without_max_tokens_stops_at_the_result_cap(n, window, expected):
+    valid = parse_chat(body(messages=[{"role": "user", "content": "hi"}], n=n), {"llmq-sim": window})
+    assert valid.sampling.max_tokens == expected
+
+
+def test_chat_prompt_filling_the_window_without_max_tokens_is_too_long():
+    content = "a" * (100 - len(render_chat([wire.ChatMessage(role="user", content="")]).encode()))
+    error = rejected(parse_chat, body(messages=[{"role": "user", "content": content}]), MODELS)
+    assert (error.status, error.param, error.code) == (400, "messages", "context_length_exceeded")
+    fits = parse_chat(body(messages=[{"role": "user", "content": content[1:]}]), MODELS)
+    assert fits.prompt_tokens == 99 and fits.sampling.max_tokens == 1
+
+
+def test_completions_keep_the_legacy_default_of_16():
+    assert parse_completion(body(prompt="hi"), MODELS).sampling.max_tokens == DEFAULT_MAX_TOKENS == 16
 
 
 @pytest.mark.parametrize("raw, param", [

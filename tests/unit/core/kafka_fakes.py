@@ -9,6 +9,18 @@ from aiokafka.errors import OutOfOrderSequenceNumber
 from llmq_core.kafka import RECORD_REFUSED_ERRORS
 
 
+class FakeClient:
+    """aiokafka's client as a health check sees it: whether a metadata request reaches a broker."""
+
+    def __init__(self) -> None:
+        self.reachable = True
+        self.checks = 0
+
+    async def force_metadata_update(self) -> bool:
+        self.checks += 1
+        return self.reachable
+
+
 class FakeKafkaProducer:
     """``ack_errors``: raised by the acks of the next sends, in order (the broker's answer; a refusal breaks the
     producer as aiokafka's does: every later send raises OutOfOrderSequenceNumber); ``send_errors``: raised by the next
@@ -20,6 +32,7 @@ class FakeKafkaProducer:
         self.broken = False
         self.sent: list[tuple[str, bytes]] = []
         self.started = self.stopped = False
+        self.client = FakeClient()
 
     async def start(self) -> None:
         if self.start_error is not None:

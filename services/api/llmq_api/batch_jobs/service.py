@@ -207,7 +207,7 @@ class BatchJobs:
             job = await self.store.get_job(earlier)
             if job is None:
                 raise ApiError(409, "A batch with this Idempotency-Key is being created; retry shortly",
-                               code="idempotency_key_in_use")
+                               code="idempotency_key_in_use", retryable=True)
             return job
         try:
             return await self._create(principal, request, batch_id)
