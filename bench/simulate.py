@@ -164,7 +164,7 @@ class _Run:
         """Take in deferred records as the batcher's consumer does: up to one read's worth, unless the policy pauses."""
         backlog = self.backlog
         self.backlog_max = max(self.backlog_max, len(backlog))
-        if not backlog or self.policy.deferred_blocked(t):
+        if not backlog or self.policy.deferred_paused():
             return 0
         n = min(len(backlog), CONSUME_MAX_RECORDS)
         for _ in range(n):
