@@ -3,9 +3,11 @@
 The SAME ``BatchPolicy`` the service runs decides every batch; only arrivals, workers and time are simulated. Time moves
 in ticks of ``tick_ms`` (1 ms: the batcher likewise reads requests from Kafka in groups). Each tick: finished batches
 report their results (``on_result``), workers heartbeat every ``heartbeat_interval_ms``, the tick's arrivals are added,
-then ``schedule`` runs once and its batches reach their workers ``dispatch_delay_ms`` later.
+then ``schedule`` runs once and its batches reach their workers ``dispatch_delay_ms`` later. Deferred arrivals wait in
+a backlog (the deferred topic) that is read, like the batcher's consumer does, only while the policy does not pause it.
 
-Run: ``llmq simulate --rps 40000 --replicas 170 --duration-s 60``.
+Run: ``llmq simulate --rps 40000 --replicas 170 --duration-s 60``; a class mix:
+``llmq simulate --rps 40 --replicas 2 --batch-time-ms 500 --mix interactive=0.8,near_interactive=0.15,deferred=0.05``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmq_core import wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from llmq_batcher.policy import BatchPolicy, PolicyConfig
+from llmq_batcher.policy import CLASS_KEYS, BatchPolicy, PolicyConfig, class_index
 
 MODEL = "llmq-sim"
 _REPLY = wire.HttpReply(instance_id="sim")
 _SAMPLING = wire.SamplingParams(max_tokens=16)
+CONSUME_MAX_RECORDS = 500  # deferred records taken in per tick, like one getmany of the batcher's consumer
+DEFERRED_DEADLINE_MS = 3_600_000
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """``interactive=0.8,near_interactive=0.15,deferred=0.05`` -> shares per traffic class (normalised to sum 1)."""
+    mix = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, share = part.partition("=")
+        if name not in constants.TRAFFIC_CLASSES:
+            raise ValueError(f"unknown traffic class {name!r}: one of {', '.join(constants.TRAFFIC_CLASSES)}")
+        mix[name] = float(share)
+    total = sum(mix.values())
+    if total <= 0 or any(v < 0 for v in mix.values()):
+        raise ValueError(f"class shares must be >= 0 and add up to more than 0: {text!r}")
+    return {name: share / total for name, share in mix.items()}
 
 
 @dataclass(slots=True)
@@ -56,18 +74,25 @@ def arrival_counts(rps: float, duration_s: float, tick_ms: int, pattern: str, rn
 def run_simulation(rps: float, replicas: int, max_batch: int = 64, batch_time_ms: int = 250, duration_s: float = 60,
                    *, pattern: str = "poisson", wait_ms: int = 20, deadline_ms: int = 5000, network_ms: int = 0,
                    paid_share: float = 1.0, dispatch_delay_ms: int = 1, heartbeat_interval_ms: int = 250,
-                   tick_ms: int = 1, seed: int = 0, burst_factor: float = 3.0) -> dict:
-    """Simulate ``duration_s`` of traffic at ``rps`` (interactive; ``paid_share`` of it paid, the rest free) against
-    ``replicas`` fixed-time workers (``max_batch`` requests per ``batch_time_ms`` batch); then let queued work finish.
+                   tick_ms: int = 1, seed: int = 0, burst_factor: float = 3.0,
+                   mix: dict[str, float] | None = None) -> dict:
+    """Simulate ``duration_s`` of traffic at ``rps`` (``mix``: share per traffic class, all interactive by default;
+    ``paid_share`` of it paid, the rest free) against ``replicas`` fixed-time workers (``max_batch`` requests per
+    ``batch_time_ms`` batch); then let queued work finish. Deferred requests get a deadline of an hour, others
+    ``deadline_ms``.
 
     Returns a dict: requests, completed, expired, throughput_rps (completed per simulated second of arrivals),
-    latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``) and the same per tier, mean_batch_fill
-    (0..1), batches, flush reasons, worker utilization (0..1), wall_s and sim_speed (simulated / wall seconds).
+    latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``), the same per tier and per priority class,
+    deferred_backlog_max (deferred records left unread at most), mean_batch_fill (0..1), batches, flush reasons, worker
+    utilization (0..1), wall_s and sim_speed (simulated / wall seconds).
     """
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     counts = arrival_counts(rps, duration_s, tick_ms, pattern, rng, burst_factor=burst_factor)
-    paid = rng.random(int(counts.sum())) < paid_share
+    mix = mix or {constants.INTERACTIVE: 1.0}
+    total = int(counts.sum())
+    paid = rng.random(total) < paid_share
+    classes = rng.choice(list(mix), size=total, p=list(mix.values()))
     clock = FakeClock(0)
     config = PolicyConfig(fixed_engine_max_wait_ms=wait_ms, tenant_max_inflight=1 << 40, max_queued=1 << 40,
                           model_max_batch={MODEL: max_batch}, worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
@@ -77,7 +102,7 @@ def run_simulation(rps: float, replicas: int, max_batch: int = 64, batch_time_ms
     sim = _Run(policy, clock, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
     for worker in workers:
         sim.heartbeat(worker, 0)
-    sim.run(counts, paid, tick_ms, deadline_ms)
+    sim.run(counts, paid, classes, tick_ms, deadline_ms)
     return sim.report(rps, duration_s, network_ms, time.perf_counter() - started)
 
 
@@ -96,18 +121,21 @@ class _Run:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.events: list[tuple[int, int, int, object]] = []  # (time, kind, seq, payload): 0 finish, 1 delivery
         self.event_seq = 0
-        self.latencies: dict[str, list[int]] = {"paid": [], "free": []}  # per tier, ms from arrival to batch end
+        self.latencies: dict[str, list[int]] = {key: [] for key in CLASS_KEYS}  # ms from arrival to batch end
+        self.by_tier: dict[str, list[int]] = {tier: [] for tier in constants.TIERS}
+        self.backlog: deque[wire.GenerationRequest] = deque()  # deferred records not read yet
+        self.backlog_max = 0
         self.batch_sizes: list[int] = []
         self.flushes: Counter[str] = Counter()
         self.expired = 0
         self.busy_ms = 0
 
-    def run(self, counts: np.ndarray, paid: np.ndarray, tick_ms: int, deadline_ms: int) -> None:
+    def run(self, counts: np.ndarray, paid: np.ndarray, classes: np.ndarray, tick_ms: int, deadline_ms: int) -> None:
         next_id = 0
         wake_ms = 0
         t = 0
         tick = 0
-        while tick < len(counts) or self.events or self.policy.queued_total:
+        while tick < len(counts) or self.events or self.policy.queued_total or self.backlog:
             self.clock.set(t)
             self._process_events(t)
             if t % self.heartbeat_interval_ms == 0:
@@ -115,14 +143,33 @@ class _Run:
                     self.heartbeat(worker, t)
             n = int(counts[tick]) if tick < len(counts) else 0
             for i in range(next_id, next_id + n):
-                self.policy.add(wire.GenerationRequest(
-                    request_id=str(i), tier="paid" if paid[i] else "free", model=MODEL, prompt="x", sampling=_SAMPLING,
-                    created_ms=t, deadline_ms=t + deadline_ms, reply_to=_REPLY, prompt_tokens=8))
+                deferred = classes[i] == constants.DEFERRED
+                request = wire.GenerationRequest(
+                    request_id=str(i), traffic_class=str(classes[i]), tier="paid" if paid[i] else "free", model=MODEL,
+                    prompt="x", sampling=_SAMPLING, created_ms=t,
+                    deadline_ms=t + (DEFERRED_DEADLINE_MS if deferred else deadline_ms), reply_to=_REPLY,
+                    prompt_tokens=8)
+                if deferred:
+                    self.backlog.append(request)
+                else:
+                    self.policy.add(request)
             next_id += n
+            n += self._read_deferred(t)
             if n or wake_ms <= t or self.events and self.events[0][0] <= t + tick_ms:
                 wake_ms = self._schedule(t)
             tick += 1
             t += tick_ms
+
+    def _read_deferred(self, t: int) -> int:
+        """Take in deferred records as the batcher's consumer does: up to one read's worth, unless the policy pauses."""
+        backlog = self.backlog
+        self.backlog_max = max(self.backlog_max, len(backlog))
+        if not backlog or self.policy.deferred_paused():
+            return 0
+        n = min(len(backlog), CONSUME_MAX_RECORDS)
+        for _ in range(n):
+            self.policy.add(backlog.popleft())
+        return n
 
     def _schedule(self, t: int) -> int:
         decision = self.policy.schedule(t)
@@ -155,10 +202,12 @@ class _Run:
 
     def _finish(self, worker: _Worker, t: int) -> None:
         on_result = self.policy.on_result
-        latencies = self.latencies
+        latencies, by_tier = self.latencies, self.by_tier
         for request in worker.running:
             on_result(request.request_id)
-            latencies[request.tier].append(t - request.created_ms)
+            latency = t - request.created_ms
+            latencies[CLASS_KEYS[class_index(request)]].append(latency)
+            by_tier[request.tier].append(latency)
         worker.running = []
         if worker.waiting:
             self._start(worker, t)
@@ -177,8 +226,9 @@ class _Run:
         heapq.heappush(self.events, (at, kind, self.event_seq, payload))
 
     def report(self, rps: float, duration_s: float, network_ms: int, wall_s: float) -> dict:
-        tiers = {tier: np.asarray(values, dtype=np.int64) + network_ms for tier, values in self.latencies.items()}
-        latencies = np.concatenate(list(tiers.values()))
+        classes = {key: np.asarray(values, dtype=np.int64) + network_ms for key, values in self.latencies.items()}
+        latencies = np.concatenate(list(classes.values()))
+        tiers = {tier: np.asarray(values, dtype=np.int64) + network_ms for tier, values in self.by_tier.items()}
         sim_s = self.clock.now_ms() / 1000
         return {
             "requests": len(latencies) + self.expired,
@@ -188,6 +238,9 @@ class _Run:
             "offered_rps": rps,
             "latency_ms": _percentiles(latencies),
             "latency_ms_by_tier": {tier: _percentiles(values) for tier, values in tiers.items() if len(values)},
+            "latency_ms_by_class": {key: _percentiles(values) for key, values in classes.items() if len(values)},
+            "completed_by_class": {key: len(values) for key, values in classes.items() if len(values)},
+            "deferred_backlog_max": self.backlog_max,
             "mean_batch_fill": round(float(np.mean(self.batch_sizes)) / self.max_batch, 4) if self.batch_sizes else 0.0,
             "batches": len(self.batch_sizes),
             "flush": dict(self.flushes),

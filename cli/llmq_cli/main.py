@@ -124,14 +124,20 @@ def simulate(
     pattern: str = typer.Option("poisson", help="poisson | bursty (3x the rate for 20% of every 10 s)."),
     wait_ms: int = typer.Option(20, help="Batch wait window of a free fixed-time worker."),
     paid_share: float = typer.Option(1.0, help="Share of paid-tier requests (the rest is free tier)."),
+    mix: str = typer.Option("interactive=1", help="Share per traffic class, e.g. "
+                            "interactive=0.8,near_interactive=0.15,deferred=0.05."),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Discrete-event simulation of the batcher's own policy in front of fixed-time batch workers."""
-    from bench.simulate import run_simulation
+    from bench.simulate import parse_mix, run_simulation
 
+    try:
+        shares = parse_mix(mix)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--mix") from exc
     result = run_simulation(rps, replicas, max_batch, batch_time_ms, duration_s, pattern=pattern, wait_ms=wait_ms,
-                            paid_share=paid_share, seed=seed)
+                            paid_share=paid_share, seed=seed, mix=shares)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -143,6 +149,11 @@ def simulate(
                   f"{latency['p99']:.0f}", f"{result['mean_batch_fill']:.1%}", f"{result['utilization']:.1%}",
                   str(result["expired"]))
     console.print(table)
+    by_class = Table("class", "completed", "p50 ms", "p99 ms", "max ms")
+    for key, latency in result["latency_ms_by_class"].items():
+        by_class.add_row(key, str(result["completed_by_class"][key]), f"{latency['p50']:.0f}", f"{latency['p99']:.0f}",
+                         str(latency["max"]))
+    console.print(by_class)
 
 
 @app.command("capacity")

@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     worker_heartbeat_timeout_ms: int = 2000
     batcher_max_queued: int = 100_000
     batcher_deferred_reserved_share: float = 0.25  # share of each worker's slots deferred work never fills
+    batcher_deferred_buffer_rounds: int = 2  # deferred work read ahead: rounds of every live worker's unreserved slots
     batcher_tenant_max_inflight: int = 4096  # dispatched, not yet finished requests per tenant
     batcher_tenant_weights: dict[str, float] = {}  # fair-share weight per tenant_id (JSON in env); others weigh 1
 

@@ -416,9 +416,8 @@ class BatcherLoop:
         self.offsets.settle(tp, record.offset)
 
     def _pause_deferred(self) -> None:
-        """Deferred records stay in Kafka while other work waits, no worker has idle room, or the queue is half full."""
-        now_ms = self.clock.now_ms()
-        blocked = self.policy.deferred_blocked(now_ms) or self.policy.queued_total * 2 >= self.max_queued
+        """Deferred records stay in Kafka while deferred work queued here fills its buffer or the queue is half full."""
+        blocked = self.policy.deferred_paused() or self.policy.queued_total * 2 >= self.max_queued
         deferred = [tp for tp in self.consumer.assignment() if tp.topic == self.names.deferred_topic]
         paused = self.consumer.paused()
         if blocked:

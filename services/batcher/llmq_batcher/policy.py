@@ -5,8 +5,9 @@ Events in: :meth:`BatchPolicy.add`, :meth:`~BatchPolicy.cancel`, :meth:`~BatchPo
 batches to send, the requests to answer (expired, canceled, overloaded) and when to call it again.
 
 Rules (DESIGN.md, traffic classes): classes ``interactive:paid`` > ``interactive:free`` > ``near_interactive`` >
-``deferred`` in strict precedence; deferred only fills capacity above a reserved share of a worker's slots and only while
-no other class waits; within a class tenants share by weighted fair queueing on estimated tokens (see fairshare.py) with
+``deferred`` in strict precedence; deferred only fills capacity above a reserved share of a worker's slots: the slots a
+batch of other work leaves empty (a fixed-time engine's batch costs the same whatever its size) or, while no other class
+waits, a batch of its own; within a class tenants share by weighted fair queueing on estimated tokens (see fairshare.py) with
 a per-tenant in-flight cap; one model per batch; each batch goes to the live worker of its model with the least
 outstanding work; a batch flushes on size (the worker's free slots, capped by the model's max batch, or its byte budget:
 one Batch is one Kafka record) or when its oldest request has waited the class's window (adaptive:
@@ -71,6 +72,7 @@ class PolicyConfig:
     worker_heartbeat_timeout_ms: int = 2000
     max_queued: int = 100_000
     deferred_reserved_share: float = 0.25
+    deferred_buffer_rounds: int = 2
     tenant_max_inflight: int = 4096
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     model_max_batch: Mapping[str, int] = field(default_factory=lambda: {m.name: m.max_batch_size
@@ -89,6 +91,7 @@ class PolicyConfig:
             worker_heartbeat_timeout_ms=settings.worker_heartbeat_timeout_ms,
             max_queued=settings.batcher_max_queued,
             deferred_reserved_share=settings.batcher_deferred_reserved_share,
+            deferred_buffer_rounds=settings.batcher_deferred_buffer_rounds,
             tenant_max_inflight=settings.batcher_tenant_max_inflight,
             tenant_weights=dict(settings.batcher_tenant_weights),
             batch_id_prefix=batch_id_prefix,
@@ -351,14 +354,18 @@ class BatchPolicy:
                 out.setdefault(reply.instance_id, []).append(request_id)
         return out
 
-    def deferred_blocked(self, now_ms: int) -> bool:
-        """True while other classes wait or no live worker has room above its reserve: pause consuming deferred work.
-        Work queued for a model without workers waits for none of the capacity deferred work would use: it blocks
-        nothing (and its own deferred requests must still arrive, so that the model's queue shows its demand)."""
-        if any(m.pool.workers and sum(q.depth for q in m.queues[:DEFERRED]) for m in self._models.values()):
-            return True
-        share = self.config.deferred_reserved_share
-        return not any(w.free_slots(now_ms) > w.reserved_slots(share) for w in self._workers.values())
+    def deferred_paused(self) -> bool:
+        """True once the deferred work queued here fills its buffer: ``deferred_buffer_rounds`` times the slots above the
+        reserve of every live worker of its model, so that each batch finds deferred work to fill its empty slots,
+        whatever other classes wait. Deferred work of a model without workers neither counts nor adds room: its
+        requests still arrive, so that the model's queue shows its demand (the loop's memory bound holds them)."""
+        share, queued, room = self.config.deferred_reserved_share, 0, 0
+        for model in self._models.values():
+            workers = model.pool.workers.values()
+            if workers:
+                queued += model.queues[DEFERRED].depth
+                room += sum(w.max_slots - w.reserved_slots(share) for w in workers)
+        return queued >= room * self.config.deferred_buffer_rounds
 
     # --- forming batches ----------------------------------------------------------------------------------------------
 

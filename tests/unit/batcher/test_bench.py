@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench.capacity import capacity_math, erlang_c, queueing_delay
-from bench.simulate import arrival_counts, run_simulation
+from bench.simulate import arrival_counts, parse_mix, run_simulation
 
 
 def test_light_load_flushes_on_the_window_and_stays_within_window_plus_one_batch():
@@ -30,6 +30,29 @@ def test_paid_tier_keeps_its_latency_when_capacity_is_short():
     tiers = result["latency_ms_by_tier"]
     assert tiers["paid"]["p99"] < 300
     assert tiers["free"]["p99"] > 2 * tiers["paid"]["p99"]
+
+
+def test_deferred_work_fills_idle_slots_at_40pct_load_without_delaying_interactive_work():
+    """Issue 13's run, shortened: 40 req/s on two fixed-time workers of 64 per 500 ms, 5% deferred, 80% paid."""
+    run = dict(rps=40, replicas=2, batch_time_ms=500, duration_s=60, paid_share=0.8, seed=4)
+    mixed = run_simulation(**run, mix=parse_mix("interactive=0.8,near_interactive=0.15,deferred=0.05"))
+    alone = run_simulation(**run, mix=parse_mix("interactive=0.8,near_interactive=0.15"))
+    classes = mixed["latency_ms_by_class"]
+    assert mixed["completed_by_class"]["deferred"] > 50 and mixed["expired"] == 0
+    assert classes["deferred"]["max"] <= 2 * 500 + 20 + 2  # the next batch at the latest, never behind a backlog
+    assert mixed["deferred_backlog_max"] <= 5  # read as it arrives
+    for key in ("interactive:paid", "interactive:free", "near_interactive"):
+        assert classes[key]["p99"] <= 1.1 * alone["latency_ms_by_class"][key]["p99"]
+
+
+@pytest.mark.parametrize("text", ["interactive=1,bulk=1", "interactive=0", "interactive=-1,deferred=2"])
+def test_a_class_mix_names_known_classes_with_positive_shares(text):
+    with pytest.raises(ValueError):
+        parse_mix(text)
+
+
+def test_a_class_mix_is_normalised():
+    assert parse_mix("interactive=8,deferred=2") == {"interactive": 0.8, "deferred": 0.2}
 
 
 def test_bursty_arrivals_keep_the_mean_rate():

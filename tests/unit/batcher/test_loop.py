@@ -247,11 +247,12 @@ async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
     "free, queued, paused",
     [
         (8, [], False),  # idle capacity, nothing else waiting
-        (2, [], True),  # only the reserved slots are free
-        (0, [("p1", "paid")], True),  # interactive work waits
+        (2, [], False),  # only the reserved slots are free: deferred work is read ahead anyway
+        (0, [("p1", "paid")], False),  # interactive work waits: deferred work is read to ride along
+        (0, [(f"d{i}", "deferred") for i in range(12)], True),  # its buffer is full: 2 x (8 slots - 2 reserved)
     ],
 )
-async def test_deferred_partitions_pause_while_they_must_not_run(batcher, free, queued, paused):
+async def test_deferred_partitions_pause_only_while_their_buffer_is_full(batcher, free, queued, paused):
     loop, consumer, _, _ = batcher
     loop.policy.on_heartbeat(hb("w1", free=free))
     for request_id, cls in queued:
@@ -261,12 +262,15 @@ async def test_deferred_partitions_pause_while_they_must_not_run(batcher, free, 
     assert INTERACTIVE not in consumer.paused_tps
 
 
-async def test_deferred_partitions_resume_once_capacity_frees(batcher):
+async def test_deferred_partitions_resume_once_the_buffer_drains(batcher):
     loop, consumer, _, _ = batcher
     loop.policy.on_heartbeat(hb("w1", free=0))
+    for i in range(12):
+        loop.policy.add(req(f"d{i}", "deferred"))
     await loop.step()
     assert DEFERRED in consumer.paused_tps
     loop.policy.on_heartbeat(hb("w1", free=8, now_ms=T0))
+    loop.clock.advance(500)  # past the deferred window: 6 go out
     await loop.step()
     assert DEFERRED not in consumer.paused_tps
 

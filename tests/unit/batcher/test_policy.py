@@ -67,33 +67,62 @@ def test_deferred_waits_while_near_interactive_work_waits_for_its_window():
     clock.advance(600)
     policy.add(req("n1", "near", now_ms=clock.now_ms()))
     assert policy.schedule(clock.now_ms()).batches == []
-    assert policy.deferred_blocked(clock.now_ms())
+    assert not policy.deferred_paused()  # more deferred work is read meanwhile, to ride along
     clock.advance(50)
     assert dispatched_ids(policy.schedule(clock.now_ms())) == [["n1", "d1"]]
 
 
 @pytest.mark.parametrize(
-    "heartbeats, blocked",
+    "heartbeats, deferred, others, paused",
     [
-        ([dict(free=8)], False),
-        ([dict(free=2)], True),  # only the reserve is free
-        ([], True),  # no worker at all
+        ([dict(free=8)], 11, 0, False),  # buffer: 2 rounds x (8 slots - 2 reserved) = 12
+        ([dict(free=8)], 12, 0, True),
+        ([dict(free=0)], 0, 50, False),  # other classes wait and no slot is free: deferred work is still read
+        ([dict(free=0, fixed_ms=500, max_slots=64)], 95, 50, False),  # a busy fixed-time engine: 2 x (64 - 16) = 96
+        ([dict(free=0, fixed_ms=500, max_slots=64)], 96, 50, True),
+        ([dict(free=8), dict(free=8)], 23, 0, False),  # two workers: twice the buffer
+        ([], 0, 0, True),  # no worker at all: nothing to read ahead for
     ],
 )
-def test_deferred_blocked_without_idle_capacity(heartbeats, blocked):
+def test_deferred_intake_pauses_only_on_its_own_buffer(heartbeats, deferred, others, paused):
     policy, _ = make_policy()
     for i, kwargs in enumerate(heartbeats):
         policy.on_heartbeat(hb(f"w{i}", **kwargs))
-    assert policy.deferred_blocked(T0) is blocked
+    for i in range(deferred):
+        policy.add(req(f"d{i}", "deferred"))
+    for i in range(others):
+        policy.add(req(f"p{i}", "paid"))
+    assert policy.deferred_paused() is paused
 
 
-def test_work_queued_for_a_model_without_workers_does_not_block_deferred_work():
+def test_deferred_work_of_a_model_without_workers_neither_fills_nor_widens_the_buffer():
     policy, _ = make_policy()
     policy.on_heartbeat(hb("w1", free=8))
-    policy.add(req("tiny-paid", "paid", model="llmq-tiny"))  # no llmq-tiny worker: it waits for one
-    assert not policy.deferred_blocked(T0)
-    policy.add(req("sim-paid", "paid"))
-    assert policy.deferred_blocked(T0)
+    for i in range(20):
+        policy.add(req(f"tiny-{i}", "deferred", model="llmq-tiny"))  # no llmq-tiny worker: it waits for one
+    assert not policy.deferred_paused()
+    for i in range(12):
+        policy.add(req(f"sim-{i}", "deferred"))
+    assert policy.deferred_paused()
+
+
+def test_deferred_rides_in_the_empty_slots_of_a_fixed_time_batch_without_delaying_it():
+    """A fixed-time engine's batch costs the same whatever its size: deferred work fills it above the reserve."""
+    batches = []
+    for deferred in (0, 100):
+        policy, clock = make_policy()
+        policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=500))
+        for i in range(deferred):
+            policy.add(req(f"d{i}", "deferred"))
+        for i in range(10):
+            policy.add(req(f"p{i}", "paid" if i % 2 else "near"))
+        assert policy.schedule(clock.now_ms()).batches == []  # the interactive window of a fixed-time engine
+        clock.advance(20)
+        batches.append(dispatched_ids(policy.schedule(clock.now_ms())))
+    alone, topped_up = batches
+    assert len(alone) == len(topped_up) == 1
+    assert topped_up[0][:10] == alone[0]  # same interactive work, same moment
+    assert topped_up[0][10:] == [f"d{i}" for i in range(38)]  # 64 slots - 16 reserved - 10 interactive
 
 
 # --- flush triggers --------------------------------------------------------------------------------------------------

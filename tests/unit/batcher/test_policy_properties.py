@@ -205,3 +205,44 @@ def test_byte_budget_starves_no_request(arrivals, frees):
             lanes.setdefault((tenant, cls), []).append(request.request_id)
     for lane in lanes.values():
         assert [rid for rid in dispatched if rid in lane] == lane, "a request was passed by a later one of its lane"
+
+
+SLOTS = 8  # every worker of the one-step properties below; its reserve is 2 (25%)
+_frees = st.lists(st.integers(0, SLOTS), min_size=1, max_size=3)  # free slots per worker; all continuous or all fixed
+_workers = st.one_of(_frees.map(lambda f: [(0, n) for n in f]), _frees.map(lambda f: [(250, n) for n in f]))
+_queue = st.lists(st.tuples(st.sampled_from(("paid", "free", "near")), st.sampled_from(TENANTS)), max_size=20)
+
+
+def _one_step(workers, others, deferred: int):
+    """(fixed batch time ms, free slots) per worker. One schedule past every window, after ``others`` and ``deferred`` requests of llmq-sim arrived."""
+    policy, clock = make_policy(tenant_max_inflight=10**6)
+    for i, (fixed_ms, free) in enumerate(workers):
+        policy.on_heartbeat(hb(f"w{i}", free=free, max_slots=SLOTS, fixed_ms=fixed_ms))
+    for i, (cls, tenant) in enumerate(others):
+        policy.add(req(f"o{i}", cls, tenant=tenant))
+    for i in range(deferred):
+        policy.add(req(f"d{i}", "deferred", tenant=TENANTS[i % len(TENANTS)]))
+    clock.advance(500)
+    free = {w.worker_id: w.free_slots(clock.now_ms()) for w in policy._workers.values()}
+    return policy.schedule(clock.now_ms()), free
+
+
+@settings(max_examples=150, deadline=None)
+@given(workers=_workers, others=_queue, deferred=st.integers(0, 30))
+def test_deferred_fills_empty_slots_above_the_reserve_and_never_displaces_other_work(workers, others, deferred):
+    with_deferred, free = _one_step(workers, others, deferred)
+    without, _ = _one_step(workers, others, 0)
+    reserve = SLOTS // 4
+    others_of = [[r.request_id for r in b.requests if r.traffic_class != "deferred"] for b in with_deferred.batches]
+    assert [ids for ids in others_of if ids] == [[r.request_id for r in b.requests] for b in without.batches], (
+        "deferred work changed which other work went out, or where")
+    sent: dict[str, int] = {}
+    carried: set[str] = set()
+    for batch in with_deferred.batches:
+        sent[batch.worker_id] = sent.get(batch.worker_id, 0) + len(batch.requests)
+        if any(r.traffic_class == "deferred" for r in batch.requests):
+            carried.add(batch.worker_id)
+    assert all(sent[w] <= free[w] - reserve for w in carried), "deferred work took a reserved slot"
+    deferred_sent = sum(len(b.requests) - len(ids) for b, ids in zip(with_deferred.batches, others_of))
+    room_left = sum(max(free[w] - reserve - sent.get(w, 0), 0) for w in free)
+    assert deferred_sent == deferred or room_left == 0, "deferred work stayed queued beside empty slots"
