@@ -172,7 +172,12 @@ class RenewableProducer:
     async def send_and_wait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                             partition: int | None = None, timestamp_ms: int | None = None,
                             headers: list[tuple[str, bytes]] | None = None):
-        return await (await self.send(topic, value, key, partition, timestamp_ms, headers))
+        """Produce one record and wait for its RecordMetadata. A record the broken producer could not send
+        (BROKEN_PRODUCER_ERRORS: the broker never wrote it) goes once more through its replacement."""
+        try:
+            return await (await self.send(topic, value, key, partition, timestamp_ms, headers))
+        except BROKEN_PRODUCER_ERRORS:
+            return await (await self.send(topic, value, key, partition, timestamp_ms, headers))
 
     async def _acked(self, producer: AIOKafkaProducer, ack: Awaitable):
         try:

@@ -37,9 +37,18 @@ def renewable(*made: FakeKafkaProducer) -> tuple[RenewableProducer, FakeClock, l
     return RenewableProducer(factory, clock=clock, renew_retry_ms=RETRY_MS), clock, handed
 
 
+@pytest.mark.parametrize("error", [OutOfOrderSequenceNumber(), ProducerFenced()])
+async def test_a_record_a_broken_producer_could_not_send_goes_once_more_through_its_replacement(error):
+    producer, _, made = renewable(FakeKafkaProducer(ack_errors=[error]))
+    await producer.start()
+    await producer.send_and_wait("t", b"retried")  # the broker never wrote it: sending it again cannot double it
+    assert [len(made), producer.renewals] == [2, 1]
+    assert made[0].sent == [] and made[1].sent == [("t", b"retried")]
+    await producer.stop()
+
+
 @pytest.mark.parametrize("error", [MessageSizeTooLargeError(), RecordListTooLargeError(), InvalidTopicError(),
-                                   TopicAuthorizationFailedError(), PolicyViolationError(),
-                                   OutOfOrderSequenceNumber(), ProducerFenced()])
+                                   TopicAuthorizationFailedError(), PolicyViolationError()])
 async def test_a_record_the_broker_refused_replaces_the_producer_before_the_next_send(error):
     producer, _, made = renewable(FakeKafkaProducer(ack_errors=[error]))
     await producer.start()

@@ -110,7 +110,12 @@ class BatchJobs:
                 raise self._over_quota(quota, used) from None
             raise ApiError(413, f"File is larger than the limit of {limit} bytes", param="file",
                            code="file_too_large") from None
-        if await self.store.reserve_storage(principal.tenant_id, size, quota) is None:  # a concurrent upload won
+        try:
+            reserved = await self.store.reserve_storage(principal.tenant_id, size, quota)
+        except BaseException:  # Redis refused the reservation (503): no sweep would ever find these bytes
+            await self.files.delete(path)
+            raise
+        if reserved is None:  # a concurrent upload won
             await self.files.delete(path)
             raise self._over_quota(quota, await self.store.stored_bytes(principal.tenant_id))
         now_s = self.clock.now_ms() // 1000
