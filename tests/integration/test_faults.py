@@ -48,7 +48,11 @@ def config() -> StackConfig:
     env = {"LLMQ_API_KEYS_FILE": str(STATE / "keys.yaml"),
            "LLMQ_POD_HEARTBEAT_INTERVAL_MS": "500", "LLMQ_POD_HEARTBEAT_TTL_MS": str(POD_HEARTBEAT_TTL_MS),
            "LLMQ_WORKER_HEARTBEAT_TIMEOUT_MS": str(WORKER_HEARTBEAT_TIMEOUT_MS),
-           "LLMQ_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S)}
+           "LLMQ_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S),
+           # The faults need work queued when they strike (the API pod kill: ~6 s of a dead pod's near_interactive
+           # burst): admission predicts waits from the queue ahead, so it must not shed these classes here.
+           "LLMQ_API_SHED_WAIT_MS": json.dumps({"interactive:paid": 15_000, "interactive:free": 5_000,
+                                                "near_interactive": 60_000, "deferred": 60_000})}
     # Ports below the kernel's ephemeral range (32768+): a restarted process must get its port back, and an outgoing
     # connection could hold an ephemeral one. Metrics: 28010-28013 (DevStack: API port + 10...).
     return StackConfig(state_dir=STATE, kafka_port=28092, redis_port=28379, api_ports=(28000, 28001),
