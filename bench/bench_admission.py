@@ -10,6 +10,12 @@ and each 429's Retry-After range.
     python -m bench.bench_admission --start-stack --count 3000   # its own stack: two llmq-sim workers x 64 per 500 ms
     python -m bench.bench_admission --url http://127.0.0.1:8000 --url http://127.0.0.1:8001   # a running stack
 
+Every connection comes from this one address: a stack's pods cap that at ``LLMQ_API_MAX_CONNECTIONS_PER_CLIENT``
+(1024 each by default; the connections past it get 429 ``too_many_connections`` and are closed before the request is
+read, which httpx reports as connection errors: 2 x 1024 of a 3,000 burst got through). That cap is right for production,
+where one address holding thousands of connections is what it refuses; the private stack (``--start-stack``) lifts it
+for this load generator, and a stack given with ``--url`` must allow ``--count`` / pods connections per address.
+
 Not part of ``make test``: a load run, sized by ``--count`` for the machine at hand.
 """
 
@@ -28,17 +34,21 @@ import httpx
 from llmq_core.constants import HTTP_PREDICTED_WAIT_MS, HTTP_RETRY_AFTER
 
 STACK_PORTS = dict(kafka_port=29092, redis_port=29379, api_ports=(29000, 29001))  # --start-stack: private ports
+LOAD_GENERATOR_ENV = {"LLMQ_API_MAX_CONNECTIONS_PER_CLIENT": "0"}  # the burst's connections all come from one address
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """One request: HTTP status, latency (ms, launch to last byte), admission's prediction (admitted) or Retry-After
-    (refused)."""
+    (refused), whether it streamed and when its response headers came (ms after launch: a stream's come at admission,
+    so what follows them is the wait admission predicted, free of the time the client took to send the burst)."""
 
     status: int
     latency_ms: float
     predicted_ms: int | None = None
     retry_after_s: int | None = None
+    stream: bool = False
+    headers_ms: float = 0.0
 
 
 def percentile(values: list[float], q: float) -> int | None:
@@ -52,6 +62,8 @@ def summary(outcomes: list[Outcome]) -> dict:
     refused = [o for o in outcomes if o.status == 429]
     errors = [abs(o.latency_ms - o.predicted_ms) for o in ok if o.predicted_ms is not None]
     signed = [o.latency_ms - o.predicted_ms for o in ok if o.predicted_ms is not None]
+    streamed = [o for o in ok if o.stream and o.predicted_ms is not None]
+    after = [o.latency_ms - o.headers_ms - o.predicted_ms for o in streamed]
     return {"requests": len(outcomes), "admitted": len(ok), "refused_429": len(refused),
             "other": len(outcomes) - len(ok) - len(refused),
             "first_429_ms": percentile([o.latency_ms for o in refused], 0),
@@ -60,6 +72,15 @@ def summary(outcomes: list[Outcome]) -> dict:
             "admitted_latency_ms": {"p50": percentile([o.latency_ms for o in ok], 0.5),
                                     "p99": percentile([o.latency_ms for o in ok], 0.99),
                                     "max": percentile([o.latency_ms for o in ok], 1)},
+            "answered_429_ms": {"p50": percentile([o.latency_ms for o in refused], 0.5),
+                                "max": percentile([o.latency_ms for o in refused], 1)},
+            "streamed_after_admission": {
+                "count": len(streamed),
+                "prediction_abs_error_ms": {"p50": percentile([abs(e) for e in after], 0.5),
+                                            "p95": percentile([abs(e) for e in after], 0.95)},
+                "prediction_signed_error_p50_ms": round(statistics.median(after)) if after else None,
+                "latency_ms": {"p50": percentile([o.latency_ms - o.headers_ms for o in streamed], 0.5),
+                               "p99": percentile([o.latency_ms - o.headers_ms for o in streamed], 0.99)}},
             "retry_after_s": {"min": min((o.retry_after_s for o in refused), default=None),
                               "max": max((o.retry_after_s for o in refused), default=None)}}
 
@@ -69,13 +90,14 @@ async def one(client: httpx.AsyncClient, url: str, key: str, stream: bool, max_t
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body,
                                  headers={"authorization": f"Bearer {key}"}) as response:
+            headers_ms = (time.monotonic() - start) * 1000
             await response.aread()
     except httpx.HTTPError:
         return Outcome(0, (time.monotonic() - start) * 1000)
     headers = response.headers
     return Outcome(response.status_code, (time.monotonic() - start) * 1000,
                    int(headers[HTTP_PREDICTED_WAIT_MS]) if HTTP_PREDICTED_WAIT_MS in headers else None,
-                   int(headers[HTTP_RETRY_AFTER]) if HTTP_RETRY_AFTER in headers else None)
+                   int(headers[HTTP_RETRY_AFTER]) if HTTP_RETRY_AFTER in headers else None, stream, headers_ms)
 
 
 async def burst(urls: list[str], count: int, stream_share: float, max_tokens: int, key: str) -> list[Outcome]:
@@ -112,7 +134,7 @@ def main() -> None:
     if args.start_stack:
         from llmq_cli.devstack import DevStack, StackConfig
         stack = DevStack(StackConfig(state_dir=Path("var/bench-admission"), tiny_workers=0, sim_workers=2,
-                                     **STACK_PORTS))
+                                     extra_env=LOAD_GENERATOR_ENV, **STACK_PORTS))
         stack.up(timeout_s=300, log=lambda *_: None)
     urls = args.url or [f"http://127.0.0.1:{p}" for p in STACK_PORTS["api_ports"]]
     try:

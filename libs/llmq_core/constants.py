@@ -66,6 +66,7 @@ REDIS_STATS_PREFIX: Final = "llmq:stats:"
 REDIS_ALIVE_PREFIX: Final = "llmq:alive:"
 STATS_BATCHER: Final = "llmq:stats:batcher"  # hash: batches, requests (also per model: "batches:<model>"), flush_<reason>
 REDIS_SATURATION_KEY: Final = "llmq:saturation"  # hash: batcher id -> wire.BatcherSaturation (msgpack), about 1/s
+REDIS_UNFINISHED_KEY: Final = "llmq:unfinished"  # hash: API pod id -> wire.PodUnfinished (msgpack), about 10/s
 REDIS_RATELIMIT_PREFIX: Final = "llmq:ratelimit:"
 REDIS_IDEMPOTENCY_PREFIX: Final = "llmq:idempotency:"
 # Not under REDIS_RESULT_PREFIX: request ids of Kafka-direct producers are free text and could name these keys.

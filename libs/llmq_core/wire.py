@@ -288,8 +288,18 @@ class BatcherSaturation(_Message, kw_only=True, tag="batcher_saturation"):
     started_ms: int = 0
 
 
+class PodUnfinished(_Message, kw_only=True, tag="pod_unfinished"):
+    """An API pod's admitted requests that have not ended yet, per model and priority class, HSET about every 100 ms
+    into ``llmq:unfinished`` (field = ``instance_id``): other pods count them as work ahead of a new request before
+    any batcher has read them from Kafka."""
+
+    instance_id: str
+    sent_ms: int
+    models: dict[str, dict[str, int]] = {}
+
+
 Message = (GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat
-           | BatcherSaturation)
+           | BatcherSaturation | PodUnfinished)
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()

@@ -2,10 +2,11 @@
 16 requests/s) and the result-router on the suite's Kafka and Redis.
 
 300 free-tier completions arrive at once with 20 paid ones beside them. The free tier's shed wait is lowered to 2 s
-(the rule under test is the same as the default 5 s): the wait predicted from the work queued ahead over the drain rate
-crosses it after about 32 requests, so 429s start within the burst's first second (the oldest queued age, the signal
-before, only saw a burst seconds later), every 429's Retry-After is its prediction rounded up, the admitted free
-requests finish near the limit, and every paid request succeeds.
+(the rule under test is the same as the default 5 s): the wait predicted from the work queued ahead (at least the pod's
+unfinished requests less the 8 slots, before the batcher has read them) over the drain rate (half the promised 16/s
+until one is measured) crosses it after about 24 requests, so 429s start within the burst's first second (the oldest
+queued age, the signal before, only saw a burst seconds later), every 429's Retry-After is its prediction rounded up,
+the admitted free requests finish near the limit, and every paid request succeeds.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ async def test_a_free_tier_burst_is_shed_from_its_start_by_predicted_wait_and_pa
         assert response.headers["retry-after"] == str(min(60, math.ceil(predicted_ms / 1000)))
     for response, _ in admitted:
         assert int(response.headers[constants.HTTP_PREDICTED_WAIT_MS]) <= FREE_LIMIT_MS
-    # admitted: about 2 s of work (32 at 16/s) plus what drained while the burst arrived. Each waited near the limit
-    # (here 4 to 5 s: the burst's own arrival on a shared machine, a 500 ms batch, a pipeline below the nominal rate
-    # in the first second); admitting them all would have had the last wait 300 / 16 = 19 s.
+    # admitted: about 2 s of work (16 at 8/s, plus 8 slots) plus what drained while the burst arrived. Each waited near
+    # the limit (the burst's own arrival on a shared machine, a 500 ms batch, a pipeline below the nominal rate in the
+    # first second); admitting them all would have had the last wait 300 / 16 = 19 s.
     assert len(admitted) < FREE_BURST / 3
     assert max(t for _, t in admitted) < FREE_BURST / (SLOTS * 1000 / BATCH_TIME_MS) / 2

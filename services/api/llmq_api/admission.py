@@ -3,14 +3,20 @@ its model has no worker.
 
 Inputs: the batchers' saturation reports, per model (per ``PRIORITY_CLASSES`` entry: queue depth, oldest queued age,
 backlog drain rate; live workers, their slots and the requests/s their heartbeats promise, last worker heartbeat), the
-requests this pod admitted since those reports were sent (:class:`Admitted`), and this pod's in-flight count.
+requests this pod admitted since those reports were sent (:class:`Admitted`), every live pod's admitted requests that
+have not ended (:class:`Unfinished`, shared through Redis), and this pod's in-flight count.
 
 A new request of class c for model m waits behind every request of m queued in c and in the classes more important
-than c (other models' queues do not delay it and never shed it). Its predicted queue wait is that work divided by the
-rate m's workers drain it at: the backlog drain rate the batchers measured while such work waited, or, until one is
-measured, the capacity the workers' heartbeats promise (the pipeline, not the nominal rate, may be the limit, so the
-measured rate wins). Unlike the oldest queued age, the prediction sees a burst as soon as it is admitted. Class c of
-model m is shed (429) when
+than c (other models' queues do not delay it and never shed it). That work is the larger of two counts:
+- what the batchers reported queued, plus what this pod admitted since (reports also see Kafka-direct and batch work);
+- the requests of m in c and above that the API pods admitted and that have not ended, less the workers' slots (those
+  may be running): a lower bound that already holds while the requests are still in Kafka, unread by any batcher, and
+  that counts the other pods' admissions within a publish interval (a burst is admitted faster than reports come).
+Its predicted queue wait is that work divided by the rate m's workers drain it at: the backlog drain rate the batchers
+measured while such work waited (never above the capacity the heartbeats promise), or, until one is measured, half
+that capacity (the pipeline, not the nominal rate, may be the limit: on a 2-core machine two llmq-sim workers
+promising 256 requests/s delivered about 128; the measured rate replaces the bound within two batcher reports of a
+backlog, and the batchers keep it between backlogs). Class c of model m is shed (429) when
 
 - that predicted wait exceeds ``api_shed_wait_ms[c]``, unless the work ahead fits in the workers' next batch (fewer
   requests than their slots: an idle stack never refuses for a wait, whatever the threshold) or it is deferred work of
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmq_core import wire
@@ -40,6 +46,7 @@ from llmq_core.settings import Settings
 from llmq_api.errors import RATE_LIMIT_ERROR, SERVER_ERROR, ApiError
 
 MAX_RETRY_AFTER_S = 60
+UNMEASURED_SHARE = 0.5  # of the heartbeats' capacity: the drain rate assumed until a backlog's rate is measured
 RATE_LIMIT_CODE = "rate_limit_exceeded"
 MODEL_UNAVAILABLE_CODE = "model_unavailable"
 
@@ -72,8 +79,8 @@ class Saturation:
     """The fresh reports merged at ``as_of_ms``: queues per model; live workers per model (the most any batcher
     sees: they all hear the same heartbeats); the newest heartbeat of each model's workers; since when the batchers
     have been watching (the earliest start among them; None without a fresh report, when nothing is known); per model
-    the slots and requests/s of its workers (the most any batcher sees); and (model, class) -> requests this pod
-    admitted since the reports were sent."""
+    the slots and requests/s of its workers (the most any batcher sees); (model, class) -> requests this pod
+    admitted since the reports were sent; and (model, class) -> admitted requests of every live pod not ended yet."""
 
     queues: Mapping[str, Queues] = field(default_factory=dict)
     workers: Mapping[str, int] = field(default_factory=dict)
@@ -83,6 +90,7 @@ class Saturation:
     slots: Mapping[str, int] = field(default_factory=dict)
     capacity_per_s: Mapping[str, float] = field(default_factory=dict)
     admitted: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    unfinished: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def predict(self, model: str, priority_class: str) -> Prediction:
         """The wait of a new request of ``priority_class`` for ``model``: the work queued ahead of it (its class and
@@ -90,13 +98,24 @@ class Saturation:
         workers) the oldest queued age ahead is the only signal."""
         queues = self.queues.get(model, EMPTY)
         ahead = PRIORITY_CLASSES[:PRIORITY_CLASSES.index(priority_class) + 1]
-        queued = sum(queues.depth.get(c, 0) + self.admitted.get((model, c), 0) for c in ahead)
-        rate_per_s = queues.drain_per_s.get(priority_class) or self.capacity_per_s.get(model, 0.0)
+        reported = sum(queues.depth.get(c, 0) + self.admitted.get((model, c), 0) for c in ahead)
+        held = sum(self.unfinished.get((model, c), 0) for c in ahead) - self.slots.get(model, 0)
+        queued = max(reported, held)
+        rate_per_s = self.drain_rate_per_s(model, priority_class)
         if rate_per_s > 0:
             wait_ms = math.ceil(queued * 1000 / rate_per_s)
         else:
             wait_ms = max((queues.oldest_age_ms.get(c, 0) for c in ahead), default=0)
         return Prediction(queued, wait_ms, queued < self.slots.get(model, 0))
+
+    def drain_rate_per_s(self, model: str, priority_class: str) -> float:
+        """The measured backlog drain rate of ``priority_class`` and above, at most the heartbeats' capacity; until
+        one is measured, :data:`UNMEASURED_SHARE` of that capacity."""
+        measured = self.queues.get(model, EMPTY).drain_per_s.get(priority_class, 0.0)
+        capacity = self.capacity_per_s.get(model, 0.0)
+        if measured and capacity:
+            return min(measured, capacity)
+        return measured or capacity * UNMEASURED_SHARE
 
     def worker_gone_ms(self, model: str) -> int | None:
         """How long ``model`` has been without a live worker (ms); None while it has one or nothing is known."""
@@ -132,12 +151,53 @@ class Admitted:
         return dict(counts)
 
 
+class Unfinished:
+    """This pod's admitted requests that have not ended, per (model, priority class)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def start(self, model: str, priority_class: str) -> Callable[[], None]:
+        """Count a request from now; returns what ends it (once, however often it is called)."""
+        key = (model, priority_class)
+        self.counts[key] += 1
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.counts[key] -= 1
+                if not self.counts[key]:
+                    del self.counts[key]
+        return end
+
+    def report(self, instance_id: str, now_ms: int) -> wire.PodUnfinished:
+        models: dict[str, dict[str, int]] = {}
+        for (model, priority_class), count in self.counts.items():
+            models.setdefault(model, {})[priority_class] = count
+        return wire.PodUnfinished(instance_id=instance_id, sent_ms=now_ms, models=models)
+
+
+def all_unfinished(own: Mapping[tuple[str, str], int], others: Iterable[wire.PodUnfinished], now_ms: int,
+                   stale_ms: int) -> dict[tuple[str, str], int]:
+    """(model, class) -> unfinished requests of this pod (``own``, exact) and of the other pods whose report was sent
+    within ``stale_ms`` of ``now_ms`` (a pod that stopped reporting is gone; the batchers cancel its work)."""
+    total = Counter(own)
+    for report in others:
+        if now_ms - report.sent_ms <= stale_ms:
+            total.update({(model, c): n for model, by_class in report.models.items() for c, n in by_class.items()})
+    return dict(total)
+
+
 def merge_reports(reports: Iterable[wire.BatcherSaturation], now_ms: int, stale_ms: int,
-                  heard_ms: Mapping[str, int] | None = None, admitted: Admitted | None = None) -> Saturation:
+                  heard_ms: Mapping[str, int] | None = None, admitted: Admitted | None = None,
+                  unfinished: Mapping[tuple[str, str], int] | None = None) -> Saturation:
     """Merge the reports sent within ``stale_ms`` of ``now_ms``; a queue's oldest request has aged since its report.
     ``heard_ms``: model -> the last worker heartbeat this pod heard itself, which knows of a new worker up to a report
     interval sooner than the batchers' reports do. ``admitted``: this pod's admissions; those after the oldest fresh
-    report count as queued (without a fresh report, those within ``stale_ms``)."""
+    report count as queued (without a fresh report, those within ``stale_ms``). ``unfinished``: every live pod's
+    admitted requests not ended yet (:func:`all_unfinished`)."""
     depth: dict[str, dict[str, int]] = {}
     oldest: dict[str, dict[str, int]] = {}
     drain: dict[str, dict[str, float]] = {}
@@ -162,7 +222,7 @@ def merge_reports(reports: Iterable[wire.BatcherSaturation], now_ms: int, stale_
                         drain.setdefault(model, {}))
     local = admitted.since(min(sent, default=now_ms - stale_ms)) if admitted is not None else {}
     return Saturation({m: Queues(depth[m], oldest[m], drain[m]) for m in depth}, workers, seen,
-                      min(starts, default=None), now_ms, slots, capacity, local)
+                      min(starts, default=None), now_ms, slots, capacity, local, dict(unfinished or {}))
 
 
 def _add_queues(classes: Mapping[str, wire.QueueLoad], since_ms: int, depth: dict[str, int],

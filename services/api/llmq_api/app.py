@@ -166,27 +166,28 @@ async def _admit(pod: Pod, principal: Principal, traffic_class: str,
                  valid: validation.ValidRequest) -> tuple[Charge, dict[str, str]]:
     """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses (a
     400 for a token estimate no bucket refill could ever cover). The admission counts as queued work at once (before
-    the rate limiter's await lets a burst's other requests check) and is taken back if the rate limiter refuses.
-    Returns the charge the request settles when it ends and the predicted-wait response header."""
+    the rate limiter's await lets a burst's other requests check) and is taken back if the rate limiter refuses; it
+    counts as unfinished until its charge is settled or cancelled. Returns the charge the request settles when it ends
+    and the predicted-wait response header."""
     priority_class = constants.priority_class(traffic_class, principal.tier)
     estimate = token_cost(valid, pod.catalog.context_windows().get(valid.model, 0))
     check_fits(estimate, principal.tokens_per_min, valid)
     saturation = pod.saturation.current
     rejection = pod.shed.check(priority_class, valid.model, saturation, len(pod.registry))
     if rejection is None:
-        pod.saturation.admit(valid.model, priority_class)
+        end = pod.saturation.admit(valid.model, priority_class)
         try:
             rejection = await pod.limiter.acquire(principal, estimate)
         except BaseException:  # e.g. 503 store_unavailable
-            pod.saturation.admit(valid.model, priority_class, -1)
+            end(True)
             raise
         if rejection is not None:
-            pod.saturation.admit(valid.model, priority_class, -1)
+            end(True)
     if rejection is not None:
         pod.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()
         raise rejection.error
     predicted = {constants.HTTP_PREDICTED_WAIT_MS: str(saturation.predict(valid.model, priority_class).wait_ms)}
-    return Charge(pod.limiter, principal, estimate), predicted
+    return Charge(pod.limiter, principal, estimate, on_end=end), predicted
 
 
 async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,

@@ -239,7 +239,7 @@ class Pod:
         self.redis = redis or Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
                                              health_check_interval=10)
         self.saturation = SaturationMonitor(self.redis, clock, settings.api_saturation_stale_ms, key=saturation_key,
-                                            heard_ms=self.catalog.heard_ms)
+                                            heard_ms=self.catalog.heard_ms, instance_id=instance_id)
         self.limiter = RateLimiter(self.redis, clock)
         self.idempotency = IdempotencyStore(self.redis, clock, settings.result_ttl_s * 1000)
         self.followers: set[asyncio.Task] = set()  # retries polling for the result of the request they joined

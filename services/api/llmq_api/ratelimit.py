@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -233,11 +233,14 @@ class Charge:
     """One admitted request's charge of ``estimate`` tokens, settled once when it ends: what it did not use (by its
     result's usage; never more than the estimate is kept) goes back to the bucket."""
 
-    def __init__(self, limiter: RateLimiter, principal: Principal, estimate: int) -> None:
+    def __init__(self, limiter: RateLimiter, principal: Principal, estimate: int,
+                 on_end: Callable[[], None] | None = None) -> None:
+        """``on_end``: called once when the charge is settled or cancelled (the request has ended or never queued)."""
         self._limiter = limiter
         self._principal = principal
         self.estimate = estimate
         self.settled = False
+        self._on_end = on_end
 
     def settle(self, resolution: Resolution) -> None:
         """Settle by the request's resolution (see :func:`used_tokens`)."""
@@ -252,6 +255,8 @@ class Charge:
         if self.settled:
             return
         self.settled = True
+        if self._on_end is not None:
+            self._on_end()
         unused = self.estimate - min(max(used, 0), self.estimate)
         limited = self._principal.requests_per_min or self._principal.tokens_per_min
         if limited and (unused or requests):  # an unlimited tenant's requests cost the hot path no task

@@ -1,4 +1,5 @@
-"""Reads the batchers' saturation reports (Redis hash ``llmq:saturation``) for admission control."""
+"""Admission control's Redis edge: reads the batchers' saturation reports (hash ``llmq:saturation``), and shares
+this pod's admitted, unfinished requests with the other pods (hash ``llmq:unfinished``)."""
 
 from __future__ import annotations
 
@@ -11,41 +12,57 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, wire
 from llmq_core.clock import Clock
-from llmq_api.admission import Admitted, Saturation, merge_reports
+from llmq_api.admission import Admitted, Saturation, Unfinished, all_unfinished, merge_reports
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 500
+POLL_MS = 100  # also how often this pod's unfinished requests reach the other pods: a burst's lag between pods
 READ_TIMEOUT_S = 1.0
 FORGET_AFTER_MS = 600_000  # reports this old come from batchers that are gone: delete them
 
 
 class SaturationMonitor:
-    """Polls the reports every ``poll_ms``; :attr:`current` merges those fresher than ``stale_ms``.
+    """Every ``poll_ms``: publishes this pod's unfinished requests and reads the reports of the batchers and of the
+    other pods; :attr:`current` merges those fresher than ``stale_ms``.
 
     When Redis or the batchers go quiet the reports age out and admission falls back to the pod's own in-flight cap.
-    :attr:`admitted` counts this pod's admissions until the reports include them.
+    :attr:`admitted` counts this pod's admissions until the reports include them, :attr:`unfinished` until they end.
     """
 
     def __init__(self, redis: Redis, clock: Clock, stale_ms: int, *, key: str = constants.REDIS_SATURATION_KEY,
-                 poll_ms: int = POLL_MS, heard_ms: Callable[[], Mapping[str, int]] = dict) -> None:
+                 poll_ms: int = POLL_MS, heard_ms: Callable[[], Mapping[str, int]] = dict, instance_id: str = "",
+                 unfinished_key: str = constants.REDIS_UNFINISHED_KEY) -> None:
         """``heard_ms``: model -> the last worker heartbeat this pod heard itself (epoch ms)."""
         self._redis = redis
         self._heard_ms = heard_ms
         self._clock = clock
         self._stale_ms = stale_ms
         self._key = key
+        self._unfinished_key = unfinished_key
+        self._instance_id = instance_id
         self._poll_s = poll_ms / 1000
         self.reports: list[wire.BatcherSaturation] = []
+        self.others: list[wire.PodUnfinished] = []
         self.admitted = Admitted()
+        self.unfinished = Unfinished()
 
     @property
     def current(self) -> Saturation:
-        return merge_reports(self.reports, self._clock.now_ms(), self._stale_ms, self._heard_ms(), self.admitted)
+        now_ms = self._clock.now_ms()
+        unfinished = all_unfinished(self.unfinished.counts, self.others, now_ms, self._stale_ms)
+        return merge_reports(self.reports, now_ms, self._stale_ms, self._heard_ms(), self.admitted, unfinished)
 
-    def admit(self, model: str, priority_class: str, count: int = 1) -> None:
-        """Count an admission now (``count=-1`` takes it back)."""
-        self.admitted.add(model, priority_class, self._clock.now_ms(), count)
+    def admit(self, model: str, priority_class: str) -> Callable[[bool], None]:
+        """Count an admission now; returns what ends it: ``end(refused)``, where ``refused`` takes the admission back
+        (a later check refused it: it never queued)."""
+        self.admitted.add(model, priority_class, self._clock.now_ms())
+        end_unfinished = self.unfinished.start(model, priority_class)
+
+        def end(refused: bool = False) -> None:
+            if refused:
+                self.admitted.add(model, priority_class, self._clock.now_ms(), -1)
+            end_unfinished()
+        return end
 
     async def run(self) -> None:
         while True:
@@ -56,8 +73,17 @@ class SaturationMonitor:
             await asyncio.sleep(self._poll_s)
 
     async def refresh(self) -> None:
-        """Read every report once; delete the ones left by batchers that stopped long ago."""
-        fields = await self._redis.hgetall(self._key)
+        """Publish this pod's unfinished requests, then read every report once (the other pods' too)."""
+        if self._instance_id:
+            own = self.unfinished.report(self._instance_id, self._clock.now_ms())
+            await self._redis.hset(self._unfinished_key, self._instance_id, wire.encode(own))
+        self.reports = await self._read(self._key, wire.BatcherSaturation)
+        others = await self._read(self._unfinished_key, wire.PodUnfinished)
+        self.others = [report for report in others if report.instance_id != self._instance_id]
+
+    async def _read(self, key: str, kind: type) -> list:
+        """The reports of ``kind`` in hash ``key``; deletes garbage and those sent long ago (by processes gone)."""
+        fields = await self._redis.hgetall(key)
         reports, gone = [], []
         now_ms = self._clock.now_ms()
         for field, data in fields.items():
@@ -65,10 +91,10 @@ class SaturationMonitor:
                 report = wire.decode(data)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 report = None
-            if not isinstance(report, wire.BatcherSaturation) or now_ms - report.sent_ms > FORGET_AFTER_MS:
+            if not isinstance(report, kind) or now_ms - report.sent_ms > FORGET_AFTER_MS:
                 gone.append(field)
             else:
                 reports.append(report)
-        self.reports = reports
         if gone:
-            await self._redis.hdel(self._key, *gone)
+            await self._redis.hdel(key, *gone)
+        return reports

@@ -71,6 +71,12 @@ class FakeRedis:
     async def hgetall(self, key: str) -> dict[bytes, bytes]:
         return dict(self.hashes.get(key, {}))
 
+    async def hset(self, key: str, field: str, value: bytes) -> int:
+        fields = self.hashes.setdefault(key, {})
+        new = field.encode() not in fields
+        fields[field.encode()] = value
+        return int(new)
+
     async def hdel(self, key: str, *fields: bytes) -> int:
         return sum(self.hashes.get(key, {}).pop(f, None) is not None for f in fields)
 

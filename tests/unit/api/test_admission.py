@@ -9,7 +9,8 @@ from llmq_core import wire
 from llmq_core.constants import PRIORITY_CLASSES
 from llmq_core.settings import Settings
 from llmq_core.clock import FakeClock
-from llmq_api.admission import IDLE, Admitted, Prediction, Queues, Saturation, ShedPolicy, merge_reports, retry_after_s
+from llmq_api.admission import (IDLE, Admitted, Prediction, Queues, Saturation, ShedPolicy, Unfinished, all_unfinished,
+                                merge_reports, retry_after_s)
 
 PAID, FREE, NEAR, DEFERRED = PRIORITY_CLASSES
 SIM, TINY = "llmq-sim", "llmq-tiny"
@@ -51,7 +52,7 @@ def test_reports_merge_fresh_ones_per_model_and_age_them():
                                         {PAID: 50.0, DEFERRED: 0.0})
     assert (merged.slots[SIM], merged.capacity_per_s[SIM]) == (16, 200.0)
     assert merged.predict(SIM, PAID) == Prediction(5, 100, True)  # 5 at the measured 50/s
-    assert merged.predict(SIM, DEFERRED) == Prediction(15, 75, True)  # no measured rate: 15 at the promised 200/s
+    assert merged.predict(SIM, DEFERRED) == Prediction(15, 150, True)  # no measured rate: at half the promised 200/s
     assert merged.predict(TINY, DEFERRED) == Prediction(4, 1550, False)  # no worker, no rate: the oldest age
     assert merged.predict(TINY, FREE) == Prediction(0, 0, False)
     assert merged.predict("never-reported", DEFERRED) == IDLE.predict(SIM, DEFERRED) == Prediction(0, 0, False)
@@ -173,22 +174,32 @@ def test_a_worker_heartbeat_the_pod_heard_itself_counts_before_the_batchers_repo
     assert POLICY.check(PAID, TINY, long_ago, 0).reason == "model_unavailable"
 
 
-# Prediction: (reported depth per class, backlog drain rate per class, capacity, slots, admitted here) -> (queued, ms)
+# Prediction: (reported depth per class, backlog drain rate per class, capacity, slots, admitted here, unfinished in
+# all pods) -> (queued, ms)
 PREDICTIONS = [
-    pytest.param({FREE: 300}, {}, 256.0, 128, {}, FREE, (300, 1172), id="capacity-until-a-rate-is-measured"),
-    pytest.param({FREE: 300}, {FREE: 60.0}, 256.0, 128, {}, FREE, (300, 5000), id="measured-rate-wins"),
-    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, PAID, (100, 2000),
+    pytest.param({FREE: 300}, {}, 256.0, 128, {}, {}, FREE, (300, 2344), id="half-the-capacity-until-measured"),
+    pytest.param({FREE: 300}, {FREE: 60.0}, 256.0, 128, {}, {}, FREE, (300, 5000), id="measured-rate-wins"),
+    pytest.param({FREE: 300}, {FREE: 300.0}, 256.0, 128, {}, {}, FREE, (300, 1172),
+                 id="measured-rate-never-above-capacity"),
+    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, {}, PAID, (100, 2000),
                  id="lower-classes-do-not-delay-paid"),
-    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, FREE, (300, 6000),
+    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, {}, FREE, (300, 6000),
                  id="free-waits-behind-paid"),
-    pytest.param({FREE: 100}, {FREE: 50.0}, 256.0, 128, {(SIM, FREE): 150, (TINY, FREE): 99, (SIM, NEAR): 7}, FREE,
-                 (250, 5000), id="this-pods-admissions-since-the-report-count"),
+    pytest.param({FREE: 100}, {FREE: 50.0}, 256.0, 128, {(SIM, FREE): 150, (TINY, FREE): 99, (SIM, NEAR): 7}, {},
+                 FREE, (250, 5000), id="this-pods-admissions-since-the-report-count"),
+    # Still in Kafka or admitted by another pod: the batcher reported 10, the pods hold 378 (128 may be running).
+    pytest.param({FREE: 10}, {FREE: 50.0}, 256.0, 128, {}, {(SIM, FREE): 300, (SIM, PAID): 78, (TINY, FREE): 999},
+                 FREE, (250, 5000), id="unfinished-in-all-pods-less-the-slots-bound-it-from-below"),
+    pytest.param({PAID: 10}, {PAID: 50.0}, 256.0, 128, {}, {(SIM, FREE): 300, (SIM, PAID): 78}, PAID, (10, 200),
+                 id="unfinished-lower-classes-do-not-delay-paid"),
 ]
 
 
-@pytest.mark.parametrize("depth,drain,capacity,slots,admitted,cls,expected", PREDICTIONS)
-def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(depth, drain, capacity, slots, admitted, cls, expected):
-    sat = Saturation({SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: slots}, {SIM: capacity}, admitted)
+@pytest.mark.parametrize("depth,drain,capacity,slots,admitted,unfinished,cls,expected", PREDICTIONS)
+def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(depth, drain, capacity, slots, admitted, unfinished,
+                                                             cls, expected):
+    sat = Saturation({SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: slots}, {SIM: capacity}, admitted,
+                     unfinished)
     predicted = sat.predict(SIM, cls)
     assert (predicted.queued, predicted.wait_ms) == expected
     assert predicted.next_batch == (expected[0] < slots)
@@ -214,7 +225,7 @@ def test_retry_after_on_a_stuck_queue_is_the_prediction_not_a_growing_age():
                            {SIM: 8}, {SIM: 16.0})
         assert POLICY.check(FREE, SIM, stuck, 0).error.headers == {"retry-after": "60"}
     slow = Saturation({SIM: Queues({FREE: 300}, {FREE: 36_000}, {FREE: 40.0})}, {SIM: 1}, {}, 0, NOW, {SIM: 8},
-                      {SIM: 16.0})
+                      {SIM: 64.0})
     assert POLICY.check(FREE, SIM, slow, 0).error.headers == {"retry-after": "8"}  # 7.5 s rounded up, age aside
 
 
@@ -272,3 +283,62 @@ def test_admitted_counts_expire_once_a_report_covers_them():
     assert admitted.since(0) == {(SIM, FREE): 2, (TINY, PAID): 1}
     assert admitted.since(20) == {(TINY, PAID): 1}  # the one at 30 and the one taken back at 35 cancel out
     assert admitted.since(35) == {}
+
+
+def test_unfinished_counts_end_once_and_merge_with_the_fresh_reports_of_other_pods():
+    unfinished = Unfinished()
+    ends = [unfinished.start(SIM, FREE) for _ in range(3)] + [unfinished.start(TINY, PAID)]
+    ends[0]()
+    ends[0]()  # ending twice ends once
+    ends[3]()
+    assert unfinished.report("pod-a", NOW) == wire.PodUnfinished(instance_id="pod-a", sent_ms=NOW,
+                                                                 models={SIM: {FREE: 2}})
+    others = [wire.PodUnfinished(instance_id="pod-b", sent_ms=NOW - 5000, models={SIM: {FREE: 7, PAID: 1}}),
+              wire.PodUnfinished(instance_id="pod-gone", sent_ms=NOW - 5001, models={SIM: {FREE: 1000}})]
+    assert all_unfinished(unfinished.counts, others, NOW, stale_ms=5000) == {(SIM, FREE): 9, (SIM, PAID): 1}
+
+
+PODS, PUBLISH_MS, SLOTS, CAPACITY_PER_S = 2, 100, 128, 256.0  # two llmq-sim workers x 64 per 500 ms
+
+
+def two_pod_burst(arrivals_per_pod: int, kafka_lag_report_ms: int, share: bool) -> list[tuple[int, Prediction]]:
+    """Two pods take a burst of free requests, one arrival per pod per ms, faster than any report: the batcher's last
+    report (idle, no rate measured yet) is followed at ``kafka_lag_report_ms`` by one that has read only 50 of what
+    was admitted (the rest is still in Kafka). Each pod counts its own unfinished requests at once and publishes them
+    every PUBLISH_MS (``share``), reading the other's then. Returns (arrival ms, prediction) of each admission."""
+    clock = FakeClock(NOW)
+    pods = [(Admitted(), Unfinished()) for _ in range(PODS)]
+    published: dict[int, wire.PodUnfinished] = {}
+    reports = [report("b", NOW, llmq_sim=wire.ModelLoad(workers=2, slots=SLOTS, worker_seen_ms=NOW,
+                                                        capacity_per_s=CAPACITY_PER_S))]
+    admissions = []
+    for t in range(arrivals_per_pod):
+        clock.advance(1)
+        if share and t % PUBLISH_MS == 0:
+            published = {i: unfinished.report(f"pod-{i}", clock.now_ms()) for i, (_, unfinished) in enumerate(pods)}
+        if t == kafka_lag_report_ms:
+            reports = [report("b", clock.now_ms(), llmq_sim=wire.ModelLoad(
+                classes={FREE: wire.QueueLoad(depth=50)}, workers=2, slots=SLOTS, worker_seen_ms=NOW,
+                capacity_per_s=CAPACITY_PER_S))]
+        for i, (admitted, unfinished) in enumerate(pods):
+            others = [p for j, p in published.items() if j != i]
+            sat = merge_reports(reports, clock.now_ms(), 5000, admitted=admitted,
+                                unfinished=all_unfinished(unfinished.counts, others, clock.now_ms(), 5000))
+            if POLICY.check(FREE, SIM, sat, 0) is None:
+                admitted.add(SIM, FREE, clock.now_ms())
+                unfinished.start(SIM, FREE)
+                admissions.append((t, sat.predict(SIM, FREE)))
+    return admissions
+
+
+def test_a_burst_on_two_pods_faster_than_reports_admits_only_what_drains_within_the_limit():
+    admissions = two_pod_burst(arrivals_per_pod=1500, kafka_lag_report_ms=300, share=True)
+    assert all(predicted.wait_ms <= BURST_LIMIT_MS for _, predicted in admissions)
+    # Work the pipeline drains within the limit at the assumed rate (half the capacity: none measured yet), plus what
+    # the slots run at once; the other pod's admissions reach a pod within a publish interval (at most 100 here).
+    fits = int(BURST_LIMIT_MS * CAPACITY_PER_S / 2 / 1000) + SLOTS
+    assert fits <= len(admissions) <= fits + PUBLISH_MS
+    # The 429s start as soon as the pods see that much work: within the burst's first 1,000 ms (2,000 arrivals).
+    assert max(t for t, _ in admissions) < 1000
+    # Without the other pod's counts each pod lets in a whole limit's worth: twice as much.
+    assert len(two_pod_burst(arrivals_per_pod=1500, kafka_lag_report_ms=300, share=False)) > 2 * fits - PUBLISH_MS

@@ -156,7 +156,7 @@ async def test_unexpected_error_is_a_clean_500(setup):
 async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queued_until_reported(setup):
     client, pod, _, _ = setup
     load = wire.ModelLoad(classes={"interactive:paid": wire.QueueLoad(depth=30, backlog_drained_per_s=20.0)},
-                          workers=1, slots=8, worker_seen_ms=pod.clock.now_ms(), capacity_per_s=16.0)
+                          workers=1, slots=8, worker_seen_ms=pod.clock.now_ms(), capacity_per_s=32.0)
     pod.saturation.reports = [wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms() - 1,
                                                      models={"llmq-sim": load})]
     response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},

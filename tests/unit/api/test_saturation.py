@@ -32,10 +32,30 @@ async def test_monitor_counts_the_pods_admissions_until_a_report_sent_after_them
     monitor = SaturationMonitor(redis, clock, stale_ms=5000, key="sat")
     await monitor.refresh()
     clock.advance(100)
-    for _ in range(3):
-        monitor.admit("llmq-sim", "interactive:paid")
-    monitor.admit("llmq-sim", "interactive:paid", -1)  # taken back: the rate limiter refused it
+    ends = [monitor.admit("llmq-sim", "interactive:paid") for _ in range(3)]
+    ends[2](True)  # taken back: the rate limiter refused it
     assert monitor.current.predict("llmq-sim", "interactive:paid").queued == 2
     redis.hashes["sat"] = {b"b1": report("b1", clock.now_ms(), 2, 50)}  # the batcher has them now
     await monitor.refresh()
     assert monitor.current.predict("llmq-sim", "interactive:paid").queued == 2
+
+
+async def test_monitor_shares_its_unfinished_requests_with_the_other_pods_until_they_end():
+    redis, clock = FakeRedis(), FakeClock(10_000_000)
+    pods = [SaturationMonitor(redis, clock, stale_ms=5000, key="sat", instance_id=name, unfinished_key="unf")
+            for name in ("pod-a", "pod-b")]
+    redis.hashes["unf"] = {b"gone": wire.encode(wire.PodUnfinished(instance_id="gone", sent_ms=1)), b"junk": b"x"}
+    ends = [pods[0].admit("llmq-sim", "interactive:free") for _ in range(5)]
+    pods[1].admit("llmq-sim", "interactive:paid")
+    for pod in pods:
+        await pod.refresh()
+    assert set(redis.hashes["unf"]) == {b"pod-a", b"pod-b"}  # the long-gone pod's and the garbage are deleted
+    assert pods[1].current.unfinished == {("llmq-sim", "interactive:free"): 5, ("llmq-sim", "interactive:paid"): 1}
+    for end in ends[:3]:
+        end()
+    await pods[0].refresh()
+    await pods[1].refresh()
+    assert pods[1].current.unfinished[("llmq-sim", "interactive:free")] == 2
+    clock.advance(5001)  # pod-a stopped publishing: gone
+    await pods[1].refresh()
+    assert pods[1].current.unfinished == {("llmq-sim", "interactive:paid"): 1}

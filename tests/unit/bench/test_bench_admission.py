@@ -19,3 +19,14 @@ def test_summary_of_a_run_without_refusals_or_admissions_has_no_figures_instead_
     figures = summary([Outcome(200, 10.0, 0)])
     assert figures["first_429_ms"] is None and figures["retry_after_s"] == {"min": None, "max": None}
     assert summary([Outcome(429, 5.0, None, 1)])["admitted_latency_ms"] == {"p50": None, "p99": None, "max": None}
+
+
+def test_a_streams_wait_after_its_headers_is_compared_with_its_prediction_free_of_the_clients_send_time():
+    # Streams get their headers at admission: 8 s after launch (the client was still sending the burst), 3 s of wait.
+    outcomes = [Outcome(200, 11_000.0, 2500, None, True, 8000.0), Outcome(200, 4000.0, 2000, None, True, 1000.0),
+                Outcome(200, 9000.0, 1000), Outcome(429, 500.0, None, 3), Outcome(429, 7000.0, None, 6)]
+    figures = summary(outcomes)
+    assert figures["streamed_after_admission"] == {
+        "count": 2, "prediction_abs_error_ms": {"p50": 1000, "p95": 1000}, "prediction_signed_error_p50_ms": 750,
+        "latency_ms": {"p50": 3000, "p99": 3000}}
+    assert figures["answered_429_ms"] == {"p50": 7000, "max": 7000}
