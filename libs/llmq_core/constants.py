@@ -71,6 +71,7 @@ REDIS_IDEMPOTENCY_PREFIX: Final = "llmq:idempotency:"
 # Not under REDIS_RESULT_PREFIX: request ids of Kafka-direct producers are free text and could name these keys.
 REDIS_RESULT_INDEX_PREFIX: Final = "llmq:result-index:"
 REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
+REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
 
 
 def replies_channel(instance_id: str) -> str:
@@ -97,6 +98,11 @@ def result_bytes_key(tenant_id: str) -> str:
 def delivered_key(request_id: str) -> str:
     """Redis key set once a result was delivered to a Kafka reply topic: suppresses duplicate deliveries."""
     return f"{REDIS_DELIVERED_PREFIX}{request_id}"
+
+
+def streamed_key(request_id: str) -> str:
+    """Redis key of a streaming request whose text reached its caller (a ``wire.StreamMark``, until its deadline)."""
+    return f"{REDIS_STREAMED_PREFIX}{request_id}"
 
 
 def pod_key(instance_id: str) -> str:

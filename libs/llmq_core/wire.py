@@ -185,13 +185,17 @@ class Choice(_Struct, kw_only=True):
 
 
 class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
-    """New text of one choice of a streaming request; ``seq`` counts chunks of the request from 0."""
+    """New text of one choice of a streaming request; ``seq`` counts chunks of the request's ``attempt`` from 0.
+
+    ``attempt`` is the GenerationRequest's: an API pod streams the chunks of one attempt only, so a client never
+    receives text from two generations."""
 
     request_id: str
     index: int = 0
     text: str
     seq: int
     sent_ms: int
+    attempt: int = 0
 
 
 class FinalResult(_Message, kw_only=True, tag="final_result"):
@@ -212,6 +216,17 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     finished_ms: int = 0
     batch_size: int = 0
     traffic_class: TrafficClass | None = None  # the request's class (None from producers that predate it): metrics
+
+
+class StreamMark(_Message, kw_only=True, tag="stream_mark"):
+    """A streaming request's text reached its caller: SET by the worker at ``constants.streamed_key`` with each chunk
+    (before the chunk is published) and once more, ``done``, after its result was produced. A worker that takes a
+    request with a mark not ``done`` (its attempt was lost mid-stream) answers it ``stream_interrupted`` instead of
+    running it again; ``completion_tokens``: what the caller received (counted by ``llmq_core.tokenizer``)."""
+
+    attempt: int
+    completion_tokens: int = 0
+    done: bool = False
 
 
 # --- heartbeats --------------------------------------------------------------------------------------------------------
@@ -282,7 +297,7 @@ class BatcherSaturation(_Message, kw_only=True, tag="batcher_saturation"):
 
 
 Message = (GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat
-           | BatcherSaturation)
+           | BatcherSaturation | StreamMark)
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
