@@ -133,6 +133,9 @@ HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
 HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
 
+# --- error codes more than one service writes ---
+STREAM_INTERRUPTED: Final = "stream_interrupted"  # a stream's generation was lost after text of it reached the caller
+
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows
 

@@ -15,7 +15,13 @@ import msgspec
 
 from llmq_core import wire
 from llmq_core.clock import Clock
-from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES, TOPIC_RESULTS, replies_channel
+from llmq_core.constants import (
+    KAFKA_MAX_MESSAGE_BYTES,
+    RECORD_HEADROOM_BYTES,
+    STREAM_INTERRUPTED,
+    TOPIC_RESULTS,
+    replies_channel,
+)
 from llmq_core.telemetry import request_fields
 from llmq_core.tokenizer import count_tokens
 from llmq_core.wire import (
@@ -44,7 +50,6 @@ REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finis
 MAX_RESULT_RECORD_BYTES = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES  # an encoded FinalResult, at most
 CODE_RESULT_TOO_LARGE = "result_too_large"
 CODE_RESULT_REFUSED = "result_refused"
-CODE_STREAM_INTERRUPTED = "stream_interrupted"
 STREAM_MARK_GRACE_MS = 30_000  # a stream mark outlives its request's deadline by this much (clock skew between hosts)
 
 
@@ -285,7 +290,7 @@ class WorkerCore:
         send text of a second generation. Usage counts the tokens the caller received."""
         active.sent_tokens = completion_tokens
         prompt_tokens = active.request.prompt_tokens
-        error = ErrorInfo(type="server_error", code=CODE_STREAM_INTERRUPTED, retryable=True,
+        error = ErrorInfo(type="server_error", code=STREAM_INTERRUPTED, retryable=True,
                           message=f"The stream was interrupted after {completion_tokens} tokens: the worker generating "
                                   "it was lost, and continuing would mix two generations. Retry the request.")
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,

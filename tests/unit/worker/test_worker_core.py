@@ -6,9 +6,9 @@ import msgspec
 from worker_fakes import T0_MS, make_request
 
 from llmq_core.clock import FakeClock
-from llmq_core.constants import replies_channel
+from llmq_core.constants import STREAM_INTERRUPTED, replies_channel
 from llmq_core.wire import Batch, Choice, FinalResult, KafkaReply, Outcome, StreamMark, TokenChunk, Usage
-from llmq_worker.core import CODE_STREAM_INTERRUPTED, STREAM_MARK_GRACE_MS, WorkerCore
+from llmq_worker.core import STREAM_MARK_GRACE_MS, WorkerCore
 from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest
 
 POD = replies_channel("pod-1")
@@ -229,7 +229,7 @@ def test_a_stream_whose_text_was_sent_is_not_rerun_after_a_shared_failure():
     out = core.on_events([engine.final(r, Outcome.ERRORED, "", shared_failure=True) for r in submitted.values()])
     interrupted = results_of(out)["a"]
     assert (interrupted.outcome, interrupted.error.code, interrupted.error.retryable) == (
-        Outcome.ERRORED, CODE_STREAM_INTERRUPTED, True)
+        Outcome.ERRORED, STREAM_INTERRUPTED, True)
     assert (interrupted.usage.completion_tokens, interrupted.choices) == (3, [])
     assert out.marks[-1][1] == StreamMark(attempt=0, completion_tokens=3, done=True)
     assert list(engine.submitted) == ["quiet"]  # nothing of it was sent: re-run alone, as before
@@ -241,7 +241,7 @@ def test_a_request_marked_mid_stream_is_answered_interrupted_and_not_run_again()
     out = core.take_batch(batch(streamed, make_request("fresh"), make_request("n", stream=False)), offset=9,
                           marks={"s": StreamMark(attempt=0, completion_tokens=7)})
     result = results_of(out)["s"]
-    assert (result.outcome, result.error.code, result.error.type) == (Outcome.ERRORED, CODE_STREAM_INTERRUPTED,
+    assert (result.outcome, result.error.code, result.error.type) == (Outcome.ERRORED, STREAM_INTERRUPTED,
                                                                       "server_error")
     assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (4, 7, 11)
     assert [(ch, m) for ch, m in out.replies] == [(POD, result)]
