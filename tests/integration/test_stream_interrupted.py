@@ -53,14 +53,14 @@ def stack(infra):
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
 
 
-async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack,
-                              request_id: str) -> tuple[str, dict, float]:
-    """Stream a completion, SIGKILL the worker once KILL_AFTER_CHARS arrived, start it again; returns the text the
-    client got, the stream's last JSON event (the error event) and when the kill was sent (time.monotonic())."""
+async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> tuple[str, str, dict, float]:
+    """Stream a completion, SIGKILL the worker once KILL_AFTER_CHARS arrived, start it again; returns the request id,
+    the text the client got, the stream's last JSON event (the error event) and when the kill was sent (monotonic)."""
     body = {"model": "llmq-sim", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}
     text, events, killed = "", [], 0.0
-    async with client.stream("POST", "/v1/completions", json=body, headers={"x-request-id": request_id}) as response:
+    async with client.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -74,7 +74,7 @@ async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack,
                 await stack.heal()  # the same worker comes back and reads its uncommitted batches again
     assert killed, f"the stream ended before {KILL_AFTER_CHARS} characters: {text!r}"
     assert events[-1] == "[DONE]", events[-3:]
-    return text, json.loads(events[-2]), killed
+    return request_id, text, json.loads(events[-2]), killed
 
 
 async def stored(client: httpx.AsyncClient, request_id: str) -> dict:
@@ -87,13 +87,12 @@ async def stored(client: httpx.AsyncClient, request_id: str) -> dict:
 
 
 async def test_a_stream_whose_worker_dies_ends_interrupted_and_a_plain_request_runs_again(stack):
-    stream_id, plain_id = f"stream-{uuid.uuid4().hex[:8]}", f"plain-{uuid.uuid4().hex[:8]}"
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}", headers=DEV, timeout=60) as client:
-        plain = asyncio.create_task(client.post("/v1/completions", headers={"x-request-id": plain_id},
-                                                json={"model": "llmq-sim", "prompt": PROMPT, "max_tokens": MAX_TOKENS}))
+        body = {"model": "llmq-sim", "prompt": PROMPT, "max_tokens": MAX_TOKENS}
+        plain = asyncio.create_task(client.post("/v1/completions", json=body))
         plain_done: list[float] = []
         plain.add_done_callback(lambda _: plain_done.append(time.monotonic()))
-        text, last, killed_s = await stream_until_killed(client, stack, stream_id)
+        stream_id, text, last, killed_s = await stream_until_killed(client, stack)
         assert KILL_AFTER_CHARS <= len(text) < MAX_TOKENS and GENERATION.startswith(text), text
         assert last["error"]["code"] == "stream_interrupted" and last["error"]["type"] == "server_error"
 
@@ -105,4 +104,4 @@ async def test_a_stream_whose_worker_dies_ends_interrupted_and_a_plain_request_r
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["text"] == GENERATION
         assert plain_done[0] - killed_s >= BATCH_TIME_MS / 1000  # a whole batch after the kill: it ran again
-        assert (await stored(client, plain_id))["status"] == "succeeded"
+        assert (await stored(client, response.headers["x-request-id"]))["status"] == "succeeded"
