@@ -73,6 +73,7 @@ REDIS_IDEMPOTENCY_PREFIX: Final = "llmq:idempotency:"
 REDIS_RESULT_INDEX_PREFIX: Final = "llmq:result-index:"
 REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
+REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
 
 
 def replies_channel(instance_id: str) -> str:
@@ -111,6 +112,11 @@ def request_copy_key(request_id: str) -> str:
     return f"{REDIS_REQUEST_COPY_PREFIX}{request_id}"
 
 
+def streamed_key(request_id: str) -> str:
+    """Redis key of a streaming request whose text reached its caller (a ``wire.StreamMark``, until its deadline)."""
+    return f"{REDIS_STREAMED_PREFIX}{request_id}"
+
+
 def pod_key(instance_id: str) -> str:
     """Redis key that exists while an API pod is alive (refreshed by its heartbeat, expires otherwise)."""
     return f"{REDIS_POD_PREFIX}{instance_id}"
@@ -140,6 +146,9 @@ HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
 HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request
 HTTP_SHOULD_RETRY: Final = "x-should-retry"  # on every error response: whether a retry can help (OpenAI SDKs obey it)
+
+# --- error codes more than one service writes ---
+STREAM_INTERRUPTED: Final = "stream_interrupted"  # a stream's generation was lost after text of it reached the caller
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -185,13 +185,17 @@ class Choice(_Struct, kw_only=True):
 
 
 class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
-    """New text of one choice of a streaming request; ``seq`` counts chunks of the request from 0."""
+    """New text of one choice of a streaming request; ``seq`` counts chunks of the request's ``attempt`` from 0.
+
+    ``attempt`` is the GenerationRequest's: an API pod streams the chunks of one attempt only, so a client never
+    receives text from two generations."""
 
     request_id: str
     index: int = 0
     text: str
     seq: int
     sent_ms: int
+    attempt: int = 0
 
 
 class FinalResult(_Message, kw_only=True, tag="final_result"):
@@ -215,6 +219,17 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     # Set on the answer to a re-produced request_id (a second Kafka record with the id of a known request): that record's
     # position, "<topic>/<partition>@<offset>". The result-router delivers it once per copy and never stores it.
     request_copy: str = ""
+
+
+class StreamMark(_Message, kw_only=True, tag="stream_mark"):
+    """A streaming request's text reached its caller: SET by the worker at ``constants.streamed_key`` with each chunk
+    (before the chunk is published) and once more, ``done``, after its result was produced. A worker that takes a
+    request with a mark not ``done`` (its attempt was lost mid-stream) answers it ``stream_interrupted`` instead of
+    running it again; ``completion_tokens``: what the caller received (counted by ``llmq_core.tokenizer``)."""
+
+    attempt: int
+    completion_tokens: int = 0
+    done: bool = False
 
 
 # --- heartbeats --------------------------------------------------------------------------------------------------------
@@ -299,7 +314,7 @@ class PodUnfinished(_Message, kw_only=True, tag="pod_unfinished"):
 
 
 Message = (GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat
-           | BatcherSaturation | PodUnfinished)
+           | BatcherSaturation | PodUnfinished | StreamMark)
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()

@@ -30,7 +30,7 @@ from llmq_api import health, idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, store_unavailable
-from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body
+from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body, usage_dict
 from llmq_api.pod import Pod
 from llmq_api.ratelimit import Charge, check_fits, token_cost
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
@@ -260,13 +260,14 @@ async def _redis_call(call: Awaitable[T]) -> T:
 
 
 def _request_object(result: wire.FinalResult) -> dict:
-    """``llmq.request``: the outcome, and the OpenAI response body (succeeded) or the error the caller got."""
+    """``llmq.request``: the outcome, its usage (of an interrupted stream: the tokens the caller received), and the
+    OpenAI response body (succeeded) or the error the caller got."""
     error = error_for(result)
     return {"id": result.request_id, "object": "llmq.request", "status": result.outcome.value,
             "model": result.model, "created": result.created_ms // 1000, "finished": result.finished_ms // 1000,
             "response": None if error else response_body(result, result.request_id, result.endpoint,
                                                          result.created_ms // 1000),
-            "error": error.body()["error"] if error else None}
+            "error": error.body()["error"] if error else None, "usage": usage_dict(result.usage)}
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes:

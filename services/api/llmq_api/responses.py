@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import HTTP_REQUEST_ID
+from llmq_core.constants import HTTP_REQUEST_ID, STREAM_INTERRUPTED
 from llmq_api.errors import RETRY_AFTER_S, unavailable
 from llmq_api.exchange import CancelPublisher, wait_for_resolution
 from llmq_api.metrics import ApiMetrics
@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 # What a request still waiting when the pod's drain runs out gets (uvicorn cancels it): its Cancel went out, retry it.
 SHUTTING_DOWN = unavailable("The server is shutting down; retry the request", RETRY_AFTER_S, code="shutting_down")
+# A stream whose result is not the generation its chunks came from (a race with a re-run): it ends rather than mix them.
+INTERRUPTED = unavailable("The stream was interrupted: its result is of another generation than the text sent. Retry "
+                          "the request.", RETRY_AFTER_S, code=STREAM_INTERRUPTED)
 
 
 class PendingRequest:
@@ -149,7 +152,8 @@ class StreamResponse(Response):
     """``stream: true``: a 200 ``text/event-stream`` of OpenAI chunks, each written as soon as its TokenChunk arrives.
 
     Ends with the finish chunks (plus the usage chunk when asked), or an ``{"error": ...}`` event, then ``[DONE]``.
-    Text the chunks missed is taken from the FinalResult, so the stream always adds up to the result's text.
+    Text the chunks missed is taken from the FinalResult, so the stream always adds up to the result's text; a result
+    that does not extend the text sent (another generation) ends the stream with ``stream_interrupted`` instead.
     """
 
     def __init__(self, pending: PendingRequest) -> None:  # no Response.__init__: __call__ builds status and headers
@@ -188,6 +192,8 @@ class StreamResponse(Response):
             pending.record(resolution, CLIENT_GONE_STATUS)
             return
         error = error_for(resolution)
+        if error is None and not _extends(resolution, sent):
+            error = INTERRUPTED
         if error is None:
             await write(_finish_chunks(fmt, resolution, sent))
         else:
@@ -196,12 +202,17 @@ class StreamResponse(Response):
         pending.record(resolution, 200 if error is None else error.status)
 
 
+def _extends(result: wire.FinalResult, sent: dict[int, str]) -> bool:
+    """Whether every choice of ``result`` starts with the text already sent of it (one generation)."""
+    texts = {choice.index: choice.text for choice in result.choices}
+    return all(texts.get(index, "").startswith(text) for index, text in sent.items())
+
+
 def _finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
     """Per choice: whatever text the stream has not carried yet, with the finish reason; then the usage if asked."""
     parts = []
     for choice in sorted(result.choices, key=lambda c: c.index):
-        already = sent.get(choice.index, "")
-        rest = choice.text[len(already):] if choice.text.startswith(already) else ""
+        rest = choice.text[len(sent.get(choice.index, "")):]
         parts.append(fmt.text(choice.index, rest, choice.finish_reason))
     if fmt.include_usage:
         parts.append(fmt.usage(result.usage))

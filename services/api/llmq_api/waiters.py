@@ -33,9 +33,12 @@ class DuplicateRequestError(Exception):
 
 
 class Waiter:
-    """One request's mailbox: TokenChunks (streaming only; ``seq`` 0, 1, 2...: repeats and chunks after a gap are
-    dropped), then its resolution. After a lost chunk (a Redis blip) the rest of the text comes from the FinalResult, so
-    what the client got stays a prefix of the result's text."""
+    """One request's mailbox: TokenChunks (streaming only), then its resolution.
+
+    Chunks pass in order (``seq`` 0, 1, 2...) and of one generation only: the ``attempt`` of the first one that passed.
+    Once one passed, a chunk of another attempt, a repeat or a gap (a lost chunk, or a generation run again from
+    its start) stops all later chunks: the rest of the text may come only from the FinalResult, and only if it
+    extends what the client got (see ``responses.StreamResponse``)."""
 
     def __init__(self, request_id: str, stream: bool) -> None:
         self.request_id = request_id
@@ -43,6 +46,8 @@ class Waiter:
         self.resolution: Resolution | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._last_seq = -1
+        self.attempt: int | None = None  # of the chunks that passed
+        self._sealed = False
 
     @property
     def done(self) -> bool:
@@ -53,8 +58,12 @@ class Waiter:
         return await self._events.get()
 
     def _push_chunk(self, chunk: wire.TokenChunk) -> bool:
-        if not self.stream or self.done or chunk.seq != self._last_seq + 1:
+        if not self.stream or self.done or self._sealed:
             return False
+        if chunk.seq != self._last_seq + 1 or (self.attempt is not None and chunk.attempt != self.attempt):
+            self._sealed = self.attempt is not None
+            return False
+        self.attempt = chunk.attempt
         self._last_seq = chunk.seq
         self._events.put_nowait(chunk)
         return True

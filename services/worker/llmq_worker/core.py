@@ -15,8 +15,15 @@ import msgspec
 
 from llmq_core import wire
 from llmq_core.clock import Clock
-from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES, TOPIC_RESULTS, replies_channel
+from llmq_core.constants import (
+    KAFKA_MAX_MESSAGE_BYTES,
+    RECORD_HEADROOM_BYTES,
+    STREAM_INTERRUPTED,
+    TOPIC_RESULTS,
+    replies_channel,
+)
 from llmq_core.telemetry import request_fields
+from llmq_core.tokenizer import count_tokens
 from llmq_core.wire import (
     Batch,
     ErrorInfo,
@@ -24,8 +31,10 @@ from llmq_core.wire import (
     GenerationRequest,
     HttpReply,
     Outcome,
+    StreamMark,
     Timings,
     TokenChunk,
+    Usage,
     WorkerHeartbeat,
 )
 
@@ -41,6 +50,12 @@ REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finis
 MAX_RESULT_RECORD_BYTES = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES  # an encoded FinalResult, at most
 CODE_RESULT_TOO_LARGE = "result_too_large"
 CODE_RESULT_REFUSED = "result_refused"
+STREAM_MARK_GRACE_MS = 30_000  # a stream mark outlives its request's deadline by this much (clock skew between hosts)
+
+
+def streams(request: GenerationRequest) -> bool:
+    """Whether ``request``'s text goes to its caller chunk by chunk (only HTTP callers stream)."""
+    return request.stream and isinstance(request.reply_to, HttpReply)
 
 
 def refused_result(result: FinalResult, code: str, message: str) -> FinalResult:
@@ -53,19 +68,22 @@ def refused_result(result: FinalResult, code: str, message: str) -> FinalResult:
 @dataclass
 class Outbox:
     """What the loop must send: ``replies`` (Redis channel, message) in order, ``results`` for llmq.results, and the batch
-    ``offsets`` (one entry per finished request) to pass to :meth:`WorkerCore.release` once both are delivered."""
+    ``offsets`` (one entry per finished request) to pass to :meth:`WorkerCore.release` once both are delivered.
+    ``marks``: (request_id, StreamMark, ttl_ms) to SET at ``constants.streamed_key`` before the replies are published."""
 
     replies: list[tuple[str, TokenChunk | FinalResult]] = field(default_factory=list)
     results: list[FinalResult] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    marks: list[tuple[str, StreamMark, int]] = field(default_factory=list)
 
     def extend(self, other: Outbox) -> None:
         self.replies += other.replies
         self.results += other.results
         self.offsets += other.offsets
+        self.marks += other.marks
 
     def __bool__(self) -> bool:
-        return bool(self.replies or self.results or self.offsets)
+        return bool(self.replies or self.results or self.offsets or self.marks)
 
 
 @dataclass
@@ -76,8 +94,7 @@ class _Active:
     submitted: bool = False
     cancel_reason: str | None = None
     seq: int = 0
-    sent_chars: dict[int, int] = field(default_factory=dict)  # per choice, over all attempts
-    attempt_text: dict[int, str] = field(default_factory=dict)  # per choice, this attempt
+    sent_tokens: int | None = None  # streaming: tokens of text published to the caller (None: nothing yet)
 
 
 class WorkerCore:
@@ -102,17 +119,25 @@ class WorkerCore:
 
     # --- inputs ------------------------------------------------------------------------------------------------------
 
-    def take_batch(self, batch: Batch, offset: int) -> Outbox:
-        """Start every request of ``batch`` (read at ``offset``); answers expired/canceled/invalid ones at once."""
+    def take_batch(self, batch: Batch, offset: int, marks: dict[str, StreamMark] | None = None) -> Outbox:
+        """Start every request of ``batch`` (read at ``offset``); answers expired/canceled/invalid ones at once.
+
+        ``marks``: the StreamMarks found for streaming requests of the batch (see :func:`streams`). One whose text
+        already reached its caller is answered ``stream_interrupted`` and not run again (one generation per stream);
+        one whose mark is ``done`` already has its result out."""
         self.last_batch_id = batch.batch_id
         self._offsets.add(offset, len(batch.requests))
+        marks = marks or {}
         out = Outbox()
         for request in batch.requests:
-            key = (request.request_id, request.attempt)
-            if key in self._finished:
+            mark = marks.get(request.request_id)
+            if (request.request_id, request.attempt) in self._finished or (mark is not None and mark.done):
                 out.offsets.append(offset)  # a redelivered duplicate: its result is already out
             elif request.request_id in self._active:
                 self._active[request.request_id].offsets.append(offset)
+            elif mark is not None:
+                active = self._active[request.request_id] = _Active(request, [offset], len(batch.requests))
+                out.extend(self._interrupted(active, mark.completion_tokens))
             else:
                 self._active[request.request_id] = _Active(request, [offset], len(batch.requests))
                 self._held.append(request.request_id)
@@ -219,7 +244,6 @@ class WorkerCore:
     def _start(self, active: _Active) -> Outbox:
         request = active.request
         now = self._clock.now_ms()
-        active.attempt_text = {}
         reason = active.cancel_reason or self._cancels.get(request.request_id)
         if reason is not None or request.deadline_ms <= now:
             return self._answer(active, Outcome.CANCELED if reason not in (None, REASON_DEADLINE) else Outcome.EXPIRED)
@@ -245,19 +269,33 @@ class WorkerCore:
         return self._answer(active, outcome)
 
     def _chunk(self, active: _Active, event: ChunkEvent) -> Outbox:
-        # A re-run (isolation) replays text the caller already got: send only what goes beyond it.
-        text = active.attempt_text.get(event.index, "") + event.text
-        active.attempt_text[event.index] = text
-        sent = active.sent_chars.get(event.index, 0)
         request = active.request
-        if len(text) <= sent or not request.stream or not isinstance(request.reply_to, HttpReply):
+        if not event.text or not streams(request):
             return Outbox()
-        active.sent_chars[event.index] = len(text)
-        chunk = TokenChunk(
-            request_id=request.request_id, index=event.index, text=text[sent:], seq=active.seq, sent_ms=self._clock.now_ms()
-        )
+        active.sent_tokens = (active.sent_tokens or 0) + count_tokens(event.text)
+        chunk = TokenChunk(request_id=request.request_id, index=event.index, text=event.text, seq=active.seq,
+                           sent_ms=self._clock.now_ms(), attempt=request.attempt)
         active.seq += 1
-        return Outbox(replies=[(replies_channel(request.reply_to.instance_id), chunk)])
+        return Outbox(replies=[(replies_channel(request.reply_to.instance_id), chunk)], marks=[self._mark(active)])
+
+    def _mark(self, active: _Active, done: bool = False) -> tuple[str, StreamMark, int]:
+        """The StreamMark of a request whose text reached its caller, kept until its deadline has surely passed."""
+        request = active.request
+        ttl_ms = max(request.deadline_ms - self._clock.now_ms(), 0) + STREAM_MARK_GRACE_MS
+        return request.request_id, StreamMark(attempt=request.attempt, completion_tokens=active.sent_tokens or 0,
+                                              done=done), ttl_ms
+
+    def _interrupted(self, active: _Active, completion_tokens: int) -> Outbox:
+        """Answer a streaming request whose attempt was lost after its text reached the caller: running it again would
+        send text of a second generation. Usage counts the tokens the caller received."""
+        active.sent_tokens = completion_tokens
+        prompt_tokens = active.request.prompt_tokens
+        error = ErrorInfo(type="server_error", code=STREAM_INTERRUPTED, retryable=True,
+                          message=f"The stream was interrupted after {completion_tokens} tokens: the worker generating "
+                                  "it was lost, and continuing would mix two generations. Retry the request.")
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
+        return self._answer(active, Outcome.ERRORED, error=error, usage=usage)
 
     def _final_event(self, active: _Active, event: FinalEvent) -> Outbox:
         active.submitted = False
@@ -265,6 +303,8 @@ class WorkerCore:
             del self._active[active.request.request_id]
             return Outbox()
         if event.shared_failure and event.outcome is Outcome.ERRORED:
+            if active.sent_tokens is not None:  # an isolated re-run would be a second generation of its stream
+                return self._interrupted(active, active.sent_tokens)
             self._isolator.failed(active.request.request_id)
             return Outbox()
         outcome = event.outcome
@@ -312,6 +352,8 @@ class WorkerCore:
         self._cancels.pop(request.request_id, None)
         self._remember(self._finished, (request.request_id, request.attempt), None)
         out = Outbox(results=[result], offsets=list(active.offsets))
+        if active.sent_tokens is not None:  # written after the result is produced: replays of it are duplicates
+            out.marks.append(self._mark(active, done=True))
         if isinstance(request.reply_to, HttpReply):
             out.replies.append((replies_channel(request.reply_to.instance_id), result))
         return out

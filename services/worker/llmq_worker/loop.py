@@ -24,12 +24,13 @@ from llmq_core.constants import (
     TOPIC_DEAD_LETTERS,
     TOPIC_RESULTS,
     alive_key,
+    streamed_key,
 )
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, headers
 from llmq_core.metrics import WorkerMetrics
 from llmq_core.telemetry import request_fields
 
-from llmq_worker.core import CODE_RESULT_REFUSED, CODE_RESULT_TOO_LARGE, Outbox, WorkerCore, refused_result
+from llmq_worker.core import CODE_RESULT_REFUSED, CODE_RESULT_TOO_LARGE, Outbox, WorkerCore, refused_result, streams
 from llmq_worker.engine import Engine
 from llmq_worker.spans import RequestSpans
 
@@ -142,7 +143,28 @@ class WorkerLoop:
             self._metrics.batch_taken(batch)
         if tracing.enabled():
             self._spans.taken(batch, self._clock.now_ms())
-        return self._core.take_batch(batch, record.offset)
+        return self._core.take_batch(batch, record.offset, await self._stream_marks(batch))
+
+    async def _stream_marks(self, batch: wire.Batch) -> dict[str, wire.StreamMark]:
+        """The StreamMarks of the batch's streaming requests, in one round trip (none without Redis: the API pod still
+        never mixes two generations, it ends such a stream with an error instead)."""
+        ids = [r.request_id for r in batch.requests if streams(r)]
+        if not ids:
+            return {}
+        try:
+            values = await self._redis.mget([streamed_key(i) for i in ids])
+        except (RedisError, OSError) as exc:
+            log.warning("reading stream marks failed (%r): running the batch without them", exc)
+            return {}
+        marks = {}
+        for request_id, value in zip(ids, values):
+            try:
+                mark = wire.decode(value) if value is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                mark = None
+            if isinstance(mark, wire.StreamMark):
+                marks[request_id] = mark
+        return marks
 
     async def _events(self) -> None:
         while True:
@@ -206,9 +228,11 @@ class WorkerLoop:
         traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
         produced = await asyncio.gather(*(self._produce_result(r, traced) for r in out.results))
         stand_ins = {r.request_id: r for r, original in zip(produced, out.results, strict=True) if r is not original}
-        if out.replies:
+        if out.replies or out.marks:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
+                    for request_id, mark, ttl_ms in out.marks:  # before its chunk: a mark never trails what was sent
+                        pipe.set(streamed_key(request_id), wire.encode(mark), px=ttl_ms)
                     for channel, message in out.replies:
                         if isinstance(message, wire.FinalResult):
                             message = stand_ins.get(message.request_id, message)

@@ -15,8 +15,8 @@ def final(request_id: str, text: str = "hello", outcome: wire.Outcome = wire.Out
                             usage=wire.Usage(prompt_tokens=3, completion_tokens=len(text), total_tokens=3 + len(text)))
 
 
-def chunk(request_id: str, text: str, seq: int, index: int = 0) -> wire.TokenChunk:
-    return wire.TokenChunk(request_id=request_id, index=index, text=text, seq=seq, sent_ms=0)
+def chunk(request_id: str, text: str, seq: int, index: int = 0, attempt: int = 0) -> wire.TokenChunk:
+    return wire.TokenChunk(request_id=request_id, index=index, text=text, seq=seq, sent_ms=0, attempt=attempt)
 
 
 class CancelRecorder:

@@ -52,15 +52,40 @@ async def test_unknown_request_is_dropped():
     assert mine.resolution is None and mine._events.empty()
 
 
-async def test_stream_chunks_in_order_duplicates_dropped_then_result():
+async def test_stream_chunks_in_order_then_result():
     registry = WaiterRegistry(10)
     waiter = registry.register("r1", stream=True)
-    for seq, text in [(0, "a"), (1, "b"), (1, "b"), (0, "a"), (2, "c")]:
-        registry.dispatch(chunk("r1", text, seq))
+    for seq, text in [(0, "a"), (1, "b"), (2, "c")]:
+        registry.dispatch(chunk("r1", text, seq, attempt=3))
     registry.dispatch(final("r1", "abc"))
     events = [await waiter.next_event() for _ in range(4)]
-    assert [e.text for e in events[:3]] == ["a", "b", "c"]
+    assert [e.text for e in events[:3]] == ["a", "b", "c"] and waiter.attempt == 3
     assert events[3].choices[0].text == "abc"
+
+
+@pytest.mark.parametrize("intruder", [chunk("r1", "X", 2, attempt=1),  # another attempt, in sequence
+                                      chunk("r1", "X", 0),  # the same attempt run again from its start
+                                      chunk("r1", "b", 1)])  # a repeat
+async def test_after_a_chunk_of_another_generation_no_chunk_passes(intruder):
+    """A worker killed mid-stream and restarted runs the request again: its chunks start at seq 0, and the one that
+    carries the next seq of the first run must not pass either (the client got the first run's head + its tail)."""
+    registry = WaiterRegistry(10)
+    waiter = registry.register("r1", stream=True)
+    assert registry.dispatch(chunk("r1", "a", 0)) and registry.dispatch(chunk("r1", "b", 1))
+    assert not registry.dispatch(intruder)
+    assert not any(registry.dispatch(chunk("r1", t, s, attempt=a)) for s, t, a in [(2, "c", 0), (2, "Y", 1),
+                                                                                     (3, "Z", 1)])
+    registry.dispatch(final("r1", "abc"))
+    events = [await waiter.next_event() for _ in range(3)]
+    assert [e.text for e in events[:2]] == ["a", "b"] and events[2].choices[0].text == "abc"
+
+
+async def test_a_first_chunk_that_never_passed_binds_nothing():
+    registry = WaiterRegistry(10)
+    waiter = registry.register("r1", stream=True)
+    assert not registry.dispatch(chunk("r1", "lost-head", 1))  # seq 0 was lost: the text comes from the result
+    assert registry.dispatch(chunk("r1", "a", 0, attempt=1))  # a re-run from the start: nothing of the first went out
+    assert waiter.attempt == 1
 
 
 async def test_chunks_after_a_lost_chunk_are_dropped_the_result_brings_the_rest():

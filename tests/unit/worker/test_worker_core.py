@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
 from worker_fakes import T0_MS, make_request
 
 from llmq_core.clock import FakeClock
-from llmq_core.constants import replies_channel
-from llmq_core.wire import Batch, Choice, FinalResult, KafkaReply, Outcome, TokenChunk, Usage
-from llmq_worker.core import WorkerCore
+from llmq_core.constants import STREAM_INTERRUPTED, replies_channel
+from llmq_core.wire import Batch, Choice, FinalResult, KafkaReply, Outcome, StreamMark, TokenChunk, Usage
+from llmq_worker.core import STREAM_MARK_GRACE_MS, WorkerCore
 from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest
 
 POD = replies_channel("pod-1")
@@ -200,17 +201,59 @@ def test_new_batches_wait_while_suspects_run_alone():
     }
 
 
-def test_reruns_do_not_repeat_streamed_text():
-    _, engine, core = setup()
-    core.take_batch(batch(make_request("a", "hello")), offset=0)
+def test_chunks_carry_the_attempt_and_mark_what_reached_the_caller_until_after_the_deadline():
+    clock, engine, core = setup()
+    core.take_batch(batch(make_request("a", "hello", attempt=2, deadline_ms=T0_MS + 5_000)), offset=0)
     request = engine.submitted.pop("a")
-    first = core.on_events([ChunkEvent("a", 0, "hel")])
-    assert [m.text for _, m in first.replies] == ["hel"]
-    core.on_events([engine.final(request, Outcome.ERRORED, "", shared_failure=True)])
-    assert list(engine.submitted) == ["a"]  # re-run alone at once
-    rerun = core.on_events(engine.step())
-    chunks = [m for _, m in rerun.replies if isinstance(m, TokenChunk)]
-    assert [(c.text, c.seq) for c in chunks] == [("lo", 1)]
+    first = core.on_events([ChunkEvent("a", 0, "hé")])
+    assert [(m.text, m.seq, m.attempt) for _, m in first.replies] == [("hé", 0, 2)]
+    ttl_ms = T0_MS + 5_000 - clock.now_ms() + STREAM_MARK_GRACE_MS
+    assert first.marks == [("a", StreamMark(attempt=2, completion_tokens=3), ttl_ms)]  # UTF-8 bytes: 3 tokens
+    last = core.on_events([ChunkEvent("a", 0, "llo"), engine.final(request, Outcome.SUCCEEDED, "héllo")])
+    assert [m.completion_tokens for _, m, _ in last.marks] == [6, 6]
+    assert last.marks[-1][1].done and results_of(last)["a"].outcome is Outcome.SUCCEEDED
+
+
+def test_requests_that_do_not_stream_leave_no_mark():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("n", "hi", stream=False)), offset=0)
+    out = run_until_idle(core, engine)
+    assert out.marks == [] and results_of(out)["n"].outcome is Outcome.SUCCEEDED
+
+
+def test_a_stream_whose_text_was_sent_is_not_rerun_after_a_shared_failure():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("a", "hello"), make_request("quiet", "x")), offset=0)
+    submitted, engine.submitted = engine.submitted, {}
+    core.on_events([ChunkEvent("a", 0, "hel")])
+    out = core.on_events([engine.final(r, Outcome.ERRORED, "", shared_failure=True) for r in submitted.values()])
+    interrupted = results_of(out)["a"]
+    assert (interrupted.outcome, interrupted.error.code, interrupted.error.retryable) == (
+        Outcome.ERRORED, STREAM_INTERRUPTED, True)
+    assert (interrupted.usage.completion_tokens, interrupted.choices) == (3, [])
+    assert out.marks[-1][1] == StreamMark(attempt=0, completion_tokens=3, done=True)
+    assert list(engine.submitted) == ["quiet"]  # nothing of it was sent: re-run alone, as before
+
+
+def test_a_request_marked_mid_stream_is_answered_interrupted_and_not_run_again():
+    _, engine, core = setup()
+    streamed = msgspec.structs.replace(make_request("s", "hello", attempt=1), prompt_tokens=4)
+    out = core.take_batch(batch(streamed, make_request("fresh"), make_request("n", stream=False)), offset=9,
+                          marks={"s": StreamMark(attempt=0, completion_tokens=7)})
+    result = results_of(out)["s"]
+    assert (result.outcome, result.error.code, result.error.type) == (Outcome.ERRORED, STREAM_INTERRUPTED,
+                                                                      "server_error")
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (4, 7, 11)
+    assert [(ch, m) for ch, m in out.replies] == [(POD, result)]
+    assert out.marks[0][1] == StreamMark(attempt=1, completion_tokens=7, done=True)
+    assert set(engine.submitted) == {"fresh", "n"}
+    assert out.offsets == [9]
+
+
+def test_a_request_whose_mark_is_done_is_a_duplicate():
+    _, engine, core = setup()
+    out = core.take_batch(batch(make_request("s")), offset=4, marks={"s": StreamMark(attempt=0, done=True)})
+    assert not out.results and not engine.submitted and core.release(out.offsets) == 5
 
 
 def test_abandon_all_answers_nothing_and_commits_nothing():
