@@ -112,7 +112,7 @@ class RenewableProducer:
     (broker away), sends go to the broken one (they fail at once) and a new start is tried at most every
     ``renew_retry_ms``.
 
-    Offers what llmq calls of AIOKafkaProducer: start, stop, send, send_and_wait, partitions_for.
+    Offers what llmq calls of AIOKafkaProducer: start, stop, send, send_and_wait, partitions_for, client.
     """
 
     def __init__(self, factory: Callable[[], AIOKafkaProducer], *, clock: Clock = SYSTEM_CLOCK,
@@ -155,6 +155,13 @@ class RenewableProducer:
 
     async def partitions_for(self, topic: str) -> set[int]:
         return await (await self._usable()).partitions_for(topic)
+
+    @property
+    def client(self):
+        """The current producer's AIOKafkaClient (cluster metadata)."""
+        if self._producer is None:
+            raise ProducerClosed()
+        return self._producer.client
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                    partition: int | None = None, timestamp_ms: int | None = None,

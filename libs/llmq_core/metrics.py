@@ -265,6 +265,13 @@ class RouterMetrics(_Metrics):
                                       "Stored results dropped (tenant_bound: its oldest, past the tenant's bound) or "
                                       "not stored (too_large: over the whole bound; refused: Redis refused the write)",
                                       ["reason"], registry=r)
+        self.reply_dead_letters = Counter("llmq_reply_dead_letters",
+                                          "Kafka replies dead-lettered (missing_topic, invalid_topic, refused: by the "
+                                          "broker; retries: transient errors past the retry budget)", ["reason"],
+                                          registry=r)
+        self.log_lines_suppressed = Counter("llmq_router_log_lines_suppressed",
+                                            "Dead-letter log lines left out (one per reply topic per window)",
+                                            registry=r)
         self.lag = ConsumerLag(r)
         self._results, self._duration = _Children(self.results), _Children(self.duration)
         self._queue, self._ttft, self._itl = _Children(self.queue), _Children(self.ttft), _Children(self.itl)

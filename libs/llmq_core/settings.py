@@ -87,7 +87,9 @@ class Settings(BaseSettings):
     router_reply_attempts: int = 4  # tries of one reply before it is dead-lettered (permanent errors: one)
     router_reply_backoff_ms: int = 250  # wait before retry r: backoff * 2**(r-1)
     router_reply_metadata_timeout_ms: int = 1000  # per try: how long a reply topic may take to show up in metadata
-    router_unreachable_topic_ttl_ms: int = 30_000  # a reply topic that failed for good: its results skip the tries
+    router_reply_retry_budget_ms: int = 2000  # tries of one reply (waits and metadata) end within this much
+    router_reply_retry_streak_max: int = 3  # after this many results in a row ended unsent, a partition retries none
+    router_topic_refresh_ms: int = 1000  # the cluster's topics are listed at most this often (missing reply topics)
 
     # batch jobs (/v1/files, /v1/batches; the ledger and driver run in the result-router)
     files_url: str = "var/files"  # file store: a local directory or any fsspec URL (s3://bucket/prefix, memory://...)

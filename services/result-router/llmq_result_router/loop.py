@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -18,7 +19,7 @@ from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router import replies
 from llmq_result_router.jobs import JobLedger
-from llmq_result_router.replies import GiveUp, ReplyRetry, UnreachableTopics
+from llmq_result_router.replies import GiveUp, LogGate, Presence, ReplyRetry, TopicView
 from llmq_result_router.routing import Delivery, plan_delivery
 from llmq_result_router.store import ResultStore
 
@@ -26,16 +27,26 @@ log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 1.0
 
+TopicLister = Callable[[], Awaitable[Iterable[str]]]
+
+
+async def cluster_topics(producer: AIOKafkaProducer) -> set[str]:
+    """Every topic of the cluster, from one metadata request on the producer's connections (its own metadata, and so
+    the topics aiokafka tracks and refreshes, stays as it is)."""
+    return (await producer.client.fetch_all_metadata()).topics()
+
 
 class ResultRouter:
     """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery
     (per re-produced copy, for the answers to copies: ``copy_delivered_key``),
     the job ledger's compare-and-set each batch-job line to one settlement. A reply that cannot be produced within
-    its tries (see :mod:`replies`) is dead-lettered: one result never holds up the others."""
+    its tries, or whose topic does not exist (see :mod:`replies`), is dead-lettered: one result never holds up the
+    others for long. ``list_topics`` lists the cluster's topics (default: :func:`cluster_topics` of ``producer``)."""
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
                  ledger: JobLedger | None = None, metrics: RouterMetrics | None = None,
-                 results: ResultStore | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 results: ResultStore | None = None, clock: Clock = SYSTEM_CLOCK,
+                 list_topics: TopicLister | None = None) -> None:
         self.settings = settings
         self.consumer = consumer
         self.producer = producer
@@ -47,7 +58,12 @@ class ResultRouter:
         self.metrics = metrics
         self.clock = clock
         self.retry = ReplyRetry.from_settings(settings)
-        self.unreachable = UnreachableTopics(clock, settings.router_unreachable_topic_ttl_ms)
+        self.topics = TopicView(clock, settings.router_topic_refresh_ms)
+        self.list_topics = list_topics or (lambda: cluster_topics(producer))
+        self.log_gate = LogGate(clock)
+        self._listing = asyncio.Lock()  # partitions routed side by side share one listing
+        self._streaks: dict[int, int] = {}  # partition -> results in a row that ended unsent after retries
+        self._received_ms = 0  # when the records being routed were fetched
         self.reply_prefixes = kafka.reply_topic_prefixes(settings)
         self._stopping = asyncio.Event()
 
@@ -57,6 +73,7 @@ class ResultRouter:
     async def run(self) -> None:
         while not self._stopping.is_set():
             batches = await self.consumer.getmany(timeout_ms=200, max_records=500)
+            self._received_ms = self.clock.now_ms()
             try:
                 await self._route_partitions(batches)
                 if batches:
@@ -113,6 +130,7 @@ class ResultRouter:
         ttl_ms = self.settings.result_ttl_s * 1000
         first = await self._store(delivery)
         if delivery.undeliverable is not None:
+            self._count_reply_dead_letter("invalid_topic")
             await self._dead_letter(record, delivery.undeliverable, reply_topic=delivery.reply_topic)
             return first
         if delivery.reply_topic is None:
@@ -120,41 +138,57 @@ class ResultRouter:
         key = delivery.delivered_key
         if await self.redis.exists(key):
             return first  # already answered once; this is a redelivery
-        failed = await self._reply(delivery)
+        failed = await self._reply(delivery, record.partition)
         if failed is not None:
+            self._count_reply_dead_letter(failed.kind)
             await self._dead_letter(record, failed.reason, reply_topic=delivery.reply_topic)
-            if failed.topic_wide:  # only once the dead letter is out: a broker outage fails that too
-                self.unreachable.mark(delivery.reply_topic, failed.reason)
+            if failed.topic_wide:  # deleted since the listing: its next results wait for none
+                self.topics.forget(delivery.reply_topic)
         try:  # answered for good, either way: a redelivery does not try again
             await self.redis.set(key, b"1", px=ttl_ms)
         except ResponseError as exc:  # refused (maxmemory): a redelivery may reply twice, a retry here every time
             log.warning("marking %s delivered was refused: %s", delivery.request_id, exc)
         return first
 
-    async def _reply(self, delivery: Delivery) -> GiveUp | None:
-        """Produce the reply, with a few tries for transient errors; why it ended unsent (None: it was sent)."""
+    async def _reply(self, delivery: Delivery, partition: int) -> GiveUp | None:
+        """Produce the reply to a topic that exists, with a few tries for transient errors within the retry budget;
+        why it ended unsent (None: it was sent)."""
         topic = delivery.reply_topic
-        known = self.unreachable.reason(topic)
-        if known is not None:
-            return GiveUp(reason=known, topic_wide=False)
+        if not await self._exists(topic):
+            return self.topics.missing(topic)
         started_ms, failures = self.clock.now_ms(), 0
         while True:
             try:
-                await self._produce_reply(delivery)
+                await self._produce_reply(delivery, self.clock.now_ms() - started_ms)
+                self._streaks[partition] = 0
                 return None
             except KafkaError as exc:
                 failures += 1
-                wait_ms = self.retry.wait_ms(exc, failures)
+                elapsed_ms = self.clock.now_ms() - started_ms
+                wait_ms = self.retry.wait_ms(exc, failures, elapsed_ms, self._streaks.get(partition, 0))
                 if wait_ms is None:
-                    return replies.give_up(topic, exc, failures, self.clock.now_ms() - started_ms)
+                    if failures > 1:
+                        self._streaks[partition] = self._streaks.get(partition, 0) + 1
+                    return replies.give_up(topic, exc, failures, elapsed_ms)
                 log.info("reply to %r failed (%r); try %d in %d ms", topic, exc, failures + 1, wait_ms)
                 await asyncio.sleep(wait_ms / 1000)
 
-    async def _produce_reply(self, delivery: Delivery) -> None:
+    async def _exists(self, topic: str) -> bool:
+        """Whether ``topic`` exists; lists the cluster's topics again (at most once per refresh interval, one listing
+        for every partition waiting) when the view is older than the records being routed."""
+        while (presence := self.topics.presence(topic, self._received_ms)) is Presence.UNKNOWN:
+            async with self._listing:
+                if self.topics.presence(topic, self._received_ms) is Presence.UNKNOWN:
+                    await asyncio.sleep(self.topics.wait_ms() / 1000)
+                    listed_ms = self.clock.now_ms()
+                    self.topics.update(await self.list_topics(), listed_ms)
+        return presence is Presence.EXISTS
+
+    async def _produce_reply(self, delivery: Delivery, elapsed_ms: int) -> None:
         topic = delivery.reply_topic
-        try:  # aiokafka alone would wait its whole request timeout for a topic that does not exist
-            await asyncio.wait_for(self.producer.partitions_for(topic),
-                                   self.settings.router_reply_metadata_timeout_ms / 1000)
+        timeout_ms = self.retry.try_timeout_ms(elapsed_ms, self.settings.router_reply_metadata_timeout_ms)
+        try:  # aiokafka alone would wait its whole request timeout for a topic without metadata
+            await asyncio.wait_for(self.producer.partitions_for(topic), timeout_ms / 1000)
         except TimeoutError:
             raise UnknownTopicOrPartitionError(f"no metadata for {topic!r}") from None
         await self.producer.send_and_wait(topic, delivery.reply_value, key=delivery.request_id.encode(),
@@ -182,8 +216,15 @@ class ResultRouter:
         if self.metrics is not None and count:
             self.metrics.stored_dropped.labels(reason).inc(count)
 
+    def _count_reply_dead_letter(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reply_dead_letters.labels(kind).inc()
+
     async def _dead_letter(self, record, reason: str, reply_topic: str | None = None) -> None:
-        log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
+        if reply_topic is None or self.log_gate.allow(reply_topic):  # a producer may invent any number of topics
+            log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
+        elif self.metrics is not None:
+            self.metrics.log_lines_suppressed.inc()
         headers = list(record.headers or ()) + [(constants.HEADER_ERROR, reason.encode()[:512])]
         if reply_topic is not None:
             headers.append((constants.HEADER_REPLY_TOPIC, reply_topic.encode()))

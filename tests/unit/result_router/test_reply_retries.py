@@ -12,9 +12,10 @@ from aiokafka import errors
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
 from llmq_core.kafka import reply_topic_error
+from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
-from llmq_result_router.replies import ReplyRetry, UnreachableTopics, give_up
+from llmq_result_router.replies import LogGate, Presence, ReplyRetry, TopicView, give_up
 from llmq_result_router.routing import plan_delivery
 from tests.unit.result_router.fakes import FakeRedis
 
@@ -48,38 +49,86 @@ def test_prefixes_when_set_admit_only_topics_under_them():
 
 
 def test_transient_errors_back_off_exponentially_up_to_the_attempts():
-    retry = ReplyRetry(attempts=4, backoff_ms=100)
-    waits = [retry.wait_ms(errors.UnknownTopicOrPartitionError(), n) for n in range(1, 5)]
+    retry = ReplyRetry(attempts=4, backoff_ms=100, budget_ms=10_000, max_streak=3)
+    waits = [retry.wait_ms(errors.UnknownTopicOrPartitionError(), n, 0, 0) for n in range(1, 5)]
     assert waits == [100, 200, 400, None]
-    assert retry.wait_ms(errors.KafkaTimeoutError(), 1) == 100
-    assert retry.wait_ms(errors.KafkaConnectionError(), 3) == 400
+    assert retry.wait_ms(errors.KafkaTimeoutError(), 1, 0, 0) == 100
+    assert retry.wait_ms(errors.KafkaConnectionError(), 3, 0, 0) == 400
+
+
+def test_retries_end_within_the_budget_of_one_result():
+    retry = ReplyRetry(attempts=10, backoff_ms=100, budget_ms=2000, max_streak=3)
+    assert retry.wait_ms(errors.KafkaTimeoutError(), 2, 1799, 0) == 200
+    assert retry.wait_ms(errors.KafkaTimeoutError(), 2, 1800, 0) is None  # the wait would end past the budget
+    assert retry.try_timeout_ms(1500, metadata_timeout_ms=1000) == 500  # a try gets what is left, at most its own
+    assert retry.try_timeout_ms(0, metadata_timeout_ms=1000) == 1000
+
+
+def test_a_partition_retries_no_more_once_results_in_a_row_ended_unsent():
+    retry = ReplyRetry(attempts=4, backoff_ms=100, budget_ms=2000, max_streak=3)
+    assert retry.wait_ms(errors.KafkaTimeoutError(), 1, 0, streak=2) == 100
+    assert retry.wait_ms(errors.KafkaTimeoutError(), 1, 0, streak=3) is None
 
 
 @pytest.mark.parametrize("error", [errors.TopicAuthorizationFailedError(), errors.InvalidTopicError(),
                                    errors.MessageSizeTooLargeError(), errors.RecordTooLargeError()])
 def test_permanent_errors_give_up_at_once(error):
-    assert ReplyRetry(attempts=4, backoff_ms=100).wait_ms(error, 1) is None
+    assert ReplyRetry(attempts=4, backoff_ms=100, budget_ms=2000, max_streak=3).wait_ms(error, 1, 0, 0) is None
 
 
 def test_giving_up_says_why_and_whether_the_topic_itself_failed():
     missing = give_up("team.replies", errors.UnknownTopicOrPartitionError(), 4, 1750)
-    assert missing.topic_wide and "'team.replies' does not exist" in missing.reason
+    assert missing.topic_wide and missing.kind == "retries" and "'team.replies' does not exist" in missing.reason
     assert "4 tries in 1750 ms" in missing.reason
     too_large = give_up("team.replies", errors.MessageSizeTooLargeError(), 1, 3)
-    assert not too_large.topic_wide and "MessageSizeTooLargeError" in too_large.reason
+    assert not too_large.topic_wide and too_large.kind == "refused"
+    assert "MessageSizeTooLargeError" in too_large.reason
 
 
-def test_an_unreachable_topic_is_remembered_for_its_ttl_only():
+# --- which topics exist ----------------------------------------------------------------------------------------------
+
+
+def test_a_topic_missing_from_a_listing_newer_than_the_result_is_missing_whatever_its_name():
     clock = FakeClock()
-    topics = UnreachableTopics(clock, ttl_ms=1000, max_topics=2)
-    topics.mark("a", "gone")
-    clock.advance(999)
-    assert topics.reason("a").startswith("gone")
+    view = TopicView(clock, refresh_ms=1000)
+    received_ms = clock.now_ms()
+    assert view.presence("team.replies", received_ms) is Presence.UNKNOWN and view.wait_ms() == 0
+    view.update({"team.replies"}, listed_ms=received_ms)
+    assert view.presence("team.replies", received_ms) is Presence.EXISTS
+    for i in range(1000):  # invented names cost no further listing
+        assert view.presence(f"fresh.{i}", received_ms) is Presence.MISSING
+    missing = view.missing("fresh.1")
+    assert missing.kind == "missing_topic" and "'fresh.1' does not exist" in missing.reason
+
+
+def test_a_listing_older_than_the_result_is_asked_again_at_most_once_per_refresh_interval():
+    clock = FakeClock()
+    view = TopicView(clock, refresh_ms=1000)
+    view.update({"team.replies"}, listed_ms=clock.now_ms())
+    clock.advance(300)
+    assert view.presence("new.replies", clock.now_ms()) is Presence.UNKNOWN  # may have been created since
+    assert view.presence("team.replies", clock.now_ms()) is Presence.EXISTS  # no listing needed
+    assert view.wait_ms() == 700
+    clock.advance(700)
+    assert view.wait_ms() == 0
+
+
+def test_a_topic_that_failed_as_a_whole_is_missing_until_a_listing_shows_it_again():
+    clock = FakeClock()
+    view = TopicView(clock, refresh_ms=1000)
+    view.update({"team.replies"}, listed_ms=clock.now_ms())
+    view.forget("team.replies")
+    assert view.presence("team.replies", clock.now_ms()) is Presence.MISSING
     clock.advance(1)
-    assert topics.reason("a") is None
-    for name in ("a", "b", "c"):
-        topics.mark(name, "gone")
-    assert topics.reason("a") is None and topics.reason("c") is not None  # the oldest is forgotten first
+    assert view.presence("team.replies", clock.now_ms()) is Presence.UNKNOWN
+
+
+def test_reply_failures_log_one_line_per_topic_per_window_and_a_bounded_number_in_all():
+    clock = FakeClock()
+    gate = LogGate(clock, window_ms=1000, max_lines=3)
+    assert [gate.allow(t) for t in ("a", "a", "b", "c", "d")] == [True, False, True, True, False]
+    clock.advance(1000)
+    assert gate.allow("a") and gate.allow("d")
 
 
 # --- the loop --------------------------------------------------------------------------------------------------------
@@ -111,49 +160,62 @@ class FakeConsumer:
 
 class Broker:
     """A producer whose topics are ``existing``; ``too_large`` ones refuse every record; ``hang`` ones never show up in
-    metadata (aiokafka would wait its whole request timeout)."""
+    metadata (aiokafka would wait its whole request timeout); ``flaky`` ones time out every send. All of them are
+    listed as the cluster's topics."""
 
-    def __init__(self, existing=(), too_large=(), hang=()) -> None:
-        self.existing, self.too_large, self.hang = set(existing), set(too_large), set(hang)
+    def __init__(self, existing=(), too_large=(), hang=(), flaky=()) -> None:
+        self.existing, self.too_large, self.hang, self.flaky = set(existing), set(too_large), set(hang), set(flaky)
         self.sent: list[tuple[str, bytes, dict]] = []
         self.lookups: list[str] = []
+        self.listings = 0
+
+    def topics(self) -> set[str]:
+        return self.existing | self.too_large | self.hang | self.flaky | {constants.TOPIC_DEAD_LETTERS}
+
+    async def list_topics(self):
+        self.listings += 1
+        return self.topics()
 
     async def partitions_for(self, topic):
         self.lookups.append(topic)
         if topic in self.hang:
             await asyncio.Event().wait()
-        if topic not in self.existing | self.too_large | {constants.TOPIC_DEAD_LETTERS}:
+        if topic not in self.topics():
             raise errors.UnknownTopicOrPartitionError()
         return {0}
 
     async def send_and_wait(self, topic, value, key=None, headers=None):
         if topic in self.too_large:
             raise errors.MessageSizeTooLargeError()
+        if topic in self.flaky:
+            raise errors.KafkaTimeoutError()
         self.sent.append((topic, key, dict(headers or ())))
 
 
-
-def _router(consumer, broker, redis, **settings) -> ResultRouter:
+def _router(consumer, broker, redis, metrics=None, **settings) -> ResultRouter:
     base = dict(router_reply_attempts=3, router_reply_backoff_ms=1, router_reply_metadata_timeout_ms=20)
     router = consumer.router = ResultRouter(Settings(**{**base, **settings}), consumer, broker, redis,
-                                            clock=FakeClock())
+                                            metrics=metrics, clock=FakeClock(), list_topics=broker.list_topics)
     return router
 
 
-async def test_a_missing_reply_topic_is_dead_lettered_after_its_tries_and_the_next_results_flow():
-    batch = {TP: [_record(0, _result("lost", "gone.replies")), _record(1, _result("ok", "team.replies")),
-                  _record(2, _result("lost-2", "gone.replies"))]}
-    consumer, broker, redis = FakeConsumer([batch]), Broker(existing={"team.replies"}), FakeRedis()
-    await asyncio.wait_for(_router(consumer, broker, redis).run(), 5)
+async def test_replies_to_missing_topics_are_dead_lettered_at_once_whatever_their_names_and_the_next_results_flow():
+    fresh = [_record(i, _result(f"lost-{i}", f"gone.{i}.replies")) for i in range(16)]
+    batch = {TP: [*fresh, _record(16, _result("ok", "team.replies")), _record(17, _result("again", "gone.0.replies"))]}
+    consumer, broker, redis, metrics = FakeConsumer([batch]), Broker(existing={"team.replies"}), FakeRedis(), \
+        RouterMetrics()
+    await asyncio.wait_for(_router(consumer, broker, redis, metrics).run(), 5)
     assert [(topic, key) for topic, key, _ in broker.sent] == [
-        (constants.TOPIC_DEAD_LETTERS, b"lost"), ("team.replies", b"ok"), (constants.TOPIC_DEAD_LETTERS, b"lost-2")]
+        *[(constants.TOPIC_DEAD_LETTERS, f"lost-{i}".encode()) for i in range(16)], ("team.replies", b"ok"),
+        (constants.TOPIC_DEAD_LETTERS, b"again")]
     headers = broker.sent[0][2]
-    assert headers[constants.HEADER_REPLY_TOPIC] == b"gone.replies"
+    assert headers[constants.HEADER_REPLY_TOPIC] == b"gone.0.replies"
     assert b"does not exist" in headers[constants.HEADER_ERROR]
-    assert broker.lookups.count("gone.replies") == 3  # its tries; the second result skips them (topic remembered)
-    assert b"not retried" in broker.sent[2][2][constants.HEADER_ERROR]
+    assert broker.listings == 1 and broker.lookups == ["team.replies"]  # one listing; no try for a missing topic
+    assert metrics.reply_dead_letters.labels("missing_topic")._value.get() == 17
+    assert metrics.log_lines_suppressed._value.get() == 1  # gone.0.replies again, within the window
     assert consumer.commits == 1
-    for request_id in ("lost", "ok", "lost-2"):  # stored for GET /v1/requests/{id}; a redelivery does not try again
+    for request_id in ("lost-0", "ok", "again"):  # stored for GET /v1/requests/{id}; a redelivery does not try again
         assert constants.result_key(request_id) in redis.data and constants.delivered_key(request_id) in redis.data
 
 
@@ -175,6 +237,16 @@ async def test_a_topic_stuck_in_metadata_holds_up_only_its_own_partition_and_onl
     assert [(topic, key) for topic, key, _ in broker.sent] == [
         ("team.replies", b"ok"), (constants.TOPIC_DEAD_LETTERS, b"stuck")]  # the other partition went first
     assert broker.lookups.count("slow.replies") == 3
+
+
+async def test_a_partition_stops_retrying_once_results_in_a_row_ended_unsent_until_a_reply_goes_out():
+    flaky = [_record(i, _result(f"f{i}", "flaky.replies")) for i in range(4)]
+    consumer = FakeConsumer([{TP: [*flaky, _record(4, _result("ok", "team.replies")),
+                                   _record(5, _result("f5", "flaky.replies"))]}])
+    broker, metrics = Broker(existing={"team.replies"}, flaky={"flaky.replies"}), RouterMetrics()
+    await asyncio.wait_for(_router(consumer, broker, FakeRedis(), metrics, router_reply_retry_streak_max=2).run(), 5)
+    assert broker.lookups.count("flaky.replies") == 3 + 3 + 1 + 1 + 3  # 2 in a row with retries, then one try each
+    assert metrics.reply_dead_letters.labels("retries")._value.get() == 5
 
 
 @pytest.mark.parametrize("topic", ["__consumer_offsets", "llmq.batches", "llmq.results", "llmq.requests.deferred"])

@@ -44,6 +44,9 @@ class FakeProducer:
     async def partitions_for(self, topic):
         return {0}
 
+    async def list_topics(self):
+        return {"my.replies"}
+
     async def send_and_wait(self, topic, value, key=None, headers=None):
         self.sent.append((topic, key))
 
@@ -73,7 +76,8 @@ def _record(offset: int, request_id: str):
 async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_out_once():
     consumer, producer = FakeConsumer([_record(0, "r0"), _record(1, "r1")]), FakeProducer()
     metrics = RouterMetrics()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, FullRedis(), metrics=metrics)
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, FullRedis(), metrics=metrics,
+                                            list_topics=producer.list_topics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [("my.replies", b"r0"), ("my.replies", b"r1")]
     assert consumer.commits == 1 and consumer.seeks == 0

@@ -64,6 +64,9 @@ class FakeProducer:
     async def partitions_for(self, topic):
         return {0}
 
+    async def list_topics(self):
+        return {"ok.replies"}
+
     async def send_and_wait(self, topic, value, key=None, headers=None):
         if not is_valid_topic_name(topic):
             raise AssertionError(f"produced to illegal topic {topic!r}")
@@ -79,7 +82,7 @@ def _record(offset: int, result: wire.FinalResult):
 async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_next_result():
     consumer = FakeConsumer([_record(0, _result("bad", "")), _record(1, _result("good", "ok.replies"))])
     producer, redis = FakeProducer(), FakeRedis()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis)
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"bad"), ("ok.replies", b"good")]
     assert constants.result_key("bad") in redis.data and consumer.commits == 1
@@ -90,6 +93,6 @@ async def test_a_poison_result_record_is_dead_lettered_and_the_next_one_delivere
     poison = SimpleNamespace(topic=TP[0], partition=TP[1], offset=0, key=b"poison", value=value, headers=[])
     consumer = FakeConsumer([poison, _record(1, _result("good", "ok.replies"))])
     producer, redis = FakeProducer(), FakeRedis()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis)
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"poison"), ("ok.replies", b"good")]
