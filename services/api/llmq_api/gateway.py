@@ -85,6 +85,7 @@ class Gateway:
             raise unavailable("The request queue (Kafka) is failing; retry after the Retry-After delay",
                               retry_after_s(self.breaker.retry_after_ms()), code=KAFKA_UNAVAILABLE)
         waiter = self.registry.register(request.request_id, request.stream)
+        started_ms = self.clock.now_ms()
         try:
             await asyncio.wait_for(self.producer.produce(request), self.produce_timeout_s)
         except BaseException as exc:
@@ -93,7 +94,7 @@ class Gateway:
             if isinstance(exc, Exception):
                 log.warning("producing %s failed: %r", request.request_id, exc,
                             extra={"request_id": request.request_id})
-                self.breaker.failed(_describe(exc, self.produce_timeout_s))
+                self.breaker.failed(_describe(exc, self.produce_timeout_s), started_ms)
                 raise unavailable("The request queue is unavailable; retry shortly",
                                   retry_after_s(self.breaker.retry_after_ms())) from None
             raise

@@ -66,6 +66,7 @@ class CircuitBreaker:
         self._probe_timeout_ms = probe_timeout_ms
         self._backoff_ms = backoff_ms
         self._until_ms = 0  # open: when the next probe may go; half-open: when the probe in flight is given up on
+        self._succeeded_ms = -1  # when an attempt last succeeded
         self.state = CLOSED
 
     def allow(self) -> bool:
@@ -84,10 +85,15 @@ class CircuitBreaker:
 
     def succeeded(self) -> None:
         self.state, self._backoff_ms = CLOSED, self._base_backoff_ms
+        self._succeeded_ms = self._clock.now_ms()
         self.dependency.mark(True)
 
-    def failed(self, reason: str) -> None:
-        """A produce failed or timed out (or the producer could not start): open, or stay open."""
+    def failed(self, reason: str, started_ms: int | None = None) -> None:
+        """A produce failed or timed out (or the producer could not start): open, or stay open. The failure of an
+        attempt that started before the last success (``started_ms``: a produce sent during an outage that ends after
+        the recovery) says nothing about now and is ignored."""
+        if started_ms is not None and started_ms < self._succeeded_ms:
+            return
         if self.state == OPEN:
             self.dependency.mark(False, reason)
             return

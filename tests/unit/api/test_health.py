@@ -58,6 +58,20 @@ def test_breaker_steps(steps):
         assert (cb.state, cb.retry_after_ms()) == (state, retry_after_ms), f"step {i}"
 
 
+def test_a_failure_of_an_attempt_older_than_the_last_success_keeps_the_breaker_closed():
+    clock = FakeClock(0)
+    breaker = CircuitBreaker(Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=4000,
+                             probe_timeout_ms=2000)
+    started_in_outage = clock.now_ms()
+    clock.advance(500)
+    breaker.succeeded()  # the broker is back: a later produce went through
+    clock.advance(1500)
+    breaker.failed("timed out", started_in_outage)  # the outage's produce times out only now
+    assert breaker.state == CLOSED and breaker.allow()
+    breaker.failed("timed out", clock.now_ms())  # a fresh failure still opens it
+    assert breaker.state == OPEN
+
+
 def test_the_dependency_follows_the_breaker_with_since_and_reason():
     clock = FakeClock(T0)
     cb = breaker(clock)
