@@ -19,6 +19,7 @@ from typing import Final, Literal
 import msgspec
 
 from llmq_core import wire
+from llmq_core.requests import echo
 
 # --- batch statuses (OpenAI spelling) and endpoints ---------------------------------------------------------------
 
@@ -102,10 +103,10 @@ def parse_window(text: str, max_s: int) -> int:
     """
     match = _WINDOW_RE.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
-        raise ValueError(f"completion_window must look like 24h, 90s or 10m, got {text!r}")
+        raise ValueError(f"completion_window must look like 24h, 90s or 10m, got {echo(text)}")
     seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
     if seconds > max_s:
-        raise ValueError(f"completion_window must be at most {max_s}s, got {text!r}")
+        raise ValueError(f"completion_window must be at most {max_s}s, got {echo(text)}")
     return seconds
 
 

@@ -154,12 +154,13 @@ class JobStore:
     async def stored_bytes(self, tenant_id: str) -> int:
         return int(await self.redis.get(jobs.tenant_storage_key(tenant_id)) or 0)
 
-    async def list_files(self, tenant_id: str, limit: int) -> list[FileRecord]:
-        """A tenant's newest files first, at most ``limit``."""
-        members = await self.redis.zrevrangebylex(jobs.tenant_files_key(tenant_id), "+", "-", 0, limit)
+    async def list_files(self, tenant_id: str, after: FileRecord | None, limit: int) -> tuple[list[FileRecord], bool]:
+        """A tenant's files, newest first, starting after ``after``; returns (at most ``limit`` files, has_more)."""
+        top = "+" if after is None else "(" + _file_member(after)
+        members = await self.redis.zrevrangebylex(jobs.tenant_files_key(tenant_id), top, "-", 0, limit + 1)
         ids = [m.decode().split(":", 1)[1] for m in members]
-        records = await self.redis.mget([jobs.file_key(i) for i in ids]) if ids else []
-        return [msgspec.json.decode(r, type=FileRecord) for r in records if r]
+        records = await self.redis.mget([jobs.file_key(i) for i in ids[:limit]]) if ids else []
+        return [msgspec.json.decode(r, type=FileRecord) for r in records if r], len(ids) > limit
 
     async def expired_files(self, now_s: int, limit: int = 100) -> list[str]:
         """Ids of files whose ``expires_at`` has passed."""

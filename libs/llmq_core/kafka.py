@@ -75,13 +75,13 @@ def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str
     (``__*``), llmq's own topics (``llmq.*``: results there would poison its requests, batches or results), and, when
     ``allowed_prefixes`` is not empty, any topic outside them."""
     if not is_valid_topic_name(topic):
-        return f"reply_to.topic {topic!r} is not a valid Kafka topic name"
+        return f"reply_to.topic {topic[:300]!r} is not a valid Kafka topic name"
     if topic.startswith(KAFKA_INTERNAL_TOPIC_PREFIX):
-        return f"reply_to.topic {topic!r} is one of Kafka's internal topics"
+        return f"reply_to.topic {topic[:300]!r} is one of Kafka's internal topics"
     if topic.startswith(TOPIC_PREFIX):
-        return f"reply_to.topic {topic!r} is reserved for llmq itself (prefix {TOPIC_PREFIX!r})"
+        return f"reply_to.topic {topic[:300]!r} is reserved for llmq itself (prefix {TOPIC_PREFIX!r})"
     if allowed_prefixes and not topic.startswith(allowed_prefixes):
-        return f"reply_to.topic {topic!r} does not start with an allowed prefix ({', '.join(allowed_prefixes)})"
+        return f"reply_to.topic {topic[:300]!r} does not start with an allowed prefix ({', '.join(allowed_prefixes)})"
     return None
 
 

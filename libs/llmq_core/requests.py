@@ -27,6 +27,17 @@ ECHOED_CHARS = 40  # of a bad value quoted back in an error message
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
+def echo(value: object) -> str:
+    """``value`` quoted for an error message, cut to ECHOED_CHARS characters so no answer grows with the input
+    (ints are cut as digits: Python refuses str() of one above 4,300)."""
+    text = value if isinstance(value, str) else _digits(value) if isinstance(value, int) else repr(value)
+    return repr(text[:ECHOED_CHARS]) + ("..." if len(text) > ECHOED_CHARS else "")
+
+
+def _digits(value: int) -> str:
+    return str(value) if abs(value) < 10**ECHOED_CHARS else f"{value:x}"[:ECHOED_CHARS] + " (hex)"
+
+
 class RequestError(Exception):
     """A client mistake in a request: ``status`` is the HTTP status the API answers it with."""
 
@@ -119,7 +130,7 @@ def check_messages(messages: list[wire.ChatMessage] | None) -> list[wire.ChatMes
 
 def check_role(i: int, role: str) -> None:
     if role not in CHAT_ROLES:
-        raise invalid(f"Unsupported role {role!r}; expected one of {', '.join(sorted(CHAT_ROLES))}",
+        raise invalid(f"Unsupported role {echo(role)}; expected one of {', '.join(sorted(CHAT_ROLES))}",
                       param=f"messages[{i}].role")
 
 
@@ -171,7 +182,7 @@ def check_logit_bias_size(entries: int) -> None:
 def bad_token_id(token: str) -> RequestError:
     """The 400 for a ``logit_bias`` key that is no token id (``token`` as the caller spelled it)."""
     return invalid(f"'logit_bias' keys must be token ids (integers from 0 to {INT64_MAX}), got "
-                   f"{token[:ECHOED_CHARS]!r}", param="logit_bias")
+                   f"{echo(token)}", param="logit_bias")
 
 
 def check_logit_bias(bias: Mapping[int, float] | None) -> None:

@@ -313,7 +313,7 @@ async def test_files_and_batches_belong_to_their_tenant(harness):
         with pytest.raises(ApiError) as caught:
             await call
         assert caught.value.status == 404
-    assert record.id not in [r.id for r in await harness.api.list_files(OTHER, None, 100)]
+    assert record.id not in [r.id for r in (await harness.api.list_files(OTHER, None, None, 100))[0]]
     assert job.spec.id not in [j.spec.id for j in (await harness.api.list(OTHER, None, 100))[0]]
     assert job.spec.id in [j.spec.id for j in (await harness.api.list(TENANT, None, 100))[0]]
 

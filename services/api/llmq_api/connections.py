@@ -11,6 +11,13 @@ on a request or writes its response (long generations and SSE streams are never 
 Past the header or body deadline the client gets 408 when a request has begun and no response is on its way, and the
 connection closes. A connection beyond ``max_per_client`` from one address is answered 429 at once and closed.
 
+Bytes are bounded too: a request's headers (request line included) may take ``max_header_bytes``, counted as reads
+arrive and before httptools buffers them (it keeps a header being received in memory and copies it on every read, so an
+endless header grew the pod by hundreds of MB and stalled its event loop); past it 431 and the connection closes. Reads
+stay paused while pipelined requests wait their turn (uvicorn resumed after each response), so one connection holds at
+most one read of requests it has not answered. A request httptools cannot parse (a malformed or repeated
+Content-Length) gets the OpenAI error object, not uvicorn's plain-text 400.
+
 Meant for direct exposure. The client address is the socket peer; peers listed as trusted proxies are not capped
 (the proxy's own limits apply to its clients) and only their ``X-Forwarded-For`` names the client in the request.
 """
@@ -18,6 +25,7 @@ Meant for direct exposure. The client address is the socket peer; peers listed a
 from __future__ import annotations
 
 import ipaddress
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +45,7 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_per_client: int  # 0: no cap
+    max_header_bytes: int = Settings.model_fields["api_max_header_bytes"].default
     trusted_proxies: tuple[Network, ...] = ()
 
     def trusts(self, address: str) -> bool:
@@ -53,6 +62,7 @@ def limits_from(settings: Settings) -> ConnectionLimits:
     return ConnectionLimits(header_timeout_s=settings.api_header_timeout_ms / 1000,
                             body_timeout_s=settings.api_body_timeout_ms / 1000,
                             max_per_client=settings.api_max_connections_per_client,
+                            max_header_bytes=settings.api_max_header_bytes,
                             trusted_proxies=parse_networks(settings.api_trusted_proxies))
 
 
@@ -100,6 +110,16 @@ def request_timeout(part: str, timeout_s: float) -> ApiError:
     return ApiError(408, f"The request's {part} did not arrive within {timeout_s:g} s", code="request_timeout")
 
 
+def headers_too_large(limit_bytes: int) -> ApiError:
+    return ApiError(431, f"The request's headers exceed {limit_bytes} bytes", code="headers_too_large")
+
+
+def bad_http_request(reason: str) -> ApiError:
+    """The 400 for a request httptools cannot parse; ``reason`` is its fixed text (e.g. "Duplicate Content-Length")."""
+    param = "Content-Length" if "content-length" in reason.lower() else None
+    return ApiError(400, f"Invalid HTTP request: {reason}", param=param, code="invalid_http_request")
+
+
 def too_many_connections(limit: int) -> ApiError:
     return ApiError(429, f"This client address already holds {limit} connections", type="rate_limit_error",
                     code="too_many_connections", headers={"retry-after": str(RETRY_AFTER_S)})
@@ -116,6 +136,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._deadline: Any = None  # the armed header or body deadline (an asyncio.TimerHandle)
         self._reading_headers = False  # a request has begun and its headers are not complete
         self._counted: str | None = None  # the address this connection counts against
+        self._header_bytes: int | None = 0  # bytes read of the next request's headers; None while a body is read
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -135,6 +156,32 @@ class GuardedProtocol(HttpToolsProtocol):
             self._counted = None
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._header_bytes is None:
+            super().data_received(data)
+            return
+        room = self.limits.max_header_bytes - self._header_bytes
+        self._header_bytes += len(data)
+        if len(data) <= room:
+            super().data_received(data)
+            return
+        if room:
+            super().data_received(data[:room])  # the headers may end within the cap; what follows is their body
+        if self._header_bytes is not None:
+            self._give_up(headers_too_large(self.limits.max_header_bytes) if self._answerable() else None)
+        elif not self.transport.is_closing():
+            super().data_received(data[room:])
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn calls this in its ``except httptools.HttpParserError`` block: the exception says what is wrong."""
+        reason = sys.exc_info()[1]
+        self._give_up(bad_http_request(str(reason) if reason else msg) if self._answerable() else None)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.pipeline:  # uvicorn resumed reading; more requests would queue behind those already waiting
+            self.flow.pause_reading()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading_headers = True
@@ -143,11 +190,13 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._reading_headers = False
+        self._header_bytes = None
         self._disarm()
         super().on_headers_complete()
         self._arm(self.limits.body_timeout_s, self._body_timeout)  # on_message_complete disarms it, also at once
 
     def on_message_complete(self) -> None:
+        self._header_bytes = 0  # the next request's headers start with the next byte
         self._disarm()
         super().on_message_complete()
 
@@ -162,8 +211,12 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _header_timeout(self) -> None:
         self._deadline = None
-        answerable = self._reading_headers and (self.cycle is None or self.cycle.response_complete)
+        answerable = self._reading_headers and self._answerable()
         self._give_up(request_timeout("headers", self.limits.header_timeout_s) if answerable else None)
+
+    def _answerable(self) -> bool:
+        """Whether a response may be written now: none of an earlier request is under way."""
+        return self.cycle is None or self.cycle.response_complete
 
     def _body_timeout(self) -> None:
         self._deadline = None

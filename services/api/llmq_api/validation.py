@@ -15,7 +15,7 @@ import msgspec
 
 from llmq_core import requests, wire
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
-from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, ECHOED_CHARS, INT64_MAX, RequestError
+from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
 from llmq_core.tokenizer import count_tokens, render_chat
 from llmq_api.errors import ApiError, invalid
 
@@ -100,7 +100,7 @@ def check_content_type(content_type: str | None) -> None:
     """Accept ``application/json`` (parameters such as ``charset`` allowed); raise 415 otherwise, also when missing."""
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
-        raise ApiError(415, f"Content-Type must be application/json, got {content_type or 'none'!r}",
+        raise ApiError(415, f"Content-Type must be application/json, got {echo(content_type or 'none')}",
                        param="content-type", code="unsupported_media_type")
 
 
@@ -134,7 +134,7 @@ def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
     timeout_ms = bounded_int(value.strip().removeprefix("+"), INT64_MAX + 1)
     if timeout_ms is None or not 0 < timeout_ms <= INT64_MAX:
         raise invalid(f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds (at most {INT64_MAX}), "
-                      f"got {value[:ECHOED_CHARS]!r}", param=HTTP_TIMEOUT_MS)
+                      f"got {echo(value)}", param=HTTP_TIMEOUT_MS)
     return min(timeout_ms, max_ms)
 
 
@@ -144,7 +144,7 @@ def parse_traffic_class(value: str | None) -> str:
         return INTERACTIVE
     traffic_class = value.strip().lower()
     if traffic_class not in TRAFFIC_CLASSES:
-        raise invalid(f"{HTTP_TRAFFIC_CLASS} must be one of {', '.join(TRAFFIC_CLASSES)}, got {value!r}",
+        raise invalid(f"{HTTP_TRAFFIC_CLASS} must be one of {', '.join(TRAFFIC_CLASSES)}, got {echo(value)}",
                       param=HTTP_TRAFFIC_CLASS)
     return traffic_class
 
@@ -273,7 +273,7 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
     if isinstance(content, list):
         for j, part in enumerate(content):
             if part.type != "text" or part.text is None:
-                raise invalid(f"Only text content parts are supported, got {part.type!r}",
+                raise invalid(f"Only text content parts are supported, got {echo(part.type)}",
                               param=f"messages[{i}].content[{j}]")
         content = "".join(part.text for part in content)
     if content is None:

@@ -130,8 +130,11 @@ class MemoryJobStore:
     async def stored_bytes(self, tenant_id: str) -> int:
         return self.storage.get(tenant_id, 0)
 
-    async def list_files(self, tenant_id: str, limit: int) -> list:
-        return [r for r in self.files.values() if r.tenant_id == tenant_id][::-1][:limit]
+    async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
+        newest_first = [r for r in self.files.values() if r.tenant_id == tenant_id][::-1]
+        if after is not None:
+            newest_first = newest_first[newest_first.index(after) + 1:]
+        return newest_first[:limit], len(newest_first) > limit
 
     async def create_job(self, spec, status: str, times, *, files, lines={}, offsets={}, results={},
                          errors=(), errored: int = 0) -> None:

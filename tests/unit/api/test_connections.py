@@ -4,6 +4,7 @@ The real sockets and real timeouts are in tests/integration/test_api_connections
 """
 
 import asyncio
+import json
 
 import pytest
 import uvicorn
@@ -172,3 +173,49 @@ def test_uvicorn_options_follow_the_settings():
     assert options["http"].clients.limit == 7
     behind_proxy = uvicorn_options(Settings(api_trusted_proxies="10.0.0.0/8"))
     assert behind_proxy["proxy_headers"] is True and behind_proxy["forwarded_allow_ips"] == ["10.0.0.0/8"]
+
+
+def test_headers_past_the_byte_cap_get_431_before_more_is_parsed(connect):
+    protocol, loop, transport = connect()
+    cap = LIMITS.max_header_bytes
+    protocol.data_received(b"POST /v1/completions HTTP/1.1\r\nX-A: ")
+    for _ in range(cap // 4096 + 1):  # an endless header in small reads: refused once the cap is crossed
+        if transport.closed:
+            break
+        protocol.data_received(b"a" * 4096)
+    assert transport.written.startswith(b"HTTP/1.1 431 ") and b'"code":"headers_too_large"' in transport.written
+    assert transport.closed and protocol._header_bytes <= cap + 4096
+
+
+async def test_headers_just_under_the_cap_and_a_body_in_the_same_read_are_served(connect):
+    protocol, _, transport = connect()
+    head = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\nX-A: "
+    pad = LIMITS.max_header_bytes - len(head) - 4
+    protocol.data_received(head + b"a" * pad + b"\r\n\r\n" + b"1234567890" * 1)  # the body lies past the cap
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize("header", [b"Content-Length: " + b"9" * 5000, b"Content-Length: -1",
+                                    b"Content-Length: 10\r\nContent-Length: 20",
+                                    b"Content-Length: 3\r\nTransfer-Encoding: chunked"])
+def test_a_malformed_content_length_gets_the_openai_error_object(connect, header):
+    protocol, _, transport = connect()
+    protocol.data_received(b"POST /v1/completions HTTP/1.1\r\nHost: pod\r\n" + header + b"\r\n\r\n")
+    assert transport.written.startswith(b"HTTP/1.1 400 ") and transport.closed
+    body = json.loads(transport.written.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["param"] == "Content-Length" and body["error"]["code"] == "invalid_http_request"
+
+
+async def test_reading_stays_paused_while_pipelined_requests_wait(connect):
+    protocol, _, transport = connect()
+    protocol.data_received((HEAD + b"1234567890") * 3)
+    assert protocol.flow.read_paused
+    for _ in range(10):
+        await asyncio.sleep(0)
+        if transport.written.count(b"HTTP/1.1 200 ") == 1:
+            assert protocol.flow.read_paused  # one answered, one still queued: no more reads yet
+    while transport.written.count(b"HTTP/1.1 200 ") < 3:
+        await asyncio.sleep(0)
+    assert not protocol.flow.read_paused

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from llmq_core import jobs
+from llmq_core.requests import echo
 from llmq_api import validation
 from llmq_api.errors import ApiError
 
@@ -163,18 +164,19 @@ def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int
         return None
     if not isinstance(custom_id, str) or not jobs.CUSTOM_ID_RE.fullmatch(custom_id):
         checked.fail("invalid_custom_id", "custom_id must be 1-64 characters of letters, digits, '-' and '_', "
-                     f"got {custom_id!r}"[:300], param="custom_id", line=number)
+                     f"got {echo(custom_id)}", param="custom_id", line=number)
         return None
     if custom_id in seen:
-        checked.fail("duplicate_custom_id", f"custom_id {custom_id!r} is used by an earlier line", param="custom_id",
-                     line=number)
+        checked.fail("duplicate_custom_id", f"custom_id {echo(custom_id)} is used by an earlier line",
+                     param="custom_id", line=number)
         return None
     seen.add(custom_id)
     if line.method != "POST":
-        checked.fail("invalid_method", f"method must be POST, got {line.method!r}"[:300], param="method", line=number)
+        checked.fail("invalid_method", f"method must be POST, got {echo(line.method)}", param="method",
+                     line=number)
         return None
     if line.url != endpoint:
-        checked.fail("mismatched_url", f"url must be the batch's endpoint {endpoint}, got {line.url!r}"[:300],
+        checked.fail("mismatched_url", f"url must be the batch's endpoint {endpoint}, got {echo(line.url)}",
                      param="url", line=number)
         return None
     body = bytes(line.body)

@@ -72,9 +72,12 @@ async def create_file(request: Request) -> dict:
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None, limit: int = 100) -> dict:
-    records = await _jobs(request).list_files(_principal(request), purpose, max(1, min(limit, 10_000)))
-    return {"object": "list", "data": [render.file_object(r) for r in records], "has_more": False}
+async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
+                     limit: int = 100) -> dict:
+    records, has_more = await _jobs(request).list_files(_principal(request), purpose, after, limit)
+    data = [render.file_object(r) for r in records]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
 
 
 @router.get("/v1/files/{file_id}")

@@ -24,12 +24,15 @@ from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED
 from llmq_core.filestore import FileStore
 from llmq_core.jobs import FileRecord, JobSpec, JobView
 from llmq_core.jobstore import JobStore
+from llmq_core.requests import echo
 from llmq_core.settings import Settings
 from llmq_api.admission import too_many_requests
 from llmq_api.auth import PERMISSION_ERROR, Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter, check_batch_fits, token_cost
+
+MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 
 UPLOAD_CHUNK_BYTES = 1 << 20
 CREATE_RETRY_AFTER_S = 2  # a busy pod's or tenant's creates: each takes about a second per 10 MB of input
@@ -97,7 +100,7 @@ class BatchJobs:
         """Store an uploaded input file (``purpose`` must be ``batch``). 413 past ``files_max_bytes``; 400 past the
         tenant's storage quota (the bytes of its live uploads)."""
         if purpose != jobs.FILE_PURPOSE_BATCH:
-            raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {purpose!r}", param="purpose")
+            raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {echo(purpose)}", param="purpose")
         file_id = f"file-{uuid.uuid4().hex}"
         path = f"files/{file_id}"
         quota, used = await self._storage(principal)
@@ -155,9 +158,14 @@ class BatchJobs:
             raise not_found("file", file_id)
         return record
 
-    async def list_files(self, principal: Principal, purpose: str | None, limit: int) -> list[FileRecord]:
-        records = await self.store.list_files(principal.tenant_id, limit)
-        return [r for r in records if purpose is None or r.purpose == purpose]
+    async def list_files(self, principal: Principal, purpose: str | None, after: str | None,
+                         limit: int) -> tuple[list[FileRecord], bool]:
+        """A page of the tenant's files, newest first, after the file ``after``; ``purpose`` filters within the page."""
+        if not 1 <= limit <= MAX_FILES_PAGE:
+            raise invalid(f"limit must be between 1 and {MAX_FILES_PAGE}, got {echo(limit)}", param="limit")
+        cursor = await self.get_file(principal, after) if after else None
+        records, has_more = await self.store.list_files(principal.tenant_id, cursor, limit)
+        return [r for r in records if purpose is None or r.purpose == purpose], has_more
 
     async def delete_file(self, principal: Principal, file_id: str) -> None:
         """Forget the file; an input file's bytes go too (a job's results stay with the job)."""
@@ -223,7 +231,7 @@ class BatchJobs:
     async def _create(self, principal: Principal, request: CreateBatch, batch_id: str) -> JobView:
         endpoint = request.endpoint
         if endpoint not in jobs.BATCH_ENDPOINTS:
-            raise invalid(f"endpoint must be one of {', '.join(jobs.BATCH_ENDPOINTS)}, got {endpoint!r}",
+            raise invalid(f"endpoint must be one of {', '.join(jobs.BATCH_ENDPOINTS)}, got {echo(endpoint)}",
                           param="endpoint", code="invalid_endpoint")
         try:
             window_s = jobs.parse_window(request.completion_window, self.settings.batch_max_window_s)
@@ -359,7 +367,7 @@ class BatchJobs:
     async def list(self, principal: Principal, after: str | None, limit: int) -> tuple[list[JobView], bool]:
         """The tenant's batches, newest first, after the batch ``after`` (an id from an earlier page)."""
         if not 1 <= limit <= 100:
-            raise invalid(f"limit must be between 1 and 100, got {limit}", param="limit")
+            raise invalid(f"limit must be between 1 and 100, got {echo(limit)}", param="limit")
         cursor = await self.get(principal, after) if after else None
         return await self.store.list_jobs(principal.tenant_id, cursor, limit)
 
