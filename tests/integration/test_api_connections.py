@@ -18,6 +18,7 @@ import time
 import uuid
 
 import httpx
+import psutil
 import pytest
 from redis.asyncio import Redis
 
@@ -204,3 +205,37 @@ async def _forget_job(batch_id: str) -> None:
                                                        jobs.job_results_key)))
     finally:
         await redis.aclose()
+
+
+def _pod_process(port: int) -> psutil.Process:
+    """The pod process listening on ``port``."""
+    [pid] = {c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+             and c.status == psutil.CONN_LISTEN}
+    return psutil.Process(pid)
+
+
+async def test_headers_past_the_cap_get_431_and_the_pod_stays_small_and_serving(pod):
+    """QA finding: four connections writing one never-ending header at 1 MB a write grew a pod by 335 MB and starved
+    its heartbeat. Each is cut at LLMQ_API_MAX_HEADER_BYTES (64 KiB) with a 431, long before the header timeout."""
+    base_url, port, _ = pod
+    process = _pod_process(port)
+    rss_before = process.memory_info().rss
+    megabyte = b"a" * (1 << 20)
+
+    def flood() -> bytes:
+        with _connect(port) as sock:
+            try:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: pod\r\nX-A: ")
+                for _ in range(8):
+                    sock.sendall(megabyte)
+            except OSError:  # cut off: what it was answered is what counts
+                pass
+            return _read_until_closed(sock)[0]
+
+    floods = [asyncio.create_task(asyncio.to_thread(flood)) for _ in range(4)]
+    async with httpx.AsyncClient(base_url=base_url, timeout=SLACK_S + 5) as client:
+        assert (await client.get("/healthz")).status_code == 200  # another connection is served meanwhile
+    answers = await asyncio.gather(*floods)
+    assert all(a.startswith(b"HTTP/1.1 431 ") for a in answers), [a[:60] for a in answers]
+    assert _json_body(answers[0])["error"]["code"] == "headers_too_large"
+    assert process.memory_info().rss - rss_before < 50 << 20
