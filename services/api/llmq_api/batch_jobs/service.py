@@ -428,7 +428,7 @@ def _rejected(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wi
         request_id=jobs.line_request_id(spec.id, line.custom_id), outcome=wire.Outcome.ERRORED, model=line.model,
         tenant_id=principal.tenant_id, endpoint=jobs.BATCH_ENDPOINTS[spec.endpoint],
         reply_to=wire.JobReply(batch_id=spec.id, custom_id=line.custom_id),
-        error=wire.ErrorInfo(type=error.type, message=error.message, code=error.code),
+        error=wire.ErrorInfo(type=error.type, message=error.message, code=error.code, param=error.param),
         created_ms=spec.created_ms, finished_ms=spec.created_ms)
 
 
