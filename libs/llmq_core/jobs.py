@@ -160,6 +160,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     runnable: int = 0
     prepared_path: str = ""
     results_path: str = ""
+    result_bytes: int = 0  # the most result bytes its ledger may hold: reserved from the tenant's bound while it runs
 
 
 COUNTERS: Final = ("succeeded", "errored", "canceled", "expired", "retried", "dead_letters", "produced",
@@ -219,9 +220,14 @@ def tenant_storage_key(tenant_id: str) -> str:
     return f"{REDIS_FILES_PREFIX}tenant:{tenant_id}:bytes"
 
 
+def tenant_result_bytes_key(tenant_id: str) -> str:
+    """Integer: the largest result bytes the ledgers of the tenant's running jobs may hold (reserved at create)."""
+    return f"{REDIS_JOBS_PREFIX}tenant:{tenant_id}:result-bytes"
+
+
 def job_key(batch_id: str) -> str:
     """Hash: ``spec`` (JSON JobSpec), ``status``, ``at:<status>`` (epoch s), ``errors`` (JSON), COUNTERS, ``cursor``,
-    ``end_ms``."""
+    ``end_ms``, ``result_bytes`` (reserved in :func:`tenant_result_bytes_key` until the ledger is dropped)."""
     return f"{REDIS_JOBS_PREFIX}{batch_id}"
 
 

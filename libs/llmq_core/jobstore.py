@@ -89,6 +89,14 @@ if existed == 1 and tonumber(ARGV[3]) > 0 then redis.call('DECRBY', KEYS[4], ARG
 return existed
 """
 
+# KEYS: the job, its tenant's result-bytes counter. Gives back the job's reservation once (the field goes with it).
+_RELEASE_RESULT_BYTES = """
+local reserved = redis.call('HGET', KEYS[1], 'result_bytes')
+if not reserved then return 0 end
+redis.call('HDEL', KEYS[1], 'result_bytes')
+return redis.call('DECRBY', KEYS[2], reserved)
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class LineChange:
@@ -115,6 +123,7 @@ class JobStore:
         self._release = redis.register_script(_RELEASE)
         self._reserve_storage = redis.register_script(_RESERVE_STORAGE)
         self._delete_file = redis.register_script(_DELETE_FILE)
+        self._release_result_bytes = redis.register_script(_RELEASE_RESULT_BYTES)
 
     # --- files ----------------------------------------------------------------------------------------------------
 
@@ -151,6 +160,16 @@ class JobStore:
         """Give back bytes reserved for an upload that was not kept."""
         await self.redis.decrby(jobs.tenant_storage_key(tenant_id), size)
 
+    async def reserve_result_bytes(self, tenant_id: str, size: int, bound: int) -> int | None:
+        """Count a new job's ``size`` result bytes against its tenant's ``bound``; the bytes reserved before, or None
+        (and nothing counted) when they do not fit. :meth:`create_job` hands the reservation to the job."""
+        used = await self._reserve_storage(keys=[jobs.tenant_result_bytes_key(tenant_id)], args=[size, bound])
+        return None if used < 0 else used
+
+    async def unreserve_result_bytes(self, tenant_id: str, size: int) -> None:
+        """Give back a reservation whose job was not created."""
+        await self.redis.decrby(jobs.tenant_result_bytes_key(tenant_id), size)
+
     async def stored_bytes(self, tenant_id: str) -> int:
         return int(await self.redis.get(jobs.tenant_storage_key(tenant_id)) or 0)
 
@@ -179,6 +198,8 @@ class JobStore:
         job = {"spec": _json(spec), "status": status, "cursor": 0, "errors": _json(list(errors)),
                **{f"at:{name}": at for name, at in times.items()},
                **{name: 0 for name in jobs.COUNTERS}, "errored": len(results) + errored}
+        if spec.result_bytes and status in jobs.ACTIVE_STATUSES:
+            job["result_bytes"] = spec.result_bytes  # the reservation: released with the ledger (retire)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(jobs.job_key(spec.id), mapping=job)
             if lines:
@@ -323,7 +344,12 @@ class JobStore:
 
     async def retire(self, batch_id: str, until_s: int) -> None:
         """After the results file is written: drop the ledger, keep the job's hash until epoch s ``until_s`` (then
-        :meth:`delete_job`; the hash serves the output files, so it gets no TTL an eviction policy could act on)."""
+        :meth:`delete_job`; the hash serves the output files, so it gets no TTL an eviction policy could act on).
+        The job's result-bytes reservation goes back to its tenant."""
+        job = await self.get_job(batch_id)
+        if job is not None:
+            await self._release_result_bytes(keys=[jobs.job_key(batch_id),
+                                                   jobs.tenant_result_bytes_key(job.spec.tenant_id)])
         await self.redis.delete(jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id),
                                 jobs.job_results_key(batch_id), jobs.job_retries_key(batch_id))
         await self.redis.zadd(jobs.JOB_EXPIRY_KEY, {batch_id: until_s})

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     files_tenant_max_bytes: int = 1024 * 1024 * 1024  # a tenant's live uploads, unless its key sets file_storage_bytes
     batch_create_max_per_pod: int = 4  # batch creates validating at once on one API pod; past it 429
     batch_create_max_per_tenant: int = 2  # ... of one tenant on one API pod
+    # Result bytes a job's ledger may hold in Redis (never evicted while the job runs), from each line's largest result
+    batch_job_max_result_bytes: int = 128 * 1024 * 1024  # one job; past it 400 batch_results_too_large
+    batch_tenant_max_result_bytes: int = 256 * 1024 * 1024  # a tenant's running jobs together; past it 429
 
     # ops
     dev_redis_maxmemory_bytes: int = 512 * 1024 * 1024  # the dev/test stack's redis-server (volatile-lru past it)

@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -166,6 +167,46 @@ async def test_structural_faults_fail_the_batch_and_a_bad_body_errs_alone(client
     batch, output, errors = await finish(client, await submit(client, lines))
     assert batch.status == "completed" and [x["custom_id"] for x in output] == ["good"]
     assert [(x["custom_id"], x["response"]["status_code"]) for x in errors] == [("unknown-model", 404)]
+
+
+REFUSED_BODIES = {  # custom_id -> a chat body the endpoint refuses: each kind of validation fault
+    "range": {"temperature": 9}, "n": {"n": 129}, "bigint": {"max_tokens": 10**30}, "type": {"max_tokens": "four"},
+    "model": {"model": "no-such-model"}, "missing": {"messages": None}, "too-long": {"max_tokens": 8192},
+    "stops": {"stop": ["s"] * 5}, "bias": {"logit_bias": {"1" * 5000: 1}},
+    "role": {"messages": [{"role": "wizard", "content": "hi"}]},
+}
+
+
+async def test_a_refused_line_carries_the_endpoints_own_status_and_error_object(client, stack):
+    base = chat_line("x", "hello")["body"]
+    bodies = {cid: {k: v for k, v in {**base, **change}.items() if v is not None}
+              for cid, change in REFUSED_BODIES.items()}
+    batch, output, errors = await finish(client, await submit(
+        client, [{**chat_line(cid, "hello"), "body": body} for cid, body in bodies.items()]))
+    assert batch.status == "completed" and output == [] and len(errors) == len(bodies)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.cfg.api_ports[0]}",
+                                 headers={"Authorization": "Bearer llmq-dev-key"}) as http:
+        for line in errors:
+            answer = await http.post("/v1/chat/completions", json=bodies[line["custom_id"]])
+            assert (line["response"]["status_code"], line["response"]["body"]) == (answer.status_code, answer.json())
+            assert answer.json()["error"]["param"] is not None, line
+
+
+async def test_an_idempotency_key_repeats_only_the_same_create(client):
+    key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+    files = [await upload(client, [chat_line(cid, "hi")]) for cid in ("a", "b")]
+    first = await client.batches.create(input_file_id=files[0], endpoint="/v1/chat/completions",
+                                        completion_window="24h", extra_headers=key)
+    again = await client.batches.create(input_file_id=files[0], endpoint="/v1/chat/completions",
+                                        completion_window="24h", extra_headers=key)
+    assert again.id == first.id
+    for other in ({"input_file_id": files[1]}, {"input_file_id": files[0], "metadata": {"x": "y"}},
+                  {"input_file_id": files[0], "completion_window": "48h"}):
+        with pytest.raises(openai.UnprocessableEntityError) as reused:
+            await client.batches.create(**{"endpoint": "/v1/chat/completions", "completion_window": "24h", **other},
+                                        extra_headers=key)
+        assert reused.value.code == "idempotency_key_reused"
+    await finish(client, first)
 
 
 async def test_files_and_batches_are_invisible_to_another_tenant(client, stack):

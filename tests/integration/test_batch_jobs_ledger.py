@@ -15,9 +15,10 @@ from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
+from llmq_api import validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
-from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.batch_jobs.service import BatchJobs, line_result_bytes
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
 from llmq_result_router.jobs import JobDriver, JobLedger
@@ -374,3 +375,51 @@ async def test_a_router_that_cannot_drive_a_job_hands_it_over(harness):
     await broken.step(job.spec.id)
     other = harness.new_driver()
     assert await harness.store.hold_lease(job.spec.id, other.token, 60_000)
+
+
+async def test_result_bytes_are_bounded_per_job_and_per_tenant_and_come_back_when_a_job_ends():
+    redis = Redis.from_url(Settings().redis_url)
+    per_line = line_result_bytes(validation.parse_completion(json.dumps(json.loads(line("x"))["body"]).encode(),
+                                                             {"llmq-sim": 0}), 0)
+    harness = Harness(redis, batch_job_max_result_bytes=5 * per_line, batch_tenant_max_result_bytes=7 * per_line)
+    tenant = Principal(tenant_id=f"bytes-{uuid.uuid4().hex[:8]}")
+    counter = jobs.tenant_result_bytes_key(tenant.tenant_id)
+    try:
+        with pytest.raises(ApiError) as too_large:
+            await harness.create([line(f"c{i}") for i in range(6)], tenant)
+        assert (too_large.value.status, too_large.value.code) == (400, "batch_results_too_large")
+        first = await harness.create([line(f"c{i}") for i in range(4)], tenant)
+        assert first.spec.result_bytes == 4 * per_line and int(await redis.get(counter)) == 4 * per_line
+        with pytest.raises(ApiError) as busy:
+            await harness.create([line(f"c{i}") for i in range(4)], tenant)
+        assert (busy.value.status, busy.value.code) == (429, "batch_results_quota_exceeded")
+        assert busy.value.response_headers()["x-should-retry"] == "false"
+        assert int(await redis.get(counter)) == 4 * per_line  # the refused job reserved nothing
+        await harness.api.cancel(tenant, first.spec.id)
+        for _ in range(5):
+            await harness.driver.drive(first.spec.id)
+            harness.clock.advance(1000)
+        assert (await harness.job(first.spec.id)).status == jobs.CANCELLED
+        assert int(await redis.get(counter)) == 0  # the ended job's ledger is gone, and so is its reservation
+        second = await harness.create([line(f"c{i}") for i in range(4)], tenant)
+        assert second.status == jobs.IN_PROGRESS
+    finally:
+        await harness.cleanup()
+        await redis.delete(counter)
+        await redis.aclose()
+
+
+async def test_an_idempotency_key_reused_for_another_batch_is_refused(harness):
+    tenant = Principal(tenant_id=f"idem-{uuid.uuid4().hex[:8]}")
+    key = f"k-{uuid.uuid4().hex}"
+    bodies = []
+    for custom_id in ("a", "b"):
+        record = await harness.api.upload(tenant, "in.jsonl", "batch", _Source(line(custom_id).encode()))
+        bodies.append(json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode())
+    first = await harness.api.create(tenant, bodies[0], key)
+    harness.created.append(first.spec.id)
+    with pytest.raises(ApiError) as reused:
+        await harness.api.create(tenant, bodies[1], key)
+    assert (reused.value.status, reused.value.code, reused.value.param) == \
+        (422, "idempotency_key_reused", constants.HTTP_IDEMPOTENCY_KEY)
+    assert (await harness.api.create(tenant, bodies[0], key)).spec.id == first.spec.id

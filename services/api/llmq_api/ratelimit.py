@@ -19,6 +19,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -26,7 +27,7 @@ from redis.exceptions import ResponseError
 from llmq_core import wire
 from llmq_core.clock import Clock
 from llmq_core.constants import MAX_RESULT_BYTES, ratelimit_key
-from llmq_api.admission import Rejection, retry_after_s, too_many_requests
+from llmq_api.admission import MAX_RETRY_AFTER_S, Rejection, retry_after_s, too_many_requests
 from llmq_api.auth import Principal
 from llmq_api.errors import ApiError, invalid, store_unavailable
 from llmq_api.exchange import SHUTDOWN_REASON
@@ -199,9 +200,13 @@ class RateLimiter:
         draw = draws[which - 1]
         per = "min" if draw.period_ms == MINUTE_MS else "day"
         retry_s = retry_after_s(wait_ms) if draw.period_ms == MINUTE_MS else max(1, math.ceil(wait_ms / 1000))
+        at = datetime.fromtimestamp((self._clock.now_ms() + wait_ms) / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         message = (f"Rate limit reached for tenant {principal.tenant_id} on {draw.bucket} per {per}: limit "
-                   f"{draw.limit}. Please try again in {retry_s}s.")
-        return Rejection(f"tenant_{draw.bucket}", too_many_requests(message, retry_s, type=draw.bucket))
+                   f"{draw.limit}. Please try again in {retry_s}s (at {at}).")
+        error = too_many_requests(message, retry_s, type=draw.bucket)
+        # SDKs ignore a Retry-After past a minute and retry at once: say a quick retry cannot help (x-should-retry)
+        error.retryable = retry_s <= MAX_RETRY_AFTER_S
+        return Rejection(f"tenant_{draw.bucket}", error)
 
     def _args(self, draws: Sequence[Draw]) -> list[int]:
         args = [self._clock.now_ms()]

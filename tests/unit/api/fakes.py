@@ -106,6 +106,7 @@ class MemoryJobStore:
         self.jobs: dict = {}
         self.batch_keys: dict[tuple[str, str], str] = {}
         self.storage: dict[str, int] = {}
+        self.result_bytes: dict[str, int] = {}
 
     async def put_file(self, record) -> None:
         self.files[record.id] = record
@@ -129,6 +130,16 @@ class MemoryJobStore:
 
     async def stored_bytes(self, tenant_id: str) -> int:
         return self.storage.get(tenant_id, 0)
+
+    async def reserve_result_bytes(self, tenant_id: str, size: int, bound: int) -> int | None:
+        used = self.result_bytes.get(tenant_id, 0)
+        if used + size > bound:
+            return None
+        self.result_bytes[tenant_id] = used + size
+        return used
+
+    async def unreserve_result_bytes(self, tenant_id: str, size: int) -> None:
+        self.result_bytes[tenant_id] = self.result_bytes.get(tenant_id, 0) - size
 
     async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
         newest_first = [r for r in self.files.values() if r.tenant_id == tenant_id][::-1]

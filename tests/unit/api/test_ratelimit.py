@@ -145,3 +145,16 @@ async def test_an_unlimited_tenant_settles_without_a_task():
     limiter = RateLimiter(FakeRedis(), FakeClock())
     Charge(limiter, Principal(tenant_id="t"), 60).cancel()
     assert limiter._settling == set()
+
+
+@pytest.mark.parametrize("wait_ms, retry, should_retry", [(52_117_000, "52117", "false"), (30_000, "30", "true")])
+async def test_a_short_daily_quota_says_when_it_resets_and_whether_a_quick_retry_can_help(wait_ms, retry,
+                                                                                           should_retry):
+    redis, clock = FakeRedis(), FakeClock(1_700_000_000_000)
+    redis.take_reply = [0, wait_ms, 1]
+    rejection = await RateLimiter(redis, clock).acquire_batch(Principal(tenant_id="acme", tokens_per_min=10), 900)
+    headers = rejection.error.response_headers()
+    assert rejection.error.status == 429 and headers["retry-after"] == retry
+    assert headers["x-should-retry"] == should_retry  # SDKs ignore a Retry-After past 60 s and retry at once
+    reset = "2023-11-14T22:" if wait_ms < 60_000 else "2023-11-15T"
+    assert f"(at {reset}" in rejection.error.message

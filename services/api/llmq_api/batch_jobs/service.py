@@ -20,22 +20,27 @@ import msgspec
 
 from llmq_core import jobs, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED
+from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, HTTP_IDEMPOTENCY_KEY, MAX_RESULT_BYTES
 from llmq_core.filestore import FileStore
 from llmq_core.jobs import FileRecord, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
 from llmq_api.admission import too_many_requests
+from llmq_api import validation
 from llmq_api.auth import PERMISSION_ERROR, Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.errors import ApiError, invalid
-from llmq_api.ratelimit import RateLimiter, check_batch_fits, token_cost
+from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 
 UPLOAD_CHUNK_BYTES = 1 << 20
 CREATE_RETRY_AFTER_S = 2  # a busy pod's or tenant's creates: each takes about a second per 10 MB of input
+# Budgeting a line's ledger bytes: UTF-8 bytes per generated token (tokenizers average about 4 for English text; the
+# simulated engine makes 1) and a stored result's envelope beyond its text (ids, usage, timings, per-choice fields).
+RESULT_BYTES_PER_TOKEN = 4
+RESULT_ENVELOPE_BYTES = 512
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 _json = msgspec.json.encode
 
@@ -62,6 +67,7 @@ class _Tally:
     errored: int = 0
     estimate: int = 0
     position: int = 0
+    result_bytes: int = 0  # the most the job's ledger may hold: each line's largest result (see line_result_bytes)
 
 
 class _Failed(Exception):
@@ -204,10 +210,11 @@ class BatchJobs:
 
     async def create(self, principal: Principal, body: bytes, idempotency_key: str | None = None) -> JobView:
         """Validate and create a job from a ``POST /v1/batches`` body. A repeated ``idempotency_key`` returns the
-        batch it created (nothing runs twice). Raises 400 (bad body, endpoint, window, metadata, input file purpose,
-        an estimate over the batch quota), 403 (the key may not use the deferred class), 404 (input file), 409 (the
-        same key's batch is being created), 429 (requests per minute, the batch quota's rest today, concurrent
-        creates)."""
+        batch it created (nothing runs twice); the same key with another input file, endpoint, window or metadata is
+        refused 422. Raises 400 (bad body, endpoint, window, metadata, input file purpose, an estimate over the batch
+        quota, possible results over the job's or the tenant's result bytes), 403 (the key may not use the deferred
+        class), 404 (input file), 409 (the same key's batch is being created), 429 (requests per minute, the batch
+        quota's rest today, the tenant's running jobs' result bytes, concurrent creates)."""
         _check_deferred(principal, "create batches")
         await self._take_request(principal)
         request = _decode_create(body)
@@ -221,6 +228,10 @@ class BatchJobs:
             if job is None:
                 raise ApiError(409, "A batch with this Idempotency-Key is being created; retry shortly",
                                code="idempotency_key_in_use", retryable=True)
+            if not _repeats(request, job.spec):
+                raise ApiError(422, f"This Idempotency-Key already created batch {job.spec.id} with a different "
+                               "input_file_id, endpoint, completion_window or metadata",
+                               param=HTTP_IDEMPOTENCY_KEY, code="idempotency_key_reused")
             return job
         try:
             return await self._create(principal, request, batch_id)
@@ -300,15 +311,37 @@ class BatchJobs:
         if checker.checked.errors:
             raise _Failed(checker.checked)
         check_batch_fits(tally.estimate, principal)
-        rejection = await self.limiter.acquire_batch(principal, tally.estimate)
-        if rejection is not None:
-            raise rejection.error
+        spec = msgspec.structs.replace(spec, total=tally.total, runnable=tally.runnable,
+                                       result_bytes=tally.result_bytes)
+        await self._reserve_result_bytes(spec)
         try:
-            return await self._start(msgspec.structs.replace(spec, total=tally.total, runnable=tally.runnable),
-                                     tally.errored)
+            rejection = await self.limiter.acquire_batch(principal, tally.estimate)
+            if rejection is not None:
+                raise rejection.error
+            try:
+                return await self._start(spec, tally.errored)
+            except BaseException:
+                await self.limiter.refund_batch(principal, tally.estimate)
+                raise
         except BaseException:
-            await self.limiter.refund_batch(principal, tally.estimate)
+            await self.store.unreserve_result_bytes(spec.tenant_id, spec.result_bytes)
             raise
+
+    async def _reserve_result_bytes(self, spec: JobSpec) -> None:
+        """Bound what the job's ledger may hold in Redis (never evicted while it runs): 400 past the job's bound or
+        one the tenant's could never fit, 429 while the tenant's running jobs hold too much of theirs."""
+        settings = self.settings
+        bound = min(settings.batch_job_max_result_bytes, settings.batch_tenant_max_result_bytes)
+        if spec.result_bytes > bound:
+            raise invalid(f"This batch's results could take {spec.result_bytes} bytes (each line's largest result: "
+                          f"{RESULT_BYTES_PER_TOKEN} bytes per token of n x max_tokens, at most {MAX_RESULT_BYTES}, "
+                          f"plus {RESULT_ENVELOPE_BYTES}); the limit is {bound} bytes per batch. Split the file or "
+                          "lower max_tokens/n", param="input_file_id", code="batch_results_too_large")
+        limit = settings.batch_tenant_max_result_bytes
+        if await self.store.reserve_result_bytes(spec.tenant_id, spec.result_bytes, limit) is None:
+            raise ApiError(429, f"This tenant's running batches could take up to {limit} bytes of results, and this "
+                           f"one's {spec.result_bytes} do not fit beside them; create it once some of them have "
+                           "ended", param="input_file_id", code="batch_results_quota_exceeded", retryable=False)
 
     async def _stage(self, spec: JobSpec, principal: Principal, lines: list[inputs.InputLine],
                      write: Callable[[bytes], Awaitable[int]], tally: _Tally) -> None:
@@ -321,13 +354,16 @@ class BatchJobs:
                 tally.errored += 1
                 states[line.custom_id] = jobs.ERRORED
                 results[line.custom_id] = _rejected(spec, principal, line)
+                tally.result_bytes += len(wire.encode(results[line.custom_id]))
                 continue
             encoded = wire.encode(_request(spec, principal, line), CONTENT_TYPE_JSON) + b"\n"
             prepared.append(encoded)
             offsets[line.custom_id] = f"{tally.position}:{tally.position + len(encoded)}"
             tally.position += len(encoded)
             tally.runnable += 1
-            tally.estimate += token_cost(line.valid, windows.get(line.valid.model, 0))
+            window = windows.get(line.valid.model, 0)
+            tally.estimate += token_cost(line.valid, window)
+            tally.result_bytes += line_result_bytes(line.valid, window)
             states[line.custom_id] = jobs.pending(0)
         if prepared:
             await write(b"".join(prepared))
@@ -398,6 +434,19 @@ def _chunks(source: BinaryIO, limit: int) -> Iterator[bytes]:
         yield chunk
 
 
+def line_result_bytes(valid: validation.ValidRequest, context_window: int) -> int:
+    """The most a line's stored result may take: its text budgeted at RESULT_BYTES_PER_TOKEN per token it may
+    generate (n x effective max_tokens), at most the workers' MAX_RESULT_BYTES, plus the result's envelope."""
+    tokens = valid.sampling.n * effective_max_tokens(valid, context_window)
+    return min(MAX_RESULT_BYTES, tokens * RESULT_BYTES_PER_TOKEN) + RESULT_ENVELOPE_BYTES
+
+
+def _repeats(request: CreateBatch, spec: JobSpec) -> bool:
+    """Whether a create repeats the one that made ``spec`` (an Idempotency-Key retry) rather than asking for more."""
+    return (request.input_file_id, request.endpoint, request.completion_window, request.metadata) == \
+        (spec.input_file_id, spec.endpoint, spec.completion_window, spec.metadata)
+
+
 def _check_deferred(principal: Principal, action: str) -> None:
     if DEFERRED not in principal.classes:
         raise ApiError(403, f"This API key may not use the deferred class that batches run in, so it may not {action}",
@@ -441,7 +490,7 @@ def _rejected(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wi
         request_id=jobs.line_request_id(spec.id, line.custom_id), outcome=wire.Outcome.ERRORED, model=line.model,
         tenant_id=principal.tenant_id, endpoint=jobs.BATCH_ENDPOINTS[spec.endpoint],
         reply_to=wire.JobReply(batch_id=spec.id, custom_id=line.custom_id),
-        error=wire.ErrorInfo(type=error.type, message=error.message, code=error.code),
+        error=wire.ErrorInfo(type=error.type, message=error.message, code=error.code, param=error.param),
         created_ms=spec.created_ms, finished_ms=spec.created_ms)
 
 
