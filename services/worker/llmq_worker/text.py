@@ -26,6 +26,13 @@ class Detokenizer(Protocol):
         """Text still held back at the end; an incomplete trailing character is dropped."""
         ...
 
+    def state(self) -> object:
+        """A checkpoint: :meth:`restore` undoes every push since."""
+        ...
+
+    def restore(self, state: object) -> None:
+        ...
+
 
 class WindowDetokenizer:
     """Incremental detokenizer for any tokenizer's ``decode``: re-decodes a short window of recent ids and emits the new
@@ -51,6 +58,13 @@ class WindowDetokenizer:
         text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return text[len(prefix_text) :].replace(REPLACEMENT_CHAR, "")
+
+    def state(self) -> tuple[int, int, int]:
+        return len(self._ids), self._prefix, self._read
+
+    def restore(self, state: tuple[int, int, int]) -> None:
+        count, self._prefix, self._read = state
+        del self._ids[count:]
 
 
 class StopMatcher:
@@ -80,6 +94,13 @@ class StopMatcher:
         """The held-back tail, at the end of generation (it did not become a stop string)."""
         held, self._held = self._held, ""
         return "" if self.stopped else held
+
+    def state(self) -> tuple[str, bool]:
+        """A checkpoint: :meth:`restore` undoes every push since."""
+        return self._held, self.stopped
+
+    def restore(self, state: tuple[str, bool]) -> None:
+        self._held, self.stopped = state
 
 
 def _overlap(text: str, stop: str) -> int:
@@ -152,7 +173,23 @@ class ChoiceText:
         return "".join(self._parts)
 
     def push(self, token_ids: list[int]) -> str:
-        """Feed generated ids; returns the newly visible text ('' while a character or a possible stop is pending)."""
+        """Feed generated ids; returns the newly visible text ('' while a character or a possible stop is pending).
+
+        Cost is in bytes, not tokens: the ids go through as one slice unless that slice ends the choice (a stop string
+        or the byte cap); only then is it rolled back and replayed id by id, to count exactly the tokens before the end.
+        """
+        if self.done:
+            return ""
+        checkpoint = self._detokenizer.state(), self._matcher.state()
+        text = self._matcher.push(self._detokenizer.push(token_ids))
+        if not self._matcher.stopped and len(text.encode()) < self._budget.left_bytes:
+            self.tokens += len(token_ids)
+            return self._emit(self._budget.take(text))
+        self._detokenizer.restore(checkpoint[0])
+        self._matcher.restore(checkpoint[1])
+        return self._push_each(token_ids)
+
+    def _push_each(self, token_ids: list[int]) -> str:
         out = []
         for token_id in token_ids:
             self.capped = self.capped or self._budget.exhausted
