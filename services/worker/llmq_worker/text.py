@@ -26,13 +26,6 @@ class Detokenizer(Protocol):
         """Text still held back at the end; an incomplete trailing character is dropped."""
         ...
 
-    def state(self) -> object:
-        """A checkpoint: :meth:`restore` undoes every push since."""
-        ...
-
-    def restore(self, state: object) -> None:
-        ...
-
 
 class WindowDetokenizer:
     """Incremental detokenizer for any tokenizer's ``decode``: re-decodes a short window of recent ids and emits the new
@@ -58,13 +51,6 @@ class WindowDetokenizer:
         text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return text[len(prefix_text) :].replace(REPLACEMENT_CHAR, "")
-
-    def state(self) -> tuple[int, int, int]:
-        return len(self._ids), self._prefix, self._read
-
-    def restore(self, state: tuple[int, int, int]) -> None:
-        count, self._prefix, self._read = state
-        del self._ids[count:]
 
 
 class StopMatcher:
@@ -175,11 +161,15 @@ class ChoiceText:
     def push(self, token_ids: list[int]) -> str:
         """Feed generated ids; returns the newly visible text ('' while a character or a possible stop is pending).
 
-        Cost is in bytes, not tokens: the ids go through as one slice unless that slice ends the choice (a stop string
-        or the byte cap); only then is it rolled back and replayed id by id, to count exactly the tokens before the end.
+        With the byte-level detokenizer cost is in bytes, not tokens: the ids go through as one slice unless that slice
+        ends the choice (a stop string or the byte cap); only then is it rolled back and replayed id by id, to count
+        exactly the tokens before the end. (A window detokenizer may hold text across a slice's bounds, so a slice could
+        end later than ids one by one: it always goes id by id; its engines push one id per step anyway.)
         """
         if self.done:
             return ""
+        if not isinstance(self._detokenizer, IncrementalDetokenizer):
+            return self._push_each(token_ids)
         checkpoint = self._detokenizer.state(), self._matcher.state()
         text = self._matcher.push(self._detokenizer.push(token_ids))
         if not self._matcher.stopped and len(text.encode()) < self._budget.left_bytes:
