@@ -257,8 +257,8 @@ def test_deferred_fills_empty_slots_above_the_reserve_and_never_displaces_other_
 )
 def test_a_tenant_of_huge_requests_gets_a_fair_share_of_tokens_not_of_requests(shapes, frees):
     """Fair share weighs estimated tokens (prompt + n x max_tokens), not requests (QA finding 3): while both tenants are
-    backlogged, the tokens dispatched to each differ by at most one request's estimate, so a tenant of huge requests
-    lets many small requests of another tenant through between two of its own."""
+    backlogged, the tokens dispatched to each differ by at most one request's estimate of each (SFQ's bound), so a tenant
+    of huge requests lets many small requests of another tenant through between two of its own."""
     policy, clock = make_policy()
     big_left, small_left = 60, 3000
     for i in range(big_left):
@@ -267,7 +267,7 @@ def test_a_tenant_of_huge_requests_gets_a_fair_share_of_tokens_not_of_requests(s
         policy.add(msgspec.structs.replace(big, sampling=wire.SamplingParams(max_tokens=max_tokens, n=n)))
     for i in range(small_left):
         policy.add(req(f"small-{i}", tenant="small", max_tokens=50, deadline_in_ms=10**9))
-    most = max(n * max_tokens for n, max_tokens in shapes) + 10
+    bound = max(n * max_tokens for n, max_tokens in shapes) + 10 + (50 + 10)  # largest big + small estimate
     tokens = {"big": 0, "small": 0}
     step = 0
     while big_left and small_left:
@@ -279,5 +279,6 @@ def test_a_tenant_of_huge_requests_gets_a_fair_share_of_tokens_not_of_requests(s
                     big_left -= 1
                 else:
                     small_left -= 1
-        assert abs(tokens["big"] - tokens["small"]) <= most, (step, tokens)
+        if big_left and small_left:  # a round that empties one lane may then serve only the other
+            assert abs(tokens["big"] - tokens["small"]) <= bound, (step, tokens)
         step += 1
