@@ -45,6 +45,13 @@ class IncrementalDetokenizer:
         """Text still held back at the end of generation (incomplete trailing bytes are dropped)."""
         return self._decoder.decode(b"", final=True)
 
+    def state(self) -> tuple[bytes, int]:
+        """A checkpoint for :meth:`restore` (the bytes of a pending character)."""
+        return self._decoder.getstate()
+
+    def restore(self, state: tuple[bytes, int]) -> None:
+        self._decoder.setstate(state)
+
 
 def render_chat(messages: list[tuple[str, str]] | list) -> str:
     """The prompt text of a chat for the built-in models: one ``<|role|>`` header line per message, then the assistant's.

@@ -81,6 +81,13 @@ class StopMatcher:
         held, self._held = self._held, ""
         return "" if self.stopped else held
 
+    def state(self) -> tuple[str, bool]:
+        """A checkpoint: :meth:`restore` undoes every push since."""
+        return self._held, self.stopped
+
+    def restore(self, state: tuple[str, bool]) -> None:
+        self._held, self.stopped = state
+
 
 def _overlap(text: str, stop: str) -> int:
     """Length of the longest proper prefix of ``stop`` that ``text`` ends with."""
@@ -152,7 +159,27 @@ class ChoiceText:
         return "".join(self._parts)
 
     def push(self, token_ids: list[int]) -> str:
-        """Feed generated ids; returns the newly visible text ('' while a character or a possible stop is pending)."""
+        """Feed generated ids; returns the newly visible text ('' while a character or a possible stop is pending).
+
+        With the byte-level detokenizer cost is in bytes, not tokens: the ids go through as one slice unless that slice
+        ends the choice (a stop string or the byte cap); only then is it rolled back and replayed id by id, to count
+        exactly the tokens before the end. (A window detokenizer may hold text across a slice's bounds, so a slice could
+        end later than ids one by one: it always goes id by id; its engines push one id per step anyway.)
+        """
+        if self.done:
+            return ""
+        if not isinstance(self._detokenizer, IncrementalDetokenizer):
+            return self._push_each(token_ids)
+        checkpoint = self._detokenizer.state(), self._matcher.state()
+        text = self._matcher.push(self._detokenizer.push(token_ids))
+        if not self._matcher.stopped and len(text.encode()) < self._budget.left_bytes:
+            self.tokens += len(token_ids)
+            return self._emit(self._budget.take(text))
+        self._detokenizer.restore(checkpoint[0])
+        self._matcher.restore(checkpoint[1])
+        return self._push_each(token_ids)
+
+    def _push_each(self, token_ids: list[int]) -> str:
         out = []
         for token_id in token_ids:
             self.capped = self.capped or self._budget.exhausted

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import msgspec
 
 from llmq_core import wire
 from llmq_batcher.policy import REQUEST_TOO_LARGE, class_index, estimated_tokens
 
-from tests.unit.batcher.helpers import CLASSES, T0, entry_bytes, hb, make_policy, req
+from tests.unit.batcher.helpers import CLASSES, T0, dispatched_ids, entry_bytes, hb, make_policy, req
 
 WORKERS = {  # worker id -> (model, fixed batch time ms)
     "w0": ("llmq-sim", 0),
@@ -246,3 +247,38 @@ def test_deferred_fills_empty_slots_above_the_reserve_and_never_displaces_other_
     deferred_sent = sum(len(b.requests) - len(ids) for b, ids in zip(with_deferred.batches, others_of))
     room_left = sum(max(free[w] - reserve - sent.get(w, 0), 0) for w in free)
     assert deferred_sent == deferred or room_left == 0, "deferred work stayed queued beside empty slots"
+
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 16), st.integers(64, 512)), min_size=1, max_size=6),
+    frees=st.lists(st.integers(1, 8), min_size=1, max_size=10),
+)
+def test_a_tenant_of_huge_requests_gets_a_fair_share_of_tokens_not_of_requests(shapes, frees):
+    """Fair share weighs estimated tokens (prompt + n x max_tokens), not requests (QA finding 3): while both tenants are
+    backlogged, the tokens dispatched to each differ by at most one request's estimate of each (SFQ's bound), so a tenant
+    of huge requests lets many small requests of another tenant through between two of its own."""
+    policy, clock = make_policy()
+    big_left, small_left = 60, 3000
+    for i in range(big_left):
+        n, max_tokens = shapes[i % len(shapes)]
+        big = req(f"big-{i}", tenant="big", max_tokens=max_tokens, deadline_in_ms=10**9)
+        policy.add(msgspec.structs.replace(big, sampling=wire.SamplingParams(max_tokens=max_tokens, n=n)))
+    for i in range(small_left):
+        policy.add(req(f"small-{i}", tenant="small", max_tokens=50, deadline_in_ms=10**9))
+    bound = max(n * max_tokens for n, max_tokens in shapes) + 10 + (50 + 10)  # largest big + small estimate
+    tokens = {"big": 0, "small": 0}
+    step = 0
+    while big_left and small_left:
+        policy.on_heartbeat(hb("w1", free=frees[step % len(frees)], last_batch_id=f"t-{step}", now_ms=clock.now_ms()))
+        for batch in policy.schedule(clock.now_ms()).batches:
+            for request in batch.requests:
+                tokens[request.tenant_id] += estimated_tokens(request)
+                if request.tenant_id == "big":
+                    big_left -= 1
+                else:
+                    small_left -= 1
+        if big_left and small_left:  # a round that empties one lane may then serve only the other
+            assert abs(tokens["big"] - tokens["small"]) <= bound, (step, tokens)
+        step += 1

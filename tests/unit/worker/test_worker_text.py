@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmq_core.tokenizer import encode
-from llmq_worker.text import ChoiceText, StopMatcher, WindowDetokenizer
+from llmq_core.tokenizer import VOCAB_SIZE, IncrementalDetokenizer, encode
+from llmq_worker.text import ChoiceText, ResultBudget, StopMatcher, WindowDetokenizer
 
 
 def reference_cut(text: str, stops: list[str]) -> str:
@@ -90,3 +90,38 @@ def test_window_detokenizer_holds_partial_characters_and_drops_invalid_bytes():
     assert "".join(pieces) == "aé😀b"
     assert all("\ufffd" not in piece for piece in pieces)
     assert pieces[1:3] == ["", "é"]  # the first byte of é is held back until the second arrives
+
+
+class _CountingDetokenizer(IncrementalDetokenizer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def push(self, token_ids: list[int]) -> str:
+        self.calls += 1
+        return super().push(token_ids)
+
+
+def test_a_slice_that_ends_nothing_costs_one_push_not_one_per_token():
+    """A large request's cost must be in bytes (slices), not Python work per token (QA finding 3)."""
+    detokenizer = _CountingDetokenizer()
+    choice = ChoiceText(["never"], detokenizer, ResultBudget(1 << 20))
+    assert choice.push(encode("abc" * 10_000)) == "abc" * 10_000
+    assert detokenizer.calls == 1 and choice.tokens == 30_000
+
+
+def _one_by_one(choice: ChoiceText, ids: list[int]) -> list[str]:
+    return [choice.push([token_id]) for token_id in ids]
+
+
+@given(st.one_of(st.text(alphabet, max_size=30).map(encode), st.lists(st.integers(0, VOCAB_SIZE - 1), max_size=40)),
+       st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3), st.lists(st.integers(0, 120)), st.integers(0, 60))
+def test_slices_end_exactly_where_token_by_token_pushes_end(ids, stops, cuts, limit_bytes):
+    """Same text, token count, finish reason and cap for any slicing of any ids (invalid bytes, special ids included),
+    under any byte budget."""
+    sliced, single = ChoiceText(stops, budget=ResultBudget(limit_bytes)), ChoiceText(stops, budget=ResultBudget(limit_bytes))
+    pieces = [sliced.push(part) for part in _split(ids, cuts)] + [sliced.finish()]
+    reference = _one_by_one(single, ids) + [single.finish()]
+    assert "".join(pieces) == sliced.text == "".join(reference) == single.text
+    assert (sliced.tokens, sliced.stopped, sliced.capped) == (single.tokens, single.stopped, single.capped)
+    assert len(sliced.text.encode()) <= limit_bytes

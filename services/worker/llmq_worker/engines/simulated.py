@@ -151,7 +151,9 @@ class SimulatedEngine:
                 self._fail_running()
                 return
             for run in list(self._running.values()):
-                self._advance(run, len(run.tokens) * tick // ticks)
+                if run.request.request_id in self._running:  # not canceled while this tick yielded
+                    self._advance(run, len(run.tokens) * tick // ticks)
+                    await asyncio.sleep(0)  # one request's slice at a time: heartbeats, cancels and results run between
         for run in list(self._running.values()):
             self._finish(run)
         self._running.clear()
