@@ -16,8 +16,8 @@ from llmq_core.constants import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK
 
 SCHEMA_VERSION = 1
 
-# Every integer field is bounded to what msgpack carries as a signed int (and what the DESIGN calls int64), so a record
-# whose integer cannot be re-encoded fails decoding (and is dead-lettered) instead of raising wherever it is encoded later.
+# Every integer field is bounded to int64 (what msgpack carries signed), so a record with an integer that cannot be
+# re-encoded fails decoding (and is dead-lettered) instead of raising wherever it is encoded later.
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # a count or index: never negative
 

@@ -94,7 +94,7 @@ class ResultRouter:
             await self._route_traced(message, record)
         except (RedisError, KafkaError, OSError):
             raise  # transient: run() routes the fetch again
-        except Exception as exc:  # this record's own fault: it must not stop its partition (run() would route it forever)
+        except Exception as exc:  # this record's own fault: run() would route it again forever, stopping its partition
             log.exception("routing the record at %s[%d]@%d failed", record.topic, record.partition, record.offset)
             await self._dead_letter(record, f"{type(exc).__name__}: {exc}")
 

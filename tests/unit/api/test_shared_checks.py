@@ -66,11 +66,12 @@ def test_a_fault_gets_the_same_error_over_http_and_from_kafka(fields, status, pa
 
 
 def test_an_integer_past_int64_is_a_400_over_http_and_undecodable_from_kafka():
+    body = {"model": "llmq-sim", "prompt": "hello", "seed": -(2**63) - 1}
     with pytest.raises(ApiError) as http:
-        parse_completion(msgspec.json.encode({"model": "llmq-sim", "prompt": "hello", "seed": -(2**63) - 1}), RULES.windows)
+        parse_completion(msgspec.json.encode(body), RULES.windows)
     assert (http.value.status, http.value.param, http.value.code) == (400, "seed", "out_of_range")
     with pytest.raises(msgspec.ValidationError):  # the batcher dead-letters such a record (wire bounds)
-        wire_request({"model": "llmq-sim", "prompt": "hello", "seed": -(2**63) - 1})
+        wire_request(body)
 
 
 @pytest.mark.parametrize(("messages", "param"), [([], "messages"), ([{"role": "robot", "content": "x"}],

@@ -38,8 +38,8 @@ def test_every_int64_decodes_and_re_encodes(fields):
 
 
 @pytest.mark.parametrize("message", [
-    wire.FinalResult(request_id="r", outcome=wire.Outcome.SUCCEEDED, model="m", reply_to=wire.HttpReply(instance_id="p"),
-                     choices=[wire.Choice(index=-1, text="x")]),
+    wire.FinalResult(request_id="r", outcome=wire.Outcome.SUCCEEDED, model="m",
+                     reply_to=wire.HttpReply(instance_id="p"), choices=[wire.Choice(index=-1, text="x")]),
     wire.TokenChunk(request_id="r", text="x", seq=-1, sent_ms=0),
     wire.WorkerHeartbeat(worker_id="w", partition=0, model="m", max_slots=1, running=0, queued=0, free_slots=0,
                          est_drain_ms=2**63, sent_ms=0),
