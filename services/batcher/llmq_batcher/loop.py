@@ -9,6 +9,7 @@ policy needs no locks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -110,6 +111,7 @@ class BatcherLoop:
         self.drain = DrainMeter(self.started_ms)
         self.backlog_drain = BacklogDrain(self.started_ms)
         self._produce_failures: Counter[str] = Counter()  # model -> transient batch produce failures in a row
+        self._announced: dict[str, tuple[int, int]] = {}  # model a worker heartbeat named -> (context window, when)
 
     def subscribe(self) -> None:
         """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
@@ -218,12 +220,21 @@ class BatcherLoop:
             if earlier is not None:
                 return await self._enter_copy(tp, offset, request, position, earlier not in ("", fingerprint))
         try:
-            requests.check_request(request, self.rules)
+            requests.check_request(request, self._rules_now(now_ms))
         except requests.RequestError as exc:
             await self._answer_at_entry(tp, offset, request, refused(request, exc.error_info(), now_ms))
             return None
         max_timeout_ms = self.rules.max_timeout_of(request)
         return request if max_timeout_ms is None else requests.clamp_deadline(request, max_timeout_ms, now_ms)
+
+    def _rules_now(self, now_ms: int) -> requests.Rules:
+        """The rules, also accepting the models workers announced lately, as an API pod's catalogue does (its records
+        for such a model pass here too)."""
+        announced = {model: window for model, (window, seen_ms) in self._announced.items()
+                     if now_ms - seen_ms <= constants.SEEN_MODEL_TTL_MS}
+        if announced.keys() <= self.rules.windows.keys():
+            return self.rules
+        return dataclasses.replace(self.rules, windows={**announced, **self.rules.windows})
 
     async def _claim(self, request_id: str, position: str, fingerprint: str) -> str | None:
         """Claim ``request_id`` for the record at ``position`` with the fingerprint of its parameters; None when this
@@ -302,6 +313,7 @@ class BatcherLoop:
             return
         if isinstance(message, wire.WorkerHeartbeat):
             self.policy.on_heartbeat(message)
+            self._announced[message.model] = (message.context_window, self.clock.now_ms())
         elif isinstance(message, wire.Cancel):
             self.policy.cancel(message.request_id, message.reason)
         else:

@@ -8,7 +8,7 @@ import msgspec
 
 from llmq_core import constants, requests, wire
 from llmq_batcher.loop import BatcherLoop
-from tests.unit.batcher.helpers import T0, make_policy, req
+from tests.unit.batcher.helpers import T0, hb, make_policy, req
 from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
 
 REPLIES = wire.KafkaReply(topic="team.replies")
@@ -132,3 +132,15 @@ async def test_records_with_http_or_job_replies_get_the_same_checks_and_clamp():
     assert wire.decode(redis.published[0][1]).request_id == "h1"
     assert policy.queued_total == 1 and policy.schedule(T0 + 60_001).answers[0].outcome is wire.Outcome.EXPIRED
     assert not any(k.startswith(constants.request_copy_key("")) for k in redis.data)  # API ids are not claimed
+
+
+async def test_a_model_a_worker_announced_passes_as_at_the_api_until_its_heartbeats_stop():
+    loop, policy, producer, _ = make_loop()
+    loop._on_signal(wire.encode(hb("w1", model="fake-model")))
+    job = wire.JobReply(batch_id="b1", custom_id="c1")
+    await put(loop, direct("j1", reply_to=job, model="fake-model"), 0)
+    assert producer.sent == [] and policy.holds("j1")
+    loop.clock.advance(constants.SEEN_MODEL_TTL_MS + 1)
+    await put(loop, direct("j2", reply_to=job, model="fake-model", deadline_ms=T0 + 10**9), 1)
+    (unknown,) = answers(producer)
+    assert (unknown.request_id, unknown.error.code) == ("j2", "model_not_found")
