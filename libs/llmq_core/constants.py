@@ -159,3 +159,7 @@ RECORD_HEADROOM_BYTES: Final = 64 << 10  # a record's envelope beyond its payloa
 # Kafka max.message.bytes of every llmq topic and max_request_size of every producer: a request body of the largest
 # allowed size (see Settings.api_max_body_bytes) or a result of MAX_RESULT_BYTES, each with headroom, fits in one record.
 KAFKA_MAX_MESSAGE_BYTES: Final = 8 << 20
+
+# A model no worker heartbeat announced for this long is no longer accepted (built-in and configured models always are):
+# the API pods' catalogue and the batcher's checks of requests from Kafka agree on it.
+SEEN_MODEL_TTL_MS: Final = 60_000

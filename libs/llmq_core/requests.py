@@ -7,6 +7,7 @@ answers with its ``status`` and the batcher puts into an ``errored`` result. Par
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -77,13 +78,21 @@ class Rules:
     max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
     max_timeout_ms: Mapping[str, int] = field(default_factory=lambda: {
         cls: bounds[1] for cls, bounds in timeouts_by_class(Settings.model_construct()).items()})
+    max_job_timeout_ms: int = Settings.model_fields["batch_max_window_s"].default * 1000  # a batch-job line's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
         windows = dict.fromkeys(settings.extra_models, 0)
         windows.update({m.name: m.context_window for m in BUILTIN_MODELS.values()})
         return cls(windows=windows, max_stop_bytes=settings.api_max_stop_bytes,
-                   max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()})
+                   max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()},
+                   max_job_timeout_ms=settings.batch_max_window_s * 1000)
+
+    def max_timeout_of(self, request: wire.GenerationRequest) -> int | None:
+        """The longest a request may live: a batch-job line's window at most, else its class's maximum (None: none)."""
+        if isinstance(request.reply_to, wire.JobReply):
+            return self.max_job_timeout_ms
+        return self.max_timeout_ms.get(request.traffic_class)
 
 
 def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
@@ -94,6 +103,13 @@ def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
     sampling = request.sampling
     check_sampling(sampling, max_stop_bytes=rules.max_stop_bytes)
     check_context(count_tokens(text), sampling.max_tokens, window, "messages" if chat else "prompt", True)
+
+
+def fingerprint(request: wire.GenerationRequest) -> str:
+    """Hex digest of what shapes a request's result (model, endpoint, input, sampling): a re-produced request_id is a
+    true repeat only when this matches (ids, times, reply target and tenant are the record's, not its parameters)."""
+    shape = (request.model, request.endpoint, request.prompt, request.messages, request.sampling)
+    return hashlib.sha256(msgspec.msgpack.encode(shape)).hexdigest()
 
 
 def clamp_deadline(request: wire.GenerationRequest, max_timeout_ms: int, now_ms: int) -> wire.GenerationRequest:

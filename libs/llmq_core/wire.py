@@ -8,13 +8,18 @@ changes type. Times are epoch milliseconds (``*_ms``) unless the name says other
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from llmq_core.constants import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK
 
 SCHEMA_VERSION = 1
+
+# Every integer field is bounded to int64 (what msgpack carries signed), so a record with an integer that cannot be
+# re-encoded fails decoding (and is dead-lettered) instead of raising wherever it is encoded later.
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # a count or index: never negative
 
 TrafficClass = Literal["interactive", "near_interactive", "deferred"]
 Tier = Literal["paid", "free"]
@@ -55,7 +60,7 @@ class _Struct(msgspec.Struct, frozen=True, kw_only=True):
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of top-level wire messages: tagged by ``type``, versioned by ``schema_version``."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Count = SCHEMA_VERSION
 
 
 # --- reply targets: where a request's outcome goes -------------------------------------------------------------------
@@ -99,13 +104,13 @@ class SamplingParams(_Struct, kw_only=True):
     vocabulary).
     """
 
-    max_tokens: int = 16
+    max_tokens: Int64 = 16
     temperature: float = 1.0
     top_p: float = 1.0
     stop: list[str] = []
-    seed: int | None = None
-    n: int = 1
-    logit_bias: dict[int, float] | None = None
+    seed: Int64 | None = None
+    n: Int64 = 1
+    logit_bias: dict[Int64, float] | None = None
 
 
 class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
@@ -126,12 +131,12 @@ class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = SamplingParams()
     stream: bool = False
-    created_ms: int
-    deadline_ms: int
+    created_ms: Int64
+    deadline_ms: Int64
     reply_to: ReplyTo
-    attempt: int = 0
+    attempt: Count = 0
     idempotency_key: str | None = None
-    prompt_tokens: int = 0
+    prompt_tokens: Count = 0
     traceparent: str | None = None  # W3C trace context of this request's latest hop (a Batch carries many requests)
 
 
@@ -142,7 +147,7 @@ class Batch(_Message, kw_only=True, tag="batch"):
     worker_id: str
     model: str
     requests: list[GenerationRequest]
-    formed_ms: int
+    formed_ms: Int64
     flush_reason: FlushReason
 
 
@@ -157,17 +162,17 @@ class Cancel(_Message, kw_only=True, tag="cancel"):
 
 
 class Usage(_Struct, kw_only=True):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
+    prompt_tokens: Count = 0
+    completion_tokens: Count = 0
+    total_tokens: Count = 0
 
 
 class Timings(_Struct, kw_only=True):
     """Milliseconds: ``queued_ms`` from created to engine start, ``ttft_ms`` created to first token, ``total_ms`` to end."""
 
-    queued_ms: int = 0
-    ttft_ms: int = 0
-    total_ms: int = 0
+    queued_ms: Int64 = 0
+    ttft_ms: Int64 = 0
+    total_ms: Int64 = 0
 
 
 class ErrorInfo(_Struct, kw_only=True):
@@ -179,7 +184,7 @@ class ErrorInfo(_Struct, kw_only=True):
 
 
 class Choice(_Struct, kw_only=True):
-    index: int
+    index: Count
     text: str
     finish_reason: FinishReason | None = None
 
@@ -191,11 +196,11 @@ class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
     receives text from two generations."""
 
     request_id: str
-    index: int = 0
+    index: Count = 0
     text: str
-    seq: int
-    sent_ms: int
-    attempt: int = 0
+    seq: Count
+    sent_ms: Int64
+    attempt: Count = 0
 
 
 class FinalResult(_Message, kw_only=True, tag="final_result"):
@@ -212,9 +217,9 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     timings: Timings = Timings()
     error: ErrorInfo | None = None
     worker_id: str | None = None
-    created_ms: int = 0
-    finished_ms: int = 0
-    batch_size: int = 0
+    created_ms: Int64 = 0
+    finished_ms: Int64 = 0
+    batch_size: Count = 0
     traffic_class: TrafficClass | None = None  # the request's class (None from producers that predate it): metrics
     # Set on the answer to a re-produced request_id (a second Kafka record with the id of a known request): that record's
     # position, "<topic>/<partition>@<offset>". The result-router delivers it once per copy and never stores it.
@@ -227,8 +232,8 @@ class StreamMark(_Message, kw_only=True, tag="stream_mark"):
     request with a mark not ``done`` (its attempt was lost mid-stream) answers it ``stream_interrupted`` instead of
     running it again; ``completion_tokens``: what the caller received (counted by ``llmq_core.tokenizer``)."""
 
-    attempt: int
-    completion_tokens: int = 0
+    attempt: Count
+    completion_tokens: Count = 0
     done: bool = False
 
 
@@ -244,16 +249,16 @@ class WorkerHeartbeat(_Message, kw_only=True, tag="worker_heartbeat"):
     """
 
     worker_id: str
-    partition: int
+    partition: Int64
     model: str
-    max_slots: int
-    running: int
-    queued: int
-    free_slots: int
-    est_drain_ms: int
-    sent_ms: int
-    fixed_batch_time_ms: int = 0
-    context_window: int = 0
+    max_slots: Int64
+    running: Int64
+    queued: Int64
+    free_slots: Int64
+    est_drain_ms: Int64
+    sent_ms: Int64
+    fixed_batch_time_ms: Int64 = 0
+    context_window: Int64 = 0
     last_batch_id: str = ""
 
 
@@ -261,7 +266,7 @@ class PodHeartbeat(_Message, kw_only=True, tag="pod_heartbeat"):
     """An API pod is alive; work whose pod stops sending these is cancelled."""
 
     instance_id: str
-    sent_ms: int
+    sent_ms: Int64
 
 
 # --- admission signals --------------------------------------------------------------------------------------------------
@@ -271,8 +276,8 @@ class QueueLoad(_Struct, kw_only=True):
     """One priority class's queue in one batcher: requests queued, the age (ms) of the oldest of them, and the rate
     its requests were dispatched at lately (requests/s, smoothed over about ``DRAIN_TAU_MS`` of the batcher)."""
 
-    depth: int = 0
-    oldest_age_ms: int = 0
+    depth: Count = 0
+    oldest_age_ms: Int64 = 0
     drained_per_s: float = 0.0
     # requests of this class and the classes above dispatched per second while some of them were queued: the rate a
     # backlog drains at (smoothed; between backlogs the last one measured; 0: never measured)
@@ -284,9 +289,9 @@ class ModelLoad(_Struct, kw_only=True):
     and when a heartbeat of one of its workers last arrived (epoch ms; 0: never since the batcher started)."""
 
     classes: dict[str, QueueLoad] = {}
-    workers: int = 0
-    slots: int = 0
-    worker_seen_ms: int = 0
+    workers: Count = 0
+    slots: Int64 = 0
+    worker_seen_ms: Int64 = 0
     capacity_per_s: float = 0.0  # requests/s the live workers can take by their heartbeats (slots per batch time)
 
 
@@ -297,10 +302,10 @@ class BatcherSaturation(_Message, kw_only=True, tag="batcher_saturation"):
     model no worker was ever seen for counts as gone once the worker heartbeat timeout has passed since then."""
 
     batcher_id: str
-    sent_ms: int
+    sent_ms: Int64
     classes: dict[str, QueueLoad] = {}
     models: dict[str, ModelLoad] = {}
-    started_ms: int = 0
+    started_ms: Int64 = 0
 
 
 class PodUnfinished(_Message, kw_only=True, tag="pod_unfinished"):
@@ -309,8 +314,8 @@ class PodUnfinished(_Message, kw_only=True, tag="pod_unfinished"):
     any batcher has read them from Kafka."""
 
     instance_id: str
-    sent_ms: int
-    models: dict[str, dict[str, int]] = {}
+    sent_ms: Int64
+    models: dict[str, dict[str, Count]] = {}
 
 
 Message = (GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat

@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, kafka, requests, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.settings import Settings
 from llmq_batcher.loop import BatcherLoop, Names
@@ -64,8 +64,10 @@ async def _running_batcher(config: PolicyConfig | None = None, *, slots: int = 8
     producer = make_producer()  # the test's own
     consumer = kafka.make_consumer(settings, group_id=f"test-batcher-{tag}")
     policy = BatchPolicy(config or PolicyConfig(batch_id_prefix=tag), SYSTEM_CLOCK)
+    # the checks of requests from Kafka with the fake worker's context window unknown (as for LLMQ_EXTRA_MODELS): the
+    # tests' multi-MiB prompts are about record sizes, not the model's window
     loop = BatcherLoop(policy, consumer, kafka.RenewableProducer(make_producer), redis, SYSTEM_CLOCK, max_queued=1000,
-                       names=names)
+                       names=names, rules=requests.Rules(windows={MODEL: 0}))
     await producer.start()
     await loop.producer.start()
     loop.subscribe()

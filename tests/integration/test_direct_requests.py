@@ -5,6 +5,7 @@ maximum is clamped; a re-produced request_id gets its stored result again, or, o
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
@@ -114,3 +115,74 @@ async def test_a_reproduced_request_id_gets_its_stored_result_again_then_request
     reused = (await replies(reader, topic, 3))[2]
     assert (reused["outcome"], reused["error"]["code"]) == ("errored", "request_id_reused")
     assert repr(request.request_id) in reused["error"]["message"]
+
+
+async def test_a_record_past_int64_is_dead_lettered_and_its_neighbours_in_the_fetch_are_answered(clients, stack):
+    """QA finding 1: the tester's record (``attempt`` of 2**64) used to restart the batcher's consume pass, dropping
+    the valid records fetched with it (never answered) and freezing the group's committed offset."""
+    topic, producer, reader, _ = clients
+    tag, now_ms = uuid.uuid4().hex[:8], int(time.time() * 1000)
+    ids = [f"nb-{tag}-{i}" for i in range(4)]
+    headers = [(constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_JSON.encode())]
+    batch = producer.create_batch()
+    for i, request_id in enumerate(ids):
+        poison = ',"attempt":18446744073709551616' if i == 0 else ""
+        value = (f'{{"type":"generation_request","request_id":"{request_id}","tenant_id":"dev","created_ms":{now_ms},'
+                 f'"deadline_ms":{now_ms + 60_000},"reply_to":{{"kind":"kafka","topic":"{topic}"}},'
+                 f'"model":"llmq-sim","prompt":"hi","sampling":{{"max_tokens":4}}{poison}}}').encode()
+        batch.append(key=request_id.encode(), value=value, timestamp=None, headers=headers)
+    interactive = constants.requests_topic(constants.INTERACTIVE)
+    meta = await (await producer.send_batch(batch, interactive, partition=0))  # one fetch holds all four
+    answered = {r["request_id"]: r["outcome"] for r in await replies(reader, topic, 3)}
+    assert answered == dict.fromkeys(ids[1:], "succeeded")
+    tp = TopicPartition(interactive, 0)
+    dead = await read_from(reader, {TopicPartition(constants.TOPIC_DEAD_LETTERS, p): 0 for p in
+                                    await producer.partitions_for(constants.TOPIC_DEAD_LETTERS)}, None, 15)
+    (reason,) = [dict(r.headers)[constants.HEADER_ERROR] for r in dead if r.key == ids[0].encode()]
+    assert b"$.attempt" in reason
+    group = AIOKafkaConsumer(bootstrap_servers=stack.cfg.kafka_bootstrap, group_id=constants.GROUP_BATCHER,
+                             enable_auto_commit=False)
+    await group.start()
+    try:  # no subscribe: reads the batcher group's commits without joining it
+        deadline = time.monotonic() + 10
+        while (await group.committed(tp) or 0) < meta.offset + 4:
+            assert time.monotonic() < deadline, "the batcher's committed offset did not pass the four records"
+            await reader.getmany(timeout_ms=200)
+    finally:
+        await group.stop()
+
+
+async def test_a_record_with_an_http_reply_gets_the_checks(clients):
+    """QA finding 5: a record with an ``http`` reply skipped every check (1000 choices, temperature -5 were served)."""
+    _, producer, _, _ = clients
+    now_ms = int(time.time() * 1000)
+    bad = wire.GenerationRequest(
+        request_id=f"http-{uuid.uuid4().hex[:8]}", tenant_id="dev", model="llmq-sim", prompt="hi",
+        sampling=wire.SamplingParams(max_tokens=4, n=1000, temperature=-5, top_p=7), created_ms=now_ms,
+        deadline_ms=now_ms + 60_000, reply_to=wire.HttpReply(instance_id="api-nobody"))
+    await produce(producer, bad)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}/v1", timeout=10,
+                                 headers={"Authorization": "Bearer llmq-dev-key"}) as http:
+        deadline = time.monotonic() + 15
+        while (got := await http.get(f"/requests/{bad.request_id}")).status_code == 404:  # not finished yet
+            assert time.monotonic() < deadline, got.text
+            await asyncio.sleep(0.2)
+    body = got.json()
+    assert body["status"] == "errored", body
+    assert (body["error"]["code"], body["error"]["param"]) == ("out_of_range", "temperature")
+
+
+async def test_a_reproduced_request_id_with_other_parameters_is_errored_request_id_reused(clients):
+    """QA finding 8: a copy with another prompt silently got the first request's result."""
+    topic, producer, reader, _ = clients
+    request = direct(f"diff-{uuid.uuid4().hex[:8]}", topic, {"model": "llmq-sim", "prompt": "hi", "max_tokens": 4})
+    await produce(producer, request)
+    await replies(reader, topic, 1)
+    other = msgspec.structs.replace(request, prompt="DIFFERENT", sampling=wire.SamplingParams(max_tokens=9))
+    await produce(producer, other)
+    await produce(producer, request)  # a true repeat still gets the stored result
+    first, differs, repeat = await replies(reader, topic, 3)
+    error = differs["error"]
+    assert (differs["outcome"], error["code"], error["param"]) == ("errored", "request_id_reused", "request_id")
+    assert "different parameters" in error["message"] and not differs["choices"]
+    assert repeat["outcome"] == "succeeded" and repeat["choices"] == first["choices"] and repeat["request_copy"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from llmq_core import wire
+from llmq_core import constants, wire
 from llmq_core.clock import Clock
 from llmq_core.models import BUILTIN_MODELS
 
-SEEN_MODEL_TTL_MS = 60_000  # a model no worker announced for this long is forgotten (built-ins never are)
+SEEN_MODEL_TTL_MS = constants.SEEN_MODEL_TTL_MS  # a model no worker announced for this long is forgotten
 
 
 class ModelCatalog:

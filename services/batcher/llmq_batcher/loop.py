@@ -9,6 +9,7 @@ policy needs no locks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from llmq_core.metrics import BatcherMetrics
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.telemetry import request_fields
 from llmq_batcher.offsets import OffsetTracker
-from llmq_batcher.outcomes import final_result, refused, replayed, reply_topic_refusal, reused_id
+from llmq_batcher.outcomes import (final_result, refused, replayed, reply_topic_refusal, reused_id,
+                                   reused_id_other_parameters)
 from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
@@ -109,6 +111,7 @@ class BatcherLoop:
         self.drain = DrainMeter(self.started_ms)
         self.backlog_drain = BacklogDrain(self.started_ms)
         self._produce_failures: Counter[str] = Counter()  # model -> transient batch produce failures in a row
+        self._announced: dict[str, tuple[int, int]] = {}  # model a worker heartbeat named -> (context window, when)
 
     def subscribe(self) -> None:
         """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
@@ -146,71 +149,119 @@ class BatcherLoop:
         while not self._stopping.is_set():
             records = await self.consumer.getmany(timeout_ms=100, max_records=500)
             for tp, batch in records.items():
-                for record in batch:
-                    await self.ingest(tp, record)
+                for i, record in enumerate(batch):
+                    try:
+                        await self.ingest(tp, record)
+                    except Exception:  # only the dead letter's produce can fail here (a broker outage)
+                        self._rewind(records, tp, i)
+                        raise
             if records:
                 self._wake.set()
 
+    def _rewind(self, records, failed_tp: TopicPartition, failed_index: int) -> None:
+        """Seek every partition of a fetch back to its first record not taken in, so a failure while taking one record
+        in drops none of the records fetched with it: they are fetched again when the consume task restarts."""
+        tps = list(records)
+        for tp in tps[tps.index(failed_tp):]:
+            first = records[tp][failed_index if tp == failed_tp else 0]
+            self.offsets.untrack(tp, first.offset)
+            self.consumer.seek(tp, first.offset)
+
     async def ingest(self, tp: TopicPartition, record) -> None:
-        """Take one consumed record: a request goes to the policy, anything else to the dead letters."""
+        """Take one consumed record: a request goes to the policy, anything else to the dead letters. Whatever goes
+        wrong while taking one record in costs only that record (dead-lettered with the reason), never its fetch."""
         self.offsets.track(tp, record.offset)
         try:
-            message = wire.decode_record(record.value, record.headers)
+            message = await self._admit(tp, record)
+            status = self.policy.add(message) if message is not None else None
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._dead_letter(tp, record, str(exc))
             return
-        if not isinstance(message, wire.GenerationRequest):
-            await self._dead_letter(tp, record, f"not a generation_request: {type(message).__name__}")
+        except Exception as exc:
+            log.exception("taking in %s[%d]@%d failed", record.topic, record.partition, record.offset)
+            await self._dead_letter(tp, record, f"{type(exc).__name__}: {exc}")
             return
-        if isinstance(message.reply_to, wire.KafkaReply):
-            message = await self._enter_direct(tp, record.offset, message)
-            if message is None:
-                return
-        status = self.policy.add(message)
-        if self.metrics is not None:
-            self.metrics.consumed(message)
-        if tracing.enabled() and status is not AddStatus.DUPLICATE:
-            self.spans.consumed(message, record.headers)
+        if status is None:
+            return
         if status is AddStatus.DUPLICATE and message.request_id not in self._held:
             self.offsets.settle(tp, record.offset)  # its twin already went out
         else:
             self._held.setdefault(message.request_id, []).append((tp, record.offset))
+        if self.metrics is not None:
+            self.metrics.consumed(message)
+        if tracing.enabled() and status is not AddStatus.DUPLICATE:
+            self.spans.consumed(message, record.headers)
+
+    async def _admit(self, tp: TopicPartition, record) -> wire.GenerationRequest | None:
+        """The record's request, checked, to be queued; None when it was answered or dead-lettered here."""
+        message = wire.decode_record(record.value, record.headers)
+        if not isinstance(message, wire.GenerationRequest):
+            await self._dead_letter(tp, record, f"not a generation_request: {type(message).__name__}")
+            return None
+        return await self._enter_direct(tp, record.offset, message)
 
     async def _enter_direct(self, tp: TopicPartition, offset: int,
                             request: wire.GenerationRequest) -> wire.GenerationRequest | None:
-        """Where a request produced straight to Kafka enters: the API's checks (``llmq_core.requests``), its reply
-        topic, its id's claim. Returns it (deadline clamped to its class's maximum) to be queued, or None when it was
-        answered here: errored for a fault, or, for a copy of a known id that is not held here, that id's stored
-        result again (or errored ``request_id_reused``). A copy of an id held here joins it (one answer, as before)."""
+        """Where a request from Kafka enters, whatever its reply kind (an API pod's records pass too): the API's checks
+        (``llmq_core.requests``) and its deadline clamped to its class's maximum (a batch-job line's: the longest
+        batch window); a Kafka-direct one's reply topic and its id's claim first. Returns it to be queued, or None when
+        it was answered here: errored for a fault, or, for a copy of a known id that is not held here, that id's stored
+        result again (errored ``request_id_reused`` when there is none or its parameters differ). A true copy of an id
+        held here joins it (one answer, as before)."""
         now_ms = self.clock.now_ms()
-        reason = kafka.reply_topic_error(request.reply_to.topic, self.names.reply_topic_prefixes)
-        if reason is not None:  # checked first: nothing, not even a replay, may be produced to that topic
-            await self._answer_at_entry(tp, offset, request, refused(request, reply_topic_refusal(reason), now_ms))
-            return None
-        position = f"{tp.topic}/{tp.partition}@{offset}"
-        if not await self._claim(request.request_id, position):
-            if self.policy.holds(request.request_id):
-                return request  # joins its twin: unchecked, so it cannot answer in the twin's place
-            await self._answer_copy(tp, offset, request, position)
-            return None
+        if isinstance(request.reply_to, wire.KafkaReply):
+            reason = kafka.reply_topic_error(request.reply_to.topic, self.names.reply_topic_prefixes)
+            if reason is not None:  # checked first: nothing, not even a replay, may be produced to that topic
+                await self._answer_at_entry(tp, offset, request, refused(request, reply_topic_refusal(reason), now_ms))
+                return None
+            position = f"{tp.topic}/{tp.partition}@{offset}"
+            fingerprint = requests.fingerprint(request)
+            earlier = await self._claim(request.request_id, position, fingerprint)
+            if earlier is not None:
+                return await self._enter_copy(tp, offset, request, position, earlier not in ("", fingerprint))
         try:
-            requests.check_request(request, self.rules)
+            requests.check_request(request, self._rules_now(now_ms))
         except requests.RequestError as exc:
             await self._answer_at_entry(tp, offset, request, refused(request, exc.error_info(), now_ms))
             return None
-        max_timeout_ms = self.rules.max_timeout_ms.get(request.traffic_class)
+        max_timeout_ms = self.rules.max_timeout_of(request)
         return request if max_timeout_ms is None else requests.clamp_deadline(request, max_timeout_ms, now_ms)
 
-    async def _claim(self, request_id: str, position: str) -> bool:
-        """Claim ``request_id`` for the record at ``position``; False when another record claimed it first (a
-        redelivery of the claiming record is not another). Without Redis every record counts as the first."""
+    def _rules_now(self, now_ms: int) -> requests.Rules:
+        """The rules, also accepting the models workers announced lately, as an API pod's catalogue does (its records
+        for such a model pass here too)."""
+        announced = {model: window for model, (window, seen_ms) in self._announced.items()
+                     if now_ms - seen_ms <= constants.SEEN_MODEL_TTL_MS}
+        if announced.keys() <= self.rules.windows.keys():
+            return self.rules
+        return dataclasses.replace(self.rules, windows={**announced, **self.rules.windows})
+
+    async def _claim(self, request_id: str, position: str, fingerprint: str) -> str | None:
+        """Claim ``request_id`` for the record at ``position`` with the fingerprint of its parameters; None when this
+        record is the first (a redelivery of the claiming record is not another), else the first one's fingerprint
+        ("" for a claim that carries none). Without Redis every record counts as the first."""
         try:
-            first = await self.redis.set(constants.request_copy_key(request_id), position, nx=True, get=True,
-                                         px=self.request_id_ttl_ms)
+            first = await self.redis.set(constants.request_copy_key(request_id), f"{position} {fingerprint}", nx=True,
+                                         get=True, px=self.request_id_ttl_ms)
         except Exception as exc:
             log.warning("claiming request id failed, taking it as new: %s", exc, extra=request_fields(request_id))
-            return True
-        return first is None or first == position.encode()
+            return None
+        first_position, _, first_fingerprint = (first or b"").decode(errors="replace").partition(" ")
+        return None if first is None or first_position == position else first_fingerprint
+
+    async def _enter_copy(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest, position: str,
+                          differs: bool) -> wire.GenerationRequest | None:
+        """A record re-producing a claimed request_id: errored when its parameters ``differ`` from the first's (a
+        producer's id reuse must not get another request's result), else it joins a twin held here, else the stored
+        result again."""
+        if differs:
+            error = reused_id_other_parameters(request.request_id)
+            await self._answer_at_entry(tp, offset, request, refused(request, error, self.clock.now_ms(), position))
+            return None
+        if self.policy.holds(request.request_id):
+            return request  # joins its twin: unchecked, so it cannot answer in the twin's place
+        await self._answer_copy(tp, offset, request, position)
+        return None
 
     async def _answer_copy(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest,
                            position: str) -> None:
@@ -229,8 +280,10 @@ class BatcherLoop:
 
     async def _answer_at_entry(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest,
                                result: wire.FinalResult) -> None:
-        """Send ``result`` to llmq.results (the result-router delivers it), never queueing ``request``. Left unsettled
-        when it cannot be produced, like _send_answer: answered again after a restart."""
+        """Send ``result`` to llmq.results (the result-router delivers it; an HTTP request's pod also gets it on its
+        channel, as every answer), never queueing ``request``. Left unsettled when it cannot be produced, like
+        _send_answer: answered again after a restart."""
+        await self._publish_replies([result])
         try:
             await kafka.send_message(self.producer, self.names.results_topic, result, key=request.request_id)
         except Exception as exc:
@@ -260,6 +313,7 @@ class BatcherLoop:
             return
         if isinstance(message, wire.WorkerHeartbeat):
             self.policy.on_heartbeat(message)
+            self._announced[message.model] = (message.context_window, self.clock.now_ms())
         elif isinstance(message, wire.Cancel):
             self.policy.cancel(message.request_id, message.reason)
         else:

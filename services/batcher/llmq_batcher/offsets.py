@@ -35,6 +35,15 @@ class OffsetTracker:
         state.pending.append(offset)
         state.next_offset = offset + 1
 
+    def untrack(self, partition: Hashable, offset: int) -> None:
+        """Forget the records consumed from ``offset`` on: the consumer was sought back to consume them again."""
+        state = self._partitions.get(partition)
+        if state is None:
+            return
+        while state.pending and state.pending[-1] >= offset:
+            state.done.discard(state.pending.pop())
+        state.next_offset = min(state.next_offset, offset)
+
     def settle(self, partition: Hashable, offset: int) -> None:
         """The record at ``offset`` is dispatched, answered or skipped. Unknown partitions are ignored (revoked)."""
         state = self._partitions.get(partition)

@@ -48,6 +48,16 @@ def reused_id(request_id: str) -> wire.ErrorInfo:
                 f"Use a new request_id to run this request.")
 
 
+def reused_id_other_parameters(request_id: str) -> wire.ErrorInfo:
+    """The error of a re-produced ``request_id`` whose parameters differ from its first request's: a producer reused
+    the id for another request, which must not get the first one's result."""
+    return wire.ErrorInfo(
+        type="invalid_request_error", param="request_id", code=REQUEST_ID_REUSED,
+        message=f"The request_id {request_id!r} was already used by a request with different parameters (model, "
+                f"endpoint, prompt or messages, sampling); only an exact repeat gets its result. Use a new request_id "
+                f"to run this request.")
+
+
 def refused(request: wire.GenerationRequest, error: wire.ErrorInfo, now_ms: int,
             request_copy: str = "") -> wire.FinalResult:
     """The ``errored`` result of a Kafka-direct request answered at entry, never queued."""

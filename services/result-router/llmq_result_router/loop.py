@@ -107,6 +107,15 @@ class ResultRouter:
         if not isinstance(message, wire.FinalResult):
             await self._dead_letter(record, f"not a final_result: {type(message).__name__}")
             return
+        try:
+            await self._route_traced(message, record)
+        except (RedisError, KafkaError, OSError):
+            raise  # transient: run() routes the fetch again
+        except Exception as exc:  # this record's own fault: run() would route it again forever, stopping its partition
+            log.exception("routing the record at %s[%d]@%d failed", record.topic, record.partition, record.offset)
+            await self._dead_letter(record, f"{type(exc).__name__}: {exc}")
+
+    async def _route_traced(self, message: wire.FinalResult, record) -> None:
         if not tracing.enabled():
             await self._route(message, record)
             return

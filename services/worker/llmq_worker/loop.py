@@ -125,7 +125,7 @@ class WorkerLoop:
 
     async def _take(self, record) -> Outbox:
         try:
-            batch = wire.decode(record.value, wire.content_type_of(record.headers))
+            batch = wire.decode_record(record.value, record.headers)  # raises only these two, for any bad record
             reason = f"not a batch: {type(batch).__name__}"
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             batch, reason = None, str(exc)

@@ -22,7 +22,6 @@ CASES = [  # (body fields beyond model and prompt, expected status, param, code)
     ({"n": 0}, 400, "n", "out_of_range"),
     ({"n": requests.MAX_N + 1}, 400, "n", "out_of_range"),
     ({"max_tokens": 0}, 400, "max_tokens", "out_of_range"),
-    ({"seed": -(2**63) - 1}, 400, "seed", "out_of_range"),
     ({"n": 2, "max_tokens": 600_000}, 400, "max_tokens", "result_too_large"),
     ({"max_tokens": 8192}, 400, "max_tokens", "context_length_exceeded"),
     ({"stop": ["a"] * (requests.MAX_STOP_SEQUENCES + 1)}, 400, "stop", None),
@@ -64,6 +63,15 @@ def test_a_fault_gets_the_same_error_over_http_and_from_kafka(fields, status, pa
     http, direct = both_errors({"model": "llmq-sim", "prompt": "hello", **fields})
     assert http == direct
     assert (http[0], http[3], http[4]) == (status, param, code)
+
+
+def test_an_integer_past_int64_is_a_400_over_http_and_undecodable_from_kafka():
+    body = {"model": "llmq-sim", "prompt": "hello", "seed": -(2**63) - 1}
+    with pytest.raises(ApiError) as http:
+        parse_completion(msgspec.json.encode(body), RULES.windows)
+    assert (http.value.status, http.value.param, http.value.code) == (400, "seed", "out_of_range")
+    with pytest.raises(msgspec.ValidationError):  # the batcher dead-letters such a record (wire bounds)
+        wire_request(body)
 
 
 @pytest.mark.parametrize(("messages", "param"), [([], "messages"), ([{"role": "robot", "content": "x"}],

@@ -8,7 +8,7 @@ import msgspec
 
 from llmq_core import constants, requests, wire
 from llmq_batcher.loop import BatcherLoop
-from tests.unit.batcher.helpers import T0, make_policy, req
+from tests.unit.batcher.helpers import T0, hb, make_policy, req
 from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
 
 REPLIES = wire.KafkaReply(topic="team.replies")
@@ -96,4 +96,51 @@ async def test_a_redelivered_record_is_not_a_copy_and_a_copy_of_a_held_id_joins_
     await put(loop, direct(), 4)  # the same record again (a rebalance): not a copy
     await put(loop, direct(), 8)  # a copy while the first is queued: suppressed, one answer
     assert producer.sent == [] and policy.queued_total == 1
-    assert redis.data[constants.request_copy_key("r1")] == f"{INTERACTIVE.topic}/{INTERACTIVE.partition}@4".encode()
+    claim = f"{INTERACTIVE.topic}/{INTERACTIVE.partition}@4 {requests.fingerprint(direct())}"
+    assert redis.data[constants.request_copy_key("r1")] == claim.encode()
+
+
+async def test_a_reproduced_id_with_other_parameters_is_errored_not_given_the_first_result():
+    loop, policy, producer, redis = make_loop()
+    await put(loop, direct(), 4)
+    redis.data[constants.result_key("r1")] = wire.encode(wire.FinalResult(
+        request_id="r1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id="acme", reply_to=REPLIES))
+    await put(loop, direct(prompt="DIFFERENT"), 5)  # while the first is held: it must not join it either
+    policy.on_result("r1")
+    policy.schedule(T0)
+    await put(loop, direct(sampling=wire.SamplingParams(max_tokens=9)), 6)
+    await put(loop, direct(deadline_ms=T0 + 5_000, reply_to=wire.KafkaReply(topic="team.other")), 7)  # a true repeat
+    differ, differ_later, repeat = answers(producer)
+    for answer in (differ, differ_later):
+        assert (answer.outcome, answer.error.code, answer.error.param) == (wire.Outcome.ERRORED, "request_id_reused",
+                                                                           "request_id")
+        assert "different parameters" in answer.error.message
+    assert [differ.request_copy[-2:], differ_later.request_copy[-2:]] == ["@5", "@6"]
+    assert repeat.outcome is wire.Outcome.SUCCEEDED and repeat.request_copy.endswith("@7")
+
+
+async def test_records_with_http_or_job_replies_get_the_same_checks_and_clamp():
+    loop, policy, producer, redis = make_loop()
+    http, job = wire.HttpReply(instance_id="api-0"), wire.JobReply(batch_id="b1", custom_id="c1")
+    await put(loop, direct("h1", reply_to=http, sampling=wire.SamplingParams(n=1000)), 0)
+    await put(loop, direct("j1", reply_to=job, model="no-such-model"), 1)
+    await put(loop, direct("h2", reply_to=http, deadline_ms=T0 + 10**12), 2)
+    many, unknown = answers(producer)
+    assert (many.outcome, many.error.param, many.reply_to) == (wire.Outcome.ERRORED, "n", http)
+    assert (unknown.error.code, unknown.reply_to) == ("model_not_found", job)
+    assert [c for c, _ in redis.published] == [constants.replies_channel("api-0")]  # the pod hears it at once
+    assert wire.decode(redis.published[0][1]).request_id == "h1"
+    assert policy.queued_total == 1 and policy.schedule(T0 + 60_001).answers[0].outcome is wire.Outcome.EXPIRED
+    assert not any(k.startswith(constants.request_copy_key("")) for k in redis.data)  # API ids are not claimed
+
+
+async def test_a_model_a_worker_announced_passes_as_at_the_api_until_its_heartbeats_stop():
+    loop, policy, producer, _ = make_loop()
+    loop._on_signal(wire.encode(hb("w1", model="fake-model")))
+    job = wire.JobReply(batch_id="b1", custom_id="c1")
+    await put(loop, direct("j1", reply_to=job, model="fake-model"), 0)
+    assert producer.sent == [] and policy.holds("j1")
+    loop.clock.advance(constants.SEEN_MODEL_TTL_MS + 1)
+    await put(loop, direct("j2", reply_to=job, model="fake-model", deadline_ms=T0 + 10**9), 1)
+    (unknown,) = answers(producer)
+    assert (unknown.request_id, unknown.error.code) == ("j2", "model_not_found")

@@ -96,3 +96,24 @@ async def test_a_poison_result_record_is_dead_lettered_and_the_next_one_delivere
     router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"poison"), ("ok.replies", b"good")]
+
+
+async def test_a_result_whose_routing_raises_is_dead_lettered_and_the_next_one_delivered(monkeypatch):
+    """Any fault of one record (not Redis or Kafka being away) costs only that record: run() used to end on it, and
+    the restarted router routed it again forever (QA finding 1's kind)."""
+    from llmq_result_router import loop as router_loop
+
+    plan = router_loop.plan_delivery
+
+    def failing_plan(result, prefixes):
+        if result.request_id == "odd":
+            raise OverflowError("can't serialize")
+        return plan(result, prefixes)
+
+    monkeypatch.setattr(router_loop, "plan_delivery", failing_plan)
+    consumer = FakeConsumer([_record(0, _result("odd", "ok.replies")), _record(1, _result("good", "ok.replies"))])
+    producer, redis = FakeProducer(), FakeRedis()
+    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
+    await asyncio.wait_for(router.run(), 5)
+    assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"odd"), ("ok.replies", b"good")]
+    assert consumer.commits == 1

@@ -121,3 +121,16 @@ async def test_a_record_dead_letters_refuse_is_skipped_not_retried_forever():
     assert not await loop._take(record)
     await loop._deliver(out)  # offset 3's batch is answered: the commit moves past the skipped record too
     assert loop._consumer.committed == [5]
+
+
+@pytest.mark.parametrize("value,headers", [(None, []), (b"{}", [("content-type", b"\xff")]),
+                                           (b"\x91" * 100_000 + b"\x90", [])])
+async def test_a_record_no_decoder_can_take_is_skipped_not_raised(value, headers):
+    """A null value, a header that is not UTF-8 or nesting too deep used to raise out of _take and end the fetch."""
+    from types import SimpleNamespace
+
+    loop, out, _ = setup({})
+    record = SimpleNamespace(value=value, headers=headers, key=None, offset=4)
+    assert not await loop._take(record)
+    await loop._deliver(out)
+    assert loop._consumer.committed == [5]
