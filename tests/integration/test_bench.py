@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 from typer.testing import CliRunner
 
-from llmq_cli.devstack import DevStack
 from llmq_cli.main import app
+from tests.integration.stacks import private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -19,16 +18,9 @@ BATCH_TIME_MS = 200
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    if infra is None:
-        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
-    cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, tiny_workers=0, sim_workers=2,
-                              sim_batch_time_ms=BATCH_TIME_MS)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    with private_stack(infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=2,
+                       sim_batch_time_ms=BATCH_TIME_MS) as running:
         yield running
-    finally:
-        running.down(services_only=True)
 
 
 def test_bench_reports_every_request_per_class_with_batch_stats(stack, tmp_path):

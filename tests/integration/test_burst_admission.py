@@ -12,7 +12,6 @@ the admitted free requests finish near the limit, and every paid request succeed
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import math
 import re
@@ -21,8 +20,8 @@ import time
 import httpx
 import pytest
 
-from llmq_cli.devstack import DevStack
 from llmq_core import constants
+from tests.integration.stacks import private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,17 +36,10 @@ PREDICTED = re.compile(r"predicted queue wait (\d+) ms")
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    if infra is None:
-        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
-    cfg = dataclasses.replace(infra.cfg, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1,
-                              sim_batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=SLOTS,
-                              extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)})
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    with private_stack(infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=BATCH_TIME_MS,
+                       sim_max_batch_size=SLOTS,
+                       extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)}) as running:
         yield running
-    finally:
-        running.down(services_only=True)
 
 
 async def complete(client: httpx.AsyncClient, key: str, started: float) -> tuple[httpx.Response, float]:

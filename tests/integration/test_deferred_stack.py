@@ -5,14 +5,13 @@ a few batch times, riding in the slots interactive batches leave empty, while in
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 from typer.testing import CliRunner
 
-from llmq_cli.devstack import DevStack
 from llmq_cli.main import app
+from tests.integration.stacks import private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,17 +28,9 @@ SHED_WAIT_MS = {"interactive:paid": 15000, "interactive:free": 5000, "near_inter
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    if infra is None:
-        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
-    cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, tiny_workers=0, sim_workers=2,
-                              sim_batch_time_ms=BATCH_TIME_MS,
-                              extra_env={**infra.cfg.extra_env, "LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)})
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    with private_stack(infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=2, sim_batch_time_ms=BATCH_TIME_MS,
+                       extra_env={**infra.cfg.extra_env, "LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)}) as running:
         yield running
-    finally:
-        running.down(services_only=True)
 
 
 def test_deferred_requests_ride_along_at_a_steady_mixed_load(stack, tmp_path):

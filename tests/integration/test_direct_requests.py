@@ -6,7 +6,6 @@ maximum is clamped; a re-produced request_id gets its stored result again, or, o
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 
@@ -15,11 +14,11 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmq_cli.devstack import DevStack
 from llmq_core import constants, kafka, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
 from tests.integration.test_reply_topics import produce, read_from
+from tests.integration.stacks import private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,18 +29,11 @@ RESULT_TTL_S = 2  # stored results expire within the test; request ids stay clai
 
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
-    if infra is None:
-        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
     env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("direct-files")), "LLMQ_MAX_TIMEOUT_MS": str(MAX_TIMEOUT_MS),
            "LLMQ_RESULT_TTL_S": str(RESULT_TTL_S)}
-    cfg = dataclasses.replace(infra.cfg, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
-                              extra_env=env)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    with private_stack(infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
+                       extra_env=env) as running:
         yield running
-    finally:
-        running.down(services_only=True)
 
 
 @pytest.fixture

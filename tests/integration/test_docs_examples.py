@@ -16,7 +16,6 @@ on the stack's shape.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -31,6 +30,7 @@ import pytest
 from llmq_cli.devstack import DevStack
 from tests.doc_examples import ROOT, Example, all_examples
 from tests.integration.test_stack_e2e import sim_answer
+from tests.integration.stacks import private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,15 +51,9 @@ class Run:
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    if infra is None:
-        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
-    cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, tiny_workers=1, sim_workers=1, sim_batch_time_ms=200)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=180, log=lambda *_: None)
+    with private_stack(infra, api_ports=API_PORTS, tiny_workers=1, sim_workers=1, sim_batch_time_ms=200,
+                       timeout_s=180) as running:
         yield running
-    finally:
-        running.down(services_only=True)
 
 
 def run_block(example: Example, stack: DevStack, folder: Path) -> Run:

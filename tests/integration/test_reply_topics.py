@@ -5,7 +5,6 @@ one is dead-lettered after a few tries while the results behind it, a batch job'
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import subprocess
@@ -21,9 +20,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from llmq_cli.devstack import DevStack
 from llmq_core import constants, kafka, wire
 from llmq_core.settings import Settings
+from tests.integration.stacks import private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,17 +35,10 @@ GUARDED = [constants.TOPIC_BATCHES, constants.TOPIC_RESULTS, *constants.REQUEST_
 
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
-    if infra is None:
-        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
     env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("reply-files")), "LLMQ_ROUTER_REPLY_BACKOFF_MS": "200"}
-    cfg = dataclasses.replace(infra.cfg, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
-                              extra_env=env)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    with private_stack(infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
+                       extra_env=env) as running:
         yield running
-    finally:
-        running.down(services_only=True)
 
 
 @pytest.fixture

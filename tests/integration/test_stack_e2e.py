@@ -6,7 +6,6 @@ Clients are real: the official ``openai`` SDK over HTTP, and ``kcat`` producing 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import shutil
 import subprocess
@@ -18,12 +17,12 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from llmq_cli.devstack import DevStack
 from llmq_cli.prompts import cut_prompts
 from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
 from llmq_core.kafka import make_consumer
 from llmq_core.tokenizer import count_tokens
+from tests.integration.stacks import private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,15 +38,8 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    if infra is None:
-        pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
-    cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, sim_batch_time_ms=300)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    with private_stack(infra, api_ports=API_PORTS, sim_batch_time_ms=300) as running:
         yield running
-    finally:
-        running.down(services_only=True)
 
 
 async def create_topic(bootstrap: str, topic: str) -> None:

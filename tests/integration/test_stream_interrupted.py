@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.devstack import StackConfig
 from tests.faults.stack import FaultStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
