@@ -109,7 +109,7 @@ async def test_the_worker_keeps_producing_results_after_one_is_refused(settings)
         assert not worker.done()
     finally:
         stop.set()
-        await asyncio.wait_for(worker, 10)
+        await asyncio.wait_for(worker, 30)  # drains for up to shutdown_grace_s, on a loaded machine
         await engine.close()
         await asyncio.gather(worker_consumer.stop(), producer.stop(), worker_producer.stop())
         await redis.aclose()
