@@ -14,41 +14,12 @@ from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.loop import ResultRouter
+from tests.unit.result_router.fakes import FakeConsumer, FakeProducer
 
 TP = ("llmq.results", 0)
 OOM = "command not allowed when used memory > 'maxmemory'."
 
 
-class FakeConsumer:
-    def __init__(self, records) -> None:
-        self.records, self.commits, self.seeks, self.router = records, 0, 0, None
-
-    async def getmany(self, timeout_ms, max_records):
-        if not self.records:
-            self.router.stop()
-            return {}
-        batch, self.records = self.records, []
-        return {TP: batch}
-
-    def seek(self, tp, offset) -> None:
-        self.seeks += 1
-
-    async def commit(self) -> None:
-        self.commits += 1
-
-
-class FakeProducer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-
-    async def partitions_for(self, topic):
-        return {0}
-
-    async def list_topics(self):
-        return {"my.replies"}
-
-    async def send_and_wait(self, topic, value, key=None, headers=None):
-        self.sent.append((topic, key))
 
 
 class FullRedis:
@@ -74,7 +45,7 @@ def _record(offset: int, request_id: str):
 
 
 async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_out_once():
-    consumer, producer = FakeConsumer([_record(0, "r0"), _record(1, "r1")]), FakeProducer()
+    consumer, producer = FakeConsumer([_record(0, "r0"), _record(1, "r1")]), FakeProducer({"my.replies"})
     metrics = RouterMetrics()
     router = consumer.router = ResultRouter(Settings(), consumer, producer, FullRedis(), metrics=metrics,
                                             list_topics=producer.list_topics)

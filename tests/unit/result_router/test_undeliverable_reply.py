@@ -13,7 +13,7 @@ from llmq_core.kafka import is_valid_topic_name
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.routing import plan_delivery
-from tests.unit.result_router.fakes import FakeRedis
+from tests.unit.result_router.fakes import FakeConsumer, FakeProducer, FakeRedis
 
 TP = ("llmq.results", 0)
 
@@ -40,38 +40,6 @@ def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
     assert plan_delivery(_result("r2", "ok.replies")).undeliverable is None
 
 
-class FakeConsumer:
-    def __init__(self, records) -> None:
-        self.records, self.commits, self.router = records, 0, None
-
-    async def getmany(self, timeout_ms, max_records):
-        if not self.records:
-            self.router.stop()
-            return {}
-        batch, self.records = self.records, []
-        return {TP: batch}
-
-    async def commit(self) -> None:
-        self.commits += 1
-
-
-class FakeProducer:
-    """Like aiokafka: a send to an illegal topic name never succeeds."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-
-    async def partitions_for(self, topic):
-        return {0}
-
-    async def list_topics(self):
-        return {"ok.replies"}
-
-    async def send_and_wait(self, topic, value, key=None, headers=None):
-        if not is_valid_topic_name(topic):
-            raise AssertionError(f"produced to illegal topic {topic!r}")
-        self.sent.append((topic, key))
-
 
 
 def _record(offset: int, result: wire.FinalResult):
@@ -81,7 +49,7 @@ def _record(offset: int, result: wire.FinalResult):
 
 async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_next_result():
     consumer = FakeConsumer([_record(0, _result("bad", "")), _record(1, _result("good", "ok.replies"))])
-    producer, redis = FakeProducer(), FakeRedis()
+    producer, redis = FakeProducer({"ok.replies"}), FakeRedis()
     router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"bad"), ("ok.replies", b"good")]
@@ -92,7 +60,7 @@ async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_n
 async def test_a_poison_result_record_is_dead_lettered_and_the_next_one_delivered(value):
     poison = SimpleNamespace(topic=TP[0], partition=TP[1], offset=0, key=b"poison", value=value, headers=[])
     consumer = FakeConsumer([poison, _record(1, _result("good", "ok.replies"))])
-    producer, redis = FakeProducer(), FakeRedis()
+    producer, redis = FakeProducer({"ok.replies"}), FakeRedis()
     router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"poison"), ("ok.replies", b"good")]
@@ -112,7 +80,7 @@ async def test_a_result_whose_routing_raises_is_dead_lettered_and_the_next_one_d
 
     monkeypatch.setattr(router_loop, "plan_delivery", failing_plan)
     consumer = FakeConsumer([_record(0, _result("odd", "ok.replies")), _record(1, _result("good", "ok.replies"))])
-    producer, redis = FakeProducer(), FakeRedis()
+    producer, redis = FakeProducer({"ok.replies"}), FakeRedis()
     router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"odd"), ("ok.replies", b"good")]
