@@ -64,48 +64,73 @@ def summary(outcomes: list[Outcome]) -> dict:
     signed = [o.latency_ms - o.predicted_ms for o in ok if o.predicted_ms is not None]
     streamed = [o for o in ok if o.stream and o.predicted_ms is not None]
     after = [o.latency_ms - o.headers_ms - o.predicted_ms for o in streamed]
-    return {"requests": len(outcomes), "admitted": len(ok), "refused_429": len(refused),
-            "other": len(outcomes) - len(ok) - len(refused),
-            "first_429_ms": percentile([o.latency_ms for o in refused], 0),
-            "prediction_abs_error_ms": {"p50": percentile(errors, 0.5), "p95": percentile(errors, 0.95)},
-            "prediction_signed_error_p50_ms": round(statistics.median(signed)) if signed else None,
-            "admitted_latency_ms": {"p50": percentile([o.latency_ms for o in ok], 0.5),
-                                    "p99": percentile([o.latency_ms for o in ok], 0.99),
-                                    "max": percentile([o.latency_ms for o in ok], 1)},
-            "answered_429_ms": {"p50": percentile([o.latency_ms for o in refused], 0.5),
-                                "max": percentile([o.latency_ms for o in refused], 1)},
-            "streamed_after_admission": {
-                "count": len(streamed),
-                "prediction_abs_error_ms": {"p50": percentile([abs(e) for e in after], 0.5),
-                                            "p95": percentile([abs(e) for e in after], 0.95)},
-                "prediction_signed_error_p50_ms": round(statistics.median(after)) if after else None,
-                "latency_ms": {"p50": percentile([o.latency_ms - o.headers_ms for o in streamed], 0.5),
-                               "p99": percentile([o.latency_ms - o.headers_ms for o in streamed], 0.99)}},
-            "retry_after_s": {"min": min((o.retry_after_s for o in refused), default=None),
-                              "max": max((o.retry_after_s for o in refused), default=None)}}
+    return {
+        "requests": len(outcomes),
+        "admitted": len(ok),
+        "refused_429": len(refused),
+        "other": len(outcomes) - len(ok) - len(refused),
+        "first_429_ms": percentile([o.latency_ms for o in refused], 0),
+        "prediction_abs_error_ms": {"p50": percentile(errors, 0.5), "p95": percentile(errors, 0.95)},
+        "prediction_signed_error_p50_ms": round(statistics.median(signed)) if signed else None,
+        "admitted_latency_ms": {
+            "p50": percentile([o.latency_ms for o in ok], 0.5),
+            "p99": percentile([o.latency_ms for o in ok], 0.99),
+            "max": percentile([o.latency_ms for o in ok], 1),
+        },
+        "answered_429_ms": {
+            "p50": percentile([o.latency_ms for o in refused], 0.5),
+            "max": percentile([o.latency_ms for o in refused], 1),
+        },
+        "streamed_after_admission": {
+            "count": len(streamed),
+            "prediction_abs_error_ms": {
+                "p50": percentile([abs(e) for e in after], 0.5),
+                "p95": percentile([abs(e) for e in after], 0.95),
+            },
+            "prediction_signed_error_p50_ms": round(statistics.median(after)) if after else None,
+            "latency_ms": {
+                "p50": percentile([o.latency_ms - o.headers_ms for o in streamed], 0.5),
+                "p99": percentile([o.latency_ms - o.headers_ms for o in streamed], 0.99),
+            },
+        },
+        "retry_after_s": {
+            "min": min((o.retry_after_s for o in refused), default=None),
+            "max": max((o.retry_after_s for o in refused), default=None),
+        },
+    }
 
 
 async def one(client: httpx.AsyncClient, url: str, key: str, stream: bool, max_tokens: int, start: float) -> Outcome:
     body = {"model": "llmq-sim", "prompt": "a burst of free-tier work", "max_tokens": max_tokens, "stream": stream}
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body,
-                                 headers={"authorization": f"Bearer {key}"}) as response:
+        async with client.stream(
+            "POST", f"{url}/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}
+        ) as response:
             headers_ms = (time.monotonic() - start) * 1000
             await response.aread()
     except httpx.HTTPError:
         return Outcome(0, (time.monotonic() - start) * 1000)
     headers = response.headers
-    return Outcome(response.status_code, (time.monotonic() - start) * 1000,
-                   int(headers[HTTP_PREDICTED_WAIT_MS]) if HTTP_PREDICTED_WAIT_MS in headers else None,
-                   int(headers[HTTP_RETRY_AFTER]) if HTTP_RETRY_AFTER in headers else None, stream, headers_ms)
+    return Outcome(
+        response.status_code,
+        (time.monotonic() - start) * 1000,
+        int(headers[HTTP_PREDICTED_WAIT_MS]) if HTTP_PREDICTED_WAIT_MS in headers else None,
+        int(headers[HTTP_RETRY_AFTER]) if HTTP_RETRY_AFTER in headers else None,
+        stream,
+        headers_ms,
+    )
 
 
 async def burst(urls: list[str], count: int, stream_share: float, max_tokens: int, key: str) -> list[Outcome]:
     every = round(1 / stream_share) if stream_share else 0
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=count + 10)) as client:
         start = time.monotonic()
-        return await asyncio.gather(*(one(client, urls[i % len(urls)], key, bool(every) and i % every == 0,
-                                          max_tokens, start) for i in range(count)))
+        return await asyncio.gather(
+            *(
+                one(client, urls[i % len(urls)], key, bool(every) and i % every == 0, max_tokens, start)
+                for i in range(count)
+            )
+        )
 
 
 async def warm_up(urls: list[str]) -> None:
@@ -123,8 +148,11 @@ async def warm_up(urls: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", action="append", help="an API pod (repeat for several); default: --start-stack's")
-    parser.add_argument("--start-stack", action="store_true",
-                        help="start a private stack (two llmq-sim workers x 64 per 500 ms, two API pods) for the run")
+    parser.add_argument(
+        "--start-stack",
+        action="store_true",
+        help="start a private stack (two llmq-sim workers x 64 per 500 ms, two API pods) for the run",
+    )
     parser.add_argument("--count", type=int, default=3000)
     parser.add_argument("--stream-share", type=float, default=1 / 3)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -133,8 +161,16 @@ def main() -> None:
     stack = None
     if args.start_stack:
         from llmq_cli.devstack import DevStack, StackConfig
-        stack = DevStack(StackConfig(state_dir=Path("var/bench-admission"), tiny_workers=0, sim_workers=2,
-                                     extra_env=LOAD_GENERATOR_ENV, **STACK_PORTS))
+
+        stack = DevStack(
+            StackConfig(
+                state_dir=Path("var/bench-admission"),
+                tiny_workers=0,
+                sim_workers=2,
+                extra_env=LOAD_GENERATOR_ENV,
+                **STACK_PORTS,
+            )
+        )
         stack.up(timeout_s=300, log=lambda *_: None)
     urls = args.url or [f"http://127.0.0.1:{p}" for p in STACK_PORTS["api_ports"]]
     try:

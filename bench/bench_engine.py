@@ -40,15 +40,22 @@ def workload(count: int, seed: int) -> list[tuple[str, int]]:
 
 
 async def run_engine(model, tokenizer, items, max_sequences: int, max_batched_tokens: int | None) -> tuple[float, dict]:
-    engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=max_sequences, max_batched_tokens=max_batched_tokens)
+    engine = TransformersEngine(
+        model, tokenizer, max_concurrent_sequences=max_sequences, max_batched_tokens=max_batched_tokens
+    )
     texts = {}
     try:
         start = time.perf_counter()
         for i, (prompt, max_tokens) in enumerate(items):
             engine.submit(
                 GenerationRequest(
-                    request_id=str(i), model="llmq-tiny", prompt=prompt, created_ms=0, deadline_ms=1 << 62,
-                    sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0), reply_to=HttpReply(instance_id="bench"),
+                    request_id=str(i),
+                    model="llmq-tiny",
+                    prompt=prompt,
+                    created_ms=0,
+                    deadline_ms=1 << 62,
+                    sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                    reply_to=HttpReply(instance_id="bench"),
                 )
             )
         tokens = 0
@@ -99,7 +106,9 @@ def run_generate(model, items) -> tuple[float, dict]:
     with torch.no_grad():
         for i, (prompt, max_tokens) in enumerate(items):
             ids = torch.tensor([byte_tokenizer.encode(prompt)], device=model.device)
-            out = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=0, do_sample=False)[0, ids.shape[1] :].tolist()
+            out = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=0, do_sample=False)[
+                0, ids.shape[1] :
+            ].tolist()
             texts[i], tokens = _decode(out), tokens + len(out)
     return time.perf_counter() - start, {"tokens": tokens, "texts": texts}
 

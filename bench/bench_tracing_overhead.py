@@ -103,7 +103,14 @@ class Record:
     __slots__ = ("offset", "value", "headers", "key", "topic", "partition")
 
     def __init__(self, offset, value, headers, topic) -> None:
-        self.offset, self.value, self.headers, self.key, self.topic, self.partition = offset, value, headers, None, topic, 0
+        self.offset, self.value, self.headers, self.key, self.topic, self.partition = (
+            offset,
+            value,
+            headers,
+            None,
+            topic,
+            0,
+        )
 
 
 class InstantEngine:
@@ -123,11 +130,17 @@ class InstantEngine:
 
     def submit(self, request) -> None:
         wire, now = self._wire, self._clock.now_ms()
-        self.done.append(self._final(
-            request_id=request.request_id, outcome=wire.Outcome.SUCCEEDED,
-            choices=[wire.Choice(index=0, text="abca", finish_reason="length")],
-            usage=wire.Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
-            started_ms=now, first_token_ms=now, finished_ms=now))
+        self.done.append(
+            self._final(
+                request_id=request.request_id,
+                outcome=wire.Outcome.SUCCEEDED,
+                choices=[wire.Choice(index=0, text="abca", finish_reason="length")],
+                usage=wire.Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+                started_ms=now,
+                first_token_ms=now,
+                finished_ms=now,
+            )
+        )
 
     def cancel(self, request_id) -> None:
         pass
@@ -149,12 +162,12 @@ def _kwargs(cls, **wanted) -> dict:
 async def run_pipeline(requests: int, mode: str) -> float:
     """Push ``requests`` through api -> batcher -> worker -> router; returns requests per CPU second of this process
     (CPU time, not wall time: on a shared machine other processes' load would swamp a 2% difference)."""
-    from llmq_core import constants, wire
-    from llmq_core.clock import SYSTEM_CLOCK
-    from llmq_core.settings import Settings
     from llmq_api.pod import KafkaRequestProducer
     from llmq_batcher.loop import BatcherLoop
     from llmq_batcher.policy import BatchPolicy, PolicyConfig
+    from llmq_core import constants, wire
+    from llmq_core.clock import SYSTEM_CLOCK
+    from llmq_core.settings import Settings
     from llmq_result_router.loop import ResultRouter
     from llmq_worker.core import WorkerCore
     from llmq_worker.loop import WorkerLoop
@@ -179,13 +192,23 @@ async def run_pipeline(requests: int, mode: str) -> float:
     api = KafkaRequestProducer(Settings())
     api._producer, api.ready = bus, True
     policy = BatchPolicy(PolicyConfig(batch_id_prefix="b"), SYSTEM_CLOCK)
-    batcher = BatcherLoop(policy, bus, bus, redis, SYSTEM_CLOCK, max_queued=10**7,
-                          **_kwargs(BatcherLoop, metrics=metrics.get("batcher")))
+    batcher = BatcherLoop(
+        policy, bus, bus, redis, SYSTEM_CLOCK, max_queued=10**7, **_kwargs(BatcherLoop, metrics=metrics.get("batcher"))
+    )
     engine = InstantEngine(ROUND)
     core = WorkerCore(worker_id="w0", partition=0, model="llmq-sim", engine=engine, clock=SYSTEM_CLOCK)
-    worker = WorkerLoop(core=core, engine=engine, consumer=bus, producer=bus, redis=redis, clock=SYSTEM_CLOCK,
-                        heartbeat_interval_ms=250, shutdown_grace_s=1, max_pending=10**6,
-                        **_kwargs(WorkerLoop, metrics=metrics.get("worker")))
+    worker = WorkerLoop(
+        core=core,
+        engine=engine,
+        consumer=bus,
+        producer=bus,
+        redis=redis,
+        clock=SYSTEM_CLOCK,
+        heartbeat_interval_ms=250,
+        shutdown_grace_s=1,
+        max_pending=10**6,
+        **_kwargs(WorkerLoop, metrics=metrics.get("worker")),
+    )
     router = ResultRouter(Settings(), bus, bus, redis, **_kwargs(ResultRouter, metrics=metrics.get("router")))
     topic = constants.requests_topic("interactive")
     tp = _TopicPartition(topic)
@@ -196,10 +219,19 @@ async def run_pipeline(requests: int, mode: str) -> float:
         policy.on_heartbeat(core.heartbeat(SYSTEM_CLOCK.now_ms(), engine.context_window))
         now = SYSTEM_CLOCK.now_ms()
         for i in range(n):
-            await api.produce(wire.GenerationRequest(
-                request_id=f"r{offset + i}", tenant_id="t", model="llmq-sim", prompt="abc", created_ms=now,
-                deadline_ms=now + 60_000, reply_to=wire.HttpReply(instance_id="pod"), prompt_tokens=3,
-                sampling=wire.SamplingParams(max_tokens=4)))
+            await api.produce(
+                wire.GenerationRequest(
+                    request_id=f"r{offset + i}",
+                    tenant_id="t",
+                    model="llmq-sim",
+                    prompt="abc",
+                    created_ms=now,
+                    deadline_ms=now + 60_000,
+                    reply_to=wire.HttpReply(instance_id="pod"),
+                    prompt_tokens=3,
+                    sampling=wire.SamplingParams(max_tokens=4),
+                )
+            )
         for value, headers in bus.drain(topic):
             await batcher.ingest(tp, Record(offset, value, headers, topic))
             offset += 1
@@ -269,8 +301,13 @@ def count_hooks(requests: int) -> dict:
 
 def run_child(mode: str, requests: int, env_extra: dict[str, str]) -> dict:
     env = {**os.environ, "LLMQ_TRACING_EXPORTER": "none", **env_extra}
-    out = subprocess.run([sys.executable, __file__, "--child", mode, "--requests", str(requests)], env=env,
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--requests", str(requests)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -293,8 +330,10 @@ def main() -> None:
     modes = ("baseline", "off", "off+metrics", "on")
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"baseline": build_tree(args.ref, Path(tmp) / "without", True),
-                  "measured": build_tree(args.ref, Path(tmp) / "with", False)}
+        builds = {
+            "baseline": build_tree(args.ref, Path(tmp) / "without", True),
+            "measured": build_tree(args.ref, Path(tmp) / "with", False),
+        }
         for _ in range(args.repeats):
             for mode in modes:
                 requests = args.requests // 5 if mode == "on" else args.requests
@@ -304,18 +343,22 @@ def main() -> None:
     best = {mode: max(values) for mode, values in rates.items()}
     median = {mode: statistics.median(values) for mode, values in rates.items()}
     off_share = hooks["checks_per_request"] * hooks["ns_per_check"] * best["off"] / 1e9
-    result = {"requests": args.requests, "repeats": args.repeats, "ref": args.ref,
-              "best_requests_per_s": {m: round(v) for m, v in best.items()},
-              "all_requests_per_s": {m: [round(v) for v in vs] for m, vs in rates.items()},
-              "median_requests_per_s": {m: round(v) for m, v in median.items()},
-              "ratio_off_vs_baseline": round(best["off"] / best["baseline"], 4),
-              "median_ratio_off_vs_baseline": round(median["off"] / median["baseline"], 4),
-              "ratio_off_metrics_vs_baseline": round(best["off+metrics"] / best["baseline"], 4),
-              "ratio_on_vs_baseline": round(best["on"] / best["baseline"], 4),
-              "off_checks_per_request": round(hooks["checks_per_request"], 2),
-              "ns_per_off_check": round(hooks["ns_per_check"], 1),
-              "off_checks_share_of_request_time": round(off_share, 6),
-              "ratio_off_vs_no_tracing_code_bound": round(1 - off_share, 6)}
+    result = {
+        "requests": args.requests,
+        "repeats": args.repeats,
+        "ref": args.ref,
+        "best_requests_per_s": {m: round(v) for m, v in best.items()},
+        "all_requests_per_s": {m: [round(v) for v in vs] for m, vs in rates.items()},
+        "median_requests_per_s": {m: round(v) for m, v in median.items()},
+        "ratio_off_vs_baseline": round(best["off"] / best["baseline"], 4),
+        "median_ratio_off_vs_baseline": round(median["off"] / median["baseline"], 4),
+        "ratio_off_metrics_vs_baseline": round(best["off+metrics"] / best["baseline"], 4),
+        "ratio_on_vs_baseline": round(best["on"] / best["baseline"], 4),
+        "off_checks_per_request": round(hooks["checks_per_request"], 2),
+        "ns_per_off_check": round(hooks["ns_per_check"], 1),
+        "off_checks_share_of_request_time": round(off_share, 6),
+        "ratio_off_vs_no_tracing_code_bound": round(1 - off_share, 6),
+    }
     print(json.dumps(result, indent=2))
 
 

@@ -41,9 +41,16 @@ def queueing_delay(rps: float, replicas: int, max_batch: int, batch_time_ms: flo
     return {"p_wait": round(p_wait, 6), "mean_ms": round(mean_ms, 3), "p99_ms": round(p99_ms, 3)}
 
 
-def capacity_math(rps: float = 40_000, max_batch: int = 64, batch_time_ms: float = 250, headroom: float = 0.3,
-                  spare_replicas: int = 1, wait_ms: float = 20, network_ms: float = 0,
-                  p99_target_ms: float = 600) -> dict:
+def capacity_math(
+    rps: float = 40_000,
+    max_batch: int = 64,
+    batch_time_ms: float = 250,
+    headroom: float = 0.3,
+    spare_replicas: int = 1,
+    wait_ms: float = 20,
+    network_ms: float = 0,
+    p99_target_ms: float = 600,
+) -> dict:
     """Closed-form capacity plan. ``headroom``: share of capacity kept free for bursts (0.3: run at <= 70%);
     ``spare_replicas``: added on top so losing a host keeps the plan (N+1). Returns a dict of throughputs (req/s),
     replica counts, utilisation and expected latency parts (ms)."""
@@ -70,13 +77,22 @@ def capacity_math(rps: float = 40_000, max_batch: int = 64, batch_time_ms: float
     }
 
 
-def min_replicas_for_p99(rps: float, p99_target_ms: float = 600, max_batch: int = 64, batch_time_ms: int = 250,
-                         duration_s: float = 20, network_ms: int = 0, **sim_options) -> dict:
+def min_replicas_for_p99(
+    rps: float,
+    p99_target_ms: float = 600,
+    max_batch: int = 64,
+    batch_time_ms: int = 250,
+    duration_s: float = 20,
+    network_ms: int = 0,
+    **sim_options,
+) -> dict:
     """The fewest replicas whose simulated p99 (plus ``network_ms``) stays under ``p99_target_ms`` with nothing
     expired, by bisection from the full-batch minimum. Returns {replicas, simulation}."""
+
     def meets(replicas: int) -> dict | None:
-        result = run_simulation(rps, replicas, max_batch, batch_time_ms, duration_s, network_ms=network_ms,
-                                **sim_options)
+        result = run_simulation(
+            rps, replicas, max_batch, batch_time_ms, duration_s, network_ms=network_ms, **sim_options
+        )
         ok = result["expired"] == 0 and result["latency_ms"]["p99"] is not None
         return result if ok and result["latency_ms"]["p99"] < p99_target_ms else None
 
@@ -96,18 +112,34 @@ def min_replicas_for_p99(rps: float, p99_target_ms: float = 600, max_batch: int 
     return {"replicas": high, "simulation": best}
 
 
-def capacity_report(rps: float = 40_000, max_batch: int = 64, batch_time_ms: int = 250, headroom: float = 0.3,
-                    spare_replicas: int = 1, wait_ms: int = 20, network_ms: int = 0, p99_target_ms: float = 600,
-                    simulate: bool = True, duration_s: float = 20, search: bool = False, **sim_options) -> dict:
+def capacity_report(
+    rps: float = 40_000,
+    max_batch: int = 64,
+    batch_time_ms: int = 250,
+    headroom: float = 0.3,
+    spare_replicas: int = 1,
+    wait_ms: int = 20,
+    network_ms: int = 0,
+    p99_target_ms: float = 600,
+    simulate: bool = True,
+    duration_s: float = 20,
+    search: bool = False,
+    **sim_options,
+) -> dict:
     """:func:`capacity_math` with the simulated result at the planned replica count beside it (``simulate``), and
     optionally the fewest replicas that meet the p99 target in simulation (``search``: several runs)."""
-    report = {"math": capacity_math(rps, max_batch, batch_time_ms, headroom, spare_replicas, wait_ms, network_ms,
-                                    p99_target_ms)}
+    report = {
+        "math": capacity_math(
+            rps, max_batch, batch_time_ms, headroom, spare_replicas, wait_ms, network_ms, p99_target_ms
+        )
+    }
     if simulate:
         planned = report["math"]["replicas_planned"]
-        report["simulated_at_planned"] = run_simulation(rps, planned, max_batch, batch_time_ms, duration_s,
-                                                        wait_ms=wait_ms, network_ms=network_ms, **sim_options)
+        report["simulated_at_planned"] = run_simulation(
+            rps, planned, max_batch, batch_time_ms, duration_s, wait_ms=wait_ms, network_ms=network_ms, **sim_options
+        )
     if search:
-        report["min_replicas_for_p99"] = min_replicas_for_p99(rps, p99_target_ms, max_batch, batch_time_ms,
-                                                              duration_s, network_ms, wait_ms=wait_ms, **sim_options)
+        report["min_replicas_for_p99"] = min_replicas_for_p99(
+            rps, p99_target_ms, max_batch, batch_time_ms, duration_s, network_ms, wait_ms=wait_ms, **sim_options
+        )
     return report

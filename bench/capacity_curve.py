@@ -68,8 +68,16 @@ def ideal_capacity_rps(workers: int, max_batch_size: int, batch_time_ms: float) 
     return workers * max_batch_size * 1000 / batch_time_ms
 
 
-def choose_batch_time_ms(saturation_rps: float, workers: int, max_batch_size: int, *, top_load: float = 1.1,
-                         share: float = 0.5, step_ms: int = 100, floor_ms: int = 1000) -> int:
+def choose_batch_time_ms(
+    saturation_rps: float,
+    workers: int,
+    max_batch_size: int,
+    *,
+    top_load: float = 1.1,
+    share: float = 0.5,
+    step_ms: int = 100,
+    floor_ms: int = 1000,
+) -> int:
     """Shortest batch time (a multiple of ``step_ms``, at least ``floor_ms``) whose ``top_load`` x ideal capacity is at
     most ``share`` x the pipeline's saturation throughput. Raises ValueError for a saturation that is not positive."""
     if saturation_rps <= 0:
@@ -103,17 +111,32 @@ def point_figures(report: dict, load: float, batch_time_ms: float) -> dict:
     """One curve point: the figures compared (goodput / offered, p99 / batch time, batch fill) plus their context."""
     batches = report["batches"] or {}
     return {
-        "load": load, "offered_rps": report["offered_rps"], "requests": report["requests"],
-        "goodput_rps": report["goodput_rps"], "goodput_over_offered": report["goodput_ratio"],
+        "load": load,
+        "offered_rps": report["offered_rps"],
+        "requests": report["requests"],
+        "goodput_rps": report["goodput_rps"],
+        "goodput_over_offered": report["goodput_ratio"],
         "throughput_rps": report["throughput_rps"],
-        "p50_ms": report["latency_ms"]["p50"], "p99_ms": report["latency_ms"]["p99"],
+        "p50_ms": report["latency_ms"]["p50"],
+        "p99_ms": report["latency_ms"]["p99"],
         "p99_over_batch_time": report["latency_ms"]["p99"] / batch_time_ms,
-        "ttft_p50_ms": report["ttft_ms"]["p50"], "ttft_p99_ms": report["ttft_ms"]["p99"],
-        "mean_batch_size": batches.get("mean_size", 0.0), "batch_fill": batches.get("fill", 0.0),
-        "rejected_429": report["rejected_429"], "timeouts_504": report["timeouts_504"], "status": report["status"],
-        "tenants": {key: {"requests": t["requests"], "goodput_over_offered": t["good"] / t["requests"],
-                          "p99_ms": t["latency_ms"]["p99"], "rejected_429": t["rejected_429"]}
-                    for key, t in report.get("tenants", {}).items() if t["requests"]},
+        "ttft_p50_ms": report["ttft_ms"]["p50"],
+        "ttft_p99_ms": report["ttft_ms"]["p99"],
+        "mean_batch_size": batches.get("mean_size", 0.0),
+        "batch_fill": batches.get("fill", 0.0),
+        "rejected_429": report["rejected_429"],
+        "timeouts_504": report["timeouts_504"],
+        "status": report["status"],
+        "tenants": {
+            key: {
+                "requests": t["requests"],
+                "goodput_over_offered": t["good"] / t["requests"],
+                "p99_ms": t["latency_ms"]["p99"],
+                "rejected_429": t["rejected_429"],
+            }
+            for key, t in report.get("tenants", {}).items()
+            if t["requests"]
+        },
     }
 
 
@@ -123,10 +146,15 @@ def _ratio(a: float, b: float) -> float | None:
 
 def compare(llmq_points: Sequence[dict], ray_points: Sequence[dict]) -> list[dict]:
     """Per load point: llmq p99 / Ray p99 and llmq goodput / Ray goodput (None where Ray's figure is 0)."""
-    return [{"load": a["load"], "p99_llmq_over_ray": _ratio(a["p99_ms"], b["p99_ms"]),
-             "goodput_llmq_over_ray": _ratio(a["goodput_rps"], b["goodput_rps"]),
-             "fill_llmq_over_ray": _ratio(a["batch_fill"], b["batch_fill"])}
-            for a, b in zip(llmq_points, ray_points)]
+    return [
+        {
+            "load": a["load"],
+            "p99_llmq_over_ray": _ratio(a["p99_ms"], b["p99_ms"]),
+            "goodput_llmq_over_ray": _ratio(a["goodput_rps"], b["goodput_rps"]),
+            "fill_llmq_over_ray": _ratio(a["batch_fill"], b["batch_fill"]),
+        }
+        for a, b in zip(llmq_points, ray_points)
+    ]
 
 
 # --- measuring -----------------------------------------------------------------------------------------------------
@@ -135,16 +163,28 @@ def compare(llmq_points: Sequence[dict], ray_points: Sequence[dict]) -> list[dic
 class Runner:
     """Runs open-loop loads with one config's mix and prompts against one system's base URLs."""
 
-    def __init__(self, cfg: CurveConfig, prompts: Sequence[CodePrompt], base_urls: Sequence[str],
-                 batch_counts: Callable[[], tuple[int, int]] | None) -> None:
+    def __init__(
+        self,
+        cfg: CurveConfig,
+        prompts: Sequence[CodePrompt],
+        base_urls: Sequence[str],
+        batch_counts: Callable[[], tuple[int, int]] | None,
+    ) -> None:
         self.cfg, self.prompts, self.base_urls, self.batch_counts = cfg, prompts, base_urls, batch_counts
 
     def plans(self, rate_rps: float, window_s: float) -> list[loadgen.Planned]:
         """The schedule of one load: the same for every system (seeded by the config's seed, rate and window)."""
         rng = random.Random(f"{self.cfg.seed}:{rate_rps:.6f}:{window_s:g}")
         arrivals = loadgen.poisson_arrivals(rate_rps, count=10**6, duration_s=window_s, rng=rng)
-        return loadgen.plan_requests(self.prompts, arrivals, classes=self.cfg.classes, keys=self.cfg.keys,
-                                     stream_share=self.cfg.stream_share, base_urls=self.base_urls, rng=rng)
+        return loadgen.plan_requests(
+            self.prompts,
+            arrivals,
+            classes=self.cfg.classes,
+            keys=self.cfg.keys,
+            stream_share=self.cfg.stream_share,
+            base_urls=self.base_urls,
+            rng=rng,
+        )
 
     def run(self, rate_rps: float, window_s: float, slo_ms: float) -> tuple[dict, list[loadgen.Sample]]:
         """(report, samples) of ``window_s`` of Poisson arrivals at ``rate_rps``, waiting for every answer."""
@@ -154,8 +194,9 @@ class Runner:
         if before is not None:
             after = self.batch_counts()
             delta = (after[0] - before[0], after[1] - before[1])
-        report = loadgen.summarize(samples, window_s=window_s, slo_ms=slo_ms, batch_delta=delta,
-                                   max_batch_size=self.cfg.max_batch_size)
+        report = loadgen.summarize(
+            samples, window_s=window_s, slo_ms=slo_ms, batch_delta=delta, max_batch_size=self.cfg.max_batch_size
+        )
         return report, samples
 
 
@@ -164,10 +205,17 @@ def probe_overhead(runner: Runner, log: Callable[[str], None]) -> dict:
     cfg = runner.cfg
     runner.run(cfg.probe_rps, cfg.warmup_s, slo_ms=math.inf)
     report, samples = runner.run(cfg.probe_rps, cfg.probe_s, slo_ms=math.inf)
-    result = {"offered_rps": report["offered_rps"], "requests": report["requests"], "succeeded": report["succeeded"],
-              "engine_ms": PROBE_BATCH_TIME_MS, "overhead_ms": overhead_ms(samples, PROBE_BATCH_TIME_MS)}
-    log(f"  overhead at {report['offered_rps']:.1f} req/s: p50 {result['overhead_ms']['p50']:.0f} ms, "
-        f"p99 {result['overhead_ms']['p99']:.0f} ms ({report['succeeded']}/{report['requests']} ok)")
+    result = {
+        "offered_rps": report["offered_rps"],
+        "requests": report["requests"],
+        "succeeded": report["succeeded"],
+        "engine_ms": PROBE_BATCH_TIME_MS,
+        "overhead_ms": overhead_ms(samples, PROBE_BATCH_TIME_MS),
+    }
+    log(
+        f"  overhead at {report['offered_rps']:.1f} req/s: p50 {result['overhead_ms']['p50']:.0f} ms, "
+        f"p99 {result['overhead_ms']['p99']:.0f} ms ({report['succeeded']}/{report['requests']} ok)"
+    )
     return result
 
 
@@ -178,11 +226,20 @@ def measure_saturation(runner: Runner, log: Callable[[str], None], max_steps: in
     for rate in ramp_rates(cfg.ramp_start_rps, cfg.ramp_factor, max_steps):
         report, _ = runner.run(rate, cfg.ramp_step_s, slo_ms=math.inf)
         best_rps = max((s["throughput_rps"] for s in steps), default=0.0)
-        steps.append({"offered_rps": report["offered_rps"], "throughput_rps": report["throughput_rps"],
-                      "p50_ms": report["latency_ms"]["p50"], "p99_ms": report["latency_ms"]["p99"],
-                      "succeeded": report["succeeded"], "requests": report["requests"]})
-        log(f"  ramp {report['offered_rps']:.0f} req/s offered -> {report['throughput_rps']:.0f} req/s served, "
-            f"p50 {report['latency_ms']['p50']:.0f} ms")
+        steps.append(
+            {
+                "offered_rps": report["offered_rps"],
+                "throughput_rps": report["throughput_rps"],
+                "p50_ms": report["latency_ms"]["p50"],
+                "p99_ms": report["latency_ms"]["p99"],
+                "succeeded": report["succeeded"],
+                "requests": report["requests"],
+            }
+        )
+        log(
+            f"  ramp {report['offered_rps']:.0f} req/s offered -> {report['throughput_rps']:.0f} req/s served, "
+            f"p50 {report['latency_ms']['p50']:.0f} ms"
+        )
         if not ramp_goes_on(report, best_rps):
             break
     return {"saturation_rps": max(s["throughput_rps"] for s in steps), "steps": steps}
@@ -200,9 +257,11 @@ def run_points(runner: Runner, batch_time_ms: int, log: Callable[[str], None]) -
         point = point_figures(report, load, batch_time_ms)
         points.append(point)
         lightest = lightest or {"load": load, "minus_batch_time_ms": overhead_ms(samples, batch_time_ms)}
-        log(f"  {load:.0%} ({point['offered_rps']:.1f} req/s): goodput/offered {point['goodput_over_offered']:.2f}, "
+        log(
+            f"  {load:.0%} ({point['offered_rps']:.1f} req/s): goodput/offered {point['goodput_over_offered']:.2f}, "
             f"p99/batch {point['p99_over_batch_time']:.2f}, fill {point['batch_fill']:.0%}, "
-            f"429 {point['rejected_429']}, 504 {point['timeouts_504']}")
+            f"429 {point['rejected_429']}, 504 {point['timeouts_504']}"
+        )
     return {"points": points, "lightest_point": lightest, "slo_ms": slo_ms}
 
 
@@ -211,10 +270,18 @@ def measure_llmq(cfg: CurveConfig, prompts: Sequence[CodePrompt], log: Callable[
     from llmq_cli.devstack import DevStack, StackConfig
 
     def stack(batch_time_ms: int) -> DevStack:
-        return DevStack(StackConfig(state_dir=cfg.state_dir, kafka_port=cfg.port_base + 92,
-                                    redis_port=cfg.port_base + 379, api_ports=(cfg.port_base, cfg.port_base + 1),
-                                    tiny_workers=0, sim_workers=cfg.workers, sim_batch_time_ms=batch_time_ms,
-                                    sim_max_batch_size=cfg.max_batch_size))
+        return DevStack(
+            StackConfig(
+                state_dir=cfg.state_dir,
+                kafka_port=cfg.port_base + 92,
+                redis_port=cfg.port_base + 379,
+                api_ports=(cfg.port_base, cfg.port_base + 1),
+                tiny_workers=0,
+                sim_workers=cfg.workers,
+                sim_batch_time_ms=batch_time_ms,
+                sim_max_batch_size=cfg.max_batch_size,
+            )
+        )
 
     probe_stack = stack(PROBE_BATCH_TIME_MS)
     base_urls = [f"http://127.0.0.1:{port}/v1" for port in probe_stack.cfg.api_ports]
@@ -229,8 +296,9 @@ def measure_llmq(cfg: CurveConfig, prompts: Sequence[CodePrompt], log: Callable[
         if not cfg.batch_time_ms and not cfg.saturation_rps:
             saturation = measure_saturation(runner, log)
         figures["saturation"] = saturation
-        batch_time_ms = cfg.batch_time_ms or choose_batch_time_ms(saturation["saturation_rps"], cfg.workers,
-                                                                  cfg.max_batch_size)
+        batch_time_ms = cfg.batch_time_ms or choose_batch_time_ms(
+            saturation["saturation_rps"], cfg.workers, cfg.max_batch_size
+        )
         log(f"llmq: restarting the services with {batch_time_ms} ms batches")
         probe_stack.down(services_only=True)
         stack(batch_time_ms).up(log=lambda _line: None)
@@ -240,14 +308,20 @@ def measure_llmq(cfg: CurveConfig, prompts: Sequence[CodePrompt], log: Callable[
     return figures, batch_time_ms
 
 
-def measure_ray(cfg: CurveConfig, prompts: Sequence[CodePrompt], batch_time_ms: int,
-                log: Callable[[str], None]) -> dict:
+def measure_ray(
+    cfg: CurveConfig, prompts: Sequence[CodePrompt], batch_time_ms: int, log: Callable[[str], None]
+) -> dict:
     """Ray Serve's overhead probe and points with the same replicas, batch size and batch time."""
     from bench.ray_peer import PeerConfig, RayPeer
 
     def peer_cfg(batch_ms: int) -> PeerConfig:
-        return PeerConfig(replicas=cfg.workers, max_batch_size=cfg.max_batch_size, batch_time_ms=batch_ms,
-                          batch_wait_timeout_s=(cfg.ray_wait_ms or batch_ms) / 1000, port=cfg.port_base + 500)
+        return PeerConfig(
+            replicas=cfg.workers,
+            max_batch_size=cfg.max_batch_size,
+            batch_time_ms=batch_ms,
+            batch_wait_timeout_s=(cfg.ray_wait_ms or batch_ms) / 1000,
+            port=cfg.port_base + 500,
+        )
 
     peer = RayPeer(peer_cfg(PROBE_BATCH_TIME_MS))
     runner = Runner(cfg, prompts, [peer.base_url], peer.batch_counts)
@@ -274,9 +348,12 @@ def run_curve(cfg: CurveConfig, log: Callable[[str], None] = print) -> dict:
     prompts = cut_prompts(300, seed=cfg.seed)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the finally blocks stop what this run started
     started = time.time()
-    result: dict = {"config": {**asdict(cfg), "output": str(cfg.output), "state_dir": str(cfg.state_dir)},
-                    "machine": {"cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
-                    "started_at": started, "systems": {}}
+    result: dict = {
+        "config": {**asdict(cfg), "output": str(cfg.output), "state_dir": str(cfg.state_dir)},
+        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
+        "started_at": started,
+        "systems": {},
+    }
     batch_time_ms = cfg.batch_time_ms
     if "llmq" in cfg.systems:
         result["systems"]["llmq"], batch_time_ms = measure_llmq(cfg, prompts, log)
@@ -287,8 +364,12 @@ def run_curve(cfg: CurveConfig, log: Callable[[str], None] = print) -> dict:
             log(f"ray: failed: {exc!r}")
             result["failed"] = {"ray": repr(exc)}
     ideal = ideal_capacity_rps(cfg.workers, cfg.max_batch_size, batch_time_ms)
-    result.update(batch_time_ms=batch_time_ms, ideal_capacity_rps=ideal, wall_s=time.time() - started,
-                  loadavg_at_end=os.getloadavg())
+    result.update(
+        batch_time_ms=batch_time_ms,
+        ideal_capacity_rps=ideal,
+        wall_s=time.time() - started,
+        loadavg_at_end=os.getloadavg(),
+    )
     if {"llmq", "ray"} <= set(result["systems"]):
         result["ratios"] = compare(result["systems"]["llmq"]["points"], result["systems"]["ray"]["points"])
     cfg.output.parent.mkdir(parents=True, exist_ok=True)
@@ -312,8 +393,11 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("goodput_over_offered", "goodput / offered"), ("p99_over_batch_time", "p99 / batch time"),
-              ("batch_fill", "batch fill (mean size / max)"))
+    panels = (
+        ("goodput_over_offered", "goodput / offered"),
+        ("p99_over_batch_time", "p99 / batch time"),
+        ("batch_fill", "batch fill (mean size / max)"),
+    )
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for system, figures in result["systems"].items():
         loads = [100 * p["load"] for p in figures["points"]]
@@ -324,9 +408,11 @@ def plot(result: dict, path: Path) -> None:
             ax.grid(alpha=0.3)
     axes[0].legend()
     cfg = result["config"]
-    fig.suptitle(f"llmq-sim, {cfg['workers']} workers x batch {cfg['max_batch_size']}, "
-                 f"{result['batch_time_ms']} ms per batch (ideal {result['ideal_capacity_rps']:.1f} req/s); "
-                 f"one run on a shared {result['machine']['cpus']}-core machine")
+    fig.suptitle(
+        f"llmq-sim, {cfg['workers']} workers x batch {cfg['max_batch_size']}, "
+        f"{result['batch_time_ms']} ms per batch (ideal {result['ideal_capacity_rps']:.1f} req/s); "
+        f"one run on a shared {result['machine']['cpus']}-core machine"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -337,10 +423,12 @@ def print_curve(result: dict, console) -> None:
     from rich.table import Table
 
     systems = list(result["systems"])
-    table = Table("load", *(f"{s} {col}" for s in systems for col in ("good/offered", "p99/batch", "fill")),
-                  *(("p99 llmq/ray", "goodput llmq/ray") if "ratios" in result else ()),
-                  title=f"capacity curve: {result['batch_time_ms']} ms batches, ideal "
-                        f"{result['ideal_capacity_rps']:.1f} req/s")
+    table = Table(
+        "load",
+        *(f"{s} {col}" for s in systems for col in ("good/offered", "p99/batch", "fill")),
+        *(("p99 llmq/ray", "goodput llmq/ray") if "ratios" in result else ()),
+        title=f"capacity curve: {result['batch_time_ms']} ms batches, ideal {result['ideal_capacity_rps']:.1f} req/s",
+    )
     ratios = result.get("ratios", [])
     for i, load in enumerate(result["config"]["loads"]):
         cells = [f"{load:.0%}"]
@@ -353,8 +441,10 @@ def print_curve(result: dict, console) -> None:
     console.print(table)
     for system in systems:
         light = result["systems"][system]["light_load"]["overhead_ms"]
-        console.print(f"{system}: pipeline overhead at light load (e2e - engine time): p50 {light['p50']:.0f} ms, "
-                      f"p99 {light['p99']:.0f} ms")
+        console.print(
+            f"{system}: pipeline overhead at light load (e2e - engine time): p50 {light['p50']:.0f} ms, "
+            f"p99 {light['p99']:.0f} ms"
+        )
 
 
 def _fmt(value: float | None) -> str:

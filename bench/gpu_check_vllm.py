@@ -30,10 +30,19 @@ from llmq_worker.engines.vllm_engine import VllmEngine
 
 def save_checkpoint(path: str) -> LlamaForCausalLM:
     """A 2-layer Llama (hidden 256, 4 heads of 64) over the byte vocabulary; special ids never win greedy decoding."""
-    config = LlamaConfig(vocab_size=byte_tokenizer.VOCAB_SIZE, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
-                         pad_token_id=byte_tokenizer.PAD_ID, bos_token_id=None, eos_token_id=byte_tokenizer.EOS_ID,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=byte_tokenizer.VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        pad_token_id=byte_tokenizer.PAD_ID,
+        bos_token_id=None,
+        eos_token_id=byte_tokenizer.EOS_ID,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -45,8 +54,15 @@ def save_checkpoint(path: str) -> LlamaForCausalLM:
 
 def request(rid: str, prompt: str, **sampling) -> GenerationRequest:
     sampling.setdefault("temperature", 0.0)
-    return GenerationRequest(request_id=rid, model="vllm-check", prompt=prompt, sampling=SamplingParams(**sampling),
-                             created_ms=int(time.time() * 1000), deadline_ms=1 << 60, reply_to=HttpReply(instance_id="x"))
+    return GenerationRequest(
+        request_id=rid,
+        model="vllm-check",
+        prompt=prompt,
+        sampling=SamplingParams(**sampling),
+        created_ms=int(time.time() * 1000),
+        deadline_ms=1 << 60,
+        reply_to=HttpReply(instance_id="x"),
+    )
 
 
 async def run(engine, *requests, cancel_after_chunk: str | None = None):
@@ -76,23 +92,33 @@ async def checks(engine, model, burst: int) -> dict:
     prompt = "The quick brown fox 🦊"
     finals, streamed = await run(engine, request("g1", prompt, max_tokens=32), request("g2", prompt, max_tokens=32))
     text = finals["g1"].choices[0].text
-    check("greedy_well_formed", finals["g1"].outcome is Outcome.SUCCEEDED and streamed.get(("g1", 0), "") == text
-          and "\ufffd" not in text and finals["g1"].choices[0].finish_reason == "length")
-    check("greedy_usage", (finals["g1"].usage.prompt_tokens, finals["g1"].usage.completion_tokens)
-          == (len(prompt.encode()), 32))
+    check(
+        "greedy_well_formed",
+        finals["g1"].outcome is Outcome.SUCCEEDED
+        and streamed.get(("g1", 0), "") == text
+        and "\ufffd" not in text
+        and finals["g1"].choices[0].finish_reason == "length",
+    )
+    check(
+        "greedy_usage",
+        (finals["g1"].usage.prompt_tokens, finals["g1"].usage.completion_tokens) == (len(prompt.encode()), 32),
+    )
     check("greedy_deterministic", finals["g2"].choices[0].text == text)
     ids = byte_tokenizer.encode(prompt)
     with torch.no_grad():
         reference = model.to("cuda").generate(torch.tensor([ids], device="cuda"), max_new_tokens=32, do_sample=False)
     expected = byte_tokenizer.IncrementalDetokenizer()
-    expected_text = expected.push(reference[0, len(ids):].tolist()) + expected.finish()
+    expected_text = expected.push(reference[0, len(ids) :].tolist()) + expected.finish()
     results["greedy_equals_transformers_generate"] = text == expected_text  # reported only
 
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     finals, streamed = await run(engine, request("st", prompt, max_tokens=32, stop=[stop]))
     cut = text[: text.index(stop)]
-    check("stop_string_cut", (finals["st"].choices[0].text, finals["st"].choices[0].finish_reason) == (cut, "stop")
-          and streamed.get(("st", 0), "") == cut)
+    check(
+        "stop_string_cut",
+        (finals["st"].choices[0].text, finals["st"].choices[0].finish_reason) == (cut, "stop")
+        and streamed.get(("st", 0), "") == cut,
+    )
 
     seeded = [request(f"s{i}", "seed me", max_tokens=40, temperature=1.0, seed=7, n=3) for i in range(2)]
     finals, _ = await run(engine, seeded[0])
@@ -111,8 +137,12 @@ async def checks(engine, model, burst: int) -> dict:
         check("unknown_logit_bias_rejected", True)
 
     finals, _ = await run(engine, request("long", "go", max_tokens=1500), cancel_after_chunk="long")
-    check("cancel_within_a_step", finals["long"].outcome is Outcome.CANCELED
-          and finals["long"].usage.completion_tokens < 1500 and engine.capacity().running == 0)
+    check(
+        "cancel_within_a_step",
+        finals["long"].outcome is Outcome.CANCELED
+        and finals["long"].usage.completion_tokens < 1500
+        and engine.capacity().running == 0,
+    )
 
     start = time.perf_counter()
     finals, _ = await run(engine, *(request(f"t{i}", f"burst {i}", max_tokens=128) for i in range(burst)))
@@ -129,8 +159,13 @@ async def main() -> int:
     parser.add_argument("--requests", type=int, default=64)
     args = parser.parse_args()
     model = save_checkpoint(args.dir)
-    engine = VllmEngine.from_args(model_path=args.dir, max_concurrent_sequences=64, max_batched_tokens=None,
-                                  gpu_memory_utilization=0.3, engine_args={"dtype": "float32", "max_model_len": 2048})
+    engine = VllmEngine.from_args(
+        model_path=args.dir,
+        max_concurrent_sequences=64,
+        max_batched_tokens=None,
+        gpu_memory_utilization=0.3,
+        engine_args={"dtype": "float32", "max_model_len": 2048},
+    )
     try:
         results = await checks(engine, model, args.requests)
     finally:

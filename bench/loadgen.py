@@ -93,17 +93,29 @@ def arrival_window_s(arrivals: Sequence[float], count: int, duration_s: float) -
     return arrivals[-1] if arrivals and len(arrivals) >= count else duration_s
 
 
-def plan_requests(prompts: Sequence[CodePrompt], arrivals: Sequence[float], *, classes: dict[str, float],
-                  keys: dict[str, float], stream_share: float, base_urls: Sequence[str],
-                  rng: random.Random) -> list[Planned]:
+def plan_requests(
+    prompts: Sequence[CodePrompt],
+    arrivals: Sequence[float],
+    *,
+    classes: dict[str, float],
+    keys: dict[str, float],
+    stream_share: float,
+    base_urls: Sequence[str],
+    rng: random.Random,
+) -> list[Planned]:
     """One request per arrival: prompts in turn (cycling), pods in turn, class / key / streaming drawn by weight."""
     class_names, class_weights = list(classes), list(classes.values())
     key_names, key_weights = list(keys), list(keys.values())
     return [
-        Planned(at_s=at_s, prompt=prompts[i % len(prompts)].prompt, max_tokens=prompts[i % len(prompts)].max_tokens,
-                traffic_class=rng.choices(class_names, class_weights)[0],
-                api_key=rng.choices(key_names, key_weights)[0],
-                stream=rng.random() < stream_share, base_url=base_urls[i % len(base_urls)])
+        Planned(
+            at_s=at_s,
+            prompt=prompts[i % len(prompts)].prompt,
+            max_tokens=prompts[i % len(prompts)].max_tokens,
+            traffic_class=rng.choices(class_names, class_weights)[0],
+            api_key=rng.choices(key_names, key_weights)[0],
+            stream=rng.random() < stream_share,
+            base_url=base_urls[i % len(base_urls)],
+        )
         for i, at_s in enumerate(arrivals)
     ]
 
@@ -123,8 +135,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 def quantiles_ms(values: Sequence[float]) -> dict[str, float]:
     """p50 / p95 / p99 (nearest rank) and mean of ``values`` (ms); all 0.0 for no values."""
     values = list(values)
-    return {"p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99),
-            "mean": statistics.fmean(values) if values else 0.0}
+    return {
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "mean": statistics.fmean(values) if values else 0.0,
+    }
 
 
 def _group(samples: Sequence[Sample], slo_ms: float) -> dict:
@@ -133,15 +149,25 @@ def _group(samples: Sequence[Sample], slo_ms: float) -> dict:
     for s in samples:
         statuses[s.status] = statuses.get(s.status, 0) + 1
     return {
-        "requests": len(samples), "succeeded": len(ok), "good": sum(s.e2e_ms <= slo_ms for s in ok),
-        "rejected_429": statuses.get("429", 0), "timeouts_504": statuses.get("504", 0), "status": statuses,
+        "requests": len(samples),
+        "succeeded": len(ok),
+        "good": sum(s.e2e_ms <= slo_ms for s in ok),
+        "rejected_429": statuses.get("429", 0),
+        "timeouts_504": statuses.get("504", 0),
+        "status": statuses,
         "latency_ms": quantiles_ms([s.e2e_ms for s in ok]),
         "ttft_ms": quantiles_ms([s.ttft_ms for s in ok if s.ttft_ms is not None]),
     }
 
 
-def summarize(samples: Sequence[Sample], *, window_s: float, slo_ms: float,
-              batch_delta: tuple[int, int] | None = None, max_batch_size: int = 64) -> dict:
+def summarize(
+    samples: Sequence[Sample],
+    *,
+    window_s: float,
+    slo_ms: float,
+    batch_delta: tuple[int, int] | None = None,
+    max_batch_size: int = 64,
+) -> dict:
     """The report of a run, as plain JSON-ready data.
 
     ``window_s``: the arrival window (offered and goodput rates are per second of it); ``slo_ms``: a succeeded request
@@ -153,23 +179,33 @@ def summarize(samples: Sequence[Sample], *, window_s: float, slo_ms: float,
     last_end_s = max((s.end_s for s in samples if s.status == OK), default=0.0)
     report = {
         **overall,
-        "window_s": window_s, "slo_ms": slo_ms,
+        "window_s": window_s,
+        "slo_ms": slo_ms,
         "offered_rps": len(samples) / window_s if window_s else 0.0,
         "goodput_rps": overall["good"] / window_s if window_s else 0.0,
         "goodput_ratio": overall["good"] / len(samples) if samples else 0.0,
         "throughput_rps": overall["succeeded"] / last_end_s if last_end_s else 0.0,
-        "classes": {cls: _group([s for s in samples if s.planned.traffic_class == cls], slo_ms)
-                    for cls in sorted({s.planned.traffic_class for s in samples})},
-        "tenants": {key: _group([s for s in samples if s.planned.api_key == key], slo_ms)
-                    for key in sorted({s.planned.api_key for s in samples})},
+        "classes": {
+            cls: _group([s for s in samples if s.planned.traffic_class == cls], slo_ms)
+            for cls in sorted({s.planned.traffic_class for s in samples})
+        },
+        "tenants": {
+            key: _group([s for s in samples if s.planned.api_key == key], slo_ms)
+            for key in sorted({s.planned.api_key for s in samples})
+        },
         "errors": _top_details(samples),
         "batches": None,
     }
     if batch_delta is not None:
         batches, requests = batch_delta
         mean_size = requests / batches if batches else 0.0
-        report["batches"] = {"batches": batches, "requests": requests, "mean_size": mean_size,
-                             "max_batch_size": max_batch_size, "fill": mean_size / max_batch_size}
+        report["batches"] = {
+            "batches": batches,
+            "requests": requests,
+            "mean_size": mean_size,
+            "max_batch_size": max_batch_size,
+            "fill": mean_size / max_batch_size,
+        }
     return report
 
 
@@ -195,18 +231,27 @@ def batch_counts(redis_url: str, key: str) -> tuple[int, int]:
 # --- HTTP ----------------------------------------------------------------------------------------------------------
 
 
-async def run_load(plans: Sequence[Planned], *, model: str, timeout_s: float = 60.0,
-                   server_timeout_ms: int | None = None, on_sent: Callable[[], None] | None = None,
-                   on_done: Callable[[Sample], None] | None = None,
-                   max_connections: int = 4096, transport: httpx.AsyncBaseTransport | None = None) -> list[Sample]:
+async def run_load(
+    plans: Sequence[Planned],
+    *,
+    model: str,
+    timeout_s: float = 60.0,
+    server_timeout_ms: int | None = None,
+    on_sent: Callable[[], None] | None = None,
+    on_done: Callable[[Sample], None] | None = None,
+    max_connections: int = 4096,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[Sample]:
     """Send ``plans`` on schedule (open loop) and return one Sample per plan, in plan order.
 
     ``server_timeout_ms`` goes out as the ``x-llmq-timeout-ms`` header; ``timeout_s`` bounds each request on the client.
     ``transport``: an httpx transport to use instead of the network (tests).
     """
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    clients = {url: httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, transport=transport)
-               for url in sorted({p.base_url for p in plans})}
+    clients = {
+        url: httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, transport=transport)
+        for url in sorted({p.base_url for p in plans})
+    }
     loop = asyncio.get_running_loop()
     start_s = loop.time()
     tasks: list[asyncio.Task[Sample]] = []
@@ -227,8 +272,13 @@ async def run_load(plans: Sequence[Planned], *, model: str, timeout_s: float = 6
         await asyncio.gather(*(client.aclose() for client in clients.values()))
 
 
-async def wait_ready(base_urls: Sequence[str], timeout_s: float, *, poll_s: float = 1.0,
-                     transport: httpx.AsyncBaseTransport | None = None) -> None:
+async def wait_ready(
+    base_urls: Sequence[str],
+    timeout_s: float,
+    *,
+    poll_s: float = 1.0,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> None:
     """Return once ``GET <base_url>/models`` answers 200 at every base URL. Raises TimeoutError after ``timeout_s``."""
     async with httpx.AsyncClient(timeout=poll_s, transport=transport) as client:
         async with asyncio.timeout(timeout_s):
@@ -242,11 +292,17 @@ async def wait_ready(base_urls: Sequence[str], timeout_s: float, *, poll_s: floa
                     await asyncio.sleep(poll_s)
 
 
-async def _send(client: httpx.AsyncClient, plan: Planned, model: str, due_s: float, start_s: float,
-                server_timeout_ms: int | None) -> Sample:
+async def _send(
+    client: httpx.AsyncClient, plan: Planned, model: str, due_s: float, start_s: float, server_timeout_ms: int | None
+) -> Sample:
     loop = asyncio.get_running_loop()
-    body = {"model": model, "prompt": plan.prompt, "max_tokens": plan.max_tokens, "temperature": 0,
-            "stream": plan.stream}
+    body = {
+        "model": model,
+        "prompt": plan.prompt,
+        "max_tokens": plan.max_tokens,
+        "temperature": 0,
+        "stream": plan.stream,
+    }
     headers = {"authorization": f"Bearer {plan.api_key}", HTTP_TRAFFIC_CLASS: plan.traffic_class}
     if server_timeout_ms is not None:
         headers[HTTP_TIMEOUT_MS] = str(server_timeout_ms)
@@ -264,8 +320,14 @@ async def _send(client: httpx.AsyncClient, plan: Planned, model: str, due_s: flo
         status, detail = ERROR, f"{type(exc).__name__}: {exc}"[:200]
     end_s = loop.time()
     ttft_ms = (ttft_s - due_s) * 1000 if ttft_s is not None and status == OK else None
-    return Sample(planned=plan, status=status, e2e_ms=(end_s - due_s) * 1000, end_s=end_s - start_s, ttft_ms=ttft_ms,
-                  detail=detail)
+    return Sample(
+        planned=plan,
+        status=status,
+        e2e_ms=(end_s - due_s) * 1000,
+        end_s=end_s - start_s,
+        ttft_ms=ttft_ms,
+        detail=detail,
+    )
 
 
 async def _stream(client: httpx.AsyncClient, body: dict, headers: dict, loop) -> tuple[str, float | None]:
@@ -278,7 +340,7 @@ async def _stream(client: httpx.AsyncClient, body: dict, headers: dict, loop) ->
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 return OK, first_text_s
             event = json.loads(data)

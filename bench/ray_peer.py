@@ -9,7 +9,6 @@ Needs ``ray[serve]`` (the ``bench`` extra), not a runtime dependency of llmq.
 Run alone: ``python -m bench.ray_peer --port 8500`` (Ctrl-C stops it).
 """
 
-
 import argparse
 import asyncio
 import json
@@ -52,16 +51,29 @@ def tick_targets(lengths: list[int], ticks: int, tick: int) -> list[int]:
 
 def completion_body(request_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict:
     """An OpenAI ``text_completion`` object with one choice (finish_reason ``length``, as llmq-sim without stops)."""
-    return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def chunk_event(request_id: str, model: str, text: str, finish_reason: str | None) -> bytes:
     """One SSE event of a streamed completion."""
-    body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}]}
+    body = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+    }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
@@ -94,7 +106,7 @@ def build_app(cfg: PeerConfig):
             for tick in range(1, ticks + 1):
                 await asyncio.sleep(max(0.0, start_s + self.batch_time_s * tick / ticks - loop.time()))
                 targets = tick_targets([len(i) for i in ids], ticks, tick)
-                texts = [detoks[j].push(ids[j][emitted[j]:targets[j]]) for j in range(len(jobs))]
+                texts = [detoks[j].push(ids[j][emitted[j] : targets[j]]) for j in range(len(jobs))]
                 emitted = targets
                 if tick == ticks:
                     texts = [text + detok.finish() for text, detok in zip(texts, detoks)]
@@ -108,8 +120,7 @@ def build_app(cfg: PeerConfig):
             pieces = self.run_batch((prompt, max_tokens))
             if not body.get("stream"):
                 text = "".join([piece async for piece in pieces])
-                return JSONResponse(completion_body(request_id, model, text, count_tokens(prompt),
-                                                    count_tokens(text)))
+                return JSONResponse(completion_body(request_id, model, text, count_tokens(prompt), count_tokens(text)))
 
             async def events():
                 async for piece in pieces:
@@ -153,8 +164,14 @@ class RayPeer:
         import ray
         from ray import serve
 
-        ray.init(include_dashboard=False, namespace=NAMESPACE, _node_ip_address="127.0.0.1", _temp_dir=self.temp_dir,
-                 log_to_driver=False, logging_level="WARNING")
+        ray.init(
+            include_dashboard=False,
+            namespace=NAMESPACE,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=self.temp_dir,
+            log_to_driver=False,
+            logging_level="WARNING",
+        )
         self.counter = ray.remote(num_cpus=0)(BatchCounter).options(name=COUNTER_NAME, namespace=NAMESPACE).remote()
         serve.start(http_options={"host": "127.0.0.1", "port": self.cfg.port}, logging_config={"log_level": "WARNING"})
         self.redeploy(self.cfg)
@@ -208,9 +225,15 @@ def main() -> None:
     parser.add_argument("--batch-time-ms", type=int, default=500)
     parser.add_argument("--batch-wait-timeout-s", type=float, default=0.02)
     args = parser.parse_args()
-    peer = RayPeer(PeerConfig(replicas=args.replicas, max_batch_size=args.max_batch_size,
-                              batch_time_ms=args.batch_time_ms, batch_wait_timeout_s=args.batch_wait_timeout_s,
-                              port=args.port))
+    peer = RayPeer(
+        PeerConfig(
+            replicas=args.replicas,
+            max_batch_size=args.max_batch_size,
+            batch_time_ms=args.batch_time_ms,
+            batch_wait_timeout_s=args.batch_wait_timeout_s,
+            port=args.port,
+        )
+    )
     peer.start()
     print(f"Ray Serve peer on {peer.base_url}; Ctrl-C stops it", flush=True)
     try:

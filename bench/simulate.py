@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llmq_batcher.policy import CLASS_KEYS, BatchPolicy, PolicyConfig, class_index
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from llmq_batcher.policy import CLASS_KEYS, BatchPolicy, PolicyConfig, class_index
 
 MODEL = "llmq-sim"
 _REPLY = wire.HttpReply(instance_id="sim")
@@ -56,8 +56,16 @@ class _Worker:
     last_batch_id: str = ""
 
 
-def arrival_counts(rps: float, duration_s: float, tick_ms: int, pattern: str, rng: np.random.Generator,
-                   burst_factor: float = 3.0, burst_period_s: float = 10.0, burst_duty: float = 0.2) -> np.ndarray:
+def arrival_counts(
+    rps: float,
+    duration_s: float,
+    tick_ms: int,
+    pattern: str,
+    rng: np.random.Generator,
+    burst_factor: float = 3.0,
+    burst_period_s: float = 10.0,
+    burst_duty: float = 0.2,
+) -> np.ndarray:
     """Requests arriving in each tick. ``poisson``: constant rate; ``bursty``: the rate is ``burst_factor`` times the
     base rate for the first ``burst_duty`` of every ``burst_period_s``, with the base chosen so the mean stays ``rps``."""
     ticks = int(duration_s * 1000 / tick_ms)
@@ -71,11 +79,25 @@ def arrival_counts(rps: float, duration_s: float, tick_ms: int, pattern: str, rn
     return rng.poisson(per_tick)
 
 
-def run_simulation(rps: float, replicas: int, max_batch: int = 64, batch_time_ms: int = 250, duration_s: float = 60,
-                   *, pattern: str = "poisson", wait_ms: int = 20, deadline_ms: int = 5000, network_ms: int = 0,
-                   paid_share: float = 1.0, dispatch_delay_ms: int = 1, heartbeat_interval_ms: int = 250,
-                   tick_ms: int = 1, seed: int = 0, burst_factor: float = 3.0,
-                   mix: dict[str, float] | None = None) -> dict:
+def run_simulation(
+    rps: float,
+    replicas: int,
+    max_batch: int = 64,
+    batch_time_ms: int = 250,
+    duration_s: float = 60,
+    *,
+    pattern: str = "poisson",
+    wait_ms: int = 20,
+    deadline_ms: int = 5000,
+    network_ms: int = 0,
+    paid_share: float = 1.0,
+    dispatch_delay_ms: int = 1,
+    heartbeat_interval_ms: int = 250,
+    tick_ms: int = 1,
+    seed: int = 0,
+    burst_factor: float = 3.0,
+    mix: dict[str, float] | None = None,
+) -> dict:
     """Simulate ``duration_s`` of traffic at ``rps`` (``mix``: share per traffic class, all interactive by default;
     ``paid_share`` of it paid, the rest free) against ``replicas`` fixed-time workers (``max_batch`` requests per
     ``batch_time_ms`` batch); then let queued work finish. Deferred requests get a deadline of an hour, others
@@ -94,9 +116,14 @@ def run_simulation(rps: float, replicas: int, max_batch: int = 64, batch_time_ms
     paid = rng.random(total) < paid_share
     classes = rng.choice(list(mix), size=total, p=list(mix.values()))
     clock = FakeClock(0)
-    config = PolicyConfig(fixed_engine_max_wait_ms=wait_ms, tenant_max_inflight=1 << 40, max_queued=1 << 40,
-                          model_max_batch={MODEL: max_batch}, worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
-                          batch_id_prefix="sim")
+    config = PolicyConfig(
+        fixed_engine_max_wait_ms=wait_ms,
+        tenant_max_inflight=1 << 40,
+        max_queued=1 << 40,
+        model_max_batch={MODEL: max_batch},
+        worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
+        batch_id_prefix="sim",
+    )
     policy = BatchPolicy(config, clock)
     workers = [_Worker(f"w{i}", i) for i in range(replicas)]
     sim = _Run(policy, clock, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
@@ -109,8 +136,16 @@ def run_simulation(rps: float, replicas: int, max_batch: int = 64, batch_time_ms
 class _Run:
     """One simulation's mutable state and event handling."""
 
-    def __init__(self, policy: BatchPolicy, clock: FakeClock, workers: list[_Worker], max_batch: int,
-                 batch_time_ms: int, dispatch_delay_ms: int, heartbeat_interval_ms: int) -> None:
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        clock: FakeClock,
+        workers: list[_Worker],
+        max_batch: int,
+        batch_time_ms: int,
+        dispatch_delay_ms: int,
+        heartbeat_interval_ms: int,
+    ) -> None:
         self.policy = policy
         self.clock = clock
         self.workers = workers
@@ -145,10 +180,17 @@ class _Run:
             for i in range(next_id, next_id + n):
                 deferred = classes[i] == constants.DEFERRED
                 request = wire.GenerationRequest(
-                    request_id=str(i), traffic_class=str(classes[i]), tier="paid" if paid[i] else "free", model=MODEL,
-                    prompt="x", sampling=_SAMPLING, created_ms=t,
-                    deadline_ms=t + (DEFERRED_DEADLINE_MS if deferred else deadline_ms), reply_to=_REPLY,
-                    prompt_tokens=8)
+                    request_id=str(i),
+                    traffic_class=str(classes[i]),
+                    tier="paid" if paid[i] else "free",
+                    model=MODEL,
+                    prompt="x",
+                    sampling=_SAMPLING,
+                    created_ms=t,
+                    deadline_ms=t + (DEFERRED_DEADLINE_MS if deferred else deadline_ms),
+                    reply_to=_REPLY,
+                    prompt_tokens=8,
+                )
                 if deferred:
                     self.backlog.append(request)
                 else:
@@ -216,10 +258,21 @@ class _Run:
         running = len(worker.running)
         queued = sum(len(b.requests) for b in worker.waiting)
         drain = max(worker.busy_until_ms - t, 0) + len(worker.waiting) * self.batch_time_ms
-        self.policy.on_heartbeat(wire.WorkerHeartbeat(
-            worker_id=worker.worker_id, partition=worker.partition, model=MODEL, max_slots=self.max_batch,
-            running=running, queued=queued, free_slots=0 if running or queued else self.max_batch, est_drain_ms=drain,
-            sent_ms=t, fixed_batch_time_ms=self.batch_time_ms, last_batch_id=worker.last_batch_id))
+        self.policy.on_heartbeat(
+            wire.WorkerHeartbeat(
+                worker_id=worker.worker_id,
+                partition=worker.partition,
+                model=MODEL,
+                max_slots=self.max_batch,
+                running=running,
+                queued=queued,
+                free_slots=0 if running or queued else self.max_batch,
+                est_drain_ms=drain,
+                sent_ms=t,
+                fixed_batch_time_ms=self.batch_time_ms,
+                last_batch_id=worker.last_batch_id,
+            )
+        )
 
     def _push(self, at: int, kind: int, payload: object) -> None:
         self.event_seq += 1

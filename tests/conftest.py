@@ -19,8 +19,9 @@ TEST_REDIS_PORT = 16379
 
 
 def _infra_stack() -> DevStack:
-    return DevStack(StackConfig(state_dir=ROOT / "var" / "test", kafka_port=TEST_KAFKA_PORT,
-                                redis_port=TEST_REDIS_PORT))
+    return DevStack(
+        StackConfig(state_dir=ROOT / "var" / "test", kafka_port=TEST_KAFKA_PORT, redis_port=TEST_REDIS_PORT)
+    )
 
 
 def pytest_collection_modifyitems(config, items):

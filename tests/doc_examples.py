@@ -39,11 +39,17 @@ def examples(path: Path) -> list[Example]:
     text = path.read_text()
     found = []
     for fence in FENCE.finditer(text):
-        before = text[:fence.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        before = text[: fence.start()].rstrip("\n").rsplit("\n", 1)[-1]
         skip = SKIP.fullmatch(before.strip())
-        found.append(Example(doc=str(path.relative_to(ROOT)), line=text.count("\n", 0, fence.start()) + 1,
-                             lang=fence["lang"].strip(), code=fence["code"],
-                             skip=skip["reason"] if skip else None))
+        found.append(
+            Example(
+                doc=str(path.relative_to(ROOT)),
+                line=text.count("\n", 0, fence.start()) + 1,
+                lang=fence["lang"].strip(),
+                code=fence["code"],
+                skip=skip["reason"] if skip else None,
+            )
+        )
     return found
 
 

@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-batch_app = typer.Typer(help="Batch jobs (OpenAI /v1/batches): submit, status, results, sample input.",
-                        no_args_is_help=True)
+batch_app = typer.Typer(
+    help="Batch jobs (OpenAI /v1/batches): submit, status, results, sample input.", no_args_is_help=True
+)
 console = Console()
 
 ENDED = ("completed", "failed", "expired", "cancelled")
@@ -53,8 +54,9 @@ def submit(
     client = _client(base_url, api_key)
     with file.open("rb") as source:
         uploaded = client.files.create(file=source, purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint or _endpoint_of(file),
-                                  completion_window=window)
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint=endpoint or _endpoint_of(file), completion_window=window
+    )
     typer.echo(batch.id)
     if detach:
         return
@@ -72,8 +74,12 @@ def _follow(client: openai.OpenAI, batch) -> object:
         while True:
             counts = batch.request_counts
             done = counts.completed + counts.failed if counts else 0
-            progress.update(task, description=f"{batch.id[:18]}… {batch.status}", completed=done,
-                            total=counts.total if counts else None)
+            progress.update(
+                task,
+                description=f"{batch.id[:18]}… {batch.status}",
+                completed=done,
+                total=counts.total if counts else None,
+            )
             if batch.status in ENDED:
                 return batch
             time.sleep(POLL_S)
@@ -90,11 +96,16 @@ def _print_status(batch) -> None:
     counts = batch.request_counts
     extra = (batch.model_extra or {}).get("llmq") or {}
     table = Table(show_header=False, title=batch.id)
-    rows = [("status", batch.status), ("endpoint", batch.endpoint), ("window", batch.completion_window),
-            ("lines", f"{counts.total} total, {counts.completed} completed, {counts.failed} failed" if counts else ""),
-            ("outcomes", ", ".join(f"{k} {v}" for k, v in extra.items()) if extra else ""),
-            ("usage", f"{batch.usage.input_tokens} in, {batch.usage.output_tokens} out" if batch.usage else ""),
-            ("output file", batch.output_file_id or ""), ("error file", batch.error_file_id or "")]
+    rows = [
+        ("status", batch.status),
+        ("endpoint", batch.endpoint),
+        ("window", batch.completion_window),
+        ("lines", f"{counts.total} total, {counts.completed} completed, {counts.failed} failed" if counts else ""),
+        ("outcomes", ", ".join(f"{k} {v}" for k, v in extra.items()) if extra else ""),
+        ("usage", f"{batch.usage.input_tokens} in, {batch.usage.output_tokens} out" if batch.usage else ""),
+        ("output file", batch.output_file_id or ""),
+        ("error file", batch.error_file_id or ""),
+    ]
     for name in ("created", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"):
         at = getattr(batch, f"{name}_at", None)
         if at:
@@ -102,7 +113,7 @@ def _print_status(batch) -> None:
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
-    for error in (batch.errors.data if batch.errors and batch.errors.data else []):
+    for error in batch.errors.data if batch.errors and batch.errors.data else []:
         console.print(f"[red]line {error.line}[/red] {error.code} ({error.param}): {error.message}")
 
 
@@ -110,8 +121,9 @@ def _print_status(batch) -> None:
 def results(
     batch_id: str,
     output: Path = typer.Option(..., "-o", "--output", help="Where the output file (succeeded lines) goes."),
-    errors: Path | None = typer.Option(None, "--errors", help="Where the error file goes (default: "
-                                                              "<output stem>.errors.jsonl, when it has lines)."),
+    errors: Path | None = typer.Option(
+        None, "--errors", help="Where the error file goes (default: <output stem>.errors.jsonl, when it has lines)."
+    ),
     base_url: str = BASE_URL,
     api_key: str = API_KEY,
 ) -> None:
@@ -127,8 +139,10 @@ def results(
     if error_bytes:
         errors.write_bytes(error_bytes)
     lines, error_lines = output.read_bytes().count(b"\n"), error_bytes.count(b"\n")
-    console.print(f"{batch.status}: {lines} lines -> {output}" +
-                  (f", {error_lines} error lines -> {errors}" if error_bytes else ""))
+    console.print(
+        f"{batch.status}: {lines} lines -> {output}"
+        + (f", {error_lines} error lines -> {errors}" if error_bytes else "")
+    )
 
 
 @batch_app.command("cancel")
@@ -141,9 +155,12 @@ def cancel(batch_id: str, base_url: str = BASE_URL, api_key: str = API_KEY) -> N
 def sample(
     lines: int = typer.Option(300, "--lines", help="How many request lines."),
     output: Path = typer.Option(Path("var/batch/claims-sample.jsonl"), "-o", "--output"),
-    model: str = typer.Option("llmq-sim", help="Model of every line: llmq-sim (simulated: fast, replays the prompt) "
-                                               "or llmq-tiny (a small transformer with random weights: slow on "
-                                               "a CPU, its text is noise)."),
+    model: str = typer.Option(
+        "llmq-sim",
+        help="Model of every line: llmq-sim (simulated: fast, replays the prompt) "
+        "or llmq-tiny (a small transformer with random weights: slow on "
+        "a CPU, its text is noise).",
+    ),
     seed: int = typer.Option(0, help="Same seed, same file."),
 ) -> None:
     """Write an OpenAI batch input file of insurance-claim classify-and-summarise chat requests."""
@@ -154,24 +171,57 @@ def sample(
 
 # --- sample input -----------------------------------------------------------------------------------------------
 
-SYSTEM_PROMPT = ("You are a claims assistant. Classify the claim as one of: property, motor, liability, theft. Then "
-                 "summarise it in at most three sentences for an adjuster. Answer as JSON with keys category and "
-                 "summary.")
+SYSTEM_PROMPT = (
+    "You are a claims assistant. Classify the claim as one of: property, motor, liability, theft. Then "
+    "summarise it in at most three sentences for an adjuster. Answer as JSON with keys category and "
+    "summary."
+)
 PERILS = {
-    "property": ["hail damage to roof tiles", "water damage to the kitchen ceiling", "a burst pipe in the basement",
-                 "a storm-felled tree on a fence", "a chimney fire", "a flooded ground floor after heavy rain"],
-    "motor": ["a rear-end collision at a junction", "a cracked windscreen from road debris",
-              "a scraped door in a car park", "a collision with a deer at night"],
-    "liability": ["a visitor slipping on a wet floor", "a falling flower pot hitting a parked car",
-                  "a dog biting a delivery rider", "a leak damaging the flat below"],
-    "theft": ["a laptop stolen from a parked car", "a bicycle stolen from a locked shed",
-              "jewellery taken during a break-in", "tools stolen from a van overnight"],
+    "property": [
+        "hail damage to roof tiles",
+        "water damage to the kitchen ceiling",
+        "a burst pipe in the basement",
+        "a storm-felled tree on a fence",
+        "a chimney fire",
+        "a flooded ground floor after heavy rain",
+    ],
+    "motor": [
+        "a rear-end collision at a junction",
+        "a cracked windscreen from road debris",
+        "a scraped door in a car park",
+        "a collision with a deer at night",
+    ],
+    "liability": [
+        "a visitor slipping on a wet floor",
+        "a falling flower pot hitting a parked car",
+        "a dog biting a delivery rider",
+        "a leak damaging the flat below",
+    ],
+    "theft": [
+        "a laptop stolen from a parked car",
+        "a bicycle stolen from a locked shed",
+        "jewellery taken during a break-in",
+        "tools stolen from a van overnight",
+    ],
 }
-PLACES = ["a ground-floor flat", "a rented office", "a detached house", "a corner shop", "a holiday cottage",
-          "a farm building", "a city-centre apartment"]
-NOTES = ["Photos were uploaded on the day of the event.", "A contractor quote is attached.",
-         "No receipts are available.", "A neighbour witnessed the event.", "The police were informed.",
-         "The policyholder asks for an urgent visit.", "A previous claim was made last year."]
+PLACES = [
+    "a ground-floor flat",
+    "a rented office",
+    "a detached house",
+    "a corner shop",
+    "a holiday cottage",
+    "a farm building",
+    "a city-centre apartment",
+]
+NOTES = [
+    "Photos were uploaded on the day of the event.",
+    "A contractor quote is attached.",
+    "No receipts are available.",
+    "A neighbour witnessed the event.",
+    "The police were informed.",
+    "The policyholder asks for an urgent visit.",
+    "A previous claim was made last year.",
+]
 MAX_TOKENS = (48, 64, 96)
 
 
@@ -182,11 +232,21 @@ def sample_lines(count: int, model: str = "llmq-sim", seed: int = 0) -> list[dic
     for i in range(count):
         category = rng.choice(sorted(PERILS))
         claim = 7_700_000 + 7 * i + 100_000 * seed
-        text = (f"Claim {claim}. Reported {rng.randint(0, 30)} days after the event. The policyholder describes "
-                f"{rng.choice(PERILS[category])} at {rng.choice(PLACES)}. Estimated loss "
-                f"{rng.randint(200, 50_000)} EUR. {rng.choice(NOTES)}")
-        lines.append({"custom_id": f"claim-{claim}-s{seed}", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"model": model, "max_tokens": rng.choice(MAX_TOKENS),
-                               "messages": [{"role": "system", "content": SYSTEM_PROMPT},
-                                            {"role": "user", "content": text}]}})
+        text = (
+            f"Claim {claim}. Reported {rng.randint(0, 30)} days after the event. The policyholder describes "
+            f"{rng.choice(PERILS[category])} at {rng.choice(PLACES)}. Estimated loss "
+            f"{rng.randint(200, 50_000)} EUR. {rng.choice(NOTES)}"
+        )
+        lines.append(
+            {
+                "custom_id": f"claim-{claim}-s{seed}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": model,
+                    "max_tokens": rng.choice(MAX_TOKENS),
+                    "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}],
+                },
+            }
+        )
     return lines

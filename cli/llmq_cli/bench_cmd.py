@@ -40,8 +40,11 @@ def run_with_progress(plans: list, console: Console, **kwargs) -> list:
     with Progress(*columns, console=console, transient=False) as progress:
         sent = progress.add_task("sent", total=len(plans))
         done = progress.add_task("answered", total=len(plans))
-        return asyncio.run(loadgen.run_load(plans, on_sent=lambda: progress.advance(sent),
-                                            on_done=lambda _sample: progress.advance(done), **kwargs))
+        return asyncio.run(
+            loadgen.run_load(
+                plans, on_sent=lambda: progress.advance(sent), on_done=lambda _sample: progress.advance(done), **kwargs
+            )
+        )
 
 
 @bench.callback()
@@ -53,8 +56,9 @@ def bench_load(
     duration_s: float = typer.Option(30.0, help="Arrival window, seconds at most."),
     model: str = typer.Option("llmq-sim"),
     prompts: Path = typer.Option(DEFAULT_PROMPTS, help="JSONL prompts ({prompt, max_tokens}); default: the demo's."),
-    classes: str = typer.Option("interactive=0.8,near_interactive=0.15,deferred=0.05",
-                                help="Traffic class mix (x-llmq-class), name=weight,..."),
+    classes: str = typer.Option(
+        "interactive=0.8,near_interactive=0.15,deferred=0.05", help="Traffic class mix (x-llmq-class), name=weight,..."
+    ),
     keys: str = typer.Option("llmq-dev-key=0.8,llmq-dev-free-key=0.2", help="Tenant mix by API key, key=weight,..."),
     stream_share: float = typer.Option(0.3, help="Share of requests sent with stream: true."),
     slo_ms: float = typer.Option(1500.0, help="A success within this end-to-end latency counts toward goodput."),
@@ -76,19 +80,31 @@ def bench_load(
         asyncio.run(loadgen.wait_ready(base_url, wait_ready_s))
     rng = random.Random(seed)
     arrivals = loadgen.poisson_arrivals(rate, count=count, duration_s=duration_s, rng=rng)
-    plans = loadgen.plan_requests(load_prompts(prompts), arrivals, classes=loadgen.parse_weights(classes),
-                                  keys=loadgen.parse_weights(keys), stream_share=stream_share, base_urls=base_url,
-                                  rng=rng)
+    plans = loadgen.plan_requests(
+        load_prompts(prompts),
+        arrivals,
+        classes=loadgen.parse_weights(classes),
+        keys=loadgen.parse_weights(keys),
+        stream_share=stream_share,
+        base_urls=base_url,
+        rng=rng,
+    )
     stats_url = None if redis_url == "none" else (redis_url or load_settings().redis_url)
     before = loadgen.batch_counts(stats_url, stats_key) if stats_url else None
-    samples = run_with_progress(plans, Console(stderr=True), model=model, timeout_s=timeout_s,
-                                server_timeout_ms=server_timeout_ms or None)
+    samples = run_with_progress(
+        plans, Console(stderr=True), model=model, timeout_s=timeout_s, server_timeout_ms=server_timeout_ms or None
+    )
     delta = None
     if before is not None:
         after = loadgen.batch_counts(stats_url, stats_key)
         delta = (after[0] - before[0], after[1] - before[1])
-    report = loadgen.summarize(samples, window_s=loadgen.arrival_window_s(arrivals, count, duration_s),
-                               slo_ms=slo_ms, batch_delta=delta, max_batch_size=max_batch_size)
+    report = loadgen.summarize(
+        samples,
+        window_s=loadgen.arrival_window_s(arrivals, count, duration_s),
+        slo_ms=slo_ms,
+        batch_delta=delta,
+        max_batch_size=max_batch_size,
+    )
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -98,20 +114,45 @@ def bench_load(
 def print_report(report: dict, console: Console) -> None:
     """The report as a table: one row for all requests, then one per traffic class."""
     batches = report["batches"]
-    batching = (f"mean batch {batches['mean_size']:.1f} of {batches['max_batch_size']} (fill {batches['fill']:.0%})"
-                if batches else "batch stats unavailable")
-    table = Table("class", "requests", "ok", "good", "429", "504", "other", "p50 ms", "p95 ms", "p99 ms",
-                  "TTFT p50", "TTFT p99",
-                  title=f"offered {report['offered_rps']:.1f} req/s over {report['window_s']:.1f}s; goodput "
-                        f"{report['goodput_rps']:.1f} req/s (SLO {report['slo_ms']:g} ms, "
-                        f"{report['goodput_ratio']:.0%} of offered); {batching}")
+    batching = (
+        f"mean batch {batches['mean_size']:.1f} of {batches['max_batch_size']} (fill {batches['fill']:.0%})"
+        if batches
+        else "batch stats unavailable"
+    )
+    table = Table(
+        "class",
+        "requests",
+        "ok",
+        "good",
+        "429",
+        "504",
+        "other",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "TTFT p50",
+        "TTFT p99",
+        title=f"offered {report['offered_rps']:.1f} req/s over {report['window_s']:.1f}s; goodput "
+        f"{report['goodput_rps']:.1f} req/s (SLO {report['slo_ms']:g} ms, "
+        f"{report['goodput_ratio']:.0%} of offered); {batching}",
+    )
     for name, group in [("all", report), *report["classes"].items()]:
         other = group["requests"] - group["succeeded"] - group["rejected_429"] - group["timeouts_504"]
         lat, ttft = group["latency_ms"], group["ttft_ms"]
-        table.add_row(name, str(group["requests"]), str(group["succeeded"]), str(group["good"]),
-                      str(group["rejected_429"]), str(group["timeouts_504"]), str(other),
-                      f"{lat['p50']:.0f}", f"{lat['p95']:.0f}", f"{lat['p99']:.0f}",
-                      f"{ttft['p50']:.0f}", f"{ttft['p99']:.0f}")
+        table.add_row(
+            name,
+            str(group["requests"]),
+            str(group["succeeded"]),
+            str(group["good"]),
+            str(group["rejected_429"]),
+            str(group["timeouts_504"]),
+            str(other),
+            f"{lat['p50']:.0f}",
+            f"{lat['p95']:.0f}",
+            f"{lat['p99']:.0f}",
+            f"{ttft['p50']:.0f}",
+            f"{ttft['p99']:.0f}",
+        )
     console.print(table)
     for detail, count in report["errors"].items():
         console.print(f"[red]{count} x[/red] {detail}")
@@ -135,10 +176,18 @@ def bench_curve(
     from bench import capacity_curve
 
     cfg = capacity_curve.CurveConfig(
-        systems=tuple(s.strip() for s in systems.split(",") if s.strip()), batch_time_ms=batch_time_ms,
-        saturation_rps=saturation_rps, ray_wait_ms=ray_wait_ms, workers=workers, max_batch_size=max_batch_size,
-        point_s=point_s, loads=tuple(float(x) for x in loads.split(",")), output=output, state_dir=state_dir,
-        port_base=port_base)
+        systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
+        batch_time_ms=batch_time_ms,
+        saturation_rps=saturation_rps,
+        ray_wait_ms=ray_wait_ms,
+        workers=workers,
+        max_batch_size=max_batch_size,
+        point_s=point_s,
+        loads=tuple(float(x) for x in loads.split(",")),
+        output=output,
+        state_dir=state_dir,
+        port_base=port_base,
+    )
     result = capacity_curve.run_curve(cfg, log=Console(stderr=True).print)
     capacity_curve.print_curve(result, Console())
     if result.get("failed"):

@@ -39,13 +39,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-async def _one(client: openai.AsyncOpenAI, prompt: CodePrompt, model: str, report: ModelReport,
-               gate: asyncio.Semaphore) -> None:
+async def _one(
+    client: openai.AsyncOpenAI, prompt: CodePrompt, model: str, report: ModelReport, gate: asyncio.Semaphore
+) -> None:
     async with gate:
         started = time.perf_counter()
         try:
-            await client.completions.create(model=model, prompt=prompt.prompt, max_tokens=prompt.max_tokens,
-                                            temperature=0, extra_headers={HTTP_TIMEOUT_MS: str(DEMO_TIMEOUT_MS)})
+            await client.completions.create(
+                model=model,
+                prompt=prompt.prompt,
+                max_tokens=prompt.max_tokens,
+                temperature=0,
+                extra_headers={HTTP_TIMEOUT_MS: str(DEMO_TIMEOUT_MS)},
+            )
         except openai.APIError as exc:
             kind = type(exc).__name__
             report.errors[kind] = report.errors.get(kind, 0) + 1
@@ -53,16 +59,19 @@ async def _one(client: openai.AsyncOpenAI, prompt: CodePrompt, model: str, repor
         report.latencies_s.append(time.perf_counter() - started)
 
 
-async def run_demo(prompts: list[CodePrompt], base_urls: list[str], models: list[str], concurrency: int,
-                   api_key: str = "llmq-dev-key") -> list[ModelReport]:
+async def run_demo(
+    prompts: list[CodePrompt], base_urls: list[str], models: list[str], concurrency: int, api_key: str = "llmq-dev-key"
+) -> list[ModelReport]:
     """Send every prompt once, to the models and pods in turn, at most ``concurrency`` in flight."""
     clients = [openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=120) for url in base_urls]
     reports = {model: ModelReport(model) for model in models}
     gate = asyncio.Semaphore(concurrency)
-    await asyncio.gather(*(
-        _one(clients[i % len(clients)], prompt, models[i % len(models)], reports[models[i % len(models)]], gate)
-        for i, prompt in enumerate(prompts)
-    ))
+    await asyncio.gather(
+        *(
+            _one(clients[i % len(clients)], prompt, models[i % len(models)], reports[models[i % len(models)]], gate)
+            for i, prompt in enumerate(prompts)
+        )
+    )
     for client in clients:
         await client.close()
     return list(reports.values())
@@ -78,10 +87,17 @@ def summary_rows(reports: list[ModelReport]) -> list[dict]:
     rows = []
     for report in reports:
         ms = [s * 1000 for s in report.latencies_s]
-        rows.append({
-            "model": report.model, "requests": report.requests, "successes": len(ms),
-            "errors": sum(report.errors.values()), "p50_ms": percentile(ms, 50), "p95_ms": percentile(ms, 95),
-            "p99_ms": percentile(ms, 99), "mean_ms": statistics.fmean(ms) if ms else 0.0,
-            "mean_batch_size": report.mean_batch_size,
-        })
+        rows.append(
+            {
+                "model": report.model,
+                "requests": report.requests,
+                "successes": len(ms),
+                "errors": sum(report.errors.values()),
+                "p50_ms": percentile(ms, 50),
+                "p95_ms": percentile(ms, 95),
+                "p99_ms": percentile(ms, 99),
+                "mean_ms": statistics.fmean(ms) if ms else 0.0,
+                "mean_batch_size": report.mean_batch_size,
+            }
+        )
     return rows

@@ -84,37 +84,83 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     """The llmq services of the stack (Kafka and Redis excluded), in start order."""
     base = cfg.metrics_base_port
     specs = [
-        ProcSpec(name="result-router", kind="result-router", marker="llmq_result_router.main",
-                 argv=_python_module("llmq_result_router.main", "--instance-id", "result-router-0",
-                                     "--metrics-port", str(base)),
-                 alive=constants.alive_key("result-router", "result-router-0"), metrics_port=base),
-        ProcSpec(name="batcher", kind="batcher", marker="llmq_batcher.main",
-                 argv=_python_module("llmq_batcher.main", "--instance-id", "batcher-0",
-                                     "--metrics-port", str(base and base + 1)),
-                 alive=constants.alive_key("batcher", "batcher-0"), metrics_port=base and base + 1),
+        ProcSpec(
+            name="result-router",
+            kind="result-router",
+            marker="llmq_result_router.main",
+            argv=_python_module(
+                "llmq_result_router.main", "--instance-id", "result-router-0", "--metrics-port", str(base)
+            ),
+            alive=constants.alive_key("result-router", "result-router-0"),
+            metrics_port=base,
+        ),
+        ProcSpec(
+            name="batcher",
+            kind="batcher",
+            marker="llmq_batcher.main",
+            argv=_python_module(
+                "llmq_batcher.main", "--instance-id", "batcher-0", "--metrics-port", str(base and base + 1)
+            ),
+            alive=constants.alive_key("batcher", "batcher-0"),
+            metrics_port=base and base + 1,
+        ),
     ]
     partition = 0
     for model, engine, count, extra in (
         ("llmq-tiny", "transformers", cfg.tiny_workers, []),
-        ("llmq-sim", "simulated", cfg.sim_workers,
-         ["--batch-time-ms", str(cfg.sim_batch_time_ms), "--max-batch-size", str(cfg.sim_max_batch_size),
-          *cfg.sim_worker_args]),
+        (
+            "llmq-sim",
+            "simulated",
+            cfg.sim_workers,
+            [
+                "--batch-time-ms",
+                str(cfg.sim_batch_time_ms),
+                "--max-batch-size",
+                str(cfg.sim_max_batch_size),
+                *cfg.sim_worker_args,
+            ],
+        ),
     ):
         for i in range(count):
             worker_id = f"{model.removeprefix('llmq-')}-{i}"
             metrics_port = base and base + 2 + partition
-            specs.append(ProcSpec(
-                name=f"worker-{worker_id}", kind="worker", marker="llmq_worker.main", model=model,
-                argv=_python_module("llmq_worker.main", "--worker-id", worker_id, "--partition", str(partition),
-                                    "--model", model, "--engine", engine, *extra, "--metrics-port", str(metrics_port)),
-                alive=constants.alive_key("worker", worker_id), metrics_port=metrics_port,
-            ))
+            specs.append(
+                ProcSpec(
+                    name=f"worker-{worker_id}",
+                    kind="worker",
+                    marker="llmq_worker.main",
+                    model=model,
+                    argv=_python_module(
+                        "llmq_worker.main",
+                        "--worker-id",
+                        worker_id,
+                        "--partition",
+                        str(partition),
+                        "--model",
+                        model,
+                        "--engine",
+                        engine,
+                        *extra,
+                        "--metrics-port",
+                        str(metrics_port),
+                    ),
+                    alive=constants.alive_key("worker", worker_id),
+                    metrics_port=metrics_port,
+                )
+            )
             partition += 1
     for i, port in enumerate(cfg.api_ports):
-        specs.append(ProcSpec(
-            name=f"api-{i}", kind="api", marker="llmq_api.main", port=port,
-            argv=_python_module("llmq_api.main", "--host", "127.0.0.1", "--port", str(port), "--instance-id", f"api-{i}"),
-        ))
+        specs.append(
+            ProcSpec(
+                name=f"api-{i}",
+                kind="api",
+                marker="llmq_api.main",
+                port=port,
+                argv=_python_module(
+                    "llmq_api.main", "--host", "127.0.0.1", "--port", str(port), "--instance-id", f"api-{i}"
+                ),
+            )
+        )
     return specs
 
 
@@ -142,18 +188,40 @@ class DevStack:
             self._start_kafka()
         _wait(lambda: _redis_ping(self.cfg.redis_url), deadline, "redis")
         _wait(lambda: _tcp_open(self.cfg.kafka_port), deadline, "kafka")
-        _wait(lambda: _try(lambda: _run_in_thread(ensure_topics(self.cfg.settings(), raise_limits=True))), deadline,
-              "kafka topics")
+        _wait(
+            lambda: _try(lambda: _run_in_thread(ensure_topics(self.cfg.settings(), raise_limits=True))),
+            deadline,
+            "kafka topics",
+        )
         for spec in service_specs(self.cfg) if services else ():
             self._spawn(spec)
         for row in self._wait_healthy(deadline):
             log(f"  {row['name']:<18} pid {row['pid']:<8} {row['health']}")
 
     def _start_redis(self) -> None:
-        spec = ProcSpec(name="redis", kind="redis", marker="redis-server", port=self.cfg.redis_port,
-                        argv=["redis-server", "--port", str(self.cfg.redis_port), "--bind", "127.0.0.1",
-                              "--save", "", "--appendonly", "no", "--dir", str(self.state),
-                              "--maxmemory", str(self.cfg.redis_maxmemory_bytes), "--maxmemory-policy", MEMORY_POLICY])
+        spec = ProcSpec(
+            name="redis",
+            kind="redis",
+            marker="redis-server",
+            port=self.cfg.redis_port,
+            argv=[
+                "redis-server",
+                "--port",
+                str(self.cfg.redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.state),
+                "--maxmemory",
+                str(self.cfg.redis_maxmemory_bytes),
+                "--maxmemory-policy",
+                MEMORY_POLICY,
+            ],
+        )
         self._spawn(spec)
 
     def _start_kafka(self) -> None:
@@ -172,13 +240,32 @@ class DevStack:
     def _spawn(self, spec: ProcSpec) -> None:
         if self._running_pid(spec.name):
             return
-        env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": self.cfg.kafka_bootstrap,
-               "LLMQ_REDIS_URL": self.cfg.redis_url, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env}
+        env = {
+            **os.environ,
+            "LLMQ_KAFKA_BOOTSTRAP_SERVERS": self.cfg.kafka_bootstrap,
+            "LLMQ_REDIS_URL": self.cfg.redis_url,
+            "PYTHONUNBUFFERED": "1",
+            **self.cfg.extra_env,
+        }
         with open(self.logs / f"{spec.name}.log", "ab") as log_file:
-            proc = subprocess.Popen(spec.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-        record = {"pid": proc.pid, "kind": spec.kind, "model": spec.model, "port": spec.port, "alive": spec.alive,
-                  "marker": spec.marker, "started": time.time(), "metrics_port": spec.metrics_port}
+            proc = subprocess.Popen(
+                spec.argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        record = {
+            "pid": proc.pid,
+            "kind": spec.kind,
+            "model": spec.model,
+            "port": spec.port,
+            "alive": spec.alive,
+            "marker": spec.marker,
+            "started": time.time(),
+            "metrics_port": spec.metrics_port,
+        }
         (self.pids / f"{spec.name}.json").write_text(json.dumps(record))
 
     def _wait_healthy(self, deadline: float) -> list[dict]:
@@ -216,9 +303,18 @@ class DevStack:
             if _is_ours(record["pid"], record["marker"]):
                 health = "healthy" if _healthy(record, self.cfg, client) else "starting"
             metrics_port = _metrics_port(record)
-            rows.append({"name": name, "kind": record["kind"], "model": record["model"], "pid": record["pid"],
-                         "port": record["port"] or metrics_port, "metrics_port": metrics_port, "health": health,
-                         "log": str(self.logs / f"{name}.log")})
+            rows.append(
+                {
+                    "name": name,
+                    "kind": record["kind"],
+                    "model": record["model"],
+                    "pid": record["pid"],
+                    "port": record["port"] or metrics_port,
+                    "metrics_port": metrics_port,
+                    "health": health,
+                    "log": str(self.logs / f"{name}.log"),
+                }
+            )
         return rows
 
     def metrics_urls(self) -> dict[str, str]:

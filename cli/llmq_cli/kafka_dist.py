@@ -71,8 +71,16 @@ def ensure_installed(version: str = KAFKA_VERSION) -> Path:
         pom = Path(work) / "pom.xml"
         pom.write_text(POM.format(kafka=version, log4j=LOG4J_VERSION))
         subprocess.run(
-            ["mvn", "-B", "-q", "-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies",
-             f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+            [
+                "mvn",
+                "-B",
+                "-q",
+                "-f",
+                str(pom),
+                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+                f"-DoutputDirectory={libs}",
+                "-DincludeScope=runtime",
+            ],
             check=True,
         )
     marker.touch()
@@ -81,26 +89,28 @@ def ensure_installed(version: str = KAFKA_VERSION) -> Path:
 
 def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
     """A single-node KRaft broker+controller on 127.0.0.1, tuned for fast consumer-group joins in tests."""
-    return "\n".join([
-        "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
-        "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        f"log.dirs={data_dir}",
-        "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=4",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "group.initial.rebalance.delay.ms=0",
-        "num.partitions=1",
-        "auto.create.topics.enable=false",  # owners create their topics (reply topics: `llmq dev create-topic`)
-        f"message.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",  # default of topics without their own max.message.bytes
-        f"replica.fetch.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={data_dir}",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "num.partitions=1",
+            "auto.create.topics.enable=false",  # owners create their topics (reply topics: `llmq dev create-topic`)
+            f"message.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",  # default of topics without their own max.message.bytes
+            f"replica.fetch.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",
+            "",
+        ]
+    )
 
 
 def java_command(libs: Path, *args: str, heap: str = "-Xmx512m") -> list[str]:
@@ -111,10 +121,17 @@ def format_storage(libs: Path, config: Path, data_dir: Path) -> None:
     """Format the KRaft storage once (a formatted data dir is kept: re-formatting with a new cluster id would fail)."""
     if (data_dir / "meta.properties").exists():
         return
-    cluster_id = subprocess.run(
-        java_command(libs, "kafka.tools.StorageTool", "random-uuid"), check=True, capture_output=True, text=True
-    ).stdout.strip().splitlines()[-1]
+    cluster_id = (
+        subprocess.run(
+            java_command(libs, "kafka.tools.StorageTool", "random-uuid"), check=True, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     subprocess.run(
-        java_command(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), "--ignore-formatted"),
-        check=True, capture_output=True,
+        java_command(
+            libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), "--ignore-formatted"
+        ),
+        check=True,
+        capture_output=True,
     )

@@ -21,8 +21,10 @@ from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, repl
 from llmq_core.settings import load_settings
 
 app = typer.Typer(help="llmq: a batching system for LLM queries over Kafka and Redis.", no_args_is_help=True)
-dev = typer.Typer(help="Run the local stack as processes (Kafka, Redis, API pods, batcher, workers, result-router).",
-                  no_args_is_help=True)
+dev = typer.Typer(
+    help="Run the local stack as processes (Kafka, Redis, API pods, batcher, workers, result-router).",
+    no_args_is_help=True,
+)
 app.add_typer(dev, name="dev")
 app.add_typer(batch_app, name="batch")
 app.add_typer(bench, name="bench")
@@ -32,14 +34,30 @@ console = Console()
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
 
 
-def _stack(state_dir: Path, tiny_workers: int = 1, sim_workers: int = 2, sim_batch_time_ms: int = 500,
-           kafka_port: int = 9092, redis_port: int = 6379, api_port: int = 8000,
-           keys_file: Path | None = None) -> DevStack:
+def _stack(
+    state_dir: Path,
+    tiny_workers: int = 1,
+    sim_workers: int = 2,
+    sim_batch_time_ms: int = 500,
+    kafka_port: int = 9092,
+    redis_port: int = 6379,
+    api_port: int = 8000,
+    keys_file: Path | None = None,
+) -> DevStack:
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
     extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
-    return DevStack(StackConfig(state_dir=state_dir, tiny_workers=tiny_workers, sim_workers=sim_workers,
-                                sim_batch_time_ms=sim_batch_time_ms, kafka_port=kafka_port, redis_port=redis_port,
-                                api_ports=(api_port, api_port + 1), extra_env=extra_env))
+    return DevStack(
+        StackConfig(
+            state_dir=state_dir,
+            tiny_workers=tiny_workers,
+            sim_workers=sim_workers,
+            sim_batch_time_ms=sim_batch_time_ms,
+            kafka_port=kafka_port,
+            redis_port=redis_port,
+            api_ports=(api_port, api_port + 1),
+            extra_env=extra_env,
+        )
+    )
 
 
 @dev.command("install")
@@ -57,14 +75,17 @@ def dev_up(
     kafka_port: int = typer.Option(9092, help="Kafka listener port (the controller takes the next one)."),
     redis_port: int = typer.Option(6379),
     api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
-    keys_file: Path | None = typer.Option(None, exists=True, dir_okay=False,
-                                          help="API keys file (YAML/JSON, like deploy/keys.example.yaml): sets "
-                                               "LLMQ_API_KEYS_FILE for every process (the environment's own "
-                                               "LLMQ_API_KEYS_FILE works too)."),
+    keys_file: Path | None = typer.Option(
+        None,
+        exists=True,
+        dir_okay=False,
+        help="API keys file (YAML/JSON, like deploy/keys.example.yaml): sets "
+        "LLMQ_API_KEYS_FILE for every process (the environment's own "
+        "LLMQ_API_KEYS_FILE works too).",
+    ),
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
-    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port,
-                   keys_file)
+    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port, keys_file)
     started = time.perf_counter()
     try:
         stack.up(log=console.print)
@@ -75,8 +96,11 @@ def dev_up(
 
 
 @dev.command("status")
-def dev_status(state_dir: Path = STATE_DIR, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-               redis_port: int = typer.Option(6379)) -> None:
+def dev_status(
+    state_dir: Path = STATE_DIR,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    redis_port: int = typer.Option(6379),
+) -> None:
     """Each process the stack started: name, model, pid, the port it listens on, its /metrics port and health."""
     rows = DevStack(StackConfig(state_dir=state_dir, redis_port=redis_port)).status()
     if as_json:
@@ -85,8 +109,15 @@ def dev_status(state_dir: Path = STATE_DIR, as_json: bool = typer.Option(False, 
     table = Table("process", "kind", "model", "pid", "port", "metrics port", "health")
     for row in rows:
         colour = {"healthy": "green", "starting": "yellow"}.get(row["health"], "red")
-        table.add_row(row["name"], row["kind"], row["model"], str(row["pid"]), str(row["port"] or ""),
-                      str(row["metrics_port"] or ""), f"[{colour}]{row['health']}[/{colour}]")
+        table.add_row(
+            row["name"],
+            row["kind"],
+            row["model"],
+            str(row["pid"]),
+            str(row["port"] or ""),
+            str(row["metrics_port"] or ""),
+            f"[{colour}]{row['health']}[/{colour}]",
+        )
     console.print(table)
 
 
@@ -124,8 +155,9 @@ def simulate(
     pattern: str = typer.Option("poisson", help="poisson | bursty (3x the rate for 20% of every 10 s)."),
     wait_ms: int = typer.Option(20, help="Batch wait window of a free fixed-time worker."),
     paid_share: float = typer.Option(1.0, help="Share of paid-tier requests (the rest is free tier)."),
-    mix: str = typer.Option("interactive=1", help="Share per traffic class, e.g. "
-                            "interactive=0.8,near_interactive=0.15,deferred=0.05."),
+    mix: str = typer.Option(
+        "interactive=1", help="Share per traffic class, e.g. interactive=0.8,near_interactive=0.15,deferred=0.05."
+    ),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -136,23 +168,52 @@ def simulate(
         shares = parse_mix(mix)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--mix") from exc
-    result = run_simulation(rps, replicas, max_batch, batch_time_ms, duration_s, pattern=pattern, wait_ms=wait_ms,
-                            paid_share=paid_share, seed=seed, mix=shares)
+    result = run_simulation(
+        rps,
+        replicas,
+        max_batch,
+        batch_time_ms,
+        duration_s,
+        pattern=pattern,
+        wait_ms=wait_ms,
+        paid_share=paid_share,
+        seed=seed,
+        mix=shares,
+    )
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
     latency = result["latency_ms"]
-    table = Table("requests", "throughput req/s", "p50 ms", "p99 ms", "mean batch fill", "utilisation", "expired",
-                  title=f"simulated {duration_s:g}s at {rps:g} req/s on {replicas} replicas "
-                        f"(wall {result['wall_s']:.1f}s, {result['sim_speed']:.2f}x real time)")
-    table.add_row(str(result["requests"]), f"{result['throughput_rps']:.0f}", f"{latency['p50']:.0f}",
-                  f"{latency['p99']:.0f}", f"{result['mean_batch_fill']:.1%}", f"{result['utilization']:.1%}",
-                  str(result["expired"]))
+    table = Table(
+        "requests",
+        "throughput req/s",
+        "p50 ms",
+        "p99 ms",
+        "mean batch fill",
+        "utilisation",
+        "expired",
+        title=f"simulated {duration_s:g}s at {rps:g} req/s on {replicas} replicas "
+        f"(wall {result['wall_s']:.1f}s, {result['sim_speed']:.2f}x real time)",
+    )
+    table.add_row(
+        str(result["requests"]),
+        f"{result['throughput_rps']:.0f}",
+        f"{latency['p50']:.0f}",
+        f"{latency['p99']:.0f}",
+        f"{result['mean_batch_fill']:.1%}",
+        f"{result['utilization']:.1%}",
+        str(result["expired"]),
+    )
     console.print(table)
     by_class = Table("class", "completed", "p50 ms", "p99 ms", "max ms")
     for key, latency in result["latency_ms_by_class"].items():
-        by_class.add_row(key, str(result["completed_by_class"][key]), f"{latency['p50']:.0f}", f"{latency['p99']:.0f}",
-                         str(latency["max"]))
+        by_class.add_row(
+            key,
+            str(result["completed_by_class"][key]),
+            f"{latency['p50']:.0f}",
+            f"{latency['p99']:.0f}",
+            str(latency["max"]),
+        )
     console.print(by_class)
 
 
@@ -170,8 +231,9 @@ def capacity(
     """Closed-form capacity math for fixed-time batch engines, beside the simulated p99 at the planned replica count."""
     from bench.capacity import capacity_report
 
-    report = capacity_report(peak_rps, max_batch, batch_time_ms, headroom, spare_replicas,
-                             p99_target_ms=p99_target_ms, duration_s=duration_s)
+    report = capacity_report(
+        peak_rps, max_batch, batch_time_ms, headroom, spare_replicas, p99_target_ms=p99_target_ms, duration_s=duration_s
+    )
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -179,16 +241,27 @@ def capacity(
     table = Table("quantity", "closed form", "simulated", title=f"capacity at {peak_rps:g} req/s peak")
     table.add_row("per-replica req/s, full batches", f"{math['per_replica_rps_full_batches']:.0f}", "")
     table.add_row("per-replica req/s, half-full batches", f"{math['per_replica_rps_half_batches']:.0f}", "")
-    table.add_row("replicas at 100% (full / half-full)",
-                  f"{math['replicas_at_100pct_full_batches']} / {math['replicas_at_100pct_half_batches']}", "")
-    table.add_row(f"replicas planned ({headroom:.0%} headroom + {spare_replicas} spare)",
-                  str(math["replicas_planned"]), str(math["replicas_planned"]))
+    table.add_row(
+        "replicas at 100% (full / half-full)",
+        f"{math['replicas_at_100pct_full_batches']} / {math['replicas_at_100pct_half_batches']}",
+        "",
+    )
+    table.add_row(
+        f"replicas planned ({headroom:.0%} headroom + {spare_replicas} spare)",
+        str(math["replicas_planned"]),
+        str(math["replicas_planned"]),
+    )
     table.add_row("utilisation at peak", f"{math['utilization_planned']:.1%}", f"{sim['utilization']:.1%}")
-    table.add_row("expected queueing delay, ms (mean / p99)",
-                  f"{math['queue_wait_ms']['mean_ms']:.1f} / {math['queue_wait_ms']['p99_ms']:.1f}", "")
-    table.add_row("latency, ms (expected / p99 bound)",
-                  f"{math['expected_latency_ms']:.0f} / {math['p99_latency_bound_ms']:.0f}",
-                  f"{sim['latency_ms']['mean']:.0f} / {sim['latency_ms']['p99']:.0f}")
+    table.add_row(
+        "expected queueing delay, ms (mean / p99)",
+        f"{math['queue_wait_ms']['mean_ms']:.1f} / {math['queue_wait_ms']['p99_ms']:.1f}",
+        "",
+    )
+    table.add_row(
+        "latency, ms (expected / p99 bound)",
+        f"{math['expected_latency_ms']:.0f} / {math['p99_latency_bound_ms']:.0f}",
+        f"{sim['latency_ms']['mean']:.0f} / {sim['latency_ms']['p99']:.0f}",
+    )
     table.add_row("mean batch fill", "", f"{sim['mean_batch_fill']:.1%}")
     verdict = "meets" if sim["latency_ms"]["p99"] <= p99_target_ms else "misses"
     console.print(table)
@@ -205,8 +278,11 @@ def create_topics() -> None:
 
 
 @app.command("prompts")
-def make_prompts(count: int = typer.Option(300), seed: int = typer.Option(0),
-                 output: Path = typer.Option(Path("var/demo/prompts-code.jsonl"), "-o")) -> None:
+def make_prompts(
+    count: int = typer.Option(300),
+    seed: int = typer.Option(0),
+    output: Path = typer.Option(Path("var/demo/prompts-code.jsonl"), "-o"),
+) -> None:
     """Write code-completion prompts cut from this machine's Python standard library as JSONL."""
     console.print(f"wrote {prompts.write_jsonl(prompts.cut_prompts(count, seed=seed), output)}")
 
@@ -225,26 +301,51 @@ def run_demo(
     """Send real code-completion prompts through the openai SDK to both API pods and print a latency table."""
     stack = _stack(state_dir, kafka_port=kafka_port, redis_port=redis_port, api_port=api_port)
     if up:
-        dev_up(state_dir=state_dir, tiny_workers=1, sim_workers=2, sim_batch_time_ms=500, kafka_port=kafka_port,
-               redis_port=redis_port, api_port=api_port, keys_file=None)
+        dev_up(
+            state_dir=state_dir,
+            tiny_workers=1,
+            sim_workers=2,
+            sim_batch_time_ms=500,
+            kafka_port=kafka_port,
+            redis_port=redis_port,
+            api_port=api_port,
+            keys_file=None,
+        )
     cut = prompts.cut_prompts(requests)
     prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
     model_names = models.split(",")
     before = {m: demo_mod.batcher_counts(stack.cfg.redis_url, m) for m in model_names}
     started = time.perf_counter()
-    reports = asyncio.run(demo_mod.run_demo(cut, [f"http://127.0.0.1:{p}/v1" for p in stack.cfg.api_ports],
-                                            model_names, concurrency))
+    reports = asyncio.run(
+        demo_mod.run_demo(cut, [f"http://127.0.0.1:{p}/v1" for p in stack.cfg.api_ports], model_names, concurrency)
+    )
     wall_s = time.perf_counter() - started
     for report in reports:
         (b0, r0), (b1, r1) = before[report.model], demo_mod.batcher_counts(stack.cfg.redis_url, report.model)
         report.mean_batch_size = (r1 - r0) / (b1 - b0) if b1 > b0 else 0.0
-    table = Table("model", "requests", "successes", "errors", "p50 ms", "p95 ms", "p99 ms", "mean batch size",
-                  title=f"llmq demo: {requests} prompts, {concurrency} in flight, {wall_s:.1f}s")
+    table = Table(
+        "model",
+        "requests",
+        "successes",
+        "errors",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "mean batch size",
+        title=f"llmq demo: {requests} prompts, {concurrency} in flight, {wall_s:.1f}s",
+    )
     rows = demo_mod.summary_rows(reports)
     for row in rows:
-        table.add_row(row["model"], str(row["requests"]), str(row["successes"]), str(row["errors"]),
-                      f"{row['p50_ms']:.0f}", f"{row['p95_ms']:.0f}", f"{row['p99_ms']:.0f}",
-                      f"{row['mean_batch_size']:.1f}")
+        table.add_row(
+            row["model"],
+            str(row["requests"]),
+            str(row["successes"]),
+            str(row["errors"]),
+            f"{row['p50_ms']:.0f}",
+            f"{row['p95_ms']:.0f}",
+            f"{row['p99_ms']:.0f}",
+            f"{row['mean_batch_size']:.1f}",
+        )
     console.print(table)
     if any(row["errors"] for row in rows):
         for report in reports:

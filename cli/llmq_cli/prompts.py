@@ -41,7 +41,9 @@ def cut_prompts(count: int, *, seed: int = 0, min_chars: int = 200, max_chars: i
         start = max(0, cursor - rng.randrange(min_chars, max_chars))
         prompt = text[start:cursor]
         if prompt.strip():
-            prompts.append(CodePrompt(id=f"{path.stem}-{cursor}", prompt=prompt, max_tokens=rng.choice((16, 32, 48, 64))))
+            prompts.append(
+                CodePrompt(id=f"{path.stem}-{cursor}", prompt=prompt, max_tokens=rng.choice((16, 32, 48, 64)))
+            )
     return prompts
 
 

@@ -92,8 +92,11 @@ def report(samples: Samples) -> dict[str, dict]:
         }
     finished = samples.total(RESULTS, traffic_class=DEFERRED)
     succeeded = samples.total(RESULTS, traffic_class=DEFERRED, outcome="succeeded")
-    out[DEFERRED] = {"finished": finished, "succeeded": succeeded,
-                     "completed_by_deadline_ratio": succeeded / finished if finished else None}
+    out[DEFERRED] = {
+        "finished": finished,
+        "succeeded": succeeded,
+        "completed_by_deadline_ratio": succeeded / finished if finished else None,
+    }
     return out
 
 
@@ -116,7 +119,9 @@ def _ms(value: float | None) -> str:
 
 
 def slo(
-    url: list[str] = typer.Option(None, "--url", help="A /metrics URL (repeat); default: every service of the dev stack."),
+    url: list[str] = typer.Option(
+        None, "--url", help="A /metrics URL (repeat); default: every service of the dev stack."
+    ),
     state_dir: Path = typer.Option(Path("var/dev"), help="The dev stack whose services to read (without --url)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -135,16 +140,35 @@ def slo(
         typer.echo(json.dumps(result, indent=2))
         return
     console = Console()
-    table = Table("class", "requests", "TTFT p95 ms", "total p95 ms", "total p99 ms", "429", "504",
-                  title=f"interactive classes ({len(texts)} of {len(urls)} /metrics read)")
+    table = Table(
+        "class",
+        "requests",
+        "TTFT p95 ms",
+        "total p95 ms",
+        "total p99 ms",
+        "429",
+        "504",
+        title=f"interactive classes ({len(texts)} of {len(urls)} /metrics read)",
+    )
     for cls in INTERACTIVE_CLASSES:
         row = result[cls]
-        table.add_row(cls, f"{row['requests']:.0f}", _ms(row["ttft_p95_s"]), _ms(row["latency_p95_s"]),
-                      _ms(row["latency_p99_s"]), f"{row['status_429']:.0f}", f"{row['status_504']:.0f}")
+        table.add_row(
+            cls,
+            f"{row['requests']:.0f}",
+            _ms(row["ttft_p95_s"]),
+            _ms(row["latency_p95_s"]),
+            _ms(row["latency_p99_s"]),
+            f"{row['status_429']:.0f}",
+            f"{row['status_504']:.0f}",
+        )
     console.print(table)
     deferred = result[DEFERRED]
     ratio = deferred["completed_by_deadline_ratio"]
     table = Table("class", "finished", "succeeded", "completed by deadline", title="batch work")
-    table.add_row(DEFERRED, f"{deferred['finished']:.0f}", f"{deferred['succeeded']:.0f}",
-                  "-" if ratio is None else f"{ratio:.1%}")
+    table.add_row(
+        DEFERRED,
+        f"{deferred['finished']:.0f}",
+        f"{deferred['succeeded']:.0f}",
+        "-" if ratio is None else f"{ratio:.1%}",
+    )
     console.print(table)

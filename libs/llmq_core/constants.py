@@ -21,6 +21,7 @@ def priority_class(traffic_class: str, tier: str) -> str:
     """A request's entry in PRIORITY_CLASSES: interactive traffic splits by tier, the other classes do not."""
     return f"{traffic_class}:{tier}" if traffic_class == INTERACTIVE else traffic_class
 
+
 # --- Kafka topics ---
 TOPIC_REQUESTS_PREFIX: Final = "llmq.requests."
 TOPIC_BATCHES: Final = "llmq.batches"
@@ -64,7 +65,9 @@ REDIS_DELIVERED_PREFIX: Final = "llmq:delivered:"
 REDIS_POD_PREFIX: Final = "llmq:pods:"
 REDIS_STATS_PREFIX: Final = "llmq:stats:"
 REDIS_ALIVE_PREFIX: Final = "llmq:alive:"
-STATS_BATCHER: Final = "llmq:stats:batcher"  # hash: batches, requests (also per model: "batches:<model>"), flush_<reason>
+STATS_BATCHER: Final = (
+    "llmq:stats:batcher"  # hash: batches, requests (also per model: "batches:<model>"), flush_<reason>
+)
 REDIS_SATURATION_KEY: Final = "llmq:saturation"  # hash: batcher id -> wire.BatcherSaturation (msgpack), about 1/s
 REDIS_UNFINISHED_KEY: Final = "llmq:unfinished"  # hash: API pod id -> wire.PodUnfinished (msgpack), about 10/s
 REDIS_RATELIMIT_PREFIX: Final = "llmq:ratelimit:"

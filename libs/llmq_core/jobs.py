@@ -52,8 +52,12 @@ ERRORED: Final = "e"
 CANCELED: Final = "c"
 LINE_EXPIRED: Final = "x"
 TERMINAL_LINE_STATES: Final = frozenset({SUCCEEDED, ERRORED, CANCELED, LINE_EXPIRED})
-OUTCOME_STATE: Final = {wire.Outcome.SUCCEEDED: SUCCEEDED, wire.Outcome.ERRORED: ERRORED,
-                        wire.Outcome.CANCELED: CANCELED, wire.Outcome.EXPIRED: LINE_EXPIRED}
+OUTCOME_STATE: Final = {
+    wire.Outcome.SUCCEEDED: SUCCEEDED,
+    wire.Outcome.ERRORED: ERRORED,
+    wire.Outcome.CANCELED: CANCELED,
+    wire.Outcome.EXPIRED: LINE_EXPIRED,
+}
 # job hash counter of each terminal state (request_counts: completed = succeeded, failed = the other three)
 STATE_COUNTER: Final = {SUCCEEDED: "succeeded", ERRORED: "errored", CANCELED: "canceled", LINE_EXPIRED: "expired"}
 
@@ -163,8 +167,17 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     result_bytes: int = 0  # the most result bytes its ledger may hold: reserved from the tenant's bound while it runs
 
 
-COUNTERS: Final = ("succeeded", "errored", "canceled", "expired", "retried", "dead_letters", "produced",
-                   "input_tokens", "output_tokens")
+COUNTERS: Final = (
+    "succeeded",
+    "errored",
+    "canceled",
+    "expired",
+    "retried",
+    "dead_letters",
+    "produced",
+    "input_tokens",
+    "output_tokens",
+)
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):

@@ -146,8 +146,12 @@ class JobStore:
     async def delete_file(self, record: FileRecord) -> None:
         """Forget the record (the caller deletes the stored object); an upload's bytes leave its tenant's storage."""
         stored = record.bytes if record.kind == "input" else 0
-        keys = [jobs.file_key(record.id), jobs.tenant_files_key(record.tenant_id), jobs.FILE_EXPIRY_KEY,
-                jobs.tenant_storage_key(record.tenant_id)]
+        keys = [
+            jobs.file_key(record.id),
+            jobs.tenant_files_key(record.tenant_id),
+            jobs.FILE_EXPIRY_KEY,
+            jobs.tenant_storage_key(record.tenant_id),
+        ]
         await self._delete_file(keys=keys, args=[_file_member(record), record.id, stored])
 
     async def reserve_storage(self, tenant_id: str, size: int, quota: int) -> int | None:
@@ -187,17 +191,32 @@ class JobStore:
 
     # --- jobs -----------------------------------------------------------------------------------------------------
 
-    async def create_job(self, spec: JobSpec, status: str, times: Mapping[str, int], *, files: Iterable[FileRecord],
-                         lines: Mapping[str, str] = {}, offsets: Mapping[str, str] = {},
-                         results: Mapping[str, wire.FinalResult] = {}, errors: Iterable[LineError] = (),
-                         errored: int = 0) -> None:
+    async def create_job(
+        self,
+        spec: JobSpec,
+        status: str,
+        times: Mapping[str, int],
+        *,
+        files: Iterable[FileRecord],
+        lines: Mapping[str, str] = {},
+        offsets: Mapping[str, str] = {},
+        results: Mapping[str, wire.FinalResult] = {},
+        errors: Iterable[LineError] = (),
+        errored: int = 0,
+    ) -> None:
         """Write a new job in one transaction: its hash, ledger lines (custom_id -> state), prepared-file offsets,
         results settled already (lines that failed validation: counted as errored, with ``errored`` more written by
         :meth:`add_lines`), its output/error file records, its tenant listing entry, and (when it is ``in_progress``)
         its place among the jobs the routers drive."""
-        job = {"spec": _json(spec), "status": status, "cursor": 0, "errors": _json(list(errors)),
-               **{f"at:{name}": at for name, at in times.items()},
-               **{name: 0 for name in jobs.COUNTERS}, "errored": len(results) + errored}
+        job = {
+            "spec": _json(spec),
+            "status": status,
+            "cursor": 0,
+            "errors": _json(list(errors)),
+            **{f"at:{name}": at for name, at in times.items()},
+            **{name: 0 for name in jobs.COUNTERS},
+            "errored": len(results) + errored,
+        }
         if spec.result_bytes and status in jobs.ACTIVE_STATUSES:
             job["result_bytes"] = spec.result_bytes  # the reservation: released with the ledger (retire)
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -215,8 +234,13 @@ class JobStore:
                 pipe.sadd(jobs.ACTIVE_JOBS_KEY, spec.id)
             await pipe.execute()
 
-    async def add_lines(self, batch_id: str, lines: Mapping[str, str], offsets: Mapping[str, str],
-                        results: Mapping[str, wire.FinalResult]) -> None:
+    async def add_lines(
+        self,
+        batch_id: str,
+        lines: Mapping[str, str],
+        offsets: Mapping[str, str],
+        results: Mapping[str, wire.FinalResult],
+    ) -> None:
         """Write a slice of a job's ledger before the job itself exists (create_job makes it visible), so a large
         input never sits in the API pod whole; :meth:`discard_ledger` drops it when the job is not created."""
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -229,8 +253,9 @@ class JobStore:
             await pipe.execute()
 
     async def discard_ledger(self, batch_id: str) -> None:
-        await self.redis.delete(jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id),
-                                jobs.job_results_key(batch_id))
+        await self.redis.delete(
+            jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id), jobs.job_results_key(batch_id)
+        )
 
     async def claim_batch_key(self, tenant_id: str, key: str, batch_id: str, ttl_s: int) -> str | None:
         """Claim an ``Idempotency-Key`` for ``batch_id``; returns the batch id that claimed it earlier, or None."""
@@ -257,12 +282,16 @@ class JobStore:
             views = [_view(h) for h in await pipe.execute()]
         return [v for v in views if v is not None], len(ids) > limit
 
-    async def move_status(self, batch_id: str, allowed: Iterable[str], status: str, at_s: int,
-                          end_ms: int | None = None) -> bool:
+    async def move_status(
+        self, batch_id: str, allowed: Iterable[str], status: str, at_s: int, end_ms: int | None = None
+    ) -> bool:
         """Compare-and-set the job's status: only from one of ``allowed``. Records ``at:<status>``; ``end_ms`` marks
         when a cancel or the window's end began. Entering a terminal status leaves the driven set."""
-        moved = bool(await self._move_status(keys=[jobs.job_key(batch_id)],
-                                             args=[",".join(allowed), status, at_s, "" if end_ms is None else end_ms]))
+        moved = bool(
+            await self._move_status(
+                keys=[jobs.job_key(batch_id)], args=[",".join(allowed), status, at_s, "" if end_ms is None else end_ms]
+            )
+        )
         if moved and status in jobs.TERMINAL_STATUSES:
             await self.redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
         return moved
@@ -281,9 +310,17 @@ class JobStore:
         async for custom_id, state in self.redis.hscan_iter(jobs.job_lines_key(batch_id), count=1000):
             yield custom_id.decode(), state.decode()
 
-    async def settle(self, batch_id: str, custom_id: str, expected: str, new: str, *,
-                     result: wire.FinalResult | None = None, retry_due_ms: int | None = None,
-                     counters: Mapping[str, int] = {}) -> bool:
+    async def settle(
+        self,
+        batch_id: str,
+        custom_id: str,
+        expected: str,
+        new: str,
+        *,
+        result: wire.FinalResult | None = None,
+        retry_due_ms: int | None = None,
+        counters: Mapping[str, int] = {},
+    ) -> bool:
         """Move a line from ``expected`` to ``new`` with its result and counters, atomically; False (and no change)
         when the line is not in ``expected`` (already settled, a stale round, unknown). ``retry_due_ms`` queues it
         for a retry round; otherwise it leaves the retry queue."""
@@ -294,20 +331,37 @@ class JobStore:
         """:meth:`settle` for many lines in one round trip (each line atomically); returns how many applied."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for c in changes:
-                keys, args = self._settle_call(batch_id, c.custom_id, c.expected, c.new, c.result, c.retry_due_ms,
-                                               c.counters)
+                keys, args = self._settle_call(
+                    batch_id, c.custom_id, c.expected, c.new, c.result, c.retry_due_ms, c.counters
+                )
                 await self._settle(keys=keys, args=args, client=pipe)
             return sum(await pipe.execute())
 
     @staticmethod
-    def _settle_call(batch_id: str, custom_id: str, expected: str, new: str, result: wire.FinalResult | None,
-                     retry_due_ms: int | None, counters: Mapping[str, int]) -> tuple[list[str], list]:
-        args = [custom_id, expected, new, wire.encode(result) if result is not None else b"",
-                "" if retry_due_ms is None else retry_due_ms]
+    def _settle_call(
+        batch_id: str,
+        custom_id: str,
+        expected: str,
+        new: str,
+        result: wire.FinalResult | None,
+        retry_due_ms: int | None,
+        counters: Mapping[str, int],
+    ) -> tuple[list[str], list]:
+        args = [
+            custom_id,
+            expected,
+            new,
+            wire.encode(result) if result is not None else b"",
+            "" if retry_due_ms is None else retry_due_ms,
+        ]
         for name, increment in counters.items():
             args += [name, increment]
-        keys = [jobs.job_lines_key(batch_id), jobs.job_results_key(batch_id), jobs.job_key(batch_id),
-                jobs.job_retries_key(batch_id)]
+        keys = [
+            jobs.job_lines_key(batch_id),
+            jobs.job_results_key(batch_id),
+            jobs.job_key(batch_id),
+            jobs.job_retries_key(batch_id),
+        ]
         return keys, args
 
     async def cas_line(self, batch_id: str, custom_id: str, expected: str, new: str) -> bool:
@@ -322,8 +376,9 @@ class JobStore:
 
     async def unqueue_retry(self, batch_id: str, custom_id: str, state: str) -> None:
         """The retry round ``state`` of the line is produced: drop it from the retry queue unless it moved on."""
-        await self._unqueue_retry(keys=[jobs.job_lines_key(batch_id), jobs.job_retries_key(batch_id)],
-                                  args=[custom_id, state])
+        await self._unqueue_retry(
+            keys=[jobs.job_lines_key(batch_id), jobs.job_retries_key(batch_id)], args=[custom_id, state]
+        )
 
     async def offsets(self, batch_id: str, custom_ids: list[str]) -> list[tuple[int, int] | None]:
         """Each line's ``(start, end)`` bytes in the prepared file."""
@@ -348,10 +403,15 @@ class JobStore:
         The job's result-bytes reservation goes back to its tenant."""
         job = await self.get_job(batch_id)
         if job is not None:
-            await self._release_result_bytes(keys=[jobs.job_key(batch_id),
-                                                   jobs.tenant_result_bytes_key(job.spec.tenant_id)])
-        await self.redis.delete(jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id),
-                                jobs.job_results_key(batch_id), jobs.job_retries_key(batch_id))
+            await self._release_result_bytes(
+                keys=[jobs.job_key(batch_id), jobs.tenant_result_bytes_key(job.spec.tenant_id)]
+            )
+        await self.redis.delete(
+            jobs.job_lines_key(batch_id),
+            jobs.job_offsets_key(batch_id),
+            jobs.job_results_key(batch_id),
+            jobs.job_retries_key(batch_id),
+        )
         await self.redis.zadd(jobs.JOB_EXPIRY_KEY, {batch_id: until_s})
 
     async def expired_jobs(self, now_s: int, limit: int = 100) -> list[str]:
@@ -389,6 +449,12 @@ def _view(fields: Mapping[bytes, bytes]) -> JobView | None:
     text = {k.decode(): v for k, v in fields.items()}
     times = {k[3:]: int(v) for k, v in text.items() if k.startswith("at:")}
     counts = {name: int(text.get(name, 0)) for name in jobs.COUNTERS}
-    return JobView(spec=msgspec.json.decode(text["spec"], type=JobSpec), status=text["status"].decode(), times=times,
-                   counts=counts, errors=msgspec.json.decode(text.get("errors", b"[]"), type=list[LineError]),
-                   cursor=int(text.get("cursor", 0)), end_ms=int(text.get("end_ms", 0)))
+    return JobView(
+        spec=msgspec.json.decode(text["spec"], type=JobSpec),
+        status=text["status"].decode(),
+        times=times,
+        counts=counts,
+        errors=msgspec.json.decode(text.get("errors", b"[]"), type=list[LineError]),
+        cursor=int(text.get("cursor", 0)),
+        end_ms=int(text.get("end_ms", 0)),
+    )

@@ -47,7 +47,10 @@ MAX_MESSAGE_BYTES_CONFIG = "max.message.bytes"  # a topic's record (batch) limit
 # The broker (or the client's own max_request_size check) refuses this one record for good: retrying cannot help.
 RECORD_TOO_LARGE_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
 RECORD_REFUSED_ERRORS = (
-    *RECORD_TOO_LARGE_ERRORS, CorruptRecordException, InvalidTopicError, TopicAuthorizationFailedError,
+    *RECORD_TOO_LARGE_ERRORS,
+    CorruptRecordException,
+    InvalidTopicError,
+    TopicAuthorizationFailedError,
     PolicyViolationError,
 )
 # aiokafka's sender task dies on these and every later send of that producer fails the same way: only a new one helps.
@@ -115,8 +118,13 @@ class RenewableProducer:
     Offers what llmq calls of AIOKafkaProducer: start, stop, send, send_and_wait, partitions_for, client.
     """
 
-    def __init__(self, factory: Callable[[], AIOKafkaProducer], *, clock: Clock = SYSTEM_CLOCK,
-                 renew_retry_ms: int = PRODUCER_RENEW_RETRY_MS) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], AIOKafkaProducer],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        renew_retry_ms: int = PRODUCER_RENEW_RETRY_MS,
+    ) -> None:
         self._factory = factory
         self._clock = clock
         self._renew_retry_ms = renew_retry_ms
@@ -163,22 +171,35 @@ class RenewableProducer:
             raise ProducerClosed()
         return self._producer.client
 
-    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                   partition: int | None = None, timestamp_ms: int | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable:
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Awaitable:
         """Queue one record; returns an awaitable of its RecordMetadata, like AIOKafkaProducer.send."""
         producer = await self._usable()
         try:
-            ack = await producer.send(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms,
-                                      headers=headers)
+            ack = await producer.send(
+                topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms, headers=headers
+            )
         except BROKEN_PRODUCER_ERRORS:
             await self._broke(producer)
             raise
         return self._acked(producer, ack)
 
-    async def send_and_wait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                            partition: int | None = None, timestamp_ms: int | None = None,
-                            headers: list[tuple[str, bytes]] | None = None):
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ):
         """Produce one record and wait for its RecordMetadata. A record the broken producer could not send
         (BROKEN_PRODUCER_ERRORS: the broker never wrote it) goes once more through its replacement."""
         try:
@@ -331,8 +352,11 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
             except TopicAlreadyExistsError:
                 pass
             log.info("created topics %s", [t.name for t in missing])
-        low = [t for t, v in (await _topic_limits(admin, [t for t in layout if t in existing])).items()
-               if v < KAFKA_MAX_MESSAGE_BYTES]
+        low = [
+            t
+            for t, v in (await _topic_limits(admin, [t for t in layout if t in existing])).items()
+            if v < KAFKA_MAX_MESSAGE_BYTES
+        ]
         if raise_limits and low:
             await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, limit) for t in low])
             log.info("raised %s of %s to %d", MAX_MESSAGE_BYTES_CONFIG, low, KAFKA_MAX_MESSAGE_BYTES)

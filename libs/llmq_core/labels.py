@@ -33,8 +33,10 @@ class LabelSet:
     @classmethod
     def from_settings(cls, settings: Settings) -> LabelSet:
         """The catalogue and configured tenants. Raises ValueError when the keys file cannot be read."""
-        return cls(models=frozenset(BUILTIN_MODELS) | set(settings.extra_models),
-                   tenants=frozenset(configured_tenants(settings)))
+        return cls(
+            models=frozenset(BUILTIN_MODELS) | set(settings.extra_models),
+            tenants=frozenset(configured_tenants(settings)),
+        )
 
     def model(self, name: str) -> str:
         return name if name in self.models else OTHER

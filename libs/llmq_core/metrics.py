@@ -17,8 +17,15 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 
 from llmq_core import wire
 from llmq_core.labels import LabelSet
@@ -26,8 +33,28 @@ from llmq_core.labels import LabelSet
 log = logging.getLogger(__name__)
 
 # Seconds, from one scheduler step to a deferred job's day: one set, so every latency histogram aggregates alike.
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400,
-                     86400)
+LATENCY_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+    14400,
+    86400,
+)
 TOKEN_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -70,8 +97,12 @@ class ConsumerLag:
     """``llmq_kafka_consumer_lag``: records between a consumer's position and the partition's high watermark."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.gauge = Gauge("llmq_kafka_consumer_lag", "Records not yet consumed, per assigned partition",
-                           ["group", "topic", "partition"], registry=registry)
+        self.gauge = Gauge(
+            "llmq_kafka_consumer_lag",
+            "Records not yet consumed, per assigned partition",
+            ["group", "topic", "partition"],
+            registry=registry,
+        )
         self._shown: set[tuple[str, str, str]] = set()
 
     async def update(self, consumer, group: str) -> None:
@@ -130,25 +161,51 @@ class BatcherMetrics(_Metrics):
         super().__init__()
         r = self.registry
         self.labels = labels
-        self.requests = Counter("llmq_batcher_requests", "Requests consumed from llmq.requests.*",
-                                ["traffic_class", "model"], registry=r)
-        self.answered = Counter("llmq_batcher_answered_requests",
-                                "Requests the batcher answered itself (expired, canceled, overloaded) instead of dispatching",
-                                ["traffic_class", "model", "outcome"], registry=r)
-        self.queue_depth = Gauge("llmq_batcher_queue_depth", "Requests queued in the batcher",
-                                 ["priority_class", "model"], registry=r)
-        self.oldest_age = Gauge("llmq_batcher_oldest_queued_age_seconds",
-                                "Age of the oldest queued request (0: empty queue); the autoscaling signal",
-                                ["priority_class", "model"], registry=r)
-        self.dispatch_wait = Histogram("llmq_batcher_queue_wait_seconds",
-                                       "Accepted by the API (created_ms) to dispatched in a Batch",
-                                       ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.batch_size = Histogram("llmq_batcher_batch_size_requests", "Requests per dispatched Batch",
-                                    ["model", "flush_reason"], buckets=BATCH_SIZE_BUCKETS, registry=r)
-        self.batch_fill = Histogram("llmq_batcher_batch_fill_ratio", "Batch size / the model's largest batch",
-                                    ["model"], buckets=FILL_BUCKETS, registry=r)
-        self.flushes = Counter("llmq_batcher_flushes", "Dispatched Batches by flush reason (size, wait, drain)",
-                               ["model", "reason"], registry=r)
+        self.requests = Counter(
+            "llmq_batcher_requests", "Requests consumed from llmq.requests.*", ["traffic_class", "model"], registry=r
+        )
+        self.answered = Counter(
+            "llmq_batcher_answered_requests",
+            "Requests the batcher answered itself (expired, canceled, overloaded) instead of dispatching",
+            ["traffic_class", "model", "outcome"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "llmq_batcher_queue_depth", "Requests queued in the batcher", ["priority_class", "model"], registry=r
+        )
+        self.oldest_age = Gauge(
+            "llmq_batcher_oldest_queued_age_seconds",
+            "Age of the oldest queued request (0: empty queue); the autoscaling signal",
+            ["priority_class", "model"],
+            registry=r,
+        )
+        self.dispatch_wait = Histogram(
+            "llmq_batcher_queue_wait_seconds",
+            "Accepted by the API (created_ms) to dispatched in a Batch",
+            ["traffic_class", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "llmq_batcher_batch_size_requests",
+            "Requests per dispatched Batch",
+            ["model", "flush_reason"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_fill = Histogram(
+            "llmq_batcher_batch_fill_ratio",
+            "Batch size / the model's largest batch",
+            ["model"],
+            buckets=FILL_BUCKETS,
+            registry=r,
+        )
+        self.flushes = Counter(
+            "llmq_batcher_flushes",
+            "Dispatched Batches by flush reason (size, wait, drain)",
+            ["model", "reason"],
+            registry=r,
+        )
         self.lag = ConsumerLag(r)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
@@ -156,8 +213,9 @@ class BatcherMetrics(_Metrics):
     def consumed(self, request: wire.GenerationRequest) -> None:
         self._requests(request.traffic_class, self.labels.model(request.model)).inc()
 
-    def dispatched(self, model: str, flush_reason: str, requests: list[wire.GenerationRequest], now_ms: int,
-                   max_batch: int | None) -> None:
+    def dispatched(
+        self, model: str, flush_reason: str, requests: list[wire.GenerationRequest], now_ms: int, max_batch: int | None
+    ) -> None:
         """One Batch produced at ``now_ms`` (epoch ms); ``max_batch``: the model's largest batch (None: unknown)."""
         size, model = len(requests), self.labels.model(model)
         self.batch_size.labels(model, flush_reason).observe(size)
@@ -199,14 +257,24 @@ class WorkerMetrics(_Metrics):
         super().__init__()
         r = self.registry
         self.model = model
-        self.slots = Gauge("llmq_worker_slots", "Engine slots by state (free, running, queued)", ["model", "state"],
-                           registry=r)
+        self.slots = Gauge(
+            "llmq_worker_slots", "Engine slots by state (free, running, queued)", ["model", "state"], registry=r
+        )
         self.max_slots = Gauge("llmq_worker_max_slots", "Requests the engine runs at once", ["model"], registry=r)
         self.utilization = Gauge("llmq_worker_utilization_ratio", "Running / max slots", ["model"], registry=r)
-        self.batch_size = Histogram("llmq_worker_batch_size_requests", "Requests per Batch taken",
-                                    ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
-        self.requests = Counter("llmq_worker_requests", "Requests this worker finished, by outcome",
-                                ["traffic_class", "model", "outcome"], registry=r)
+        self.batch_size = Histogram(
+            "llmq_worker_batch_size_requests",
+            "Requests per Batch taken",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "llmq_worker_requests",
+            "Requests this worker finished, by outcome",
+            ["traffic_class", "model", "outcome"],
+            registry=r,
+        )
         self.tokens = Counter("llmq_worker_completion_tokens", "Completion tokens generated", ["model"], registry=r)
         self.lag = ConsumerLag(r)
         self._requests, self._tokens = _Children(self.requests), _Children(self.tokens)
@@ -244,34 +312,69 @@ class RouterMetrics(_Metrics):
         super().__init__()
         r = self.registry
         self.labels = labels
-        self.results = Counter("llmq_results", "Requests by final outcome", ["traffic_class", "model", "outcome"],
-                               registry=r)
-        self.ttft = Histogram("llmq_request_time_to_first_token_seconds", "Accepted to first token (succeeded)",
-                              ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.duration = Histogram("llmq_request_duration_seconds", "Accepted to final outcome (end-to-end)",
-                                  ["traffic_class", "model", "outcome"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.queue = Histogram("llmq_request_queue_seconds", "Accepted to engine start (or to the outcome if never)",
-                               ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.itl = Histogram("llmq_request_inter_token_latency_seconds",
-                             "Mean time between a request's tokens after the first (succeeded, 2+ tokens)",
-                             ["traffic_class", "model"], buckets=TOKEN_LATENCY_BUCKETS_S, registry=r)
-        self.prompt_tokens = Counter("llmq_tenant_prompt_tokens", "Prompt tokens of finished requests, per tenant",
-                                     ["tenant", "model"], registry=r)
-        self.completion_tokens = Counter("llmq_tenant_completion_tokens",
-                                         "Completion tokens of finished requests, per tenant", ["tenant", "model"],
-                                         registry=r)
+        self.results = Counter(
+            "llmq_results", "Requests by final outcome", ["traffic_class", "model", "outcome"], registry=r
+        )
+        self.ttft = Histogram(
+            "llmq_request_time_to_first_token_seconds",
+            "Accepted to first token (succeeded)",
+            ["traffic_class", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "llmq_request_duration_seconds",
+            "Accepted to final outcome (end-to-end)",
+            ["traffic_class", "model", "outcome"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "llmq_request_queue_seconds",
+            "Accepted to engine start (or to the outcome if never)",
+            ["traffic_class", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "llmq_request_inter_token_latency_seconds",
+            "Mean time between a request's tokens after the first (succeeded, 2+ tokens)",
+            ["traffic_class", "model"],
+            buckets=TOKEN_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "llmq_tenant_prompt_tokens",
+            "Prompt tokens of finished requests, per tenant",
+            ["tenant", "model"],
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "llmq_tenant_completion_tokens",
+            "Completion tokens of finished requests, per tenant",
+            ["tenant", "model"],
+            registry=r,
+        )
         self.duplicates = Counter("llmq_results_duplicates", "Redelivered results (not counted again)", registry=r)
-        self.stored_dropped = Counter("llmq_stored_results_dropped",
-                                      "Stored results dropped (tenant_bound: its oldest, past the tenant's bound) or "
-                                      "not stored (too_large: over the whole bound; refused: Redis refused the write)",
-                                      ["reason"], registry=r)
-        self.reply_dead_letters = Counter("llmq_reply_dead_letters",
-                                          "Kafka replies dead-lettered (missing_topic, invalid_topic, refused: by the "
-                                          "broker; retries: transient errors past the retry budget)", ["reason"],
-                                          registry=r)
-        self.log_lines_suppressed = Counter("llmq_router_log_lines_suppressed",
-                                            "Dead-letter log lines left out (one per reply topic per window)",
-                                            registry=r)
+        self.stored_dropped = Counter(
+            "llmq_stored_results_dropped",
+            "Stored results dropped (tenant_bound: its oldest, past the tenant's bound) or "
+            "not stored (too_large: over the whole bound; refused: Redis refused the write)",
+            ["reason"],
+            registry=r,
+        )
+        self.reply_dead_letters = Counter(
+            "llmq_reply_dead_letters",
+            "Kafka replies dead-lettered (missing_topic, invalid_topic, refused: by the "
+            "broker; retries: transient errors past the retry budget)",
+            ["reason"],
+            registry=r,
+        )
+        self.log_lines_suppressed = Counter(
+            "llmq_router_log_lines_suppressed",
+            "Dead-letter log lines left out (one per reply topic per window)",
+            registry=r,
+        )
         self.lag = ConsumerLag(r)
         self._results, self._duration = _Children(self.results), _Children(self.duration)
         self._queue, self._ttft, self._itl = _Children(self.queue), _Children(self.ttft), _Children(self.itl)

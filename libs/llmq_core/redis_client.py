@@ -32,11 +32,15 @@ def memory_policy_warning(maxmemory_bytes: int, policy: str) -> str | None:
     idempotency claims have one and may be. ``noeviction`` is safe too: writes are refused (503) when it is full.
     """
     if maxmemory_bytes == 0:
-        return (f"Redis has no maxmemory: stored results and idempotency claims may grow it until the host runs out "
-                f"of memory; set maxmemory and maxmemory-policy {MEMORY_POLICY}")
+        return (
+            f"Redis has no maxmemory: stored results and idempotency claims may grow it until the host runs out "
+            f"of memory; set maxmemory and maxmemory-policy {MEMORY_POLICY}"
+        )
     if policy.startswith("allkeys-"):
-        return (f"Redis maxmemory-policy is {policy}: it may evict batch-job ledgers and records, which have no TTL, "
-                f"and lose jobs; use {MEMORY_POLICY}")
+        return (
+            f"Redis maxmemory-policy is {policy}: it may evict batch-job ledgers and records, which have no TTL, "
+            f"and lose jobs; use {MEMORY_POLICY}"
+        )
     return None
 
 
@@ -46,8 +50,13 @@ async def check_memory_policy(redis: Redis, service: str) -> None:
     try:
         config = await asyncio.wait_for(redis.config_get("maxmemory*"), CONFIG_TIMEOUT_S)
     except Exception as exc:
-        log.warning("%s: could not read Redis' maxmemory settings (%r); make sure maxmemory is set and "
-                    "maxmemory-policy is %s or noeviction", service, exc, MEMORY_POLICY)
+        log.warning(
+            "%s: could not read Redis' maxmemory settings (%r); make sure maxmemory is set and "
+            "maxmemory-policy is %s or noeviction",
+            service,
+            exc,
+            MEMORY_POLICY,
+        )
         return
     warning = memory_policy_warning(int(config.get("maxmemory", 0)), str(config.get("maxmemory-policy", "")))
     if warning is not None:

@@ -42,8 +42,15 @@ def _digits(value: int) -> str:
 class RequestError(Exception):
     """A client mistake in a request: ``status`` is the HTTP status the API answers it with."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str = INVALID_REQUEST) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = INVALID_REQUEST,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -63,9 +70,11 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 def timeouts_by_class(settings: Settings) -> dict[str, tuple[int, int]]:
     """Traffic class -> (default, maximum) request timeout in ms, from the settings."""
-    return {INTERACTIVE: (settings.default_timeout_ms, settings.max_timeout_ms),
-            NEAR_INTERACTIVE: (settings.near_interactive_default_timeout_ms, settings.near_interactive_max_timeout_ms),
-            DEFERRED: (settings.deferred_default_timeout_ms, settings.deferred_max_timeout_ms)}
+    return {
+        INTERACTIVE: (settings.default_timeout_ms, settings.max_timeout_ms),
+        NEAR_INTERACTIVE: (settings.near_interactive_default_timeout_ms, settings.near_interactive_max_timeout_ms),
+        DEFERRED: (settings.deferred_default_timeout_ms, settings.deferred_max_timeout_ms),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,20 +82,27 @@ class Rules:
     """What a request produced straight to Kafka is checked against: ``windows`` maps the catalogue's models to their
     context windows (0: unknown), ``max_timeout_ms`` each traffic class to its longest deadline."""
 
-    windows: Mapping[str, int] = field(default_factory=lambda: {m.name: m.context_window
-                                                                for m in BUILTIN_MODELS.values()})
+    windows: Mapping[str, int] = field(
+        default_factory=lambda: {m.name: m.context_window for m in BUILTIN_MODELS.values()}
+    )
     max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
-    max_timeout_ms: Mapping[str, int] = field(default_factory=lambda: {
-        cls: bounds[1] for cls, bounds in timeouts_by_class(Settings.model_construct()).items()})
+    max_timeout_ms: Mapping[str, int] = field(
+        default_factory=lambda: {
+            cls: bounds[1] for cls, bounds in timeouts_by_class(Settings.model_construct()).items()
+        }
+    )
     max_job_timeout_ms: int = Settings.model_fields["batch_max_window_s"].default * 1000  # a batch-job line's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
         windows = dict.fromkeys(settings.extra_models, 0)
         windows.update({m.name: m.context_window for m in BUILTIN_MODELS.values()})
-        return cls(windows=windows, max_stop_bytes=settings.api_max_stop_bytes,
-                   max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()},
-                   max_job_timeout_ms=settings.batch_max_window_s * 1000)
+        return cls(
+            windows=windows,
+            max_stop_bytes=settings.api_max_stop_bytes,
+            max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()},
+            max_job_timeout_ms=settings.batch_max_window_s * 1000,
+        )
 
     def max_timeout_of(self, request: wire.GenerationRequest) -> int | None:
         """The longest a request may live: a batch-job line's window at most, else its class's maximum (None: none)."""
@@ -146,12 +162,15 @@ def check_messages(messages: list[wire.ChatMessage] | None) -> list[wire.ChatMes
 
 def check_role(i: int, role: str) -> None:
     if role not in CHAT_ROLES:
-        raise invalid(f"Unsupported role {echo(role)}; expected one of {', '.join(sorted(CHAT_ROLES))}",
-                      param=f"messages[{i}].role")
+        raise invalid(
+            f"Unsupported role {echo(role)}; expected one of {', '.join(sorted(CHAT_ROLES))}",
+            param=f"messages[{i}].role",
+        )
 
 
-def check_sampling(sampling: wire.SamplingParams, *, max_stop_bytes: int, max_param: str = "max_tokens",
-                   max_tokens_given: bool = True) -> None:
+def check_sampling(
+    sampling: wire.SamplingParams, *, max_stop_bytes: int, max_param: str = "max_tokens", max_tokens_given: bool = True
+) -> None:
     """Ranges of every sampling value; ``max_param`` names ``max_tokens`` in errors (chat may call it
     ``max_completion_tokens``), ``max_tokens_given`` False when it holds the default rather than the caller's value."""
     in_range(max_param, sampling.max_tokens, 1, INT64_MAX)
@@ -175,9 +194,13 @@ def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given:
     if n * max_tokens <= MAX_RESULT_BYTES:
         return
     param = max_param if max_tokens_given else "n"
-    raise invalid(f"n ({n}) x {max_param} ({max_tokens}) = {n * max_tokens} tokens could exceed the result limit of"
-                  f" {MAX_RESULT_BYTES} bytes (each token is at least one byte); reduce '{param}' so that n x"
-                  f" {max_param} <= {MAX_RESULT_BYTES}", param=param, code="result_too_large")
+    raise invalid(
+        f"n ({n}) x {max_param} ({max_tokens}) = {n * max_tokens} tokens could exceed the result limit of"
+        f" {MAX_RESULT_BYTES} bytes (each token is at least one byte); reduce '{param}' so that n x"
+        f" {max_param} <= {MAX_RESULT_BYTES}",
+        param=param,
+        code="result_too_large",
+    )
 
 
 def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
@@ -186,8 +209,9 @@ def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
     if any(not s for s in sequences):
         raise invalid("'stop' sequences must not be empty", param="stop")
     if any(len(s.encode()) > max_stop_bytes for s in sequences):
-        raise invalid(f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each", param="stop",
-                      code="stop_too_long")
+        raise invalid(
+            f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each", param="stop", code="stop_too_long"
+        )
 
 
 def check_logit_bias_size(entries: int) -> None:
@@ -197,8 +221,9 @@ def check_logit_bias_size(entries: int) -> None:
 
 def bad_token_id(token: str) -> RequestError:
     """The 400 for a ``logit_bias`` key that is no token id (``token`` as the caller spelled it)."""
-    return invalid(f"'logit_bias' keys must be token ids (integers from 0 to {INT64_MAX}), got "
-                   f"{echo(token)}", param="logit_bias")
+    return invalid(
+        f"'logit_bias' keys must be token ids (integers from 0 to {INT64_MAX}), got {echo(token)}", param="logit_bias"
+    )
 
 
 def check_logit_bias(bias: Mapping[int, float] | None) -> None:
@@ -210,8 +235,14 @@ def check_logit_bias(bias: Mapping[int, float] | None) -> None:
         in_range(f"logit_bias[{token_id}]", value, -100.0, 100.0)
 
 
-def check_context(prompt_tokens: int, max_tokens: int, context_window: int, prompt_param: str,
-                  max_tokens_given: bool, max_param: str = "max_tokens") -> None:
+def check_context(
+    prompt_tokens: int,
+    max_tokens: int,
+    context_window: int,
+    prompt_param: str,
+    max_tokens_given: bool,
+    max_param: str = "max_tokens",
+) -> None:
     """400 ``context_length_exceeded`` when prompt and completion do not fit the model's window (0: unknown)."""
     if context_window <= 0 or prompt_tokens + max_tokens <= context_window:
         return
@@ -220,4 +251,6 @@ def check_context(prompt_tokens: int, max_tokens: int, context_window: int, prom
         f"This model's maximum context length is {context_window} tokens. However, you requested "
         f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} for the "
         f"completion). Please reduce the length of the {prompt_param} or the completion.",
-        param=param, code="context_length_exceeded")
+        param=param,
+        code="context_length_exceeded",
+    )

@@ -33,8 +33,9 @@ def service_arguments(description: str) -> argparse.Namespace:
     """The flags every consumer service takes: ``--instance-id`` (default hostname-pid) and ``--metrics-port``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)"
+    )
     return parser.parse_args()
 
 

@@ -23,8 +23,10 @@ SCHEMAS: dict[str, type] = {
 
 def render() -> dict[str, str]:
     """File name -> schema text (JSON, sorted keys, 2-space indent, trailing newline)."""
-    return {name: json.dumps({"$schema": DRAFT, **msgspec.json.schema(kind)}, indent=2, sort_keys=True) + "\n"
-            for name, kind in SCHEMAS.items()}
+    return {
+        name: json.dumps({"$schema": DRAFT, **msgspec.json.schema(kind)}, indent=2, sort_keys=True) + "\n"
+        for name, kind in SCHEMAS.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

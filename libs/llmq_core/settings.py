@@ -52,13 +52,23 @@ class Settings(BaseSettings):
     deferred_default_timeout_ms: int = 3_600_000
     deferred_max_timeout_ms: int = 86_400_000
     api_keys_file: str = ""  # YAML/JSON: API key -> tenant, tier, classes, limits (see deploy/keys.example.yaml)
-    api_dev_keys: bool = True  # also accept llmq-dev-key (tenant dev, paid) and llmq-dev-free-key (tenant dev-free, free)
+    api_dev_keys: bool = (
+        True  # also accept llmq-dev-key (tenant dev, paid) and llmq-dev-free-key (tenant dev-free, free)
+    )
     # admission, per PRIORITY_CLASSES entry: predicted queue wait (ms) past which new requests get 429 ...
-    api_shed_wait_ms: dict[str, int] = {"interactive:paid": 15_000, "interactive:free": 5_000,
-                                        "near_interactive": 2_000, "deferred": 1_000}
+    api_shed_wait_ms: dict[str, int] = {
+        "interactive:paid": 15_000,
+        "interactive:free": 5_000,
+        "near_interactive": 2_000,
+        "deferred": 1_000,
+    }
     # ... and the share of api_max_in_flight (this pod) and batcher_max_queued (the batchers) a class may fill
-    api_shed_share: dict[str, float] = {"interactive:paid": 0.95, "interactive:free": 0.85,
-                                        "near_interactive": 0.7, "deferred": 0.5}
+    api_shed_share: dict[str, float] = {
+        "interactive:paid": 0.95,
+        "interactive:free": 0.85,
+        "near_interactive": 0.7,
+        "deferred": 0.5,
+    }
     api_saturation_stale_ms: int = 5000  # batcher saturation reports older than this are ignored
     # connections (llmq_api.connections): meant for direct exposure; behind a proxy its own limits apply
     api_header_timeout_ms: int = 10_000  # a request's headers must arrive within this; past it 408, closed
@@ -122,7 +132,9 @@ class Settings(BaseSettings):
     tracing_otlp_endpoint: str = ""  # empty: the exporter's default (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317)
     tracing_file_dir: str = "var/traces"  # exporter "file": one JSON line per span in <dir>/<service>-<pid>.jsonl
     tracing_sample_ratio: float = 1.0  # share of new traces recorded (a request's later hops follow its first)
-    metrics_port: int = 0  # batcher, worker, result-router: Prometheus /metrics on this port (0: off; flag --metrics-port)
+    metrics_port: int = (
+        0  # batcher, worker, result-router: Prometheus /metrics on this port (0: off; flag --metrics-port)
+    )
     metrics_host: str = "127.0.0.1"  # address the metrics server binds (0.0.0.0 where Prometheus scrapes pods)
 
     @field_validator("api_max_body_bytes")
@@ -131,8 +143,10 @@ class Settings(BaseSettings):
         """A request body travels in one Kafka record: refuse to start with a limit no record could carry."""
         most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
         if value > most:
-            raise ValueError(f"api_max_body_bytes {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
-                             f" RECORD_HEADROOM_BYTES): such a request could not be produced to Kafka")
+            raise ValueError(
+                f"api_max_body_bytes {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
+                f" RECORD_HEADROOM_BYTES): such a request could not be produced to Kafka"
+            )
         return value
 
 

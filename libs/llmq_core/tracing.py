@@ -27,16 +27,39 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter, SpanExportResult)
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
 from llmq_core.constants import HEADER_TRACEPARENT
 from llmq_core.settings import Settings
 
-__all__ = ["SpanKind", "configure", "enabled", "shutdown", "start_span", "record_span", "end", "traceparent_of",
-           "request_attributes", "annotate_current", "parse", "header_traceparent", "with_traceparent", "trace_id_of",
-           "current_ids", "use_span", "AsgiTracing", "JsonFileExporter", "span_record"]
+__all__ = [
+    "SpanKind",
+    "configure",
+    "enabled",
+    "shutdown",
+    "start_span",
+    "record_span",
+    "end",
+    "traceparent_of",
+    "request_attributes",
+    "annotate_current",
+    "parse",
+    "header_traceparent",
+    "with_traceparent",
+    "trace_id_of",
+    "current_ids",
+    "use_span",
+    "AsgiTracing",
+    "JsonFileExporter",
+    "span_record",
+]
 
 _tracer: trace.Tracer | None = None
 _provider: TracerProvider | None = None
@@ -59,8 +82,14 @@ def configure(service: str, settings: Settings, *, exporter: SpanExporter | None
     shutdown()
     if exporter is None and settings.tracing_exporter == "none":
         return False
-    resource = Resource.create({"service.name": f"llmq-{service}", "service.namespace": "llmq",
-                                "host.name": socket.gethostname(), "process.pid": os.getpid()})
+    resource = Resource.create(
+        {
+            "service.name": f"llmq-{service}",
+            "service.namespace": "llmq",
+            "host.name": socket.gethostname(),
+            "process.pid": os.getpid(),
+        }
+    )
     provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.tracing_sample_ratio)))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -92,8 +121,14 @@ def shutdown() -> None:
 # --- spans -------------------------------------------------------------------------------------------------------------
 
 
-def start_span(name: str, *, parent: str | Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
-               start_ms: int | None = None, attributes: Mapping[str, object] | None = None) -> Span | None:
+def start_span(
+    name: str,
+    *,
+    parent: str | Context | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    start_ms: int | None = None,
+    attributes: Mapping[str, object] | None = None,
+) -> Span | None:
     """A started span, or None when tracing is off. End it with :func:`end`.
 
     ``parent``: a traceparent string, a Context, or None; a missing or malformed one falls back to the current context
@@ -112,8 +147,15 @@ def end(span: Span | None, end_ms: int | None = None) -> None:
         span.end(end_time=end_ms * _NS_PER_MS if end_ms else None)
 
 
-def record_span(name: str, start_ms: int, end_ms: int, *, parent: str | Context | None = None,
-                kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, object] | None = None) -> Span | None:
+def record_span(
+    name: str,
+    start_ms: int,
+    end_ms: int,
+    *,
+    parent: str | Context | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, object] | None = None,
+) -> Span | None:
     """A span recorded after the fact, from ``start_ms`` to ``end_ms`` (epoch ms). Returns it (ended), or None."""
     if _tracer is None:
         return None
@@ -124,8 +166,13 @@ def record_span(name: str, start_ms: int, end_ms: int, *, parent: str | Context 
 
 def request_attributes(request) -> dict[str, str]:
     """Span attributes naming a GenerationRequest: id, class, tier, tenant, model."""
-    return {"llmq.request_id": request.request_id, "llmq.traffic_class": request.traffic_class,
-            "llmq.tier": request.tier, "llmq.tenant_id": request.tenant_id, "llmq.model": request.model}
+    return {
+        "llmq.request_id": request.request_id,
+        "llmq.traffic_class": request.traffic_class,
+        "llmq.tier": request.tier,
+        "llmq.tenant_id": request.tenant_id,
+        "llmq.model": request.model,
+    }
 
 
 def annotate_current(attributes: Mapping[str, object]) -> None:
@@ -158,8 +205,12 @@ def parse(traceparent: str | None) -> Context | None:
     if len(parts) != 4 or parts[0] != "00":
         return None
     try:
-        ctx = SpanContext(trace_id=int(parts[1], 16), span_id=int(parts[2], 16), is_remote=True,
-                          trace_flags=TraceFlags(int(parts[3], 16)))
+        ctx = SpanContext(
+            trace_id=int(parts[1], 16),
+            span_id=int(parts[2], 16),
+            is_remote=True,
+            trace_flags=TraceFlags(int(parts[3], 16)),
+        )
     except ValueError:
         return None
     if not ctx.is_valid:
@@ -213,8 +264,12 @@ class AsgiTracing:
             await self.app(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
-        span = start_span(f"{method} {path}", parent=parse(header_traceparent(scope.get("headers"))),
-                          kind=SpanKind.SERVER, attributes={"http.request.method": method, "url.path": path})
+        span = start_span(
+            f"{method} {path}",
+            parent=parse(header_traceparent(scope.get("headers"))),
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": method, "url.path": path},
+        )
 
         async def send_traced(message) -> None:
             if message["type"] == "http.response.start":
@@ -249,7 +304,14 @@ class JsonFileExporter(SpanExporter):
 def span_record(span: ReadableSpan) -> dict:
     """A finished span as a plain dict (the file exporter's line)."""
     ctx, parent = span.context, span.parent
-    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}",
-            "parent_id": f"{parent.span_id:016x}" if parent else None, "name": span.name, "kind": span.kind.name,
-            "service": span.resource.attributes.get("service.name"), "start_ns": span.start_time,
-            "end_ns": span.end_time, "attributes": dict(span.attributes or {})}
+    return {
+        "trace_id": f"{ctx.trace_id:032x}",
+        "span_id": f"{ctx.span_id:016x}",
+        "parent_id": f"{parent.span_id:016x}" if parent else None,
+        "name": span.name,
+        "kind": span.kind.name,
+        "service": span.resource.attributes.get("service.name"),
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "attributes": dict(span.attributes or {}),
+    }

@@ -318,8 +318,18 @@ class PodUnfinished(_Message, kw_only=True, tag="pod_unfinished"):
     models: dict[str, dict[str, Count]] = {}
 
 
-Message = (GenerationRequest | Batch | Cancel | TokenChunk | FinalResult | WorkerHeartbeat | PodHeartbeat
-           | BatcherSaturation | PodUnfinished | StreamMark)
+Message = (
+    GenerationRequest
+    | Batch
+    | Cancel
+    | TokenChunk
+    | FinalResult
+    | WorkerHeartbeat
+    | PodHeartbeat
+    | BatcherSaturation
+    | PodUnfinished
+    | StreamMark
+)
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()

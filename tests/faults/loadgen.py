@@ -77,9 +77,13 @@ class Tally:
 
     def where(self, *, since_s: float | None = None, until_s: float | None = None, status: int | None = None) -> Tally:
         """The records matching every given filter (sent in [since_s, until_s), monotonic seconds; HTTP status)."""
-        return Tally(r for r in self.records
-                     if (since_s is None or r.sent_s >= since_s) and (until_s is None or r.sent_s < until_s)
-                     and (status is None or r.status == status))
+        return Tally(
+            r
+            for r in self.records
+            if (since_s is None or r.sent_s >= since_s)
+            and (until_s is None or r.sent_s < until_s)
+            and (status is None or r.status == status)
+        )
 
     def percentile_ms(self, q: float) -> float:
         """The ``q`` quantile (0..1, nearest rank) of the answered requests' latencies; NaN when there are none."""
@@ -113,9 +117,19 @@ class HttpLoad:
     carries ``x-llmq-timeout-ms: timeout_ms``; one without an ending by then + LOST_SLACK_S counts as lost.
     """
 
-    def __init__(self, ports: Sequence[int], *, rate_per_s: float, timeout_ms: int = 20_000, max_tokens: int = 8,
-                 stream: bool = False, key: str = DEV_KEY, traffic_class: str | None = None, tag: str = "load",
-                 prompt_suffix: str = "") -> None:
+    def __init__(
+        self,
+        ports: Sequence[int],
+        *,
+        rate_per_s: float,
+        timeout_ms: int = 20_000,
+        max_tokens: int = 8,
+        stream: bool = False,
+        key: str = DEV_KEY,
+        traffic_class: str | None = None,
+        tag: str = "load",
+        prompt_suffix: str = "",
+    ) -> None:
         self.ports = list(ports)
         self.rate_per_s = rate_per_s
         self.timeout_ms = timeout_ms
@@ -209,8 +223,11 @@ class HttpLoad:
 
 async def _read(response: httpx.Response, stream: bool, expected: str) -> dict:
     """Classify one HTTP answer (read to its end)."""
-    base = {"status": response.status_code, "retry_after": response.headers.get(constants.HTTP_RETRY_AFTER),
-            "request_id": response.headers.get(constants.HTTP_REQUEST_ID)}
+    base = {
+        "status": response.status_code,
+        "retry_after": response.headers.get(constants.HTTP_RETRY_AFTER),
+        "request_id": response.headers.get(constants.HTTP_REQUEST_ID),
+    }
     if response.status_code != 200:
         raw = await response.aread()
         try:
@@ -246,8 +263,9 @@ class KafkaLoad:
     """Produces GenerationRequests with ``reply_to=KafkaReply(reply_topic)`` at ``rate_per_s`` (an internal producer)
     and counts the replies per request_id on ``reply_topic``; :meth:`stop` waits for stragglers up to ``settle_s``."""
 
-    def __init__(self, bootstrap: str, reply_topic: str, *, rate_per_s: float, timeout_ms: int = 60_000,
-                 max_tokens: int = 8) -> None:
+    def __init__(
+        self, bootstrap: str, reply_topic: str, *, rate_per_s: float, timeout_ms: int = 60_000, max_tokens: int = 8
+    ) -> None:
         self.bootstrap = bootstrap
         self.reply_topic = reply_topic
         self.rate_per_s = rate_per_s
@@ -256,8 +274,9 @@ class KafkaLoad:
         self.sent: dict[str, tuple[float, str]] = {}  # request_id -> (monotonic sent, expected text)
         self.replies: dict[str, list[tuple[float, dict]]] = {}  # request_id -> [(monotonic received, reply)]
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
-        self._consumer = AIOKafkaConsumer(reply_topic, bootstrap_servers=bootstrap, group_id=None,
-                                          auto_offset_reset="earliest")
+        self._consumer = AIOKafkaConsumer(
+            reply_topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
+        )
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -293,8 +312,17 @@ class KafkaLoad:
             else:
                 text = replies[0][1]["choices"][0]["text"]
                 ending, detail = (Ending.ONCE, "") if text == expected else (Ending.WRONG, text)
-            records.append(Record(seq=seq, pod=-1, sent_s=sent_s, latency_ms=latency_ms, ending=ending,
-                                  request_id=request_id, detail=detail))
+            records.append(
+                Record(
+                    seq=seq,
+                    pod=-1,
+                    sent_s=sent_s,
+                    latency_ms=latency_ms,
+                    ending=ending,
+                    request_id=request_id,
+                    detail=detail,
+                )
+            )
         return Tally(records)
 
     async def _pace(self) -> None:
@@ -308,13 +336,22 @@ class KafkaLoad:
         prompt = f"{request_id} over kafka"
         now_ms = int(time.time() * 1000)
         request = wire.GenerationRequest(
-            request_id=request_id, tenant_id="kafka-producer", model="llmq-sim", prompt=prompt,
-            sampling=wire.SamplingParams(max_tokens=self.max_tokens), created_ms=now_ms,
-            deadline_ms=now_ms + self.timeout_ms, reply_to=wire.KafkaReply(topic=self.reply_topic))
+            request_id=request_id,
+            tenant_id="kafka-producer",
+            model="llmq-sim",
+            prompt=prompt,
+            sampling=wire.SamplingParams(max_tokens=self.max_tokens),
+            created_ms=now_ms,
+            deadline_ms=now_ms + self.timeout_ms,
+            reply_to=wire.KafkaReply(topic=self.reply_topic),
+        )
         self.sent[request_id] = (time.monotonic(), sim_answer(prompt, self.max_tokens))
-        await self._producer.send_and_wait(constants.requests_topic(constants.INTERACTIVE), wire.encode(request),
-                                           key=request_id.encode(),
-                                           headers=[(constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_MSGPACK.encode())])
+        await self._producer.send_and_wait(
+            constants.requests_topic(constants.INTERACTIVE),
+            wire.encode(request),
+            key=request_id.encode(),
+            headers=[(constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_MSGPACK.encode())],
+        )
         return request_id
 
     async def _collect(self) -> None:

@@ -22,11 +22,18 @@ class FaultReport:
     def record(self, fault: str, during: Tally, after: Tally, note: str = "", total: Tally | None = None) -> dict:
         """Store one fault's row (``total`` defaults to during + after) and return it."""
         total = total or Tally([*during.records, *after.records])
-        row = {"fault": fault, "requests": len(total), "answered_once": total.count(Ending.ONCE),
-               "clear_errors": total.count(Ending.ERROR), "timeouts_504": total.count(Ending.TIMEOUT),
-               "lost": total.count(Ending.LOST) + total.count(Ending.DROPPED),
-               "answered_twice": total.count(Ending.TWICE) + total.count(Ending.WRONG),
-               "p99_during_ms": _ms(during.p99_ms()), "p99_after_ms": _ms(after.p99_ms()), "note": note}
+        row = {
+            "fault": fault,
+            "requests": len(total),
+            "answered_once": total.count(Ending.ONCE),
+            "clear_errors": total.count(Ending.ERROR),
+            "timeouts_504": total.count(Ending.TIMEOUT),
+            "lost": total.count(Ending.LOST) + total.count(Ending.DROPPED),
+            "answered_twice": total.count(Ending.TWICE) + total.count(Ending.WRONG),
+            "p99_during_ms": _ms(during.p99_ms()),
+            "p99_after_ms": _ms(after.p99_ms()),
+            "note": note,
+        }
         rows = self.rows()
         rows[fault] = row
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,12 +44,16 @@ class FaultReport:
         return json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def markdown(self) -> str:
-        lines = ["| fault | requests | answered once | clear errors | 504 | lost | answered twice | p99 during | p99 after |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+        lines = [
+            "| fault | requests | answered once | clear errors | 504 | lost | answered twice | p99 during | p99 after |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for row in self.rows().values():
-            lines.append(f"| {row['fault']} | {row['requests']} | {row['answered_once']} | {row['clear_errors']} | "
-                         f"{row['timeouts_504']} | {row['lost']} | {row['answered_twice']} | "
-                         f"{_cell(row['p99_during_ms'])} | {_cell(row['p99_after_ms'])} |")
+            lines.append(
+                f"| {row['fault']} | {row['requests']} | {row['answered_once']} | {row['clear_errors']} | "
+                f"{row['timeouts_504']} | {row['lost']} | {row['answered_twice']} | "
+                f"{_cell(row['p99_during_ms'])} | {_cell(row['p99_after_ms'])} |"
+            )
         return "\n".join(lines)
 
 

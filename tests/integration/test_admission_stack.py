@@ -42,9 +42,15 @@ METRICS_GROWTH_BOUND_BYTES = 16_384
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
-                       sim_max_batch_size=16,
-                       extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)}) as running:
+    with private_stack(
+        infra,
+        api_ports=(API_PORT,),
+        tiny_workers=0,
+        sim_workers=1,
+        sim_batch_time_ms=100,
+        sim_max_batch_size=16,
+        extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)},
+    ) as running:
         yield running
 
 
@@ -61,8 +67,9 @@ def sample(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-async def poll_metric(client: httpx.AsyncClient, url: str, name: str, at_least: float, timeout_s: float = 30,
-                      **labels: str) -> float:
+async def poll_metric(
+    client: httpx.AsyncClient, url: str, name: str, at_least: float, timeout_s: float = 30, **labels: str
+) -> float:
     """Scrape ``url`` until the sample reaches ``at_least``; returns its value (fails past ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -78,8 +85,12 @@ async def produce_direct(stack: DevStack, requests: list[wire.GenerationRequest]
     producer = kafka.make_producer(stack.cfg.settings(), linger_ms=20)
     await producer.start()
     try:
-        await asyncio.gather(*(kafka.send_message(producer, constants.requests_topic(r.traffic_class), r,
-                                                  key=r.request_id) for r in requests))
+        await asyncio.gather(
+            *(
+                kafka.send_message(producer, constants.requests_topic(r.traffic_class), r, key=r.request_id)
+                for r in requests
+            )
+        )
     finally:
         await producer.stop()
 
@@ -96,20 +107,32 @@ async def reply_topic(stack: DevStack) -> wire.KafkaReply:
     return wire.KafkaReply(topic=topic)
 
 
-def direct_request(model: str, traffic_class: str, tier: str, reply: wire.KafkaReply, ttl_ms: int,
-                   tenant: str = "admission-test") -> wire.GenerationRequest:
+def direct_request(
+    model: str, traffic_class: str, tier: str, reply: wire.KafkaReply, ttl_ms: int, tenant: str = "admission-test"
+) -> wire.GenerationRequest:
     now_ms = int(time.time() * 1000)
     return wire.GenerationRequest(
-        request_id=f"adm-{uuid.uuid4().hex}", tenant_id=tenant, traffic_class=traffic_class, tier=tier, model=model,
-        prompt="backlog", sampling=wire.SamplingParams(max_tokens=4), created_ms=now_ms, deadline_ms=now_ms + ttl_ms,
-        reply_to=reply)
+        request_id=f"adm-{uuid.uuid4().hex}",
+        tenant_id=tenant,
+        traffic_class=traffic_class,
+        tier=tier,
+        model=model,
+        prompt="backlog",
+        sampling=wire.SamplingParams(max_tokens=4),
+        created_ms=now_ms,
+        deadline_ms=now_ms + ttl_ms,
+        reply_to=reply,
+    )
 
 
-async def complete(client: httpx.AsyncClient, model: str, auth: dict, traffic_class: str,
-                   prompt: str = "hello") -> httpx.Response:
-    return await client.post(f"http://127.0.0.1:{API_PORT}/v1/completions",
-                             headers={**auth, "x-llmq-class": traffic_class, "x-llmq-timeout-ms": "30000"},
-                             json={"model": model, "prompt": prompt, "max_tokens": 4})
+async def complete(
+    client: httpx.AsyncClient, model: str, auth: dict, traffic_class: str, prompt: str = "hello"
+) -> httpx.Response:
+    return await client.post(
+        f"http://127.0.0.1:{API_PORT}/v1/completions",
+        headers={**auth, "x-llmq-class": traffic_class, "x-llmq-timeout-ms": "30000"},
+        json={"model": model, "prompt": prompt, "max_tokens": 4},
+    )
 
 
 async def saturation_reports(stack: DevStack) -> list[wire.BatcherSaturation]:
@@ -145,10 +168,12 @@ async def test_a_model_without_workers_answers_people_503_at_once_and_queues_def
             assert elapsed_s < 2.0, elapsed_s  # at once, not at a deadline
         deferred = asyncio.create_task(complete(client, TINY, PAID, "deferred"))
         try:
-            depth = await poll_metric(client, batcher, "llmq_batcher_queue_depth", 1, model=TINY,
-                                      priority_class="deferred")
-            age_s = await poll_metric(client, batcher, "llmq_batcher_oldest_queued_age_seconds", 0.5, model=TINY,
-                                      priority_class="deferred")
+            depth = await poll_metric(
+                client, batcher, "llmq_batcher_queue_depth", 1, model=TINY, priority_class="deferred"
+            )
+            age_s = await poll_metric(
+                client, batcher, "llmq_batcher_oldest_queued_age_seconds", 0.5, model=TINY, priority_class="deferred"
+            )
             assert not deferred.done(), deferred.result().text  # accepted and waiting for a worker, not refused
         finally:
             deferred.cancel()  # the client leaves: its request is cancelled
@@ -156,8 +181,9 @@ async def test_a_model_without_workers_answers_people_503_at_once_and_queues_def
     print(f"llmq-tiny deferred queue: depth {depth:.0f}, oldest {age_s:.1f} s")
 
 
-async def sim_traffic(client: httpx.AsyncClient, auth: dict, traffic_class: str, until: float,
-                      statuses: Counter) -> None:
+async def sim_traffic(
+    client: httpx.AsyncClient, auth: dict, traffic_class: str, until: float, statuses: Counter
+) -> None:
     """llmq-sim requests of one class back to back until ``until`` (monotonic seconds)."""
     while time.monotonic() < until:
         response = await complete(client, SIM, auth, traffic_class)
@@ -169,27 +195,56 @@ async def sim_traffic(client: httpx.AsyncClient, auth: dict, traffic_class: str,
 
 async def test_a_backlog_of_one_model_sheds_no_class_of_another(stack):
     reply = await reply_topic(stack)
-    backlog = [direct_request(TINY, cls, tier, reply, ttl_ms=60_000) for cls, tier in
-               [("interactive", "paid"), ("interactive", "free"), ("near_interactive", "paid"), ("deferred", "paid")]
-               for _ in range(5)]
+    backlog = [
+        direct_request(TINY, cls, tier, reply, ttl_ms=60_000)
+        for cls, tier in [
+            ("interactive", "paid"),
+            ("interactive", "free"),
+            ("near_interactive", "paid"),
+            ("deferred", "paid"),
+        ]
+        for _ in range(5)
+    ]
     await produce_direct(stack, backlog)
     batcher = metrics_url(stack, "batcher")
     statuses: Counter = Counter()
     async with httpx.AsyncClient(timeout=30) as client:
         for priority_class in SHED_WAIT_MS:  # every class of the backlog is queued, older than the largest threshold
-            await poll_metric(client, batcher, "llmq_batcher_oldest_queued_age_seconds",
-                              max(SHED_WAIT_MS.values()) / 1000 + 0.5, model=TINY, priority_class=priority_class)
+            await poll_metric(
+                client,
+                batcher,
+                "llmq_batcher_oldest_queued_age_seconds",
+                max(SHED_WAIT_MS.values()) / 1000 + 0.5,
+                model=TINY,
+                priority_class=priority_class,
+            )
         until = time.monotonic() + TRAFFIC_S
-        await asyncio.gather(*(sim_traffic(client, auth, cls, until, statuses) for auth, cls in
-                               [(PAID, "interactive"), (FREE, "interactive"), (PAID, "near_interactive"),
-                                (PAID, "deferred")]))
-        oldest_s = sample((await client.get(batcher)).text, "llmq_batcher_oldest_queued_age_seconds", model=TINY,
-                          priority_class="interactive:paid")
+        await asyncio.gather(
+            *(
+                sim_traffic(client, auth, cls, until, statuses)
+                for auth, cls in [
+                    (PAID, "interactive"),
+                    (FREE, "interactive"),
+                    (PAID, "near_interactive"),
+                    (PAID, "deferred"),
+                ]
+            )
+        )
+        oldest_s = sample(
+            (await client.get(batcher)).text,
+            "llmq_batcher_oldest_queued_age_seconds",
+            model=TINY,
+            priority_class="interactive:paid",
+        )
     print(f"llmq-sim statuses over {TRAFFIC_S:.0f} s beside a {oldest_s:.1f} s old llmq-tiny backlog: {dict(statuses)}")
     assert oldest_s > max(SHED_WAIT_MS.values()) / 1000 + TRAFFIC_S
     assert {status for (_, _, status) in statuses} == {200}, statuses
-    assert {(cls, tier) for (cls, tier, _) in statuses} == {("interactive", "paid"), ("interactive", "free"),
-                                                           ("near_interactive", "paid"), ("deferred", "paid")}
+    assert {(cls, tier) for (cls, tier, _) in statuses} == {
+        ("interactive", "paid"),
+        ("interactive", "free"),
+        ("near_interactive", "paid"),
+        ("deferred", "paid"),
+    }
 
 
 async def test_made_up_model_names_from_kafka_do_not_grow_metrics(stack):
@@ -197,13 +252,26 @@ async def test_made_up_model_names_from_kafka_do_not_grow_metrics(stack):
     reply = await reply_topic(stack)
     async with httpx.AsyncClient(timeout=30) as client:
         before = {url: len((await client.get(url)).content) for url in (router, batcher)}
-        errored_before = sample((await client.get(router)).text, "llmq_results_total", model="other",
-                                outcome="errored") or 0
-        await produce_direct(stack, [direct_request(f"made-up-{i}", "interactive", "paid", reply, ttl_ms=1500,
-                                                    tenant=f"made-up-tenant-{i}") for i in range(INVENTED)])
+        errored_before = (
+            sample((await client.get(router)).text, "llmq_results_total", model="other", outcome="errored") or 0
+        )
+        await produce_direct(
+            stack,
+            [
+                direct_request(f"made-up-{i}", "interactive", "paid", reply, ttl_ms=1500, tenant=f"made-up-tenant-{i}")
+                for i in range(INVENTED)
+            ],
+        )
         # Refused where they enter (model_not_found, llmq_core.requests): each ends errored, counted as "other".
-        await poll_metric(client, router, "llmq_results_total", errored_before + INVENTED, timeout_s=45,
-                          model="other", outcome="errored")
+        await poll_metric(
+            client,
+            router,
+            "llmq_results_total",
+            errored_before + INVENTED,
+            timeout_s=45,
+            model="other",
+            outcome="errored",
+        )
         texts = {url: (await client.get(url)).text for url in (router, batcher)}
     reports = await saturation_reports(stack)
     growth = {url: len(texts[url].encode()) - before[url] for url in texts}

@@ -26,10 +26,10 @@ import uvicorn
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
-from llmq_core import constants, wire
-from llmq_core.settings import Settings
 from llmq_api.app import create_app
 from llmq_api.pod import Pod
+from llmq_core import constants, wire
+from llmq_core.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +46,18 @@ def free_port() -> int:
 
 def heartbeat(model: str) -> wire.WorkerHeartbeat:
     """A heartbeat with no slots: it teaches the catalog a model without inviting any batch."""
-    return wire.WorkerHeartbeat(worker_id=f"apitest-{uuid.uuid4().hex[:6]}", partition=0, model=model, max_slots=0,
-                                running=0, queued=0, free_slots=0, est_drain_ms=0, sent_ms=int(time.time() * 1000),
-                                context_window=512)
+    return wire.WorkerHeartbeat(
+        worker_id=f"apitest-{uuid.uuid4().hex[:6]}",
+        partition=0,
+        model=model,
+        max_slots=0,
+        running=0,
+        queued=0,
+        free_slots=0,
+        est_drain_ms=0,
+        sent_ms=int(time.time() * 1000),
+        context_window=512,
+    )
 
 
 class FakeWorker:
@@ -59,16 +68,20 @@ class FakeWorker:
         self.settings = settings
         self.instance_id = instance_id
         self.redis = Redis.from_url(settings.redis_url)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, group_id=None,
-                                         enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.kafka_bootstrap_servers, group_id=None, enable_auto_commit=False
+        )
         self.seen: dict[str, tuple[wire.GenerationRequest, object]] = {}
         self._task: asyncio.Task | None = None
         self._replies: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         await self.consumer.start()
-        partitions = [TopicPartition(topic, p) for topic in constants.REQUEST_TOPICS
-                      for p in range(self.settings.request_topic_partitions)]
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in constants.REQUEST_TOPICS
+            for p in range(self.settings.request_topic_partitions)
+        ]
         self.consumer.assign(partitions)
         await self.consumer.seek_to_end(*partitions)
         for tp in partitions:  # pin the end offsets now, before any request of this test is produced
@@ -90,7 +103,8 @@ class FakeWorker:
                 for record in records:
                     request = wire.decode(record.value, wire.content_type_of(record.headers))
                     if isinstance(request, wire.GenerationRequest) and request.reply_to == wire.HttpReply(
-                            instance_id=self.instance_id):
+                        instance_id=self.instance_id
+                    ):
                         self.seen[request.request_id] = (request, record)
                         task = asyncio.create_task(self._answer(request))
                         self._replies.add(task)
@@ -107,16 +121,21 @@ class FakeWorker:
         channel = constants.replies_channel(self.instance_id)
         if request.stream:
             for seq, start in enumerate(range(0, len(text), 2)):
-                chunk = wire.TokenChunk(request_id=request.request_id, text=text[start:start + 2], seq=seq, sent_ms=0)
+                chunk = wire.TokenChunk(request_id=request.request_id, text=text[start : start + 2], seq=seq, sent_ms=0)
                 await self.redis.publish(channel, wire.encode(chunk))
                 if seq == 0 and source.startswith("trickle:"):
                     await asyncio.sleep(int(source.split()[0][8:]) / 1000)
         result = wire.FinalResult(
-            request_id=request.request_id, outcome=wire.Outcome.SUCCEEDED, model=request.model,
-            endpoint=request.endpoint, reply_to=request.reply_to,
+            request_id=request.request_id,
+            outcome=wire.Outcome.SUCCEEDED,
+            model=request.model,
+            endpoint=request.endpoint,
+            reply_to=request.reply_to,
             choices=[wire.Choice(index=0, text=text, finish_reason="length")],
-            usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=n,
-                             total_tokens=request.prompt_tokens + n))
+            usage=wire.Usage(
+                prompt_tokens=request.prompt_tokens, completion_tokens=n, total_tokens=request.prompt_tokens + n
+            ),
+        )
         await self.redis.publish(channel, wire.encode(result))
 
 
@@ -135,8 +154,11 @@ async def wait_ready(base_url: str) -> None:
 async def serving(pod: Pod, wait: bool = True):
     """Serve ``pod`` with uvicorn on a free port; yields the base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(pod), host="127.0.0.1", port=port, log_config=None,
-                                           lifespan="on", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(pod), host="127.0.0.1", port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=2
+        )
+    )
     task = asyncio.create_task(server.serve())
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -180,8 +202,9 @@ def sdk(base_url: str) -> openai.AsyncOpenAI:
 async def test_completion_through_the_openai_sdk(api):
     base_url, pod, worker, _ = api
     async with sdk(base_url) as client:
-        raw = await client.completions.with_raw_response.create(model=MODEL, prompt="abc", max_tokens=5,
-                                                                 temperature=0, seed=3)
+        raw = await client.completions.with_raw_response.create(
+            model=MODEL, prompt="abc", max_tokens=5, temperature=0, seed=3
+        )
     completion = raw.parse()
     assert completion.choices[0].text == "abcab" and completion.choices[0].finish_reason == "length"
     assert completion.usage.prompt_tokens == 3 and completion.usage.total_tokens == 8
@@ -198,8 +221,13 @@ async def test_chat_stream_through_the_openai_sdk(api):
     base_url, _, worker, _ = api
     async with sdk(base_url) as client:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=7, stream=True,
-            stream_options={"include_usage": True}, extra_headers={"x-llmq-class": "near_interactive"})
+            model=MODEL,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"x-llmq-class": "near_interactive"},
+        )
         chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "hellohe"
@@ -223,6 +251,7 @@ async def test_stream_chunks_are_written_as_they_arrive(api):
 
 def counting_sdk(base_url: str, sent: list[int], on_response=None) -> openai.AsyncOpenAI:
     """The SDK with its default retries; ``sent`` collects each HTTP response's status as the SDK receives it."""
+
     async def record(response) -> None:
         sent.append(response.status_code)
         if on_response is not None:
@@ -237,8 +266,9 @@ async def test_the_sdk_does_not_retry_a_passed_deadline(api):
     sent: list[int] = []
     async with counting_sdk(base_url, sent) as client:
         with pytest.raises(openai.APIStatusError) as info:
-            await client.completions.create(model=MODEL, prompt="silent", max_tokens=2,
-                                            extra_headers={"x-llmq-timeout-ms": "100"})
+            await client.completions.create(
+                model=MODEL, prompt="silent", max_tokens=2, extra_headers={"x-llmq-timeout-ms": "100"}
+            )
     assert info.value.status_code == 504 and info.value.response.headers["x-should-retry"] == "false"
     assert sent == [504], "the SDK retried a request whose deadline had passed"
 
@@ -277,8 +307,9 @@ async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
     try:
         async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
             started = time.monotonic()
-            response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "silent"},
-                                         headers={"x-llmq-timeout-ms": "400"})
+            response = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "silent"}, headers={"x-llmq-timeout-ms": "400"}
+            )
         elapsed_s = time.monotonic() - started
         assert response.status_code == 504 and 0.35 < elapsed_s < 5
         error = response.json()["error"]
@@ -289,8 +320,12 @@ async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
     finally:
         await cancels.aclose()
     dropped_before = pod.registry.dropped
-    late = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model=MODEL,
-                            reply_to=wire.HttpReply(instance_id=pod.instance_id))
+    late = wire.FinalResult(
+        request_id=request_id,
+        outcome=wire.Outcome.SUCCEEDED,
+        model=MODEL,
+        reply_to=wire.HttpReply(instance_id=pod.instance_id),
+    )
     await redis.publish(constants.replies_channel(pod.instance_id), wire.encode(late))
     await _eventually(lambda: pod.registry.dropped == dropped_before + 1)
 
@@ -298,9 +333,12 @@ async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
 async def test_stream_deadline_ends_with_error_event_then_done(api):
     base_url, _, _, _ = api
     async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
-        response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "silent", "stream": True},
-                                     headers={"x-llmq-timeout-ms": "300"})
-    frames = [f[len(b"data: "):] for f in response.content.split(b"\n\n") if f]
+        response = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "silent", "stream": True},
+            headers={"x-llmq-timeout-ms": "300"},
+        )
+    frames = [f[len(b"data: ") :] for f in response.content.split(b"\n\n") if f]
     assert response.status_code == 200 and frames[-1] == b"[DONE]"
     assert msgspec.json.decode(frames[-2])["error"]["code"] == "deadline_exceeded"
 
@@ -313,8 +351,9 @@ async def test_client_disconnect_publishes_cancel(api):
     try:
         async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
             call = asyncio.create_task(client.post("/v1/completions", json={"model": MODEL, "prompt": "silent"}))
-            await _eventually(lambda: any(r.prompt == "silent" and r.request_id in pod.registry
-                                          for r, _ in worker.seen.values()))
+            await _eventually(
+                lambda: any(r.prompt == "silent" and r.request_id in pod.registry for r, _ in worker.seen.values())
+            )
             (request_id,) = [r for r in pod.registry.request_ids()]
             call.cancel()
             await asyncio.gather(call, return_exceptions=True)
@@ -325,18 +364,24 @@ async def test_client_disconnect_publishes_cancel(api):
         await cancels.aclose()
 
 
-@pytest.mark.parametrize("kwargs, status, param", [
-    ({"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}}, 415,
-     "content-type"),
-    ({"content": b'{"model": ', "headers": {"content-type": "application/json"}}, 400, None),
-    ({"json": ["not", "an", "object"]}, 400, None),
-    ({"json": {"model": "gpt-nope", "prompt": "a"}}, 404, "model"),
-    ({"json": {"model": MODEL, "prompt": "a", "max_tokens": "many"}}, 400, "max_tokens"),
-    ({"json": {"model": MODEL, "prompt": "a", "temperature": 9}}, 400, "temperature"),
-    ({"json": {"model": MODEL, "prompt": ""}}, 400, "prompt"),
-    ({"json": {"model": MODEL, "prompt": "a" * 500, "max_tokens": 100}}, 400, "max_tokens"),
-    ({"json": {"model": MODEL, "prompt": "a" * (5 * 1024 * 1024)}}, 413, None),
-])
+@pytest.mark.parametrize(
+    "kwargs, status, param",
+    [
+        (
+            {"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}},
+            415,
+            "content-type",
+        ),
+        ({"content": b'{"model": ', "headers": {"content-type": "application/json"}}, 400, None),
+        ({"json": ["not", "an", "object"]}, 400, None),
+        ({"json": {"model": "gpt-nope", "prompt": "a"}}, 404, "model"),
+        ({"json": {"model": MODEL, "prompt": "a", "max_tokens": "many"}}, 400, "max_tokens"),
+        ({"json": {"model": MODEL, "prompt": "a", "temperature": 9}}, 400, "temperature"),
+        ({"json": {"model": MODEL, "prompt": ""}}, 400, "prompt"),
+        ({"json": {"model": MODEL, "prompt": "a" * 500, "max_tokens": 100}}, 400, "max_tokens"),
+        ({"json": {"model": MODEL, "prompt": "a" * (5 * 1024 * 1024)}}, 413, None),
+    ],
+)
 async def test_client_errors_are_answered_before_kafka(api, kwargs, status, param):
     base_url, _, worker, _ = api
     async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
@@ -408,14 +453,28 @@ async def test_sigterm_lets_in_flight_requests_finish(tmp_path):
     await worker.start()
     port = free_port()
     env = {**os.environ, "LLMQ_SHUTDOWN_GRACE_S": "6"}
-    process = subprocess.Popen([sys.executable, "-m", "llmq_api.main", "--host", "127.0.0.1", "--port", str(port),
-                                "--instance-id", instance_id], env=env, stderr=(tmp_path / "api.log").open("wb"))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmq_api.main",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--instance-id",
+            instance_id,
+        ],
+        env=env,
+        stderr=(tmp_path / "api.log").open("wb"),
+    )
     try:
         base_url = f"http://127.0.0.1:{port}"
         await wait_ready(base_url)
         async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
-            call = asyncio.create_task(client.post(
-                "/v1/completions", json={"model": "llmq-sim", "prompt": "slow:1500 abc", "max_tokens": 4}))
+            call = asyncio.create_task(
+                client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "slow:1500 abc", "max_tokens": 4})
+            )
             await _eventually(lambda: bool(worker.seen))
             process.send_signal(signal.SIGTERM)
             response = await call

@@ -44,12 +44,29 @@ async def pod(tmp_path_factory):
     await worker.start()
     port = free_port()
     state = tmp_path_factory.mktemp("api-connections")
-    env = {**os.environ, "LLMQ_API_HEADER_TIMEOUT_MS": str(int(HEADER_TIMEOUT_S * 1000)),
-           "LLMQ_API_BODY_TIMEOUT_MS": str(int(BODY_TIMEOUT_S * 1000)),
-           "LLMQ_API_KEEP_ALIVE_TIMEOUT_MS": str(int(KEEP_ALIVE_S * 1000)),
-           "LLMQ_API_MAX_CONNECTIONS_PER_CLIENT": str(MAX_PER_CLIENT), "LLMQ_FILES_URL": str(state / "files")}
-    process = subprocess.Popen([sys.executable, "-m", "llmq_api.main", "--host", "127.0.0.1", "--port", str(port),
-                                "--instance-id", instance_id], env=env, stderr=(state / "api.log").open("wb"))
+    env = {
+        **os.environ,
+        "LLMQ_API_HEADER_TIMEOUT_MS": str(int(HEADER_TIMEOUT_S * 1000)),
+        "LLMQ_API_BODY_TIMEOUT_MS": str(int(BODY_TIMEOUT_S * 1000)),
+        "LLMQ_API_KEEP_ALIVE_TIMEOUT_MS": str(int(KEEP_ALIVE_S * 1000)),
+        "LLMQ_API_MAX_CONNECTIONS_PER_CLIENT": str(MAX_PER_CLIENT),
+        "LLMQ_FILES_URL": str(state / "files"),
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmq_api.main",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--instance-id",
+            instance_id,
+        ],
+        env=env,
+        stderr=(state / "api.log").open("wb"),
+    )
     try:
         base_url = f"http://127.0.0.1:{port}"
         await wait_ready(base_url)
@@ -112,8 +129,11 @@ async def test_headers_sent_a_byte_at_a_time_get_408_within_the_header_timeout(p
 async def test_a_body_shorter_than_its_content_length_gets_408_within_the_body_timeout(pod):
     _, port, worker = pod
     body = b'{"model": "llmq-sim", "prompt": "cut short"}'
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: pod\r\nAuthorization: " + DEV["authorization"].encode() +
-            b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (len(body) + 10))
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: pod\r\nAuthorization: "
+        + DEV["authorization"].encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (len(body) + 10)
+    )
     with _connect(port) as sock:
         sock.sendall(head + body)
         data, took_s = await asyncio.to_thread(_read_until_closed, sock)
@@ -134,12 +154,16 @@ async def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout
 async def test_requests_and_streams_longer_than_every_timeout_are_not_cut(pod):
     base_url, _, _ = pod
     async with httpx.AsyncClient(base_url=base_url, headers=DEV, timeout=30) as client:
-        plain = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "slow:1200 abc",
-                                                           "max_tokens": 4})
+        plain = await client.post(
+            "/v1/completions", json={"model": "llmq-sim", "prompt": "slow:1200 abc", "max_tokens": 4}
+        )
         assert plain.status_code == 200 and plain.json()["choices"][0]["text"] == "slow"
         events = []
-        async with client.stream("POST", "/v1/completions", json={"model": "llmq-sim", "prompt": "trickle:1200 xyz",
-                                                                  "max_tokens": 6, "stream": True}) as stream:
+        async with client.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": "llmq-sim", "prompt": "trickle:1200 xyz", "max_tokens": 6, "stream": True},
+        ) as stream:
             assert stream.status_code == 200
             events = [line async for line in stream.aiter_lines() if line.startswith("data: ")]
         assert events[-1] == "data: [DONE]"
@@ -152,11 +176,18 @@ async def test_the_connection_past_the_cap_is_refused_while_another_address_is_s
     base_url, port, worker = pod
     tag = uuid.uuid4().hex[:6]
     clients = [httpx.AsyncClient(base_url=base_url, headers=DEV, timeout=30) for _ in range(MAX_PER_CLIENT)]
-    other = httpx.AsyncClient(base_url=base_url, headers=DEV, timeout=30,
-                              transport=httpx.AsyncHTTPTransport(local_address=OTHER_ADDRESS))
+    other = httpx.AsyncClient(
+        base_url=base_url, headers=DEV, timeout=30, transport=httpx.AsyncHTTPTransport(local_address=OTHER_ADDRESS)
+    )
     try:
-        held = [asyncio.create_task(client.post("/v1/completions", json={
-            "model": "llmq-sim", "prompt": f"slow:2500 {tag}{i}", "max_tokens": 4})) for i, client in enumerate(clients)]
+        held = [
+            asyncio.create_task(
+                client.post(
+                    "/v1/completions", json={"model": "llmq-sim", "prompt": f"slow:2500 {tag}{i}", "max_tokens": 4}
+                )
+            )
+            for i, client in enumerate(clients)
+        ]
         deadline = time.monotonic() + 20
         while sum(request.prompt.startswith(f"slow:2500 {tag}") for request, _ in worker.seen.values()) < len(held):
             assert time.monotonic() < deadline, "the held requests never reached the worker"
@@ -177,22 +208,39 @@ async def test_a_batch_line_with_a_5000_digit_logit_bias_key_is_its_own_error(po
     """Issue 12 item 7 end to end: the batch is created (no 500) and the line fails alone."""
     base_url, _, _ = pod
     huge = "9" * 5000
-    lines = [json.dumps({"custom_id": "bad", "method": "POST", "url": "/v1/completions",
-                         "body": {"model": "llmq-sim", "prompt": "x", "max_tokens": 1}})
-             .replace('"max_tokens": 1', f'"max_tokens": 1, "logit_bias": {{"{huge}": 1}}'),
-             json.dumps({"custom_id": "good", "method": "POST", "url": "/v1/completions",
-                         "body": {"model": "llmq-sim", "prompt": "x", "max_tokens": 1}})]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": "bad",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "llmq-sim", "prompt": "x", "max_tokens": 1},
+            }
+        ).replace('"max_tokens": 1', f'"max_tokens": 1, "logit_bias": {{"{huge}": 1}}'),
+        json.dumps(
+            {
+                "custom_id": "good",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "llmq-sim", "prompt": "x", "max_tokens": 1},
+            }
+        ),
+    ]
     async with httpx.AsyncClient(base_url=base_url, headers=DEV, timeout=30) as client:
-        upload = await client.post("/v1/files", files={"file": ("in.jsonl", "\n".join(lines).encode())},
-                                   data={"purpose": "batch"})
+        upload = await client.post(
+            "/v1/files", files={"file": ("in.jsonl", "\n".join(lines).encode())}, data={"purpose": "batch"}
+        )
         assert upload.status_code == 200, upload.text
-        created = await client.post("/v1/batches", json={"input_file_id": upload.json()["id"],
-                                                         "endpoint": "/v1/completions", "completion_window": "24h"})
+        created = await client.post(
+            "/v1/batches",
+            json={"input_file_id": upload.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"},
+        )
         assert created.status_code == 200, created.text
         await _forget_job(created.json()["id"])
         assert created.json()["request_counts"]["total"] == 2
-        timeout = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "x"},
-                                    headers={"x-llmq-timeout-ms": huge})
+        timeout = await client.post(
+            "/v1/completions", json={"model": "llmq-sim", "prompt": "x"}, headers={"x-llmq-timeout-ms": huge}
+        )
         assert timeout.status_code == 400 and timeout.json()["error"]["param"] == "x-llmq-timeout-ms"
 
 
@@ -201,16 +249,20 @@ async def _forget_job(batch_id: str) -> None:
     redis = Redis.from_url(Settings().redis_url)
     try:
         await redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
-        await redis.delete(*(key(batch_id) for key in (jobs.job_key, jobs.job_lines_key, jobs.job_offsets_key,
-                                                       jobs.job_results_key)))
+        await redis.delete(
+            *(key(batch_id) for key in (jobs.job_key, jobs.job_lines_key, jobs.job_offsets_key, jobs.job_results_key))
+        )
     finally:
         await redis.aclose()
 
 
 def _pod_process(port: int) -> psutil.Process:
     """The pod process listening on ``port``."""
-    [pid] = {c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
-             and c.status == psutil.CONN_LISTEN}
+    [pid] = {
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    }
     return psutil.Process(pid)
 
 

@@ -17,10 +17,10 @@ import uuid
 import httpx
 import pytest
 
+from llmq_api.pod import Pod
 from llmq_cli.devstack import DevStack, StackConfig, _tcp_open
 from llmq_core.kafka import ensure_topics
 from llmq_core.settings import Settings
-from llmq_api.pod import Pod
 from tests.integration.test_api import DEV, MODEL, FakeWorker, heartbeat, serving
 
 pytestmark = pytest.mark.integration
@@ -79,8 +79,11 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
     broker = PrivateBroker(tmp_path / "kafka")
     try:
         await broker.start()
-        settings = Settings(kafka_bootstrap_servers=broker.bootstrap, api_kafka_breaker_backoff_ms=BACKOFF_MS,
-                            api_kafka_breaker_max_backoff_ms=BACKOFF_MS)
+        settings = Settings(
+            kafka_bootstrap_servers=broker.bootstrap,
+            api_kafka_breaker_backoff_ms=BACKOFF_MS,
+            api_kafka_breaker_max_backoff_ms=BACKOFF_MS,
+        )
         await ensure_topics(settings)
         instance_id = f"api-outage-{uuid.uuid4().hex[:6]}"
         pod = Pod(settings, instance_id, saturation_key=f"apitest-saturation-{instance_id}")
@@ -88,8 +91,10 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
         worker = FakeWorker(settings, instance_id)
         await worker.start()
         try:
-            async with serving(pod) as base_url, httpx.AsyncClient(base_url=base_url, timeout=30,
-                                                                   headers=DEV) as client:
+            async with (
+                serving(pod) as base_url,
+                httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client,
+            ):
                 response, _ = await post(client)
                 assert response.status_code == 200 and response.json()["choices"][0]["text"] == "abc"
                 assert (await client.get("/dependencies")).status_code == 200

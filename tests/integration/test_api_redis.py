@@ -8,13 +8,13 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from llmq_core import constants, wire
-from llmq_core.clock import FakeClock
-from llmq_core.settings import Settings
 from llmq_api.auth import Principal
 from llmq_api.idempotency import Claim, IdempotencyStore
 from llmq_api.ratelimit import RateLimiter
 from llmq_api.saturation import SaturationMonitor
+from llmq_core import constants, wire
+from llmq_core.clock import FakeClock
+from llmq_core.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -81,8 +81,11 @@ async def test_idempotency_claims_expire_and_release_only_their_own(redis):
 async def test_saturation_monitor_reads_batcher_reports(redis):
     key = f"apitest-saturation-{uuid.uuid4().hex[:8]}"
     clock = FakeClock(10_000_000)
-    report = wire.BatcherSaturation(batcher_id="b", sent_ms=clock.now_ms(), models={"llmq-sim": wire.ModelLoad(
-        classes={"near_interactive": wire.QueueLoad(depth=7, oldest_age_ms=2_500)})})
+    report = wire.BatcherSaturation(
+        batcher_id="b",
+        sent_ms=clock.now_ms(),
+        models={"llmq-sim": wire.ModelLoad(classes={"near_interactive": wire.QueueLoad(depth=7, oldest_age_ms=2_500)})},
+    )
     await redis.hset(key, "b", wire.encode(report))
     try:
         monitor = SaturationMonitor(redis, clock, stale_ms=5_000, key=key)

@@ -64,15 +64,30 @@ def stack(infra, tmp_path_factory):
     keys.write_text("keys:\n  - {tenant: limited, key: k-limited, requests_per_min: 3}\n")
     env = {"LLMQ_API_KEYS_FILE": str(keys), "LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)}
     api_ports = tuple(free_ports(2))
-    shape = dict(api_ports=api_ports, tiny_workers=0, sim_workers=2, sim_batch_time_ms=BATCH_TIME_MS,
-                 sim_max_batch_size=8, extra_env=env)
+    shape = dict(
+        api_ports=api_ports,
+        tiny_workers=0,
+        sim_workers=2,
+        sim_batch_time_ms=BATCH_TIME_MS,
+        sim_max_batch_size=8,
+        extra_env=env,
+    )
     if infra is not None:
-        cfg = StackConfig(state_dir=infra.cfg.state_dir / "api-edge", kafka_port=infra.cfg.kafka_port,
-                          redis_port=infra.cfg.redis_port, manage_infra=False, **shape)
+        cfg = StackConfig(
+            state_dir=infra.cfg.state_dir / "api-edge",
+            kafka_port=infra.cfg.kafka_port,
+            redis_port=infra.cfg.redis_port,
+            manage_infra=False,
+            **shape,
+        )
     else:
         (kafka_port,), (redis_port,) = free_ports(1, consecutive=2), free_ports(1)
-        cfg = StackConfig(state_dir=ROOT / "var" / f"test-api-edge-{uuid.uuid4().hex[:6]}", kafka_port=kafka_port,
-                          redis_port=redis_port, **shape)
+        cfg = StackConfig(
+            state_dir=ROOT / "var" / f"test-api-edge-{uuid.uuid4().hex[:6]}",
+            kafka_port=kafka_port,
+            redis_port=redis_port,
+            **shape,
+        )
     running = DevStack(cfg)
     try:
         running.up(timeout_s=240, log=lambda *_: None, services=True)
@@ -87,8 +102,10 @@ def stack(infra, tmp_path_factory):
 async def pods(stack):
     """(client of pod 0, client of pod 1, the stack's Redis); clients send llmq-dev-key unless told otherwise."""
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
-    clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=DEV, timeout=60, limits=limits)
-               for port in stack.cfg.api_ports]
+    clients = [
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=DEV, timeout=60, limits=limits)
+        for port in stack.cfg.api_ports
+    ]
     redis = Redis.from_url(stack.cfg.redis_url)
     yield clients[0], clients[1], redis
     for client in clients:
@@ -138,8 +155,9 @@ async def test_completion_stream_carries_each_token_as_the_worker_emits_it(pods)
     client, _, _ = pods
     arrivals: list[tuple[float, str]] = []
     started = time.monotonic()
-    async with client.stream("POST", "/v1/completions", json={"model": "llmq-sim", "prompt": "stream me",
-                                                              "max_tokens": 40, "stream": True}) as response:
+    async with client.stream(
+        "POST", "/v1/completions", json={"model": "llmq-sim", "prompt": "stream me", "max_tokens": 40, "stream": True}
+    ) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
@@ -155,9 +173,16 @@ async def test_completion_stream_carries_each_token_as_the_worker_emits_it(pods)
 
 async def test_chat_stream_with_usage_ends_with_the_usage_chunk_then_done(pods):
     _, client, _ = pods
-    response = await client.post("/v1/chat/completions", json={
-        "model": "llmq-sim", "messages": [{"role": "user", "content": "héllo"}], "max_tokens": 12, "stream": True,
-        "stream_options": {"include_usage": True}})
+    response = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "llmq-sim",
+            "messages": [{"role": "user", "content": "héllo"}],
+            "max_tokens": 12,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     frames = events(response.content)
     assert response.status_code == 200 and frames[-1] == b"[DONE]"
     chunks = [json.loads(f) for f in frames[:-1]]
@@ -178,8 +203,12 @@ async def test_fifty_streams_reset_after_one_chunk_cancel_everything(pods):
     ids: list[str] = []
 
     async def open_read_reset(i: int) -> None:
-        body = {"model": "llmq-sim", "messages": [{"role": "user", "content": f"stream {i} "}], "max_tokens": 200,
-                "stream": True}
+        body = {
+            "model": "llmq-sim",
+            "messages": [{"role": "user", "content": f"stream {i} "}],
+            "max_tokens": 200,
+            "stream": True,
+        }
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
             ids.append(response.headers["x-request-id"])
@@ -209,8 +238,9 @@ async def test_non_streaming_client_that_leaves_cancels_its_request(pods):
     cancels = redis.pubsub()
     await cancels.subscribe(constants.REDIS_CANCELS_CHANNEL)
     try:
-        call = asyncio.create_task(client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "bye",
-                                                                         "max_tokens": 30}))
+        call = asyncio.create_task(
+            client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "bye", "max_tokens": 30})
+        )
         await eventually(lambda: _is_positive(client), what="request in flight")
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
@@ -240,12 +270,19 @@ async def _next_cancel(pubsub, timeout_s: float = 5) -> wire.Cancel:
 
 async def test_deadline_behind_long_work_is_504_on_time_and_cancels_it(pods):
     client, _, redis = pods
-    long_work = [asyncio.create_task(client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "long",
-                                                                           "max_tokens": 50})) for _ in range(4)]
+    long_work = [
+        asyncio.create_task(
+            client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "long", "max_tokens": 50})
+        )
+        for _ in range(4)
+    ]
     await asyncio.sleep(0.3)  # the long work is on the workers now
     started = time.monotonic()
-    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "probe", "max_tokens": 5},
-                                 headers={"x-llmq-timeout-ms": "600"})
+    response = await client.post(
+        "/v1/completions",
+        json={"model": "llmq-sim", "prompt": "probe", "max_tokens": 5},
+        headers={"x-llmq-timeout-ms": "600"},
+    )
     elapsed_s = time.monotonic() - started
     assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
     assert 0.55 < elapsed_s < 1.3, elapsed_s  # at its deadline, not when the 2 s batch ends
@@ -257,9 +294,11 @@ async def test_deadline_behind_long_work_is_504_on_time_and_cancels_it(pods):
 
 async def test_stream_reaching_its_deadline_ends_with_an_error_event_then_done(pods):
     _, client, _ = pods
-    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "slow stream",
-                                                          "max_tokens": 60, "stream": True},
-                                 headers={"x-llmq-timeout-ms": "900"})
+    response = await client.post(
+        "/v1/completions",
+        json={"model": "llmq-sim", "prompt": "slow stream", "max_tokens": 60, "stream": True},
+        headers={"x-llmq-timeout-ms": "900"},
+    )
     frames = events(response.content)
     assert response.status_code == 200 and frames[-1] == b"[DONE]"
     assert json.loads(frames[-2])["error"]["code"] == "deadline_exceeded"
@@ -271,13 +310,20 @@ async def test_stream_reaching_its_deadline_ends_with_an_error_event_then_done(p
 
 async def test_queue_wait_sheds_deferred_with_retry_after_while_paid_gets_through(pods):
     client, other, _ = pods
-    burst = [asyncio.create_task(client.post("/v1/completions", json={"model": "llmq-sim", "prompt": f"b{i}",
-                                                                       "max_tokens": 3})) for i in range(40)]
+    burst = [
+        asyncio.create_task(
+            client.post("/v1/completions", json={"model": "llmq-sim", "prompt": f"b{i}", "max_tokens": 3})
+        )
+        for i in range(40)
+    ]
     shed = None
     deadline = time.monotonic() + 8
     while shed is None and time.monotonic() < deadline:
-        response = await other.post("/v1/completions", json={"model": "llmq-sim", "prompt": "d", "stream": True},
-                                    headers={"x-llmq-class": "deferred", "x-llmq-timeout-ms": "300"})
+        response = await other.post(
+            "/v1/completions",
+            json={"model": "llmq-sim", "prompt": "d", "stream": True},
+            headers={"x-llmq-class": "deferred", "x-llmq-timeout-ms": "300"},
+        )
         if response.status_code == 429:
             shed = response
         else:
@@ -296,8 +342,9 @@ async def test_queue_wait_sheds_deferred_with_retry_after_while_paid_gets_throug
 async def test_tenant_rate_limit_is_shared_by_both_pods(pods):
     first, second, _ = pods
     body = {"model": "llmq-sim", "prompt": "rl", "max_tokens": 2}
-    responses = await asyncio.gather(*(client.post("/v1/completions", json=body, headers=LIMITED)
-                                       for client in (first, second, first, second)))
+    responses = await asyncio.gather(
+        *(client.post("/v1/completions", json=body, headers=LIMITED) for client in (first, second, first, second))
+    )
     assert sorted(r.status_code for r in responses) == [200, 200, 200, 429]  # 3 per minute, wherever they land
     (refused,) = [r for r in responses if r.status_code == 429]
     assert refused.json()["error"]["type"] == "requests" and 1 <= int(refused.headers["retry-after"]) <= 20
@@ -308,11 +355,13 @@ async def test_tenant_rate_limit_is_shared_by_both_pods(pods):
 
 async def test_unknown_key_is_401_and_free_key_runs_as_its_tenant(pods):
     client, _, redis = pods
-    refused = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "x"},
-                                headers={"authorization": "Bearer sk-unknown"})
+    refused = await client.post(
+        "/v1/completions", json={"model": "llmq-sim", "prompt": "x"}, headers={"authorization": "Bearer sk-unknown"}
+    )
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
-    ok = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "free", "max_tokens": 2},
-                           headers=FREE)
+    ok = await client.post(
+        "/v1/completions", json={"model": "llmq-sim", "prompt": "free", "max_tokens": 2}, headers=FREE
+    )
     result = await stored(redis, ok.json()["id"])
     assert result.tenant_id == "dev-free"
 
@@ -351,8 +400,10 @@ async def test_idempotent_retry_joins_the_request_still_running(pods):
 async def test_chat_without_max_tokens_runs_to_the_context_window_on_a_real_worker(pods):
     """OpenAI's chat contract: no max_tokens, no limit but the window; the worker's own context check agrees."""
     _, client, _ = pods
-    response = await client.post("/v1/chat/completions", json={
-        "model": "llmq-sim", "messages": [{"role": "user", "content": "go on"}], "max_tokens": None})
+    response = await client.post(
+        "/v1/chat/completions",
+        json={"model": "llmq-sim", "messages": [{"role": "user", "content": "go on"}], "max_tokens": None},
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     usage, window = body["usage"], 8192  # llmq-sim's context window

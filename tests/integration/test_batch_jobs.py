@@ -42,8 +42,12 @@ PRIVATE = dict(state_dir=ROOT / "var" / "batch-test", kafka_port=24192, redis_po
 FAKE_MODEL = f"batch-fake-{uuid.uuid4().hex[:6]}"
 FAKE_PARTITION = 15  # the stack's workers take partitions 0 and 1
 ENDED = ("completed", "failed", "expired", "cancelled")
-STACK_ENV = {"LLMQ_BATCH_LEASE_MS": "3000", "LLMQ_BATCH_RETRY_BACKOFF_MS": "200", "LLMQ_BATCH_END_GRACE_MS": "3000",
-             "LLMQ_BATCH_MAX_ROUNDS": "2"}
+STACK_ENV = {
+    "LLMQ_BATCH_LEASE_MS": "3000",
+    "LLMQ_BATCH_RETRY_BACKOFF_MS": "200",
+    "LLMQ_BATCH_END_GRACE_MS": "3000",
+    "LLMQ_BATCH_MAX_ROUNDS": "2",
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +68,9 @@ def stack(infra, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(stack) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{stack.cfg.api_ports[0]}/v1", api_key="llmq-dev-key",
-                              max_retries=0, timeout=120)
+    return openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{stack.cfg.api_ports[0]}/v1", api_key="llmq-dev-key", max_retries=0, timeout=120
+    )
 
 
 def sim_answer(text: str, max_tokens: int) -> str:
@@ -75,8 +80,12 @@ def sim_answer(text: str, max_tokens: int) -> str:
 
 
 def chat_line(custom_id: str, content: str, model: str = "llmq-sim", max_tokens: int = 8) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]},
+    }
 
 
 async def upload(client: openai.AsyncOpenAI, lines: list[dict] | bytes) -> str:
@@ -85,8 +94,12 @@ async def upload(client: openai.AsyncOpenAI, lines: list[dict] | bytes) -> str:
 
 
 async def submit(client: openai.AsyncOpenAI, lines, window: str = "24h"):
-    return await client.batches.create(input_file_id=await upload(client, lines), endpoint="/v1/chat/completions",
-                                       completion_window=window, metadata={"test": "batch-jobs"})
+    return await client.batches.create(
+        input_file_id=await upload(client, lines),
+        endpoint="/v1/chat/completions",
+        completion_window=window,
+        metadata={"test": "batch-jobs"},
+    )
 
 
 async def wait_until(client: openai.AsyncOpenAI, batch, done, timeout_s: float = 120.0):
@@ -139,8 +152,9 @@ async def test_a_300_line_sample_completes_with_the_openai_sdk(client):
         body = by_id[line["custom_id"]]["body"]
         answer = line["response"]["body"]
         assert line["response"]["status_code"] == 200 and answer["object"] == "chat.completion"
-        assert answer["choices"][0]["message"]["content"] == sim_answer(body["messages"][-1]["content"],
-                                                                        body["max_tokens"])
+        assert answer["choices"][0]["message"]["content"] == sim_answer(
+            body["messages"][-1]["content"], body["max_tokens"]
+        )
     assert batch.request_counts.completed == 300 and batch.request_counts.failed == 0
     assert batch.usage.total_tokens == usage_of(output)
     assert batch.metadata == {"test": "batch-jobs"} and batch.completed_at >= batch.in_progress_at
@@ -159,8 +173,9 @@ async def test_the_shared_claims_file_completes_on_llmq_sim(client):
 
 
 async def test_structural_faults_fail_the_batch_and_a_bad_body_errs_alone(client):
-    broken = await submit(client, b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
-                                  b'not json\n')
+    broken = await submit(
+        client, b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\nnot json\n'
+    )
     assert broken.status == "failed" and broken.failed_at is not None
     assert [(e.code, e.line) for e in broken.errors.data] == [("invalid_json_line", 2)]
     lines = [chat_line("good", "hello"), chat_line("unknown-model", "hello", model="no-such-model")]
@@ -170,22 +185,31 @@ async def test_structural_faults_fail_the_batch_and_a_bad_body_errs_alone(client
 
 
 REFUSED_BODIES = {  # custom_id -> a chat body the endpoint refuses: each kind of validation fault
-    "range": {"temperature": 9}, "n": {"n": 129}, "bigint": {"max_tokens": 10**30}, "type": {"max_tokens": "four"},
-    "model": {"model": "no-such-model"}, "missing": {"messages": None}, "too-long": {"max_tokens": 8192},
-    "stops": {"stop": ["s"] * 5}, "bias": {"logit_bias": {"1" * 5000: 1}},
+    "range": {"temperature": 9},
+    "n": {"n": 129},
+    "bigint": {"max_tokens": 10**30},
+    "type": {"max_tokens": "four"},
+    "model": {"model": "no-such-model"},
+    "missing": {"messages": None},
+    "too-long": {"max_tokens": 8192},
+    "stops": {"stop": ["s"] * 5},
+    "bias": {"logit_bias": {"1" * 5000: 1}},
     "role": {"messages": [{"role": "wizard", "content": "hi"}]},
 }
 
 
 async def test_a_refused_line_carries_the_endpoints_own_status_and_error_object(client, stack):
     base = chat_line("x", "hello")["body"]
-    bodies = {cid: {k: v for k, v in {**base, **change}.items() if v is not None}
-              for cid, change in REFUSED_BODIES.items()}
-    batch, output, errors = await finish(client, await submit(
-        client, [{**chat_line(cid, "hello"), "body": body} for cid, body in bodies.items()]))
+    bodies = {
+        cid: {k: v for k, v in {**base, **change}.items() if v is not None} for cid, change in REFUSED_BODIES.items()
+    }
+    batch, output, errors = await finish(
+        client, await submit(client, [{**chat_line(cid, "hello"), "body": body} for cid, body in bodies.items()])
+    )
     assert batch.status == "completed" and output == [] and len(errors) == len(bodies)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.cfg.api_ports[0]}",
-                                 headers={"Authorization": "Bearer llmq-dev-key"}) as http:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{stack.cfg.api_ports[0]}", headers={"Authorization": "Bearer llmq-dev-key"}
+    ) as http:
         for line in errors:
             answer = await http.post("/v1/chat/completions", json=bodies[line["custom_id"]])
             assert (line["response"]["status_code"], line["response"]["body"]) == (answer.status_code, answer.json())
@@ -195,29 +219,38 @@ async def test_a_refused_line_carries_the_endpoints_own_status_and_error_object(
 async def test_an_idempotency_key_repeats_only_the_same_create(client):
     key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
     files = [await upload(client, [chat_line(cid, "hi")]) for cid in ("a", "b")]
-    first = await client.batches.create(input_file_id=files[0], endpoint="/v1/chat/completions",
-                                        completion_window="24h", extra_headers=key)
-    again = await client.batches.create(input_file_id=files[0], endpoint="/v1/chat/completions",
-                                        completion_window="24h", extra_headers=key)
+    first = await client.batches.create(
+        input_file_id=files[0], endpoint="/v1/chat/completions", completion_window="24h", extra_headers=key
+    )
+    again = await client.batches.create(
+        input_file_id=files[0], endpoint="/v1/chat/completions", completion_window="24h", extra_headers=key
+    )
     assert again.id == first.id
-    for other in ({"input_file_id": files[1]}, {"input_file_id": files[0], "metadata": {"x": "y"}},
-                  {"input_file_id": files[0], "completion_window": "48h"}):
+    for other in (
+        {"input_file_id": files[1]},
+        {"input_file_id": files[0], "metadata": {"x": "y"}},
+        {"input_file_id": files[0], "completion_window": "48h"},
+    ):
         with pytest.raises(openai.UnprocessableEntityError) as reused:
-            await client.batches.create(**{"endpoint": "/v1/chat/completions", "completion_window": "24h", **other},
-                                        extra_headers=key)
+            await client.batches.create(
+                **{"endpoint": "/v1/chat/completions", "completion_window": "24h", **other}, extra_headers=key
+            )
         assert reused.value.code == "idempotency_key_reused"
     await finish(client, first)
 
 
 async def test_files_and_batches_are_invisible_to_another_tenant(client, stack):
     batch = await submit(client, [chat_line("a", "hi")])
-    other = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{stack.cfg.api_ports[1]}/v1",
-                               api_key="llmq-dev-free-key", max_retries=0)
-    for call in (lambda: other.files.retrieve(batch.input_file_id),
-                 lambda: other.files.content(batch.input_file_id),
-                 lambda: other.files.delete(batch.input_file_id),
-                 lambda: other.batches.retrieve(batch.id),
-                 lambda: other.batches.cancel(batch.id)):
+    other = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{stack.cfg.api_ports[1]}/v1", api_key="llmq-dev-free-key", max_retries=0
+    )
+    for call in (
+        lambda: other.files.retrieve(batch.input_file_id),
+        lambda: other.files.content(batch.input_file_id),
+        lambda: other.files.delete(batch.input_file_id),
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(batch.id),
+    ):
         with pytest.raises(openai.NotFoundError):
             await call()
     assert batch.id not in [b.id async for b in other.batches.list()]
@@ -245,8 +278,9 @@ class FakeWorker:
     async def start(self) -> None:
         self.redis = Redis.from_url(self.cfg.redis_url)
         self.producer = AIOKafkaProducer(bootstrap_servers=self.cfg.kafka_bootstrap)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=None,
-                                         enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.cfg.kafka_bootstrap, group_id=None, enable_auto_commit=False
+        )
         await self.producer.start()
         await self.consumer.start()
         partition = TopicPartition(constants.TOPIC_BATCHES, FAKE_PARTITION)
@@ -268,11 +302,19 @@ class FakeWorker:
 
     async def _beat(self) -> None:
         while True:
-            beat = wire.WorkerHeartbeat(worker_id=f"fake-{FAKE_MODEL}", partition=FAKE_PARTITION, model=FAKE_MODEL,
-                                        max_slots=64, running=len(self.held), queued=0,
-                                        free_slots=64 - len(self.held), est_drain_ms=0,
-                                        sent_ms=int(time.time() * 1000), context_window=8192,
-                                        last_batch_id=self.last_batch_id)
+            beat = wire.WorkerHeartbeat(
+                worker_id=f"fake-{FAKE_MODEL}",
+                partition=FAKE_PARTITION,
+                model=FAKE_MODEL,
+                max_slots=64,
+                running=len(self.held),
+                queued=0,
+                free_slots=64 - len(self.held),
+                est_drain_ms=0,
+                sent_ms=int(time.time() * 1000),
+                context_window=8192,
+                last_batch_id=self.last_batch_id,
+            )
             await self.redis.publish(constants.REDIS_HEARTBEATS_CHANNEL, wire.encode(beat))
             await asyncio.sleep(0.25)
 
@@ -294,10 +336,12 @@ class FakeWorker:
             await self._answer(request, wire.Outcome.ERRORED, error=error)
         elif prompt.startswith("hold"):
             self.held[request.request_id] = request
-            asyncio.get_running_loop().call_later(max(0.0, request.deadline_ms / 1000 - time.time()),
-                                                  lambda: asyncio.ensure_future(self._expire(request.request_id)))
+            asyncio.get_running_loop().call_later(
+                max(0.0, request.deadline_ms / 1000 - time.time()),
+                lambda: asyncio.ensure_future(self._expire(request.request_id)),
+            )
         else:
-            await self._answer(request, wire.Outcome.SUCCEEDED, text=prompt[:request.sampling.max_tokens])
+            await self._answer(request, wire.Outcome.SUCCEEDED, text=prompt[: request.sampling.max_tokens])
 
     async def _expire(self, request_id: str) -> None:
         request = self.held.pop(request_id, None)
@@ -313,15 +357,32 @@ class FakeWorker:
             if request is not None:  # stopped mid-generation: some tokens were computed, none are billed
                 await self._answer(request, wire.Outcome.CANCELED, text="partial")
 
-    async def _answer(self, request: wire.GenerationRequest, outcome: wire.Outcome, text: str = "",
-                      error: wire.ErrorInfo | None = None) -> None:
-        usage = wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
-                           total_tokens=request.prompt_tokens + len(text))
-        result = wire.FinalResult(request_id=request.request_id, outcome=outcome, model=request.model,
-                                  tenant_id=request.tenant_id, endpoint=request.endpoint, reply_to=request.reply_to,
-                                  choices=[wire.Choice(index=0, text=text, finish_reason="length")], usage=usage,
-                                  error=error, worker_id="fake", created_ms=request.created_ms,
-                                  finished_ms=int(time.time() * 1000))
+    async def _answer(
+        self,
+        request: wire.GenerationRequest,
+        outcome: wire.Outcome,
+        text: str = "",
+        error: wire.ErrorInfo | None = None,
+    ) -> None:
+        usage = wire.Usage(
+            prompt_tokens=request.prompt_tokens,
+            completion_tokens=len(text),
+            total_tokens=request.prompt_tokens + len(text),
+        )
+        result = wire.FinalResult(
+            request_id=request.request_id,
+            outcome=outcome,
+            model=request.model,
+            tenant_id=request.tenant_id,
+            endpoint=request.endpoint,
+            reply_to=request.reply_to,
+            choices=[wire.Choice(index=0, text=text, finish_reason="length")],
+            usage=usage,
+            error=error,
+            worker_id="fake",
+            created_ms=request.created_ms,
+            finished_ms=int(time.time() * 1000),
+        )
         await kafka.send_message(self.producer, constants.TOPIC_RESULTS, result, key=request.request_id)
 
 
@@ -337,16 +398,14 @@ async def fake_worker(stack, client):
     await worker.stop()
 
 
-async def test_transient_server_errors_are_retried_to_success_and_the_hopeless_become_dead_letters(client,
-                                                                                                     fake_worker):
+async def test_transient_server_errors_are_retried_to_success_and_the_hopeless_become_dead_letters(client, fake_worker):
     lines = [chat_line(f"flaky-{i}", f"flaky {i}", FAKE_MODEL) for i in range(20)]
     lines += [chat_line("ok", "fine", FAKE_MODEL), chat_line("doomed", "doomed", FAKE_MODEL)]
     batch, output, errors = await finish(client, await submit(client, lines))
     assert batch.status == "completed"
     assert_each_line_once(lines, output, errors)
     assert sorted(x["custom_id"] for x in output) == sorted([f"flaky-{i}" for i in range(20)] + ["ok"])
-    assert [(x["custom_id"], x["response"]["status_code"], x["dead_letter"]) for x in errors] == \
-        [("doomed", 503, True)]
+    assert [(x["custom_id"], x["response"]["status_code"], x["dead_letter"]) for x in errors] == [("doomed", 503, True)]
     assert fake_worker.attempts["flaky-3"] == [0, 1] and fake_worker.attempts["ok"] == [0]
     assert fake_worker.attempts["doomed"] == [0, 1, 2]  # LLMQ_BATCH_MAX_ROUNDS=2 retries
     llmq = batch.model_extra["llmq"]
@@ -358,8 +417,9 @@ async def test_a_cancel_mid_run_leaves_the_rest_cancelled_and_unbilled(client, f
     lines += [chat_line(f"hold-{i}", f"hold {i}", FAKE_MODEL) for i in range(20)]
     batch = await submit(client, lines)
     batch = await wait_until(client, batch, lambda b: b.request_counts.completed == 10)
-    await wait_until(client, batch, lambda b: len([r for r in fake_worker.held.values()
-                                                   if r.reply_to.batch_id == batch.id]) == 20)
+    await wait_until(
+        client, batch, lambda b: len([r for r in fake_worker.held.values() if r.reply_to.batch_id == batch.id]) == 20
+    )
     cancelling = await client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
     batch, output, errors = await finish(client, cancelling)
@@ -378,8 +438,9 @@ async def test_work_not_done_in_the_window_ends_expired(client, fake_worker):
     batch, output, errors = await finish(client, await submit(client, lines, window="3s"), timeout_s=30)
     assert batch.status == "expired" and batch.expired_at is not None
     assert [x["custom_id"] for x in output] == ["quick"]
-    assert sorted((x["custom_id"], x["error"]["code"]) for x in errors) == [(f"hold-{i}", "batch_expired")
-                                                                             for i in range(3)]
+    assert sorted((x["custom_id"], x["error"]["code"]) for x in errors) == [
+        (f"hold-{i}", "batch_expired") for i in range(3)
+    ]
 
 
 # --- crashes ---------------------------------------------------------------------------------------------------------
@@ -411,20 +472,42 @@ async def test_the_documented_kafka_request_is_answered_on_its_reply_topic(stack
     now_ms = int(time.time() * 1000)
     request_id = f"kcat-batch-{uuid.uuid4().hex[:10]}"
     reply_topic = f"test.batch-replies.{request_id}"
-    request.update(request_id=request_id, created_ms=now_ms, deadline_ms=now_ms + 60_000,
-                   reply_to={**request["reply_to"], "topic": reply_topic})
+    request.update(
+        request_id=request_id,
+        created_ms=now_ms,
+        deadline_ms=now_ms + 60_000,
+        reply_to={**request["reply_to"], "topic": reply_topic},
+    )
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(reply_topic, 1, 1)])
     finally:
         await admin.close()
-    subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", constants.requests_topic(request["traffic_class"]),
-                    "-k", request_id, "-H", "content-type=application/json"],
-                   input=json.dumps(request).encode(), check=True, timeout=30)
-    consumed = await asyncio.to_thread(subprocess.run, ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o",
-                                                        "beginning", "-c", "1"],
-                                       capture_output=True, check=True, timeout=90)
+    subprocess.run(
+        [
+            "kcat",
+            "-P",
+            "-b",
+            bootstrap,
+            "-t",
+            constants.requests_topic(request["traffic_class"]),
+            "-k",
+            request_id,
+            "-H",
+            "content-type=application/json",
+        ],
+        input=json.dumps(request).encode(),
+        check=True,
+        timeout=30,
+    )
+    consumed = await asyncio.to_thread(
+        subprocess.run,
+        ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
+        capture_output=True,
+        check=True,
+        timeout=90,
+    )
     result = json.loads(consumed.stdout.decode().splitlines()[0])
     assert (result["request_id"], result["outcome"]) == (request_id, "succeeded")
     user = request["messages"][-1]["content"]

@@ -9,18 +9,18 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from llmq_core import constants, jobs, wire
-from llmq_core.clock import FakeClock
-from llmq_core.filestore import FileStore
-from llmq_core.jobstore import JobStore
-from llmq_core.models import BUILTIN_MODELS
-from llmq_core.settings import Settings
 from llmq_api import validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.service import BatchJobs, line_result_bytes
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
+from llmq_core import constants, jobs, wire
+from llmq_core.clock import FakeClock
+from llmq_core.filestore import FileStore
+from llmq_core.jobstore import JobStore
+from llmq_core.models import BUILTIN_MODELS
+from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobDriver, JobLedger
 
 pytestmark = pytest.mark.integration
@@ -50,17 +50,24 @@ class RecordingProducer:
 
 class Harness:
     def __init__(self, redis: Redis, **overrides) -> None:
-        self.settings = Settings(files_url=f"memory://ledger-{uuid.uuid4().hex}", batch_in_flight_lines=4,
-                                 batch_max_rounds=2, batch_retry_backoff_ms=1000, batch_end_grace_ms=1000,
-                                 batch_lease_ms=60_000, **overrides)
+        self.settings = Settings(
+            files_url=f"memory://ledger-{uuid.uuid4().hex}",
+            batch_in_flight_lines=4,
+            batch_max_rounds=2,
+            batch_retry_backoff_ms=1000,
+            batch_end_grace_ms=1000,
+            batch_lease_ms=60_000,
+            **overrides,
+        )
         self.clock = FakeClock()
         self.redis = redis
         self.store = JobStore(redis)
         self.files = FileStore(self.settings.files_url)
         self.producer = RecordingProducer()
         models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
-        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models,
-                             RateLimiter(redis, self.clock))
+        self.api = BatchJobs(
+            self.settings, self.store, self.files, self.clock, lambda: models, RateLimiter(redis, self.clock)
+        )
         self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
         self.driver = self.new_driver()
         self.created: list[str] = []
@@ -79,9 +86,19 @@ class Harness:
         """Forget this test's jobs, so no result-router sharing this Redis ever picks them up."""
         for batch_id in self.created:
             await self.redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
-            await self.redis.delete(*(key(batch_id) for key in (
-                jobs.job_key, jobs.job_lines_key, jobs.job_offsets_key, jobs.job_results_key, jobs.job_retries_key,
-                jobs.job_lease_key)))
+            await self.redis.delete(
+                *(
+                    key(batch_id)
+                    for key in (
+                        jobs.job_key,
+                        jobs.job_lines_key,
+                        jobs.job_offsets_key,
+                        jobs.job_results_key,
+                        jobs.job_retries_key,
+                        jobs.job_lease_key,
+                    )
+                )
+            )
 
     async def job(self, batch_id: str):
         return await self.store.get_job(batch_id)
@@ -105,18 +122,34 @@ class _Source:
 
 
 def line(custom_id: str, prompt: str = "hello", **body) -> str:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
-                       "body": {"model": "llmq-sim", "prompt": prompt, "max_tokens": 4, **body}})
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "llmq-sim", "prompt": prompt, "max_tokens": 4, **body},
+        }
+    )
 
 
 def result_for(request: wire.GenerationRequest, outcome=wire.Outcome.SUCCEEDED, error=None) -> wire.FinalResult:
-    text = request.prompt[:request.sampling.max_tokens] if outcome is wire.Outcome.SUCCEEDED else ""
-    return wire.FinalResult(request_id=request.request_id, outcome=outcome, model=request.model,
-                            tenant_id=request.tenant_id, endpoint=request.endpoint, reply_to=request.reply_to,
-                            error=error, choices=[wire.Choice(index=0, text=text, finish_reason="length")],
-                            usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
-                                             total_tokens=request.prompt_tokens + len(text)),
-                            created_ms=request.created_ms)
+    text = request.prompt[: request.sampling.max_tokens] if outcome is wire.Outcome.SUCCEEDED else ""
+    return wire.FinalResult(
+        request_id=request.request_id,
+        outcome=outcome,
+        model=request.model,
+        tenant_id=request.tenant_id,
+        endpoint=request.endpoint,
+        reply_to=request.reply_to,
+        error=error,
+        choices=[wire.Choice(index=0, text=text, finish_reason="length")],
+        usage=wire.Usage(
+            prompt_tokens=request.prompt_tokens,
+            completion_tokens=len(text),
+            total_tokens=request.prompt_tokens + len(text),
+        ),
+        created_ms=request.created_ms,
+    )
 
 
 RETRYABLE = wire.ErrorInfo(type="engine_error", message="worker lost", retryable=True)
@@ -195,8 +228,12 @@ async def test_retry_rounds_wait_for_their_backoff_use_new_ids_and_end_as_dead_l
     await harness.driver.drive(batch_id)
     job = await harness.job(batch_id)
     assert job.status == jobs.COMPLETED
-    assert {k: job.count(k) for k in ("succeeded", "errored", "retried", "dead_letters")} == \
-        {"succeeded": 1, "errored": 1, "retried": 3, "dead_letters": 1}
+    assert {k: job.count(k) for k in ("succeeded", "errored", "retried", "dead_letters")} == {
+        "succeeded": 1,
+        "errored": 1,
+        "retried": 3,
+        "dead_letters": 1,
+    }
     [error] = await harness.lines(job, "error")
     assert error["custom_id"] == "doomed" and error["dead_letter"] and error["response"]["status_code"] == 503
 
@@ -256,8 +293,9 @@ async def test_cancel_ends_waiting_lines_cancels_running_ones_and_bills_only_wha
     assert job.status == jobs.CANCELLED
     assert (job.count("succeeded"), job.count("canceled")) == (2, 6)
     output, errors = await harness.lines(job, "output"), await harness.lines(job, "error")
-    assert job.count("input_tokens") + job.count("output_tokens") == \
-        sum(x["response"]["body"]["usage"]["total_tokens"] for x in output)
+    assert job.count("input_tokens") + job.count("output_tokens") == sum(
+        x["response"]["body"]["usage"]["total_tokens"] for x in output
+    )
     assert {x["error"]["code"] for x in errors} == {"batch_cancelled"} and len(errors) == 6
     with pytest.raises(ApiError) as again:
         await harness.api.cancel(OTHER, batch_id)
@@ -308,9 +346,13 @@ async def test_structural_faults_fail_the_batch_with_openai_errors(harness):
 async def test_files_and_batches_belong_to_their_tenant(harness):
     job = await harness.create([line("a")])
     record = await harness.store.get_file(job.spec.input_file_id)
-    for call in (harness.api.get_file(OTHER, record.id), harness.api.content(OTHER, record.id),
-                 harness.api.delete_file(OTHER, record.id), harness.api.get(OTHER, job.spec.id),
-                 harness.api.content(OTHER, job.spec.output_file_id)):
+    for call in (
+        harness.api.get_file(OTHER, record.id),
+        harness.api.content(OTHER, record.id),
+        harness.api.delete_file(OTHER, record.id),
+        harness.api.get(OTHER, job.spec.id),
+        harness.api.content(OTHER, job.spec.output_file_id),
+    ):
         with pytest.raises(ApiError) as caught:
             await call
         assert caught.value.status == 404
@@ -338,7 +380,6 @@ async def test_expired_files_are_swept(harness):
     await harness.driver.sweep_files(record.expires_at)
     assert await harness.store.get_file(record.id) is None
     assert not await harness.files.exists(record.path)
-
 
 
 async def test_an_idempotency_key_returns_the_same_batch_and_runs_nothing_twice(harness):
@@ -379,8 +420,9 @@ async def test_a_router_that_cannot_drive_a_job_hands_it_over(harness):
 
 async def test_result_bytes_are_bounded_per_job_and_per_tenant_and_come_back_when_a_job_ends():
     redis = Redis.from_url(Settings().redis_url)
-    per_line = line_result_bytes(validation.parse_completion(json.dumps(json.loads(line("x"))["body"]).encode(),
-                                                             {"llmq-sim": 0}), 0)
+    per_line = line_result_bytes(
+        validation.parse_completion(json.dumps(json.loads(line("x"))["body"]).encode(), {"llmq-sim": 0}), 0
+    )
     harness = Harness(redis, batch_job_max_result_bytes=5 * per_line, batch_tenant_max_result_bytes=7 * per_line)
     tenant = Principal(tenant_id=f"bytes-{uuid.uuid4().hex[:8]}")
     counter = jobs.tenant_result_bytes_key(tenant.tenant_id)
@@ -420,6 +462,9 @@ async def test_an_idempotency_key_reused_for_another_batch_is_refused(harness):
     harness.created.append(first.spec.id)
     with pytest.raises(ApiError) as reused:
         await harness.api.create(tenant, bodies[1], key)
-    assert (reused.value.status, reused.value.code, reused.value.param) == \
-        (422, "idempotency_key_reused", constants.HTTP_IDEMPOTENCY_KEY)
+    assert (reused.value.status, reused.value.code, reused.value.param) == (
+        422,
+        "idempotency_key_reused",
+        constants.HTTP_IDEMPOTENCY_KEY,
+    )
     assert (await harness.api.create(tenant, bodies[0], key)).spec.id == first.spec.id

@@ -11,11 +11,11 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
+from llmq_batcher.loop import BatcherLoop, Names
+from llmq_batcher.policy import BatchPolicy, PolicyConfig
 from llmq_core import constants, kafka, requests, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.settings import Settings
-from llmq_batcher.loop import BatcherLoop, Names
-from llmq_batcher.policy import BatchPolicy, PolicyConfig
 
 pytestmark = pytest.mark.integration
 
@@ -26,10 +26,16 @@ WORKER_PARTITION = 2
 def _names(tag: str) -> Names:
     prefix = f"test.batcher.{tag}"
     requests = tuple(f"{prefix}.requests.{c}" for c in constants.TRAFFIC_CLASSES)
-    return Names(request_topics=requests, deferred_topic=requests[2], batches_topic=f"{prefix}.batches",
-                 results_topic=f"{prefix}.results", dead_letters_topic=f"{prefix}.dead-letters",
-                 heartbeats_channel=f"test:{tag}:heartbeats", cancels_channel=f"test:{tag}:cancels",
-                 stats_key=f"test:{tag}:stats")
+    return Names(
+        request_topics=requests,
+        deferred_topic=requests[2],
+        batches_topic=f"{prefix}.batches",
+        results_topic=f"{prefix}.results",
+        dead_letters_topic=f"{prefix}.dead-letters",
+        heartbeats_channel=f"test:{tag}:heartbeats",
+        cancels_channel=f"test:{tag}:cancels",
+        stats_key=f"test:{tag}:stats",
+    )
 
 
 async def _create_topics(settings: Settings, names: Names, max_message_bytes: dict[str, int] | None = None) -> None:
@@ -40,15 +46,23 @@ async def _create_topics(settings: Settings, names: Names, max_message_bytes: di
         layout = {t: 2 for t in names.request_topics}
         layout.update({names.batches_topic: 4, names.results_topic: 1, names.dead_letters_topic: 1})
         limits = max_message_bytes or {}
-        await admin.create_topics([NewTopic(t, n, 1, topic_configs={"max.message.bytes": str(limits[t])} if t in limits
-                                            else None) for t, n in layout.items()])
+        await admin.create_topics(
+            [
+                NewTopic(t, n, 1, topic_configs={"max.message.bytes": str(limits[t])} if t in limits else None)
+                for t, n in layout.items()
+            ]
+        )
     finally:
         await admin.close()
 
 
 @contextlib.asynccontextmanager
-async def _running_batcher(config: PolicyConfig | None = None, *, slots: int = 8,
-                           max_message_bytes: Callable[[Names], dict[str, int]] | None = None):
+async def _running_batcher(
+    config: PolicyConfig | None = None,
+    *,
+    slots: int = 8,
+    max_message_bytes: Callable[[Names], dict[str, int]] | None = None,
+):
     """A BatcherLoop on fresh private topics, with one worker of ``slots`` slots heartbeating; yields (names, producer,
     redis, consumer, loop). ``max_message_bytes``: max.message.bytes of some topics, by name. Producers take records up
     to KAFKA_MAX_MESSAGE_BYTES. Leaving stops the loop the way SIGTERM does."""
@@ -66,8 +80,16 @@ async def _running_batcher(config: PolicyConfig | None = None, *, slots: int = 8
     policy = BatchPolicy(config or PolicyConfig(batch_id_prefix=tag), SYSTEM_CLOCK)
     # the checks of requests from Kafka with the fake worker's context window unknown (as for LLMQ_EXTRA_MODELS): the
     # tests' multi-MiB prompts are about record sizes, not the model's window
-    loop = BatcherLoop(policy, consumer, kafka.RenewableProducer(make_producer), redis, SYSTEM_CLOCK, max_queued=1000,
-                       names=names, rules=requests.Rules(windows={MODEL: 0}))
+    loop = BatcherLoop(
+        policy,
+        consumer,
+        kafka.RenewableProducer(make_producer),
+        redis,
+        SYSTEM_CLOCK,
+        max_queued=1000,
+        names=names,
+        rules=requests.Rules(windows={MODEL: 0}),
+    )
     await producer.start()
     await loop.producer.start()
     loop.subscribe()
@@ -94,17 +116,34 @@ async def batcher():
 
 async def _heartbeats(redis: Redis, names: Names, slots: int = 8) -> None:
     while True:
-        hb = wire.WorkerHeartbeat(worker_id="w-test", partition=WORKER_PARTITION, model=MODEL, max_slots=slots,
-                                  running=0, queued=0, free_slots=slots, est_drain_ms=0, sent_ms=SYSTEM_CLOCK.now_ms())
+        hb = wire.WorkerHeartbeat(
+            worker_id="w-test",
+            partition=WORKER_PARTITION,
+            model=MODEL,
+            max_slots=slots,
+            running=0,
+            queued=0,
+            free_slots=slots,
+            est_drain_ms=0,
+            sent_ms=SYSTEM_CLOCK.now_ms(),
+        )
         await redis.publish(names.heartbeats_channel, wire.encode(hb))
         await asyncio.sleep(0.2)
 
 
-def _request(request_id: str, pod: str, deadline_in_ms: int = 30_000, *, prompt: str = "abc",
-             tenant: str = "default") -> wire.GenerationRequest:
+def _request(
+    request_id: str, pod: str, deadline_in_ms: int = 30_000, *, prompt: str = "abc", tenant: str = "default"
+) -> wire.GenerationRequest:
     now = SYSTEM_CLOCK.now_ms()
-    return wire.GenerationRequest(request_id=request_id, tenant_id=tenant, model=MODEL, prompt=prompt, created_ms=now,
-                                  deadline_ms=now + deadline_in_ms, reply_to=wire.HttpReply(instance_id=pod))
+    return wire.GenerationRequest(
+        request_id=request_id,
+        tenant_id=tenant,
+        model=MODEL,
+        prompt=prompt,
+        created_ms=now,
+        deadline_ms=now + deadline_in_ms,
+        reply_to=wire.HttpReply(instance_id=pod),
+    )
 
 
 async def _read_one(settings: Settings, topic: str, match, timeout_s: float = 30):
@@ -127,8 +166,9 @@ async def test_json_request_becomes_a_batch_at_the_workers_partition_and_is_comm
     names, producer, _, consumer = batcher
     settings = Settings()
     request = _request(f"req-{uuid.uuid4().hex}", "pod-x")
-    meta = await producer.send_and_wait(names.request_topics[0], wire.encode(request, constants.CONTENT_TYPE_JSON),
-                                        key=request.request_id.encode())  # kcat style: no content-type header
+    meta = await producer.send_and_wait(
+        names.request_topics[0], wire.encode(request, constants.CONTENT_TYPE_JSON), key=request.request_id.encode()
+    )  # kcat style: no content-type header
 
     def has_request(record):
         batch = wire.decode(record.value)
@@ -188,10 +228,15 @@ async def test_undecodable_record_goes_to_dead_letters(batcher):
 
 async def test_stop_drains_a_request_held_for_its_window_and_commits_it():
     config = PolicyConfig(max_wait_ms=(0, 0, 600_000, 600_000), batch_id_prefix=uuid.uuid4().hex[:8])
-    request = wire.GenerationRequest(request_id=f"req-{uuid.uuid4().hex}", traffic_class="near_interactive",
-                                     model=MODEL, prompt="abc", created_ms=SYSTEM_CLOCK.now_ms(),
-                                     deadline_ms=SYSTEM_CLOCK.now_ms() + 60_000,
-                                     reply_to=wire.HttpReply(instance_id="pod-z"))
+    request = wire.GenerationRequest(
+        request_id=f"req-{uuid.uuid4().hex}",
+        traffic_class="near_interactive",
+        model=MODEL,
+        prompt="abc",
+        created_ms=SYSTEM_CLOCK.now_ms(),
+        deadline_ms=SYSTEM_CLOCK.now_ms() + 60_000,
+        reply_to=wire.HttpReply(instance_id="pod-z"),
+    )
     async with _running_batcher(config) as (names, producer, _, consumer, loop):
         meta = await kafka.send_message(producer, names.request_topics[1], request, key=request.request_id)
         for _ in range(150):
@@ -213,8 +258,9 @@ async def test_stop_drains_a_request_held_for_its_window_and_commits_it():
 
 async def _read_until(topic: str, decode, wanted: set[str], timeout_s: float = 30) -> dict[str, list]:
     """Read ``topic`` from its start until the ids ``decode(value)`` yields cover ``wanted``: id -> decoded values."""
-    reader = kafka.make_consumer(Settings(), topic, group_id=None,
-                                 max_partition_fetch_bytes=constants.KAFKA_MAX_MESSAGE_BYTES)
+    reader = kafka.make_consumer(
+        Settings(), topic, group_id=None, max_partition_fetch_bytes=constants.KAFKA_MAX_MESSAGE_BYTES
+    )
     await reader.start()
     seen: dict[str, list] = {}
     try:

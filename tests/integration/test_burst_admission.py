@@ -27,8 +27,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 API_PORT = 18520
 FREE_LIMIT_MS = 2000
-SHED_WAIT_MS = {"interactive:paid": 15_000, "interactive:free": FREE_LIMIT_MS, "near_interactive": 2000,
-                "deferred": 1000}
+SHED_WAIT_MS = {
+    "interactive:paid": 15_000,
+    "interactive:free": FREE_LIMIT_MS,
+    "near_interactive": 2000,
+    "deferred": 1000,
+}
 BATCH_TIME_MS, SLOTS = 500, 8
 FREE_BURST, PAID_BESIDE = 300, 20
 PREDICTED = re.compile(r"predicted queue wait (\d+) ms")
@@ -36,17 +40,25 @@ PREDICTED = re.compile(r"predicted queue wait (\d+) ms")
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=BATCH_TIME_MS,
-                       sim_max_batch_size=SLOTS,
-                       extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)}) as running:
+    with private_stack(
+        infra,
+        api_ports=(API_PORT,),
+        tiny_workers=0,
+        sim_workers=1,
+        sim_batch_time_ms=BATCH_TIME_MS,
+        sim_max_batch_size=SLOTS,
+        extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)},
+    ) as running:
         yield running
 
 
 async def complete(client: httpx.AsyncClient, key: str, started: float) -> tuple[httpx.Response, float]:
     """One llmq-sim completion; returns the response and when it ended (s after ``started``)."""
-    response = await client.post(f"http://127.0.0.1:{API_PORT}/v1/completions",
-                                 headers={"authorization": f"Bearer {key}", "x-llmq-timeout-ms": "30000"},
-                                 json={"model": "llmq-sim", "prompt": "burst", "max_tokens": 4})
+    response = await client.post(
+        f"http://127.0.0.1:{API_PORT}/v1/completions",
+        headers={"authorization": f"Bearer {key}", "x-llmq-timeout-ms": "30000"},
+        json={"model": "llmq-sim", "prompt": "burst", "max_tokens": 4},
+    )
     return response, time.monotonic() - started
 
 
@@ -70,10 +82,14 @@ async def test_a_free_tier_burst_is_shed_from_its_start_by_predicted_wait_and_pa
     paid = [(r, t) for (r, t), key in zip(answers, keys) if key == "llmq-dev-key"]
     refused = [(r, t) for r, t in free if r.status_code == 429]
     admitted = [(r, t) for r, t in free if r.status_code == 200]
-    print(f"burst: {len(free)} free ({len(admitted)} admitted, {len(refused)} refused), {len(paid)} paid; "
-          f"first 429 after {min(t for _, t in refused):.2f} s; admitted free max {max(t for _, t in admitted):.2f} s")
-    print("admitted free (predicted ms, ended s):", sorted((int(r.headers[constants.HTTP_PREDICTED_WAIT_MS]),
-                                                            round(t, 2)) for r, t in admitted))
+    print(
+        f"burst: {len(free)} free ({len(admitted)} admitted, {len(refused)} refused), {len(paid)} paid; "
+        f"first 429 after {min(t for _, t in refused):.2f} s; admitted free max {max(t for _, t in admitted):.2f} s"
+    )
+    print(
+        "admitted free (predicted ms, ended s):",
+        sorted((int(r.headers[constants.HTTP_PREDICTED_WAIT_MS]), round(t, 2)) for r, t in admitted),
+    )
     assert {r.status_code for r, _ in paid} == {200}, [r.text for r, _ in paid if r.status_code != 200]
     assert {r.status_code for r, _ in free} == {200, 429}
     assert min(t for _, t in refused) < 1.5  # as soon as the prediction crosses 2 s, not seconds later

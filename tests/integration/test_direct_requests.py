@@ -17,8 +17,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from llmq_core import constants, kafka, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
-from tests.integration.test_reply_topics import produce, read_from
 from tests.integration.stacks import private_stack
+from tests.integration.test_reply_topics import produce, read_from
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,10 +29,14 @@ RESULT_TTL_S = 2  # stored results expire within the test; request ids stay clai
 
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
-    env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("direct-files")), "LLMQ_MAX_TIMEOUT_MS": str(MAX_TIMEOUT_MS),
-           "LLMQ_RESULT_TTL_S": str(RESULT_TTL_S)}
-    with private_stack(infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
-                       extra_env=env) as running:
+    env = {
+        "LLMQ_FILES_URL": str(tmp_path_factory.mktemp("direct-files")),
+        "LLMQ_MAX_TIMEOUT_MS": str(MAX_TIMEOUT_MS),
+        "LLMQ_RESULT_TTL_S": str(RESULT_TTL_S),
+    }
+    with private_stack(
+        infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100, extra_env=env
+    ) as running:
         yield running
 
 
@@ -58,9 +62,16 @@ def direct(request_id: str, topic: str, body: dict, deadline_in_ms: int = 60_000
     """``body`` (an OpenAI completions body) as a JSON GenerationRequest produced straight to Kafka."""
     now_ms = int(time.time() * 1000)
     sampling = {k: body[k] for k in ("max_tokens", "temperature") if k in body}
-    return wire.GenerationRequest(request_id=request_id, tenant_id="dev", model=body["model"], prompt=body["prompt"],
-                                  sampling=wire.SamplingParams(**sampling), created_ms=now_ms,
-                                  deadline_ms=now_ms + deadline_in_ms, reply_to=wire.KafkaReply(topic=topic))
+    return wire.GenerationRequest(
+        request_id=request_id,
+        tenant_id="dev",
+        model=body["model"],
+        prompt=body["prompt"],
+        sampling=wire.SamplingParams(**sampling),
+        created_ms=now_ms,
+        deadline_ms=now_ms + deadline_in_ms,
+        reply_to=wire.KafkaReply(topic=topic),
+    )
 
 
 async def replies(reader: AIOKafkaConsumer, topic: str, count: int, timeout_s: float = 15) -> list[dict]:
@@ -70,10 +81,13 @@ async def replies(reader: AIOKafkaConsumer, topic: str, count: int, timeout_s: f
 
 async def test_faulty_requests_get_the_http_error_at_once_and_deadlines_are_clamped(clients):
     topic, producer, reader, _ = clients
-    bodies = {"unknown-model": {"model": "no-such-model", "prompt": "hi", "max_tokens": 4},
-              "hot": {"model": "llmq-sim", "prompt": "hi", "max_tokens": 4, "temperature": 9}}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}/v1", timeout=10,
-                                 headers={"Authorization": "Bearer llmq-dev-key"}) as http:
+    bodies = {
+        "unknown-model": {"model": "no-such-model", "prompt": "hi", "max_tokens": 4},
+        "hot": {"model": "llmq-sim", "prompt": "hi", "max_tokens": 4, "temperature": 9},
+    }
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{API_PORT}/v1", timeout=10, headers={"Authorization": "Bearer llmq-dev-key"}
+    ) as http:
         errors = {name: (await http.post("/completions", json=body)).json()["error"] for name, body in bodies.items()}
     tag = uuid.uuid4().hex[:8]
     for name, body in bodies.items():
@@ -119,21 +133,31 @@ async def test_a_record_past_int64_is_dead_lettered_and_its_neighbours_in_the_fe
     batch = producer.create_batch()
     for i, request_id in enumerate(ids):
         poison = ',"attempt":18446744073709551616' if i == 0 else ""
-        value = (f'{{"type":"generation_request","request_id":"{request_id}","tenant_id":"dev","created_ms":{now_ms},'
-                 f'"deadline_ms":{now_ms + 60_000},"reply_to":{{"kind":"kafka","topic":"{topic}"}},'
-                 f'"model":"llmq-sim","prompt":"hi","sampling":{{"max_tokens":4}}{poison}}}').encode()
+        value = (
+            f'{{"type":"generation_request","request_id":"{request_id}","tenant_id":"dev","created_ms":{now_ms},'
+            f'"deadline_ms":{now_ms + 60_000},"reply_to":{{"kind":"kafka","topic":"{topic}"}},'
+            f'"model":"llmq-sim","prompt":"hi","sampling":{{"max_tokens":4}}{poison}}}'
+        ).encode()
         batch.append(key=request_id.encode(), value=value, timestamp=None, headers=headers)
     interactive = constants.requests_topic(constants.INTERACTIVE)
     meta = await (await producer.send_batch(batch, interactive, partition=0))  # one fetch holds all four
     answered = {r["request_id"]: r["outcome"] for r in await replies(reader, topic, 3)}
     assert answered == dict.fromkeys(ids[1:], "succeeded")
     tp = TopicPartition(interactive, 0)
-    dead = await read_from(reader, {TopicPartition(constants.TOPIC_DEAD_LETTERS, p): 0 for p in
-                                    await producer.partitions_for(constants.TOPIC_DEAD_LETTERS)}, None, 15)
+    dead = await read_from(
+        reader,
+        {
+            TopicPartition(constants.TOPIC_DEAD_LETTERS, p): 0
+            for p in await producer.partitions_for(constants.TOPIC_DEAD_LETTERS)
+        },
+        None,
+        15,
+    )
     (reason,) = [dict(r.headers)[constants.HEADER_ERROR] for r in dead if r.key == ids[0].encode()]
     assert b"$.attempt" in reason
-    group = AIOKafkaConsumer(bootstrap_servers=stack.cfg.kafka_bootstrap, group_id=constants.GROUP_BATCHER,
-                             enable_auto_commit=False)
+    group = AIOKafkaConsumer(
+        bootstrap_servers=stack.cfg.kafka_bootstrap, group_id=constants.GROUP_BATCHER, enable_auto_commit=False
+    )
     await group.start()
     try:  # no subscribe: reads the batcher group's commits without joining it
         deadline = time.monotonic() + 10
@@ -149,12 +173,19 @@ async def test_a_record_with_an_http_reply_gets_the_checks(clients):
     _, producer, _, _ = clients
     now_ms = int(time.time() * 1000)
     bad = wire.GenerationRequest(
-        request_id=f"http-{uuid.uuid4().hex[:8]}", tenant_id="dev", model="llmq-sim", prompt="hi",
-        sampling=wire.SamplingParams(max_tokens=4, n=1000, temperature=-5, top_p=7), created_ms=now_ms,
-        deadline_ms=now_ms + 60_000, reply_to=wire.HttpReply(instance_id="api-nobody"))
+        request_id=f"http-{uuid.uuid4().hex[:8]}",
+        tenant_id="dev",
+        model="llmq-sim",
+        prompt="hi",
+        sampling=wire.SamplingParams(max_tokens=4, n=1000, temperature=-5, top_p=7),
+        created_ms=now_ms,
+        deadline_ms=now_ms + 60_000,
+        reply_to=wire.HttpReply(instance_id="api-nobody"),
+    )
     await produce(producer, bad)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}/v1", timeout=10,
-                                 headers={"Authorization": "Bearer llmq-dev-key"}) as http:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{API_PORT}/v1", timeout=10, headers={"Authorization": "Bearer llmq-dev-key"}
+    ) as http:
         deadline = time.monotonic() + 15
         while (got := await http.get(f"/requests/{bad.request_id}")).status_code == 404:  # not finished yet
             assert time.monotonic() < deadline, got.text

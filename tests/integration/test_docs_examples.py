@@ -29,8 +29,8 @@ import pytest
 
 from llmq_cli.devstack import DevStack
 from tests.doc_examples import ROOT, Example, all_examples
-from tests.integration.test_stack_e2e import sim_answer
 from tests.integration.stacks import private_stack
+from tests.integration.test_stack_e2e import sim_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,21 +51,28 @@ class Run:
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(infra, api_ports=API_PORTS, tiny_workers=1, sim_workers=1, sim_batch_time_ms=200,
-                       timeout_s=180) as running:
+    with private_stack(
+        infra, api_ports=API_PORTS, tiny_workers=1, sim_workers=1, sim_batch_time_ms=200, timeout_s=180
+    ) as running:
         yield running
 
 
 def run_block(example: Example, stack: DevStack, folder: Path) -> Run:
     code = example.code
-    for documented, actual in (("127.0.0.1:8000", f"127.0.0.1:{API_PORTS[0]}"),
-                               ("127.0.0.1:8001", f"127.0.0.1:{API_PORTS[1]}"),
-                               ("127.0.0.1:9092", stack.cfg.kafka_bootstrap)):
+    for documented, actual in (
+        ("127.0.0.1:8000", f"127.0.0.1:{API_PORTS[0]}"),
+        ("127.0.0.1:8001", f"127.0.0.1:{API_PORTS[1]}"),
+        ("127.0.0.1:9092", stack.cfg.kafka_bootstrap),
+    ):
         code = code.replace(documented, actual)
     argv = [sys.executable, "-c", code] if example.lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
-    env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": stack.cfg.kafka_bootstrap,
-           "LLMQ_REDIS_URL": stack.cfg.redis_url, "LLMQ_API_URL": f"http://127.0.0.1:{API_PORTS[0]}/v1",
-           "COLUMNS": "200"}  # rich wraps at the terminal's width: keep the printed lines whole
+    env = {
+        **os.environ,
+        "LLMQ_KAFKA_BOOTSTRAP_SERVERS": stack.cfg.kafka_bootstrap,
+        "LLMQ_REDIS_URL": stack.cfg.redis_url,
+        "LLMQ_API_URL": f"http://127.0.0.1:{API_PORTS[0]}/v1",
+        "COLUMNS": "200",
+    }  # rich wraps at the terminal's width: keep the printed lines whole
     started_ms = int(time.time() * 1000)
     done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
     assert done.returncode == 0, f"{example} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
@@ -128,13 +135,16 @@ def check_batch_input_file(runs: list[Run]) -> None:
 
 
 def check_batch_sdk(runs: list[Run]) -> None:
-    prompts = {"claim-1": "Hail damage to roof tiles at a ground-floor flat.",
-               "claim-2": "A laptop stolen from a parked car."}
+    prompts = {
+        "claim-1": "Hail damage to roof tiles at a ground-floor flat.",
+        "claim-2": "A laptop stolen from a parked car.",
+    }
     for run in runs:
         status, *output = [line for line in run.stdout.splitlines() if line.strip()]
         assert status.startswith("completed") and "completed=2" in status, status
-        answers = {o["custom_id"]: o["response"]["body"]["choices"][0]["message"]["content"]
-                   for o in map(json.loads, output)}
+        answers = {
+            o["custom_id"]: o["response"]["body"]["choices"][0]["message"]["content"] for o in map(json.loads, output)
+        }
         assert answers == {cid: sim_answer(text, 32) for cid, text in prompts.items()}
 
 
@@ -160,7 +170,7 @@ def checks_of(example: Example) -> list:
 
 
 def test_every_output_check_finds_exactly_one_block():
-    for (doc, piece) in CHECKS:
+    for doc, piece in CHECKS:
         assert len([e for e in RUNS if e.doc == doc and piece in e.code]) == 1, (doc, piece)
 
 
@@ -178,9 +188,22 @@ def test_the_examples_of_a_document_run_verbatim_twice_in_a_row(doc, stack, tmp_
 
 
 def test_dev_status_names_every_process_port(stack):
-    shown = subprocess.run([str(ROOT / ".venv/bin/llmq"), "dev", "status", "--json", "--state-dir",
-                            str(stack.cfg.state_dir), "--redis-port", str(stack.cfg.redis_port)],
-                           capture_output=True, text=True, check=True, timeout=60)
+    shown = subprocess.run(
+        [
+            str(ROOT / ".venv/bin/llmq"),
+            "dev",
+            "status",
+            "--json",
+            "--state-dir",
+            str(stack.cfg.state_dir),
+            "--redis-port",
+            str(stack.cfg.redis_port),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     rows = {row["name"]: row for row in json.loads(shown.stdout)}
     assert rows["redis"]["port"] == stack.cfg.redis_port and rows["kafka"]["port"] == stack.cfg.kafka_port
     base = API_PORTS[0] + 10

@@ -45,19 +45,32 @@ REPORT = FaultReport(STATE / "report.json")
 
 
 def config() -> StackConfig:
-    env = {"LLMQ_API_KEYS_FILE": str(STATE / "keys.yaml"),
-           "LLMQ_POD_HEARTBEAT_INTERVAL_MS": "500", "LLMQ_POD_HEARTBEAT_TTL_MS": str(POD_HEARTBEAT_TTL_MS),
-           "LLMQ_WORKER_HEARTBEAT_TIMEOUT_MS": str(WORKER_HEARTBEAT_TIMEOUT_MS),
-           "LLMQ_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S),
-           # The faults need work queued when they strike (the API pod kill: ~6 s of a dead pod's near_interactive
-           # burst): admission predicts waits from the queue ahead, so it must not shed these classes here.
-           "LLMQ_API_SHED_WAIT_MS": json.dumps({"interactive:paid": 15_000, "interactive:free": 5_000,
-                                                "near_interactive": 60_000, "deferred": 60_000})}
+    env = {
+        "LLMQ_API_KEYS_FILE": str(STATE / "keys.yaml"),
+        "LLMQ_POD_HEARTBEAT_INTERVAL_MS": "500",
+        "LLMQ_POD_HEARTBEAT_TTL_MS": str(POD_HEARTBEAT_TTL_MS),
+        "LLMQ_WORKER_HEARTBEAT_TIMEOUT_MS": str(WORKER_HEARTBEAT_TIMEOUT_MS),
+        "LLMQ_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S),
+        # The faults need work queued when they strike (the API pod kill: ~6 s of a dead pod's near_interactive
+        # burst): admission predicts waits from the queue ahead, so it must not shed these classes here.
+        "LLMQ_API_SHED_WAIT_MS": json.dumps(
+            {"interactive:paid": 15_000, "interactive:free": 5_000, "near_interactive": 60_000, "deferred": 60_000}
+        ),
+    }
     # Ports below the kernel's ephemeral range (32768+): a restarted process must get its port back, and an outgoing
     # connection could hold an ephemeral one. Metrics: 28010-28013 (DevStack: API port + 10...).
-    return StackConfig(state_dir=STATE, kafka_port=28092, redis_port=28379, api_ports=(28000, 28001),
-                       tiny_workers=0, sim_workers=2, sim_batch_time_ms=BATCH_MS, sim_max_batch_size=MAX_BATCH,
-                       sim_worker_args=("--poison-marker", POISON), extra_env=env)
+    return StackConfig(
+        state_dir=STATE,
+        kafka_port=28092,
+        redis_port=28379,
+        api_ports=(28000, 28001),
+        tiny_workers=0,
+        sim_workers=2,
+        sim_batch_time_ms=BATCH_MS,
+        sim_max_batch_size=MAX_BATCH,
+        sim_worker_args=("--poison-marker", POISON),
+        extra_env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +131,11 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
     for result in results.messages(wire.FinalResult):
         finals.setdefault(result.request_id, []).append(result)
     on_dead = {r.request_id for b in batches.messages(wire.Batch) if b.worker_id == "sim-0" for r in b.requests}
-    stranded = [rid for rid in on_dead
-                if not any(f.worker_id == "sim-0" and f.finished_ms <= killed_ms for f in finals.get(rid, []))]
+    stranded = [
+        rid
+        for rid in on_dead
+        if not any(f.worker_id == "sim-0" and f.finished_ms <= killed_ms for f in finals.get(rid, []))
+    ]
     assert stranded, "the kill found no request in flight on the worker"
     moved_ms = []
     for rid in stranded:
@@ -128,9 +144,13 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
         moved_ms.append(min(f.finished_ms for f in done) - killed_ms)
     # + the batch the other worker may be running (a fixed-time engine takes no work mid-batch), + CPU slack
     bound_ms = WORKER_HEARTBEAT_TIMEOUT_MS + 2 * BATCH_MS + 500
-    REPORT.record("worker kill -9 mid-batch", tally.where(since_s=killed_s - 1, until_s=killed_s + 4),
-                  tally.where(since_s=killed_s + 4), total=tally,
-                  note=f"{len(stranded)} stranded requests finished on the other worker {max(moved_ms)} ms after the kill")
+    REPORT.record(
+        "worker kill -9 mid-batch",
+        tally.where(since_s=killed_s - 1, until_s=killed_s + 4),
+        tally.where(since_s=killed_s + 4),
+        total=tally,
+        note=f"{len(stranded)} stranded requests finished on the other worker {max(moved_ms)} ms after the kill",
+    )
     all_answered(tally)
     assert max(moved_ms) <= bound_ms, f"stranded work finished {sorted(moved_ms)} ms after the kill"
 
@@ -149,8 +169,13 @@ async def test_batcher_kill9_and_restart_consumes_what_it_held_again(stack):
     await asyncio.sleep(6)
     tally = await load.stop()
     during = tally.where(since_s=killed_s - 1, until_s=healed_s)
-    REPORT.record("batcher kill -9, restart", during, tally.where(since_s=healed_s + 2), total=tally,
-                  note=f"restarted {healed_s - killed_s:.1f} s after the kill")
+    REPORT.record(
+        "batcher kill -9, restart",
+        during,
+        tally.where(since_s=healed_s + 2),
+        total=tally,
+        note=f"restarted {healed_s - killed_s:.1f} s after the kill",
+    )
     all_answered(tally)
     assert len(during) > 10
 
@@ -177,9 +202,13 @@ async def test_result_router_kill9_and_restart_delivers_every_reply_and_stored_r
     ids = [r.request_id for r in http.records if r.ending is Ending.ONCE] + list(kafka_load.sent)
     missing = await unstored(stack, ids, wait_s=15)
     both = Tally([*http.records, *replies.records])
-    REPORT.record("result-router kill -9, restart", both.where(since_s=killed_s, until_s=healed_s),
-                  both.where(since_s=healed_s), total=both,
-                  note=f"{len(replies)} Kafka replies and {len(ids)} stored results checked")
+    REPORT.record(
+        "result-router kill -9, restart",
+        both.where(since_s=killed_s, until_s=healed_s),
+        both.where(since_s=healed_s),
+        total=both,
+        note=f"{len(replies)} Kafka replies and {len(ids)} stored results checked",
+    )
     all_answered(replies)
     all_answered(http)
     assert not missing, f"{len(missing)} results never stored, e.g. {missing[:3]}"
@@ -214,7 +243,9 @@ async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
 
 async def test_redis_restart_during_streams_ends_every_stream_and_pods_resubscribe(stack):
     pids = stack.pids()
-    streams = HttpLoad(stack.api_ports, rate_per_s=1, timeout_ms=10_000, stream=True, max_tokens=32, tag="redis-streams")
+    streams = HttpLoad(
+        stack.api_ports, rate_per_s=1, timeout_ms=10_000, stream=True, max_tokens=32, tag="redis-streams"
+    )
     in_flight = streams.burst(20)  # three rounds of batches: still streaming when Redis goes
     await asyncio.sleep(0.3)
     killed_s = stack.send("redis", signal.SIGKILL)
@@ -228,8 +259,12 @@ async def test_redis_restart_during_streams_ends_every_stream_and_pods_resubscri
     plain = HttpLoad(stack.api_ports, rate_per_s=1, timeout_ms=10_000, tag="after-redis")
     await asyncio.gather(*after_load.burst(10), *plain.burst(10))
     after = Tally([*(await after_load.stop()).records, *(await plain.stop()).records])
-    REPORT.record("Redis restart under 20 streams", during, after,
-                  note=f"in-flight streams: {during.counts()}; ready again {healed_s - killed_s:.1f} s after the kill")
+    REPORT.record(
+        "Redis restart under 20 streams",
+        during,
+        after,
+        note=f"in-flight streams: {during.counts()}; ready again {healed_s - killed_s:.1f} s after the kill",
+    )
     no_bad_endings(during)
     hung = [r for r in during.records if r.latency_ms > streams.timeout_ms + 1000]
     assert not hung, f"streams that outlived their deadline: {hung[:3]}"
@@ -270,9 +305,14 @@ async def test_kafka_outage_fails_fast_with_503_and_recovers_without_restarts(st
     tally = await load.stop()
     outage = tally.where(since_s=down_s + 1, until_s=restart_s)  # the broker is surely gone for these
     after = tally.where(since_s=recovered_s)
-    REPORT.record("Kafka broker stop, start", outage, after, total=tally,
-                  note=f"{len(outage.where(status=503))} of {len(outage)} requests in the outage got 503; "
-                       f"broker back in {up_s - restart_s:.0f} s, requests served {recovered_s - up_s:.1f} s later")
+    REPORT.record(
+        "Kafka broker stop, start",
+        outage,
+        after,
+        total=tally,
+        note=f"{len(outage.where(status=503))} of {len(outage)} requests in the outage got 503; "
+        f"broker back in {up_s - restart_s:.0f} s, requests served {recovered_s - up_s:.1f} s later",
+    )
     no_bad_endings(tally)
     slow = [r for r in outage.records if r.status != 503 or not r.retry_after or r.latency_ms > 3000]
     assert len(outage) >= 10 and not slow, f"not a fast 503 with Retry-After: {slow[:3]}"
@@ -306,8 +346,13 @@ async def test_overload_at_3x_capacity_sheds_with_429_and_keeps_memory_and_paid_
     try:
         # 3x capacity in all: paid alone would fit (0.75x), the free excess on top of it must be shed
         paid = HttpLoad(stack.api_ports, rate_per_s=CAPACITY_PER_S * 0.75, timeout_ms=10_000, tag="overload-paid")
-        free = HttpLoad(stack.api_ports, rate_per_s=CAPACITY_PER_S * 2.25, timeout_ms=10_000, key="llmq-dev-free-key",
-                        tag="overload-free")
+        free = HttpLoad(
+            stack.api_ports,
+            rate_per_s=CAPACITY_PER_S * 2.25,
+            timeout_ms=10_000,
+            key="llmq-dev-free-key",
+            tag="overload-free",
+        )
         paid.start()
         free.start()
         await asyncio.sleep(10)  # warm-up: every process has seen the overload
@@ -321,9 +366,14 @@ async def test_overload_at_3x_capacity_sheds_with_429_and_keeps_memory_and_paid_
     during_paid = paid_tally.where(since_s=started_s)
     both = Tally([*paid_tally.records, *free_tally.records])
     growth = {name: round(end_kb[name] / warm_kb[name], 2) for name in warm_kb}
-    REPORT.record("overload 3x capacity, 30 s", during_paid, Tally([]), total=both,
-                  note=f"p99 of admitted paid; shed paid {shed_share(paid_tally):.0%}, free {shed_share(free_tally):.0%}; "
-                       f"RSS end/warm {growth}")
+    REPORT.record(
+        "overload 3x capacity, 30 s",
+        during_paid,
+        Tally([]),
+        total=both,
+        note=f"p99 of admitted paid; shed paid {shed_share(paid_tally):.0%}, free {shed_share(free_tally):.0%}; "
+        f"RSS end/warm {growth}",
+    )
     no_bad_endings(both)
     refused = [r for r in both.records if r.ending is Ending.ERROR and (r.status != 429 or not r.retry_after)]
     assert not refused, f"errors other than 429 + Retry-After: {refused[:3]}"
@@ -361,15 +411,20 @@ async def test_a_poisoned_request_fails_alone(stack):
     await batches.stop()
     [shared] = [b for b in batches.messages(wire.Batch) if any(POISON in (r.prompt or "") for r in b.requests)]
     assert len(shared.requests) > 1, "the poisoned request had a batch of its own: nothing to isolate it from"
-    REPORT.record("poisoned request", Tally([*healthy.records, *bad.records]), Tally([]),
-                  note=f"the poisoned request's batch held {len(shared.requests)}; only it failed (500 engine_error)")
+    REPORT.record(
+        "poisoned request",
+        Tally([*healthy.records, *bad.records]),
+        Tally([]),
+        note=f"the poisoned request's batch held {len(shared.requests)}; only it failed (500 engine_error)",
+    )
     assert healthy.count(Ending.ONCE) == len(healthy) == 30, healthy.summary()
     [record] = bad.records
     assert record.ending is Ending.ERROR and record.status == 500 and "engine" in record.detail, record
 
 
-@pytest.mark.parametrize("topic", [constants.requests_topic(constants.INTERACTIVE), constants.TOPIC_RESULTS,
-                                   constants.TOPIC_BATCHES])
+@pytest.mark.parametrize(
+    "topic", [constants.requests_topic(constants.INTERACTIVE), constants.TOPIC_RESULTS, constants.TOPIC_BATCHES]
+)
 async def test_an_undecodable_record_is_dead_lettered_and_its_consumer_goes_on(stack, topic):
     dead = Tap(stack.cfg.kafka_bootstrap, constants.TOPIC_DEAD_LETTERS)
     await dead.start()
@@ -379,8 +434,12 @@ async def test_an_undecodable_record_is_dead_lettered_and_its_consumer_goes_on(s
     await producer.start()
     try:
         for partition in partitions:
-            await producer.send_and_wait(topic, garbage, partition=partition,
-                                         headers=[(constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_MSGPACK.encode())])
+            await producer.send_and_wait(
+                topic,
+                garbage,
+                partition=partition,
+                headers=[(constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_MSGPACK.encode())],
+            )
     finally:
         await producer.stop()
     load = HttpLoad(stack.api_ports, rate_per_s=1, timeout_ms=20_000, tag="after-garbage")
@@ -404,8 +463,14 @@ async def test_api_pod_kill9_cancels_the_work_it_left_and_spares_the_other_pods_
     await requests.start()
     await results.start()
     other = HttpLoad(stack.api_ports[1:], rate_per_s=4, timeout_ms=20_000, key="k-beta", tag="other-pod")
-    doomed = HttpLoad(stack.api_ports[:1], rate_per_s=1, timeout_ms=30_000, key="k-alpha", tag="doomed-pod",
-                      traffic_class=constants.NEAR_INTERACTIVE)
+    doomed = HttpLoad(
+        stack.api_ports[:1],
+        rate_per_s=1,
+        timeout_ms=30_000,
+        key="k-alpha",
+        tag="doomed-pod",
+        traffic_class=constants.NEAR_INTERACTIVE,
+    )
     other.start()
     await asyncio.sleep(2)
     left = doomed.burst(150)
@@ -427,12 +492,18 @@ async def test_api_pod_kill9_cancels_the_work_it_left_and_spares_the_other_pods_
         if result.request_id in orphans:
             finals.setdefault(result.request_id, []).append(result)
     gone_by_ms = killed_ms + POD_HEARTBEAT_TTL_MS + 3 * 500 + 1000  # expiry, grace and checks (500 ms), + slack
-    late = [f for fs in finals.values() for f in fs if f.outcome is wire.Outcome.SUCCEEDED and f.finished_ms > gone_by_ms]
+    late = [
+        f for fs in finals.values() for f in fs if f.outcome is wire.Outcome.SUCCEEDED and f.finished_ms > gone_by_ms
+    ]
     canceled = [rid for rid, fs in finals.items() if any(f.outcome is wire.Outcome.CANCELED for f in fs)]
     unfinished = orphans - set(finals)
-    REPORT.record("API pod kill -9", tally.where(since_s=killed_s, until_s=killed_s + 5),
-                  tally.where(since_s=killed_s + 5), total=tally,
-                  note=f"other pod's traffic; {len(canceled)} of the dead pod's {len(orphans)} requests cancelled")
+    REPORT.record(
+        "API pod kill -9",
+        tally.where(since_s=killed_s, until_s=killed_s + 5),
+        tally.where(since_s=killed_s + 5),
+        total=tally,
+        note=f"other pod's traffic; {len(canceled)} of the dead pod's {len(orphans)} requests cancelled",
+    )
     all_answered(tally)
     assert not late, f"{len(late)} requests of the dead pod were computed after it was known gone"
     assert not unfinished, f"{len(unfinished)} requests of the dead pod never ended"
@@ -441,8 +512,11 @@ async def test_api_pod_kill9_cancels_the_work_it_left_and_spares_the_other_pods_
 
 def pod_requests(requests: Tap, instance_id: str) -> set[str]:
     """Ids of the requests seen on the tap whose replies go to API pod ``instance_id``."""
-    return {r.request_id for r in requests.messages(wire.GenerationRequest)
-            if isinstance(r.reply_to, wire.HttpReply) and r.reply_to.instance_id == instance_id}
+    return {
+        r.request_id
+        for r in requests.messages(wire.GenerationRequest)
+        if isinstance(r.reply_to, wire.HttpReply) and r.reply_to.instance_id == instance_id
+    }
 
 
 # --- 9. graceful stop and a rolling restart -----------------------------------------------------------------------------
@@ -470,10 +544,14 @@ async def test_sigterm_drains_each_service_within_its_bound_and_a_rolling_restar
     http = await http_load.stop()
     replies = await kafka_load.stop(settle_s=30)
     both = Tally([*http.records, *replies.records])
-    REPORT.record("SIGTERM rolling restart of every service", both.where(since_s=started_s, until_s=rolled_s),
-                  both.where(since_s=rolled_s), total=both,
-                  note=f"seconds to exit after SIGTERM: {exits_s}; to healthy again: {restarts_s}; "
-                       f"{http_load.rerouted} connections refused by a stopped pod went to the other one")
+    REPORT.record(
+        "SIGTERM rolling restart of every service",
+        both.where(since_s=started_s, until_s=rolled_s),
+        both.where(since_s=rolled_s),
+        total=both,
+        note=f"seconds to exit after SIGTERM: {exits_s}; to healthy again: {restarts_s}; "
+        f"{http_load.rerouted} connections refused by a stopped pod went to the other one",
+    )
     no_bad_endings(both)
     assert all(s <= SHUTDOWN_GRACE_S + 1 for s in exits_s.values()), exits_s
     all_answered(replies)

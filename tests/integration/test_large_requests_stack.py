@@ -70,8 +70,11 @@ async def watch_heartbeats(redis_url: str, gaps_ms: dict[str, int], stop: asynci
 
 async def post(client: httpx.AsyncClient, i: int, key: str, body: dict) -> tuple[float, httpx.Response]:
     started = time.monotonic()
-    response = await client.post(f"http://127.0.0.1:{API_PORTS[i % 2]}/v1/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}", "x-llmq-timeout-ms": "60000"})
+    response = await client.post(
+        f"http://127.0.0.1:{API_PORTS[i % 2]}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}", "x-llmq-timeout-ms": "60000"},
+    )
     return time.monotonic() - started, response
 
 
@@ -79,8 +82,12 @@ async def small_requests(client: httpx.AsyncClient) -> list[tuple[float, httpx.R
     """The other tenant's small requests, four at a time."""
     out = []
     for first in range(0, SMALL_COUNT, 4):
-        out += await asyncio.gather(*(post(client, i, SMALL_KEY, {"model": "llmq-sim", "prompt": f"small {i}",
-                                                                   "max_tokens": 4}) for i in range(first, first + 4)))
+        out += await asyncio.gather(
+            *(
+                post(client, i, SMALL_KEY, {"model": "llmq-sim", "prompt": f"small {i}", "max_tokens": 4})
+                for i in range(first, first + 4)
+            )
+        )
     return out
 
 

@@ -30,8 +30,14 @@ def stack(infra, tmp_path_factory):
     if infra is None:
         pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
     traces = tmp_path_factory.mktemp("traces")
-    cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
-                              extra_env={"LLMQ_TRACING_EXPORTER": "file", "LLMQ_TRACING_FILE_DIR": str(traces)})
+    cfg = dataclasses.replace(
+        infra.cfg,
+        api_ports=API_PORTS,
+        tiny_workers=0,
+        sim_workers=1,
+        sim_batch_time_ms=100,
+        extra_env={"LLMQ_TRACING_EXPORTER": "file", "LLMQ_TRACING_FILE_DIR": str(traces)},
+    )
     running = DevStack(cfg)
     try:
         running.up(timeout_s=240, log=lambda *_: None)
@@ -50,8 +56,11 @@ def spans_of(traces) -> list[dict]:
 
 async def ask(client: httpx.AsyncClient, port: int, prompt: str, **extra) -> httpx.Response:
     headers = {**AUTH, **extra.pop("headers", {})}
-    response = await client.post(f"http://127.0.0.1:{port}/v1/completions", headers=headers,
-                                 json={"model": "llmq-sim", "prompt": prompt, "max_tokens": 4, **extra})
+    response = await client.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        headers=headers,
+        json={"model": "llmq-sim", "prompt": prompt, "max_tokens": 4, **extra},
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -72,8 +81,18 @@ async def test_one_request_leaves_one_trace_with_spans_of_all_four_services(stac
     assert len(trace_ids) == 1, trace_ids
     assert {s["service"] for s in in_trace} == SERVICES
     names = {s["name"] for s in in_trace}
-    assert {"POST /v1/completions", "kafka.produce", "batcher.queue", "batcher.flush", "worker.request",
-            "worker.prefill", "worker.decode", "worker.publish", "result_router.route", "api.reply"} <= names
+    assert {
+        "POST /v1/completions",
+        "kafka.produce",
+        "batcher.queue",
+        "batcher.flush",
+        "worker.request",
+        "worker.prefill",
+        "worker.decode",
+        "worker.publish",
+        "result_router.route",
+        "api.reply",
+    } <= names
     ids = {s["span_id"] for s in in_trace}
     assert all(s["parent_id"] in ids for s in in_trace if s["name"] != "POST /v1/completions")
 
@@ -84,9 +103,11 @@ async def test_metrics_exist_and_move_when_load_arrives(stack):
     assert len(urls) == 5  # two API pods, batcher, one worker, result-router
     before = Samples(scrape(urls.values())[0])
     async with httpx.AsyncClient(timeout=60) as client:
-        await asyncio.gather(*(ask(client, API_PORTS[i % 2], f"load {i}", stream=i % 3 == 0) for i in range(6)),
-                             ask(client, API_PORTS[0], "near", headers={"x-llmq-class": "near_interactive"}),
-                             ask(client, API_PORTS[1], "later", headers={"x-llmq-class": "deferred"}))
+        await asyncio.gather(
+            *(ask(client, API_PORTS[i % 2], f"load {i}", stream=i % 3 == 0) for i in range(6)),
+            ask(client, API_PORTS[0], "near", headers={"x-llmq-class": "near_interactive"}),
+            ask(client, API_PORTS[1], "later", headers={"x-llmq-class": "deferred"}),
+        )
     await asyncio.sleep(2.5)  # the result-router's consumption and the once-a-second gauges
     texts, failed = scrape(urls.values())
     assert not failed
@@ -110,8 +131,13 @@ async def test_metrics_exist_and_move_when_load_arrives(stack):
     moved("llmq_tenant_prompt_tokens_total", 8 * 4, tenant="dev")
     moved("llmq_tenant_completion_tokens_total", 8 * 4, tenant="dev")
     names = {name for name, _ in after.values}
-    for gauge in ("llmq_batcher_queue_depth", "llmq_batcher_oldest_queued_age_seconds", "llmq_worker_slots",
-                  "llmq_worker_utilization_ratio", "llmq_kafka_consumer_lag"):
+    for gauge in (
+        "llmq_batcher_queue_depth",
+        "llmq_batcher_oldest_queued_age_seconds",
+        "llmq_worker_slots",
+        "llmq_worker_utilization_ratio",
+        "llmq_kafka_consumer_lag",
+    ):
         assert gauge in names, gauge
     slo = report(after)
     assert slo["interactive"]["latency_p95_s"] is not None and slo["interactive"]["ttft_p95_s"] is not None

@@ -81,10 +81,21 @@ async def produce_backlog(cfg: StackConfig, count: int) -> str:
     try:
         now_ms = int(time.time() * 1000)
         reply = wire.KafkaReply(topic=reply_topic, content_type=constants.CONTENT_TYPE_MSGPACK)
-        requests = [wire.GenerationRequest(
-            request_id=f"backlog-{uuid.uuid4().hex}", tenant_id="backlog", traffic_class="deferred", tier="paid",
-            model="llmq-sim", prompt=f"deferred backlog {i}", sampling=wire.SamplingParams(max_tokens=8),
-            created_ms=now_ms, deadline_ms=now_ms + BACKLOG_TTL_MS, reply_to=reply) for i in range(count)]
+        requests = [
+            wire.GenerationRequest(
+                request_id=f"backlog-{uuid.uuid4().hex}",
+                tenant_id="backlog",
+                traffic_class="deferred",
+                tier="paid",
+                model="llmq-sim",
+                prompt=f"deferred backlog {i}",
+                sampling=wire.SamplingParams(max_tokens=8),
+                created_ms=now_ms,
+                deadline_ms=now_ms + BACKLOG_TTL_MS,
+                reply_to=reply,
+            )
+            for i in range(count)
+        ]
         topic = constants.requests_topic("deferred")
         await asyncio.gather(*(kafka.send_message(producer, topic, r, key=r.request_id) for r in requests))
     finally:
@@ -93,8 +104,11 @@ async def produce_backlog(cfg: StackConfig, count: int) -> str:
 
 
 async def complete(client: httpx.AsyncClient, port: int, key: str, prompt: str, max_tokens: int) -> httpx.Response:
-    return await client.post(f"http://127.0.0.1:{port}/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                             json={"model": "llmq-sim", "prompt": prompt, "max_tokens": max_tokens})
+    return await client.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "llmq-sim", "prompt": prompt, "max_tokens": max_tokens},
+    )
 
 
 async def timed_paid(client: httpx.AsyncClient, i: int) -> tuple[float, str, httpx.Response]:
@@ -160,11 +174,13 @@ async def test_paid_p99_under_three_batch_times_with_free_flood_and_deferred_bac
     p50, p99 = nearest_rank(latencies, 50), nearest_rank(latencies, 99)
     timings = await server_timings(stack.cfg, [r.json()["id"] for _, _, r in results])
     queued, total = [t.queued_ms for t in timings], [t.total_ms for t in timings]
-    report = (f"paid p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {max(latencies):.0f} ms over {len(latencies)} "
-              f"(in send order: {[round(ms) for ms in latencies]}); server-side over {len(timings)}: queued p50/p99 "
-              f"{nearest_rank(queued, 50)}/{nearest_rank(queued, 99)} ms, total p50/p99 "
-              f"{nearest_rank(total, 50)}/{nearest_rank(total, 99)} ms; "
-              f"idle {[round(ms) for ms, _, _ in idle]} ms; free flood statuses {dict(statuses)}")
+    report = (
+        f"paid p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {max(latencies):.0f} ms over {len(latencies)} "
+        f"(in send order: {[round(ms) for ms in latencies]}); server-side over {len(timings)}: queued p50/p99 "
+        f"{nearest_rank(queued, 50)}/{nearest_rank(queued, 99)} ms, total p50/p99 "
+        f"{nearest_rank(total, 50)}/{nearest_rank(total, 99)} ms; "
+        f"idle {[round(ms) for ms, _, _ in idle]} ms; free flood statuses {dict(statuses)}"
+    )
     print(report)
     assert not wrong, wrong[:3]
     assert statuses[200] > 0 and set(statuses) <= {200, 429}, report

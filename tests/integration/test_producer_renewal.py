@@ -18,17 +18,21 @@ from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber
 from aiokafka.partitioner import DefaultPartitioner
 
+from llmq_api.pod import KafkaRequestProducer
 from llmq_core import constants, kafka, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.settings import Settings
-from llmq_api.pod import KafkaRequestProducer
 from llmq_result_router.loop import ResultRouter
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
-
 from tests.integration.test_result_limits import (  # noqa: F401 (settings: the fixture)
-    MODEL, SMALL_LIMIT_BYTES, request, set_topic_limit, settings)
+    MODEL,
+    SMALL_LIMIT_BYTES,
+    request,
+    set_topic_limit,
+    settings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -91,18 +95,32 @@ async def test_the_worker_keeps_producing_results_after_one_is_refused(settings)
     await asyncio.gather(producer.start(), worker_producer.start(), worker_consumer.start())
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=20)
     core = WorkerCore(worker_id=worker_id, partition=PARTITION, model=MODEL, engine=engine, clock=SYSTEM_CLOCK)
-    loop = WorkerLoop(core=core, engine=engine, consumer=worker_consumer, producer=worker_producer, redis=redis,
-                      clock=SYSTEM_CLOCK, heartbeat_interval_ms=100, shutdown_grace_s=5, max_pending=32,
-                      results_topic=results_topic)
+    loop = WorkerLoop(
+        core=core,
+        engine=engine,
+        consumer=worker_consumer,
+        producer=worker_producer,
+        redis=redis,
+        clock=SYSTEM_CLOCK,
+        heartbeat_interval_ms=100,
+        shutdown_grace_s=5,
+        max_pending=32,
+        results_topic=results_topic,
+    )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))
     # before: accepted; big: 16 x 8000 bytes of text, over the topic's limit; after: accepted once more
     sizes = {"before": (1, 3), "big": (16, 8000), "after": (2, 3)}
     try:
         for done, (name, (n, max_tokens)) in enumerate(sizes.items(), 1):  # in turn: the refusal lands between two
-            batch = wire.Batch(batch_id=f"b-{name}-{run}", worker_id=worker_id, model=MODEL, flush_reason="size",
-                               requests=[request(f"{name}-{run}", instance_id, n=n, max_tokens=max_tokens)],
-                               formed_ms=SYSTEM_CLOCK.now_ms())
+            batch = wire.Batch(
+                batch_id=f"b-{name}-{run}",
+                worker_id=worker_id,
+                model=MODEL,
+                flush_reason="size",
+                requests=[request(f"{name}-{run}", instance_id, n=n, max_tokens=max_tokens)],
+                formed_ms=SYSTEM_CLOCK.now_ms(),
+            )
             await kafka.send_message(producer, constants.TOPIC_BATCHES, batch, key=batch.batch_id, partition=PARTITION)
             records = await read(settings, results_topic, done)
         results = {(r := wire.decode(record.value)).request_id: r for record in records}
@@ -114,8 +132,11 @@ async def test_the_worker_keeps_producing_results_after_one_is_refused(settings)
         await asyncio.gather(worker_consumer.stop(), producer.stop(), worker_producer.stop())
         await redis.aclose()
     outcomes = {rid.split("-")[0]: (r.outcome, r.error and r.error.code) for rid, r in results.items()}
-    assert outcomes == {"before": (wire.Outcome.SUCCEEDED, None), "big": (wire.Outcome.ERRORED, "result_too_large"),
-                        "after": (wire.Outcome.SUCCEEDED, None)}
+    assert outcomes == {
+        "before": (wire.Outcome.SUCCEEDED, None),
+        "big": (wire.Outcome.ERRORED, "result_too_large"),
+        "after": (wire.Outcome.SUCCEEDED, None),
+    }
     assert worker_producer.renewals == 1
 
 
@@ -136,12 +157,17 @@ async def test_the_result_router_keeps_replying_after_a_reply_is_refused(setting
     routing = asyncio.create_task(router.run())
     try:
         for name, chars in (("before", 3), ("big", len(OVER_LIMIT)), ("after", 3)):
-            result = wire.FinalResult(request_id=f"{name}-{run}", outcome=wire.Outcome.SUCCEEDED, model=MODEL,
-                                      reply_to=wire.KafkaReply(topic=reply_topic),
-                                      choices=[wire.Choice(index=0, text="x" * chars, finish_reason="length")])
+            result = wire.FinalResult(
+                request_id=f"{name}-{run}",
+                outcome=wire.Outcome.SUCCEEDED,
+                model=MODEL,
+                reply_to=wire.KafkaReply(topic=reply_topic),
+                choices=[wire.Choice(index=0, text="x" * chars, finish_reason="length")],
+            )
             await kafka.send_message(producer, results_topic, result, key=result.request_id)
-        replies = [wire.decode(r.value, constants.CONTENT_TYPE_JSON).request_id
-                   for r in await read(settings, reply_topic, 2)]
+        replies = [
+            wire.decode(r.value, constants.CONTENT_TYPE_JSON).request_id for r in await read(settings, reply_topic, 2)
+        ]
         dead = []
         async with asyncio.timeout(20):
             while f"big-{run}".encode() not in dead:
@@ -180,9 +206,15 @@ async def test_the_api_pods_producer_keeps_producing_after_a_request_is_refused(
     before, big, after = same_partition_ids(uuid.uuid4().hex[:8], ["before", "big", "after"], partitions)
 
     def deferred(request_id: str, prompt: str) -> wire.GenerationRequest:  # long expired: any batcher ends it at once
-        return wire.GenerationRequest(request_id=request_id, model="llmq-sim", prompt=prompt, created_ms=0,
-                                      deadline_ms=1, traffic_class=constants.DEFERRED,
-                                      reply_to=wire.HttpReply(instance_id="itest-renewal-nobody"))
+        return wire.GenerationRequest(
+            request_id=request_id,
+            model="llmq-sim",
+            prompt=prompt,
+            created_ms=0,
+            deadline_ms=1,
+            traffic_class=constants.DEFERRED,
+            reply_to=wire.HttpReply(instance_id="itest-renewal-nobody"),
+        )
 
     await set_topic_limit(settings, topic, SMALL_LIMIT_BYTES)
     producer = KafkaRequestProducer(settings)

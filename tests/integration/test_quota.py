@@ -24,29 +24,44 @@ import psutil
 import pytest
 from redis.asyncio import Redis
 
+from llmq_api.auth import KeyEntry, KeyStore
+from llmq_api.pod import Pod
+from llmq_api.ratelimit import DAY_MS, MINUTE_MS
 from llmq_core import constants, jobs, wire
 from llmq_core.clock import FakeClock
 from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
-from llmq_api.auth import KeyEntry, KeyStore
-from llmq_api.pod import Pod
-from llmq_api.ratelimit import DAY_MS, MINUTE_MS
 from tests.integration.test_api import FakeWorker, free_port, serving, wait_ready
 
 pytestmark = pytest.mark.integration
 
 MODEL = f"quotatest-{uuid.uuid4().hex[:8]}"
 RUN = uuid.uuid4().hex[:8]
-CAPPED = KeyEntry(tenant=f"capped-{RUN}", key=f"k-capped-{RUN}", requests_per_min=1000, tokens_per_min=1000,
-                  batch_tokens_per_day=2000, file_storage_bytes=4000)
+CAPPED = KeyEntry(
+    tenant=f"capped-{RUN}",
+    key=f"k-capped-{RUN}",
+    requests_per_min=1000,
+    tokens_per_min=1000,
+    batch_tokens_per_day=2000,
+    file_storage_bytes=4000,
+)
 FEW_CALLS = KeyEntry(tenant=f"few-{RUN}", key=f"k-few-{RUN}", requests_per_min=2)
 NO_DEFERRED = KeyEntry(tenant=f"live-{RUN}", key=f"k-live-{RUN}", classes=["interactive"])
 
 
 def heartbeat(model: str) -> wire.WorkerHeartbeat:
     """Teaches the catalog a model of unknown context window (0), without inviting any batch."""
-    return wire.WorkerHeartbeat(worker_id=f"quotatest-{RUN}", partition=0, model=model, max_slots=0, running=0,
-                                queued=0, free_slots=0, est_drain_ms=0, sent_ms=int(time.time() * 1000))
+    return wire.WorkerHeartbeat(
+        worker_id=f"quotatest-{RUN}",
+        partition=0,
+        model=model,
+        max_slots=0,
+        running=0,
+        queued=0,
+        free_slots=0,
+        est_drain_ms=0,
+        sent_ms=int(time.time() * 1000),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +71,13 @@ async def stack(tmp_path_factory):
     instance_id = f"api-quota-{RUN}"
     keys = KeyStore({})
     keys.add([CAPPED, FEW_CALLS, NO_DEFERRED])
-    pod = Pod(settings, instance_id, clock=FakeClock(int(time.time() * 1000)), keys=keys,
-              saturation_key=f"quotatest-saturation-{instance_id}")
+    pod = Pod(
+        settings,
+        instance_id,
+        clock=FakeClock(int(time.time() * 1000)),
+        keys=keys,
+        saturation_key=f"quotatest-saturation-{instance_id}",
+    )
     pod.catalog.observe(heartbeat(MODEL))
     worker = FakeWorker(settings, instance_id)
     await worker.start()
@@ -199,20 +219,41 @@ async def test_batch_create_streams_its_input_and_concurrent_creates_are_limited
     port, tenant = free_port(), f"rss-{RUN}"
     keys = tmp_path / "keys.yaml"
     keys.write_text(json.dumps({"keys": [{"tenant": tenant, "key": f"k-{tenant}"}]}))
-    env = {**os.environ, "LLMQ_FILES_URL": str(tmp_path / "files"), "LLMQ_API_KEYS_FILE": str(keys),
-           "LLMQ_BATCH_CREATE_MAX_PER_TENANT": "3", "LLMQ_BATCH_CREATE_MAX_PER_POD": "3"}
-    process = subprocess.Popen([sys.executable, "-m", "llmq_api.main", "--host", "127.0.0.1", "--port", str(port),
-                                "--instance-id", f"api-rss-{RUN}"], env=env, stderr=(tmp_path / "api.log").open("wb"))
+    env = {
+        **os.environ,
+        "LLMQ_FILES_URL": str(tmp_path / "files"),
+        "LLMQ_API_KEYS_FILE": str(keys),
+        "LLMQ_BATCH_CREATE_MAX_PER_TENANT": "3",
+        "LLMQ_BATCH_CREATE_MAX_PER_POD": "3",
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmq_api.main",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--instance-id",
+            f"api-rss-{RUN}",
+        ],
+        env=env,
+        stderr=(tmp_path / "api.log").open("wb"),
+    )
     redis = Redis.from_url(Settings().redis_url)
     try:
         base_url = f"http://127.0.0.1:{port}"
         await wait_ready(base_url)
-        async with httpx.AsyncClient(base_url=base_url, timeout=120, headers={"authorization": f"Bearer k-{tenant}"}) \
-                as client:
+        async with httpx.AsyncClient(
+            base_url=base_url, timeout=120, headers={"authorization": f"Bearer k-{tenant}"}
+        ) as client:
             big = _input_file(tmp_path / "big.jsonl", 100 << 20)
             lines = sum(1 for _ in big.open("rb"))
-            small, big_id = await _upload_path(client, _input_file(tmp_path / "small.jsonl", 1 << 20)), \
-                await _upload_path(client, big)
+            small, big_id = (
+                await _upload_path(client, _input_file(tmp_path / "small.jsonl", 1 << 20)),
+                await _upload_path(client, big),
+            )
             big.unlink()
             assert (await _create(client, small)).json()["status"] == "in_progress"  # warm: every import loaded
             rss = psutil.Process(process.pid)
@@ -241,8 +282,12 @@ async def test_batch_create_streams_its_input_and_concurrent_creates_are_limited
 
 
 def chat_line(custom_id: str, max_tokens: int = 8, content: str = "hi") -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]},
+    }
 
 
 def _chat_prompt_tokens(content: str) -> int:
@@ -253,12 +298,20 @@ async def _store_result(redis: Redis, response: httpx.Response) -> None:
     """Store a completion's result as the result-router would, for idempotent replays to find."""
     body, request_id = response.json(), response.headers[constants.HTTP_REQUEST_ID]
     usage = body["usage"]
-    result = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model=body["model"],
-                              tenant_id=CAPPED.tenant, endpoint="completions", reply_to=wire.HttpReply(instance_id=""),
-                              choices=[wire.Choice(index=0, text=body["choices"][0]["text"], finish_reason="length")],
-                              usage=wire.Usage(prompt_tokens=usage["prompt_tokens"],
-                                               completion_tokens=usage["completion_tokens"],
-                                               total_tokens=usage["total_tokens"]))
+    result = wire.FinalResult(
+        request_id=request_id,
+        outcome=wire.Outcome.SUCCEEDED,
+        model=body["model"],
+        tenant_id=CAPPED.tenant,
+        endpoint="completions",
+        reply_to=wire.HttpReply(instance_id=""),
+        choices=[wire.Choice(index=0, text=body["choices"][0]["text"], finish_reason="length")],
+        usage=wire.Usage(
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage["completion_tokens"],
+            total_tokens=usage["total_tokens"],
+        ),
+    )
     await redis.set(constants.result_key(request_id), wire.encode(result), ex=60)
 
 
@@ -272,8 +325,12 @@ def _input_file(path: Path, size_bytes: int) -> Path:
     lines = size_bytes // 4200
     with path.open("w") as out:
         for i in range(lines):
-            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                    "body": {"model": "llmq-sim", "prompt": f"{i} " + "p" * 4096, "max_tokens": 4}}
+            line = {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "llmq-sim", "prompt": f"{i} " + "p" * 4096, "max_tokens": 4},
+            }
             out.write(json.dumps(line) + "\n")
     return path
 
@@ -286,8 +343,9 @@ async def _upload_path(client: httpx.AsyncClient, path: Path) -> str:
 
 
 async def _create(client: httpx.AsyncClient, file_id: str) -> httpx.Response:
-    return await client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
-                                                  "completion_window": "1h"})
+    return await client.post(
+        "/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "1h"}
+    )
 
 
 def _prepared(files_dir: Path) -> int:
@@ -301,8 +359,12 @@ async def _forget_jobs(redis: Redis, tenants: list[str]) -> None:
         for member in await redis.zrange(jobs.tenant_jobs_key(tenant), 0, -1):
             batch_id = member.decode().split(":", 1)[1]
             await redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
-            await redis.delete(jobs.job_key(batch_id), jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id),
-                               jobs.job_results_key(batch_id))
+            await redis.delete(
+                jobs.job_key(batch_id),
+                jobs.job_lines_key(batch_id),
+                jobs.job_offsets_key(batch_id),
+                jobs.job_results_key(batch_id),
+            )
 
 
 async def _eventually(read, check, timeout_s: float = 10):

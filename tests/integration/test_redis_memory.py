@@ -17,16 +17,16 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError
 
+from llmq_api.app import create_app
+from llmq_api.auth import KeyStore, Principal
+from llmq_api.errors import STORE_FULL_RETRY_AFTER_S
+from llmq_api.pod import Pod
 from llmq_core import constants, jobs, wire
 from llmq_core.clock import FakeClock
 from llmq_core.jobs import JobSpec
 from llmq_core.jobstore import JobStore
 from llmq_core.redis_client import MEMORY_POLICY, check_memory_policy
 from llmq_core.settings import Settings
-from llmq_api.app import create_app
-from llmq_api.auth import Principal, KeyStore
-from llmq_api.errors import STORE_FULL_RETRY_AFTER_S
-from llmq_api.pod import Pod
 from llmq_result_router.store import ResultStore
 
 pytestmark = pytest.mark.integration
@@ -45,9 +45,27 @@ def _free_port() -> int:
 async def private_redis(tmp_path, maxmemory_bytes: int, policy: str):
     """A redis-server of our own on a free port (no persistence); yields a client, stops the server after."""
     port = _free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path), "--maxmemory", str(maxmemory_bytes),
-                             "--maxmemory-policy", policy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+            "--maxmemory",
+            str(maxmemory_bytes),
+            "--maxmemory-policy",
+            policy,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = Redis(port=port, socket_timeout=5)
     try:
         deadline = time.monotonic() + 10
@@ -67,15 +85,32 @@ async def private_redis(tmp_path, maxmemory_bytes: int, policy: str):
 
 
 def _spec(batch_id: str, lines: int) -> JobSpec:
-    return JobSpec(id=batch_id, tenant_id="jobs-tenant", endpoint="/v1/completions", input_file_id="file-x",
-                   completion_window="24h", created_ms=1, expires_ms=2**42, output_file_id="file-o",
-                   error_file_id="file-e", total=lines, runnable=lines)
+    return JobSpec(
+        id=batch_id,
+        tenant_id="jobs-tenant",
+        endpoint="/v1/completions",
+        input_file_id="file-x",
+        completion_window="24h",
+        created_ms=1,
+        expires_ms=2**42,
+        output_file_id="file-o",
+        error_file_id="file-e",
+        total=lines,
+        runnable=lines,
+    )
 
 
 def _result(request_id: str, tenant_id: str, text_bytes: int) -> bytes:
-    return wire.encode(wire.FinalResult(request_id=request_id, tenant_id=tenant_id, outcome=wire.Outcome.SUCCEEDED,
-                                        model="llmq-sim", reply_to=wire.HttpReply(instance_id="pod"),
-                                        choices=[wire.Choice(index=0, text="x" * text_bytes)]))
+    return wire.encode(
+        wire.FinalResult(
+            request_id=request_id,
+            tenant_id=tenant_id,
+            outcome=wire.Outcome.SUCCEEDED,
+            model="llmq-sim",
+            reply_to=wire.HttpReply(instance_id="pod"),
+            choices=[wire.Choice(index=0, text="x" * text_bytes)],
+        )
+    )
 
 
 async def test_filling_redis_with_results_evicts_only_keys_with_a_ttl_and_a_ledger_survives(tmp_path):
@@ -86,8 +121,7 @@ async def test_filling_redis_with_results_evicts_only_keys_with_a_ttl_and_a_ledg
         results = ResultStore(redis, TTL_MS, max_bytes=64 * MIB, max_results=100_000)
         written = 0
         for i in range(600):  # ~12 MB of results, 3x the budget, from 30 tenants (none reaches its own bound)
-            stored = await results.put(f"tenant-{i % 30}", f"req-{i}", _result(f"req-{i}", f"tenant-{i % 30}",
-                                                                              20_000))
+            stored = await results.put(f"tenant-{i % 30}", f"req-{i}", _result(f"req-{i}", f"tenant-{i % 30}", 20_000))
             assert stored.kept and stored.dropped == 0
             written += 1
         info = await redis.info()
@@ -112,8 +146,9 @@ async def test_a_tenants_stored_results_stay_within_its_bound_oldest_dropped_fir
             await results.put("a", f"a-{i}", value)
             await results.put("b", f"b-{i}", _result(f"b-{i}", "b", 1_000))
             clock.advance(1_000)
-        present = {rid for rid in [*sizes, *(f"b-{i}" for i in range(6))]
-                   if await redis.exists(constants.result_key(rid))}
+        present = {
+            rid for rid in [*sizes, *(f"b-{i}" for i in range(6))] if await redis.exists(constants.result_key(rid))
+        }
         assert present == {"a-3", "a-4", "a-5", *(f"b-{i}" for i in range(6))}  # only a's oldest went
         assert int(await redis.get(constants.result_bytes_key("a"))) == sum(sizes[f"a-{i}"] for i in (3, 4, 5))
         assert await redis.zcard(constants.result_index_key("a")) == 3
@@ -141,11 +176,21 @@ class RedisWorker:
 
     async def produce(self, request: wire.GenerationRequest) -> None:
         self.produced.append(request)
-        result = wire.FinalResult(request_id=request.request_id, tenant_id=request.tenant_id, model=request.model,
-                                  outcome=wire.Outcome.SUCCEEDED, reply_to=request.reply_to,
-                                  endpoint=request.endpoint, choices=[wire.Choice(index=0, text="ok")])
-        asyncio.get_running_loop().call_later(0.01, lambda: asyncio.ensure_future(
-            self.redis.publish(constants.replies_channel(self.instance_id), wire.encode(result))))
+        result = wire.FinalResult(
+            request_id=request.request_id,
+            tenant_id=request.tenant_id,
+            model=request.model,
+            outcome=wire.Outcome.SUCCEEDED,
+            reply_to=request.reply_to,
+            endpoint=request.endpoint,
+            choices=[wire.Choice(index=0, text="ok")],
+        )
+        asyncio.get_running_loop().call_later(
+            0.01,
+            lambda: asyncio.ensure_future(
+                self.redis.publish(constants.replies_channel(self.instance_id), wire.encode(result))
+            ),
+        )
 
 
 async def _fill_until_refused(redis: Redis) -> None:
@@ -162,12 +207,20 @@ async def test_an_api_pod_whose_redis_refuses_writes_answers_503_and_queues_noth
     async with private_redis(tmp_path, 3 * MIB, "noeviction") as redis:
         instance_id = f"pod-{uuid.uuid4().hex[:6]}"
         worker = RedisWorker(redis, instance_id)
-        keys = KeyStore({"open-key": Principal(tenant_id="open"),
-                         "limited-key": Principal(tenant_id="limited", requests_per_min=1000)})
+        keys = KeyStore(
+            {
+                "open-key": Principal(tenant_id="open"),
+                "limited-key": Principal(tenant_id="limited", requests_per_min=1000),
+            }
+        )
         pod = Pod(Settings(files_url=str(tmp_path / "files")), instance_id, producer=worker, keys=keys, redis=redis)
         await pod.start()
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api",
-                                   headers={"authorization": "Bearer open-key"}, timeout=10)
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(pod)),
+            base_url="http://api",
+            headers={"authorization": "Bearer open-key"},
+            timeout=10,
+        )
         try:
             deadline = time.monotonic() + 10
             while not pod.listener.subscribed:

@@ -36,8 +36,9 @@ GUARDED = [constants.TOPIC_BATCHES, constants.TOPIC_RESULTS, *constants.REQUEST_
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
     env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("reply-files")), "LLMQ_ROUTER_REPLY_BACKOFF_MS": "200"}
-    with private_stack(infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100,
-                       extra_env=env) as running:
+    with private_stack(
+        infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100, extra_env=env
+    ) as running:
         yield running
 
 
@@ -57,14 +58,26 @@ async def kafka_clients(stack):
 
 def request(request_id: str, topic: str) -> wire.GenerationRequest:
     now_ms = int(time.time() * 1000)
-    return wire.GenerationRequest(request_id=request_id, tenant_id="dev", model="llmq-sim", prompt="hello",
-                                  sampling=wire.SamplingParams(max_tokens=4), created_ms=now_ms,
-                                  deadline_ms=now_ms + 60_000, reply_to=wire.KafkaReply(topic=topic))
+    return wire.GenerationRequest(
+        request_id=request_id,
+        tenant_id="dev",
+        model="llmq-sim",
+        prompt="hello",
+        sampling=wire.SamplingParams(max_tokens=4),
+        created_ms=now_ms,
+        deadline_ms=now_ms + 60_000,
+        reply_to=wire.KafkaReply(topic=topic),
+    )
 
 
 async def produce(producer, req: wire.GenerationRequest) -> None:
-    await kafka.send_message(producer, constants.requests_topic(req.traffic_class), req, key=req.request_id,
-                             content_type=constants.CONTENT_TYPE_JSON)
+    await kafka.send_message(
+        producer,
+        constants.requests_topic(req.traffic_class),
+        req,
+        key=req.request_id,
+        content_type=constants.CONTENT_TYPE_JSON,
+    )
 
 
 async def ends(producer, reader: AIOKafkaConsumer, topics: list[str]) -> dict[TopicPartition, int]:
@@ -125,8 +138,9 @@ async def test_reserved_reply_topics_are_refused_at_entry_and_the_next_request_i
     [reply] = await read_from(reader, {TopicPartition(good_topic, 0): 0}, lambda records: records, 60)
     assert json.loads(reply.value)["request_id"] == f"good-{tag}"
     letters = {r.key.decode(): r for r in await read_from(reader, dead, dead_letters_for(set(refused)), 30)}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}",
-                                 headers={"authorization": f"Bearer {API_KEY}"}) as http:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{API_PORT}", headers={"authorization": f"Bearer {API_KEY}"}
+    ) as http:
         for request_id, topic in refused.items():
             headers = dict(letters[request_id].headers)
             assert headers[constants.HEADER_REPLY_TOPIC] == topic.encode()
@@ -137,8 +151,10 @@ async def test_reserved_reply_topics_are_refused_at_entry_and_the_next_request_i
     # Nothing but the requests themselves and their one errored answer reached llmq's own topics.
     keys = [(r.topic, r.key.decode()) for r in await read_from(reader, guarded, None, 30) if r.key]
     for request_id in refused:
-        assert sorted(t for t, k in keys if k == request_id) == [constants.requests_topic("interactive"),
-                                                                  constants.TOPIC_RESULTS], request_id
+        assert sorted(t for t, k in keys if k == request_id) == [
+            constants.requests_topic("interactive"),
+            constants.TOPIC_RESULTS,
+        ], request_id
 
 
 async def test_a_missing_reply_topic_is_dead_lettered_and_the_results_behind_it_flow(stack, kafka_clients):
@@ -147,9 +163,18 @@ async def test_a_missing_reply_topic_is_dead_lettered_and_the_results_behind_it_
     good_topic = f"test.replies.{tag}"
     await kafka.create_topic(settings, good_topic)
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{API_PORT}/v1", api_key=API_KEY, max_retries=0)
-    lines = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
-                                "body": {"model": "llmq-sim", "prompt": f"line {i}", "max_tokens": 4}}) + "\n"
-                    for i in range(40))
+    lines = "".join(
+        json.dumps(
+            {
+                "custom_id": f"line-{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "llmq-sim", "prompt": f"line {i}", "max_tokens": 4},
+            }
+        )
+        + "\n"
+        for i in range(40)
+    )
     upload = await client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
     dead = await ends(producer, reader, [constants.TOPIC_DEAD_LETTERS])
     # One poison per llmq.results partition (each to its own missing topic), and a good result behind the first.
@@ -198,6 +223,7 @@ async def test_fresh_missing_reply_topics_are_dead_lettered_at_once_and_hold_up_
 
     def answered(records):
         return any(json.loads(r.value)["request_id"] == good for r in records)
+
     await read_from(reader, {TopicPartition(good_topic, 0): 0}, answered, 30)
     elapsed_s = time.monotonic() - started
     letters = {r.key.decode(): r for r in await read_from(reader, dead, dead_letters_for(set(poison)), 30)}

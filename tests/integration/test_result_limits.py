@@ -16,9 +16,21 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from llmq_core import wire
 from llmq_core.clock import SYSTEM_CLOCK
-from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, TOPIC_BATCHES, TOPIC_DEAD_LETTERS, replies_channel, worker_group
+from llmq_core.constants import (
+    KAFKA_MAX_MESSAGE_BYTES,
+    TOPIC_BATCHES,
+    TOPIC_DEAD_LETTERS,
+    replies_channel,
+    worker_group,
+)
 from llmq_core.kafka import (
-    MAX_MESSAGE_BYTES_CONFIG, check_topic_limits, ensure_topics, make_consumer, make_producer, send_message)
+    MAX_MESSAGE_BYTES_CONFIG,
+    check_topic_limits,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    send_message,
+)
 from llmq_core.settings import Settings
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
@@ -55,8 +67,13 @@ async def set_topic_limit(settings: Settings, topic: str, limit_bytes: int, *, c
 def request(request_id: str, instance_id: str, *, n: int, max_tokens: int) -> wire.GenerationRequest:
     now = SYSTEM_CLOCK.now_ms()
     return wire.GenerationRequest(
-        request_id=request_id, model=MODEL, prompt="x", sampling=wire.SamplingParams(max_tokens=max_tokens, n=n),
-        created_ms=now, deadline_ms=now + 30_000, reply_to=wire.HttpReply(instance_id=instance_id),
+        request_id=request_id,
+        model=MODEL,
+        prompt="x",
+        sampling=wire.SamplingParams(max_tokens=max_tokens, n=n),
+        created_ms=now,
+        deadline_ms=now + 30_000,
+        reply_to=wire.HttpReply(instance_id=instance_id),
     )
 
 
@@ -72,9 +89,18 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
     await asyncio.gather(producer.start(), log_reader.start(), worker_consumer.start())
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=50)
     core = WorkerCore(worker_id=worker_id, partition=PARTITION, model=MODEL, engine=engine, clock=SYSTEM_CLOCK)
-    loop = WorkerLoop(core=core, engine=engine, consumer=worker_consumer, producer=producer, redis=redis,
-                      clock=SYSTEM_CLOCK, heartbeat_interval_ms=100, shutdown_grace_s=5, max_pending=32,
-                      results_topic=results_topic)
+    loop = WorkerLoop(
+        core=core,
+        engine=engine,
+        consumer=worker_consumer,
+        producer=producer,
+        redis=redis,
+        clock=SYSTEM_CLOCK,
+        heartbeat_interval_ms=100,
+        shutdown_grace_s=5,
+        max_pending=32,
+        results_topic=results_topic,
+    )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))
 
@@ -88,15 +114,24 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
         return finals
 
     async def send(batch_id: str, *requests: wire.GenerationRequest) -> None:
-        batch = wire.Batch(batch_id=batch_id, worker_id=worker_id, model=MODEL, requests=list(requests),
-                           formed_ms=SYSTEM_CLOCK.now_ms(), flush_reason="size")
+        batch = wire.Batch(
+            batch_id=batch_id,
+            worker_id=worker_id,
+            model=MODEL,
+            requests=list(requests),
+            formed_ms=SYSTEM_CLOCK.now_ms(),
+            flush_reason="size",
+        )
         await send_message(producer, TOPIC_BATCHES, batch, key=batch_id, partition=PARTITION)
 
     try:
         async with asyncio.timeout(30):
             # 16 x 8000 bytes of text: under MAX_RESULT_BYTES and the worker's own record check, over this topic's limit
-            await send(f"b1-{run}", request(f"big-{run}", instance_id, n=16, max_tokens=8000),
-                       request(f"ok-{run}", instance_id, n=1, max_tokens=5))
+            await send(
+                f"b1-{run}",
+                request(f"big-{run}", instance_id, n=16, max_tokens=8000),
+                request(f"ok-{run}", instance_id, n=1, max_tokens=5),
+            )
             first = await answers(2)
             await send(f"b2-{run}", request(f"after-{run}", instance_id, n=2, max_tokens=3))
             second = await answers(1)
@@ -106,7 +141,11 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
                     logged.update({(r := wire.decode(record.value)).request_id: r for record in records})
         big, ok, after = first[f"big-{run}"], first[f"ok-{run}"], second[f"after-{run}"]
         assert (big.outcome, big.error.code, big.error.retryable, big.choices) == (
-            wire.Outcome.ERRORED, "result_too_large", False, [])
+            wire.Outcome.ERRORED,
+            "result_too_large",
+            False,
+            [],
+        )
         assert big.usage.completion_tokens == 16 * 8000  # the work done is still accounted
         assert (ok.outcome, ok.choices[0].text) == (wire.Outcome.SUCCEEDED, "xxxxx")
         assert (after.outcome, [c.text for c in after.choices]) == (wire.Outcome.SUCCEEDED, ["xxx", "xxx"])
@@ -125,12 +164,27 @@ async def test_services_refuse_to_start_when_a_topic_limit_is_too_small(settings
     await check_topic_limits(settings)  # the suite's broker: every llmq topic is large enough
     await set_topic_limit(settings, TOPIC_DEAD_LETTERS, SMALL_LIMIT_BYTES)
     try:
-        env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-               "LLMQ_REDIS_URL": settings.redis_url}
+        env = {
+            **os.environ,
+            "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+            "LLMQ_REDIS_URL": settings.redis_url,
+        }
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "llmq_worker.main", "--worker-id", "itest-refused", "--partition", str(PARTITION),
-            "--model", MODEL, "--engine", "simulated", env=env, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "llmq_worker.main",
+            "--worker-id",
+            "itest-refused",
+            "--partition",
+            str(PARTITION),
+            "--model",
+            MODEL,
+            "--engine",
+            "simulated",
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
         async with asyncio.timeout(60):
             _, stderr = await process.communicate()
         message = stderr.decode()

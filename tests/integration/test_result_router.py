@@ -20,9 +20,13 @@ async def test_stores_and_replies_once_despite_redelivery():
     reply_topic = f"test.replies.{uuid.uuid4().hex[:8]}"
     await kafka.create_topic(settings, reply_topic)  # the broker does not auto-create topics
     request_id = f"req-{uuid.uuid4().hex}"
-    result = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
-                              reply_to=wire.KafkaReply(topic=reply_topic),
-                              choices=[wire.Choice(index=0, text="hello", finish_reason="length")])
+    result = wire.FinalResult(
+        request_id=request_id,
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        reply_to=wire.KafkaReply(topic=reply_topic),
+        choices=[wire.Choice(index=0, text="hello", finish_reason="length")],
+    )
     redis = Redis.from_url(settings.redis_url)
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)

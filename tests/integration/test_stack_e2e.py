@@ -52,8 +52,10 @@ async def create_topic(bootstrap: str, topic: str) -> None:
 
 
 def clients() -> list[openai.AsyncOpenAI]:
-    return [openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="llmq-dev-key", max_retries=0,
-                               timeout=120) for port in API_PORTS]
+    return [
+        openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="llmq-dev-key", max_retries=0, timeout=120)
+        for port in API_PORTS
+    ]
 
 
 async def test_200_concurrent_requests_each_get_their_own_answer(stack):
@@ -76,8 +78,10 @@ async def test_200_concurrent_requests_each_get_their_own_answer(stack):
 async def test_chat_on_llmq_sim_replays_the_last_user_message(stack):
     pod = clients()[1]
     response = await pod.chat.completions.create(
-        model="llmq-sim", max_tokens=7,
-        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}])
+        model="llmq-sim",
+        max_tokens=7,
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
+    )
     assert response.choices[0].message.content == "hellohe"
     assert response.choices[0].message.role == "assistant"
 
@@ -85,9 +89,12 @@ async def test_chat_on_llmq_sim_replays_the_last_user_message(stack):
 async def test_llmq_tiny_answers_are_well_formed(stack):
     pods = clients()
     prompts = cut_prompts(8, seed=3, max_chars=800)
-    responses = await asyncio.gather(*(
-        pods[i % 2].completions.create(model="llmq-tiny", prompt=p.prompt, max_tokens=12, temperature=0)
-        for i, p in enumerate(prompts)))
+    responses = await asyncio.gather(
+        *(
+            pods[i % 2].completions.create(model="llmq-tiny", prompt=p.prompt, max_tokens=12, temperature=0)
+            for i, p in enumerate(prompts)
+        )
+    )
     for p, response in zip(prompts, responses):
         choice = response.choices[0]
         assert isinstance(choice.text, str) and "\ufffd" not in choice.text
@@ -100,8 +107,9 @@ async def test_llmq_tiny_answers_are_well_formed(stack):
 async def test_deadline_ends_in_504_with_an_openai_error(stack):
     pod = clients()[0]
     with pytest.raises(openai.APIStatusError) as caught:
-        await pod.completions.create(model="llmq-sim", prompt="slow " * 10, max_tokens=8,
-                                     extra_headers={"x-llmq-timeout-ms": "50"})
+        await pod.completions.create(
+            model="llmq-sim", prompt="slow " * 10, max_tokens=8, extra_headers={"x-llmq-timeout-ms": "50"}
+        )
     assert caught.value.status_code == 504
     assert caught.value.body["type"]  # OpenAI-style error object: message, type, param, code
     assert "message" in caught.value.body
@@ -114,15 +122,41 @@ async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
     reply_topic = f"team.replies.{request_id}"
     now_ms = int(__import__("time").time() * 1000)
     request = {
-        "type": "generation_request", "request_id": request_id, "tenant_id": "team-a", "model": "llmq-sim",
-        "prompt": "kafka says hi", "sampling": {"max_tokens": 20}, "created_ms": now_ms,
-        "deadline_ms": now_ms + 60_000, "reply_to": {"kind": "kafka", "topic": reply_topic},
+        "type": "generation_request",
+        "request_id": request_id,
+        "tenant_id": "team-a",
+        "model": "llmq-sim",
+        "prompt": "kafka says hi",
+        "sampling": {"max_tokens": 20},
+        "created_ms": now_ms,
+        "deadline_ms": now_ms + 60_000,
+        "reply_to": {"kind": "kafka", "topic": reply_topic},
     }
     await create_topic(bootstrap, reply_topic)  # consumers do not auto-create topics
-    subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", requests_topic("interactive"), "-k", request_id,
-                    "-H", "content-type=application/json"], input=json.dumps(request).encode(), check=True, timeout=30)
-    consumed = await asyncio.to_thread(subprocess.run, ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
-                              capture_output=True, check=True, timeout=90)
+    subprocess.run(
+        [
+            "kcat",
+            "-P",
+            "-b",
+            bootstrap,
+            "-t",
+            requests_topic("interactive"),
+            "-k",
+            request_id,
+            "-H",
+            "content-type=application/json",
+        ],
+        input=json.dumps(request).encode(),
+        check=True,
+        timeout=30,
+    )
+    consumed = await asyncio.to_thread(
+        subprocess.run,
+        ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
+        capture_output=True,
+        check=True,
+        timeout=90,
+    )
     result = json.loads(consumed.stdout.decode().strip().splitlines()[0])
     assert result["request_id"] == request_id
     assert result["outcome"] == "succeeded"
@@ -132,6 +166,7 @@ async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
 async def test_the_issue_12_oversized_request_is_one_outcome_and_kills_no_worker(stack):
     """Issue 12 item 1: n=128 x max_tokens=8190 once killed both llmq-sim workers (a ~1 MB record over the producer's
     limit). Now its HTTP answer is the llmq.results record, within MAX_RESULT_BYTES; the same workers serve on."""
+
     def sim_workers() -> dict[str, int]:
         return {r["name"]: r["pid"] for r in stack.status() if r["model"] == "llmq-sim" and r["health"] == "healthy"}
 
@@ -146,9 +181,11 @@ async def test_the_issue_12_oversized_request_is_one_outcome_and_kills_no_worker
         for tp in partitions:
             await log_reader.position(tp)
         async with httpx.AsyncClient(timeout=120) as http:
-            response = await http.post(f"http://127.0.0.1:{API_PORTS[0]}/v1/completions",
-                                       headers={"authorization": "Bearer llmq-dev-key"},
-                                       json={"model": "llmq-sim", "prompt": "x", "max_tokens": 8190, "n": 128})
+            response = await http.post(
+                f"http://127.0.0.1:{API_PORTS[0]}/v1/completions",
+                headers={"authorization": "Bearer llmq-dev-key"},
+                json={"model": "llmq-sim", "prompt": "x", "max_tokens": 8190, "n": 128},
+            )
         assert response.status_code == 200, response.text  # 128 x 8190 bytes fit MAX_RESULT_BYTES: served whole
         body = response.json()
         assert sum(len(c["text"].encode()) for c in body["choices"]) <= MAX_RESULT_BYTES
@@ -157,11 +194,13 @@ async def test_the_issue_12_oversized_request_is_one_outcome_and_kills_no_worker
             logged = None
             while logged is None:
                 for records in (await log_reader.getmany(timeout_ms=500)).values():
-                    logged = next((r for r in (wire.decode(rec.value) for rec in records) if r.request_id == body["id"]),
-                                  logged)
+                    logged = next(
+                        (r for r in (wire.decode(rec.value) for rec in records) if r.request_id == body["id"]), logged
+                    )
         assert logged.outcome is wire.Outcome.SUCCEEDED
         assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
-            (c.index, c.text, c.finish_reason) for c in sorted(logged.choices, key=lambda c: c.index)]
+            (c.index, c.text, c.finish_reason) for c in sorted(logged.choices, key=lambda c: c.index)
+        ]
         assert body["usage"]["completion_tokens"] == logged.usage.completion_tokens
     finally:
         await log_reader.stop()

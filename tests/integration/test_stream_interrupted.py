@@ -35,14 +35,21 @@ KILL_AFTER_CHARS = 12
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    shape = dict(api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=BATCH_TIME_MS,
-                 sim_max_batch_size=8)
+    shape = dict(
+        api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=8
+    )
     if infra is not None:
-        cfg = StackConfig(state_dir=infra.cfg.state_dir / "stream-interrupted", kafka_port=infra.cfg.kafka_port,
-                          redis_port=infra.cfg.redis_port, manage_infra=False, **shape)
+        cfg = StackConfig(
+            state_dir=infra.cfg.state_dir / "stream-interrupted",
+            kafka_port=infra.cfg.kafka_port,
+            redis_port=infra.cfg.redis_port,
+            manage_infra=False,
+            **shape,
+        )
     else:
-        cfg = StackConfig(state_dir=ROOT / "var" / f"test-stream-{uuid.uuid4().hex[:6]}", kafka_port=28392,
-                          redis_port=28379, **shape)
+        cfg = StackConfig(
+            state_dir=ROOT / "var" / f"test-stream-{uuid.uuid4().hex[:6]}", kafka_port=28392, redis_port=28379, **shape
+        )
     running = FaultStack(cfg)
     try:
         running.dev.up(timeout_s=240, log=lambda *_: None)

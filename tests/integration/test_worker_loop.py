@@ -42,7 +42,9 @@ def settings() -> Settings:
     )
 
 
-def request(request_id: str, instance_id: str, prompt: str, *, stream: bool, deadline_s: float = 30) -> wire.GenerationRequest:
+def request(
+    request_id: str, instance_id: str, prompt: str, *, stream: bool, deadline_s: float = 30
+) -> wire.GenerationRequest:
     now = SYSTEM_CLOCK.now_ms()
     return wire.GenerationRequest(
         request_id=request_id,
@@ -76,14 +78,25 @@ async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
     worker_consumer = make_consumer(settings, group_id=worker_group(PARTITION))
     await worker_consumer.start()
     loop = WorkerLoop(
-        core=core, engine=engine, consumer=worker_consumer, producer=producer, redis=redis, clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=100, shutdown_grace_s=5, max_pending=32,
+        core=core,
+        engine=engine,
+        consumer=worker_consumer,
+        producer=producer,
+        redis=redis,
+        clock=SYSTEM_CLOCK,
+        heartbeat_interval_ms=100,
+        shutdown_grace_s=5,
+        max_pending=32,
     )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))
     try:
         batch = wire.Batch(
-            batch_id=f"b-{run}", worker_id=worker_id, model=MODEL, formed_ms=SYSTEM_CLOCK.now_ms(), flush_reason="size",
+            batch_id=f"b-{run}",
+            worker_id=worker_id,
+            model=MODEL,
+            formed_ms=SYSTEM_CLOCK.now_ms(),
+            flush_reason="size",
             requests=[
                 request(f"s-{run}", instance_id, "abc", stream=True),
                 request(f"p-{run}", instance_id, "xyz", stream=False),
@@ -107,7 +120,11 @@ async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
                     beats.append(decoded)
 
         streamed, plain, expired = finals[f"s-{run}"], finals[f"p-{run}"], finals[f"x-{run}"]
-        assert (streamed.outcome, streamed.choices[0].text, streamed.usage.total_tokens) == (wire.Outcome.SUCCEEDED, "abcab", 8)
+        assert (streamed.outcome, streamed.choices[0].text, streamed.usage.total_tokens) == (
+            wire.Outcome.SUCCEEDED,
+            "abcab",
+            8,
+        )
         assert "".join(c.text for c in chunks) == "abcab" and {c.request_id for c in chunks} == {f"s-{run}"}
         assert [c.seq for c in chunks] == list(range(len(chunks)))
         assert plain.choices[0].text == "xyzxy"
@@ -146,18 +163,37 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
     """``python -m llmq_worker.main``: a poisoned request fails alone; SIGTERM finishes the running batch, then exits."""
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-proc-{run}", f"itest-pod-{run}"
-    env = {**os.environ, "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers, "LLMQ_REDIS_URL": settings.redis_url}
+    env = {
+        **os.environ,
+        "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "LLMQ_REDIS_URL": settings.redis_url,
+    }
     redis = aioredis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
     producer = make_producer(settings)
     await producer.start()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmq_worker.main", "--worker-id", worker_id, "--partition", str(PARTITION),
-        "--model", MODEL, "--engine", "simulated", "--batch-time-ms", "300", "--poison-marker", "POISON",
-        env=env, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "llmq_worker.main",
+        "--worker-id",
+        worker_id,
+        "--partition",
+        str(PARTITION),
+        "--model",
+        MODEL,
+        "--engine",
+        "simulated",
+        "--batch-time-ms",
+        "300",
+        "--poison-marker",
+        "POISON",
+        env=env,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     try:
+
         async def next_message(kind):
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
@@ -166,20 +202,33 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
                     return decoded
 
         async def send(batch_id, *requests):
-            batch = wire.Batch(batch_id=batch_id, worker_id=worker_id, model=MODEL, requests=list(requests),
-                               formed_ms=SYSTEM_CLOCK.now_ms(), flush_reason="size")
+            batch = wire.Batch(
+                batch_id=batch_id,
+                worker_id=worker_id,
+                model=MODEL,
+                requests=list(requests),
+                formed_ms=SYSTEM_CLOCK.now_ms(),
+                flush_reason="size",
+            )
             return await send_message(producer, TOPIC_BATCHES, batch, key=batch_id, partition=PARTITION)
 
         async with asyncio.timeout(30):
             await next_message(wire.WorkerHeartbeat)
-            await send(f"poison-{run}", *(request(f"{name}-{run}", instance_id, prompt, stream=False)
-                                         for name, prompt in (("a", "fine"), ("bad", "POISON"), ("b", "also fine"))))
+            await send(
+                f"poison-{run}",
+                *(
+                    request(f"{name}-{run}", instance_id, prompt, stream=False)
+                    for name, prompt in (("a", "fine"), ("bad", "POISON"), ("b", "also fine"))
+                ),
+            )
             finals = {}
             while len(finals) < 3:
                 result = await next_message(wire.FinalResult)
                 finals[result.request_id.split("-")[0]] = result
         assert {name: r.outcome for name, r in finals.items()} == {
-            "a": wire.Outcome.SUCCEEDED, "bad": wire.Outcome.ERRORED, "b": wire.Outcome.SUCCEEDED,
+            "a": wire.Outcome.SUCCEEDED,
+            "bad": wire.Outcome.ERRORED,
+            "b": wire.Outcome.SUCCEEDED,
         }
         assert finals["bad"].error.retryable is False and finals["a"].choices[0].text == "finef"
 

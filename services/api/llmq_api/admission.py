@@ -40,10 +40,10 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from llmq_api.errors import RATE_LIMIT_ERROR, SERVER_ERROR, ApiError
 from llmq_core import wire
 from llmq_core.constants import DEFERRED, HTTP_RETRY_AFTER, PRIORITY_CLASSES
 from llmq_core.settings import Settings
-from llmq_api.errors import RATE_LIMIT_ERROR, SERVER_ERROR, ApiError
 
 MAX_RETRY_AFTER_S = 60
 UNMEASURED_SHARE = 0.5  # of the heartbeats' capacity: the drain rate assumed until a backlog's rate is measured
@@ -97,7 +97,7 @@ class Saturation:
         those above) over the rate it drains at. With neither a measured rate nor a worker's capacity (a model without
         workers) the oldest queued age ahead is the only signal."""
         queues = self.queues.get(model, EMPTY)
-        ahead = PRIORITY_CLASSES[:PRIORITY_CLASSES.index(priority_class) + 1]
+        ahead = PRIORITY_CLASSES[: PRIORITY_CLASSES.index(priority_class) + 1]
         reported = sum(queues.depth.get(c, 0) + self.admitted.get((model, c), 0) for c in ahead)
         held = sum(self.unfinished.get((model, c), 0) for c in ahead) - self.slots.get(model, 0)
         queued = max(reported, held)
@@ -170,6 +170,7 @@ class Unfinished:
                 self.counts[key] -= 1
                 if not self.counts[key]:
                     del self.counts[key]
+
         return end
 
     def report(self, instance_id: str, now_ms: int) -> wire.PodUnfinished:
@@ -179,8 +180,9 @@ class Unfinished:
         return wire.PodUnfinished(instance_id=instance_id, sent_ms=now_ms, models=models)
 
 
-def all_unfinished(own: Mapping[tuple[str, str], int], others: Iterable[wire.PodUnfinished], now_ms: int,
-                   stale_ms: int) -> dict[tuple[str, str], int]:
+def all_unfinished(
+    own: Mapping[tuple[str, str], int], others: Iterable[wire.PodUnfinished], now_ms: int, stale_ms: int
+) -> dict[tuple[str, str], int]:
     """(model, class) -> unfinished requests of this pod (``own``, exact) and of the other pods whose report was sent
     within ``stale_ms`` of ``now_ms`` (a pod that stopped reporting is gone; the batchers cancel its work)."""
     total = Counter(own)
@@ -190,9 +192,14 @@ def all_unfinished(own: Mapping[tuple[str, str], int], others: Iterable[wire.Pod
     return dict(total)
 
 
-def merge_reports(reports: Iterable[wire.BatcherSaturation], now_ms: int, stale_ms: int,
-                  heard_ms: Mapping[str, int] | None = None, admitted: Admitted | None = None,
-                  unfinished: Mapping[tuple[str, str], int] | None = None) -> Saturation:
+def merge_reports(
+    reports: Iterable[wire.BatcherSaturation],
+    now_ms: int,
+    stale_ms: int,
+    heard_ms: Mapping[str, int] | None = None,
+    admitted: Admitted | None = None,
+    unfinished: Mapping[tuple[str, str], int] | None = None,
+) -> Saturation:
     """Merge the reports sent within ``stale_ms`` of ``now_ms``; a queue's oldest request has aged since its report.
     ``heard_ms``: model -> the last worker heartbeat this pod heard itself, which knows of a new worker up to a report
     interval sooner than the batchers' reports do. ``admitted``: this pod's admissions; those after the oldest fresh
@@ -218,15 +225,34 @@ def merge_reports(reports: Iterable[wire.BatcherSaturation], now_ms: int, stale_
             slots[model] = max(slots.get(model, 0), load.slots)
             capacity[model] = max(capacity.get(model, 0.0), load.capacity_per_s)
             seen[model] = max(seen.get(model, 0), load.worker_seen_ms)
-            _add_queues(load.classes, since_ms, depth.setdefault(model, {}), oldest.setdefault(model, {}),
-                        drain.setdefault(model, {}))
+            _add_queues(
+                load.classes,
+                since_ms,
+                depth.setdefault(model, {}),
+                oldest.setdefault(model, {}),
+                drain.setdefault(model, {}),
+            )
     local = admitted.since(min(sent, default=now_ms - stale_ms)) if admitted is not None else {}
-    return Saturation({m: Queues(depth[m], oldest[m], drain[m]) for m in depth}, workers, seen,
-                      min(starts, default=None), now_ms, slots, capacity, local, dict(unfinished or {}))
+    return Saturation(
+        {m: Queues(depth[m], oldest[m], drain[m]) for m in depth},
+        workers,
+        seen,
+        min(starts, default=None),
+        now_ms,
+        slots,
+        capacity,
+        local,
+        dict(unfinished or {}),
+    )
 
 
-def _add_queues(classes: Mapping[str, wire.QueueLoad], since_ms: int, depth: dict[str, int],
-                oldest: dict[str, int], drain: dict[str, float]) -> None:
+def _add_queues(
+    classes: Mapping[str, wire.QueueLoad],
+    since_ms: int,
+    depth: dict[str, int],
+    oldest: dict[str, int],
+    drain: dict[str, float],
+) -> None:
     for name, load in classes.items():
         depth[name] = depth.get(name, 0) + load.depth
         drain[name] = drain.get(name, 0.0) + load.backlog_drained_per_s
@@ -249,10 +275,15 @@ def too_many_requests(message: str, retry_after_s: int, type: str = RATE_LIMIT_E
 
 def model_unavailable(model: str, retry_after: int) -> ApiError:
     """A 503 ``model_unavailable``: no worker serves ``model`` now."""
-    return ApiError(503, f"The model '{model}' has no running worker right now; retry after the Retry-After delay, "
-                    "or send the request as deferred work (x-llmq-class: deferred), which waits for a worker",
-                    type=SERVER_ERROR, param="model", code=MODEL_UNAVAILABLE_CODE,
-                    headers={HTTP_RETRY_AFTER: str(retry_after)})
+    return ApiError(
+        503,
+        f"The model '{model}' has no running worker right now; retry after the Retry-After delay, "
+        "or send the request as deferred work (x-llmq-class: deferred), which waits for a worker",
+        type=SERVER_ERROR,
+        param="model",
+        code=MODEL_UNAVAILABLE_CODE,
+        headers={HTTP_RETRY_AFTER: str(retry_after)},
+    )
 
 
 def retry_after_s(wait_ms: int) -> int:
@@ -273,9 +304,13 @@ class ShedPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ShedPolicy:
-        return cls(wait_ms=dict(settings.api_shed_wait_ms), share=dict(settings.api_shed_share),
-                   max_in_flight=settings.api_max_in_flight, max_queued=settings.batcher_max_queued,
-                   worker_timeout_ms=settings.worker_heartbeat_timeout_ms)
+        return cls(
+            wait_ms=dict(settings.api_shed_wait_ms),
+            share=dict(settings.api_shed_share),
+            max_in_flight=settings.api_max_in_flight,
+            max_queued=settings.batcher_max_queued,
+            worker_timeout_ms=settings.worker_heartbeat_timeout_ms,
+        )
 
     def check(self, priority_class: str, model: str, saturation: Saturation, in_flight: int) -> Rejection | None:
         """None to admit a request of ``priority_class`` for ``model``; otherwise the Rejection (a 429 or a 503)."""
@@ -294,6 +329,8 @@ class ShedPolicy:
             reason = "pod_in_flight"
         else:
             return None
-        message = (f"The service is overloaded for {priority_class} requests of {model} (predicted queue wait "
-                   f"{predicted.wait_ms} ms); retry after the Retry-After delay")
+        message = (
+            f"The service is overloaded for {priority_class} requests of {model} (predicted queue wait "
+            f"{predicted.wait_ms} ms); retry after the Retry-After delay"
+        )
         return Rejection(reason, too_many_requests(message, retry_after_s(predicted.wait_ms)))

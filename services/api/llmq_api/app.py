@@ -24,8 +24,6 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from llmq_core import constants, tracing, wire
-from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 from llmq_api import health, idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
@@ -35,6 +33,8 @@ from llmq_api.pod import Pod
 from llmq_api.ratelimit import Charge, check_fits, token_cost
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
 from llmq_api.waiters import Waiter
+from llmq_core import constants, tracing, wire
+from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,9 @@ def create_app(pod: Pod) -> FastAPI:
         principal = pod.keys.authenticate(request.headers.get("authorization"))
         result = await _redis_call(pod.idempotency.result(request_id))
         if result is None or result.tenant_id != principal.tenant_id:
-            raise ApiError(404, f"No finished request '{request_id}' found", param="request_id",
-                           code="request_not_found")
+            raise ApiError(
+                404, f"No finished request '{request_id}' found", param="request_id", code="request_not_found"
+            )
         return _request_object(result)
 
     @app.get("/healthz")
@@ -101,8 +102,11 @@ def create_app(pod: Pod) -> FastAPI:
         """For the Service: 503 until Kafka and Redis were reached once, and while draining; 200 otherwise, also
         ``degraded`` (see :func:`llmq_api.health.report`)."""
         ready, body = health.report(pod.dependencies, pod.draining)
-        checks = {"kafka_producer": pod.producer.ready, "replies_subscription": pod.listener.subscribed,
-                  "draining": pod.draining}
+        checks = {
+            "kafka_producer": pod.producer.ready,
+            "replies_subscription": pod.listener.subscribed,
+            "draining": pod.draining,
+        }
         return JSONResponse({**body, **checks}, status_code=200 if ready else 503)
 
     @app.get("/dependencies")
@@ -134,13 +138,22 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
     valid = parse(body, pod.catalog.context_windows(), max_stop_bytes=pod.settings.api_max_stop_bytes)
     request.state.model = valid.model
-    generation = pod.gateway.build(valid, request_id=request_id, principal=principal, traffic_class=traffic_class,
-                                   timeout_ms=timeout_ms, idempotency_key=idempotency_key)
+    generation = pod.gateway.build(
+        valid,
+        request_id=request_id,
+        principal=principal,
+        traffic_class=traffic_class,
+        timeout_ms=timeout_ms,
+        idempotency_key=idempotency_key,
+    )
     if idempotency_key is None:
         charge, predicted = await _admit(pod, principal, traffic_class, valid)
         return await _run(pod, generation, valid, charge=charge, headers=predicted)
-    claim = idempotency.Claim(request_id=request_id, fingerprint=idempotency.fingerprint(valid, traffic_class),
-                              deadline_ms=generation.deadline_ms)
+    claim = idempotency.Claim(
+        request_id=request_id,
+        fingerprint=idempotency.fingerprint(valid, traffic_class),
+        deadline_ms=generation.deadline_ms,
+    )
     earlier = await _redis_call(pod.idempotency.find(principal.tenant_id, idempotency_key))
     charge = predicted = None
     if earlier is None:
@@ -162,8 +175,9 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     return await _run(pod, generation, valid, release, charge=charge, headers=predicted)
 
 
-async def _admit(pod: Pod, principal: Principal, traffic_class: str,
-                 valid: validation.ValidRequest) -> tuple[Charge, dict[str, str]]:
+async def _admit(
+    pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest
+) -> tuple[Charge, dict[str, str]]:
     """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses (a
     400 for a token estimate no bucket refill could ever cover). The admission counts as queued work at once (before
     the rate limiter's await lets a burst's other requests check) and is taken back if the rate limiter refuses; it
@@ -190,9 +204,15 @@ async def _admit(pod: Pod, principal: Principal, traffic_class: str,
     return Charge(pod.limiter, principal, estimate, on_end=end), predicted
 
 
-async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,
-               on_gave_up: Callable[[], Awaitable[None]] | None = None, *, charge: Charge | None = None,
-               headers: dict[str, str] | None = None) -> Response:
+async def _run(
+    pod: Pod,
+    generation: wire.GenerationRequest,
+    valid: validation.ValidRequest,
+    on_gave_up: Callable[[], Awaitable[None]] | None = None,
+    *,
+    charge: Charge | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
     """Produce the request and hold the connection until its resolution; ``on_gave_up`` also runs if producing fails.
     ``charge`` is settled by the resolution, or cancelled when producing fails."""
     try:
@@ -203,23 +223,40 @@ async def _run(pod: Pod, generation: wire.GenerationRequest, valid: validation.V
         if on_gave_up is not None:
             await on_gave_up()
         raise
-    pending = PendingRequest(request=generation, waiter=waiter, include_usage=valid.include_usage,
-                             registry=pod.registry, publish_cancel=pod.publish_cancel, metrics=pod.metrics,
-                             clock=pod.clock, on_gave_up=on_gave_up, on_resolved=charge and charge.settle,
-                             headers=headers)
+    pending = PendingRequest(
+        request=generation,
+        waiter=waiter,
+        include_usage=valid.include_usage,
+        registry=pod.registry,
+        publish_cancel=pod.publish_cancel,
+        metrics=pod.metrics,
+        clock=pod.clock,
+        on_gave_up=on_gave_up,
+        on_resolved=charge and charge.settle,
+        headers=headers,
+    )
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
 
 
-async def _join(pod: Pod, generation: wire.GenerationRequest, valid: validation.ValidRequest,
-                claim: idempotency.Claim, earlier: idempotency.Claim) -> Response:
+async def _join(
+    pod: Pod,
+    generation: wire.GenerationRequest,
+    valid: validation.ValidRequest,
+    claim: idempotency.Claim,
+    earlier: idempotency.Claim,
+) -> Response:
     """A retry with a claimed Idempotency-Key: the earlier request's stored result, or its result once it has one.
 
     Nothing runs again and leaving cancels nothing: the earlier request is not this connection's. 422 when the retry's
     parameters differ from the earlier request's.
     """
     if earlier.fingerprint != claim.fingerprint:
-        raise ApiError(422, "This Idempotency-Key was already used with different parameters",
-                       param=HTTP_IDEMPOTENCY_KEY, code="idempotency_key_reused")
+        raise ApiError(
+            422,
+            "This Idempotency-Key was already used with different parameters",
+            param=HTTP_IDEMPOTENCY_KEY,
+            code="idempotency_key_reused",
+        )
     deadline_ms = min(generation.deadline_ms, earlier.deadline_ms + JOIN_GRACE_MS)
     replay = msgspec.structs.replace(generation, request_id=earlier.request_id, deadline_ms=deadline_ms)
     waiter = Waiter(earlier.request_id, replay.stream)  # not registered: replies for it go to the earlier pod
@@ -233,17 +270,29 @@ async def _join(pod: Pod, generation: wire.GenerationRequest, valid: validation.
         pod.followers.add(follower)
         follower.add_done_callback(pod.followers.discard)
     pod.metrics.idempotent_replays.inc()
-    pending = PendingRequest(request=replay, waiter=waiter, include_usage=valid.include_usage, registry=pod.registry,
-                             publish_cancel=_cancel_nothing, metrics=pod.metrics, clock=pod.clock,
-                             headers={IDEMPOTENT_REPLAYED: "true"})
+    pending = PendingRequest(
+        request=replay,
+        waiter=waiter,
+        include_usage=valid.include_usage,
+        registry=pod.registry,
+        publish_cancel=_cancel_nothing,
+        metrics=pod.metrics,
+        clock=pod.clock,
+        headers={IDEMPOTENT_REPLAYED: "true"},
+    )
     return StreamResponse(pending) if valid.stream else ResultResponse(pending)
 
 
 def result_evicted() -> ApiError:
     """The earlier request has ended, but its stored result is gone: past ``result_ttl_s``, or dropped as one of its
     tenant's oldest past ``result_store_tenant_max_bytes`` (or evicted under Redis' memory budget)."""
-    return ApiError(410, "The request this Idempotency-Key ran has ended and its result is no longer stored; "
-                    "send a new key to run it again", param=HTTP_IDEMPOTENCY_KEY, code="result_evicted")
+    return ApiError(
+        410,
+        "The request this Idempotency-Key ran has ended and its result is no longer stored; "
+        "send a new key to run it again",
+        param=HTTP_IDEMPOTENCY_KEY,
+        code="result_evicted",
+    )
 
 
 async def _cancel_nothing(request_id: str, reason: str) -> None:
@@ -263,11 +312,19 @@ def _request_object(result: wire.FinalResult) -> dict:
     """``llmq.request``: the outcome, its usage (of an interrupted stream: the tokens the caller received), and the
     OpenAI response body (succeeded) or the error the caller got."""
     error = error_for(result)
-    return {"id": result.request_id, "object": "llmq.request", "status": result.outcome.value,
-            "model": result.model, "created": result.created_ms // 1000, "finished": result.finished_ms // 1000,
-            "response": None if error else response_body(result, result.request_id, result.endpoint,
-                                                         result.created_ms // 1000),
-            "error": error.body()["error"] if error else None, "usage": usage_dict(result.usage)}
+    return {
+        "id": result.request_id,
+        "object": "llmq.request",
+        "status": result.outcome.value,
+        "model": result.model,
+        "created": result.created_ms // 1000,
+        "finished": result.finished_ms // 1000,
+        "response": None
+        if error
+        else response_body(result, result.request_id, result.endpoint, result.created_ms // 1000),
+        "error": error.body()["error"] if error else None,
+        "usage": usage_dict(result.usage),
+    }
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes:
@@ -281,8 +338,9 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
                 raise validation.too_large(limit_bytes)
             chunks.append(chunk)
     except ClientDisconnect:
-        raise ApiError(CLIENT_GONE_STATUS, "The client disconnected while sending the body",
-                       code="client_disconnected") from None
+        raise ApiError(
+            CLIENT_GONE_STATUS, "The client disconnected while sending the body", code="client_disconnected"
+        ) from None
     return b"".join(chunks)
 
 
@@ -295,10 +353,12 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
             headers[HTTP_REQUEST_ID] = request_id
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
-            pod.metrics.finished(endpoint, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable",
-                                 exc.status)
-            pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
-                                 exc.status)
+            pod.metrics.finished(
+                endpoint, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable", exc.status
+            )
+            pod.metrics.answered(
+                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), exc.status
+            )
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RedisError)
@@ -309,18 +369,21 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = ApiError(exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500 else
-                         SERVER_ERROR)
-        return JSONResponse(error.body(), status_code=exc.status_code,
-                            headers={**(exc.headers or {}), **error.response_headers()})
+        error = ApiError(
+            exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
+        )
+        return JSONResponse(
+            error.body(), status_code=exc.status_code, headers={**(exc.headers or {}), **error.response_headers()}
+        )
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
         """A query or path parameter of the wrong type (``?limit=abc``): 400 naming it, not FastAPI's 422 shape."""
         first = (exc.errors() or [{}])[0]
         param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
-        error = ApiError(400, f"Invalid parameter {param!r}: {first.get('msg', 'invalid value')}", param=param,
-                         code="invalid_type")
+        error = ApiError(
+            400, f"Invalid parameter {param!r}: {first.get('msg', 'invalid value')}", param=param, code="invalid_type"
+        )
         return JSONResponse(error.body(), status_code=400, headers=error.response_headers())
 
     @app.exception_handler(Exception)
@@ -330,8 +393,9 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
             pod.metrics.finished(endpoint, "internal_error", 500)
-            pod.metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None),
-                                 500)
+            pod.metrics.answered(
+                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), 500
+            )
         error = ApiError(500, "The server had an error while processing the request", type=SERVER_ERROR)
         headers = error.response_headers()
         if request_id:

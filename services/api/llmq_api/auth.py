@@ -15,11 +15,11 @@ from typing import Annotated, Literal
 import msgspec
 import yaml
 
+from llmq_api.errors import ApiError
+from llmq_api.validation import parse_traffic_class
 from llmq_core.constants import HTTP_TRAFFIC_CLASS, TIER_FREE, TIER_PAID, TRAFFIC_CLASSES
 from llmq_core.labels import DEV_FREE_TENANT, DEV_TENANT
 from llmq_core.settings import Settings
-from llmq_api.errors import ApiError
-from llmq_api.validation import parse_traffic_class
 
 AUTHENTICATION_ERROR = "invalid_request_error"  # OpenAI's type for 401 invalid_api_key
 PERMISSION_ERROR = "permission_error"
@@ -51,14 +51,20 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
             return self.classes[0]
         traffic_class = parse_traffic_class(header)
         if traffic_class not in self.classes:
-            raise ApiError(403, f"This API key may not use the {traffic_class} class (allowed: "
-                           f"{', '.join(self.classes)})", type=PERMISSION_ERROR, param=HTTP_TRAFFIC_CLASS,
-                           code="class_not_allowed")
+            raise ApiError(
+                403,
+                f"This API key may not use the {traffic_class} class (allowed: {', '.join(self.classes)})",
+                type=PERMISSION_ERROR,
+                param=HTTP_TRAFFIC_CLASS,
+                code="class_not_allowed",
+            )
         return traffic_class
 
 
-DEV_KEYS = {DEV_KEY: Principal(tenant_id=DEV_TENANT),
-            DEV_FREE_KEY: Principal(tenant_id=DEV_FREE_TENANT, tier=TIER_FREE)}
+DEV_KEYS = {
+    DEV_KEY: Principal(tenant_id=DEV_TENANT),
+    DEV_FREE_KEY: Principal(tenant_id=DEV_FREE_TENANT, tier=TIER_FREE),
+}
 
 
 class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -69,7 +75,8 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     key_sha256: Sha256Hex | None = None
     tier: Literal["paid", "free"] = TIER_PAID
     classes: list[Literal["interactive", "near_interactive", "deferred"]] = msgspec.field(
-        default_factory=lambda: list(TRAFFIC_CLASSES))
+        default_factory=lambda: list(TRAFFIC_CLASSES)
+    )
     requests_per_min: PerMinute = 0
     tokens_per_min: PerMinute = 0
     batch_tokens_per_day: Quota = 0
@@ -105,8 +112,13 @@ class KeyStore:
         principal = self._by_digest.get(_digest(key.strip())) if scheme.lower() == "bearer" and key.strip() else None
         if principal is None:
             message = "Incorrect API key provided" if authorization else "You didn't provide an API key"
-            raise ApiError(401, f"{message}; send 'Authorization: Bearer <key>'", type=AUTHENTICATION_ERROR,
-                           code="invalid_api_key", headers={"www-authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                f"{message}; send 'Authorization: Bearer <key>'",
+                type=AUTHENTICATION_ERROR,
+                code="invalid_api_key",
+                headers={"www-authenticate": "Bearer"},
+            )
         return principal
 
 
@@ -119,18 +131,25 @@ def load_keys_file(path: Path) -> list[KeyEntry]:
         raise ValueError(f"API keys file {path}: {exc}") from exc
     for i, entry in enumerate(entries):
         if (entry.key is None) == (entry.key_sha256 is None) or not (entry.classes and entry.tenant):
-            raise ValueError(f"API keys file {path}: keys[{i}] needs a tenant, at least one class and exactly one "
-                             "of key / key_sha256")
+            raise ValueError(
+                f"API keys file {path}: keys[{i}] needs a tenant, at least one class and exactly one "
+                "of key / key_sha256"
+            )
     return entries
 
 
 def _principal(entry: KeyEntry) -> Principal:
     classes = tuple(sorted(set(entry.classes), key=TRAFFIC_CLASSES.index))
-    return Principal(tenant_id=entry.tenant, tier=entry.tier, classes=classes,
-                     requests_per_min=entry.requests_per_min, tokens_per_min=entry.tokens_per_min,
-                     batch_tokens_per_day=entry.batch_tokens_per_day, file_storage_bytes=entry.file_storage_bytes)
+    return Principal(
+        tenant_id=entry.tenant,
+        tier=entry.tier,
+        classes=classes,
+        requests_per_min=entry.requests_per_min,
+        tokens_per_min=entry.tokens_per_min,
+        batch_tokens_per_day=entry.batch_tokens_per_day,
+        file_storage_bytes=entry.file_storage_bytes,
+    )
 
 
 def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-

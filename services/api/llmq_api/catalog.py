@@ -31,14 +31,22 @@ class ModelCatalog:
     def context_windows(self) -> Mapping[str, int]:
         """Every model served now -> its context window; built-ins keep their own spec's window."""
         now_ms = self._clock.now_ms()
-        windows = {name: window for name, (window, seen_ms) in self._seen.items()
-                   if now_ms - seen_ms <= self._seen_ttl_ms}
+        windows = {
+            name: window for name, (window, seen_ms) in self._seen.items() if now_ms - seen_ms <= self._seen_ttl_ms
+        }
         windows.update({name: spec.context_window for name, spec in BUILTIN_MODELS.items()})
         return windows
 
     def listing(self) -> list[dict]:
         """OpenAI ``/v1/models`` entries, sorted by id, each with its ``context_window``."""
         owners = {name: spec.owned_by for name, spec in BUILTIN_MODELS.items()}
-        return [{"id": name, "object": "model", "created": 0, "owned_by": owners.get(name, "llmq"),
-                 "context_window": window or None}
-                for name, window in sorted(self.context_windows().items())]
+        return [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": owners.get(name, "llmq"),
+                "context_window": window or None,
+            }
+            for name, window in sorted(self.context_windows().items())
+        ]

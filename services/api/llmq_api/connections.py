@@ -34,8 +34,8 @@ from typing import Any
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from llmq_core.settings import Settings
 from llmq_api.errors import RETRY_AFTER_S, ApiError
+from llmq_core.settings import Settings
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -59,11 +59,13 @@ class ConnectionLimits:
 
 def limits_from(settings: Settings) -> ConnectionLimits:
     """The limits the settings ask for; ValueError for a trusted proxy that is no address or network."""
-    return ConnectionLimits(header_timeout_s=settings.api_header_timeout_ms / 1000,
-                            body_timeout_s=settings.api_body_timeout_ms / 1000,
-                            max_per_client=settings.api_max_connections_per_client,
-                            max_header_bytes=settings.api_max_header_bytes,
-                            trusted_proxies=parse_networks(settings.api_trusted_proxies))
+    return ConnectionLimits(
+        header_timeout_s=settings.api_header_timeout_ms / 1000,
+        body_timeout_s=settings.api_body_timeout_ms / 1000,
+        max_per_client=settings.api_max_connections_per_client,
+        max_header_bytes=settings.api_max_header_bytes,
+        trusted_proxies=parse_networks(settings.api_trusted_proxies),
+    )
 
 
 def parse_networks(text: str) -> tuple[Network, ...]:
@@ -100,9 +102,13 @@ class ClientConnections:
 def error_response(error: ApiError) -> bytes:
     """A complete HTTP/1.1 response carrying ``error``'s OpenAI body, after which the connection closes."""
     body = msgspec.json.encode(error.body())
-    head = [STATUS_LINE[error.status], b"content-type: application/json\r\n",
-            b"content-length: %d\r\n" % len(body), b"connection: close\r\n",
-            *(f"{name}: {value}\r\n".encode("latin-1") for name, value in error.response_headers().items())]
+    head = [
+        STATUS_LINE[error.status],
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n",
+        *(f"{name}: {value}\r\n".encode("latin-1") for name, value in error.response_headers().items()),
+    ]
     return b"".join([*head, b"\r\n", body])
 
 
@@ -121,8 +127,13 @@ def bad_http_request(reason: str) -> ApiError:
 
 
 def too_many_connections(limit: int) -> ApiError:
-    return ApiError(429, f"This client address already holds {limit} connections", type="rate_limit_error",
-                    code="too_many_connections", headers={"retry-after": str(RETRY_AFTER_S)})
+    return ApiError(
+        429,
+        f"This client address already holds {limit} connections",
+        type="rate_limit_error",
+        code="too_many_connections",
+        headers={"retry-after": str(RETRY_AFTER_S)},
+    )
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -244,13 +255,17 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     (and its count) behind.
     """
     limits = limits_from(settings)
-    return {"http": guarded_protocol(limits), "ws": "none",
-            "timeout_keep_alive": settings.api_keep_alive_timeout_ms / 1000,
-            "proxy_headers": bool(limits.trusted_proxies),
-            "forwarded_allow_ips": [str(network) for network in limits.trusted_proxies]}
+    return {
+        "http": guarded_protocol(limits),
+        "ws": "none",
+        "timeout_keep_alive": settings.api_keep_alive_timeout_ms / 1000,
+        "proxy_headers": bool(limits.trusted_proxies),
+        "forwarded_allow_ips": [str(network) for network in limits.trusted_proxies],
+    }
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
     """A protocol class for ``uvicorn.Config(http=...)``; its connections share one per-address count."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits,
-                                                       "clients": ClientConnections(limits.max_per_client)})
+    return type(
+        "GuardedProtocol", (GuardedProtocol,), {"limits": limits, "clients": ClientConnections(limits.max_per_client)}
+    )

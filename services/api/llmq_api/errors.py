@@ -27,9 +27,17 @@ class ApiError(Exception):
     succeed later (default: the status is 429 or 503).
     """
 
-    def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None,
-                 code: str | None = None, headers: Mapping[str, str] | None = None,
-                 retryable: bool | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        retryable: bool | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -70,5 +78,8 @@ def store_unavailable(exc: Exception) -> ApiError:
     cannot be reached. Raised before anything is produced, so the request did not run: the client retries it."""
     full = isinstance(exc, ResponseError)
     state = "full" if full else "unreachable"
-    return unavailable(f"The request store is {state} right now; nothing was queued. Retry later.",
-                       STORE_FULL_RETRY_AFTER_S if full else RETRY_AFTER_S, code=STORE_UNAVAILABLE)
+    return unavailable(
+        f"The request store is {state} right now; nothing was queued. Retry later.",
+        STORE_FULL_RETRY_AFTER_S if full else RETRY_AFTER_S,
+        code=STORE_UNAVAILABLE,
+    )

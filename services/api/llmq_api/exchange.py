@@ -11,8 +11,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from llmq_core import wire
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
+from llmq_core import wire
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +24,25 @@ CLIENT_GONE_REASON = "client_disconnected"
 SHUTDOWN_REASON = "pod_shutdown"
 
 
-async def wait_for_resolution(registry: WaiterRegistry, waiter: Waiter, *, deadline: Awaitable[None],
-                              client_gone: Awaitable[None], publish_cancel: CancelPublisher,
-                              on_chunk: ChunkSink | None = None) -> Resolution:
+async def wait_for_resolution(
+    registry: WaiterRegistry,
+    waiter: Waiter,
+    *,
+    deadline: Awaitable[None],
+    client_gone: Awaitable[None],
+    publish_cancel: CancelPublisher,
+    on_chunk: ChunkSink | None = None,
+) -> Resolution:
     """Pass the waiter's chunks to ``on_chunk`` until it is resolved; return the resolution.
 
     ``deadline`` and ``client_gone`` are awaitables that complete when the deadline passes / the client leaves (e.g.
     ``asyncio.sleep(remaining_s)`` and a disconnect watcher); both are cancelled once the waiter is resolved. Cancelling
     this coroutine resolves the waiter as abandoned (and publishes the Cancel) before re-raising.
     """
-    triggers = [_on_completion(deadline, registry, waiter, DeadlineExceeded()),
-                _on_completion(client_gone, registry, waiter, Abandoned(CLIENT_GONE_REASON))]
+    triggers = [
+        _on_completion(deadline, registry, waiter, DeadlineExceeded()),
+        _on_completion(client_gone, registry, waiter, Abandoned(CLIENT_GONE_REASON)),
+    ]
     fallback = Abandoned(SHUTDOWN_REASON)  # used only when this wait ends without a resolution
     try:
         while True:
@@ -55,8 +63,9 @@ async def wait_for_resolution(registry: WaiterRegistry, waiter: Waiter, *, deadl
         await _cancel_if_given_up(waiter.request_id, resolution, publish_cancel)
 
 
-def _on_completion(trigger: Awaitable[None], registry: WaiterRegistry, waiter: Waiter,
-                   resolution: Resolution) -> asyncio.Future:
+def _on_completion(
+    trigger: Awaitable[None], registry: WaiterRegistry, waiter: Waiter, resolution: Resolution
+) -> asyncio.Future:
     """Run ``trigger``; once it completes (or fails: a broken connection) resolve the waiter with ``resolution``."""
     future = asyncio.ensure_future(trigger)
 

@@ -7,15 +7,15 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from llmq_core import wire
-from llmq_core.clock import Clock
-from llmq_api.auth import Principal
 from llmq_api.admission import retry_after_s, too_many_requests
+from llmq_api.auth import Principal
 from llmq_api.errors import RETRY_AFTER_S, unavailable
 from llmq_api.exchange import CancelPublisher
 from llmq_api.health import KAFKA, CircuitBreaker, Dependency
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Abandoned, Waiter, WaiterRegistry
+from llmq_core import wire
+from llmq_core.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,7 @@ class RequestProducer(Protocol):
         """Write ``request`` to its traffic class's topic and wait for the broker's ack; raises on failure."""
         ...
 
-    async def stop(self) -> None:
-        ...
+    async def stop(self) -> None: ...
 
 
 class Gateway:
@@ -45,9 +44,18 @@ class Gateway:
     its own, 1 s backoff) learns from every produce and refuses requests at once while Kafka is known to be failing.
     """
 
-    def __init__(self, *, instance_id: str, registry: WaiterRegistry, producer: RequestProducer,
-                 publish_cancel: CancelPublisher, clock: Clock, produce_timeout_ms: int,
-                 accepting: Callable[[], bool] = lambda: True, breaker: CircuitBreaker | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        instance_id: str,
+        registry: WaiterRegistry,
+        producer: RequestProducer,
+        publish_cancel: CancelPublisher,
+        clock: Clock,
+        produce_timeout_ms: int,
+        accepting: Callable[[], bool] = lambda: True,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
         self.instance_id = instance_id
         self.registry = registry
         self.producer = producer
@@ -55,19 +63,39 @@ class Gateway:
         self.clock = clock
         self.produce_timeout_s = produce_timeout_ms / 1000
         self.accepting = accepting
-        self.breaker = breaker or CircuitBreaker(Dependency(KAFKA, clock), clock, backoff_ms=1000,
-                                                 max_backoff_ms=1000, probe_timeout_ms=produce_timeout_ms)
+        self.breaker = breaker or CircuitBreaker(
+            Dependency(KAFKA, clock), clock, backoff_ms=1000, max_backoff_ms=1000, probe_timeout_ms=produce_timeout_ms
+        )
 
-    def build(self, valid: ValidRequest, *, request_id: str, principal: Principal, traffic_class: str,
-              timeout_ms: int, idempotency_key: str | None = None) -> wire.GenerationRequest:
+    def build(
+        self,
+        valid: ValidRequest,
+        *,
+        request_id: str,
+        principal: Principal,
+        traffic_class: str,
+        timeout_ms: int,
+        idempotency_key: str | None = None,
+    ) -> wire.GenerationRequest:
         """The wire request; ``deadline_ms`` = now + ``timeout_ms`` (epoch ms); replies go to this pod's channel."""
         now_ms = self.clock.now_ms()
         return wire.GenerationRequest(
-            request_id=request_id, tenant_id=principal.tenant_id, traffic_class=traffic_class, tier=principal.tier,
-            model=valid.model, endpoint=valid.endpoint, prompt=valid.prompt, messages=valid.messages,
-            sampling=valid.sampling, stream=valid.stream, created_ms=now_ms, deadline_ms=now_ms + timeout_ms,
-            reply_to=wire.HttpReply(instance_id=self.instance_id), idempotency_key=idempotency_key,
-            prompt_tokens=valid.prompt_tokens)
+            request_id=request_id,
+            tenant_id=principal.tenant_id,
+            traffic_class=traffic_class,
+            tier=principal.tier,
+            model=valid.model,
+            endpoint=valid.endpoint,
+            prompt=valid.prompt,
+            messages=valid.messages,
+            sampling=valid.sampling,
+            stream=valid.stream,
+            created_ms=now_ms,
+            deadline_ms=now_ms + timeout_ms,
+            reply_to=wire.HttpReply(instance_id=self.instance_id),
+            idempotency_key=idempotency_key,
+            prompt_tokens=valid.prompt_tokens,
+        )
 
     async def submit(self, request: wire.GenerationRequest) -> Waiter:
         """Register the request's waiter, then produce it. Returns the waiter.
@@ -82,8 +110,11 @@ class Gateway:
         if self.registry.full:
             raise too_many_requests("Too many requests in flight on this server", RETRY_AFTER_S)
         if not self.breaker.allow():
-            raise unavailable("The request queue (Kafka) is failing; retry after the Retry-After delay",
-                              retry_after_s(self.breaker.retry_after_ms()), code=KAFKA_UNAVAILABLE)
+            raise unavailable(
+                "The request queue (Kafka) is failing; retry after the Retry-After delay",
+                retry_after_s(self.breaker.retry_after_ms()),
+                code=KAFKA_UNAVAILABLE,
+            )
         waiter = self.registry.register(request.request_id, request.stream)
         started_ms = self.clock.now_ms()
         try:
@@ -92,11 +123,13 @@ class Gateway:
             self.registry.resolve(waiter, Abandoned(PRODUCE_FAILED_REASON))
             await self.publish_cancel(request.request_id, PRODUCE_FAILED_REASON)
             if isinstance(exc, Exception):
-                log.warning("producing %s failed: %r", request.request_id, exc,
-                            extra={"request_id": request.request_id})
+                log.warning(
+                    "producing %s failed: %r", request.request_id, exc, extra={"request_id": request.request_id}
+                )
                 self.breaker.failed(_describe(exc, self.produce_timeout_s), started_ms)
-                raise unavailable("The request queue is unavailable; retry shortly",
-                                  retry_after_s(self.breaker.retry_after_ms())) from None
+                raise unavailable(
+                    "The request queue is unavailable; retry shortly", retry_after_s(self.breaker.retry_after_ms())
+                ) from None
             raise
         self.breaker.succeeded()
         return waiter
@@ -106,4 +139,3 @@ def _describe(exc: Exception, timeout_s: float) -> str:
     if isinstance(exc, TimeoutError):
         return f"producing a request took longer than {timeout_s:g} s"
     return f"producing a request failed: {exc!r}"[:200]
-

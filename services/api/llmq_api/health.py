@@ -50,15 +50,20 @@ class Dependency:
 
     def describe(self) -> dict:
         since = datetime.fromtimestamp(self.since_ms / 1000, UTC).isoformat(timespec="milliseconds")
-        return {"state": self.state, "since": since.replace("+00:00", "Z"), "since_ms": self.since_ms,
-                "reason": self.reason}
+        return {
+            "state": self.state,
+            "since": since.replace("+00:00", "Z"),
+            "since_ms": self.since_ms,
+            "reason": self.reason,
+        }
 
 
 class CircuitBreaker:
     """The breaker of the module doc; ``dependency`` is marked down when it opens and up when it closes."""
 
-    def __init__(self, dependency: Dependency, clock: Clock, *, backoff_ms: int, max_backoff_ms: int,
-                 probe_timeout_ms: int) -> None:
+    def __init__(
+        self, dependency: Dependency, clock: Clock, *, backoff_ms: int, max_backoff_ms: int, probe_timeout_ms: int
+    ) -> None:
         self.dependency = dependency
         self._clock = clock
         self._base_backoff_ms = backoff_ms
@@ -119,5 +124,7 @@ def report(dependencies: list[Dependency], draining: bool) -> tuple[bool, dict]:
 def dependencies_report(dependencies: list[Dependency]) -> tuple[bool, dict]:
     """(all up, body) of ``/dependencies``: each dependency's state, since when and why it is down."""
     healthy = all(d.up for d in dependencies)
-    return healthy, {"status": "ok" if healthy else "degraded",
-                     "dependencies": {d.name: d.describe() for d in dependencies}}
+    return healthy, {
+        "status": "ok" if healthy else "degraded",
+        "dependencies": {d.name: d.describe() for d in dependencies},
+    }

@@ -17,11 +17,11 @@ import re
 import msgspec
 from redis.asyncio import Redis
 
-from llmq_core import constants, wire
-from llmq_core.clock import Clock
 from llmq_api.errors import invalid
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Waiter, WaiterRegistry
+from llmq_core import constants, wire
+from llmq_core.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,11 @@ def parse_key(value: str | None) -> str | None:
         return None
     key = value.strip()
     if not (len(key) <= MAX_KEY_CHARS and _PRINTABLE.fullmatch(key)):
-        raise invalid(f"{constants.HTTP_IDEMPOTENCY_KEY} must be 1-{MAX_KEY_CHARS} printable ASCII characters",
-                      param=constants.HTTP_IDEMPOTENCY_KEY, code="invalid_idempotency_key")
+        raise invalid(
+            f"{constants.HTTP_IDEMPOTENCY_KEY} must be 1-{MAX_KEY_CHARS} printable ASCII characters",
+            param=constants.HTTP_IDEMPOTENCY_KEY,
+            code="invalid_idempotency_key",
+        )
     return key
 
 
@@ -92,8 +95,9 @@ class IdempotencyStore:
         try:
             await self._release(keys=[constants.idempotency_key(tenant_id, key)], args=[request_id])
         except Exception as exc:
-            log.warning("releasing idempotency claim of %s failed: %r", request_id, exc,
-                        extra={"request_id": request_id})
+            log.warning(
+                "releasing idempotency claim of %s failed: %r", request_id, exc, extra={"request_id": request_id}
+            )
 
     async def result(self, request_id: str) -> wire.FinalResult | None:
         """The stored FinalResult of ``request_id`` (None when there is none, or it is undecodable)."""

@@ -18,15 +18,14 @@ from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
-
 from aiokafka.errors import KafkaConnectionError
 
-from llmq_core import kafka, tracing
-from llmq_core.settings import load_settings
-from llmq_core.telemetry import setup_logging
 from llmq_api import connections
 from llmq_api.app import create_app
 from llmq_api.pod import CLOSE_TIMEOUT_S, REDIS_OP_TIMEOUT_S, Pod
+from llmq_core import kafka, tracing
+from llmq_core.settings import load_settings
+from llmq_core.telemetry import setup_logging
 
 GRACE_SHARE_FOR_REQUESTS = 0.8
 CLOSE_BUDGET_S = REDIS_OP_TIMEOUT_S + CLOSE_TIMEOUT_S  # Pod.stop's bounded steps, after the requests' share
@@ -89,10 +88,17 @@ def main() -> None:
     except ValueError as exc:  # a bad API keys file or proxy list: refuse to start rather than serve with the wrong one
         logging.getLogger(__name__).error("%s", exc)
         raise SystemExit(2) from None
-    config = uvicorn.Config(create_app(pod), host=args.host, port=args.port, loop="uvloop",
-                            log_config=None, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=requests_grace_s(settings.shutdown_grace_s),
-                            **connection_options)
+    config = uvicorn.Config(
+        create_app(pod),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=requests_grace_s(settings.shutdown_grace_s),
+        **connection_options,
+    )
     try:
         DrainingServer(config, pod).run()
     finally:

@@ -22,42 +22,88 @@ class ApiMetrics:
         the catalogue, read ``other``)."""
         self.registry = CollectorRegistry()
         self.labels = labels
-        self.requests = Counter("llmq_api_requests", "Finished HTTP generation requests",
-                                ["endpoint", "outcome", "status"], registry=self.registry)
-        self.in_flight = Gauge("llmq_api_in_flight", "Requests waiting for their result on this pod",
-                               registry=self.registry)
+        self.requests = Counter(
+            "llmq_api_requests",
+            "Finished HTTP generation requests",
+            ["endpoint", "outcome", "status"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "llmq_api_in_flight", "Requests waiting for their result on this pod", registry=self.registry
+        )
         self.in_flight.set_function(in_flight)
-        self.latency = Histogram("llmq_api_request_duration_seconds", "Accept to last byte, by endpoint",
-                                 ["endpoint"], buckets=_LATENCY_BUCKETS_S, registry=self.registry)
-        self.ttft = Histogram("llmq_api_time_to_first_token_seconds", "Accept to first streamed text",
-                              ["endpoint"], buckets=_LATENCY_BUCKETS_S, registry=self.registry)
-        self.dropped_replies = Counter("llmq_api_dropped_replies", "Replies for unknown or finished requests",
-                                       registry=self.registry)
-        self.cancels = Counter("llmq_api_cancels_published", "Cancels this pod published, by reason", ["reason"],
-                               registry=self.registry)
+        self.latency = Histogram(
+            "llmq_api_request_duration_seconds",
+            "Accept to last byte, by endpoint",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "llmq_api_time_to_first_token_seconds",
+            "Accept to first streamed text",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.dropped_replies = Counter(
+            "llmq_api_dropped_replies", "Replies for unknown or finished requests", registry=self.registry
+        )
+        self.cancels = Counter(
+            "llmq_api_cancels_published", "Cancels this pod published, by reason", ["reason"], registry=self.registry
+        )
         self.admission_rejections = Counter(
-            "llmq_api_admission_rejections", "429s before any work: overload (queue_wait, queue_depth, pod_in_flight) "
-            "or tenant limits (tenant_requests, tenant_tokens), by priority class", ["priority_class", "reason"],
-            registry=self.registry)
-        self.idempotent_replays = Counter("llmq_api_idempotent_replays",
-                                          "Retries answered from an earlier request (stored result or joined)",
-                                          registry=self.registry)
+            "llmq_api_admission_rejections",
+            "429s before any work: overload (queue_wait, queue_depth, pod_in_flight) "
+            "or tenant limits (tenant_requests, tenant_tokens), by priority class",
+            ["priority_class", "reason"],
+            registry=self.registry,
+        )
+        self.idempotent_replays = Counter(
+            "llmq_api_idempotent_replays",
+            "Retries answered from an earlier request (stored result or joined)",
+            registry=self.registry,
+        )
         # by traffic class and model (``unknown`` while not known yet): what the SLOs and autoscaling read
-        self.responses = Counter("llmq_api_responses", "Generation responses by class, model and HTTP status",
-                                 ["traffic_class", "model", "code"], registry=self.registry)
-        self.throttled = Counter("llmq_api_throttled", "429 answers (admission, tenant limits, full queues), by class",
-                                 ["traffic_class"], registry=self.registry)
-        self.deadline_exceeded = Counter("llmq_api_deadline_exceeded", "504 answers (deadline passed), by class",
-                                         ["traffic_class", "model"], registry=self.registry)
-        self.class_latency = Histogram("llmq_api_request_latency_seconds",
-                                       "Accept to last byte of an accepted request (what the client waited)",
-                                       ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.class_ttft = Histogram("llmq_api_ttft_seconds",
-                                    "Accept to first token: first streamed text, else the result's first token",
-                                    ["traffic_class", "model"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.responses = Counter(
+            "llmq_api_responses",
+            "Generation responses by class, model and HTTP status",
+            ["traffic_class", "model", "code"],
+            registry=self.registry,
+        )
+        self.throttled = Counter(
+            "llmq_api_throttled",
+            "429 answers (admission, tenant limits, full queues), by class",
+            ["traffic_class"],
+            registry=self.registry,
+        )
+        self.deadline_exceeded = Counter(
+            "llmq_api_deadline_exceeded",
+            "504 answers (deadline passed), by class",
+            ["traffic_class", "model"],
+            registry=self.registry,
+        )
+        self.class_latency = Histogram(
+            "llmq_api_request_latency_seconds",
+            "Accept to last byte of an accepted request (what the client waited)",
+            ["traffic_class", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.class_ttft = Histogram(
+            "llmq_api_ttft_seconds",
+            "Accept to first token: first streamed text, else the result's first token",
+            ["traffic_class", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
 
-        self.dependency_up = Gauge("llmq_api_dependency_up", "1 while a shared dependency (kafka, redis) is up for this "
-                                   "pod, as /dependencies reports it", ["dependency"], registry=self.registry)
+        self.dependency_up = Gauge(
+            "llmq_api_dependency_up",
+            "1 while a shared dependency (kafka, redis) is up for this pod, as /dependencies reports it",
+            ["dependency"],
+            registry=self.registry,
+        )
 
     def track_dependencies(self, dependencies: list) -> None:
         """Read each :class:`llmq_api.health.Dependency`'s state into ``llmq_api_dependency_up`` at every scrape."""
@@ -70,8 +116,14 @@ class ApiMetrics:
         if duration_s is not None:
             self.latency.labels(endpoint).observe(duration_s)
 
-    def answered(self, traffic_class: str | None, model: str | None, status: int, duration_s: float | None = None,
-                 ttft_s: float | None = None) -> None:
+    def answered(
+        self,
+        traffic_class: str | None,
+        model: str | None,
+        status: int,
+        duration_s: float | None = None,
+        ttft_s: float | None = None,
+    ) -> None:
         """One generation response by class and model: its status (429s and 504s also counted on their own) and, for
         accepted requests, the seconds the client waited and until its first token."""
         cls, model = traffic_class or "unknown", self.labels.model(model) if model else "unknown"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import msgspec
 
-from llmq_core import wire
 from llmq_api.admission import too_many_requests
 from llmq_api.errors import CANCELED_ERROR, INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, TIMEOUT_ERROR, ApiError
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
+from llmq_core import wire
 
 OVERLOADED = "overloaded"  # the batcher's error type when its queue is full (admission control)
 CLIENT_GONE_STATUS = 499  # recorded in metrics/logs only: nobody is there to receive it
@@ -28,22 +28,45 @@ def sse(payload: dict) -> bytes:
 
 
 def usage_dict(usage: wire.Usage) -> dict:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
 
 
 def response_body(result: wire.FinalResult, request_id: str, endpoint: wire.Endpoint, created_s: int) -> dict:
     """The non-streaming body of a succeeded result: a ``text_completion`` or a ``chat.completion``."""
     choices = sorted(result.choices, key=lambda c: c.index)
     if endpoint == "chat.completions":
-        return {"id": request_id, "object": "chat.completion", "created": created_s, "model": result.model,
-                "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": None, "finish_reason": c.finish_reason} for c in choices],
-                "usage": usage_dict(result.usage), "system_fingerprint": None}
-    return {"id": request_id, "object": "text_completion", "created": created_s, "model": result.model,
-            "choices": [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-                        for c in choices],
-            "usage": usage_dict(result.usage), "system_fingerprint": None}
+        return {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": created_s,
+            "model": result.model,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in choices
+            ],
+            "usage": usage_dict(result.usage),
+            "system_fingerprint": None,
+        }
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created_s,
+        "model": result.model,
+        "choices": [
+            {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason} for c in choices
+        ],
+        "usage": usage_dict(result.usage),
+        "system_fingerprint": None,
+    }
 
 
 class ChunkFormatter:
@@ -52,8 +75,13 @@ class ChunkFormatter:
     def __init__(self, request_id: str, endpoint: wire.Endpoint, model: str, created_s: int, include_usage: bool):
         self.chat = endpoint == "chat.completions"
         self.include_usage = include_usage
-        self._head = {"id": request_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                      "created": created_s, "model": model, "system_fingerprint": None}
+        self._head = {
+            "id": request_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": created_s,
+            "model": model,
+            "system_fingerprint": None,
+        }
 
     def _chunk(self, choices: list[dict]) -> bytes:
         payload = {**self._head, "choices": choices}
@@ -65,8 +93,12 @@ class ChunkFormatter:
         """Chat's opening chunk: the assistant role for each of ``n`` choices (empty for completions)."""
         if not self.chat:
             return b""
-        return self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None} for i in range(n)])
+        return self._chunk(
+            [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(n)
+            ]
+        )
 
     def text(self, index: int, text: str, finish_reason: str | None = None) -> bytes:
         """New ``text`` of choice ``index``; with ``finish_reason`` set it is that choice's last chunk."""
@@ -85,19 +117,25 @@ class ChunkFormatter:
 def error_for(resolution: Resolution) -> ApiError | None:
     """The client's error for a resolution; ``None`` for a succeeded result."""
     if isinstance(resolution, DeadlineExceeded):
-        return ApiError(504, "The request did not complete before its deadline", type=TIMEOUT_ERROR,
-                        code="deadline_exceeded")
+        return ApiError(
+            504, "The request did not complete before its deadline", type=TIMEOUT_ERROR, code="deadline_exceeded"
+        )
     if isinstance(resolution, Abandoned):
-        return ApiError(CLIENT_GONE_STATUS, f"The request was abandoned: {resolution.reason}", type=CANCELED_ERROR,
-                        code=resolution.reason)
+        return ApiError(
+            CLIENT_GONE_STATUS,
+            f"The request was abandoned: {resolution.reason}",
+            type=CANCELED_ERROR,
+            code=resolution.reason,
+        )
     if resolution.outcome == wire.Outcome.SUCCEEDED:
         return None
     if resolution.outcome == wire.Outcome.EXPIRED:
         return ApiError(504, "The request expired before it completed", type=TIMEOUT_ERROR, code="deadline_exceeded")
     if resolution.outcome == wire.Outcome.CANCELED:
         reason = resolution.error.message if resolution.error else "canceled"
-        return ApiError(409, f"The request was canceled: {reason}", type=CANCELED_ERROR, code="request_canceled",
-                        retryable=True)
+        return ApiError(
+            409, f"The request was canceled: {reason}", type=CANCELED_ERROR, code="request_canceled", retryable=True
+        )
     return _errored(resolution.error)
 
 
@@ -109,8 +147,9 @@ def _errored(error: wire.ErrorInfo | None) -> ApiError:
     if error.type == OVERLOADED:  # the batcher's full queue: the backstop behind the pods' own admission control
         return too_many_requests(error.message, RETRY_AFTER_S, type=error.type)
     if error.retryable:
-        return ApiError(503, error.message, type=error.type, code=error.code,
-                        headers={"retry-after": str(RETRY_AFTER_S)})
+        return ApiError(
+            503, error.message, type=error.type, code=error.code, headers={"retry-after": str(RETRY_AFTER_S)}
+        )
     return ApiError(500, error.message, type=error.type or SERVER_ERROR, code=error.code)
 
 

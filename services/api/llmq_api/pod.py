@@ -13,12 +13,6 @@ import os
 import msgspec
 from redis.asyncio import Redis
 
-from llmq_core import constants, kafka, runtime, tracing, wire
-from llmq_core.clock import SYSTEM_CLOCK, Clock
-from llmq_core.redis_client import check_memory_policy
-from llmq_core.labels import LabelSet
-from llmq_core.settings import Settings
-from llmq_core.requests import timeouts_by_class
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
 from llmq_api.catalog import ModelCatalog
@@ -29,6 +23,12 @@ from llmq_api.metrics import ApiMetrics
 from llmq_api.ratelimit import RateLimiter
 from llmq_api.saturation import SaturationMonitor
 from llmq_api.waiters import WaiterRegistry
+from llmq_core import constants, kafka, runtime, tracing, wire
+from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.labels import LabelSet
+from llmq_core.redis_client import check_memory_policy
+from llmq_core.requests import timeouts_by_class
+from llmq_core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +105,20 @@ class KafkaRequestProducer:
             return
         attributes = tracing.request_attributes(request)
         tracing.annotate_current(attributes)  # the server span of this HTTP request
-        span = tracing.start_span("kafka.produce", kind=tracing.SpanKind.PRODUCER,
-                                  attributes={**attributes, "messaging.destination.name": topic})
+        span = tracing.start_span(
+            "kafka.produce",
+            kind=tracing.SpanKind.PRODUCER,
+            attributes={**attributes, "messaging.destination.name": topic},
+        )
         traceparent = tracing.traceparent_of(span)
         try:  # the context travels in the record's header and, for the hops after Batches, in the request itself
-            await kafka.send_message(self._producer, topic, msgspec.structs.replace(request, traceparent=traceparent),
-                                     key=request.request_id, traceparent=traceparent)
+            await kafka.send_message(
+                self._producer,
+                topic,
+                msgspec.structs.replace(request, traceparent=traceparent),
+                key=request.request_id,
+                traceparent=traceparent,
+            )
         finally:
             span.end()
 
@@ -128,8 +136,15 @@ class ReplyListener:
     subscription was down.
     """
 
-    def __init__(self, redis: Redis, instance_id: str, registry: WaiterRegistry, catalog: ModelCatalog,
-                 metrics: ApiMetrics, health: Dependency | None = None) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        instance_id: str,
+        registry: WaiterRegistry,
+        catalog: ModelCatalog,
+        metrics: ApiMetrics,
+        health: Dependency | None = None,
+    ) -> None:
         self._redis = redis
         self._replies = constants.replies_channel(instance_id)
         self._registry = registry
@@ -222,9 +237,17 @@ class Pod:
     is the Redis hash of the batchers' reports (tests pass private ones).
     """
 
-    def __init__(self, settings: Settings, instance_id: str, *, clock: Clock = SYSTEM_CLOCK,
-                 producer: RequestProducer | None = None, keys: KeyStore | None = None, redis: Redis | None = None,
-                 saturation_key: str = constants.REDIS_SATURATION_KEY) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        instance_id: str,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        producer: RequestProducer | None = None,
+        keys: KeyStore | None = None,
+        redis: Redis | None = None,
+        saturation_key: str = constants.REDIS_SATURATION_KEY,
+    ) -> None:
         self.settings = settings
         self.instance_id = instance_id
         self.clock = clock
@@ -235,24 +258,41 @@ class Pod:
         self.keys = keys or KeyStore.from_settings(settings)
         self.timeouts = timeouts_by_class(settings)
         self.shed = ShedPolicy.from_settings(settings)
-        self.redis = redis or Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
-                                             health_check_interval=10)
-        self.saturation = SaturationMonitor(self.redis, clock, settings.api_saturation_stale_ms, key=saturation_key,
-                                            heard_ms=self.catalog.heard_ms, instance_id=instance_id)
+        self.redis = redis or Redis.from_url(
+            settings.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10
+        )
+        self.saturation = SaturationMonitor(
+            self.redis,
+            clock,
+            settings.api_saturation_stale_ms,
+            key=saturation_key,
+            heard_ms=self.catalog.heard_ms,
+            instance_id=instance_id,
+        )
         self.limiter = RateLimiter(self.redis, clock)
         self.idempotency = IdempotencyStore(self.redis, clock, settings.result_ttl_s * 1000)
         self.followers: set[asyncio.Task] = set()  # retries polling for the result of the request they joined
-        self.breaker = CircuitBreaker(Dependency(KAFKA, clock), clock,
-                                      backoff_ms=settings.api_kafka_breaker_backoff_ms,
-                                      max_backoff_ms=settings.api_kafka_breaker_max_backoff_ms,
-                                      probe_timeout_ms=settings.api_produce_timeout_ms)
+        self.breaker = CircuitBreaker(
+            Dependency(KAFKA, clock),
+            clock,
+            backoff_ms=settings.api_kafka_breaker_backoff_ms,
+            max_backoff_ms=settings.api_kafka_breaker_max_backoff_ms,
+            probe_timeout_ms=settings.api_produce_timeout_ms,
+        )
         self.producer = producer or KafkaRequestProducer(settings, self.breaker)
-        self.listener = ReplyListener(self.redis, instance_id, self.registry, self.catalog, self.metrics,
-                                      Dependency(REDIS, clock))
-        self.gateway = Gateway(instance_id=instance_id, registry=self.registry, producer=self.producer,
-                               publish_cancel=self.publish_cancel, clock=clock,
-                               produce_timeout_ms=settings.api_produce_timeout_ms,
-                               accepting=lambda: self.accepting, breaker=self.breaker)
+        self.listener = ReplyListener(
+            self.redis, instance_id, self.registry, self.catalog, self.metrics, Dependency(REDIS, clock)
+        )
+        self.gateway = Gateway(
+            instance_id=instance_id,
+            registry=self.registry,
+            producer=self.producer,
+            publish_cancel=self.publish_cancel,
+            clock=clock,
+            produce_timeout_ms=settings.api_produce_timeout_ms,
+            accepting=lambda: self.accepting,
+            breaker=self.breaker,
+        )
         self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []
 
@@ -269,12 +309,22 @@ class Pod:
     async def start(self) -> None:
         """Start the background loops (they keep retrying their connections; see :attr:`accepting`)."""
         settings = self.settings
-        loops = [self.listener.run(),
-                 pod_heartbeat(self.redis, self.instance_id, self.clock, settings.pod_heartbeat_interval_ms,
-                               settings.pod_heartbeat_ttl_ms),
-                 runtime.keep_alive(self.redis, "api", self.instance_id, {"pid": os.getpid()},
-                                    settings.pod_heartbeat_interval_ms),
-                 self.producer.run(), self.saturation.run(), check_memory_policy(self.redis, "api")]
+        loops = [
+            self.listener.run(),
+            pod_heartbeat(
+                self.redis,
+                self.instance_id,
+                self.clock,
+                settings.pod_heartbeat_interval_ms,
+                settings.pod_heartbeat_ttl_ms,
+            ),
+            runtime.keep_alive(
+                self.redis, "api", self.instance_id, {"pid": os.getpid()}, settings.pod_heartbeat_interval_ms
+            ),
+            self.producer.run(),
+            self.saturation.run(),
+            check_memory_policy(self.redis, "api"),
+        ]
         self._tasks = [asyncio.create_task(loop) for loop in loops]
 
     async def stop(self) -> None:
@@ -287,9 +337,10 @@ class Pod:
         with contextlib.suppress(Exception):  # refunds of requests that just ended (each bounded)
             await self.limiter.drain()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.redis.delete(constants.pod_key(self.instance_id),
-                                                     constants.alive_key("api", self.instance_id)),
-                                   REDIS_OP_TIMEOUT_S)
+            await asyncio.wait_for(
+                self.redis.delete(constants.pod_key(self.instance_id), constants.alive_key("api", self.instance_id)),
+                REDIS_OP_TIMEOUT_S,
+            )
         with contextlib.suppress(Exception):  # bounded: a dead broker must not hold up the exit
             await asyncio.wait_for(self.producer.stop(), CLOSE_TIMEOUT_S)
         await self.redis.aclose()
@@ -298,8 +349,9 @@ class Pod:
         """Publish a Cancel on REDIS_CANCELS_CHANNEL (best effort, bounded; never raises)."""
         cancel = wire.Cancel(request_id=request_id, reason=reason)
         try:
-            await asyncio.wait_for(self.redis.publish(constants.REDIS_CANCELS_CHANNEL, wire.encode(cancel)),
-                                   REDIS_OP_TIMEOUT_S)
+            await asyncio.wait_for(
+                self.redis.publish(constants.REDIS_CANCELS_CHANNEL, wire.encode(cancel)), REDIS_OP_TIMEOUT_S
+            )
             self.metrics.cancels.labels(reason).inc()
         except Exception as exc:
             log.warning("publishing cancel of %s failed: %r", request_id, exc, extra={"request_id": request_id})

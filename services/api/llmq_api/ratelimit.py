@@ -19,20 +19,20 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from llmq_core import wire
-from llmq_core.clock import Clock
-from llmq_core.constants import MAX_RESULT_BYTES, ratelimit_key
 from llmq_api.admission import MAX_RETRY_AFTER_S, Rejection, retry_after_s, too_many_requests
 from llmq_api.auth import Principal
 from llmq_api.errors import ApiError, invalid, store_unavailable
 from llmq_api.exchange import SHUTDOWN_REASON
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Abandoned, Resolution
+from llmq_core import wire
+from llmq_core.clock import Clock
+from llmq_core.constants import MAX_RESULT_BYTES, ratelimit_key
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +124,13 @@ def check_fits(estimate: int, limit: int, valid: ValidRequest) -> None:
         param = "prompt" if valid.endpoint == "completions" else "messages"
     else:
         param = "n" if n > 1 and prompt + per_choice <= limit else "max_tokens"
-    raise invalid(f"This request could never be admitted: its token estimate is {estimate} (prompt {prompt} + n {n} "
-                  f"x max_tokens {per_choice}), but this API key's tokens per min limit is {limit}. Lower '{param}' "
-                  "(a 400, not a 429: retrying the same request cannot succeed)", param=param,
-                  code="tokens_exceed_limit")
+    raise invalid(
+        f"This request could never be admitted: its token estimate is {estimate} (prompt {prompt} + n {n} "
+        f"x max_tokens {per_choice}), but this API key's tokens per min limit is {limit}. Lower '{param}' "
+        "(a 400, not a 429: retrying the same request cannot succeed)",
+        param=param,
+        code="tokens_exceed_limit",
+    )
 
 
 def used_tokens(resolution: Resolution) -> int | None:
@@ -151,8 +154,13 @@ class RateLimiter:
 
     async def acquire(self, principal: Principal, tokens: int) -> Rejection | None:
         """Charge one request of ``tokens`` to ``principal``'s tenant; a Rejection when a bucket is short."""
-        return await self._draw(principal, [Draw("requests", principal.requests_per_min, MINUTE_MS, 1),
-                                            Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens)])
+        return await self._draw(
+            principal,
+            [
+                Draw("requests", principal.requests_per_min, MINUTE_MS, 1),
+                Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens),
+            ],
+        )
 
     async def acquire_batch(self, principal: Principal, tokens: int) -> Rejection | None:
         """Charge a batch job of ``tokens`` (all its lines' estimates) to the tenant's daily batch quota."""
@@ -160,8 +168,13 @@ class RateLimiter:
 
     async def refund(self, principal: Principal, tokens: int, requests: int = 0) -> None:
         """Give back ``tokens`` (and ``requests``) taken by :meth:`acquire`; best effort, never raises."""
-        await self._give_back(principal, [Draw("requests", principal.requests_per_min, MINUTE_MS, requests),
-                                          Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens)])
+        await self._give_back(
+            principal,
+            [
+                Draw("requests", principal.requests_per_min, MINUTE_MS, requests),
+                Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens),
+            ],
+        )
 
     async def refund_batch(self, principal: Principal, tokens: int) -> None:
         """Give back a batch charge of :meth:`acquire_batch` whose job was not created; never raises."""
@@ -189,7 +202,8 @@ class RateLimiter:
             return None
         try:
             taken, wait_ms, which = await asyncio.wait_for(
-                self._take(keys=_keys(principal, draws), args=self._args(draws)), TIMEOUT_S)
+                self._take(keys=_keys(principal, draws), args=self._args(draws)), TIMEOUT_S
+            )
         except ResponseError as exc:  # Redis refuses writes (maxmemory): limits cannot be kept, so refuse the request
             raise store_unavailable(exc) from None
         except Exception as exc:
@@ -200,9 +214,13 @@ class RateLimiter:
         draw = draws[which - 1]
         per = "min" if draw.period_ms == MINUTE_MS else "day"
         retry_s = retry_after_s(wait_ms) if draw.period_ms == MINUTE_MS else max(1, math.ceil(wait_ms / 1000))
-        at = datetime.fromtimestamp((self._clock.now_ms() + wait_ms) / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        message = (f"Rate limit reached for tenant {principal.tenant_id} on {draw.bucket} per {per}: limit "
-                   f"{draw.limit}. Please try again in {retry_s}s (at {at}).")
+        at = datetime.fromtimestamp((self._clock.now_ms() + wait_ms) / 1000, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        message = (
+            f"Rate limit reached for tenant {principal.tenant_id} on {draw.bucket} per {per}: limit "
+            f"{draw.limit}. Please try again in {retry_s}s (at {at})."
+        )
         error = too_many_requests(message, retry_s, type=draw.bucket)
         # SDKs ignore a Retry-After past a minute and retry at once: say a quick retry cannot help (x-should-retry)
         error.retryable = retry_s <= MAX_RETRY_AFTER_S
@@ -228,18 +246,24 @@ def check_batch_fits(estimate: int, principal: Principal) -> None:
     """Raise a 400 when a batch's total estimate exceeds the tenant's batch quota: it could never be created."""
     limit = batch_tokens_per_day(principal)
     if limit and estimate > limit:
-        raise ApiError(400, f"This batch could never run: its lines' token estimate is {estimate} (prompt tokens + "
-                       f"n x max_tokens per line), but this API key's batch tokens per day quota is {limit}. Split "
-                       "the file or lower 'max_tokens' / 'n' in its lines (a 400, not a 429: retrying cannot "
-                       "succeed)", param="input_file_id", code="batch_tokens_exceed_quota")
+        raise ApiError(
+            400,
+            f"This batch could never run: its lines' token estimate is {estimate} (prompt tokens + "
+            f"n x max_tokens per line), but this API key's batch tokens per day quota is {limit}. Split "
+            "the file or lower 'max_tokens' / 'n' in its lines (a 400, not a 429: retrying cannot "
+            "succeed)",
+            param="input_file_id",
+            code="batch_tokens_exceed_quota",
+        )
 
 
 class Charge:
     """One admitted request's charge of ``estimate`` tokens, settled once when it ends: what it did not use (by its
     result's usage; never more than the estimate is kept) goes back to the bucket."""
 
-    def __init__(self, limiter: RateLimiter, principal: Principal, estimate: int,
-                 on_end: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, limiter: RateLimiter, principal: Principal, estimate: int, on_end: Callable[[], None] | None = None
+    ) -> None:
         """``on_end``: called once when the charge is settled or cancelled (the request has ended or never queued)."""
         self._limiter = limiter
         self._principal = principal

@@ -15,23 +15,33 @@ import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from llmq_core import tracing, wire
-from llmq_core.clock import Clock
-from llmq_core.constants import HTTP_REQUEST_ID, STREAM_INTERRUPTED
 from llmq_api.errors import RETRY_AFTER_S, unavailable
 from llmq_api.exchange import CancelPublisher, wait_for_resolution
 from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import (
-    CLIENT_GONE_STATUS, SSE_DONE, ChunkFormatter, error_for, outcome_label, response_body, sse)
+    CLIENT_GONE_STATUS,
+    SSE_DONE,
+    ChunkFormatter,
+    error_for,
+    outcome_label,
+    response_body,
+    sse,
+)
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
+from llmq_core import tracing, wire
+from llmq_core.clock import Clock
+from llmq_core.constants import HTTP_REQUEST_ID, STREAM_INTERRUPTED
 
 log = logging.getLogger(__name__)
 
 # What a request still waiting when the pod's drain runs out gets (uvicorn cancels it): its Cancel went out, retry it.
 SHUTTING_DOWN = unavailable("The server is shutting down; retry the request", RETRY_AFTER_S, code="shutting_down")
 # A stream whose result is not the generation its chunks came from (a race with a re-run): it ends rather than mix them.
-INTERRUPTED = unavailable("The stream was interrupted: its result is of another generation than the text sent. Retry "
-                          "the request.", RETRY_AFTER_S, code=STREAM_INTERRUPTED)
+INTERRUPTED = unavailable(
+    "The stream was interrupted: its result is of another generation than the text sent. Retry the request.",
+    RETRY_AFTER_S,
+    code=STREAM_INTERRUPTED,
+)
 
 
 class PendingRequest:
@@ -42,11 +52,20 @@ class PendingRequest:
     the wait may be being cancelled); ``headers`` are added to the response.
     """
 
-    def __init__(self, *, request: wire.GenerationRequest, waiter: Waiter, include_usage: bool,
-                 registry: WaiterRegistry, publish_cancel: CancelPublisher, metrics: ApiMetrics, clock: Clock,
-                 on_gave_up: Callable[[], Awaitable[None]] | None = None,
-                 on_resolved: Callable[[Resolution], None] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        request: wire.GenerationRequest,
+        waiter: Waiter,
+        include_usage: bool,
+        registry: WaiterRegistry,
+        publish_cancel: CancelPublisher,
+        metrics: ApiMetrics,
+        clock: Clock,
+        on_gave_up: Callable[[], Awaitable[None]] | None = None,
+        on_resolved: Callable[[Resolution], None] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.request = request
         self.waiter = waiter
         self.include_usage = include_usage
@@ -73,15 +92,23 @@ class PendingRequest:
         remaining_s = max(0.0, (self.request.deadline_ms - self.clock.now_ms()) / 1000)
         try:
             resolution = await wait_for_resolution(
-                self.registry, self.waiter, deadline=asyncio.sleep(remaining_s), client_gone=_disconnected(receive),
-                publish_cancel=self.publish_cancel, on_chunk=on_chunk)
+                self.registry,
+                self.waiter,
+                deadline=asyncio.sleep(remaining_s),
+                client_gone=_disconnected(receive),
+                publish_cancel=self.publish_cancel,
+                on_chunk=on_chunk,
+            )
         finally:  # the wait resolved the waiter however it ended
             if self.on_resolved is not None:
                 self.on_resolved(self.waiter.resolution)
         if isinstance(resolution, wire.FinalResult) and tracing.enabled():  # worker finished -> Redis -> this pod
-            tracing.record_span("api.reply", resolution.finished_ms, self.clock.now_ms(),
-                                attributes={"llmq.request_id": self.request_id,
-                                            "llmq.outcome": resolution.outcome.value})
+            tracing.record_span(
+                "api.reply",
+                resolution.finished_ms,
+                self.clock.now_ms(),
+                attributes={"llmq.request_id": self.request_id, "llmq.outcome": resolution.outcome.value},
+            )
         if self.on_gave_up is not None and isinstance(resolution, (Abandoned, DeadlineExceeded)):
             await self.on_gave_up()
         return resolution
@@ -91,13 +118,19 @@ class PendingRequest:
         return max(0, self.clock.now_ms() - self.request.created_ms) / 1000
 
     def record(self, resolution: Resolution, status: int) -> None:
-        self.metrics.finished(self.request.endpoint, outcome_label(resolution), status,
-                              time.perf_counter() - self.started_s)
+        self.metrics.finished(
+            self.request.endpoint, outcome_label(resolution), status, time.perf_counter() - self.started_s
+        )
         ttft_s = self.first_text_s
         if ttft_s is None and isinstance(resolution, wire.FinalResult) and resolution.timings.ttft_ms:
             ttft_s = resolution.timings.ttft_ms / 1000
-        self.metrics.answered(self.request.traffic_class, self.request.model, status,
-                              None if isinstance(resolution, Abandoned) else self.since_accepted_s(), ttft_s)
+        self.metrics.answered(
+            self.request.traffic_class,
+            self.request.model,
+            status,
+            None if isinstance(resolution, Abandoned) else self.since_accepted_s(),
+            ttft_s,
+        )
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -124,8 +157,9 @@ class ResultResponse(Response):
         try:
             resolution = await pending.resolution(receive)
         except asyncio.CancelledError:  # the pod's drain ran out of time: hand the request back to its client
-            await _send_json(send, pending, SHUTTING_DOWN.status, SHUTTING_DOWN.body(),
-                             SHUTTING_DOWN.response_headers())
+            await _send_json(
+                send, pending, SHUTTING_DOWN.status, SHUTTING_DOWN.body(), SHUTTING_DOWN.response_headers()
+            )
             pending.record(pending.waiter.resolution, SHUTTING_DOWN.status)
             return
         error = error_for(resolution)
@@ -133,8 +167,11 @@ class ResultResponse(Response):
             pending.record(resolution, CLIENT_GONE_STATUS)
             return
         if error is None:
-            status, payload, extra = 200, response_body(resolution, pending.request_id, pending.request.endpoint,
-                                                        pending.created_s), None
+            status, payload, extra = (
+                200,
+                response_body(resolution, pending.request_id, pending.request.endpoint, pending.created_s),
+                None,
+            )
         else:
             status, payload, extra = error.status, error.body(), error.response_headers()
         await _send_json(send, pending, status, payload, extra)
@@ -162,8 +199,9 @@ class StreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pending, request = self.pending, self.pending.request
-        fmt = ChunkFormatter(pending.request_id, request.endpoint, request.model, pending.created_s,
-                             pending.include_usage)
+        fmt = ChunkFormatter(
+            pending.request_id, request.endpoint, request.model, pending.created_s, pending.include_usage
+        )
         sent: dict[int, str] = {}
 
         async def write(data: bytes) -> None:
@@ -177,8 +215,9 @@ class StreamResponse(Response):
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
             await write(fmt.text(chunk.index, chunk.text))
 
-        headers = _headers(pending, b"text/event-stream; charset=utf-8",
-                           {"cache-control": "no-cache", "x-accel-buffering": "no"})
+        headers = _headers(
+            pending, b"text/event-stream; charset=utf-8", {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        )
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await write(fmt.role(request.sampling.n))
         try:
@@ -212,7 +251,7 @@ def _finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int
     """Per choice: whatever text the stream has not carried yet, with the finish reason; then the usage if asked."""
     parts = []
     for choice in sorted(result.choices, key=lambda c: c.index):
-        rest = choice.text[len(sent.get(choice.index, "")):]
+        rest = choice.text[len(sent.get(choice.index, "")) :]
         parts.append(fmt.text(choice.index, rest, choice.finish_reason))
     if fmt.include_usage:
         parts.append(fmt.usage(result.usage))

@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping
 import msgspec
 from redis.asyncio import Redis
 
+from llmq_api.admission import Admitted, Saturation, Unfinished, all_unfinished, merge_reports
 from llmq_core import constants, wire
 from llmq_core.clock import Clock
-from llmq_api.admission import Admitted, Saturation, Unfinished, all_unfinished, merge_reports
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,18 @@ class SaturationMonitor:
     :attr:`admitted` counts this pod's admissions until the reports include them, :attr:`unfinished` until they end.
     """
 
-    def __init__(self, redis: Redis, clock: Clock, stale_ms: int, *, key: str = constants.REDIS_SATURATION_KEY,
-                 poll_ms: int = POLL_MS, heard_ms: Callable[[], Mapping[str, int]] = dict, instance_id: str = "",
-                 unfinished_key: str = constants.REDIS_UNFINISHED_KEY) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        clock: Clock,
+        stale_ms: int,
+        *,
+        key: str = constants.REDIS_SATURATION_KEY,
+        poll_ms: int = POLL_MS,
+        heard_ms: Callable[[], Mapping[str, int]] = dict,
+        instance_id: str = "",
+        unfinished_key: str = constants.REDIS_UNFINISHED_KEY,
+    ) -> None:
         """``heard_ms``: model -> the last worker heartbeat this pod heard itself (epoch ms)."""
         self._redis = redis
         self._heard_ms = heard_ms
@@ -62,6 +71,7 @@ class SaturationMonitor:
             if refused:
                 self.admitted.add(model, priority_class, self._clock.now_ms(), -1)
             end_unfinished()
+
         return end
 
     async def run(self) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import msgspec
 
+from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
 from llmq_core.tokenizer import count_tokens, render_chat
-from llmq_api.errors import ApiError, invalid
 
 DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's legacy completions default (16); chat has none
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes digits int() refuses, such as '²'
@@ -100,8 +100,12 @@ def check_content_type(content_type: str | None) -> None:
     """Accept ``application/json`` (parameters such as ``charset`` allowed); raise 415 otherwise, also when missing."""
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
-        raise ApiError(415, f"Content-Type must be application/json, got {echo(content_type or 'none')}",
-                       param="content-type", code="unsupported_media_type")
+        raise ApiError(
+            415,
+            f"Content-Type must be application/json, got {echo(content_type or 'none')}",
+            param="content-type",
+            code="unsupported_media_type",
+        )
 
 
 def bounded_int(text: str, cap: int) -> int | None:
@@ -133,8 +137,11 @@ def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
         return min(default_ms, max_ms)
     timeout_ms = bounded_int(value.strip().removeprefix("+"), INT64_MAX + 1)
     if timeout_ms is None or not 0 < timeout_ms <= INT64_MAX:
-        raise invalid(f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds (at most {INT64_MAX}), "
-                      f"got {echo(value)}", param=HTTP_TIMEOUT_MS)
+        raise invalid(
+            f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds (at most {INT64_MAX}), "
+            f"got {echo(value)}",
+            param=HTTP_TIMEOUT_MS,
+        )
     return min(timeout_ms, max_ms)
 
 
@@ -144,16 +151,19 @@ def parse_traffic_class(value: str | None) -> str:
         return INTERACTIVE
     traffic_class = value.strip().lower()
     if traffic_class not in TRAFFIC_CLASSES:
-        raise invalid(f"{HTTP_TRAFFIC_CLASS} must be one of {', '.join(TRAFFIC_CLASSES)}, got {echo(value)}",
-                      param=HTTP_TRAFFIC_CLASS)
+        raise invalid(
+            f"{HTTP_TRAFFIC_CLASS} must be one of {', '.join(TRAFFIC_CLASSES)}, got {echo(value)}",
+            param=HTTP_TRAFFIC_CLASS,
+        )
     return traffic_class
 
 
 # --- bodies ----------------------------------------------------------------------------------------------------------
 
 
-def parse_completion(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
-                     ) -> ValidRequest:
+def parse_completion(
+    body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
+) -> ValidRequest:
     """Validate a ``/v1/completions`` body. ``models`` maps served model names to context windows (0: unknown);
     ``max_stop_bytes``: UTF-8 bytes of one stop sequence, at most (Settings.api_max_stop_bytes).
 
@@ -162,14 +172,26 @@ def parse_completion(body: bytes, models: Mapping[str, int], *, max_stop_bytes: 
     raw = _decode(body, _CompletionBody)
     with _client_error():
         context_window = requests.check_model(raw.model, models)
-        _reject_unsupported(raw, echo=bool(raw.echo), logprobs=raw.logprobs is not None,
-                            best_of=raw.best_of not in (None, 1), suffix=bool(raw.suffix))
+        _reject_unsupported(
+            raw,
+            echo=bool(raw.echo),
+            logprobs=raw.logprobs is not None,
+            best_of=raw.best_of not in (None, 1),
+            suffix=bool(raw.suffix),
+        )
         prompt = _single_prompt(raw.prompt)
         sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
         prompt_tokens = count_tokens(prompt)
         requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
-    return ValidRequest(endpoint="completions", model=raw.model, prompt=prompt, sampling=sampling,
-                        stream=bool(raw.stream), include_usage=_include_usage(raw), prompt_tokens=prompt_tokens)
+    return ValidRequest(
+        endpoint="completions",
+        model=raw.model,
+        prompt=prompt,
+        sampling=sampling,
+        stream=bool(raw.stream),
+        include_usage=_include_usage(raw),
+        prompt_tokens=prompt_tokens,
+    )
 
 
 def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES) -> ValidRequest:
@@ -182,9 +204,14 @@ def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = 
     raw = _decode(body, _ChatBody)
     with _client_error():
         context_window = requests.check_model(raw.model, models)
-        _reject_unsupported(raw, logprobs=bool(raw.logprobs), top_logprobs=bool(raw.top_logprobs),
-                            tools=bool(raw.tools), functions=bool(raw.functions),
-                            response_format=raw.response_format is not None and raw.response_format.type != "text")
+        _reject_unsupported(
+            raw,
+            logprobs=bool(raw.logprobs),
+            top_logprobs=bool(raw.top_logprobs),
+            tools=bool(raw.tools),
+            functions=bool(raw.functions),
+            response_format=raw.response_format is not None and raw.response_format.type != "text",
+        )
         messages = _chat_messages(raw.messages)
         max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
         max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
@@ -192,11 +219,20 @@ def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = 
         prompt_tokens = count_tokens(render_chat(messages))
         if max_tokens is None:
             sampling = msgspec.structs.replace(
-                sampling, max_tokens=chat_max_tokens(prompt_tokens, context_window, sampling.n))
-        requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None,
-                               max_param)
-    return ValidRequest(endpoint="chat.completions", model=raw.model, messages=messages, sampling=sampling,
-                        stream=bool(raw.stream), include_usage=_include_usage(raw), prompt_tokens=prompt_tokens)
+                sampling, max_tokens=chat_max_tokens(prompt_tokens, context_window, sampling.n)
+            )
+        requests.check_context(
+            prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param
+        )
+    return ValidRequest(
+        endpoint="chat.completions",
+        model=raw.model,
+        messages=messages,
+        sampling=sampling,
+        stream=bool(raw.stream),
+        include_usage=_include_usage(raw),
+        prompt_tokens=prompt_tokens,
+    )
 
 
 @contextmanager
@@ -240,8 +276,11 @@ def _type_error(text: str) -> ApiError:
         path = f"{path}.{missing.group('field')}" if path else missing.group("field")
     if not path and text.startswith("Expected `object`"):
         return invalid("Request body must be a JSON object", code="invalid_json")
-    return invalid(f"Invalid request: {_PATH.sub('', text)}" + (f" (at '{path}')" if path else ""),
-                   param=path or None, code="invalid_type")
+    return invalid(
+        f"Invalid request: {_PATH.sub('', text)}" + (f" (at '{path}')" if path else ""),
+        param=path or None,
+        code="invalid_type",
+    )
 
 
 def _reject_unsupported(raw: _CommonBody, **used: bool) -> None:
@@ -250,15 +289,19 @@ def _reject_unsupported(raw: _CommonBody, **used: bool) -> None:
             raise invalid(f"'{param}' is not supported by this server", param=param, code="unsupported_parameter")
     for param in ("presence_penalty", "frequency_penalty"):
         if getattr(raw, param) not in (None, 0):
-            raise invalid(f"'{param}' is not supported by this server (only 0)", param=param,
-                          code="unsupported_parameter")
+            raise invalid(
+                f"'{param}' is not supported by this server (only 0)", param=param, code="unsupported_parameter"
+            )
 
 
 def _single_prompt(prompt: str | list[Any] | None) -> str:
     if isinstance(prompt, list):
         if len(prompt) != 1 or not isinstance(prompt[0], str):
-            raise invalid("'prompt' must be a string or a list of exactly one string (token arrays and batched "
-                          "prompts are not supported)", param="prompt")
+            raise invalid(
+                "'prompt' must be a string or a list of exactly one string (token arrays and batched "
+                "prompts are not supported)",
+                param="prompt",
+            )
         prompt = prompt[0]
     return requests.check_prompt(prompt)
 
@@ -273,16 +316,18 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
     if isinstance(content, list):
         for j, part in enumerate(content):
             if part.type != "text" or part.text is None:
-                raise invalid(f"Only text content parts are supported, got {echo(part.type)}",
-                              param=f"messages[{i}].content[{j}]")
+                raise invalid(
+                    f"Only text content parts are supported, got {echo(part.type)}", param=f"messages[{i}].content[{j}]"
+                )
         content = "".join(part.text for part in content)
     if content is None:
         raise invalid("Message content is required", param=f"messages[{i}].content")
     return wire.ChatMessage(role=message.role, content=content)
 
 
-def _sampling(raw: _CommonBody, max_tokens: int | None, max_param: str = "max_tokens", *,
-              max_stop_bytes: int) -> wire.SamplingParams:
+def _sampling(
+    raw: _CommonBody, max_tokens: int | None, max_param: str = "max_tokens", *, max_stop_bytes: int
+) -> wire.SamplingParams:
     defaults = wire.SamplingParams()
     sampling = wire.SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
@@ -293,8 +338,9 @@ def _sampling(raw: _CommonBody, max_tokens: int | None, max_param: str = "max_to
         n=raw.n if raw.n is not None else defaults.n,
         logit_bias=_logit_bias(raw.logit_bias),
     )
-    requests.check_sampling(sampling, max_stop_bytes=max_stop_bytes, max_param=max_param,
-                            max_tokens_given=max_tokens is not None)
+    requests.check_sampling(
+        sampling, max_stop_bytes=max_stop_bytes, max_param=max_param, max_tokens_given=max_tokens is not None
+    )
     return sampling
 
 

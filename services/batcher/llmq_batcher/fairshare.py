@@ -25,11 +25,23 @@ class Entry:
     """One request as the policy holds it. ``cost`` is estimated tokens; ``cls`` indexes CLASS_KEYS; ``size_bytes`` is
     what the request adds to a Batch record (measured once, on arrival)."""
 
-    __slots__ = ("request", "seq", "cls", "tenant", "cost", "size_bytes", "tag", "enqueued_ms", "state", "worker_id",
-                 "flight")
+    __slots__ = (
+        "request",
+        "seq",
+        "cls",
+        "tenant",
+        "cost",
+        "size_bytes",
+        "tag",
+        "enqueued_ms",
+        "state",
+        "worker_id",
+        "flight",
+    )
 
-    def __init__(self, request: wire.GenerationRequest, seq: int, cls: int, cost: int, size_bytes: int,
-                 enqueued_ms: int) -> None:
+    def __init__(
+        self, request: wire.GenerationRequest, seq: int, cls: int, cost: int, size_bytes: int, enqueued_ms: int
+    ) -> None:
         self.request = request
         self.seq = seq
         self.cls = cls

@@ -19,18 +19,24 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerClosed
 from redis.asyncio import Redis
 
+from llmq_batcher.offsets import OffsetTracker
+from llmq_batcher.outcomes import (
+    final_result,
+    refused,
+    replayed,
+    reply_topic_refusal,
+    reused_id,
+    reused_id_other_parameters,
+)
+from llmq_batcher.pods import PodWatch
+from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
+from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
+from llmq_batcher.spans import RequestSpans
 from llmq_core import constants, kafka, requests, tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.telemetry import request_fields
-from llmq_batcher.offsets import OffsetTracker
-from llmq_batcher.outcomes import (final_result, refused, replayed, reply_topic_refusal, reused_id,
-                                   reused_id_other_parameters)
-from llmq_batcher.pods import PodWatch
-from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
-from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
-from llmq_batcher.spans import RequestSpans
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +82,24 @@ class Names:
 class BatcherLoop:
     """Owns the policy and the offsets; ``run()`` returns after ``stop()`` once held work is dispatched or uncommitted."""
 
-    def __init__(self, policy: BatchPolicy, consumer: AIOKafkaConsumer, producer: kafka.RenewableProducer,
-                 redis: Redis, clock: Clock, *, max_queued: int, results: AIOKafkaConsumer | None = None,
-                 names: Names = Names(), metrics: BatcherMetrics | None = None, pod_check_ms: int = 1000,
-                 pod_grace_ms: int = 2000, catalogue: frozenset[str] = frozenset(BUILTIN_MODELS),
-                 rules: requests.Rules = requests.Rules(), request_id_ttl_ms: int = 86_400_000) -> None:
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        consumer: AIOKafkaConsumer,
+        producer: kafka.RenewableProducer,
+        redis: Redis,
+        clock: Clock,
+        *,
+        max_queued: int,
+        results: AIOKafkaConsumer | None = None,
+        names: Names = Names(),
+        metrics: BatcherMetrics | None = None,
+        pod_check_ms: int = 1000,
+        pod_grace_ms: int = 2000,
+        catalogue: frozenset[str] = frozenset(BUILTIN_MODELS),
+        rules: requests.Rules = requests.Rules(),
+        request_id_ttl_ms: int = 86_400_000,
+    ) -> None:
         """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone.
         ``catalogue``: the models the saturation report always carries (others only while they have workers).
         ``producer``: a kafka.RenewableProducer in service (one refused record must not break every later send).
@@ -162,7 +181,7 @@ class BatcherLoop:
         """Seek every partition of a fetch back to its first record not taken in, so a failure while taking one record
         in drops none of the records fetched with it: they are fetched again when the consume task restarts."""
         tps = list(records)
-        for tp in tps[tps.index(failed_tp):]:
+        for tp in tps[tps.index(failed_tp) :]:
             first = records[tp][failed_index if tp == failed_tp else 0]
             self.offsets.untrack(tp, first.offset)
             self.consumer.seek(tp, first.offset)
@@ -200,8 +219,9 @@ class BatcherLoop:
             return None
         return await self._enter_direct(tp, record.offset, message)
 
-    async def _enter_direct(self, tp: TopicPartition, offset: int,
-                            request: wire.GenerationRequest) -> wire.GenerationRequest | None:
+    async def _enter_direct(
+        self, tp: TopicPartition, offset: int, request: wire.GenerationRequest
+    ) -> wire.GenerationRequest | None:
         """Where a request from Kafka enters, whatever its reply kind (an API pod's records pass too): the API's checks
         (``llmq_core.requests``) and its deadline clamped to its class's maximum (a batch-job line's: the longest
         batch window); a Kafka-direct one's reply topic and its id's claim first. Returns it to be queued, or None when
@@ -230,8 +250,11 @@ class BatcherLoop:
     def _rules_now(self, now_ms: int) -> requests.Rules:
         """The rules, also accepting the models workers announced lately, as an API pod's catalogue does (its records
         for such a model pass here too)."""
-        announced = {model: window for model, (window, seen_ms) in self._announced.items()
-                     if now_ms - seen_ms <= constants.SEEN_MODEL_TTL_MS}
+        announced = {
+            model: window
+            for model, (window, seen_ms) in self._announced.items()
+            if now_ms - seen_ms <= constants.SEEN_MODEL_TTL_MS
+        }
         if announced.keys() <= self.rules.windows.keys():
             return self.rules
         return dataclasses.replace(self.rules, windows={**announced, **self.rules.windows})
@@ -241,16 +264,22 @@ class BatcherLoop:
         record is the first (a redelivery of the claiming record is not another), else the first one's fingerprint
         ("" for a claim that carries none). Without Redis every record counts as the first."""
         try:
-            first = await self.redis.set(constants.request_copy_key(request_id), f"{position} {fingerprint}", nx=True,
-                                         get=True, px=self.request_id_ttl_ms)
+            first = await self.redis.set(
+                constants.request_copy_key(request_id),
+                f"{position} {fingerprint}",
+                nx=True,
+                get=True,
+                px=self.request_id_ttl_ms,
+            )
         except Exception as exc:
             log.warning("claiming request id failed, taking it as new: %s", exc, extra=request_fields(request_id))
             return None
         first_position, _, first_fingerprint = (first or b"").decode(errors="replace").partition(" ")
         return None if first is None or first_position == position else first_fingerprint
 
-    async def _enter_copy(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest, position: str,
-                          differs: bool) -> wire.GenerationRequest | None:
+    async def _enter_copy(
+        self, tp: TopicPartition, offset: int, request: wire.GenerationRequest, position: str, differs: bool
+    ) -> wire.GenerationRequest | None:
         """A record re-producing a claimed request_id: errored when its parameters ``differ`` from the first's (a
         producer's id reuse must not get another request's result), else it joins a twin held here, else the stored
         result again."""
@@ -263,8 +292,9 @@ class BatcherLoop:
         await self._answer_copy(tp, offset, request, position)
         return None
 
-    async def _answer_copy(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest,
-                           position: str) -> None:
+    async def _answer_copy(
+        self, tp: TopicPartition, offset: int, request: wire.GenerationRequest, position: str
+    ) -> None:
         """Answer a re-produced id with its stored result, or errored ``request_id_reused`` when there is none to give.
         Left unsettled when Redis cannot be read (answered after a restart)."""
         try:
@@ -278,8 +308,9 @@ class BatcherLoop:
             result = refused(request, reused_id(request.request_id), self.clock.now_ms(), position)
         await self._answer_at_entry(tp, offset, request, result)
 
-    async def _answer_at_entry(self, tp: TopicPartition, offset: int, request: wire.GenerationRequest,
-                               result: wire.FinalResult) -> None:
+    async def _answer_at_entry(
+        self, tp: TopicPartition, offset: int, request: wire.GenerationRequest, result: wire.FinalResult
+    ) -> None:
         """Send ``result`` to llmq.results (the result-router delivers it; an HTTP request's pod also gets it on its
         channel, as every answer), never queueing ``request``. Left unsettled when it cannot be produced, like
         _send_answer: answered again after a restart."""
@@ -287,8 +318,9 @@ class BatcherLoop:
         try:
             await kafka.send_message(self.producer, self.names.results_topic, result, key=request.request_id)
         except Exception as exc:
-            log.error("answering %s at entry failed: %s", request.request_id, exc,
-                      extra=request_fields(request.request_id))
+            log.error(
+                "answering %s at entry failed: %s", request.request_id, exc, extra=request_fields(request.request_id)
+            )
             return
         if self.metrics is not None:
             self.metrics.answered_request(request, result.outcome.value)
@@ -389,8 +421,9 @@ class BatcherLoop:
         if tracing.enabled():
             message, flushes = self.spans.flush(message, batch.partition)
         try:
-            await kafka.send_message(self.producer, self.names.batches_topic, message, key=batch.batch_id,
-                                     partition=batch.partition)
+            await kafka.send_message(
+                self.producer, self.names.batches_topic, message, key=batch.batch_id, partition=batch.partition
+            )
         except Exception as exc:
             return await self._produce_failed(batch, exc)
         finally:
@@ -398,8 +431,13 @@ class BatcherLoop:
                 span.end()
         self._produce_failures.pop(batch.model, None)
         if self.metrics is not None:
-            self.metrics.dispatched(batch.model, batch.flush_reason, batch.requests, self.clock.now_ms(),
-                                    self.policy.config.model_max_batch.get(batch.model))
+            self.metrics.dispatched(
+                batch.model,
+                batch.flush_reason,
+                batch.requests,
+                self.clock.now_ms(),
+                self.policy.config.model_max_batch.get(batch.model),
+            )
         for request in batch.requests:
             self._settle(request.request_id)
         return [batch]
@@ -424,8 +462,12 @@ class BatcherLoop:
             return sent
         log.error("batch refused for good, answering its %d requests: %r", len(batch.requests), exc, extra=extra)
         if isinstance(exc, _TOO_LARGE):
-            self.policy.fail(batch, "invalid_request_error",
-                             f"The request does not fit in one record of the batch topic: {exc}", REQUEST_TOO_LARGE)
+            self.policy.fail(
+                batch,
+                "invalid_request_error",
+                f"The request does not fit in one record of the batch topic: {exc}",
+                REQUEST_TOO_LARGE,
+            )
         else:
             self.policy.fail(batch, "server_error", f"The batch topic refused the request: {exc}", "dispatch_failed")
         return []
@@ -433,8 +475,11 @@ class BatcherLoop:
     async def _publish_replies(self, results: list[wire.FinalResult]) -> None:
         """Answers of HTTP requests to their pods' channels, in one pipeline (many at once must not each take a pooled
         connection). Best effort: every answer also goes to llmq.results, whose stored copy a resubscribing pod reads."""
-        replies = [(constants.replies_channel(r.reply_to.instance_id), wire.encode(r))
-                   for r in results if isinstance(r.reply_to, wire.HttpReply)]
+        replies = [
+            (constants.replies_channel(r.reply_to.instance_id), wire.encode(r))
+            for r in results
+            if isinstance(r.reply_to, wire.HttpReply)
+        ]
         if not replies:
             return
         try:
@@ -449,11 +494,16 @@ class BatcherLoop:
         outcome = answer.outcome.value if answer.error_type != "overloaded" else "rejected"
         traceparent = self.spans.answered(result.request_id, outcome) if tracing.enabled() else None
         try:
-            await kafka.send_message(self.producer, self.names.results_topic, result, key=result.request_id,
-                                     traceparent=traceparent)
+            await kafka.send_message(
+                self.producer, self.names.results_topic, result, key=result.request_id, traceparent=traceparent
+            )
         except Exception as exc:  # left unsettled: the request is redelivered after a restart and answered again
-            log.error("answering %s failed: %s", result.outcome.value, exc,
-                      extra=request_fields(result.request_id, traceparent or answer.request.traceparent))
+            log.error(
+                "answering %s failed: %s",
+                result.outcome.value,
+                exc,
+                extra=request_fields(result.request_id, traceparent or answer.request.traceparent),
+            )
             return
         if self.metrics is not None:
             self.metrics.answered_request(answer.request, outcome)
@@ -521,11 +571,21 @@ class BatcherLoop:
                 load[f"oldest_ms_{key}"] = decision.load[key].oldest_age_ms
             models = self.policy.model_states(now_ms)
             if self.metrics is not None:
-                self.metrics.queues((key, name, c.depth, c.oldest_age_ms)
-                                    for name, state in models.items() for key, c in state.classes.items())
-            report = saturation_report(self.policy.config.batch_id_prefix, self.started_ms, now_ms, decision.load,
-                                       models, self.catalogue, self.drain.rates(now_ms),
-                                       self.backlog_drain.rates(now_ms, models))
+                self.metrics.queues(
+                    (key, name, c.depth, c.oldest_age_ms)
+                    for name, state in models.items()
+                    for key, c in state.classes.items()
+                )
+            report = saturation_report(
+                self.policy.config.batch_id_prefix,
+                self.started_ms,
+                now_ms,
+                decision.load,
+                models,
+                self.catalogue,
+                self.drain.rates(now_ms),
+                self.backlog_drain.rates(now_ms, models),
+            )
         if not counts and not load:
             return
         try:

@@ -10,14 +10,14 @@ import logging
 import os
 import uuid
 
+from llmq_batcher.loop import BatcherLoop, Names
+from llmq_batcher.policy import BatchPolicy, PolicyConfig
 from llmq_core import constants, kafka, metrics, requests, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.labels import LabelSet
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
-from llmq_batcher.loop import BatcherLoop, Names
-from llmq_batcher.policy import BatchPolicy, PolicyConfig
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,9 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     tracing.configure("batcher", settings)
     labels = LabelSet.from_settings(settings)
     observed = metrics.BatcherMetrics(labels)
-    stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
-                                 settings.metrics_host)
+    stop_metrics = metrics.serve(
+        observed.registry, settings.metrics_port if metrics_port is None else metrics_port, settings.metrics_host
+    )
     await kafka.ensure_topics(settings)
     await kafka.require_topic_limits(settings)
     redis = make_redis(settings.redis_url)
@@ -38,12 +39,22 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     results = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=None, auto_offset_reset="latest")
     # Batch ids must be unique across restarts: workers report them back as last_batch_id.
     policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"), SYSTEM_CLOCK)
-    loop = BatcherLoop(policy, consumer, producer, redis, SYSTEM_CLOCK, max_queued=settings.batcher_max_queued,
-                       results=results, metrics=observed, pod_check_ms=settings.pod_heartbeat_interval_ms,
-                       pod_grace_ms=2 * settings.pod_heartbeat_interval_ms, catalogue=labels.models,
-                       names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)),
-                       rules=requests.Rules.from_settings(settings),
-                       request_id_ttl_ms=settings.kafka_request_id_ttl_s * 1000)
+    loop = BatcherLoop(
+        policy,
+        consumer,
+        producer,
+        redis,
+        SYSTEM_CLOCK,
+        max_queued=settings.batcher_max_queued,
+        results=results,
+        metrics=observed,
+        pod_check_ms=settings.pod_heartbeat_interval_ms,
+        pod_grace_ms=2 * settings.pod_heartbeat_interval_ms,
+        catalogue=labels.models,
+        names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)),
+        rules=requests.Rules.from_settings(settings),
+        request_id_ttl_ms=settings.kafka_request_id_ttl_s * 1000,
+    )
     await producer.start()
     loop.subscribe()
     await consumer.start()

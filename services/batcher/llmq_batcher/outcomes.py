@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from llmq_core import wire
 from llmq_batcher.policy import Answer
+from llmq_core import wire
 
 INVALID_REPLY_TOPIC = "invalid_reply_topic"  # error.code of a request refused for its reply topic
 REQUEST_ID_REUSED = "request_id_reused"  # error.code of a re-produced request_id that gets no replay
@@ -24,8 +24,9 @@ def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
         endpoint=request.endpoint,
         reply_to=request.reply_to,
         timings=wire.Timings(queued_ms=waited_ms, total_ms=waited_ms),
-        error=wire.ErrorInfo(type=answer.error_type, message=answer.message, code=answer.code,
-                             retryable=answer.retryable),
+        error=wire.ErrorInfo(
+            type=answer.error_type, message=answer.message, code=answer.code, retryable=answer.retryable
+        ),
         created_ms=request.created_ms,
         finished_ms=now_ms,
         traffic_class=request.traffic_class,
@@ -35,36 +36,53 @@ def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
 def reply_topic_refusal(reason: str) -> wire.ErrorInfo:
     """The error of a Kafka-direct request whose reply topic may not receive results (see
     :func:`llmq_core.kafka.reply_topic_error`)."""
-    return wire.ErrorInfo(type="invalid_request_error", message=reason, code=INVALID_REPLY_TOPIC,
-                          param="reply_to.topic")
+    return wire.ErrorInfo(
+        type="invalid_request_error", message=reason, code=INVALID_REPLY_TOPIC, param="reply_to.topic"
+    )
 
 
 def reused_id(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose first request's result cannot be replayed to it."""
     return wire.ErrorInfo(
-        type="invalid_request_error", param="request_id", code=REQUEST_ID_REUSED,
+        type="invalid_request_error",
+        param="request_id",
+        code=REQUEST_ID_REUSED,
         message=f"The request_id {request_id!r} was already used by another request, whose result is not stored (it "
-                f"is still running, its stored result is gone, or it was not a Kafka-direct request of this tenant). "
-                f"Use a new request_id to run this request.")
+        f"is still running, its stored result is gone, or it was not a Kafka-direct request of this tenant). "
+        f"Use a new request_id to run this request.",
+    )
 
 
 def reused_id_other_parameters(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose parameters differ from its first request's: a producer reused
     the id for another request, which must not get the first one's result."""
     return wire.ErrorInfo(
-        type="invalid_request_error", param="request_id", code=REQUEST_ID_REUSED,
+        type="invalid_request_error",
+        param="request_id",
+        code=REQUEST_ID_REUSED,
         message=f"The request_id {request_id!r} was already used by a request with different parameters (model, "
-                f"endpoint, prompt or messages, sampling); only an exact repeat gets its result. Use a new request_id "
-                f"to run this request.")
+        f"endpoint, prompt or messages, sampling); only an exact repeat gets its result. Use a new request_id "
+        f"to run this request.",
+    )
 
 
-def refused(request: wire.GenerationRequest, error: wire.ErrorInfo, now_ms: int,
-            request_copy: str = "") -> wire.FinalResult:
+def refused(
+    request: wire.GenerationRequest, error: wire.ErrorInfo, now_ms: int, request_copy: str = ""
+) -> wire.FinalResult:
     """The ``errored`` result of a Kafka-direct request answered at entry, never queued."""
-    return wire.FinalResult(request_id=request.request_id, outcome=wire.Outcome.ERRORED, model=request.model,
-                            tenant_id=request.tenant_id, endpoint=request.endpoint, reply_to=request.reply_to,
-                            error=error, created_ms=request.created_ms, finished_ms=now_ms,
-                            traffic_class=request.traffic_class, request_copy=request_copy)
+    return wire.FinalResult(
+        request_id=request.request_id,
+        outcome=wire.Outcome.ERRORED,
+        model=request.model,
+        tenant_id=request.tenant_id,
+        endpoint=request.endpoint,
+        reply_to=request.reply_to,
+        error=error,
+        created_ms=request.created_ms,
+        finished_ms=now_ms,
+        traffic_class=request.traffic_class,
+        request_copy=request_copy,
+    )
 
 
 def replayed(stored: wire.FinalResult, request: wire.GenerationRequest, request_copy: str) -> wire.FinalResult | None:

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from llmq_batcher.fairshare import DISPATCHED, DONE, QUEUED, Entry, FairQueue, Flight
+from llmq_batcher.workers import WorkerPool, WorkerView
 from llmq_core import constants, wire
 from llmq_core.clock import Clock
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
-from llmq_batcher.fairshare import DISPATCHED, DONE, QUEUED, Entry, FairQueue, Flight
-from llmq_batcher.workers import WorkerPool, WorkerView
 
 CLASS_KEYS = constants.PRIORITY_CLASSES  # queue index = position here: interactive:paid first, deferred last
 DEFERRED = CLASS_KEYS.index(constants.DEFERRED)
@@ -75,8 +75,9 @@ class PolicyConfig:
     deferred_buffer_rounds: int = 2
     tenant_max_inflight: int = 4096
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    model_max_batch: Mapping[str, int] = field(default_factory=lambda: {m.name: m.max_batch_size
-                                                                        for m in BUILTIN_MODELS.values()})
+    model_max_batch: Mapping[str, int] = field(
+        default_factory=lambda: {m.name: m.max_batch_size for m in BUILTIN_MODELS.values()}
+    )
     batch_id_prefix: str = "b"
     recent_cancels_max: int = 100_000
     max_batch_bytes: int = constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES  # encoded requests
@@ -86,7 +87,12 @@ class PolicyConfig:
         """The policy's configuration from service settings; batch ids are ``<batch_id_prefix>-<n>``."""
         interactive = settings.interactive_max_wait_ms
         return cls(
-            max_wait_ms=(interactive, interactive, settings.near_interactive_max_wait_ms, settings.deferred_max_wait_ms),
+            max_wait_ms=(
+                interactive,
+                interactive,
+                settings.near_interactive_max_wait_ms,
+                settings.deferred_max_wait_ms,
+            ),
             fixed_engine_max_wait_ms=settings.fixed_engine_max_wait_ms,
             worker_heartbeat_timeout_ms=settings.worker_heartbeat_timeout_ms,
             max_queued=settings.batcher_max_queued,
@@ -120,8 +126,14 @@ class BatchDispatch:
     formed_ms: int
 
     def to_wire(self) -> wire.Batch:
-        return wire.Batch(batch_id=self.batch_id, worker_id=self.worker_id, model=self.model, requests=self.requests,
-                          formed_ms=self.formed_ms, flush_reason=self.flush_reason)
+        return wire.Batch(
+            batch_id=self.batch_id,
+            worker_id=self.worker_id,
+            model=self.model,
+            requests=self.requests,
+            formed_ms=self.formed_ms,
+            flush_reason=self.flush_reason,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +232,14 @@ class BatchPolicy:
             return self._answer(request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
         size_bytes = len(wire.encode(request)) + ENTRY_SLACK_BYTES
         if size_bytes > self.config.max_batch_bytes:
-            return self._answer(request, wire.Outcome.ERRORED, "invalid_request_error",
-                                f"The request is {size_bytes} bytes encoded; a batch record holds at most "
-                                f"{self.config.max_batch_bytes}. Shorten the prompt or stop sequences.",
-                                code=REQUEST_TOO_LARGE)
+            return self._answer(
+                request,
+                wire.Outcome.ERRORED,
+                "invalid_request_error",
+                f"The request is {size_bytes} bytes encoded; a batch record holds at most "
+                f"{self.config.max_batch_bytes}. Shorten the prompt or stop sequences.",
+                code=REQUEST_TOO_LARGE,
+            )
         if self.queued_total >= self.config.max_queued:
             return self._answer(request, wire.Outcome.ERRORED, "overloaded", "batcher queue is full", retryable=True)
         self._seq += 1
@@ -337,13 +353,19 @@ class BatchPolicy:
 
     def model_states(self, now_ms: int) -> dict[str, ModelState]:
         """Every model seen (in a request or a heartbeat) -> its queues, live workers and last worker heartbeat."""
-        return {model.name: ModelState(
-            classes={key: ClassLoad(q.depth, now_ms - (q.oldest_enqueued_ms() or now_ms) if q.depth else 0)
-                     for key, q in zip(CLASS_KEYS, model.queues)},
-            workers=len(model.pool.workers), slots=sum(w.max_slots for w in model.pool.workers.values()),
-            worker_seen_ms=model.worker_seen_ms,
-            capacity_per_s=sum(w.capacity_per_s() for w in model.pool.workers.values()))
-            for model in self._models.values()}
+        return {
+            model.name: ModelState(
+                classes={
+                    key: ClassLoad(q.depth, now_ms - (q.oldest_enqueued_ms() or now_ms) if q.depth else 0)
+                    for key, q in zip(CLASS_KEYS, model.queues)
+                },
+                workers=len(model.pool.workers),
+                slots=sum(w.max_slots for w in model.pool.workers.values()),
+                worker_seen_ms=model.worker_seen_ms,
+                capacity_per_s=sum(w.capacity_per_s() for w in model.pool.workers.values()),
+            )
+            for model in self._models.values()
+        }
 
     def requests_by_pod(self) -> dict[str, list[str]]:
         """Ids of the requests held here (queued or in flight) by the API pod waiting for them (HttpReply only). O(held)."""
@@ -394,8 +416,9 @@ class BatchPolicy:
         deferred = min(room, free - worker.reserved_slots(self.config.deferred_reserved_share))
         return room, max(deferred, 0)
 
-    def _due(self, model: _Model, room: int, deferred_room: int, now_ms: int, fixed: bool,
-             drain: bool) -> tuple[wire.FlushReason | None, int | None]:
+    def _due(
+        self, model: _Model, room: int, deferred_room: int, now_ms: int, fixed: bool, drain: bool
+    ) -> tuple[wire.FlushReason | None, int | None]:
         """Whether a batch flushes now and why; else (None, when its oldest request's window ends)."""
         queues = model.queues
         pending = sum(q.depth for q in queues[:DEFERRED])
@@ -439,8 +462,9 @@ class BatchPolicy:
                 taken.append(entry)
         return taken, len(taken) >= room
 
-    def _dispatch(self, model: _Model, worker: WorkerView, entries: list[Entry], reason: wire.FlushReason,
-                  now_ms: int) -> BatchDispatch:
+    def _dispatch(
+        self, model: _Model, worker: WorkerView, entries: list[Entry], reason: wire.FlushReason, now_ms: int
+    ) -> BatchDispatch:
         batch_id = self._next_batch_id()
         flight = Flight(entries)
         inflight = worker.inflight
@@ -470,8 +494,15 @@ class BatchPolicy:
         batch_id = self._next_batch_id()
         worker.record_dispatch(batch_id, len(entries), self._clock.now_ms())
         self._model(worker.model).pool.touch(worker)
-        return BatchDispatch(batch_id, worker.worker_id, worker.partition, batch.model, [e.request for e in entries],
-                             batch.flush_reason, batch.formed_ms)
+        return BatchDispatch(
+            batch_id,
+            worker.worker_id,
+            worker.partition,
+            batch.model,
+            [e.request for e in entries],
+            batch.flush_reason,
+            batch.formed_ms,
+        )
 
     def _take_back(self, batch: BatchDispatch) -> list[Entry]:
         """Undo the worker's count of a batch that never reached Kafka; its entries still in flight there, in order."""
@@ -583,8 +614,15 @@ class BatchPolicy:
     def _park(self, tenant: str, queue: FairQueue) -> None:
         self._parked.setdefault(tenant, []).append(queue)
 
-    def _answer(self, request: wire.GenerationRequest, outcome: wire.Outcome, error_type: str, message: str,
-                retryable: bool = False, code: str | None = None) -> AddStatus:
+    def _answer(
+        self,
+        request: wire.GenerationRequest,
+        outcome: wire.Outcome,
+        error_type: str,
+        message: str,
+        retryable: bool = False,
+        code: str | None = None,
+    ) -> AddStatus:
         self._answers.append(Answer(request, outcome, error_type, message, retryable, code))
         return AddStatus.ANSWERED
 

@@ -14,8 +14,8 @@ import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 
-from llmq_core import wire
 from llmq_batcher.policy import CLASS_KEYS, BatchDispatch, ClassLoad, ModelState, class_index
+from llmq_core import wire
 
 DRAIN_TAU_MS = 5000  # time constant of the drain rate's smoothing: a burst's effect halves in about 3.5 s
 MIN_RATE_PER_S = 0.001  # slower than this reads 0 and is forgotten
@@ -105,24 +105,49 @@ def _count(counts: Counter[tuple[str, str]], batches: Iterable[BatchDispatch]) -
             counts[(batch.model, CLASS_KEYS[class_index(request)])] += 1
 
 
-def saturation_report(batcher_id: str, started_ms: int, now_ms: int, load: Mapping[str, ClassLoad],
-                      models: Mapping[str, ModelState], catalogue: Collection[str],
-                      drain: Rates, backlog: Rates) -> wire.BatcherSaturation:
+def saturation_report(
+    batcher_id: str,
+    started_ms: int,
+    now_ms: int,
+    load: Mapping[str, ClassLoad],
+    models: Mapping[str, ModelState],
+    catalogue: Collection[str],
+    drain: Rates,
+    backlog: Rates,
+) -> wire.BatcherSaturation:
     """The report sent at ``now_ms`` by a batcher started at ``started_ms``; ``load``: all models together."""
     total: Counter[str] = Counter()
     for by_class in drain.values():
         total.update(by_class)
     return wire.BatcherSaturation(
-        batcher_id=batcher_id, sent_ms=now_ms, started_ms=started_ms, classes=_queues(load, total),
-        models={name: wire.ModelLoad(classes=_queues(state.classes, drain.get(name, {}), backlog.get(name, {})),
-                                     workers=state.workers, slots=state.slots, worker_seen_ms=state.worker_seen_ms,
-                                     capacity_per_s=round(state.capacity_per_s, 3))
-                for name, state in models.items() if name in catalogue or state.worker_seen_ms})
+        batcher_id=batcher_id,
+        sent_ms=now_ms,
+        started_ms=started_ms,
+        classes=_queues(load, total),
+        models={
+            name: wire.ModelLoad(
+                classes=_queues(state.classes, drain.get(name, {}), backlog.get(name, {})),
+                workers=state.workers,
+                slots=state.slots,
+                worker_seen_ms=state.worker_seen_ms,
+                capacity_per_s=round(state.capacity_per_s, 3),
+            )
+            for name, state in models.items()
+            if name in catalogue or state.worker_seen_ms
+        },
+    )
 
 
-def _queues(load: Mapping[str, ClassLoad], drain: Mapping[str, float],
-            backlog: Mapping[str, float] | None = None) -> dict[str, wire.QueueLoad]:
+def _queues(
+    load: Mapping[str, ClassLoad], drain: Mapping[str, float], backlog: Mapping[str, float] | None = None
+) -> dict[str, wire.QueueLoad]:
     backlog = backlog or {}
-    return {key: wire.QueueLoad(depth=c.depth, oldest_age_ms=c.oldest_age_ms,
-                                drained_per_s=round(drain.get(key, 0.0), 3),
-                                backlog_drained_per_s=round(backlog.get(key, 0.0), 3)) for key, c in load.items()}
+    return {
+        key: wire.QueueLoad(
+            depth=c.depth,
+            oldest_age_ms=c.oldest_age_ms,
+            drained_per_s=round(drain.get(key, 0.0), 3),
+            backlog_drained_per_s=round(backlog.get(key, 0.0), 3),
+        )
+        for key, c in load.items()
+    }

@@ -22,15 +22,23 @@ class RequestSpans:
             return  # a redelivered twin of a request held here
         parent = tracing.header_traceparent(headers) or request.traceparent
         self._queued[request.request_id] = tracing.start_span(
-            "batcher.queue", parent=parent, kind=tracing.SpanKind.CONSUMER,
-            attributes=tracing.request_attributes(request))
+            "batcher.queue",
+            parent=parent,
+            kind=tracing.SpanKind.CONSUMER,
+            attributes=tracing.request_attributes(request),
+        )
 
     def flush(self, batch: wire.Batch, partition: int) -> tuple[wire.Batch, list[trace.Span]]:
         """End the queue spans of ``batch``'s requests and open their flush spans; returns the Batch whose requests
         carry their flush span's traceparent, and the flush spans (end them once the Batch is produced)."""
         requests, spans = [], []
-        attributes = {"llmq.batch_id": batch.batch_id, "llmq.worker_id": batch.worker_id, "llmq.partition": partition,
-                      "llmq.flush_reason": batch.flush_reason, "llmq.batch_size": len(batch.requests)}
+        attributes = {
+            "llmq.batch_id": batch.batch_id,
+            "llmq.worker_id": batch.worker_id,
+            "llmq.partition": partition,
+            "llmq.flush_reason": batch.flush_reason,
+            "llmq.batch_size": len(batch.requests),
+        }
         for request in batch.requests:
             queued = self._queued.pop(request.request_id, None)
             if queued is not None:
@@ -38,8 +46,12 @@ class RequestSpans:
                 parent = trace.set_span_in_context(queued)
             else:  # re-sent after a failed produce: its queue span is over
                 parent = tracing.parse(request.traceparent)
-            span = tracing.start_span("batcher.flush", parent=parent, kind=tracing.SpanKind.PRODUCER,
-                                      attributes={"llmq.request_id": request.request_id, **attributes})
+            span = tracing.start_span(
+                "batcher.flush",
+                parent=parent,
+                kind=tracing.SpanKind.PRODUCER,
+                attributes={"llmq.request_id": request.request_id, **attributes},
+            )
             spans.append(span)
             requests.append(msgspec.structs.replace(request, traceparent=tracing.traceparent_of(span)))
         return msgspec.structs.replace(batch, requests=requests), spans

@@ -12,8 +12,8 @@ import heapq
 import math
 from collections import deque
 
-from llmq_core import wire
 from llmq_batcher.fairshare import Entry
+from llmq_core import wire
 
 ASSUMED_SERVICE_MS = 1000  # a continuous-batching slot's service time while the worker has no drain estimate
 
@@ -21,8 +21,21 @@ ASSUMED_SERVICE_MS = 1000  # a continuous-batching slot's service time while the
 class WorkerView:
     """One live worker. ``since`` holds (batch_id, requests, dispatched_ms) sent after its newest heartbeat's batch."""
 
-    __slots__ = ("worker_id", "partition", "model", "max_slots", "fixed_batch_ms", "hb_free", "est_drain_ms",
-                 "last_heard_ms", "since", "since_count", "busy_until_ms", "inflight", "version")
+    __slots__ = (
+        "worker_id",
+        "partition",
+        "model",
+        "max_slots",
+        "fixed_batch_ms",
+        "hb_free",
+        "est_drain_ms",
+        "last_heard_ms",
+        "since",
+        "since_count",
+        "busy_until_ms",
+        "inflight",
+        "version",
+    )
 
     def __init__(self, hb: wire.WorkerHeartbeat) -> None:
         self.worker_id = hb.worker_id

@@ -32,12 +32,19 @@ class Settlement:
 
     def change(self, custom_id: str) -> LineChange:
         """The ledger write for line ``custom_id``."""
-        return LineChange(custom_id=custom_id, expected=self.expected, new=self.new, result=self.result,
-                          retry_due_ms=self.retry_due_ms, counters=self.counters)
+        return LineChange(
+            custom_id=custom_id,
+            expected=self.expected,
+            new=self.new,
+            result=self.result,
+            retry_due_ms=self.retry_due_ms,
+            counters=self.counters,
+        )
 
 
-def settle_result(result: wire.FinalResult, state: str | None, *, max_rounds: int, backoff_ms: int,
-                  now_ms: int) -> Settlement | None:
+def settle_result(
+    result: wire.FinalResult, state: str | None, *, max_rounds: int, backoff_ms: int, now_ms: int
+) -> Settlement | None:
     """The ledger change for a line's result, given the line's current state; None when the result changes
     nothing (the line is settled already or waits for a retry, the result is from an older round, unknown line)."""
     reply = result.reply_to
@@ -49,8 +56,12 @@ def settle_result(result: wire.FinalResult, state: str | None, *, max_rounds: in
     outcome = result.outcome
     if outcome is wire.Outcome.SUCCEEDED:
         usage = result.usage
-        return Settlement(state, jobs.SUCCEEDED, result, counters={
-            "succeeded": 1, "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens})
+        return Settlement(
+            state,
+            jobs.SUCCEEDED,
+            result,
+            counters={"succeeded": 1, "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+        )
     retryable = outcome is wire.Outcome.ERRORED and result.error is not None and result.error.retryable
     if retryable and round_ < max_rounds:
         due_ms = now_ms + backoff_ms * 2**round_
@@ -70,12 +81,21 @@ def end_line(batch_id: str, custom_id: str, state: str, outcome: wire.Outcome, n
         return None
     new = jobs.OUTCOME_STATE[outcome]
     cancelled = outcome is wire.Outcome.CANCELED
-    error = wire.ErrorInfo(type=BATCH_CANCELLED if cancelled else BATCH_EXPIRED, code=BATCH_CANCELLED if cancelled
-                           else BATCH_EXPIRED, message="This line was cancelled with its batch" if cancelled
-                           else "This line did not run before the batch's completion window ended")
-    result = wire.FinalResult(request_id=jobs.line_request_id(batch_id, custom_id, round_), outcome=outcome, model="",
-                              reply_to=wire.JobReply(batch_id=batch_id, custom_id=custom_id), error=error,
-                              finished_ms=now_ms)
+    error = wire.ErrorInfo(
+        type=BATCH_CANCELLED if cancelled else BATCH_EXPIRED,
+        code=BATCH_CANCELLED if cancelled else BATCH_EXPIRED,
+        message="This line was cancelled with its batch"
+        if cancelled
+        else "This line did not run before the batch's completion window ended",
+    )
+    result = wire.FinalResult(
+        request_id=jobs.line_request_id(batch_id, custom_id, round_),
+        outcome=outcome,
+        model="",
+        reply_to=wire.JobReply(batch_id=batch_id, custom_id=custom_id),
+        error=error,
+        finished_ms=now_ms,
+    )
     return Settlement(state, new, result, counters={jobs.STATE_COUNTER[new]: 1})
 
 

@@ -44,8 +44,14 @@ _json = msgspec.json.encode
 class JobLedger:
     """Settles the result of one batch-job line (a FinalResult whose ``reply_to`` is a JobReply)."""
 
-    def __init__(self, settings: Settings, store: JobStore, producer: AIOKafkaProducer, clock: Clock,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        producer: AIOKafkaProducer,
+        clock: Clock,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.producer = producer
@@ -57,16 +63,23 @@ class JobLedger:
         produced to the dead-letter topic first (at least once)."""
         reply = result.reply_to
         [state] = await self.store.line_states(reply.batch_id, [reply.custom_id])
-        settlement = jobpolicy.settle_result(result, state, max_rounds=self.settings.batch_max_rounds,
-                                             backoff_ms=self.settings.batch_retry_backoff_ms,
-                                             now_ms=self.clock.now_ms())
+        settlement = jobpolicy.settle_result(
+            result,
+            state,
+            max_rounds=self.settings.batch_max_rounds,
+            backoff_ms=self.settings.batch_retry_backoff_ms,
+            now_ms=self.clock.now_ms(),
+        )
         if settlement is None:
             return
         if settlement.dead_letter:
             reason = f"batch {reply.batch_id} line {reply.custom_id}: still failing after its last retry round"
-            await self.producer.send_and_wait(constants.TOPIC_DEAD_LETTERS, wire.encode(result),
-                                              key=result.request_id.encode(),
-                                              headers=kafka.headers() + [(constants.HEADER_ERROR, reason.encode())])
+            await self.producer.send_and_wait(
+                constants.TOPIC_DEAD_LETTERS,
+                wire.encode(result),
+                key=result.request_id.encode(),
+                headers=kafka.headers() + [(constants.HEADER_ERROR, reason.encode())],
+            )
         await self._settle(reply.batch_id, settlement.change(reply.custom_id))
 
     async def _settle(self, batch_id: str, change: LineChange) -> None:
@@ -78,8 +91,14 @@ class JobLedger:
                 await self.store.settle_many(batch_id, [change])
                 return
             except ResponseError as exc:
-                log.warning("ledger write of batch %s line %s refused (%s); again in %.1f s", batch_id,
-                            change.custom_id, exc, delay_s, extra={"batch_id": batch_id})
+                log.warning(
+                    "ledger write of batch %s line %s refused (%s); again in %.1f s",
+                    batch_id,
+                    change.custom_id,
+                    exc,
+                    delay_s,
+                    extra={"batch_id": batch_id},
+                )
             await self.sleep(delay_s)
             delay_s = min(2 * delay_s, LEDGER_RETRY_MAX_S)
 
@@ -87,8 +106,15 @@ class JobLedger:
 class JobDriver:
     """Drives every active job whose lease this router holds, one step per tick."""
 
-    def __init__(self, settings: Settings, store: JobStore, files: FileStore, producer: AIOKafkaProducer,
-                 redis: Redis, clock: Clock) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        files: FileStore,
+        producer: AIOKafkaProducer,
+        redis: Redis,
+        clock: Clock,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.files = files
@@ -201,8 +227,9 @@ class JobDriver:
                 continue
             template = await self.files.read_range(job.spec.prepared_path, span[0], span[1])
             request = msgspec.json.decode(template.rstrip(b"\n"), type=wire.GenerationRequest)
-            request = msgspec.structs.replace(request, request_id=jobs.line_request_id(batch_id, custom_id, round_),
-                                              attempt=round_, created_ms=now_ms)
+            request = msgspec.structs.replace(
+                request, request_id=jobs.line_request_id(batch_id, custom_id, round_), attempt=round_, created_ms=now_ms
+            )
             out.append((custom_id, jobs.pending(round_), request))
         await self._send([request for _, _, request in out])
         for custom_id, state, _ in out:
@@ -221,8 +248,12 @@ class JobDriver:
         if job.spec.id in self._wound_down:
             return
         cancel = plan.outcome is wire.Outcome.CANCELED
-        await self._end_lines(job, plan.outcome, lambda state, start: not jobpolicy.produced(state, start, job.cursor),
-                              cancel_others=cancel)
+        await self._end_lines(
+            job,
+            plan.outcome,
+            lambda state, start: not jobpolicy.produced(state, start, job.cursor),
+            cancel_others=cancel,
+        )
         self._wound_down.add(job.spec.id)
 
     async def _end_lines(self, job: JobView, outcome: wire.Outcome, which, cancel_others: bool = False) -> None:
@@ -238,16 +269,20 @@ class JobDriver:
             await self._publish_cancels(batch_id, running)
         now_ms = self.clock.now_ms()
         for start in range(0, len(ending), SETTLE_CHUNK):
-            changes = [(custom_id, jobpolicy.end_line(batch_id, custom_id, state, outcome, now_ms))
-                       for custom_id, state in ending[start:start + SETTLE_CHUNK]]
+            changes = [
+                (custom_id, jobpolicy.end_line(batch_id, custom_id, state, outcome, now_ms))
+                for custom_id, state in ending[start : start + SETTLE_CHUNK]
+            ]
             await self.store.settle_many(batch_id, [c.change(custom_id) for custom_id, c in changes if c is not None])
 
     async def _publish_cancels(self, batch_id: str, lines: list[tuple[str, str]]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for custom_id, state in lines:
                 request_id = jobs.line_request_id(batch_id, custom_id, jobs.parse_state(state)[1])
-                pipe.publish(constants.REDIS_CANCELS_CHANNEL,
-                             wire.encode(wire.Cancel(request_id=request_id, reason=CANCEL_REASON)))
+                pipe.publish(
+                    constants.REDIS_CANCELS_CHANNEL,
+                    wire.encode(wire.Cancel(request_id=request_id, reason=CANCEL_REASON)),
+                )
             await pipe.execute()
 
     async def _unsettled(self, batch_id: str, size: int = 500):

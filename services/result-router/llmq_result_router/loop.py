@@ -43,17 +43,28 @@ class ResultRouter:
     its tries, or whose topic does not exist (see :mod:`replies`), is dead-lettered: one result never holds up the
     others for long. ``list_topics`` lists the cluster's topics (default: :func:`cluster_topics` of ``producer``)."""
 
-    def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, redis: Redis,
-                 ledger: JobLedger | None = None, metrics: RouterMetrics | None = None,
-                 results: ResultStore | None = None, clock: Clock = SYSTEM_CLOCK,
-                 list_topics: TopicLister | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        redis: Redis,
+        ledger: JobLedger | None = None,
+        metrics: RouterMetrics | None = None,
+        results: ResultStore | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        list_topics: TopicLister | None = None,
+    ) -> None:
         self.settings = settings
         self.consumer = consumer
         self.producer = producer
         self.redis = redis
-        self.results = results or ResultStore(redis, settings.result_ttl_s * 1000,
-                                              settings.result_store_tenant_max_bytes,
-                                              settings.result_store_tenant_max_results)
+        self.results = results or ResultStore(
+            redis,
+            settings.result_ttl_s * 1000,
+            settings.result_store_tenant_max_bytes,
+            settings.result_store_tenant_max_results,
+        )
         self.ledger = ledger
         self.metrics = metrics
         self.clock = clock
@@ -79,8 +90,12 @@ class ResultRouter:
                 if batches:
                     await self.consumer.commit()
             except (RedisError, KafkaError, OSError) as exc:  # a Redis restart or a broker blip: route them again
-                log.warning("routing %d records failed (%r); again in %.0f s", sum(map(len, batches.values())), exc,
-                            RETRY_DELAY_S)
+                log.warning(
+                    "routing %d records failed (%r); again in %.0f s",
+                    sum(map(len, batches.values())),
+                    exc,
+                    RETRY_DELAY_S,
+                )
                 await asyncio.sleep(RETRY_DELAY_S)
                 for tp, records in batches.items():
                     self.consumer.seek(tp, records[0].offset)
@@ -88,8 +103,9 @@ class ResultRouter:
     async def _route_partitions(self, batches) -> None:
         """Each partition's records in order, the partitions side by side: a reply being retried on one partition holds
         up no other. Raises the first failure once every partition is done."""
-        done = await asyncio.gather(*(self._handle_all(records) for records in batches.values()),
-                                    return_exceptions=True)
+        done = await asyncio.gather(
+            *(self._handle_all(records) for records in batches.values()), return_exceptions=True
+        )
         for outcome in done:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -119,10 +135,12 @@ class ResultRouter:
         if not tracing.enabled():
             await self._route(message, record)
             return
-        span = tracing.start_span("result_router.route", parent=tracing.header_traceparent(record.headers),
-                                  kind=tracing.SpanKind.CONSUMER,
-                                  attributes={"llmq.request_id": message.request_id,
-                                              "llmq.outcome": message.outcome.value})
+        span = tracing.start_span(
+            "result_router.route",
+            parent=tracing.header_traceparent(record.headers),
+            kind=tracing.SpanKind.CONSUMER,
+            attributes={"llmq.request_id": message.request_id, "llmq.outcome": message.outcome.value},
+        )
         with tracing.use_span(span):
             await self._route(message, record)
 
@@ -200,8 +218,12 @@ class ResultRouter:
             await asyncio.wait_for(self.producer.partitions_for(topic), timeout_ms / 1000)
         except TimeoutError:
             raise UnknownTopicOrPartitionError(f"no metadata for {topic!r}") from None
-        await self.producer.send_and_wait(topic, delivery.reply_value, key=delivery.request_id.encode(),
-                                          headers=kafka.headers(delivery.reply_content_type))
+        await self.producer.send_and_wait(
+            topic,
+            delivery.reply_value,
+            key=delivery.request_id.encode(),
+            headers=kafka.headers(delivery.reply_content_type),
+        )
 
     async def _store(self, delivery: Delivery) -> bool:
         """Store the retrieval copy; True unless one was stored before (False for a copy's answer: never stored). A
@@ -212,8 +234,12 @@ class ResultRouter:
         try:
             stored = await self.results.put(delivery.tenant_id, delivery.request_id, delivery.store)
         except ResponseError as exc:
-            log.warning("storing the result of %s was refused: %s", delivery.request_id, exc,
-                        extra={"request_id": delivery.request_id})
+            log.warning(
+                "storing the result of %s was refused: %s",
+                delivery.request_id,
+                exc,
+                extra={"request_id": delivery.request_id},
+            )
             self._count_dropped("refused")
             return True
         self._count_dropped("tenant_bound", stored.dropped)

@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, kafka, metrics, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
-from llmq_core.labels import LabelSet
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
+from llmq_core.labels import LabelSet
 from llmq_core.redis_client import check_memory_policy
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
@@ -27,8 +27,9 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     setup_logging("result-router", settings.log_level)
     tracing.configure("result-router", settings)
     observed = metrics.RouterMetrics(LabelSet.from_settings(settings))
-    stop_metrics = metrics.serve(observed.registry, settings.metrics_port if metrics_port is None else metrics_port,
-                                 settings.metrics_host)
+    stop_metrics = metrics.serve(
+        observed.registry, settings.metrics_port if metrics_port is None else metrics_port, settings.metrics_host
+    )
     await kafka.ensure_topics(settings)
     await kafka.require_topic_limits(settings)
     redis = Redis.from_url(settings.redis_url)
@@ -38,8 +39,9 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     await producer.start()
     await consumer.start()
     store = JobStore(redis)
-    router = ResultRouter(settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK),
-                          metrics=observed)
+    router = ResultRouter(
+        settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
+    )
     driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK)
     stop = runtime.stop_event()
     alive = asyncio.create_task(runtime.keep_alive(redis, "result-router", instance_id, {"pid": os.getpid()}))

@@ -83,8 +83,11 @@ class TopicView:
 
     def missing(self, topic: str) -> GiveUp:
         age_ms = self.clock.now_ms() - (self._listed_ms or 0)
-        return GiveUp(reason=f"reply topic {topic!r} does not exist (not among the cluster's topics listed "
-                             f"{age_ms} ms ago)", kind="missing_topic", topic_wide=True)
+        return GiveUp(
+            reason=f"reply topic {topic!r} does not exist (not among the cluster's topics listed {age_ms} ms ago)",
+            kind="missing_topic",
+            topic_wide=True,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +103,12 @@ class ReplyRetry:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReplyRetry:
-        return cls(attempts=settings.router_reply_attempts, backoff_ms=settings.router_reply_backoff_ms,
-                   budget_ms=settings.router_reply_retry_budget_ms, max_streak=settings.router_reply_retry_streak_max)
+        return cls(
+            attempts=settings.router_reply_attempts,
+            backoff_ms=settings.router_reply_backoff_ms,
+            budget_ms=settings.router_reply_retry_budget_ms,
+            max_streak=settings.router_reply_retry_streak_max,
+        )
 
     def wait_ms(self, error: Exception, failures: int, elapsed_ms: int, streak: int) -> int | None:
         """The wait before the next try after failure number ``failures`` (1-based) with ``error``, ``elapsed_ms``
@@ -120,8 +127,10 @@ class ReplyRetry:
 def give_up(topic: str, error: Exception, failures: int, elapsed_ms: int) -> GiveUp:
     """Why a reply to ``topic`` ended unsent after ``failures`` tries over ``elapsed_ms``."""
     what = "does not exist" if isinstance(error, errors.UnknownTopicOrPartitionError) else "failed"
-    reason = (f"reply topic {topic!r} {what}: {type(error).__name__}: {error} "
-              f"({failures} {'try' if failures == 1 else 'tries'} in {elapsed_ms} ms)")
+    reason = (
+        f"reply topic {topic!r} {what}: {type(error).__name__}: {error} "
+        f"({failures} {'try' if failures == 1 else 'tries'} in {elapsed_ms} ms)"
+    )
     kind = "refused" if isinstance(error, RECORD_REFUSED_ERRORS) else "retries"
     return GiveUp(reason=reason, kind=kind, topic_wide=isinstance(error, TOPIC_ERRORS))
 

@@ -31,14 +31,23 @@ def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = 
     refused = reply_topic_error(reply.topic, allowed_prefixes) if isinstance(reply, wire.KafkaReply) else None
     if refused is not None:
         # An illegal name would fail on every redelivery; llmq's own or Kafka's internal topics must never get results.
-        return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored, reply_topic=reply.topic, undeliverable=refused)
+        return Delivery(
+            request_id=result.request_id,
+            tenant_id=result.tenant_id,
+            store=stored,
+            reply_topic=reply.topic,
+            undeliverable=refused,
+        )
     if isinstance(reply, wire.KafkaReply):
         return Delivery(
             request_id=result.request_id,
             tenant_id=result.tenant_id,
             store=stored,
-            delivered_key=(constants.copy_delivered_key(result.request_id, result.request_copy) if result.request_copy
-                           else constants.delivered_key(result.request_id)),
+            delivered_key=(
+                constants.copy_delivered_key(result.request_id, result.request_copy)
+                if result.request_copy
+                else constants.delivered_key(result.request_id)
+            ),
             reply_topic=reply.topic,
             reply_value=wire.encode(result, reply.content_type),
             reply_content_type=reply.content_type,

@@ -71,8 +71,9 @@ class ResultStore:
     """Puts results under ``result_key`` for ``ttl_ms``, within the per-tenant bounds. Raises redis errors as they
     come (a refused write changes nothing)."""
 
-    def __init__(self, redis: Redis, ttl_ms: int, max_bytes: int, max_results: int,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, redis: Redis, ttl_ms: int, max_bytes: int, max_results: int, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._put = redis.register_script(_PUT)
         self.ttl_ms = ttl_ms
         self.max_bytes = max_bytes
@@ -82,9 +83,19 @@ class ResultStore:
     async def put(self, tenant_id: str, request_id: str, value: bytes) -> Stored:
         """Store ``value`` (the msgpack FinalResult) unless a result of ``request_id`` is stored already: the first
         stored result wins, so a redelivered duplicate never changes what a caller may have read."""
-        keys = [constants.result_key(request_id), constants.result_index_key(tenant_id),
-                constants.result_bytes_key(tenant_id)]
-        args = [value, self.ttl_ms, self.clock.now_ms(), request_id, constants.REDIS_RESULT_PREFIX, self.max_bytes,
-                self.max_results]
+        keys = [
+            constants.result_key(request_id),
+            constants.result_index_key(tenant_id),
+            constants.result_bytes_key(tenant_id),
+        ]
+        args = [
+            value,
+            self.ttl_ms,
+            self.clock.now_ms(),
+            request_id,
+            constants.REDIS_RESULT_PREFIX,
+            self.max_bytes,
+            self.max_results,
+        ]
         code, dropped = await self._put(keys=keys, args=args)
         return Stored(first=code != DUPLICATE, kept=code == STORED, dropped=dropped)

@@ -37,7 +37,6 @@ from llmq_core.wire import (
     Usage,
     WorkerHeartbeat,
 )
-
 from llmq_worker.engine import ChunkEvent, Engine, EngineEvent, FinalEvent, InvalidRequest
 from llmq_worker.isolation import Isolator
 from llmq_worker.offsets import OffsetTracker
@@ -100,8 +99,16 @@ class _Active:
 class WorkerCore:
     """Per-worker state machine. Not thread-safe; call from one asyncio loop."""
 
-    def __init__(self, *, worker_id: str, partition: int, model: str, engine: Engine, clock: Clock,
-                 max_record_bytes: int = MAX_RESULT_RECORD_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        partition: int,
+        model: str,
+        engine: Engine,
+        clock: Clock,
+        max_record_bytes: int = MAX_RESULT_RECORD_BYTES,
+    ) -> None:
         """``max_record_bytes``: the encoded size of a FinalResult that still fits one llmq.results record."""
         self.worker_id = worker_id
         self._max_record_bytes = max_record_bytes
@@ -111,7 +118,9 @@ class WorkerCore:
         self._engine = engine
         self._clock = clock
         self._active: dict[str, _Active] = {}
-        self._held: collections.deque[str] = collections.deque()  # taken, not submitted yet (e.g. while suspects run alone)
+        self._held: collections.deque[str] = (
+            collections.deque()
+        )  # taken, not submitted yet (e.g. while suspects run alone)
         self._isolator = Isolator()
         self._offsets = OffsetTracker()
         self._cancels: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -248,12 +257,16 @@ class WorkerCore:
         if reason is not None or request.deadline_ms <= now:
             return self._answer(active, Outcome.CANCELED if reason not in (None, REASON_DEADLINE) else Outcome.EXPIRED)
         if request.model != self.model:
-            error = ErrorInfo(type="model_mismatch", message=f"worker serves {self.model}, not {request.model}", retryable=True)
+            error = ErrorInfo(
+                type="model_mismatch", message=f"worker serves {self.model}, not {request.model}", retryable=True
+            )
             return self._answer(active, Outcome.ERRORED, error=error)
         try:
             self._engine.submit(request)
         except InvalidRequest as exc:
-            return self._answer(active, Outcome.ERRORED, error=ErrorInfo(type="invalid_request_error", message=str(exc)))
+            return self._answer(
+                active, Outcome.ERRORED, error=ErrorInfo(type="invalid_request_error", message=str(exc))
+            )
         active.submitted = True
         return Outbox()
 
@@ -273,8 +286,14 @@ class WorkerCore:
         if not event.text or not streams(request):
             return Outbox()
         active.sent_tokens = (active.sent_tokens or 0) + count_tokens(event.text)
-        chunk = TokenChunk(request_id=request.request_id, index=event.index, text=event.text, seq=active.seq,
-                           sent_ms=self._clock.now_ms(), attempt=request.attempt)
+        chunk = TokenChunk(
+            request_id=request.request_id,
+            index=event.index,
+            text=event.text,
+            seq=active.seq,
+            sent_ms=self._clock.now_ms(),
+            attempt=request.attempt,
+        )
         active.seq += 1
         return Outbox(replies=[(replies_channel(request.reply_to.instance_id), chunk)], marks=[self._mark(active)])
 
@@ -282,19 +301,29 @@ class WorkerCore:
         """The StreamMark of a request whose text reached its caller, kept until its deadline has surely passed."""
         request = active.request
         ttl_ms = max(request.deadline_ms - self._clock.now_ms(), 0) + STREAM_MARK_GRACE_MS
-        return request.request_id, StreamMark(attempt=request.attempt, completion_tokens=active.sent_tokens or 0,
-                                              done=done), ttl_ms
+        return (
+            request.request_id,
+            StreamMark(attempt=request.attempt, completion_tokens=active.sent_tokens or 0, done=done),
+            ttl_ms,
+        )
 
     def _interrupted(self, active: _Active, completion_tokens: int) -> Outbox:
         """Answer a streaming request whose attempt was lost after its text reached the caller: running it again would
         send text of a second generation. Usage counts the tokens the caller received."""
         active.sent_tokens = completion_tokens
         prompt_tokens = active.request.prompt_tokens
-        error = ErrorInfo(type="server_error", code=STREAM_INTERRUPTED, retryable=True,
-                          message=f"The stream was interrupted after {completion_tokens} tokens: the worker generating "
-                                  "it was lost, and continuing would mix two generations. Retry the request.")
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                      total_tokens=prompt_tokens + completion_tokens)
+        error = ErrorInfo(
+            type="server_error",
+            code=STREAM_INTERRUPTED,
+            retryable=True,
+            message=f"The stream was interrupted after {completion_tokens} tokens: the worker generating "
+            "it was lost, and continuing would mix two generations. Retry the request.",
+        )
+        usage = Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
         return self._answer(active, Outcome.ERRORED, error=error, usage=usage)
 
     def _final_event(self, active: _Active, event: FinalEvent) -> Outbox:
@@ -317,16 +346,28 @@ class WorkerCore:
             total_ms=max(0, event.finished_ms - created),
         )
         return self._answer(
-            active, outcome, choices=event.choices, usage=event.usage, timings=timings, error=event.error,
+            active,
+            outcome,
+            choices=event.choices,
+            usage=event.usage,
+            timings=timings,
+            error=event.error,
             finished_ms=event.finished_ms,
         )
 
     def _culprit(self, active: _Active) -> Outbox:
-        log.warning("request failed the engine alone: answering errored", extra=request_fields(active.request.request_id, active.request.traceparent))
-        error = ErrorInfo(type="engine_error", message="this request made the engine fail", code="poison", retryable=False)
+        log.warning(
+            "request failed the engine alone: answering errored",
+            extra=request_fields(active.request.request_id, active.request.traceparent),
+        )
+        error = ErrorInfo(
+            type="engine_error", message="this request made the engine fail", code="poison", retryable=False
+        )
         return self._answer(active, Outcome.ERRORED, error=error)
 
-    def _answer(self, active: _Active, outcome: Outcome, *, finished_ms: int | None = None, timings=None, **fields) -> Outbox:
+    def _answer(
+        self, active: _Active, outcome: Outcome, *, finished_ms: int | None = None, timings=None, **fields
+    ) -> Outbox:
         request = active.request
         finished_ms = finished_ms or self._clock.now_ms()
         if timings is None:
@@ -364,11 +405,18 @@ class WorkerCore:
         size = len(wire.encode(result))
         if size <= self._max_record_bytes:
             return result
-        log.error("result of %d bytes exceeds the record limit of %d: answering errored", size, self._max_record_bytes,
-                  extra=request_fields(result.request_id))
-        return refused_result(result, CODE_RESULT_TOO_LARGE,
-                              f"the result ({size} bytes encoded) exceeds the {self._max_record_bytes} bytes one record"
-                              f" of {TOPIC_RESULTS} carries")
+        log.error(
+            "result of %d bytes exceeds the record limit of %d: answering errored",
+            size,
+            self._max_record_bytes,
+            extra=request_fields(result.request_id),
+        )
+        return refused_result(
+            result,
+            CODE_RESULT_TOO_LARGE,
+            f"the result ({size} bytes encoded) exceeds the {self._max_record_bytes} bytes one record"
+            f" of {TOPIC_RESULTS} carries",
+        )
 
     @staticmethod
     def _remember(memory: collections.OrderedDict, key, value) -> None:

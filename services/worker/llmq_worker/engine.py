@@ -115,7 +115,9 @@ class EventQueue:
 class TokenRate:
     """Generated tokens/s, smoothed with a half-life (measured over windows of at least ``window_s``), for est_drain_ms."""
 
-    def __init__(self, half_life_s: float = 2.0, window_s: float = 0.25, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, half_life_s: float = 2.0, window_s: float = 0.25, monotonic: Callable[[], float] = time.monotonic
+    ):
         self._half_life_s = half_life_s
         self._window_s = window_s
         self._monotonic = monotonic
@@ -173,6 +175,8 @@ def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
         raise InvalidRequest(f"logit_bias has {len(bias)} tokens; at most {MAX_LOGIT_BIAS_TOKENS} are allowed")
     unknown = sorted(t for t in bias if not 0 <= t < vocab_size)
     if unknown:
-        raise InvalidRequest(f"logit_bias names token ids outside this model's vocabulary of {vocab_size}: {unknown[:5]}")
+        raise InvalidRequest(
+            f"logit_bias names token ids outside this model's vocabulary of {vocab_size}: {unknown[:5]}"
+        )
     if any(not -100 <= value <= 100 for value in bias.values()):
         raise InvalidRequest("logit_bias values must be between -100 and 100")

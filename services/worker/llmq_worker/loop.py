@@ -29,7 +29,6 @@ from llmq_core.constants import (
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, headers
 from llmq_core.metrics import WorkerMetrics
 from llmq_core.telemetry import request_fields
-
 from llmq_worker.core import CODE_RESULT_REFUSED, CODE_RESULT_TOO_LARGE, Outbox, WorkerCore, refused_result, streams
 from llmq_worker.engine import Engine
 from llmq_worker.spans import RequestSpans
@@ -132,8 +131,12 @@ class WorkerLoop:
         if not isinstance(batch, wire.Batch):
             log.error("dead-lettering record at offset %d: %s", record.offset, reason)
             try:
-                await self._producer.send_and_wait(TOPIC_DEAD_LETTERS, record.value, key=record.key, headers=list(
-                    record.headers or ()) + [("x-llmq-error", reason.encode()[:512])])
+                await self._producer.send_and_wait(
+                    TOPIC_DEAD_LETTERS,
+                    record.value,
+                    key=record.key,
+                    headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])],
+                )
             except RECORD_REFUSED_ERRORS as exc:  # it holds no request; retrying it would stop this partition for good
                 log.error("dead-letters refused the record at offset %d (%r): skipping it", record.offset, exc)
             self._core.skip(record.offset)
@@ -259,8 +262,13 @@ class WorkerLoop:
             return result
         except RECORD_REFUSED_ERRORS as exc:
             code = CODE_RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else CODE_RESULT_REFUSED
-            log.error("%s refused the result (%r): answering errored %s", self._results_topic, exc, code,
-                      extra=request_fields(result.request_id))
+            log.error(
+                "%s refused the result (%r): answering errored %s",
+                self._results_topic,
+                exc,
+                code,
+                extra=request_fields(result.request_id),
+            )
             stand_in = refused_result(result, code, f"{self._results_topic} refused the result: {exc!r}"[:512])
             await self._send_result(stand_in, traced)
             return stand_in
@@ -272,8 +280,9 @@ class WorkerLoop:
         record_headers = headers() if traced is None else traced.headers(result.request_id)
         for attempt in range(PRODUCE_ATTEMPTS):
             try:
-                ack = await self._producer.send(self._results_topic, value, key=result.request_id.encode(),
-                                                headers=record_headers)
+                ack = await self._producer.send(
+                    self._results_topic, value, key=result.request_id.encode(), headers=record_headers
+                )
                 await ack
                 return
             except RECORD_REFUSED_ERRORS:
@@ -281,8 +290,12 @@ class WorkerLoop:
             except KafkaError as exc:
                 if attempt + 1 == PRODUCE_ATTEMPTS:
                     raise
-                log.warning("producing a result failed (%r): retry %d", exc, attempt + 1,
-                            extra=request_fields(result.request_id))
+                log.warning(
+                    "producing a result failed (%r): retry %d",
+                    exc,
+                    attempt + 1,
+                    extra=request_fields(result.request_id),
+                )
                 await asyncio.sleep(PRODUCE_BACKOFF_S * 2**attempt)
 
     async def _commit(self, offset: int) -> None:

@@ -18,7 +18,6 @@ from llmq_core.models import BUILTIN_MODELS
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings, load_settings
 from llmq_core.telemetry import setup_logging
-
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import Engine
 from llmq_worker.loop import WorkerLoop
@@ -27,16 +26,24 @@ log = logging.getLogger("llmq_worker")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="llmq_worker", description="Run one llmq worker on one partition of llmq.batches")
+    parser = argparse.ArgumentParser(
+        prog="llmq_worker", description="Run one llmq worker on one partition of llmq.batches"
+    )
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--partition", type=int, required=True)
     parser.add_argument("--model", required=True, help="model name served, e.g. llmq-sim or llmq-tiny")
     parser.add_argument("--engine", choices=["simulated", "transformers", "vllm"], required=True)
     parser.add_argument("--batch-time-ms", type=int, default=500, help="simulated: time of any batch")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="simulated: requests per batch (default: model's)")
-    parser.add_argument("--poison-marker", default=None, help="simulated, for tests: a batch whose prompt holds it fails")
     parser.add_argument(
-        "--model-path", default=None, help="transformers, vllm: HF causal-LM checkpoint dir (transformers default: llmq-tiny)"
+        "--max-batch-size", type=int, default=None, help="simulated: requests per batch (default: model's)"
+    )
+    parser.add_argument(
+        "--poison-marker", default=None, help="simulated, for tests: a batch whose prompt holds it fails"
+    )
+    parser.add_argument(
+        "--model-path",
+        default=None,
+        help="transformers, vllm: HF causal-LM checkpoint dir (transformers default: llmq-tiny)",
     )
     parser.add_argument(
         "--max-concurrent-sequences", type=int, default=None, help="transformers, vllm: running sequences, at most"
@@ -44,9 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--max-batched-tokens", type=int, default=None, help="transformers, vllm: tokens per forward step, at most"
     )
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may take")
-    parser.add_argument("--device", default=None, help="transformers: torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may take"
+    )
+    parser.add_argument(
+        "--device", default=None, help="transformers: torch device (default: cuda if available, else cpu)"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)"
+    )
     return parser.parse_args(argv)
 
 

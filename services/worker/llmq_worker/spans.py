@@ -44,15 +44,28 @@ class RequestSpans:
         for result in results:
             traceparent, batch_id, taken_ms = self._taken.pop(result.request_id, (None, "", result.created_ms))
             request = tracing.start_span(
-                "worker.request", parent=traceparent, kind=tracing.SpanKind.CONSUMER, start_ms=taken_ms,
-                attributes={"llmq.request_id": result.request_id, "llmq.batch_id": batch_id,
-                            "llmq.worker_id": self.worker_id, "llmq.model": result.model,
-                            "llmq.outcome": result.outcome.value, "llmq.batch_size": result.batch_size,
-                            "llmq.completion_tokens": result.usage.completion_tokens})
+                "worker.request",
+                parent=traceparent,
+                kind=tracing.SpanKind.CONSUMER,
+                start_ms=taken_ms,
+                attributes={
+                    "llmq.request_id": result.request_id,
+                    "llmq.batch_id": batch_id,
+                    "llmq.worker_id": self.worker_id,
+                    "llmq.model": result.model,
+                    "llmq.outcome": result.outcome.value,
+                    "llmq.batch_size": result.batch_size,
+                    "llmq.completion_tokens": result.usage.completion_tokens,
+                },
+            )
             parent = trace.set_span_in_context(request)
             _phases(result, taken_ms, parent)
-            publish = tracing.start_span("worker.publish", parent=parent, kind=tracing.SpanKind.PRODUCER,
-                                         attributes={"llmq.request_id": result.request_id})
+            publish = tracing.start_span(
+                "worker.publish",
+                parent=parent,
+                kind=tracing.SpanKind.PRODUCER,
+                attributes={"llmq.request_id": result.request_id},
+            )
             out.traceparents[result.request_id] = tracing.traceparent_of(publish)
             out.spans += [publish, request]
         return out

@@ -128,7 +128,9 @@ class ChoiceText:
     ``detokenizer``: the byte-level one of the built-in models unless given (e.g. a :class:`WindowDetokenizer`).
     """
 
-    def __init__(self, stops: list[str], detokenizer: Detokenizer | None = None, budget: ResultBudget | None = None) -> None:
+    def __init__(
+        self, stops: list[str], detokenizer: Detokenizer | None = None, budget: ResultBudget | None = None
+    ) -> None:
         self._detokenizer = detokenizer or IncrementalDetokenizer()
         self._matcher = StopMatcher(stops)
         self._budget = budget or ResultBudget()

@@ -5,11 +5,11 @@ import asyncio
 import httpx
 import pytest
 
-from llmq_core import constants, wire
-from llmq_core.settings import Settings
 from llmq_api.app import create_app
 from llmq_api.auth import KeyStore
 from llmq_api.pod import Pod
+from llmq_core import constants, wire
+from llmq_core.settings import Settings
 from tests.unit.api.fakes import FakeRedis
 
 DEV_AUTH = {"authorization": "Bearer llmq-dev-key"}
@@ -41,15 +41,25 @@ class FakeWorker:
         text = (source * request.sampling.max_tokens)[: request.sampling.max_tokens]
         if request.stream:
             for seq, start in enumerate(range(0, len(text), 2)):
-                self.pod.registry.dispatch(wire.TokenChunk(request_id=request.request_id, text=text[start:start + 2],
-                                                           seq=seq, sent_ms=0))
+                self.pod.registry.dispatch(
+                    wire.TokenChunk(request_id=request.request_id, text=text[start : start + 2], seq=seq, sent_ms=0)
+                )
         outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
         result = wire.FinalResult(
-            request_id=request.request_id, outcome=outcome, model=request.model, reply_to=request.reply_to,
-            tenant_id=request.tenant_id, endpoint=request.endpoint, error=self.error,
+            request_id=request.request_id,
+            outcome=outcome,
+            model=request.model,
+            reply_to=request.reply_to,
+            tenant_id=request.tenant_id,
+            endpoint=request.endpoint,
+            error=self.error,
             choices=[] if self.error else [wire.Choice(index=0, text=text, finish_reason="length")],
-            usage=wire.Usage(prompt_tokens=request.prompt_tokens, completion_tokens=len(text),
-                             total_tokens=request.prompt_tokens + len(text)))
+            usage=wire.Usage(
+                prompt_tokens=request.prompt_tokens,
+                completion_tokens=len(text),
+                total_tokens=request.prompt_tokens + len(text),
+            ),
+        )
         self.pod.registry.dispatch(result)
         self.pod.redis.data[constants.result_key(request.request_id)] = wire.encode(result)  # the result-router
 
@@ -65,8 +75,9 @@ async def make_app():
         worker.pod = pod
         pod.listener.subscribed = True  # stands in for the Redis subscription, which these tests never open
         pod.breaker.succeeded()  # and for the Kafka producer's start
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api",
-                                   headers=DEV_AUTH)
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(pod)), base_url="http://api", headers=DEV_AUTH
+        )
         clients.append(client)
         return client, pod, worker, redis
 

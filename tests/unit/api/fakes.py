@@ -7,12 +7,22 @@ import msgspec
 from llmq_core import jobs, wire
 
 
-def final(request_id: str, text: str = "hello", outcome: wire.Outcome = wire.Outcome.SUCCEEDED,
-          error: wire.ErrorInfo | None = None, finish_reason: str = "length") -> wire.FinalResult:
-    return wire.FinalResult(request_id=request_id, outcome=outcome, model="llmq-sim",
-                            reply_to=wire.HttpReply(instance_id="pod"), error=error,
-                            choices=[wire.Choice(index=0, text=text, finish_reason=finish_reason)],
-                            usage=wire.Usage(prompt_tokens=3, completion_tokens=len(text), total_tokens=3 + len(text)))
+def final(
+    request_id: str,
+    text: str = "hello",
+    outcome: wire.Outcome = wire.Outcome.SUCCEEDED,
+    error: wire.ErrorInfo | None = None,
+    finish_reason: str = "length",
+) -> wire.FinalResult:
+    return wire.FinalResult(
+        request_id=request_id,
+        outcome=outcome,
+        model="llmq-sim",
+        reply_to=wire.HttpReply(instance_id="pod"),
+        error=error,
+        choices=[wire.Choice(index=0, text=text, finish_reason=finish_reason)],
+        usage=wire.Usage(prompt_tokens=3, completion_tokens=len(text), total_tokens=3 + len(text)),
+    )
 
 
 def chunk(request_id: str, text: str, seq: int, index: int = 0, attempt: int = 0) -> wire.TokenChunk:
@@ -95,6 +105,7 @@ class FakeRedis:
                 return 1
             self.takes.append((keys, args))
             return list(self.take_reply)
+
         return run
 
 
@@ -144,15 +155,17 @@ class MemoryJobStore:
     async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
         newest_first = [r for r in self.files.values() if r.tenant_id == tenant_id][::-1]
         if after is not None:
-            newest_first = newest_first[newest_first.index(after) + 1:]
+            newest_first = newest_first[newest_first.index(after) + 1 :]
         return newest_first[:limit], len(newest_first) > limit
 
-    async def create_job(self, spec, status: str, times, *, files, lines={}, offsets={}, results={},
-                         errors=(), errored: int = 0) -> None:
+    async def create_job(
+        self, spec, status: str, times, *, files, lines={}, offsets={}, results={}, errors=(), errored: int = 0
+    ) -> None:
         for record in files:
             self.files[record.id] = record
-        self.jobs[spec.id] = jobs.JobView(spec=spec, status=status, times=dict(times), errors=list(errors),
-                                     counts={"errored": len(results) + errored})
+        self.jobs[spec.id] = jobs.JobView(
+            spec=spec, status=status, times=dict(times), errors=list(errors), counts={"errored": len(results) + errored}
+        )
 
     async def add_lines(self, batch_id: str, lines, offsets, results) -> None:
         pass  # no ledger here: the routes never read it
@@ -173,7 +186,7 @@ class MemoryJobStore:
     async def list_jobs(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
         views = [v for v in self.jobs.values() if v.spec.tenant_id == tenant_id][::-1]
         if after is not None:
-            views = views[[v.spec.id for v in views].index(after.spec.id) + 1:]
+            views = views[[v.spec.id for v in views].index(after.spec.id) + 1 :]
         return views[:limit], len(views) > limit
 
     async def move_status(self, batch_id: str, allowed, status: str, at_s: int, end_ms: int | None = None) -> bool:

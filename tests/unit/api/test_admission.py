@@ -3,37 +3,61 @@ the shed rules, Retry-After from the predicted wait, lowest class first, one mod
 traffic, an idle stack never refusing for a wait, and 503 for a model whose workers are gone."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from llmq_api.admission import (
+    IDLE,
+    Admitted,
+    Prediction,
+    Queues,
+    Saturation,
+    ShedPolicy,
+    Unfinished,
+    all_unfinished,
+    merge_reports,
+    retry_after_s,
+)
 from llmq_core import wire
+from llmq_core.clock import FakeClock
 from llmq_core.constants import PRIORITY_CLASSES
 from llmq_core.settings import Settings
-from llmq_core.clock import FakeClock
-from llmq_api.admission import (IDLE, Admitted, Prediction, Queues, Saturation, ShedPolicy, Unfinished, all_unfinished,
-                                merge_reports, retry_after_s)
 
 PAID, FREE, NEAR, DEFERRED = PRIORITY_CLASSES
 SIM, TINY = "llmq-sim", "llmq-tiny"
 NOW = 1_000_000
-POLICY = ShedPolicy.from_settings(Settings(api_max_in_flight=100, batcher_max_queued=1000,
-                                           worker_heartbeat_timeout_ms=2000))
+POLICY = ShedPolicy.from_settings(
+    Settings(api_max_in_flight=100, batcher_max_queued=1000, worker_heartbeat_timeout_ms=2000)
+)
 
 
 def classes(**loads: tuple) -> dict[str, wire.QueueLoad]:
     """class=(depth, oldest age ms[, backlog drain rate])"""
-    return {key.replace("_paid", ":paid").replace("_free", ":free"):
-            wire.QueueLoad(depth=load[0], oldest_age_ms=load[1], backlog_drained_per_s=(load + (0.0,))[2])
-            for key, load in loads.items()}
+    return {
+        key.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(
+            depth=load[0], oldest_age_ms=load[1], backlog_drained_per_s=(load + (0.0,))[2]
+        )
+        for key, load in loads.items()
+    }
 
 
 def model(workers: int = 1, seen_ms: int = NOW, capacity_per_s: float = 0.0, **loads: tuple) -> wire.ModelLoad:
-    return wire.ModelLoad(classes=classes(**loads), workers=workers, slots=8 * workers, worker_seen_ms=seen_ms,
-                          capacity_per_s=capacity_per_s)
+    return wire.ModelLoad(
+        classes=classes(**loads),
+        workers=workers,
+        slots=8 * workers,
+        worker_seen_ms=seen_ms,
+        capacity_per_s=capacity_per_s,
+    )
 
 
 def report(batcher_id: str, sent_ms: int, started_ms: int = 1, **models: wire.ModelLoad) -> wire.BatcherSaturation:
-    return wire.BatcherSaturation(batcher_id=batcher_id, sent_ms=sent_ms, started_ms=started_ms,
-                                  models={name.replace("_", "-"): load for name, load in models.items()})
+    return wire.BatcherSaturation(
+        batcher_id=batcher_id,
+        sent_ms=sent_ms,
+        started_ms=started_ms,
+        models={name.replace("_", "-"): load for name, load in models.items()},
+    )
 
 
 def saturation(models: dict[str, Queues], workers: dict[str, int] | None = None) -> Saturation:
@@ -42,14 +66,21 @@ def saturation(models: dict[str, Queues], workers: dict[str, int] | None = None)
 
 
 def test_reports_merge_fresh_ones_per_model_and_age_them():
-    reports = [report("b1", 10_000, llmq_sim=model(2, NOW, 200.0, interactive_paid=(3, 400, 30.0), deferred=(10, 9000))),
-               report("b2", 9_000, llmq_sim=model(1, NOW, 100.0, interactive_paid=(2, 100, 20.0)),
-                      llmq_tiny=model(0, NOW, near_interactive=(4, 50))),
-               report("b3", 1_000, llmq_sim=model(interactive_paid=(50, 60_000)))]  # stale: ignored
+    reports = [
+        report("b1", 10_000, llmq_sim=model(2, NOW, 200.0, interactive_paid=(3, 400, 30.0), deferred=(10, 9000))),
+        report(
+            "b2",
+            9_000,
+            llmq_sim=model(1, NOW, 100.0, interactive_paid=(2, 100, 20.0)),
+            llmq_tiny=model(0, NOW, near_interactive=(4, 50)),
+        ),
+        report("b3", 1_000, llmq_sim=model(interactive_paid=(50, 60_000))),
+    ]  # stale: ignored
     merged = merge_reports(reports, now_ms=10_500, stale_ms=5000)
     # b2's 100 ms + 1.5 s; drain rates add up (each batcher drains its share), workers' slots and capacity do not
-    assert merged.queues[SIM] == Queues({PAID: 5, DEFERRED: 10}, {PAID: 1600, DEFERRED: 9500},
-                                        {PAID: 50.0, DEFERRED: 0.0})
+    assert merged.queues[SIM] == Queues(
+        {PAID: 5, DEFERRED: 10}, {PAID: 1600, DEFERRED: 9500}, {PAID: 50.0, DEFERRED: 0.0}
+    )
     assert (merged.slots[SIM], merged.capacity_per_s[SIM]) == (16, 200.0)
     assert merged.predict(SIM, PAID) == Prediction(5, 100, True)  # 5 at the measured 50/s
     assert merged.predict(SIM, DEFERRED) == Prediction(15, 150, True)  # no measured rate: at half the promised 200/s
@@ -120,8 +151,12 @@ def test_a_model_whose_workers_are_gone_answers_people_503_and_queues_deferred(w
     for rejection in filter(None, results):
         error = rejection.error
         assert rejection.reason == "model_unavailable"
-        assert (error.status, error.code, error.param, error.headers) == (503, "model_unavailable", "model",
-                                                                           {"retry-after": "2"})
+        assert (error.status, error.code, error.param, error.headers) == (
+            503,
+            "model_unavailable",
+            "model",
+            {"retry-after": "2"},
+        )
     assert all(POLICY.check(c, SIM, sat, 0) is None for c in PRIORITY_CLASSES)
 
 
@@ -138,9 +173,16 @@ def test_without_fresh_reports_nothing_is_known_and_nobody_gets_503():
 
 
 def test_merged_availability_takes_the_best_view_of_any_batcher():
-    reports = [report("old", NOW - 500, started_ms=NOW - 60_000, llmq_sim=model(workers=2, seen_ms=NOW - 600)),
-               report("new", NOW - 100, started_ms=NOW - 1_000, llmq_sim=model(workers=0, seen_ms=0),
-                      llmq_tiny=model(workers=0, seen_ms=NOW - 9_000))]
+    reports = [
+        report("old", NOW - 500, started_ms=NOW - 60_000, llmq_sim=model(workers=2, seen_ms=NOW - 600)),
+        report(
+            "new",
+            NOW - 100,
+            started_ms=NOW - 1_000,
+            llmq_sim=model(workers=0, seen_ms=0),
+            llmq_tiny=model(workers=0, seen_ms=NOW - 9_000),
+        ),
+    ]
     merged = merge_reports(reports, NOW, stale_ms=5000)
     assert merged.workers == {SIM: 2, TINY: 0} and merged.watching_since_ms == NOW - 60_000
     assert merged.worker_gone_ms(SIM) is None
@@ -158,8 +200,9 @@ loads = st.tuples(st.integers(0, 2000), st.integers(0, 30_000))
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(PRIORITY_CLASSES), loads), st.integers(0, 120))
 def test_a_shed_class_means_every_lower_class_is_shed(classes, in_flight):
-    sat = saturation({SIM: Queues({c: d for c, (d, _) in classes.items()},
-                                  {c: a for c, (d, a) in classes.items() if d})})
+    sat = saturation(
+        {SIM: Queues({c: d for c, (d, _) in classes.items()}, {c: a for c, (d, a) in classes.items() if d})}
+    )
     admitted = [POLICY.check(c, SIM, sat, in_flight) is None for c in PRIORITY_CLASSES]
     assert admitted == sorted(admitted, reverse=True)  # admitted classes form a prefix: highest first
 
@@ -179,27 +222,75 @@ def test_a_worker_heartbeat_the_pod_heard_itself_counts_before_the_batchers_repo
 PREDICTIONS = [
     pytest.param({FREE: 300}, {}, 256.0, 128, {}, {}, FREE, (300, 2344), id="half-the-capacity-until-measured"),
     pytest.param({FREE: 300}, {FREE: 60.0}, 256.0, 128, {}, {}, FREE, (300, 5000), id="measured-rate-wins"),
-    pytest.param({FREE: 300}, {FREE: 300.0}, 256.0, 128, {}, {}, FREE, (300, 1172),
-                 id="measured-rate-never-above-capacity"),
-    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, {}, PAID, (100, 2000),
-                 id="lower-classes-do-not-delay-paid"),
-    pytest.param({PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, 256.0, 128, {}, {}, FREE, (300, 6000),
-                 id="free-waits-behind-paid"),
-    pytest.param({FREE: 100}, {FREE: 50.0}, 256.0, 128, {(SIM, FREE): 150, (TINY, FREE): 99, (SIM, NEAR): 7}, {},
-                 FREE, (250, 5000), id="this-pods-admissions-since-the-report-count"),
+    pytest.param(
+        {FREE: 300}, {FREE: 300.0}, 256.0, 128, {}, {}, FREE, (300, 1172), id="measured-rate-never-above-capacity"
+    ),
+    pytest.param(
+        {PAID: 100, FREE: 200},
+        {PAID: 50.0, FREE: 50.0},
+        256.0,
+        128,
+        {},
+        {},
+        PAID,
+        (100, 2000),
+        id="lower-classes-do-not-delay-paid",
+    ),
+    pytest.param(
+        {PAID: 100, FREE: 200},
+        {PAID: 50.0, FREE: 50.0},
+        256.0,
+        128,
+        {},
+        {},
+        FREE,
+        (300, 6000),
+        id="free-waits-behind-paid",
+    ),
+    pytest.param(
+        {FREE: 100},
+        {FREE: 50.0},
+        256.0,
+        128,
+        {(SIM, FREE): 150, (TINY, FREE): 99, (SIM, NEAR): 7},
+        {},
+        FREE,
+        (250, 5000),
+        id="this-pods-admissions-since-the-report-count",
+    ),
     # Still in Kafka or admitted by another pod: the batcher reported 10, the pods hold 378 (128 may be running).
-    pytest.param({FREE: 10}, {FREE: 50.0}, 256.0, 128, {}, {(SIM, FREE): 300, (SIM, PAID): 78, (TINY, FREE): 999},
-                 FREE, (250, 5000), id="unfinished-in-all-pods-less-the-slots-bound-it-from-below"),
-    pytest.param({PAID: 10}, {PAID: 50.0}, 256.0, 128, {}, {(SIM, FREE): 300, (SIM, PAID): 78}, PAID, (10, 200),
-                 id="unfinished-lower-classes-do-not-delay-paid"),
+    pytest.param(
+        {FREE: 10},
+        {FREE: 50.0},
+        256.0,
+        128,
+        {},
+        {(SIM, FREE): 300, (SIM, PAID): 78, (TINY, FREE): 999},
+        FREE,
+        (250, 5000),
+        id="unfinished-in-all-pods-less-the-slots-bound-it-from-below",
+    ),
+    pytest.param(
+        {PAID: 10},
+        {PAID: 50.0},
+        256.0,
+        128,
+        {},
+        {(SIM, FREE): 300, (SIM, PAID): 78},
+        PAID,
+        (10, 200),
+        id="unfinished-lower-classes-do-not-delay-paid",
+    ),
 ]
 
 
 @pytest.mark.parametrize("depth,drain,capacity,slots,admitted,unfinished,cls,expected", PREDICTIONS)
-def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(depth, drain, capacity, slots, admitted, unfinished,
-                                                             cls, expected):
-    sat = Saturation({SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: slots}, {SIM: capacity}, admitted,
-                     unfinished)
+def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(
+    depth, drain, capacity, slots, admitted, unfinished, cls, expected
+):
+    sat = Saturation(
+        {SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: slots}, {SIM: capacity}, admitted, unfinished
+    )
     predicted = sat.predict(SIM, cls)
     assert (predicted.queued, predicted.wait_ms) == expected
     assert predicted.next_batch == (expected[0] < slots)
@@ -209,23 +300,25 @@ def test_an_idle_stack_never_refuses_for_a_wait_whatever_the_threshold():
     # A slow measured drain (a 500 ms batch plus the pipeline's waits): one request already predicts more than 1 s.
     slow = Saturation({SIM: Queues({}, {}, {DEFERRED: 0.9})}, {SIM: 2}, {}, 0, NOW, {SIM: 128}, {SIM: 256.0})
     assert slow.predict(SIM, DEFERRED).wait_ms == 0 and POLICY.check(DEFERRED, SIM, slow, 0) is None
-    queued = Saturation({SIM: Queues({FREE: 127}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128},
-                        {SIM: 256.0})
+    queued = Saturation(
+        {SIM: Queues({FREE: 127}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128}, {SIM: 256.0}
+    )
     assert queued.predict(SIM, DEFERRED) == Prediction(127, 1270, True)  # over deferred's 1 s, but in the next batch
     assert POLICY.check(DEFERRED, SIM, queued, 0) is None
-    full = Saturation({SIM: Queues({FREE: 128}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128},
-                      {SIM: 256.0})
+    full = Saturation({SIM: Queues({FREE: 128}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128}, {SIM: 256.0})
     assert POLICY.check(DEFERRED, SIM, full, 0).reason == "queue_wait"
 
 
 def test_retry_after_on_a_stuck_queue_is_the_prediction_not_a_growing_age():
     # The queue is stuck (measured drain ~0): the oldest age grows, the prediction is capped at 60 s and stays there.
     for age_ms in (9_000, 18_000, 36_000):
-        stuck = Saturation({SIM: Queues({FREE: 300}, {FREE: age_ms}, {FREE: 0.01})}, {SIM: 1}, {}, 0, NOW,
-                           {SIM: 8}, {SIM: 16.0})
+        stuck = Saturation(
+            {SIM: Queues({FREE: 300}, {FREE: age_ms}, {FREE: 0.01})}, {SIM: 1}, {}, 0, NOW, {SIM: 8}, {SIM: 16.0}
+        )
         assert POLICY.check(FREE, SIM, stuck, 0).error.headers == {"retry-after": "60"}
-    slow = Saturation({SIM: Queues({FREE: 300}, {FREE: 36_000}, {FREE: 40.0})}, {SIM: 1}, {}, 0, NOW, {SIM: 8},
-                      {SIM: 64.0})
+    slow = Saturation(
+        {SIM: Queues({FREE: 300}, {FREE: 36_000}, {FREE: 40.0})}, {SIM: 1}, {}, 0, NOW, {SIM: 8}, {SIM: 64.0}
+    )
     assert POLICY.check(FREE, SIM, slow, 0).error.headers == {"retry-after": "8"}  # 7.5 s rounded up, age aside
 
 
@@ -238,10 +331,27 @@ def burst(clock: FakeClock, admitted: Admitted, report_ms: int, queued: dict[str
     outcomes = []
     for cls in arrivals:
         clock.advance(1)
-        sat = merge_reports([report("b", report_ms, llmq_sim=wire.ModelLoad(
-            classes={c: wire.QueueLoad(depth=queued.get(c, 0), backlog_drained_per_s=BURST_RATE_PER_S)
-                     for c in PRIORITY_CLASSES}, workers=1, slots=64, worker_seen_ms=report_ms,
-            capacity_per_s=128.0))], clock.now_ms(), 5000, admitted=admitted)
+        sat = merge_reports(
+            [
+                report(
+                    "b",
+                    report_ms,
+                    llmq_sim=wire.ModelLoad(
+                        classes={
+                            c: wire.QueueLoad(depth=queued.get(c, 0), backlog_drained_per_s=BURST_RATE_PER_S)
+                            for c in PRIORITY_CLASSES
+                        },
+                        workers=1,
+                        slots=64,
+                        worker_seen_ms=report_ms,
+                        capacity_per_s=128.0,
+                    ),
+                )
+            ],
+            clock.now_ms(),
+            5000,
+            admitted=admitted,
+        )
         predicted = sat.predict(SIM, cls)
         rejection = POLICY.check(cls, SIM, sat, 0)
         if rejection is None:
@@ -291,10 +401,13 @@ def test_unfinished_counts_end_once_and_merge_with_the_fresh_reports_of_other_po
     ends[0]()
     ends[0]()  # ending twice ends once
     ends[3]()
-    assert unfinished.report("pod-a", NOW) == wire.PodUnfinished(instance_id="pod-a", sent_ms=NOW,
-                                                                 models={SIM: {FREE: 2}})
-    others = [wire.PodUnfinished(instance_id="pod-b", sent_ms=NOW - 5000, models={SIM: {FREE: 7, PAID: 1}}),
-              wire.PodUnfinished(instance_id="pod-gone", sent_ms=NOW - 5001, models={SIM: {FREE: 1000}})]
+    assert unfinished.report("pod-a", NOW) == wire.PodUnfinished(
+        instance_id="pod-a", sent_ms=NOW, models={SIM: {FREE: 2}}
+    )
+    others = [
+        wire.PodUnfinished(instance_id="pod-b", sent_ms=NOW - 5000, models={SIM: {FREE: 7, PAID: 1}}),
+        wire.PodUnfinished(instance_id="pod-gone", sent_ms=NOW - 5001, models={SIM: {FREE: 1000}}),
+    ]
     assert all_unfinished(unfinished.counts, others, NOW, stale_ms=5000) == {(SIM, FREE): 9, (SIM, PAID): 1}
 
 
@@ -309,21 +422,39 @@ def two_pod_burst(arrivals_per_pod: int, kafka_lag_report_ms: int, share: bool) 
     clock = FakeClock(NOW)
     pods = [(Admitted(), Unfinished()) for _ in range(PODS)]
     published: dict[int, wire.PodUnfinished] = {}
-    reports = [report("b", NOW, llmq_sim=wire.ModelLoad(workers=2, slots=SLOTS, worker_seen_ms=NOW,
-                                                        capacity_per_s=CAPACITY_PER_S))]
+    reports = [
+        report(
+            "b", NOW, llmq_sim=wire.ModelLoad(workers=2, slots=SLOTS, worker_seen_ms=NOW, capacity_per_s=CAPACITY_PER_S)
+        )
+    ]
     admissions = []
     for t in range(arrivals_per_pod):
         clock.advance(1)
         if share and t % PUBLISH_MS == 0:
             published = {i: unfinished.report(f"pod-{i}", clock.now_ms()) for i, (_, unfinished) in enumerate(pods)}
         if t == kafka_lag_report_ms:
-            reports = [report("b", clock.now_ms(), llmq_sim=wire.ModelLoad(
-                classes={FREE: wire.QueueLoad(depth=50)}, workers=2, slots=SLOTS, worker_seen_ms=NOW,
-                capacity_per_s=CAPACITY_PER_S))]
+            reports = [
+                report(
+                    "b",
+                    clock.now_ms(),
+                    llmq_sim=wire.ModelLoad(
+                        classes={FREE: wire.QueueLoad(depth=50)},
+                        workers=2,
+                        slots=SLOTS,
+                        worker_seen_ms=NOW,
+                        capacity_per_s=CAPACITY_PER_S,
+                    ),
+                )
+            ]
         for i, (admitted, unfinished) in enumerate(pods):
             others = [p for j, p in published.items() if j != i]
-            sat = merge_reports(reports, clock.now_ms(), 5000, admitted=admitted,
-                                unfinished=all_unfinished(unfinished.counts, others, clock.now_ms(), 5000))
+            sat = merge_reports(
+                reports,
+                clock.now_ms(),
+                5000,
+                admitted=admitted,
+                unfinished=all_unfinished(unfinished.counts, others, clock.now_ms(), 5000),
+            )
             if POLICY.check(FREE, SIM, sat, 0) is None:
                 admitted.add(SIM, FREE, clock.now_ms())
                 unfinished.start(SIM, FREE)

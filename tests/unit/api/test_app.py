@@ -5,15 +5,18 @@ import httpx
 import msgspec
 import pytest
 
-from llmq_core import constants, wire
 from llmq_api.app import create_app
+from llmq_core import constants, wire
 from tests.unit.api.conftest import DEV_AUTH
 
 
 async def test_completion_200_with_usage_and_request_id(setup):
     client, pod, worker, _ = setup
-    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
-                                 headers={"x-llmq-class": "near_interactive", "authorization": "Bearer llmq-dev-key"})
+    response = await client.post(
+        "/v1/completions",
+        json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
+        headers={"x-llmq-class": "near_interactive", "authorization": "Bearer llmq-dev-key"},
+    )
     assert response.status_code == 200
     body = response.json()
     assert body["id"].startswith("cmpl-") and response.headers["x-request-id"] == body["id"]
@@ -26,9 +29,16 @@ async def test_completion_200_with_usage_and_request_id(setup):
 
 async def test_chat_stream_events(setup):
     client, _, _, _ = setup
-    response = await client.post("/v1/chat/completions", json={
-        "model": "llmq-sim", "messages": [{"role": "user", "content": "hey"}], "max_tokens": 5, "stream": True,
-        "stream_options": {"include_usage": True}})
+    response = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "llmq-sim",
+            "messages": [{"role": "user", "content": "hey"}],
+            "max_tokens": 5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     frames = [f[6:] for f in response.content.split(b"\n\n") if f]
     assert frames[-1] == b"[DONE]"
@@ -44,17 +54,22 @@ async def test_worker_invalid_request_error_is_400(setup):
     worker.error = wire.ErrorInfo(type="invalid_request_error", message="bad stop", code="bad_stop")
     response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc"})
     assert response.status_code == 400
-    assert response.json()["error"] == {"message": "bad stop", "type": "invalid_request_error", "param": None,
-                                        "code": "bad_stop"}
+    assert response.json()["error"] == {
+        "message": "bad stop",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "bad_stop",
+    }
 
 
 async def test_deadline_is_504_and_publishes_cancel(setup):
     client, pod, worker, redis = setup
     worker.silent = True
-    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc"},
-                                 headers={"x-llmq-timeout-ms": "50"})
+    response = await client.post(
+        "/v1/completions", json={"model": "llmq-sim", "prompt": "abc"}, headers={"x-llmq-timeout-ms": "50"}
+    )
     assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
-    (channel, data), = redis.published
+    ((channel, data),) = redis.published
     assert channel == constants.REDIS_CANCELS_CHANNEL
     assert wire.decode(data) == wire.Cancel(request_id=response.headers["x-request-id"], reason="deadline_exceeded")
     assert len(pod.registry) == 0
@@ -63,26 +78,38 @@ async def test_deadline_is_504_and_publishes_cancel(setup):
 async def test_streamed_deadline_ends_with_error_event_then_done(setup):
     client, _, worker, redis = setup
     worker.silent = True
-    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "stream": True},
-                                 headers={"x-llmq-timeout-ms": "50"})
+    response = await client.post(
+        "/v1/completions",
+        json={"model": "llmq-sim", "prompt": "abc", "stream": True},
+        headers={"x-llmq-timeout-ms": "50"},
+    )
     frames = [f[6:] for f in response.content.split(b"\n\n") if f]
     assert response.status_code == 200 and frames[-1] == b"[DONE]"
     assert msgspec.json.decode(frames[-2])["error"]["code"] == "deadline_exceeded"
     assert len(redis.published) == 1
 
 
-@pytest.mark.parametrize("kwargs, status, param", [
-    ({"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}}, 415,
-     "content-type"),
-    ({"content": b"{", "headers": {"content-type": "application/json"}}, 400, None),
-    ({"content": b"[]", "headers": {"content-type": "application/json"}}, 400, None),
-    ({"json": {"model": "nope", "prompt": "a"}}, 404, "model"),
-    ({"json": {"model": "llmq-sim", "prompt": "a", "n": "2"}}, 400, "n"),
-    ({"json": {"model": "llmq-sim", "prompt": "x" * 3000}}, 413, None),
-    ({"json": {"model": "llmq-sim", "prompt": "a"}, "headers": {"x-llmq-timeout-ms": "soon"}}, 400,
-     "x-llmq-timeout-ms"),
-    ({"json": {"model": "llmq-sim", "prompt": "a"}, "headers": {"x-llmq-class": "vip"}}, 400, "x-llmq-class"),
-])
+@pytest.mark.parametrize(
+    "kwargs, status, param",
+    [
+        (
+            {"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}},
+            415,
+            "content-type",
+        ),
+        ({"content": b"{", "headers": {"content-type": "application/json"}}, 400, None),
+        ({"content": b"[]", "headers": {"content-type": "application/json"}}, 400, None),
+        ({"json": {"model": "nope", "prompt": "a"}}, 404, "model"),
+        ({"json": {"model": "llmq-sim", "prompt": "a", "n": "2"}}, 400, "n"),
+        ({"json": {"model": "llmq-sim", "prompt": "x" * 3000}}, 413, None),
+        (
+            {"json": {"model": "llmq-sim", "prompt": "a"}, "headers": {"x-llmq-timeout-ms": "soon"}},
+            400,
+            "x-llmq-timeout-ms",
+        ),
+        ({"json": {"model": "llmq-sim", "prompt": "a"}, "headers": {"x-llmq-class": "vip"}}, 400, "x-llmq-class"),
+    ],
+)
 async def test_client_errors_never_reach_the_producer(setup, kwargs, status, param):
     client, _, worker, _ = setup
     response = await client.post("/v1/completions", **kwargs)
@@ -155,11 +182,20 @@ async def test_unexpected_error_is_a_clean_500(setup):
 
 async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queued_until_reported(setup):
     client, pod, _, _ = setup
-    load = wire.ModelLoad(classes={"interactive:paid": wire.QueueLoad(depth=30, backlog_drained_per_s=20.0)},
-                          workers=1, slots=8, worker_seen_ms=pod.clock.now_ms(), capacity_per_s=32.0)
-    pod.saturation.reports = [wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms() - 1,
-                                                     models={"llmq-sim": load})]
-    response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
-                                 headers={"authorization": "Bearer llmq-dev-key"})
+    load = wire.ModelLoad(
+        classes={"interactive:paid": wire.QueueLoad(depth=30, backlog_drained_per_s=20.0)},
+        workers=1,
+        slots=8,
+        worker_seen_ms=pod.clock.now_ms(),
+        capacity_per_s=32.0,
+    )
+    pod.saturation.reports = [
+        wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms() - 1, models={"llmq-sim": load})
+    ]
+    response = await client.post(
+        "/v1/completions",
+        json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
+        headers={"authorization": "Bearer llmq-dev-key"},
+    )
     assert response.status_code == 200 and response.headers[constants.HTTP_PREDICTED_WAIT_MS] == "1500"  # 30 at 20/s
     assert pod.saturation.current.predict("llmq-sim", "interactive:paid").queued == 31

@@ -5,9 +5,9 @@ import asyncio
 import msgspec
 import pytest
 
+from llmq_api.auth import KeyEntry, KeyStore
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
-from llmq_api.auth import KeyEntry, KeyStore
 from tests.unit.api.fakes import final
 
 BODY = {"model": "llmq-sim", "prompt": "abc", "max_tokens": 5}
@@ -15,11 +15,12 @@ FREE = {"authorization": "Bearer llmq-dev-free-key"}
 
 
 def sse_frames(response) -> list[bytes]:
-    return [f[len(b"data: "):] for f in response.content.split(b"\n\n") if f]
+    return [f[len(b"data: ") :] for f in response.content.split(b"\n\n") if f]
 
 
-@pytest.mark.parametrize("headers", [{"authorization": ""}, {"authorization": "Bearer wrong"},
-                                     {"authorization": "Token llmq-dev-key"}])
+@pytest.mark.parametrize(
+    "headers", [{"authorization": ""}, {"authorization": "Bearer wrong"}, {"authorization": "Token llmq-dev-key"}]
+)
 async def test_missing_or_unknown_key_is_401_before_anything_else(setup, headers):
     client, _, worker, _ = setup
     response = await client.post("/v1/completions", content=b"not json", headers={**headers, "content-type": "x"})
@@ -32,7 +33,9 @@ async def test_keys_map_to_tenant_and_tier(setup):
     assert (await client.post("/v1/completions", json=BODY)).status_code == 200
     assert (await client.post("/v1/completions", json=BODY, headers=FREE)).status_code == 200
     assert [(r.tenant_id, r.tier, r.traffic_class) for r in worker.produced] == [
-        ("dev", "paid", "interactive"), ("dev-free", "free", "interactive")]
+        ("dev", "paid", "interactive"),
+        ("dev-free", "free", "interactive"),
+    ]
 
 
 async def test_class_header_picks_among_the_allowed_classes(make_app):
@@ -41,17 +44,25 @@ async def test_class_header_picks_among_the_allowed_classes(make_app):
     client, _, worker, _ = await make_app(keys=keys)
     auth = {"authorization": "Bearer k-batch"}
     assert (await client.post("/v1/completions", json=BODY, headers=auth)).status_code == 200
-    assert (await client.post("/v1/completions", json=BODY,
-                              headers={**auth, "x-llmq-class": "deferred"})).status_code == 200
+    assert (
+        await client.post("/v1/completions", json=BODY, headers={**auth, "x-llmq-class": "deferred"})
+    ).status_code == 200
     forbidden = await client.post("/v1/completions", json=BODY, headers={**auth, "x-llmq-class": "interactive"})
     assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "class_not_allowed"
     assert [r.traffic_class for r in worker.produced] == ["near_interactive", "deferred"]
 
 
-@pytest.mark.parametrize("traffic_class, header, expected_ms", [
-    ("interactive", None, 30_000), ("interactive", "999999999", 600_000), ("near_interactive", None, 60_000),
-    ("near_interactive", "1500", 1500), ("deferred", None, 3_600_000), ("deferred", "99999999999", 86_400_000),
-])
+@pytest.mark.parametrize(
+    "traffic_class, header, expected_ms",
+    [
+        ("interactive", None, 30_000),
+        ("interactive", "999999999", 600_000),
+        ("near_interactive", None, 60_000),
+        ("near_interactive", "1500", 1500),
+        ("deferred", None, 3_600_000),
+        ("deferred", "99999999999", 86_400_000),
+    ],
+)
 async def test_each_class_has_its_default_and_maximum_timeout(setup, traffic_class, header, expected_ms):
     client, _, worker, _ = setup
     headers = {"x-llmq-class": traffic_class} | ({"x-llmq-timeout-ms": header} if header else {})
@@ -70,18 +81,27 @@ async def test_bad_timeouts_are_400(setup, value):
 
 def saturate(pod, **ages_ms: int) -> None:
     """A fresh batcher report with one request queued per class, each as old as given."""
-    classes = {key.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(depth=1, oldest_age_ms=age)
-               for key, age in ages_ms.items()}
-    pod.saturation.reports = [wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms(), models={
-        "llmq-sim": wire.ModelLoad(classes=classes, workers=1)})]
+    classes = {
+        key.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(depth=1, oldest_age_ms=age)
+        for key, age in ages_ms.items()
+    }
+    pod.saturation.reports = [
+        wire.BatcherSaturation(
+            batcher_id="b", sent_ms=pod.clock.now_ms(), models={"llmq-sim": wire.ModelLoad(classes=classes, workers=1)}
+        )
+    ]
 
 
 async def test_overload_sheds_the_lowest_classes_first_with_retry_after(setup):
     client, pod, worker, _ = setup
     saturate(pod, near_interactive=2_600)  # over near_interactive's 2 s: it and deferred are shed
     statuses = {}
-    for cls, headers in [("deferred", {"x-llmq-class": "deferred"}), ("near", {"x-llmq-class": "near_interactive"}),
-                         ("free", FREE), ("paid", {})]:
+    for cls, headers in [
+        ("deferred", {"x-llmq-class": "deferred"}),
+        ("near", {"x-llmq-class": "near_interactive"}),
+        ("free", FREE),
+        ("paid", {}),
+    ]:
         response = await client.post("/v1/completions", json=BODY, headers=headers)
         statuses[cls] = response.status_code
         if response.status_code == 429:
@@ -97,10 +117,18 @@ async def test_a_model_without_workers_answers_people_503_at_once_and_queues_def
     client, pod, worker, _ = setup
     saturate(pod, interactive_paid=60_000)  # llmq-sim's own backlog: sheds llmq-sim's paid, nothing of llmq-tiny's
     now_ms = pod.clock.now_ms()
-    pod.saturation.reports.append(wire.BatcherSaturation(
-        batcher_id="b2", sent_ms=now_ms, started_ms=now_ms - 60_000, models={
-            "llmq-tiny": wire.ModelLoad(classes={"deferred": wire.QueueLoad(depth=3, oldest_age_ms=50_000)},
-                                        worker_seen_ms=now_ms - 30_000)}))
+    pod.saturation.reports.append(
+        wire.BatcherSaturation(
+            batcher_id="b2",
+            sent_ms=now_ms,
+            started_ms=now_ms - 60_000,
+            models={
+                "llmq-tiny": wire.ModelLoad(
+                    classes={"deferred": wire.QueueLoad(depth=3, oldest_age_ms=50_000)}, worker_seen_ms=now_ms - 30_000
+                )
+            },
+        )
+    )
     tiny = {**BODY, "model": "llmq-tiny"}
     statuses = {}
     for cls in ("interactive", "near_interactive", "deferred"):
@@ -108,20 +136,28 @@ async def test_a_model_without_workers_answers_people_503_at_once_and_queues_def
         statuses[cls] = response.status_code
         if response.status_code == 503:
             assert response.headers["retry-after"] == "2"
-            assert response.json()["error"] == {**response.json()["error"], "code": "model_unavailable",
-                                                "param": "model", "type": "server_error"}
+            assert response.json()["error"] == {
+                **response.json()["error"],
+                "code": "model_unavailable",
+                "param": "model",
+                "type": "server_error",
+            }
     assert statuses == {"interactive": 503, "near_interactive": 503, "deferred": 200}
     assert (await client.post("/v1/completions", json=BODY)).status_code == 429
     assert [(r.model, r.traffic_class) for r in worker.produced] == [("llmq-tiny", "deferred")]
     text = (await client.get("/metrics")).text
-    assert 'llmq_api_admission_rejections_total{priority_class="interactive:paid",reason="model_unavailable"} 1.0' in text
+    assert (
+        'llmq_api_admission_rejections_total{priority_class="interactive:paid",reason="model_unavailable"} 1.0' in text
+    )
 
 
 async def test_overloaded_stream_is_a_plain_429_before_any_sse_byte(setup):
     client, pod, worker, _ = setup
     saturate(pod, interactive_paid=19_500)
-    response = await client.post("/v1/chat/completions", json={
-        "model": "llmq-sim", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    response = await client.post(
+        "/v1/chat/completions",
+        json={"model": "llmq-sim", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    )
     assert response.status_code == 429 and response.headers["content-type"] == "application/json"
     assert response.headers["retry-after"] == "20" and b"data:" not in response.content
     assert worker.produced == []
@@ -224,8 +260,13 @@ async def test_retry_after_a_timeout_runs_afresh(setup):
 async def test_stored_results_are_served_to_their_tenant_only(setup):
     client, _, _, redis = setup
     ok = msgspec.structs.replace(final("cmpl-1", "abcab"), tenant_id="dev", created_ms=5_000, finished_ms=6_000)
-    failed = wire.FinalResult(request_id="cmpl-2", outcome=wire.Outcome.EXPIRED, model="llmq-sim", tenant_id="dev",
-                              reply_to=wire.HttpReply(instance_id="p"))
+    failed = wire.FinalResult(
+        request_id="cmpl-2",
+        outcome=wire.Outcome.EXPIRED,
+        model="llmq-sim",
+        tenant_id="dev",
+        reply_to=wire.HttpReply(instance_id="p"),
+    )
     for result in (ok, failed):
         redis.data[constants.result_key(result.request_id)] = wire.encode(result)
     body = (await client.get("/v1/requests/cmpl-1")).json()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from llmq_core.settings import Settings
 from llmq_api.auth import DEV_FREE_KEY, DEV_KEY, KeyEntry, KeyStore, Principal, load_keys_file
 from llmq_api.errors import ApiError
+from llmq_core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "deploy" / "keys.example.yaml"
@@ -29,8 +29,10 @@ def test_dev_keys_work_out_of_the_box():
     assert paid.requests_per_min == paid.tokens_per_min == 0
 
 
-@pytest.mark.parametrize("authorization", [None, "", "Bearer", "Bearer ", "Basic llmq-dev-key", "Bearer nope",
-                                           "llmq-dev-key", "Bearer llmq-dev-key-2"])
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "", "Bearer", "Bearer ", "Basic llmq-dev-key", "Bearer nope", "llmq-dev-key", "Bearer llmq-dev-key-2"],
+)
 def test_missing_or_unknown_keys_are_401(authorization):
     error = refused(KeyStore.from_settings(Settings()), authorization)
     assert error.status == 401 and error.code == "invalid_api_key" and error.headers["www-authenticate"] == "Bearer"
@@ -51,18 +53,21 @@ def test_example_keys_file_loads_with_plain_and_hashed_keys():
     assert hobby.tier == "free" and hobby.classes == ("interactive",)
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("keys: [{tenant: a}]", "exactly one of key"),
-    ("keys: [{tenant: a, key: k, key_sha256: '" + "0" * 64 + "'}]", "exactly one of key"),
-    ("keys: [{tenant: a, key: k, classes: []}]", "at least one class"),
-    ("keys: [{tenant: a, key: k, classes: [urgent]}]", "classes"),
-    ("keys: [{tenant: a, key: k, tier: gold}]", "tier"),
-    ("keys: [{tenant: a, key: k, requests_per_min: -1}]", "requests_per_min"),
-    ("keys: [{tenant: a, key_sha256: abc}]", "key_sha256"),
-    ("keys: [{tenant: a, key: k, rpm: 3}]", "rpm"),
-    ("keys: {tenant: a}", "array"),
-    ("keys: [", "while parsing"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("keys: [{tenant: a}]", "exactly one of key"),
+        ("keys: [{tenant: a, key: k, key_sha256: '" + "0" * 64 + "'}]", "exactly one of key"),
+        ("keys: [{tenant: a, key: k, classes: []}]", "at least one class"),
+        ("keys: [{tenant: a, key: k, classes: [urgent]}]", "classes"),
+        ("keys: [{tenant: a, key: k, tier: gold}]", "tier"),
+        ("keys: [{tenant: a, key: k, requests_per_min: -1}]", "requests_per_min"),
+        ("keys: [{tenant: a, key_sha256: abc}]", "key_sha256"),
+        ("keys: [{tenant: a, key: k, rpm: 3}]", "rpm"),
+        ("keys: {tenant: a}", "array"),
+        ("keys: [", "while parsing"),
+    ],
+)
 def test_bad_keys_files_are_refused_with_the_reason(tmp_path, text, problem):
     path = tmp_path / "keys.yaml"
     path.write_text(text)
@@ -97,7 +102,7 @@ def test_pick_class_defaults_to_the_first_allowed_and_refuses_others():
 
 def test_entries_map_onto_principals():
     store = KeyStore({})
-    store.add([KeyEntry(tenant="t", key="k", tier="free", classes=["deferred"], requests_per_min=5,
-                        tokens_per_min=7)])
-    assert store.authenticate("Bearer k") == Principal(tenant_id="t", tier="free", classes=("deferred",),
-                                                       requests_per_min=5, tokens_per_min=7)
+    store.add([KeyEntry(tenant="t", key="k", tier="free", classes=["deferred"], requests_per_min=5, tokens_per_min=7)])
+    assert store.authenticate("Bearer k") == Principal(
+        tenant_id="t", tier="free", classes=("deferred",), requests_per_min=5, tokens_per_min=7
+    )

@@ -1,13 +1,23 @@
 """ModelCatalog: built-ins always, heartbeat models while recently seen."""
 
+from llmq_api.catalog import ModelCatalog
 from llmq_core import wire
 from llmq_core.clock import FakeClock
-from llmq_api.catalog import ModelCatalog
 
 
 def beat(model: str, context_window: int) -> wire.WorkerHeartbeat:
-    return wire.WorkerHeartbeat(worker_id="w", partition=0, model=model, max_slots=4, running=0, queued=0,
-                                free_slots=4, est_drain_ms=0, sent_ms=0, context_window=context_window)
+    return wire.WorkerHeartbeat(
+        worker_id="w",
+        partition=0,
+        model=model,
+        max_slots=4,
+        running=0,
+        queued=0,
+        free_slots=4,
+        est_drain_ms=0,
+        sent_ms=0,
+        context_window=context_window,
+    )
 
 
 def test_builtins_and_seen_models_with_context_windows():
@@ -18,8 +28,13 @@ def test_builtins_and_seen_models_with_context_windows():
     catalog.observe(beat("llmq-sim", 1))  # a heartbeat never shrinks a built-in's spec
     assert catalog.context_windows() == {"llmq-sim": 8192, "llmq-tiny": 8192, "qwen-0.5b": 32768}
     listing = {m["id"]: m for m in catalog.listing()}
-    assert listing["qwen-0.5b"] == {"id": "qwen-0.5b", "object": "model", "created": 0, "owned_by": "llmq",
-                                    "context_window": 32768}
+    assert listing["qwen-0.5b"] == {
+        "id": "qwen-0.5b",
+        "object": "model",
+        "created": 0,
+        "owned_by": "llmq",
+        "context_window": 32768,
+    }
     clock.advance(1001)
     assert "qwen-0.5b" not in catalog.context_windows()
 

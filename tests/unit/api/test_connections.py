@@ -10,12 +10,22 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from llmq_core.settings import Settings
 from llmq_api.connections import (
-    ClientConnections, ConnectionLimits, guarded_protocol, limits_from, parse_networks, uvicorn_options)
+    ClientConnections,
+    ConnectionLimits,
+    guarded_protocol,
+    limits_from,
+    parse_networks,
+    uvicorn_options,
+)
+from llmq_core.settings import Settings
 
-LIMITS = ConnectionLimits(header_timeout_s=10.0, body_timeout_s=60.0, max_per_client=2,
-                          trusted_proxies=parse_networks("10.0.0.0/8, 192.168.1.5"))
+LIMITS = ConnectionLimits(
+    header_timeout_s=10.0,
+    body_timeout_s=60.0,
+    max_per_client=2,
+    trusted_proxies=parse_networks("10.0.0.0/8, 192.168.1.5"),
+)
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: pod\r\nContent-Length: 10\r\n\r\n"
 
 
@@ -165,8 +175,12 @@ def test_trusted_proxies_setting_is_checked_at_start():
 
 
 def test_uvicorn_options_follow_the_settings():
-    settings = Settings(api_header_timeout_ms=300, api_body_timeout_ms=400, api_keep_alive_timeout_ms=1500,
-                        api_max_connections_per_client=7)
+    settings = Settings(
+        api_header_timeout_ms=300,
+        api_body_timeout_ms=400,
+        api_keep_alive_timeout_ms=1500,
+        api_max_connections_per_client=7,
+    )
     options = uvicorn_options(settings)
     assert options["timeout_keep_alive"] == 1.5 and options["ws"] == "none" and options["proxy_headers"] is False
     assert limits_from(settings) == ConnectionLimits(header_timeout_s=0.3, body_timeout_s=0.4, max_per_client=7)
@@ -197,9 +211,15 @@ async def test_headers_just_under_the_cap_and_a_body_in_the_same_read_are_served
     assert transport.written.startswith(b"HTTP/1.1 200 ")
 
 
-@pytest.mark.parametrize("header", [b"Content-Length: " + b"9" * 5000, b"Content-Length: -1",
-                                    b"Content-Length: 10\r\nContent-Length: 20",
-                                    b"Content-Length: 3\r\nTransfer-Encoding: chunked"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"Content-Length: " + b"9" * 5000,
+        b"Content-Length: -1",
+        b"Content-Length: 10\r\nContent-Length: 20",
+        b"Content-Length: 3\r\nTransfer-Encoding: chunked",
+    ],
+)
 def test_a_malformed_content_length_gets_the_openai_error_object(connect, header):
     protocol, _, transport = connect()
     protocol.data_received(b"POST /v1/completions HTTP/1.1\r\nHost: pod\r\n" + header + b"\r\n\r\n")

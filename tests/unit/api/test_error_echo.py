@@ -13,17 +13,23 @@ def test_echo_cuts_strings_and_huge_ints():
     assert len(echo(10**5000)) < 2 * ECHOED_CHARS  # str() of it would raise (Python's 4,300-digit limit)
 
 
-@pytest.mark.parametrize("path,body,headers", [
-    ("/v1/chat/completions", {"model": "llmq-sim", "messages": [{"role": HUGE, "content": "hi"}]}, {}),
-    ("/v1/chat/completions", {"model": "llmq-sim", "messages": [{"role": "user", "content": [
-        {"type": HUGE, "text": "hi"}]}]}, {}),
-    ("/v1/completions", {"model": "llmq-sim", "prompt": "hi", "logit_bias": {HUGE: 1}}, {}),
-    ("/v1/completions", {"model": "llmq-sim", "prompt": "hi"}, {"x-llmq-timeout-ms": HUGE}),
-    ("/v1/completions", {"model": "llmq-sim", "prompt": "hi"}, {"x-llmq-class": HUGE}),
-    ("/v1/completions", {"model": "llmq-sim", "prompt": "hi"}, {"content-type": HUGE}),
-    ("/v1/batches", {"input_file_id": "file-x", "endpoint": HUGE, "completion_window": "24h"}, {}),
-    ("/v1/batches", {"input_file_id": "file-x", "endpoint": "/v1/completions", "completion_window": HUGE}, {}),
-])
+@pytest.mark.parametrize(
+    "path,body,headers",
+    [
+        ("/v1/chat/completions", {"model": "llmq-sim", "messages": [{"role": HUGE, "content": "hi"}]}, {}),
+        (
+            "/v1/chat/completions",
+            {"model": "llmq-sim", "messages": [{"role": "user", "content": [{"type": HUGE, "text": "hi"}]}]},
+            {},
+        ),
+        ("/v1/completions", {"model": "llmq-sim", "prompt": "hi", "logit_bias": {HUGE: 1}}, {}),
+        ("/v1/completions", {"model": "llmq-sim", "prompt": "hi"}, {"x-llmq-timeout-ms": HUGE}),
+        ("/v1/completions", {"model": "llmq-sim", "prompt": "hi"}, {"x-llmq-class": HUGE}),
+        ("/v1/completions", {"model": "llmq-sim", "prompt": "hi"}, {"content-type": HUGE}),
+        ("/v1/batches", {"input_file_id": "file-x", "endpoint": HUGE, "completion_window": "24h"}, {}),
+        ("/v1/batches", {"input_file_id": "file-x", "endpoint": "/v1/completions", "completion_window": HUGE}, {}),
+    ],
+)
 async def test_a_4_mb_value_gets_a_small_400(setup, path, body, headers):
     client, _, _, _ = setup
     response = await client.post(path, json=body, headers=headers)

@@ -8,9 +8,16 @@ from tests.unit.api.fakes import CancelRecorder, Trigger, chunk, final
 
 
 def start(registry, waiter, deadline, gone, cancels, on_chunk=None):
-    return asyncio.create_task(wait_for_resolution(registry, waiter, deadline=deadline.wait(),
-                                                   client_gone=gone.wait(), publish_cancel=cancels,
-                                                   on_chunk=on_chunk))
+    return asyncio.create_task(
+        wait_for_resolution(
+            registry,
+            waiter,
+            deadline=deadline.wait(),
+            client_gone=gone.wait(),
+            publish_cancel=cancels,
+            on_chunk=on_chunk,
+        )
+    )
 
 
 async def test_result_first_no_cancel_and_later_triggers_change_nothing():

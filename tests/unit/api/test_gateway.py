@@ -5,13 +5,13 @@ import asyncio
 import msgspec
 import pytest
 
-from llmq_core import wire
-from llmq_core.clock import FakeClock
 from llmq_api.auth import Principal
 from llmq_api.errors import ApiError
 from llmq_api.gateway import Gateway
 from llmq_api.validation import parse_completion
 from llmq_api.waiters import WaiterRegistry
+from llmq_core import wire
+from llmq_core.clock import FakeClock
 from tests.unit.api.fakes import CancelRecorder
 
 
@@ -40,12 +40,26 @@ class Producer:
 def make(behaviour="ok", max_waiters=10, accepting=True):
     registry, cancels, clock = WaiterRegistry(max_waiters), CancelRecorder(), FakeClock(1_000_000)
     producer = Producer(registry, behaviour)
-    gateway = Gateway(instance_id="pod-1", registry=registry, producer=producer, publish_cancel=cancels, clock=clock,
-                      produce_timeout_ms=20, accepting=lambda: accepting)
-    valid = parse_completion(b'{"model": "llmq-sim", "prompt": "abc", "max_tokens": 4, "stream": true}',
-                             {"llmq-sim": 100})
-    request = gateway.build(valid, request_id="cmpl-1", principal=Principal(tenant_id="default"),
-                            traffic_class="near_interactive", timeout_ms=5000, idempotency_key="idem")
+    gateway = Gateway(
+        instance_id="pod-1",
+        registry=registry,
+        producer=producer,
+        publish_cancel=cancels,
+        clock=clock,
+        produce_timeout_ms=20,
+        accepting=lambda: accepting,
+    )
+    valid = parse_completion(
+        b'{"model": "llmq-sim", "prompt": "abc", "max_tokens": 4, "stream": true}', {"llmq-sim": 100}
+    )
+    request = gateway.build(
+        valid,
+        request_id="cmpl-1",
+        principal=Principal(tenant_id="default"),
+        traffic_class="near_interactive",
+        timeout_ms=5000,
+        idempotency_key="idem",
+    )
     return gateway, registry, producer, cancels, request
 
 

@@ -3,45 +3,76 @@ dependency reports."""
 
 import pytest
 
+from llmq_api.health import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, Dependency, dependencies_report, report
 from llmq_core.clock import FakeClock
-from llmq_api.health import (
-    CLOSED, HALF_OPEN, OPEN, CircuitBreaker, Dependency, dependencies_report, report)
 
 T0 = 1_700_000_000_000
 
 
 def breaker(clock: FakeClock) -> CircuitBreaker:
-    return CircuitBreaker(Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=3000,
-                          probe_timeout_ms=2000)
+    return CircuitBreaker(
+        Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=3000, probe_timeout_ms=2000
+    )
 
 
 # Each step: (ms to advance, event, expected allow() result or None, state after, retry_after_ms after).
 # Events: "allow" calls allow(); "ok" / "fail" report a produce.
 STEPS = {
     "closed passes and stays closed on success": [
-        (0, "allow", True, CLOSED, 0), (0, "ok", None, CLOSED, 0), (5000, "allow", True, CLOSED, 0)],
+        (0, "allow", True, CLOSED, 0),
+        (0, "ok", None, CLOSED, 0),
+        (5000, "allow", True, CLOSED, 0),
+    ],
     "a failure opens: refused at once until the backoff has passed": [
-        (0, "fail", None, OPEN, 1000), (0, "allow", False, OPEN, 1000), (400, "allow", False, OPEN, 600),
-        (599, "allow", False, OPEN, 1)],
+        (0, "fail", None, OPEN, 1000),
+        (0, "allow", False, OPEN, 1000),
+        (400, "allow", False, OPEN, 600),
+        (599, "allow", False, OPEN, 1),
+    ],
     "past the backoff one request probes, the others are still refused": [
-        (0, "fail", None, OPEN, 1000), (1000, "allow", True, HALF_OPEN, 2000), (10, "allow", False, HALF_OPEN, 1990)],
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
+        (10, "allow", False, HALF_OPEN, 1990),
+    ],
     "a successful probe closes": [
-        (0, "fail", None, OPEN, 1000), (1000, "allow", True, HALF_OPEN, 2000), (0, "ok", None, CLOSED, 0),
-        (0, "allow", True, CLOSED, 0)],
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
+        (0, "ok", None, CLOSED, 0),
+        (0, "allow", True, CLOSED, 0),
+    ],
     "a failed probe reopens for twice the backoff, capped": [
-        (0, "fail", None, OPEN, 1000), (1000, "allow", True, HALF_OPEN, 2000), (0, "fail", None, OPEN, 2000),
-        (2000, "allow", True, HALF_OPEN, 2000), (0, "fail", None, OPEN, 3000),
-        (3000, "allow", True, HALF_OPEN, 2000), (0, "fail", None, OPEN, 3000)],
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
+        (0, "fail", None, OPEN, 2000),
+        (2000, "allow", True, HALF_OPEN, 2000),
+        (0, "fail", None, OPEN, 3000),
+        (3000, "allow", True, HALF_OPEN, 2000),
+        (0, "fail", None, OPEN, 3000),
+    ],
     "after closing, the next outage starts from the first backoff again": [
-        (0, "fail", None, OPEN, 1000), (1000, "allow", True, HALF_OPEN, 2000), (0, "fail", None, OPEN, 2000),
-        (2000, "allow", True, HALF_OPEN, 2000), (0, "ok", None, CLOSED, 0), (0, "fail", None, OPEN, 1000)],
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
+        (0, "fail", None, OPEN, 2000),
+        (2000, "allow", True, HALF_OPEN, 2000),
+        (0, "ok", None, CLOSED, 0),
+        (0, "fail", None, OPEN, 1000),
+    ],
     "stragglers failing while open do not extend the backoff": [
-        (0, "fail", None, OPEN, 1000), (500, "fail", None, OPEN, 500), (500, "allow", True, HALF_OPEN, 2000)],
+        (0, "fail", None, OPEN, 1000),
+        (500, "fail", None, OPEN, 500),
+        (500, "allow", True, HALF_OPEN, 2000),
+    ],
     "a probe that never reports is replaced after the probe timeout": [
-        (0, "fail", None, OPEN, 1000), (1000, "allow", True, HALF_OPEN, 2000), (1999, "allow", False, HALF_OPEN, 1),
-        (1, "allow", True, HALF_OPEN, 2000)],
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
+        (1999, "allow", False, HALF_OPEN, 1),
+        (1, "allow", True, HALF_OPEN, 2000),
+    ],
     "an acknowledged produce closes it whatever the state (the producer recovered)": [
-        (0, "fail", None, OPEN, 1000), (100, "ok", None, CLOSED, 0), (0, "allow", True, CLOSED, 0)],
+        (0, "fail", None, OPEN, 1000),
+        (100, "ok", None, CLOSED, 0),
+        (0, "allow", True, CLOSED, 0),
+    ],
 }
 
 
@@ -60,8 +91,9 @@ def test_breaker_steps(steps):
 
 def test_a_failure_of_an_attempt_older_than_the_last_success_keeps_the_breaker_closed():
     clock = FakeClock(0)
-    breaker = CircuitBreaker(Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=4000,
-                             probe_timeout_ms=2000)
+    breaker = CircuitBreaker(
+        Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=4000, probe_timeout_ms=2000
+    )
     started_in_outage = clock.now_ms()
     clock.advance(500)
     breaker.succeeded()  # the broker is back: a later produce went through
@@ -88,8 +120,12 @@ def test_the_dependency_follows_the_breaker_with_since_and_reason():
     clock.advance(2000)
     assert cb.allow()
     cb.succeeded()
-    assert kafka.describe() == {"state": "up", "since": "2023-11-14T22:13:22.030Z", "since_ms": T0 + 2030,
-                                "reason": None}
+    assert kafka.describe() == {
+        "state": "up",
+        "since": "2023-11-14T22:13:22.030Z",
+        "since_ms": T0 + 2030,
+        "reason": None,
+    }
 
 
 def dependency(clock: FakeClock, name: str, *history: bool) -> Dependency:
@@ -99,15 +135,18 @@ def dependency(clock: FakeClock, name: str, *history: bool) -> Dependency:
     return dep
 
 
-@pytest.mark.parametrize("kafka, redis, draining, ready, status, failing", [
-    ((), (), False, False, "starting", ["kafka", "redis"]),
-    ((False,), (True,), False, False, "starting", ["kafka"]),  # never reached Kafka: not taken into the Service
-    ((True,), (True,), False, True, "ok", []),
-    ((True, False), (True,), False, True, "degraded", ["kafka"]),  # lost later: still ready, on purpose
-    ((True,), (True, False), False, True, "degraded", ["redis"]),
-    ((True, False, True), (True,), False, True, "ok", []),
-    ((True,), (True,), True, False, "draining", []),
-])
+@pytest.mark.parametrize(
+    "kafka, redis, draining, ready, status, failing",
+    [
+        ((), (), False, False, "starting", ["kafka", "redis"]),
+        ((False,), (True,), False, False, "starting", ["kafka"]),  # never reached Kafka: not taken into the Service
+        ((True,), (True,), False, True, "ok", []),
+        ((True, False), (True,), False, True, "degraded", ["kafka"]),  # lost later: still ready, on purpose
+        ((True,), (True, False), False, True, "degraded", ["redis"]),
+        ((True, False, True), (True,), False, True, "ok", []),
+        ((True,), (True,), True, False, "draining", []),
+    ],
+)
 def test_readiness(kafka, redis, draining, ready, status, failing):
     clock = FakeClock(T0)
     deps = [dependency(clock, "kafka", *kafka), dependency(clock, "redis", *redis)]
@@ -119,8 +158,12 @@ def test_dependencies_report_names_each_with_its_state():
     healthy, body = dependencies_report([dependency(clock, "kafka", True, False), dependency(clock, "redis", True)])
     assert not healthy and body["status"] == "degraded"
     assert body["dependencies"]["kafka"]["state"] == "down" and body["dependencies"]["kafka"]["reason"]
-    assert body["dependencies"]["redis"] == {"state": "up", "since": "2023-11-14T22:13:20.000Z", "since_ms": T0,
-                                             "reason": None}
+    assert body["dependencies"]["redis"] == {
+        "state": "up",
+        "since": "2023-11-14T22:13:20.000Z",
+        "since_ms": T0,
+        "reason": None,
+    }
     assert dependencies_report([dependency(clock, "kafka", True)])[0]
 
 

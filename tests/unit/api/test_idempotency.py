@@ -5,12 +5,12 @@ import asyncio
 import msgspec
 import pytest
 
-from llmq_core import constants, wire
-from llmq_core.clock import FakeClock
 from llmq_api.errors import ApiError
 from llmq_api.idempotency import Claim, IdempotencyStore, fingerprint, parse_key
 from llmq_api.validation import parse_completion
 from llmq_api.waiters import Waiter, WaiterRegistry
+from llmq_core import constants, wire
+from llmq_core.clock import FakeClock
 from tests.unit.api.fakes import FakeRedis, final
 
 MODELS = {"llmq-sim": 0}

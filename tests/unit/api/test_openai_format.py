@@ -3,10 +3,10 @@
 import msgspec
 import pytest
 
-from llmq_core import wire
 from llmq_api.openai_format import ChunkFormatter, error_for, outcome_label, response_body
 from llmq_api.responses import _finish_chunks
 from llmq_api.waiters import Abandoned, DeadlineExceeded
+from llmq_core import wire
 from tests.unit.api.fakes import final
 
 
@@ -49,18 +49,21 @@ def errored(type_: str, retryable: bool = False) -> wire.FinalResult:
     return final("r", "", wire.Outcome.ERRORED, wire.ErrorInfo(type=type_, message="boom", retryable=retryable))
 
 
-@pytest.mark.parametrize("resolution, status, label", [
-    (final("r"), None, "succeeded"),
-    (errored("invalid_request_error"), 400, "errored"),
-    (errored("engine_error"), 500, "errored"),
-    (errored("engine_error", retryable=True), 503, "errored"),
-    (errored("overloaded", retryable=True), 429, "errored"),
-    (final("r", "", wire.Outcome.ERRORED), 500, "errored"),
-    (final("r", "", wire.Outcome.EXPIRED), 504, "expired"),
-    (final("r", "", wire.Outcome.CANCELED), 409, "canceled"),
-    (DeadlineExceeded(), 504, "deadline"),
-    (Abandoned("client_disconnected"), 499, "abandoned"),
-])
+@pytest.mark.parametrize(
+    "resolution, status, label",
+    [
+        (final("r"), None, "succeeded"),
+        (errored("invalid_request_error"), 400, "errored"),
+        (errored("engine_error"), 500, "errored"),
+        (errored("engine_error", retryable=True), 503, "errored"),
+        (errored("overloaded", retryable=True), 429, "errored"),
+        (final("r", "", wire.Outcome.ERRORED), 500, "errored"),
+        (final("r", "", wire.Outcome.EXPIRED), 504, "expired"),
+        (final("r", "", wire.Outcome.CANCELED), 409, "canceled"),
+        (DeadlineExceeded(), 504, "deadline"),
+        (Abandoned("client_disconnected"), 499, "abandoned"),
+    ],
+)
 def test_status_mapping(resolution, status, label):
     error = error_for(resolution)
     assert (error.status if error else None) == status

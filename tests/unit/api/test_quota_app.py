@@ -23,8 +23,9 @@ def tokens(calls: list) -> list[int]:
 
 async def test_a_request_whose_estimate_exceeds_the_bucket_is_a_400_before_anything(capped):
     client, _, worker, redis = capped
-    response = await client.post("/v1/completions", headers=CAPPED,
-                                 json={"model": "llmq-sim", "prompt": "x", "max_tokens": 8000, "n": 100})
+    response = await client.post(
+        "/v1/completions", headers=CAPPED, json={"model": "llmq-sim", "prompt": "x", "max_tokens": 8000, "n": 100}
+    )
     error = response.json()["error"]
     assert response.status_code == 400 and (error["code"], error["param"]) == ("tokens_exceed_limit", "max_tokens")
     assert "800001" in error["message"] and "1000" in error["message"]

@@ -3,18 +3,17 @@
 import json
 
 import msgspec
-
 import pytest
 
-from llmq_core import wire
-from llmq_core.clock import FakeClock
-from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_api.auth import Principal
 from llmq_api.errors import ApiError
 from llmq_api.exchange import CLIENT_GONE_REASON, SHUTDOWN_REASON
 from llmq_api.ratelimit import Charge, RateLimiter, check_batch_fits, check_fits, token_cost
 from llmq_api.validation import ValidRequest, parse_chat, parse_completion
 from llmq_api.waiters import Abandoned, DeadlineExceeded
+from llmq_core import wire
+from llmq_core.clock import FakeClock
+from llmq_core.constants import MAX_RESULT_BYTES
 from tests.unit.api.fakes import FakeRedis, final
 
 
@@ -35,8 +34,14 @@ def test_the_estimate_stays_within_the_context_window_and_the_result_cap():
     assert token_cost(over_cap) == 4 + 128 * (MAX_RESULT_BYTES // 128)
 
 
-@pytest.mark.parametrize("params, param", [({"n": 100, "max_tokens": 8000}, "max_tokens"),
-                                           ({"n": 100, "max_tokens": 10}, "n"), ({"max_tokens": 999}, "max_tokens")])
+@pytest.mark.parametrize(
+    "params, param",
+    [
+        ({"n": 100, "max_tokens": 8000}, "max_tokens"),
+        ({"n": 100, "max_tokens": 10}, "n"),
+        ({"max_tokens": 999}, "max_tokens"),
+    ],
+)
 def test_an_estimate_over_the_bucket_size_is_a_400_naming_what_to_lower(params, param):
     valid = completion(**params)
     with pytest.raises(ApiError) as refused:
@@ -53,8 +58,7 @@ def test_an_estimate_within_the_bucket_or_without_a_limit_passes():
 
 
 def test_a_prompt_over_the_bucket_names_the_prompt():
-    valid = parse_chat(b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 2000 + b'"}]}',
-                       {"m": 0})
+    valid = parse_chat(b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 2000 + b'"}]}', {"m": 0})
     with pytest.raises(ApiError) as refused:
         check_fits(token_cost(valid), 1000, valid)
     assert refused.value.param == "messages"
@@ -77,12 +81,16 @@ async def settled(redis: FakeRedis, charge: Charge, resolution=None, cancel: boo
     return [args[1:] for _, args in redis.gives]
 
 
-@pytest.mark.parametrize("resolution, refund", [
-    (final("r", text="abc"), [1, 60_000, 0, 100, 60_000, 60 - 3 - 3]),  # usage: 3 prompt + 3 completion tokens
-    (final("r", text="x" * 99), []),  # used more than the estimate: the estimate is kept, nothing more taken
-    (DeadlineExceeded(), []), (Abandoned(CLIENT_GONE_REASON), []),  # may have run: the estimate stands
-    (Abandoned(SHUTDOWN_REASON), [1, 60_000, 0, 100, 60_000, 60]),  # told to retry: nothing kept
-])
+@pytest.mark.parametrize(
+    "resolution, refund",
+    [
+        (final("r", text="abc"), [1, 60_000, 0, 100, 60_000, 60 - 3 - 3]),  # usage: 3 prompt + 3 completion tokens
+        (final("r", text="x" * 99), []),  # used more than the estimate: the estimate is kept, nothing more taken
+        (DeadlineExceeded(), []),
+        (Abandoned(CLIENT_GONE_REASON), []),  # may have run: the estimate stands
+        (Abandoned(SHUTDOWN_REASON), [1, 60_000, 0, 100, 60_000, 60]),  # told to retry: nothing kept
+    ],
+)
 async def test_a_charge_settles_once_by_the_real_usage(resolution, refund):
     redis, principal = FakeRedis(), Principal(tenant_id="t", requests_per_min=1, tokens_per_min=100)
     charge = Charge(RateLimiter(redis, FakeClock()), principal, 60)
@@ -105,8 +113,9 @@ async def test_script_gets_both_buckets_and_the_clock():
     redis, clock = FakeRedis(), FakeClock(5_000)
     principal = Principal(tenant_id="acme", requests_per_min=60, tokens_per_min=1000)
     assert await RateLimiter(redis, clock).acquire(principal, 42) is None
-    assert redis.takes == [(["llmq:ratelimit:acme:requests", "llmq:ratelimit:acme:tokens"],
-                            [5_000, 60, 60_000, 1, 1000, 60_000, 42])]
+    assert redis.takes == [
+        (["llmq:ratelimit:acme:requests", "llmq:ratelimit:acme:tokens"], [5_000, 60, 60_000, 1, 1000, 60_000, 42])
+    ]
 
 
 async def test_refusal_names_the_bucket_and_rounds_the_wait_up():
@@ -115,8 +124,12 @@ async def test_refusal_names_the_bucket_and_rounds_the_wait_up():
     rejection = await RateLimiter(redis, FakeClock()).acquire(Principal(tenant_id="t", tokens_per_min=100), 500)
     error = rejection.error
     assert rejection.reason == "tenant_tokens"
-    assert (error.status, error.type, error.code, error.headers) == (429, "tokens", "rate_limit_exceeded",
-                                                                     {"retry-after": "3"})
+    assert (error.status, error.type, error.code, error.headers) == (
+        429,
+        "tokens",
+        "rate_limit_exceeded",
+        {"retry-after": "3"},
+    )
     assert "tokens per min: limit 100" in error.message
 
 
@@ -125,6 +138,7 @@ async def test_redis_trouble_lets_requests_through():
         def register_script(self, script):
             async def run(keys, args):
                 raise ConnectionError("down")
+
             return run
 
     limiter = RateLimiter(Broken(), FakeClock())
@@ -148,8 +162,7 @@ async def test_an_unlimited_tenant_settles_without_a_task():
 
 
 @pytest.mark.parametrize("wait_ms, retry, should_retry", [(52_117_000, "52117", "false"), (30_000, "30", "true")])
-async def test_a_short_daily_quota_says_when_it_resets_and_whether_a_quick_retry_can_help(wait_ms, retry,
-                                                                                           should_retry):
+async def test_a_short_daily_quota_says_when_it_resets_and_whether_a_quick_retry_can_help(wait_ms, retry, should_retry):
     redis, clock = FakeRedis(), FakeClock(1_700_000_000_000)
     redis.take_reply = [0, wait_ms, 1]
     rejection = await RateLimiter(redis, clock).acquire_batch(Principal(tenant_id="acme", tokens_per_min=10), 900)

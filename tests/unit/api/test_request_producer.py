@@ -6,16 +6,21 @@ import asyncio
 import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber
 
+from llmq_api.health import CircuitBreaker, Dependency
+from llmq_api.pod import KafkaRequestProducer
 from llmq_core import kafka, wire
 from llmq_core.clock import FakeClock
 from llmq_core.settings import Settings
-from llmq_api.health import CircuitBreaker, Dependency
-from llmq_api.pod import KafkaRequestProducer
-
 from tests.unit.core.kafka_fakes import FakeKafkaProducer
 
-REQUEST = wire.GenerationRequest(request_id="r1", model="llmq-sim", prompt="hi", created_ms=0, deadline_ms=1,
-                                 reply_to=wire.HttpReply(instance_id="pod"))
+REQUEST = wire.GenerationRequest(
+    request_id="r1",
+    model="llmq-sim",
+    prompt="hi",
+    created_ms=0,
+    deadline_ms=1,
+    reply_to=wire.HttpReply(instance_id="pod"),
+)
 
 
 async def eventually(condition) -> None:
@@ -25,8 +30,11 @@ async def eventually(condition) -> None:
 
 
 async def test_a_producer_that_broke_for_good_is_replaced_and_sending_works_again(monkeypatch):
-    made = [FakeKafkaProducer(start_error=ConnectionError("no broker yet")),
-            FakeKafkaProducer(send_errors=[OutOfOrderSequenceNumber()]), FakeKafkaProducer()]
+    made = [
+        FakeKafkaProducer(start_error=ConnectionError("no broker yet")),
+        FakeKafkaProducer(send_errors=[OutOfOrderSequenceNumber()]),
+        FakeKafkaProducer(),
+    ]
     pending = list(made)  # make_producer hands these out in order
     monkeypatch.setattr(kafka, "make_producer", lambda settings: pending.pop(0))
     monkeypatch.setattr("llmq_api.pod.RETRY_CONNECT_S", 0)
@@ -48,8 +56,9 @@ async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_b
     fake = FakeKafkaProducer()
     monkeypatch.setattr(kafka, "make_producer", lambda settings: fake)
     clock = FakeClock()
-    breaker = CircuitBreaker(Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=1000,
-                             probe_timeout_ms=2000)
+    breaker = CircuitBreaker(
+        Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=1000, probe_timeout_ms=2000
+    )
     producer = KafkaRequestProducer(Settings(api_kafka_check_interval_ms=1), breaker)
     runner = asyncio.create_task(producer.run())
     try:

@@ -4,12 +4,12 @@ a 500; the drain leaves time to close the clients within the grace."""
 import asyncio
 import json
 
-from llmq_core import wire
-from llmq_core.clock import FakeClock
 from llmq_api.main import CLOSE_BUDGET_S, requests_grace_s
 from llmq_api.metrics import ApiMetrics
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
 from llmq_api.waiters import Abandoned, WaiterRegistry
+from llmq_core import wire
+from llmq_core.clock import FakeClock
 from tests.unit.api.fakes import CancelRecorder
 
 NOW_MS = 1_700_000_000_000
@@ -17,12 +17,25 @@ NOW_MS = 1_700_000_000_000
 
 def pending(stream: bool) -> tuple[PendingRequest, CancelRecorder]:
     registry, cancels = WaiterRegistry(10), CancelRecorder()
-    request = wire.GenerationRequest(request_id="r1", model="llmq-sim", prompt="hi", stream=stream, created_ms=NOW_MS,
-                                     deadline_ms=NOW_MS + 60_000, reply_to=wire.HttpReply(instance_id="pod"))
+    request = wire.GenerationRequest(
+        request_id="r1",
+        model="llmq-sim",
+        prompt="hi",
+        stream=stream,
+        created_ms=NOW_MS,
+        deadline_ms=NOW_MS + 60_000,
+        reply_to=wire.HttpReply(instance_id="pod"),
+    )
     waiter = registry.register("r1", stream=stream)
-    return PendingRequest(request=request, waiter=waiter, include_usage=False, registry=registry,
-                          publish_cancel=cancels, metrics=ApiMetrics(lambda: len(registry)),
-                          clock=FakeClock(NOW_MS)), cancels
+    return PendingRequest(
+        request=request,
+        waiter=waiter,
+        include_usage=False,
+        registry=registry,
+        publish_cancel=cancels,
+        metrics=ApiMetrics(lambda: len(registry)),
+        clock=FakeClock(NOW_MS),
+    ), cancels
 
 
 async def serve_until_cancelled(response) -> list[dict]:

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from llmq_core import wire
 from llmq_api.responses import StreamResponse
+from llmq_core import wire
 from tests.unit.api.fakes import chunk, final
 from tests.unit.api.test_responses_shutdown import pending
 
@@ -39,22 +39,28 @@ async def test_a_result_that_extends_the_text_sent_completes_it():
     assert (text, errors) == ("abcd", [])
 
 
-@pytest.mark.parametrize("rerun", [
-    [chunk("r1", "XY", 0), chunk("r1", "ZW", 1)],  # the same attempt run again (a worker restarted)
-    [chunk("r1", "XY", 0, attempt=1), chunk("r1", "ZW", 1, attempt=1)],  # re-dispatched
-])
+@pytest.mark.parametrize(
+    "rerun",
+    [
+        [chunk("r1", "XY", 0), chunk("r1", "ZW", 1)],  # the same attempt run again (a worker restarted)
+        [chunk("r1", "XY", 0, attempt=1), chunk("r1", "ZW", 1, attempt=1)],  # re-dispatched
+    ],
+)
 async def test_a_result_of_another_generation_ends_the_stream_with_stream_interrupted(rerun):
     text, errors = await stream([chunk("r1", "ab", 0), chunk("r1", "cd", 1), *rerun, final("r1", "XYZW")])
     assert text == "abcd"
-    assert errors == [{"message": errors[0]["message"], "type": "server_error", "param": None,
-                       "code": "stream_interrupted"}]
+    assert errors == [
+        {"message": errors[0]["message"], "type": "server_error", "param": None, "code": "stream_interrupted"}
+    ]
 
 
 async def test_the_worker_s_stream_interrupted_result_ends_the_stream_with_its_error():
-    error = wire.ErrorInfo(type="server_error", message="interrupted after 2 tokens", code="stream_interrupted",
-                           retryable=True)
+    error = wire.ErrorInfo(
+        type="server_error", message="interrupted after 2 tokens", code="stream_interrupted", retryable=True
+    )
     result = final("r1", "", outcome=wire.Outcome.ERRORED, error=error)
     text, errors = await stream([chunk("r1", "ab", 0), result])
     assert text == "ab"
-    assert errors == [{"message": "interrupted after 2 tokens", "type": "server_error", "param": None,
-                       "code": "stream_interrupted"}]
+    assert errors == [
+        {"message": "interrupted after 2 tokens", "type": "server_error", "param": None, "code": "stream_interrupted"}
+    ]

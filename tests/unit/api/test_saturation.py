@@ -1,22 +1,35 @@
 """saturation.py: reads the batchers' reports, ignores garbage, forgets reports of long-gone batchers."""
 
-from llmq_core import wire
-from llmq_core.clock import FakeClock
 from llmq_api.admission import Prediction
 from llmq_api.saturation import FORGET_AFTER_MS, SaturationMonitor
+from llmq_core import wire
+from llmq_core.clock import FakeClock
 from tests.unit.api.fakes import FakeRedis
 
 
 def report(batcher_id: str, sent_ms: int, depth: int, age_ms: int) -> bytes:
-    return wire.encode(wire.BatcherSaturation(batcher_id=batcher_id, sent_ms=sent_ms, models={"llmq-sim": wire.ModelLoad(
-        classes={"interactive:paid": wire.QueueLoad(depth=depth, oldest_age_ms=age_ms)})}))
+    return wire.encode(
+        wire.BatcherSaturation(
+            batcher_id=batcher_id,
+            sent_ms=sent_ms,
+            models={
+                "llmq-sim": wire.ModelLoad(
+                    classes={"interactive:paid": wire.QueueLoad(depth=depth, oldest_age_ms=age_ms)}
+                )
+            },
+        )
+    )
 
 
 async def test_monitor_merges_fresh_reports_and_drops_dead_ones():
     redis, clock = FakeRedis(), FakeClock(10_000_000)
     now = clock.now_ms()
-    redis.hashes["sat"] = {b"b1": report("b1", now - 1000, 2, 300), b"b2": report("b2", now - 6000, 9, 9000),
-                           b"gone": report("gone", now - FORGET_AFTER_MS - 1, 1, 1), b"junk": b"\x00"}
+    redis.hashes["sat"] = {
+        b"b1": report("b1", now - 1000, 2, 300),
+        b"b2": report("b2", now - 6000, 9, 9000),
+        b"gone": report("gone", now - FORGET_AFTER_MS - 1, 1, 1),
+        b"junk": b"\x00",
+    }
     monitor = SaturationMonitor(redis, clock, stale_ms=5000, key="sat")
     await monitor.refresh()
     assert set(redis.hashes["sat"]) == {b"b1", b"b2"}
@@ -42,8 +55,10 @@ async def test_monitor_counts_the_pods_admissions_until_a_report_sent_after_them
 
 async def test_monitor_shares_its_unfinished_requests_with_the_other_pods_until_they_end():
     redis, clock = FakeRedis(), FakeClock(10_000_000)
-    pods = [SaturationMonitor(redis, clock, stale_ms=5000, key="sat", instance_id=name, unfinished_key="unf")
-            for name in ("pod-a", "pod-b")]
+    pods = [
+        SaturationMonitor(redis, clock, stale_ms=5000, key="sat", instance_id=name, unfinished_key="unf")
+        for name in ("pod-a", "pod-b")
+    ]
     redis.hashes["unf"] = {b"gone": wire.encode(wire.PodUnfinished(instance_id="gone", sent_ms=1)), b"junk": b"x"}
     ends = [pods[0].admit("llmq-sim", "interactive:free") for _ in range(5)]
     pods[1].admit("llmq-sim", "interactive:paid")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmq_core import requests, wire
-from llmq_core.constants import CONTENT_TYPE_JSON, MAX_LOGIT_BIAS_TOKENS
 from llmq_api.errors import ApiError
 from llmq_api.validation import parse_chat, parse_completion
+from llmq_core import requests, wire
+from llmq_core.constants import CONTENT_TYPE_JSON, MAX_LOGIT_BIAS_TOKENS
 
 RULES = requests.Rules()
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed")
@@ -42,10 +42,16 @@ def wire_request(body: dict) -> wire.GenerationRequest:
     chat = "messages" in body
     messages = [wire.ChatMessage(**m) for m in body["messages"]] if chat else None
     request = wire.GenerationRequest(
-        request_id="r", model=body["model"], endpoint="chat.completions" if chat else "completions",
-        prompt=None if chat else body["prompt"], messages=messages,
-        sampling=wire.SamplingParams(**sampling, logit_bias=bias), created_ms=T0, deadline_ms=T0 + 1000,
-        reply_to=wire.KafkaReply(topic="t"))
+        request_id="r",
+        model=body["model"],
+        endpoint="chat.completions" if chat else "completions",
+        prompt=None if chat else body["prompt"],
+        messages=messages,
+        sampling=wire.SamplingParams(**sampling, logit_bias=bias),
+        created_ms=T0,
+        deadline_ms=T0 + 1000,
+        reply_to=wire.KafkaReply(topic="t"),
+    )
     return wire.decode(wire.encode(request, CONTENT_TYPE_JSON))
 
 
@@ -74,16 +80,19 @@ def test_an_integer_past_int64_is_a_400_over_http_and_undecodable_from_kafka():
         wire_request(body)
 
 
-@pytest.mark.parametrize(("messages", "param"), [([], "messages"), ([{"role": "robot", "content": "x"}],
-                                                                    "messages[0].role")])
+@pytest.mark.parametrize(
+    ("messages", "param"), [([], "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role")]
+)
 def test_chat_faults_match_too(messages, param):
     http, direct = both_errors({"model": "llmq-sim", "messages": messages}, parse_chat)
     assert http == direct and http[3] == param
 
 
 def test_a_valid_request_passes():
-    requests.check_request(wire_request({"model": "llmq-sim", "prompt": "hello", "temperature": 2, "n": 4,
-                                         "logit_bias": {"65": -100}}), RULES)
+    requests.check_request(
+        wire_request({"model": "llmq-sim", "prompt": "hello", "temperature": 2, "n": 4, "logit_bias": {"65": -100}}),
+        RULES,
+    )
 
 
 def test_extra_models_join_the_catalogue_with_an_unknown_window():
@@ -94,12 +103,16 @@ def test_extra_models_join_the_catalogue_with_an_unknown_window():
     requests.check_request(wire_request({"model": "my-model", "prompt": "x" * 100_000}), rules)
 
 
-@pytest.mark.parametrize(("created", "deadline", "now", "expected"), [
-    (T0, T0 + 5_000, T0, T0 + 5_000),  # within the maximum: unchanged
-    (T0, T0 + 10**12, T0, T0 + 60_000),  # beyond: clamped to created + maximum
-    (T0 + 10**9, T0 + 10**12, T0, T0 + 60_000),  # created in the future: counted from now
-])
+@pytest.mark.parametrize(
+    ("created", "deadline", "now", "expected"),
+    [
+        (T0, T0 + 5_000, T0, T0 + 5_000),  # within the maximum: unchanged
+        (T0, T0 + 10**12, T0, T0 + 60_000),  # beyond: clamped to created + maximum
+        (T0 + 10**9, T0 + 10**12, T0, T0 + 60_000),  # created in the future: counted from now
+    ],
+)
 def test_deadlines_are_clamped_to_the_class_maximum(created, deadline, now, expected):
-    request = msgspec.structs.replace(wire_request({"model": "llmq-sim", "prompt": "x"}), created_ms=created,
-                                      deadline_ms=deadline)
+    request = msgspec.structs.replace(
+        wire_request({"model": "llmq-sim", "prompt": "x"}), created_ms=created, deadline_ms=deadline
+    )
     assert requests.clamp_deadline(request, 60_000, now).deadline_ms == expected

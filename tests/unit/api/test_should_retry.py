@@ -4,12 +4,12 @@ status rules): false for a passed deadline and for client mistakes, true with a 
 import httpx
 import pytest
 
-from llmq_core import wire
-from llmq_core.settings import Settings
 from llmq_api.app import create_app
 from llmq_api.connections import error_response, request_timeout, too_many_connections
 from llmq_api.errors import ApiError
 from llmq_api.openai_format import error_for
+from llmq_core import wire
+from llmq_core.settings import Settings
 from tests.unit.api.conftest import DEV_AUTH
 from tests.unit.api.fakes import final
 
@@ -21,15 +21,18 @@ def assert_says(response: httpx.Response, retry: bool) -> None:
     assert ("retry-after" in response.headers) == retry
 
 
-@pytest.mark.parametrize("request_kwargs, status", [
-    ({"json": {"model": "llmq-sim", "prompt": ""}}, 400),
-    ({"json": {**SIM, "temperature": 9}}, 400),
-    ({"json": SIM, "headers": {"authorization": "Bearer nope"}}, 401),
-    ({"json": SIM, "headers": {"x-llmq-class": "bulk"}}, 400),
-    ({"json": {"model": "gpt-nope", "prompt": "a"}}, 404),
-    ({"content": b"a=b", "headers": {"content-type": "text/plain"}}, 415),
-    ({"json": {**SIM, "prompt": "a" * 5000}}, 413),
-])
+@pytest.mark.parametrize(
+    "request_kwargs, status",
+    [
+        ({"json": {"model": "llmq-sim", "prompt": ""}}, 400),
+        ({"json": {**SIM, "temperature": 9}}, 400),
+        ({"json": SIM, "headers": {"authorization": "Bearer nope"}}, 401),
+        ({"json": SIM, "headers": {"x-llmq-class": "bulk"}}, 400),
+        ({"json": {"model": "gpt-nope", "prompt": "a"}}, 404),
+        ({"content": b"a=b", "headers": {"content-type": "text/plain"}}, 415),
+        ({"json": {**SIM, "prompt": "a" * 5000}}, 413),
+    ],
+)
 async def test_client_mistakes_say_do_not_retry(setup, request_kwargs, status):
     client, _, _, _ = setup
     response = await client.post("/v1/completions", **request_kwargs)
@@ -80,14 +83,17 @@ async def test_an_unexpected_error_says_do_not_retry(setup):
     assert_says(response, retry=False)
 
 
-@pytest.mark.parametrize("outcome, error, status, retry", [
-    (wire.Outcome.EXPIRED, None, 504, False),
-    (wire.Outcome.CANCELED, None, 409, True),  # the system canceled it while the caller waited: a retry runs anew
-    (wire.Outcome.ERRORED, wire.ErrorInfo(type="invalid_request_error", message="bad"), 400, False),
-    (wire.Outcome.ERRORED, wire.ErrorInfo(type="overloaded", message="full"), 429, True),
-    (wire.Outcome.ERRORED, wire.ErrorInfo(type="server_error", message="oom", retryable=True), 503, True),
-    (wire.Outcome.ERRORED, wire.ErrorInfo(type="server_error", message="bug"), 500, False),
-])
+@pytest.mark.parametrize(
+    "outcome, error, status, retry",
+    [
+        (wire.Outcome.EXPIRED, None, 504, False),
+        (wire.Outcome.CANCELED, None, 409, True),  # the system canceled it while the caller waited: a retry runs anew
+        (wire.Outcome.ERRORED, wire.ErrorInfo(type="invalid_request_error", message="bad"), 400, False),
+        (wire.Outcome.ERRORED, wire.ErrorInfo(type="overloaded", message="full"), 429, True),
+        (wire.Outcome.ERRORED, wire.ErrorInfo(type="server_error", message="oom", retryable=True), 503, True),
+        (wire.Outcome.ERRORED, wire.ErrorInfo(type="server_error", message="bug"), 500, False),
+    ],
+)
 def test_each_worker_outcome_says_whether_to_retry(outcome, error, status, retry):
     api_error = error_for(final("r", outcome=outcome, error=error))
     headers = api_error.response_headers()

@@ -6,9 +6,9 @@ import logging
 import pytest
 from pydantic import ValidationError
 
+from llmq_api.main import check_topic_limits
 from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES
 from llmq_core.settings import Settings
-from llmq_api.main import check_topic_limits
 
 
 def test_a_body_limit_no_record_could_carry_is_refused_at_start():

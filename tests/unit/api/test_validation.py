@@ -3,13 +3,19 @@
 import msgspec
 import pytest
 
+from llmq_api.errors import ApiError
+from llmq_api.validation import (
+    DEFAULT_MAX_TOKENS,
+    check_content_type,
+    check_declared_length,
+    parse_chat,
+    parse_completion,
+    parse_timeout_ms,
+    parse_traffic_class,
+)
 from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.tokenizer import render_chat
-from llmq_api.errors import ApiError
-from llmq_api.validation import (
-    DEFAULT_MAX_TOKENS, check_content_type, check_declared_length, parse_chat, parse_completion, parse_timeout_ms,
-    parse_traffic_class)
 
 MODELS = {"llmq-sim": 100, "mystery": 0}
 
@@ -25,8 +31,21 @@ def rejected(call, *args) -> ApiError:
 
 
 def test_completion_maps_sampling_params():
-    valid = parse_completion(body(prompt="abc", max_tokens=5, temperature=0, top_p=0.5, n=2, stop="\n", seed=7,
-                                  stream=True, stream_options={"include_usage": True}, user="u"), MODELS)
+    valid = parse_completion(
+        body(
+            prompt="abc",
+            max_tokens=5,
+            temperature=0,
+            top_p=0.5,
+            n=2,
+            stop="\n",
+            seed=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            user="u",
+        ),
+        MODELS,
+    )
     assert valid.endpoint == "completions" and valid.prompt == "abc" and valid.messages is None
     assert valid.sampling == wire.SamplingParams(max_tokens=5, temperature=0.0, top_p=0.5, stop=["\n"], seed=7, n=2)
     assert valid.stream and valid.include_usage and valid.prompt_tokens == 3
@@ -40,27 +59,36 @@ def test_defaults_and_null_max_tokens():
 
 
 def test_chat_renders_prompt_and_prefers_max_completion_tokens():
-    messages = [{"role": "system", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+    ]
     valid = parse_chat(body(messages=messages, max_tokens=3, max_completion_tokens=4), MODELS)
-    assert valid.messages == [wire.ChatMessage(role="system", content="be brief"),
-                              wire.ChatMessage(role="user", content="hi there")]
+    assert valid.messages == [
+        wire.ChatMessage(role="system", content="be brief"),
+        wire.ChatMessage(role="user", content="hi there"),
+    ]
     assert valid.sampling.max_tokens == 4
     assert valid.prompt_tokens == len(render_chat(valid.messages).encode())
 
 
-@pytest.mark.parametrize("limit", [{}, {"max_tokens": None}, {"max_completion_tokens": None},
-                                   {"max_tokens": None, "max_completion_tokens": None}])
+@pytest.mark.parametrize(
+    "limit",
+    [{}, {"max_tokens": None}, {"max_completion_tokens": None}, {"max_tokens": None, "max_completion_tokens": None}],
+)
 def test_chat_without_max_tokens_fills_the_context_window(limit):
     valid = parse_chat(body(messages=[{"role": "user", "content": "hi"}], **limit), MODELS)
     assert valid.sampling.max_tokens == 100 - valid.prompt_tokens > DEFAULT_MAX_TOKENS
 
 
-@pytest.mark.parametrize("n, window, expected", [
-    (1, 0, MAX_RESULT_BYTES),  # unknown window: the result cap alone
-    (4, 0, MAX_RESULT_BYTES // 4),  # n choices share the cap
-    (1, 8 * MAX_RESULT_BYTES, MAX_RESULT_BYTES),  # a window larger than the cap
-])
+@pytest.mark.parametrize(
+    "n, window, expected",
+    [
+        (1, 0, MAX_RESULT_BYTES),  # unknown window: the result cap alone
+        (4, 0, MAX_RESULT_BYTES // 4),  # n choices share the cap
+        (1, 8 * MAX_RESULT_BYTES, MAX_RESULT_BYTES),  # a window larger than the cap
+    ],
+)
 def test_chat_without_max_tokens_stops_at_the_result_cap(n, window, expected):
     valid = parse_chat(body(messages=[{"role": "user", "content": "hi"}], n=n), {"llmq-sim": window})
     assert valid.sampling.max_tokens == expected
@@ -78,41 +106,44 @@ def test_completions_keep_the_legacy_default_of_16():
     assert parse_completion(body(prompt="hi"), MODELS).sampling.max_tokens == DEFAULT_MAX_TOKENS == 16
 
 
-@pytest.mark.parametrize("raw, param", [
-    (b'{"model": "llmq-sim", "prompt": "a",', None),
-    (b'[1, 2]', None),
-    (b'"text"', None),
-    (b'', None),
-    (b'\xff\xfe', None),
-    (body(prompt="a", max_tokens="5"), "max_tokens"),
-    (body(prompt="a", max_tokens=1.5), "max_tokens"),
-    (body(prompt="a", max_tokens=0), "max_tokens"),
-    (body(prompt="a", max_tokens=-1), "max_tokens"),
-    (body(prompt="a", temperature=2.5), "temperature"),
-    (body(prompt="a", temperature=True), "temperature"),
-    (body(prompt="a", top_p=-0.1), "top_p"),
-    (body(prompt="a", n=0), "n"),
-    (body(prompt="a", n=1000), "n"),
-    (body(prompt="a", stop=["a", "b", "c", "d", "e"]), "stop"),
-    (body(prompt="a", stop=[""]), "stop"),
-    (body(prompt="a", stop=[1]), "stop[0]"),
-    (body(prompt="a", seed=2**70), "seed"),
-    (body(prompt="a", stream="yes"), "stream"),
-    (body(prompt="a", stream_options={"include_usage": True}), "stream_options"),
-    (body(prompt="a", echo=True), "echo"),
-    (body(prompt="a", logprobs=2), "logprobs"),
-    (body(prompt="a", best_of=3), "best_of"),
-    (body(prompt="a", presence_penalty=1.0), "presence_penalty"),
-    (body(prompt=""), "prompt"),
-    (body(prompt=[]), "prompt"),
-    (body(prompt=["a", "b"]), "prompt"),
-    (body(prompt=[1, 2, 3]), "prompt"),
-    (body(prompt=[[1, 2]]), "prompt"),
-    (body(prompt=None), "prompt"),
-    (body(prompt=5), "prompt"),
-    (msgspec.json.encode({"prompt": "a"}), "model"),
-    (body(model=3, prompt="a"), "model"),
-])
+@pytest.mark.parametrize(
+    "raw, param",
+    [
+        (b'{"model": "llmq-sim", "prompt": "a",', None),
+        (b"[1, 2]", None),
+        (b'"text"', None),
+        (b"", None),
+        (b"\xff\xfe", None),
+        (body(prompt="a", max_tokens="5"), "max_tokens"),
+        (body(prompt="a", max_tokens=1.5), "max_tokens"),
+        (body(prompt="a", max_tokens=0), "max_tokens"),
+        (body(prompt="a", max_tokens=-1), "max_tokens"),
+        (body(prompt="a", temperature=2.5), "temperature"),
+        (body(prompt="a", temperature=True), "temperature"),
+        (body(prompt="a", top_p=-0.1), "top_p"),
+        (body(prompt="a", n=0), "n"),
+        (body(prompt="a", n=1000), "n"),
+        (body(prompt="a", stop=["a", "b", "c", "d", "e"]), "stop"),
+        (body(prompt="a", stop=[""]), "stop"),
+        (body(prompt="a", stop=[1]), "stop[0]"),
+        (body(prompt="a", seed=2**70), "seed"),
+        (body(prompt="a", stream="yes"), "stream"),
+        (body(prompt="a", stream_options={"include_usage": True}), "stream_options"),
+        (body(prompt="a", echo=True), "echo"),
+        (body(prompt="a", logprobs=2), "logprobs"),
+        (body(prompt="a", best_of=3), "best_of"),
+        (body(prompt="a", presence_penalty=1.0), "presence_penalty"),
+        (body(prompt=""), "prompt"),
+        (body(prompt=[]), "prompt"),
+        (body(prompt=["a", "b"]), "prompt"),
+        (body(prompt=[1, 2, 3]), "prompt"),
+        (body(prompt=[[1, 2]]), "prompt"),
+        (body(prompt=None), "prompt"),
+        (body(prompt=5), "prompt"),
+        (msgspec.json.encode({"prompt": "a"}), "model"),
+        (body(model=3, prompt="a"), "model"),
+    ],
+)
 def test_completion_client_errors_are_400_naming_the_param(raw, param):
     error = rejected(parse_completion, raw, MODELS)
     assert error.status == 400
@@ -120,21 +151,29 @@ def test_completion_client_errors_are_400_naming_the_param(raw, param):
     assert error.body()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"messages": []}, "messages"),
-    ({}, "messages"),
-    ({"messages": "hi"}, "messages"),
-    ({"messages": [{"content": "hi"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages[0].content[0]"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"messages": []}, "messages"),
+        ({}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0].content[0]",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+    ],
+)
 def test_chat_client_errors_are_400_naming_the_param(fields, param):
     error = rejected(parse_chat, body(**fields), MODELS)
     assert (error.status, error.param) == (400, param)

@@ -3,11 +3,11 @@
 import msgspec
 import pytest
 
-from llmq_core.constants import MAX_RESULT_BYTES
-from llmq_core.settings import Settings
 from llmq_api.errors import ApiError
-from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, MAX_STOP_SEQUENCES
 from llmq_api.validation import parse_chat, parse_completion
+from llmq_core.constants import MAX_RESULT_BYTES
+from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, MAX_STOP_SEQUENCES
+from llmq_core.settings import Settings
 
 MODELS = {"llmq-sim": 0}
 CHAT = [{"role": "user", "content": "hi"}]
@@ -28,11 +28,14 @@ def test_the_largest_result_that_fits_is_accepted():
     assert valid.sampling.n * valid.sampling.max_tokens == MAX_RESULT_BYTES
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"n": 128, "max_tokens": MAX_RESULT_BYTES // 128 + 1}, "max_tokens"),
-    ({"max_tokens": MAX_RESULT_BYTES + 1}, "max_tokens"),
-    ({"n": 2, "max_tokens": 2**62}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"n": 128, "max_tokens": MAX_RESULT_BYTES // 128 + 1}, "max_tokens"),
+        ({"max_tokens": MAX_RESULT_BYTES + 1}, "max_tokens"),
+        ({"n": 2, "max_tokens": 2**62}, "max_tokens"),
+    ],
+)
 def test_a_result_that_could_exceed_the_cap_is_a_400_naming_max_tokens(fields, param):
     error = rejected(parse_completion, completion(**fields), MODELS)
     assert (error.status, error.param, error.code) == (400, param, "result_too_large")
@@ -57,15 +60,20 @@ def test_stop_sequences_up_to_the_byte_limit_are_accepted():
     assert parse_completion(completion(stop=stops), MODELS).sampling.stop == stops
 
 
-@pytest.mark.parametrize("stop", [
-    "a" * (DEFAULT_MAX_STOP_BYTES + 1),
-    ["ok", "é" * (DEFAULT_MAX_STOP_BYTES // 2 + 1)],  # 129 characters, 258 bytes: the limit is in UTF-8 bytes
-    "x" * (1 << 20),  # the 1 MB stop string: a 400, not a retryable 503
-    ["a"] * (MAX_STOP_SEQUENCES + 1),
-])
+@pytest.mark.parametrize(
+    "stop",
+    [
+        "a" * (DEFAULT_MAX_STOP_BYTES + 1),
+        ["ok", "é" * (DEFAULT_MAX_STOP_BYTES // 2 + 1)],  # 129 characters, 258 bytes: the limit is in UTF-8 bytes
+        "x" * (1 << 20),  # the 1 MB stop string: a 400, not a retryable 503
+        ["a"] * (MAX_STOP_SEQUENCES + 1),
+    ],
+)
 def test_stop_past_its_limits_is_a_400_naming_stop(stop):
-    for call, raw in ((parse_completion, completion(stop=stop)),
-                      (parse_chat, msgspec.json.encode({"model": "llmq-sim", "messages": CHAT, "stop": stop}))):
+    for call, raw in (
+        (parse_completion, completion(stop=stop)),
+        (parse_chat, msgspec.json.encode({"model": "llmq-sim", "messages": CHAT, "stop": stop})),
+    ):
         error = rejected(call, raw, MODELS)
         assert (error.status, error.param) == (400, "stop")
         assert error.body()["error"]["type"] == "invalid_request_error"
@@ -84,4 +92,3 @@ async def test_the_pod_applies_its_stop_byte_setting(make_app):
     assert ok.status_code == 200
     assert (refused.status_code, refused.json()["error"]["param"]) == (400, "stop")
     assert len(worker.produced) == 1  # the refused one never reached Kafka
-

@@ -15,11 +15,14 @@ DEPTH = 100_000
 DEEP = b"[" * DEPTH + b"]" * DEPTH
 
 
-@pytest.mark.parametrize("parse,fields", [
-    (parse_completion, b'"prompt":"a","unknown":'),
-    (parse_completion, b'"prompt":"a","user":'),
-    (parse_chat, b'"messages":[{"role":"user","content":"a"}],"unknown":'),
-])
+@pytest.mark.parametrize(
+    "parse,fields",
+    [
+        (parse_completion, b'"prompt":"a","unknown":'),
+        (parse_completion, b'"prompt":"a","user":'),
+        (parse_chat, b'"messages":[{"role":"user","content":"a"}],"unknown":'),
+    ],
+)
 def test_deeply_nested_body_is_a_400(parse, fields):
     with pytest.raises(ApiError) as info:
         parse(b'{"model":"llmq-sim",' + fields + DEEP + b"}", MODELS)
@@ -28,10 +31,13 @@ def test_deeply_nested_body_is_a_400(parse, fields):
 
 def test_deeply_nested_batch_lines_are_line_errors():
     limits = Limits(max_lines=10, max_line_bytes=1_000_000)
-    good = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
-                       "body": {"model": "llmq-sim", "prompt": "hi"}}).encode()
+    good = json.dumps(
+        {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "llmq-sim", "prompt": "hi"}}
+    ).encode()
     deep_line = b'{"custom_id":"b","x":' + DEEP + b"}"
-    deep_body = b'{"custom_id":"c","method":"POST","url":"/v1/completions","body":{"model":"llmq-sim","x":' + DEEP + b"}}"
+    deep_body = (
+        b'{"custom_id":"c","method":"POST","url":"/v1/completions","body":{"model":"llmq-sim","x":' + DEEP + b"}}"
+    )
     checked = check_input(b"\n".join([good, deep_line, deep_body]), "/v1/completions", MODELS, limits)
     assert [(e.code, e.line) for e in checked.errors] == [("invalid_json_line", 2), ("invalid_json_line", 3)]
     assert [x.custom_id for x in checked.lines if x.valid is not None] == ["a"]

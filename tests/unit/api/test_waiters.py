@@ -63,9 +63,14 @@ async def test_stream_chunks_in_order_then_result():
     assert events[3].choices[0].text == "abc"
 
 
-@pytest.mark.parametrize("intruder", [chunk("r1", "X", 2, attempt=1),  # another attempt, in sequence
-                                      chunk("r1", "X", 0),  # the same attempt run again from its start
-                                      chunk("r1", "b", 1)])  # a repeat
+@pytest.mark.parametrize(
+    "intruder",
+    [
+        chunk("r1", "X", 2, attempt=1),  # another attempt, in sequence
+        chunk("r1", "X", 0),  # the same attempt run again from its start
+        chunk("r1", "b", 1),
+    ],
+)  # a repeat
 async def test_after_a_chunk_of_another_generation_no_chunk_passes(intruder):
     """A worker killed mid-stream and restarted runs the request again: its chunks start at seq 0, and the one that
     carries the next seq of the first run must not pass either (the client got the first run's head + its tail)."""
@@ -73,8 +78,9 @@ async def test_after_a_chunk_of_another_generation_no_chunk_passes(intruder):
     waiter = registry.register("r1", stream=True)
     assert registry.dispatch(chunk("r1", "a", 0)) and registry.dispatch(chunk("r1", "b", 1))
     assert not registry.dispatch(intruder)
-    assert not any(registry.dispatch(chunk("r1", t, s, attempt=a)) for s, t, a in [(2, "c", 0), (2, "Y", 1),
-                                                                                     (3, "Z", 1)])
+    assert not any(
+        registry.dispatch(chunk("r1", t, s, attempt=a)) for s, t, a in [(2, "c", 0), (2, "Y", 1), (3, "Z", 1)]
+    )
     registry.dispatch(final("r1", "abc"))
     events = [await waiter.next_event() for _ in range(3)]
     assert [e.text for e in events[:2]] == ["a", "b"] and events[2].choices[0].text == "abc"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from llmq_batcher.policy import ENTRY_SLACK_BYTES, BatchPolicy, PolicyConfig
 from llmq_core import wire
 from llmq_core.clock import FakeClock
-from llmq_batcher.policy import ENTRY_SLACK_BYTES, BatchPolicy, PolicyConfig
 
 MODEL = "llmq-sim"
 T0 = 1_700_000_000_000
@@ -25,25 +25,63 @@ def make_policy(**config) -> tuple[BatchPolicy, FakeClock]:
     return BatchPolicy(dataclasses.replace(PolicyConfig(batch_id_prefix="t"), **config), clock), clock
 
 
-def req(request_id: str, cls: str = "paid", *, tenant: str = "acme", model: str = MODEL, now_ms: int = T0,
-        deadline_in_ms: int = 10_000, prompt_tokens: int = 10, max_tokens: int = 10,
-        prompt: str = "x") -> wire.GenerationRequest:
+def req(
+    request_id: str,
+    cls: str = "paid",
+    *,
+    tenant: str = "acme",
+    model: str = MODEL,
+    now_ms: int = T0,
+    deadline_in_ms: int = 10_000,
+    prompt_tokens: int = 10,
+    max_tokens: int = 10,
+    prompt: str = "x",
+) -> wire.GenerationRequest:
     traffic_class, tier = CLASSES[cls]
     return wire.GenerationRequest(
-        request_id=request_id, tenant_id=tenant, traffic_class=traffic_class, tier=tier, model=model, prompt=prompt,
-        sampling=wire.SamplingParams(max_tokens=max_tokens), created_ms=now_ms, deadline_ms=now_ms + deadline_in_ms,
-        reply_to=wire.HttpReply(instance_id="pod-1"), prompt_tokens=prompt_tokens)
+        request_id=request_id,
+        tenant_id=tenant,
+        traffic_class=traffic_class,
+        tier=tier,
+        model=model,
+        prompt=prompt,
+        sampling=wire.SamplingParams(max_tokens=max_tokens),
+        created_ms=now_ms,
+        deadline_ms=now_ms + deadline_in_ms,
+        reply_to=wire.HttpReply(instance_id="pod-1"),
+        prompt_tokens=prompt_tokens,
+    )
 
 
-def hb(worker_id: str = "w1", *, free: int = 8, max_slots: int = 8, model: str = MODEL, partition: int | None = None,
-       running: int | None = None, queued: int = 0, fixed_ms: int = 0, last_batch_id: str = "", est_drain_ms: int = 0,
-       now_ms: int = T0) -> wire.WorkerHeartbeat:
+def hb(
+    worker_id: str = "w1",
+    *,
+    free: int = 8,
+    max_slots: int = 8,
+    model: str = MODEL,
+    partition: int | None = None,
+    running: int | None = None,
+    queued: int = 0,
+    fixed_ms: int = 0,
+    last_batch_id: str = "",
+    est_drain_ms: int = 0,
+    now_ms: int = T0,
+) -> wire.WorkerHeartbeat:
     """A heartbeat; ``running`` defaults to the busy slots (max_slots - free - queued)."""
     busy = max_slots - free - queued if running is None else running
     return wire.WorkerHeartbeat(
-        worker_id=worker_id, partition=int(worker_id.lstrip("w") or 0) if partition is None else partition, model=model,
-        max_slots=max_slots, running=busy, queued=queued, free_slots=free, est_drain_ms=est_drain_ms, sent_ms=now_ms,
-        fixed_batch_time_ms=fixed_ms, last_batch_id=last_batch_id)
+        worker_id=worker_id,
+        partition=int(worker_id.lstrip("w") or 0) if partition is None else partition,
+        model=model,
+        max_slots=max_slots,
+        running=busy,
+        queued=queued,
+        free_slots=free,
+        est_drain_ms=est_drain_ms,
+        sent_ms=now_ms,
+        fixed_batch_time_ms=fixed_ms,
+        last_batch_id=last_batch_id,
+    )
 
 
 def dispatched_ids(decision) -> list[list[str]]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import msgspec
 
-from llmq_core import constants, requests, wire
 from llmq_batcher.loop import BatcherLoop
+from llmq_core import constants, requests, wire
 from tests.unit.batcher.helpers import T0, hb, make_policy, req
 from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
 
@@ -21,8 +21,16 @@ def direct(request_id: str = "r1", **fields) -> wire.GenerationRequest:
 def make_loop():
     policy, clock = make_policy()
     producer, redis = FakeProducer(), FakeRedis()
-    loop = BatcherLoop(policy, FakeConsumer(), producer, redis, clock, max_queued=100, names=NAMES,
-                       rules=requests.Rules(max_timeout_ms={"interactive": 60_000}))
+    loop = BatcherLoop(
+        policy,
+        FakeConsumer(),
+        producer,
+        redis,
+        clock,
+        max_queued=100,
+        names=NAMES,
+        rules=requests.Rules(max_timeout_ms={"interactive": 60_000}),
+    )
     return loop, policy, producer, redis
 
 
@@ -39,8 +47,11 @@ async def test_a_faulty_request_is_answered_errored_at_once_with_the_apis_error(
     await put(loop, direct(model="no-such-model"), 0)
     await put(loop, direct("r2", sampling=wire.SamplingParams(temperature=9.0)), 1)
     unknown, hot = answers(producer)
-    assert (unknown.outcome, unknown.error.code, unknown.error.param) == (wire.Outcome.ERRORED, "model_not_found",
-                                                                          "model")
+    assert (unknown.outcome, unknown.error.code, unknown.error.param) == (
+        wire.Outcome.ERRORED,
+        "model_not_found",
+        "model",
+    )
     assert unknown.error.message == "The model 'no-such-model' does not exist" and unknown.reply_to == REPLIES
     assert (hot.error.type, hot.error.param, hot.error.code) == ("invalid_request_error", "temperature", "out_of_range")
     assert policy.queued_total == 0 and "no-such-model" not in policy.model_states(T0)  # no per-model state grew
@@ -57,8 +68,14 @@ async def test_a_deadline_beyond_the_class_maximum_is_clamped():
 async def test_a_reproduced_finished_id_gets_its_stored_result_again_once_per_copy():
     loop, policy, producer, redis = make_loop()
     await put(loop, direct(), 3)
-    first = wire.FinalResult(request_id="r1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id="acme",
-                             reply_to=REPLIES, choices=[wire.Choice(index=0, text="hi", finish_reason="stop")])
+    first = wire.FinalResult(
+        request_id="r1",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        tenant_id="acme",
+        reply_to=REPLIES,
+        choices=[wire.Choice(index=0, text="hi", finish_reason="stop")],
+    )
     redis.data[constants.result_key("r1")] = wire.encode(first)
     policy.on_result("r1")
     policy.schedule(T0)  # the first copy is no longer held
@@ -74,8 +91,11 @@ async def test_a_reproduced_id_without_a_stored_result_is_errored_naming_it():
     redis.data[constants.request_copy_key("r1")] = b"llmq.requests.interactive/0@1"
     await put(loop, direct(), 5)
     (reused,) = answers(producer)
-    assert (reused.outcome, reused.error.code, reused.error.param) == (wire.Outcome.ERRORED, "request_id_reused",
-                                                                       "request_id")
+    assert (reused.outcome, reused.error.code, reused.error.param) == (
+        wire.Outcome.ERRORED,
+        "request_id_reused",
+        "request_id",
+    )
     assert "'r1'" in reused.error.message and reused.request_copy.endswith("@5")
 
 
@@ -84,8 +104,15 @@ async def test_another_tenants_or_an_http_result_is_never_replayed():
     for n, (tenant, reply) in enumerate([("other", REPLIES), ("acme", wire.HttpReply(instance_id="pod"))]):
         request_id = f"r{n}"
         redis.data[constants.request_copy_key(request_id)] = b"elsewhere"
-        redis.data[constants.result_key(request_id)] = wire.encode(wire.FinalResult(
-            request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id=tenant, reply_to=reply))
+        redis.data[constants.result_key(request_id)] = wire.encode(
+            wire.FinalResult(
+                request_id=request_id,
+                outcome=wire.Outcome.SUCCEEDED,
+                model="llmq-sim",
+                tenant_id=tenant,
+                reply_to=reply,
+            )
+        )
         await put(loop, direct(request_id), n)
     assert [a.error.code for a in answers(producer)] == ["request_id_reused"] * 2
 
@@ -103,8 +130,11 @@ async def test_a_redelivered_record_is_not_a_copy_and_a_copy_of_a_held_id_joins_
 async def test_a_reproduced_id_with_other_parameters_is_errored_not_given_the_first_result():
     loop, policy, producer, redis = make_loop()
     await put(loop, direct(), 4)
-    redis.data[constants.result_key("r1")] = wire.encode(wire.FinalResult(
-        request_id="r1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id="acme", reply_to=REPLIES))
+    redis.data[constants.result_key("r1")] = wire.encode(
+        wire.FinalResult(
+            request_id="r1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id="acme", reply_to=REPLIES
+        )
+    )
     await put(loop, direct(prompt="DIFFERENT"), 5)  # while the first is held: it must not join it either
     policy.on_result("r1")
     policy.schedule(T0)
@@ -112,8 +142,11 @@ async def test_a_reproduced_id_with_other_parameters_is_errored_not_given_the_fi
     await put(loop, direct(deadline_ms=T0 + 5_000, reply_to=wire.KafkaReply(topic="team.other")), 7)  # a true repeat
     differ, differ_later, repeat = answers(producer)
     for answer in (differ, differ_later):
-        assert (answer.outcome, answer.error.code, answer.error.param) == (wire.Outcome.ERRORED, "request_id_reused",
-                                                                           "request_id")
+        assert (answer.outcome, answer.error.code, answer.error.param) == (
+            wire.Outcome.ERRORED,
+            "request_id_reused",
+            "request_id",
+        )
         assert "different parameters" in answer.error.message
     assert [differ.request_copy[-2:], differ_later.request_copy[-2:]] == ["@5", "@6"]
     assert repeat.outcome is wire.Outcome.SUCCEEDED and repeat.request_copy.endswith("@7")

@@ -12,8 +12,10 @@ from llmq_core import constants, wire
 from tests.unit.batcher.helpers import req
 from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, Record, batcher  # noqa: F401 (fixture)
 
-HUGE = '{"type":"generation_request","request_id":"big","created_ms":1,"deadline_ms":2,"model":"llmq-sim",' \
-       '"reply_to":{"kind":"http","instance_id":"api-0"},"attempt":18446744073709551616}'
+HUGE = (
+    '{"type":"generation_request","request_id":"big","created_ms":1,"deadline_ms":2,"model":"llmq-sim",'
+    '"reply_to":{"kind":"http","instance_id":"api-0"},"attempt":18446744073709551616}'
+)
 
 
 def errors(producer) -> list[str]:
@@ -64,9 +66,12 @@ class SeekingConsumer:
 async def test_a_record_that_cannot_even_be_dead_lettered_seeks_its_fetch_back(batcher):  # noqa: F811
     loop, _, producer, _ = batcher
     other = type(INTERACTIVE)(INTERACTIVE.topic, 1)
-    loop.consumer = SeekingConsumer({INTERACTIVE: [Record(offset=5, value=wire.encode(req("a"))),
-                                                   Record(offset=6, value=b"\xc1")],
-                                     other: [Record(offset=9, value=wire.encode(req("b")), partition=1)]})
+    loop.consumer = SeekingConsumer(
+        {
+            INTERACTIVE: [Record(offset=5, value=wire.encode(req("a"))), Record(offset=6, value=b"\xc1")],
+            other: [Record(offset=9, value=wire.encode(req("b")), partition=1)],
+        }
+    )
     producer.failing = True  # the dead letter of offset 6 cannot be produced
     with pytest.raises(KafkaTimeoutError):
         await loop._consume()

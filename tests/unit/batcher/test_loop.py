@@ -18,10 +18,9 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from llmq_core import constants, wire
 from llmq_batcher.loop import BatcherLoop, Names, is_permanent, retry_delay_ms
 from llmq_batcher.policy import REQUEST_TOO_LARGE
-
+from llmq_core import constants, wire
 from tests.unit.batcher.helpers import T0, hb, make_policy, req
 
 NAMES = Names()
@@ -321,8 +320,9 @@ async def test_transient_failure_holds_the_model_with_growing_backoff(batcher):
 
 
 def _too_large(result: wire.FinalResult) -> bool:
-    return result.outcome is wire.Outcome.ERRORED and result.error.code == REQUEST_TOO_LARGE and \
-        not result.error.retryable
+    return (
+        result.outcome is wire.Outcome.ERRORED and result.error.code == REQUEST_TOO_LARGE and not result.error.retryable
+    )
 
 
 async def test_batch_refused_as_too_large_is_bisected_and_a_lone_misfit_answered(batcher):
@@ -369,8 +369,7 @@ async def test_batch_refused_for_good_for_another_reason_is_answered_errored(bat
     answers = [wire.decode(s["value"]) for s in producer.on(NAMES.results_topic)]
     assert sorted(a.request_id for a in answers) == ["r0", "r1", "r2"]
     assert {(a.outcome, a.error.type, a.error.code, a.error.retryable) for a in answers} == {
-        (wire.Outcome.ERRORED, "server_error", "dispatch_failed", False)}
+        (wire.Outcome.ERRORED, "server_error", "dispatch_failed", False)
+    }
     assert producer.on(NAMES.batches_topic) == [] and loop.policy.queued_total == 0
     assert consumer.commits[-1] == {INTERACTIVE: 3}
-
-

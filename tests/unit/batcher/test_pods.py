@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from llmq_core import wire
 from llmq_batcher.pods import PodWatch
+from llmq_core import wire
 from tests.unit.batcher.helpers import T0, hb, make_policy, req
 
 

@@ -14,13 +14,16 @@ DEEP_MSGPACK = b"\x91" * 100_000 + b"\x90"
 JSON_HEADER = ((constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_JSON.encode()),)
 
 
-@pytest.mark.parametrize("value,headers", [
-    (DEEP_JSON, JSON_HEADER),
-    (DEEP_MSGPACK, ()),
-    (b'{"type":"cancel","request_id":"r1"}', ((constants.HEADER_CONTENT_TYPE, b"\xff\xfe"),)),
-    (None, ()),
-    (b"", ()),
-])
+@pytest.mark.parametrize(
+    "value,headers",
+    [
+        (DEEP_JSON, JSON_HEADER),
+        (DEEP_MSGPACK, ()),
+        (b'{"type":"cancel","request_id":"r1"}', ((constants.HEADER_CONTENT_TYPE, b"\xff\xfe"),)),
+        (None, ()),
+        (b"", ()),
+    ],
+)
 async def test_poison_record_is_dead_lettered_and_settled(batcher, value, headers):  # noqa: F811
     loop, consumer, producer, _ = batcher
     await loop.ingest(INTERACTIVE, Record(offset=3, value=value, headers=headers, key=b"k"))

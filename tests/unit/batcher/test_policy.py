@@ -2,9 +2,8 @@
 
 import pytest
 
-from llmq_core import wire
 from llmq_batcher.policy import REQUEST_TOO_LARGE, AddStatus, estimated_tokens
-
+from llmq_core import wire
 from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, entry_bytes, hb, make_policy, req
 
 # --- classes and precedence ------------------------------------------------------------------------------------------
@@ -309,7 +308,11 @@ def test_queue_bound_rejects_new_requests_as_overloaded():
     assert statuses == [AddStatus.QUEUED] * 3 + [AddStatus.ANSWERED]
     (answer,) = policy.schedule(T0).answers
     assert (answer.request.request_id, answer.outcome, answer.error_type, answer.retryable) == (
-        "r3", wire.Outcome.ERRORED, "overloaded", True)
+        "r3",
+        wire.Outcome.ERRORED,
+        "overloaded",
+        True,
+    )
 
 
 def test_duplicate_of_a_held_request_is_ignored():
@@ -384,7 +387,8 @@ def test_silent_worker_is_removed_and_its_unfinished_work_requeued_elsewhere():
     policy.on_heartbeat(hb("w2", free=8, now_ms=clock.now_ms()))
     decision = policy.schedule(clock.now_ms())
     assert [(b.worker_id, [(r.request_id, r.attempt) for r in b.requests]) for b in decision.batches] == [
-        ("w2", [("r0", 1), ("r2", 1)])]
+        ("w2", [("r0", 1), ("r2", 1)])
+    ]
 
 
 def test_result_for_a_requeued_request_drops_the_queued_copy():
@@ -457,7 +461,11 @@ def test_batches_are_capped_by_encoded_bytes_in_fair_order(prompts, expected_bat
     assert [a.request.request_id for a in decision.answers] == too_large
     for answer in decision.answers:
         assert (answer.outcome, answer.error_type, answer.code, answer.retryable) == (
-            wire.Outcome.ERRORED, "invalid_request_error", REQUEST_TOO_LARGE, False)
+            wire.Outcome.ERRORED,
+            "invalid_request_error",
+            REQUEST_TOO_LARGE,
+            False,
+        )
 
 
 def test_a_batch_full_by_bytes_flushes_before_the_window():
@@ -506,7 +514,9 @@ def test_fail_answers_the_batch_errored_and_frees_its_slots():
     policy.fail(batch, "invalid_request_error", "too large", REQUEST_TOO_LARGE)
     decision = policy.schedule(T0)
     assert [(a.request.request_id, a.outcome, a.code) for a in decision.answers] == [
-        ("r0", wire.Outcome.ERRORED, REQUEST_TOO_LARGE), ("r1", wire.Outcome.ERRORED, REQUEST_TOO_LARGE)]
+        ("r0", wire.Outcome.ERRORED, REQUEST_TOO_LARGE),
+        ("r1", wire.Outcome.ERRORED, REQUEST_TOO_LARGE),
+    ]
     assert dispatched_ids(decision) == [["r2", "r3"]]  # the tenant's cap and the worker's slots were freed
 
 
@@ -522,4 +532,5 @@ def test_undispatch_with_a_retry_delay_holds_the_model_until_then():
     assert dispatched_ids(decision) == [["t0"]] and decision.next_wake_ms == T0 + 200  # only llmq-sim waits
     clock.advance(200)
     assert [(b.requests[0].request_id, b.requests[0].attempt) for b in policy.schedule(clock.now_ms()).batches] == [
-        ("r0", 1)]
+        ("r0", 1)
+    ]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import msgspec
 
-from llmq_core import wire
 from llmq_batcher.policy import REQUEST_TOO_LARGE, class_index, estimated_tokens
-
-from tests.unit.batcher.helpers import CLASSES, T0, dispatched_ids, entry_bytes, hb, make_policy, req
+from llmq_core import wire
+from tests.unit.batcher.helpers import CLASSES, entry_bytes, hb, make_policy, req
 
 WORKERS = {  # worker id -> (model, fixed batch time ms)
     "w0": ("llmq-sim", 0),
@@ -21,24 +20,35 @@ MODELS = ("llmq-sim", "llmq-tiny", "no-worker-model")
 TENANTS = ("t0", "t1", "t2")
 
 BATCH_BYTES = 6000  # a small record: prompts below overflow it in twos and threes, now and then alone
-_add = st.tuples(st.just("add"), st.sampled_from(sorted(CLASSES)), st.sampled_from(TENANTS), st.sampled_from(MODELS),
-                st.integers(1, 3000), st.one_of(st.integers(0, 100), st.integers(0, 7000)))
+_add = st.tuples(
+    st.just("add"),
+    st.sampled_from(sorted(CLASSES)),
+    st.sampled_from(TENANTS),
+    st.sampled_from(MODELS),
+    st.integers(1, 3000),
+    st.one_of(st.integers(0, 100), st.integers(0, 7000)),
+)
 ops = st.one_of(  # adds weigh triple and free slots lean small, so queues build up and capacity is often short
-    _add, _add, _add,
+    _add,
+    _add,
+    _add,
     st.tuples(st.just("cancel"), st.integers(0, 10_000)),
-    st.tuples(st.just("hb"), st.sampled_from(sorted(WORKERS)), st.one_of(st.integers(0, 2), st.integers(0, 8)),
-              st.booleans()),
+    st.tuples(
+        st.just("hb"), st.sampled_from(sorted(WORKERS)), st.one_of(st.integers(0, 2), st.integers(0, 8)), st.booleans()
+    ),
     st.tuples(st.just("result"), st.integers(0, 10_000)),
     st.tuples(st.just("advance"), st.integers(1, 400)),
     st.tuples(st.just("schedule"), st.booleans()),
 )
 
+
 class Harness:
     """Drives a policy and records every request's fate; asserts per-decision invariants as it goes."""
 
     def __init__(self, heartbeat_timeout_ms: int) -> None:
-        self.policy, self.clock = make_policy(worker_heartbeat_timeout_ms=heartbeat_timeout_ms, tenant_max_inflight=10**6,
-                                              max_batch_bytes=BATCH_BYTES)
+        self.policy, self.clock = make_policy(
+            worker_heartbeat_timeout_ms=heartbeat_timeout_ms, tenant_max_inflight=10**6, max_batch_bytes=BATCH_BYTES
+        )
         self.requests: dict[str, wire.GenerationRequest] = {}
         self.dispatches: list[tuple[str, int]] = []  # (request id, attempt)
         self.answered: dict[str, wire.Outcome] = {}
@@ -57,8 +67,15 @@ class Harness:
 
     def _add(self, cls: str, tenant: str, model: str, deadline_in_ms: int, prompt_chars: int) -> None:
         request_id = f"r{len(self.requests)}"
-        request = req(request_id, cls, tenant=tenant, model=model, now_ms=self.clock.now_ms(),
-                      deadline_in_ms=deadline_in_ms, prompt="x" * prompt_chars)
+        request = req(
+            request_id,
+            cls,
+            tenant=tenant,
+            model=model,
+            now_ms=self.clock.now_ms(),
+            deadline_in_ms=deadline_in_ms,
+            prompt="x" * prompt_chars,
+        )
         self.requests[request_id] = request
         self.policy.add(request)
 
@@ -69,8 +86,9 @@ class Harness:
     def _hb(self, worker_id: str, free: int, took_all: bool) -> None:
         model, fixed_ms = WORKERS[worker_id]
         last = self.last_batch.get(worker_id, "") if took_all else ""
-        self.policy.on_heartbeat(hb(worker_id, free=free, model=model, fixed_ms=fixed_ms, last_batch_id=last,
-                                    now_ms=self.clock.now_ms()))
+        self.policy.on_heartbeat(
+            hb(worker_id, free=free, model=model, fixed_ms=fixed_ms, last_batch_id=last, now_ms=self.clock.now_ms())
+        )
 
     def _result(self, index: int) -> None:
         if self.in_flight:
@@ -102,7 +120,9 @@ class Harness:
 
     def _check_precedence(self, decision) -> None:
         """After a decision, no queued request outranks a request just dispatched for the same model."""
-        queued = [r for rid, r in self.requests.items() if rid not in self.answered and rid not in self.dispatched_ids()]
+        queued = [
+            r for rid, r in self.requests.items() if rid not in self.answered and rid not in self.dispatched_ids()
+        ]
         for batch in decision.batches:
             lowest = max(class_index(r) for r in batch.requests)
             outranking = [r.request_id for r in queued if r.model == batch.model and class_index(r) < lowest]
@@ -173,16 +193,21 @@ def test_backlogged_tenants_share_tokens_by_weight(weights, costs, frees):
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    arrivals=st.lists(st.tuples(st.sampled_from(TENANTS), st.sampled_from(sorted(CLASSES)), st.integers(0, 7000)),
-                      min_size=1, max_size=40),
+    arrivals=st.lists(
+        st.tuples(st.sampled_from(TENANTS), st.sampled_from(sorted(CLASSES)), st.integers(0, 7000)),
+        min_size=1,
+        max_size=40,
+    ),
     frees=st.lists(st.integers(3, 8), min_size=1, max_size=8),
 )
 def test_byte_budget_starves_no_request(arrivals, frees):
     """Every round with work queued and a worker with room dispatches something, so each request that fits goes out
     within as many rounds as there are requests, in its tenant's and class's arrival order; the rest are refused."""
     policy, clock = make_policy(max_batch_bytes=BATCH_BYTES)
-    requests = [req(f"r{i:02}", cls, tenant=tenant, deadline_in_ms=10**9, prompt="x" * chars)
-                for i, (tenant, cls, chars) in enumerate(arrivals)]
+    requests = [
+        req(f"r{i:02}", cls, tenant=tenant, deadline_in_ms=10**9, prompt="x" * chars)
+        for i, (tenant, cls, chars) in enumerate(arrivals)
+    ]
     for request in requests:
         policy.add(request)
     dispatched, refused, last_batch = [], [], ""
@@ -236,7 +261,8 @@ def test_deferred_fills_empty_slots_above_the_reserve_and_never_displaces_other_
     reserve = SLOTS // 4
     others_of = [[r.request_id for r in b.requests if r.traffic_class != "deferred"] for b in with_deferred.batches]
     assert [ids for ids in others_of if ids] == [[r.request_id for r in b.requests] for b in without.batches], (
-        "deferred work changed which other work went out, or where")
+        "deferred work changed which other work went out, or where"
+    )
     sent: dict[str, int] = {}
     carried: set[str] = set()
     for batch in with_deferred.batches:
@@ -247,7 +273,6 @@ def test_deferred_fills_empty_slots_above_the_reserve_and_never_displaces_other_
     deferred_sent = sum(len(b.requests) - len(ids) for b, ids in zip(with_deferred.batches, others_of))
     room_left = sum(max(free[w] - reserve - sent.get(w, 0), 0) for w in free)
     assert deferred_sent == deferred or room_left == 0, "deferred work stayed queued beside empty slots"
-
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmq_core import wire
 from llmq_batcher.loop import BatcherLoop, Names
+from llmq_core import wire
 from tests.unit.batcher.helpers import make_policy, req
 from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
 
@@ -24,8 +24,18 @@ def make_loop(names: Names = NAMES):
     return loop, policy, producer, consumer
 
 
-@pytest.mark.parametrize("topic", ["__consumer_offsets", "__transaction_state", "llmq.batches", "llmq.results",
-                                   "llmq.requests.interactive", "llmq.dead-letters", "bad topic"])
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "__consumer_offsets",
+        "__transaction_state",
+        "llmq.batches",
+        "llmq.results",
+        "llmq.requests.interactive",
+        "llmq.dead-letters",
+        "bad topic",
+    ],
+)
 async def test_a_refused_reply_topic_is_answered_errored_at_entry_and_never_queued(topic):
     loop, policy, producer, consumer = make_loop()
     await loop.ingest(INTERACTIVE, Record(offset=7, value=wire.encode(kafka_request("r1", topic)), key=b"r1"))
@@ -34,7 +44,10 @@ async def test_a_refused_reply_topic_is_answered_errored_at_entry_and_never_queu
     assert answer["topic"] == NAMES.results_topic and answer["key"] == b"r1"
     assert result.outcome is wire.Outcome.ERRORED and result.reply_to == wire.KafkaReply(topic=topic)
     assert (result.error.code, result.error.param, result.error.type) == (
-        "invalid_reply_topic", "reply_to.topic", "invalid_request_error")
+        "invalid_reply_topic",
+        "reply_to.topic",
+        "invalid_request_error",
+    )
     assert repr(topic) in result.error.message
     assert policy.queued_total == 0
     await loop.step(drain=True)

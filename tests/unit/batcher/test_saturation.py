@@ -4,11 +4,10 @@ import math
 
 import pytest
 
+from llmq_batcher.policy import BatchDispatch, ClassLoad, ModelState
+from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from llmq_core import wire
 from llmq_core.models import BUILTIN_MODELS
-from llmq_batcher.policy import BatchDispatch
-from llmq_batcher.policy import ClassLoad, ModelState
-from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from tests.unit.batcher.helpers import MODEL, T0, hb, make_policy, req
 
 TINY = "llmq-tiny"
@@ -28,19 +27,23 @@ def test_report_carries_each_models_queues_workers_and_last_heartbeat_but_no_mad
     decision = policy.schedule(now_ms)
     drain = {MODEL: {"interactive:paid": 2.5}, TINY: {}}
     backlog = {MODEL: {"interactive:paid": 40.0}}
-    report = saturation_report("b-1", T0 - 5, now_ms, decision.load, policy.model_states(now_ms), BUILTIN_MODELS,
-                               drain, backlog)
+    report = saturation_report(
+        "b-1", T0 - 5, now_ms, decision.load, policy.model_states(now_ms), BUILTIN_MODELS, drain, backlog
+    )
 
     assert (report.batcher_id, report.sent_ms, report.started_ms) == ("b-1", T0 + 1000, T0 - 5)
     assert set(report.models) == {MODEL, TINY}
     sim, tiny = report.models[MODEL], report.models[TINY]
     assert (sim.workers, sim.slots, sim.worker_seen_ms) == (1, 8, T0)
     assert sim.capacity_per_s == 8.0  # 8 slots, no drain estimate: the assumed 1 s service time
-    assert sim.classes["interactive:paid"] == wire.QueueLoad(depth=1, oldest_age_ms=1000, drained_per_s=2.5,
-                                                             backlog_drained_per_s=40.0)
+    assert sim.classes["interactive:paid"] == wire.QueueLoad(
+        depth=1, oldest_age_ms=1000, drained_per_s=2.5, backlog_drained_per_s=40.0
+    )
     assert (tiny.workers, tiny.slots, tiny.worker_seen_ms) == (0, 0, 0)
     assert [(tiny.classes[c].depth, tiny.classes[c].oldest_age_ms) for c in ("interactive:free", "deferred")] == [
-        (1, 700), (1, 1000)]
+        (1, 700),
+        (1, 1000),
+    ]
     assert report.classes["interactive:paid"].depth == 51  # every model's requests, made-up ones too
     assert report.classes["interactive:paid"].drained_per_s == 2.5
 

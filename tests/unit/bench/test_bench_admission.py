@@ -4,8 +4,14 @@ from bench.bench_admission import Outcome, summary
 
 
 def test_summary_compares_each_admitted_prediction_with_its_latency():
-    outcomes = [Outcome(200, 1500.0, 1000), Outcome(200, 900.0, 1000), Outcome(200, 4000.0, 3000),
-                Outcome(429, 30.0, None, 6), Outcome(429, 80.0, None, 9), Outcome(0, 120_000.0)]
+    outcomes = [
+        Outcome(200, 1500.0, 1000),
+        Outcome(200, 900.0, 1000),
+        Outcome(200, 4000.0, 3000),
+        Outcome(429, 30.0, None, 6),
+        Outcome(429, 80.0, None, 9),
+        Outcome(0, 120_000.0),
+    ]
     figures = summary(outcomes)
     assert (figures["requests"], figures["admitted"], figures["refused_429"], figures["other"]) == (6, 3, 2, 1)
     assert figures["first_429_ms"] == 30
@@ -23,10 +29,18 @@ def test_summary_of_a_run_without_refusals_or_admissions_has_no_figures_instead_
 
 def test_a_streams_wait_after_its_headers_is_compared_with_its_prediction_free_of_the_clients_send_time():
     # Streams get their headers at admission: 8 s after launch (the client was still sending the burst), 3 s of wait.
-    outcomes = [Outcome(200, 11_000.0, 2500, None, True, 8000.0), Outcome(200, 4000.0, 2000, None, True, 1000.0),
-                Outcome(200, 9000.0, 1000), Outcome(429, 500.0, None, 3), Outcome(429, 7000.0, None, 6)]
+    outcomes = [
+        Outcome(200, 11_000.0, 2500, None, True, 8000.0),
+        Outcome(200, 4000.0, 2000, None, True, 1000.0),
+        Outcome(200, 9000.0, 1000),
+        Outcome(429, 500.0, None, 3),
+        Outcome(429, 7000.0, None, 6),
+    ]
     figures = summary(outcomes)
     assert figures["streamed_after_admission"] == {
-        "count": 2, "prediction_abs_error_ms": {"p50": 1000, "p95": 1000}, "prediction_signed_error_p50_ms": 750,
-        "latency_ms": {"p50": 3000, "p99": 3000}}
+        "count": 2,
+        "prediction_abs_error_ms": {"p50": 1000, "p95": 1000},
+        "prediction_signed_error_p50_ms": 750,
+        "latency_ms": {"p50": 3000, "p99": 3000},
+    }
     assert figures["answered_429_ms"] == {"p50": 7000, "max": 7000}

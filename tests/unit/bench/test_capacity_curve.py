@@ -42,8 +42,9 @@ def test_ramp_and_keeping_up():
 
 
 def sample(status: str, e2e_ms: float) -> loadgen.Sample:
-    planned = loadgen.Planned(at_s=0, prompt="p", max_tokens=1, traffic_class="interactive", api_key="k",
-                              stream=False, base_url="u")
+    planned = loadgen.Planned(
+        at_s=0, prompt="p", max_tokens=1, traffic_class="interactive", api_key="k", stream=False, base_url="u"
+    )
     return loadgen.Sample(planned=planned, status=status, e2e_ms=e2e_ms, end_s=1.0)
 
 
@@ -55,12 +56,23 @@ def test_overhead_subtracts_engine_time_from_successes_only():
 
 def report(p99_ms: float, goodput_rps: float, fill: float | None) -> dict:
     batches = None if fill is None else {"mean_size": fill * 16, "fill": fill}
-    return {"offered_rps": 10.0, "requests": 250, "goodput_rps": goodput_rps, "goodput_ratio": goodput_rps / 10,
-            "throughput_rps": 9.9, "latency_ms": {"p50": p99_ms / 2, "p99": p99_ms},
-            "ttft_ms": {"p50": 100.0, "p99": 200.0}, "batches": batches, "rejected_429": 1, "timeouts_504": 0,
-            "status": {"ok": 249, "429": 1},
-            "tenants": {"paid": {"requests": 200, "good": 200, "latency_ms": {"p99": p99_ms / 2}, "rejected_429": 0},
-                        "free": {"requests": 50, "good": 40, "latency_ms": {"p99": p99_ms}, "rejected_429": 1}}}
+    return {
+        "offered_rps": 10.0,
+        "requests": 250,
+        "goodput_rps": goodput_rps,
+        "goodput_ratio": goodput_rps / 10,
+        "throughput_rps": 9.9,
+        "latency_ms": {"p50": p99_ms / 2, "p99": p99_ms},
+        "ttft_ms": {"p50": 100.0, "p99": 200.0},
+        "batches": batches,
+        "rejected_429": 1,
+        "timeouts_504": 0,
+        "status": {"ok": 249, "429": 1},
+        "tenants": {
+            "paid": {"requests": 200, "good": 200, "latency_ms": {"p99": p99_ms / 2}, "rejected_429": 0},
+            "free": {"requests": 50, "good": 40, "latency_ms": {"p99": p99_ms}, "rejected_429": 1},
+        },
+    }
 
 
 def test_point_figures_normalise_by_batch_time():
@@ -75,8 +87,12 @@ def test_compare_gives_llmq_over_ray_ratios_per_point():
     llmq = [cc.point_figures(report(2000, 9.0, 0.5), load, 1000) for load in (0.25, 1.1)]
     ray = [cc.point_figures(report(4000, 6.0, 0.25), 0.25, 1000), cc.point_figures(report(4000, 0.0, 0.0), 1.1, 1000)]
     ratios = cc.compare(llmq, ray)
-    assert ratios[0] == {"load": 0.25, "p99_llmq_over_ray": 0.5, "goodput_llmq_over_ray": 1.5,
-                         "fill_llmq_over_ray": 2.0}
+    assert ratios[0] == {
+        "load": 0.25,
+        "p99_llmq_over_ray": 0.5,
+        "goodput_llmq_over_ray": 1.5,
+        "fill_llmq_over_ray": 2.0,
+    }
     assert ratios[1]["goodput_llmq_over_ray"] is None and ratios[1]["fill_llmq_over_ray"] is None
 
 

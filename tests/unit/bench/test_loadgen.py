@@ -17,14 +17,27 @@ from llmq_cli.prompts import CodePrompt
 PROMPTS = [CodePrompt(id=f"p{i}", prompt=f"def f{i}():", max_tokens=16 + i) for i in range(3)]
 
 
-def plan(at_s: float = 0.0, traffic_class: str = "interactive", key: str = "k", stream: bool = False,
-         base_url: str = "http://pod-a/v1") -> Planned:
-    return Planned(at_s=at_s, prompt="abc", max_tokens=4, traffic_class=traffic_class, api_key=key, stream=stream,
-                   base_url=base_url)
+def plan(
+    at_s: float = 0.0,
+    traffic_class: str = "interactive",
+    key: str = "k",
+    stream: bool = False,
+    base_url: str = "http://pod-a/v1",
+) -> Planned:
+    return Planned(
+        at_s=at_s,
+        prompt="abc",
+        max_tokens=4,
+        traffic_class=traffic_class,
+        api_key=key,
+        stream=stream,
+        base_url=base_url,
+    )
 
 
-def sample(status: str = OK, e2e_ms: float = 100.0, end_s: float = 1.0, ttft_ms: float | None = None,
-           **plan_kwargs) -> Sample:
+def sample(
+    status: str = OK, e2e_ms: float = 100.0, end_s: float = 1.0, ttft_ms: float | None = None, **plan_kwargs
+) -> Sample:
     return Sample(planned=plan(**plan_kwargs), status=status, e2e_ms=e2e_ms, end_s=end_s, ttft_ms=ttft_ms)
 
 
@@ -64,9 +77,15 @@ def test_arrival_window_is_the_duration_unless_the_count_ended_arrivals():
 
 def test_plan_cycles_prompts_and_pods_and_draws_the_mix():
     arrivals = [i / 100 for i in range(3000)]
-    plans = loadgen.plan_requests(PROMPTS, arrivals, classes={"interactive": 3, "deferred": 1},
-                                  keys={"paid": 1, "free": 1}, stream_share=0.25, base_urls=["u0", "u1"],
-                                  rng=random.Random(3))
+    plans = loadgen.plan_requests(
+        PROMPTS,
+        arrivals,
+        classes={"interactive": 3, "deferred": 1},
+        keys={"paid": 1, "free": 1},
+        stream_share=0.25,
+        base_urls=["u0", "u1"],
+        rng=random.Random(3),
+    )
     assert [p.at_s for p in plans] == arrivals
     assert [p.max_tokens for p in plans[:4]] == [16, 17, 18, 16]
     assert [p.base_url for p in plans[:3]] == ["u0", "u1", "u0"]
@@ -91,8 +110,13 @@ def test_quantiles_by_nearest_rank():
 
 
 def test_summary_goodput_counts_only_successes_within_the_slo():
-    samples = [sample(e2e_ms=100, end_s=9.0), sample(e2e_ms=400, end_s=10.0), sample(status="429", e2e_ms=5),
-               sample(status="504", e2e_ms=3000), sample(status=loadgen.TIMEOUT, e2e_ms=6000)]
+    samples = [
+        sample(e2e_ms=100, end_s=9.0),
+        sample(e2e_ms=400, end_s=10.0),
+        sample(status="429", e2e_ms=5),
+        sample(status="504", e2e_ms=3000),
+        sample(status=loadgen.TIMEOUT, e2e_ms=6000),
+    ]
     report = loadgen.summarize(samples, window_s=2.0, slo_ms=300)
     assert (report["requests"], report["succeeded"], report["good"]) == (5, 2, 1)
     assert report["offered_rps"] == 2.5 and report["goodput_rps"] == 0.5 and report["goodput_ratio"] == 0.2
@@ -104,9 +128,11 @@ def test_summary_goodput_counts_only_successes_within_the_slo():
 
 
 def test_summary_splits_by_class_and_tenant_with_ttft_from_streams():
-    samples = [sample(traffic_class="interactive", key="paid", stream=True, e2e_ms=200, ttft_ms=50),
-               sample(traffic_class="interactive", key="free", e2e_ms=300),
-               sample(traffic_class="deferred", key="paid", status="429")]
+    samples = [
+        sample(traffic_class="interactive", key="paid", stream=True, e2e_ms=200, ttft_ms=50),
+        sample(traffic_class="interactive", key="free", e2e_ms=300),
+        sample(traffic_class="deferred", key="paid", status="429"),
+    ]
     report = loadgen.summarize(samples, window_s=1.0, slo_ms=1000)
     assert set(report["classes"]) == {"interactive", "deferred"}
     interactive = report["classes"]["interactive"]
@@ -118,8 +144,7 @@ def test_summary_splits_by_class_and_tenant_with_ttft_from_streams():
 
 def test_summary_batch_size_and_fill_from_counter_deltas():
     report = loadgen.summarize([sample()], window_s=1.0, slo_ms=1000, batch_delta=(4, 96), max_batch_size=32)
-    assert report["batches"] == {"batches": 4, "requests": 96, "mean_size": 24.0, "max_batch_size": 32,
-                                 "fill": 0.75}
+    assert report["batches"] == {"batches": 4, "requests": 96, "mean_size": 24.0, "max_batch_size": 32, "fill": 0.75}
     empty = loadgen.summarize([], window_s=1.0, slo_ms=1000, batch_delta=(0, 0))
     assert empty["batches"]["fill"] == 0.0 and empty["goodput_ratio"] == 0.0
 
@@ -153,7 +178,8 @@ async def test_requests_are_launched_on_schedule_not_after_earlier_answers():
 
     done: list[Sample] = []
     samples = await asyncio.wait_for(
-        loadgen.run_load(plans, model="llmq-sim", transport=httpx.MockTransport(handler), on_done=done.append), 10)
+        loadgen.run_load(plans, model="llmq-sim", transport=httpx.MockTransport(handler), on_done=done.append), 10
+    )
     assert [s.status for s in samples] == [OK] * 20 and len(done) == 20
     assert [s.planned for s in samples] == plans
 
@@ -174,26 +200,37 @@ async def test_request_shape_statuses_and_stream_ttft():
         return httpx.Response(200, json={"choices": [{"text": "abca"}]})
 
     base = dict(max_tokens=4, traffic_class="near_interactive", api_key="llmq-dev-free-key", base_url="http://p/v1")
-    plans = [Planned(at_s=0, prompt="abc", stream=False, **base), Planned(at_s=0, prompt="abc", stream=True, **base),
-             Planned(at_s=0, prompt="busy", stream=False, **base), Planned(at_s=0, prompt="late", stream=True, **base)]
-    samples = await loadgen.run_load(plans, model="llmq-sim", server_timeout_ms=1500,
-                                     transport=httpx.MockTransport(handler))
+    plans = [
+        Planned(at_s=0, prompt="abc", stream=False, **base),
+        Planned(at_s=0, prompt="abc", stream=True, **base),
+        Planned(at_s=0, prompt="busy", stream=False, **base),
+        Planned(at_s=0, prompt="late", stream=True, **base),
+    ]
+    samples = await loadgen.run_load(
+        plans, model="llmq-sim", server_timeout_ms=1500, transport=httpx.MockTransport(handler)
+    )
     assert [s.status for s in samples] == [OK, OK, "429", "504"]
     assert samples[0].ttft_ms is None and samples[1].ttft_ms is not None and samples[1].ttft_ms <= samples[1].e2e_ms
     request = seen[0]
     assert request.url == "http://p/v1/completions"
     assert request.headers["authorization"] == "Bearer llmq-dev-free-key"
     assert request.headers["x-llmq-class"] == "near_interactive" and request.headers["x-llmq-timeout-ms"] == "1500"
-    assert json.loads(request.content) == {"model": "llmq-sim", "prompt": "abc", "max_tokens": 4, "temperature": 0,
-                                           "stream": False}
+    assert json.loads(request.content) == {
+        "model": "llmq-sim",
+        "prompt": "abc",
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": False,
+    }
 
 
 async def test_unreachable_server_is_an_error_sample_not_a_crash():
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    samples = await loadgen.run_load([plan(), plan(stream=True)], model="llmq-sim",
-                                     transport=httpx.MockTransport(handler))
+    samples = await loadgen.run_load(
+        [plan(), plan(stream=True)], model="llmq-sim", transport=httpx.MockTransport(handler)
+    )
     assert [s.status for s in samples] == [loadgen.ERROR, loadgen.ERROR]
     assert loadgen.summarize(samples, window_s=1, slo_ms=1)["errors"] == {"ConnectError: refused": 2}
 
@@ -208,5 +245,6 @@ async def test_wait_ready_polls_until_every_pod_lists_its_models():
     await loadgen.wait_ready(["http://a/v1", "http://b/v1"], 5, poll_s=0.001, transport=httpx.MockTransport(handler))
     assert calls == ["http://a/v1/models"] * 3 + ["http://b/v1/models"]
     with pytest.raises(TimeoutError):
-        await loadgen.wait_ready(["http://a/v1"], 0.05, poll_s=0.001,
-                                 transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+        await loadgen.wait_ready(
+            ["http://a/v1"], 0.05, poll_s=0.001, transport=httpx.MockTransport(lambda r: httpx.Response(503))
+        )

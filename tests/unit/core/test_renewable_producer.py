@@ -19,7 +19,6 @@ from aiokafka.errors import (
 
 from llmq_core.clock import FakeClock
 from llmq_core.kafka import RenewableProducer
-
 from tests.unit.core.kafka_fakes import FakeKafkaProducer
 
 RETRY_MS = 1000
@@ -47,8 +46,16 @@ async def test_a_record_a_broken_producer_could_not_send_goes_once_more_through_
     await producer.stop()
 
 
-@pytest.mark.parametrize("error", [MessageSizeTooLargeError(), RecordListTooLargeError(), InvalidTopicError(),
-                                   TopicAuthorizationFailedError(), PolicyViolationError()])
+@pytest.mark.parametrize(
+    "error",
+    [
+        MessageSizeTooLargeError(),
+        RecordListTooLargeError(),
+        InvalidTopicError(),
+        TopicAuthorizationFailedError(),
+        PolicyViolationError(),
+    ],
+)
 async def test_a_record_the_broker_refused_replaces_the_producer_before_the_next_send(error):
     producer, _, made = renewable(FakeKafkaProducer(ack_errors=[error]))
     await producer.start()
@@ -107,9 +114,11 @@ async def test_many_sends_failing_on_one_broken_producer_replace_it_once():
 
 async def test_while_no_fresh_producer_starts_sends_fail_fast_and_a_start_is_tried_once_per_interval():
     broker_away = ConnectionError("broker away")
-    producer, clock, made = renewable(FakeKafkaProducer(ack_errors=[InvalidTopicError()]),
-                                      FakeKafkaProducer(start_error=broker_away),
-                                      FakeKafkaProducer(start_error=broker_away))
+    producer, clock, made = renewable(
+        FakeKafkaProducer(ack_errors=[InvalidTopicError()]),
+        FakeKafkaProducer(start_error=broker_away),
+        FakeKafkaProducer(start_error=broker_away),
+    )
     await producer.start()
     with pytest.raises(InvalidTopicError):
         await producer.send_and_wait("t", b"a")

@@ -5,13 +5,28 @@ import json
 import pytest
 
 from llmq_api import validation
-from llmq_api.batch_jobs.service import (MAX_RESULT_BYTES, RESULT_BYTES_PER_TOKEN, RESULT_ENVELOPE_BYTES,
-                                         CreateBatch, _repeats, line_result_bytes)
+from llmq_api.batch_jobs.service import (
+    MAX_RESULT_BYTES,
+    RESULT_BYTES_PER_TOKEN,
+    RESULT_ENVELOPE_BYTES,
+    CreateBatch,
+    _repeats,
+    line_result_bytes,
+)
 from llmq_core import jobs
 
-SPEC = jobs.JobSpec(id="batch_x", tenant_id="t", endpoint="/v1/completions", input_file_id="file-a",
-                    completion_window="24h", created_ms=1, expires_ms=2, metadata={"k": "v"}, output_file_id="o",
-                    error_file_id="e")
+SPEC = jobs.JobSpec(
+    id="batch_x",
+    tenant_id="t",
+    endpoint="/v1/completions",
+    input_file_id="file-a",
+    completion_window="24h",
+    created_ms=1,
+    expires_ms=2,
+    metadata={"k": "v"},
+    output_file_id="o",
+    error_file_id="e",
+)
 
 
 def completion(**params) -> validation.ValidRequest:
@@ -25,15 +40,23 @@ def test_a_lines_result_bytes_budget_its_tokens_within_the_workers_cap():
     assert line_result_bytes(completion(max_tokens=1000), 104) == 100 * RESULT_BYTES_PER_TOKEN + RESULT_ENVELOPE_BYTES
 
 
-@pytest.mark.parametrize("change, repeats", [
-    ({}, True),
-    ({"input_file_id": "file-b"}, False),
-    ({"endpoint": "/v1/chat/completions"}, False),
-    ({"completion_window": "48h"}, False),
-    ({"metadata": {"k": "other"}}, False),
-    ({"metadata": None}, False),
-])
+@pytest.mark.parametrize(
+    "change, repeats",
+    [
+        ({}, True),
+        ({"input_file_id": "file-b"}, False),
+        ({"endpoint": "/v1/chat/completions"}, False),
+        ({"completion_window": "48h"}, False),
+        ({"metadata": {"k": "other"}}, False),
+        ({"metadata": None}, False),
+    ],
+)
 def test_only_the_same_create_repeats_an_idempotency_key(change, repeats):
-    fields = {"input_file_id": "file-a", "endpoint": "/v1/completions", "completion_window": "24h",
-              "metadata": {"k": "v"}, **change}
+    fields = {
+        "input_file_id": "file-a",
+        "endpoint": "/v1/completions",
+        "completion_window": "24h",
+        "metadata": {"k": "v"},
+        **change,
+    }
     assert _repeats(CreateBatch(**fields), SPEC) is repeats

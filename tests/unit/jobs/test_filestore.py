@@ -19,8 +19,9 @@ async def test_write_read_ranges_lines_and_delete(store):
     assert await store.read_range("jobs/b1/requests.jsonl", 4, 8) == b"two\n"
     assert await store.read_lines("jobs/b1/requests.jsonl", 4, 5) == [(8, b"two"), (14, b"three")]
     assert await store.read_lines("jobs/b1/requests.jsonl", 14, 5) == []
-    assert b"".join([c async for c in store.iter_bytes("jobs/b1/requests.jsonl", chunk_bytes=5)]) == \
-        b"one\ntwo\nthree\n"
+    assert (
+        b"".join([c async for c in store.iter_bytes("jobs/b1/requests.jsonl", chunk_bytes=5)]) == b"one\ntwo\nthree\n"
+    )
     await store.delete("jobs/b1/requests.jsonl")
     assert not await store.exists("jobs/b1/requests.jsonl")
     await store.delete("jobs/b1/requests.jsonl")  # missing: fine

@@ -33,18 +33,21 @@ def test_bom_crlf_and_blank_lines_are_accepted_and_lines_keep_their_physical_num
     assert all(x.valid is not None and x.error is None for x in checked.lines)
 
 
-@pytest.mark.parametrize("bad,code,param", [
-    ("not json", "invalid_json_line", None),
-    ("[1, 2]", "invalid_json_line", None),
-    (json.dumps({"method": "POST", "url": CHAT, "body": {}}), "missing_custom_id", "custom_id"),
-    (line("has space"), "invalid_custom_id", "custom_id"),
-    (line("x" * 65), "invalid_custom_id", "custom_id"),
-    (json.dumps({"custom_id": 7, "method": "POST", "url": CHAT, "body": {}}), "invalid_custom_id", "custom_id"),
-    (line("b", method="GET"), "invalid_method", "method"),
-    (line("b", url="/v1/completions"), "mismatched_url", "url"),
-    (json.dumps({"custom_id": "b", "method": "POST", "url": CHAT}), "invalid_body", "body"),
-    (json.dumps({"custom_id": "b", "method": "POST", "url": CHAT, "body": "text"}), "invalid_body", "body"),
-])
+@pytest.mark.parametrize(
+    "bad,code,param",
+    [
+        ("not json", "invalid_json_line", None),
+        ("[1, 2]", "invalid_json_line", None),
+        (json.dumps({"method": "POST", "url": CHAT, "body": {}}), "missing_custom_id", "custom_id"),
+        (line("has space"), "invalid_custom_id", "custom_id"),
+        (line("x" * 65), "invalid_custom_id", "custom_id"),
+        (json.dumps({"custom_id": 7, "method": "POST", "url": CHAT, "body": {}}), "invalid_custom_id", "custom_id"),
+        (line("b", method="GET"), "invalid_method", "method"),
+        (line("b", url="/v1/completions"), "mismatched_url", "url"),
+        (json.dumps({"custom_id": "b", "method": "POST", "url": CHAT}), "invalid_body", "body"),
+        (json.dumps({"custom_id": "b", "method": "POST", "url": CHAT, "body": "text"}), "invalid_body", "body"),
+    ],
+)
 def test_structural_faults_name_code_param_and_line(bad, code, param):
     checked = check("\n".join([line("a"), "", bad]))
     assert codes(checked) == [(code, param, 3)]
@@ -66,9 +69,14 @@ def test_every_structural_fault_is_listed_not_only_the_first():
 
 
 def test_a_body_that_fails_the_endpoints_validation_errs_alone():
-    text = "\n".join([line("ok"), line("bad-model", model="nope", messages=[{"role": "user", "content": "x"}]),
-                      line("bad-temp", model="llmq-sim", temperature=9, messages=[{"role": "user", "content": "x"}]),
-                      line("streamed", model="llmq-sim", stream=True, messages=[{"role": "user", "content": "x"}])])
+    text = "\n".join(
+        [
+            line("ok"),
+            line("bad-model", model="nope", messages=[{"role": "user", "content": "x"}]),
+            line("bad-temp", model="llmq-sim", temperature=9, messages=[{"role": "user", "content": "x"}]),
+            line("streamed", model="llmq-sim", stream=True, messages=[{"role": "user", "content": "x"}]),
+        ]
+    )
     checked = check(text)
     assert checked.errors == []
     by_id = {x.custom_id: x for x in checked.lines}
@@ -79,8 +87,14 @@ def test_a_body_that_fails_the_endpoints_validation_errs_alone():
 
 
 def test_completions_endpoint_uses_the_completions_validation():
-    text = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions",
-                       "body": {"model": "llmq-sim", "prompt": "abc", "max_tokens": 3}})
+    text = json.dumps(
+        {
+            "custom_id": "c",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "llmq-sim", "prompt": "abc", "max_tokens": 3},
+        }
+    )
     checked = check(text, endpoint="/v1/completions")
     assert checked.lines[0].valid.prompt == "abc" and checked.lines[0].valid.sampling.max_tokens == 3
 
@@ -103,8 +117,9 @@ def test_invalid_utf8_is_a_structural_fault():
 
 
 def test_reported_errors_are_capped_with_a_count_of_the_rest():
-    checked = check("\n".join("x" for _ in range(MAX_REPORTED_ERRORS + 5)),
-                    limits=Limits(max_lines=1000, max_line_bytes=100))
+    checked = check(
+        "\n".join("x" for _ in range(MAX_REPORTED_ERRORS + 5)), limits=Limits(max_lines=1000, max_line_bytes=100)
+    )
     reported = checked.reported_errors()
     assert len(reported) == MAX_REPORTED_ERRORS + 1
     assert reported[-1].code == "too_many_errors" and "5 more" in reported[-1].message
@@ -116,10 +131,13 @@ def test_streamed_in_chunks_the_file_checks_as_it_does_whole(chunk_bytes):
     limits = Limits(max_lines=10, max_line_bytes=1000)
     whole = check_input(data, "/v1/chat/completions", MODELS, limits)
     checker = InputChecker("/v1/chat/completions", MODELS, limits)
-    lines = [x for start in range(0, len(data), chunk_bytes) for x in checker.feed(data[start:start + chunk_bytes])]
+    lines = [x for start in range(0, len(data), chunk_bytes) for x in checker.feed(data[start : start + chunk_bytes])]
     lines += checker.end()
-    assert [(x.line, x.custom_id) for x in lines] == [(x.line, x.custom_id) for x in whole.lines] == [
-        (1, "a"), (3, "b"), (6, "c")]
+    assert (
+        [(x.line, x.custom_id) for x in lines]
+        == [(x.line, x.custom_id) for x in whole.lines]
+        == [(1, "a"), (3, "b"), (6, "c")]
+    )
     assert checker.checked.errors == whole.errors and len(whole.errors) == 2
 
 
@@ -134,8 +152,12 @@ def test_a_line_too_long_is_never_held_whole():
 
 
 def test_batch_lines_apply_the_stop_limit_of_the_endpoints():
-    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
-            "body": {"model": "llmq-sim", "prompt": "x", "stop": ["s" * 20]}}
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "llmq-sim", "prompt": "x", "stop": ["s" * 20]},
+    }
     data = json.dumps(line).encode()
     tight = check_input(data, "/v1/completions", MODELS, Limits(max_lines=10, max_line_bytes=10_000, max_stop_bytes=10))
     loose = check_input(data, "/v1/completions", MODELS, Limits(max_lines=10, max_line_bytes=10_000))

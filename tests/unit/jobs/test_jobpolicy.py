@@ -14,10 +14,14 @@ GRACE_MS = 5000
 
 
 def result(outcome=wire.Outcome.SUCCEEDED, round_=0, custom_id="c1", error=None, usage=(7, 5)):
-    return wire.FinalResult(request_id=jobs.line_request_id(BATCH, custom_id, round_), outcome=outcome,
-                            model="llmq-sim", reply_to=wire.JobReply(batch_id=BATCH, custom_id=custom_id),
-                            error=error, usage=wire.Usage(prompt_tokens=usage[0], completion_tokens=usage[1],
-                                                          total_tokens=sum(usage)))
+    return wire.FinalResult(
+        request_id=jobs.line_request_id(BATCH, custom_id, round_),
+        outcome=outcome,
+        model="llmq-sim",
+        reply_to=wire.JobReply(batch_id=BATCH, custom_id=custom_id),
+        error=error,
+        usage=wire.Usage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)),
+    )
 
 
 def settle(res, state, max_rounds=3, backoff_ms=1000):
@@ -57,8 +61,10 @@ def test_zero_rounds_means_no_retry():
     assert s.new == jobs.ERRORED and s.dead_letter
 
 
-@pytest.mark.parametrize("outcome,state,counter", [(wire.Outcome.CANCELED, jobs.CANCELED, "canceled"),
-                                                   (wire.Outcome.EXPIRED, jobs.LINE_EXPIRED, "expired")])
+@pytest.mark.parametrize(
+    "outcome,state,counter",
+    [(wire.Outcome.CANCELED, jobs.CANCELED, "canceled"), (wire.Outcome.EXPIRED, jobs.LINE_EXPIRED, "expired")],
+)
 def test_canceled_and_expired_results_are_not_billed(outcome, state, counter):
     s = settle(result(outcome), jobs.pending(0))
     assert s.new == state and s.counters == {counter: 1}
@@ -84,15 +90,27 @@ def test_end_line_makes_an_unbilled_result_with_the_batch_code():
     assert (s.expected, s.new, s.counters) == ("r2", jobs.CANCELED, {"canceled": 1})
     assert s.result.request_id == jobs.line_request_id(BATCH, "c9", 2)
     assert s.result.error.code == jobpolicy.BATCH_CANCELLED and s.result.usage.total_tokens == 0
-    assert jobpolicy.end_line(BATCH, "c9", jobs.pending(0), wire.Outcome.EXPIRED, NOW_MS).result.error.code == \
-        jobpolicy.BATCH_EXPIRED
+    assert (
+        jobpolicy.end_line(BATCH, "c9", jobs.pending(0), wire.Outcome.EXPIRED, NOW_MS).result.error.code
+        == jobpolicy.BATCH_EXPIRED
+    )
     assert jobpolicy.end_line(BATCH, "c9", jobs.SUCCEEDED, wire.Outcome.CANCELED, NOW_MS) is None
 
 
 def job(status=jobs.IN_PROGRESS, total=10, runnable=8, end_ms=0, **counts):
-    spec = JobSpec(id=BATCH, tenant_id="t", endpoint="/v1/completions", input_file_id="f", completion_window="1h",
-                   created_ms=NOW_MS - 1000, expires_ms=NOW_MS + 60_000, output_file_id="o", error_file_id="e",
-                   total=total, runnable=runnable)
+    spec = JobSpec(
+        id=BATCH,
+        tenant_id="t",
+        endpoint="/v1/completions",
+        input_file_id="f",
+        completion_window="1h",
+        created_ms=NOW_MS - 1000,
+        expires_ms=NOW_MS + 60_000,
+        output_file_id="o",
+        error_file_id="e",
+        total=total,
+        runnable=runnable,
+    )
     counts.setdefault("errored", total - runnable)  # lines that failed validation
     return JobView(spec=spec, status=status, counts=counts, end_ms=end_ms)
 

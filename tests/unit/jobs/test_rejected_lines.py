@@ -15,8 +15,17 @@ from llmq_core.models import BUILTIN_MODELS
 
 MODELS = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
 ENDPOINT = "/v1/completions"
-SPEC = jobs.JobSpec(id="batch_x", tenant_id="t", endpoint=ENDPOINT, input_file_id="file-x", completion_window="24h",
-                    created_ms=1_000, expires_ms=2_000, output_file_id="file-o", error_file_id="file-e")
+SPEC = jobs.JobSpec(
+    id="batch_x",
+    tenant_id="t",
+    endpoint=ENDPOINT,
+    input_file_id="file-x",
+    completion_window="24h",
+    created_ms=1_000,
+    expires_ms=2_000,
+    output_file_id="file-o",
+    error_file_id="file-e",
+)
 GOOD = {"model": "llmq-sim", "prompt": "hi", "max_tokens": 4}
 BAD_BODIES = [
     {**GOOD, "temperature": 9},  # out of range

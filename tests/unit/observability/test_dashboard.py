@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from llmq_core import metrics
 from llmq_api.metrics import ApiMetrics
+from llmq_core import metrics
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "llmq.json"
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
@@ -15,7 +15,12 @@ SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_s
 
 def exported_samples() -> set[str]:
     names = set()
-    for source in (metrics.BatcherMetrics(), metrics.WorkerMetrics("m"), metrics.RouterMetrics(), ApiMetrics(lambda: 0)):
+    for source in (
+        metrics.BatcherMetrics(),
+        metrics.WorkerMetrics("m"),
+        metrics.RouterMetrics(),
+        ApiMetrics(lambda: 0),
+    ):
         for family in source.registry.collect():
             names |= {family.name + suffix for suffix in SUFFIXES[family.type]}
     return names
@@ -35,9 +40,14 @@ def test_every_metric_in_the_dashboard_is_exported():
     assert len(exprs) >= 20
     used = {name for expr in exprs for name in re.findall(r"\bllmq_[a-z0-9_]+", expr)}
     assert used - exported_samples() == set()
-    for needed in ("llmq_batcher_oldest_queued_age_seconds", "llmq_api_ttft_seconds_bucket",
-                   "llmq_api_request_latency_seconds_bucket", "llmq_kafka_consumer_lag",
-                   "llmq_tenant_completion_tokens_total", "llmq_worker_utilization_ratio"):
+    for needed in (
+        "llmq_batcher_oldest_queued_age_seconds",
+        "llmq_api_ttft_seconds_bucket",
+        "llmq_api_request_latency_seconds_bucket",
+        "llmq_kafka_consumer_lag",
+        "llmq_tenant_completion_tokens_total",
+        "llmq_worker_utilization_ratio",
+    ):
         assert needed in used, needed
 
 

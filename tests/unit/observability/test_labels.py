@@ -6,10 +6,10 @@ import re
 
 import pytest
 
+from llmq_api.metrics import ApiMetrics
 from llmq_core import metrics, wire
 from llmq_core.labels import OTHER, LabelSet, configured_tenants
 from llmq_core.settings import Settings
-from llmq_api.metrics import ApiMetrics
 
 T0 = 1_700_000_000_000
 INVENTED = [f"made-up-{i}" for i in range(500)]
@@ -20,15 +20,28 @@ def label_values(m, label: str) -> set[str]:
 
 
 def request(model: str, tenant: str = "t") -> wire.GenerationRequest:
-    return wire.GenerationRequest(request_id=f"r-{model}", model=model, tenant_id=tenant, traffic_class="deferred",
-                                  prompt="x", created_ms=T0, deadline_ms=T0 + 1000,
-                                  reply_to=wire.HttpReply(instance_id="p"))
+    return wire.GenerationRequest(
+        request_id=f"r-{model}",
+        model=model,
+        tenant_id=tenant,
+        traffic_class="deferred",
+        prompt="x",
+        created_ms=T0,
+        deadline_ms=T0 + 1000,
+        reply_to=wire.HttpReply(instance_id="p"),
+    )
 
 
 def result(model: str, tenant: str) -> wire.FinalResult:
-    return wire.FinalResult(request_id=f"r-{model}", outcome=wire.Outcome.SUCCEEDED, model=model, tenant_id=tenant,
-                            reply_to=wire.HttpReply(instance_id="p"), traffic_class="interactive",
-                            usage=wire.Usage(prompt_tokens=2, completion_tokens=3, total_tokens=5))
+    return wire.FinalResult(
+        request_id=f"r-{model}",
+        outcome=wire.Outcome.SUCCEEDED,
+        model=model,
+        tenant_id=tenant,
+        reply_to=wire.HttpReply(instance_id="p"),
+        traffic_class="interactive",
+        usage=wire.Usage(prompt_tokens=2, completion_tokens=3, total_tokens=5),
+    )
 
 
 def test_catalogue_and_configured_tenants_pass_anything_else_is_other(tmp_path):
@@ -36,9 +49,18 @@ def test_catalogue_and_configured_tenants_pass_anything_else_is_other(tmp_path):
     keys.write_text("keys:\n  - {tenant: acme, key: k1}\n  - {tenant: hobby, key_sha256: " + "a" * 64 + "}\n")
     labels = LabelSet.from_settings(Settings(api_keys_file=str(keys), extra_models=["my-llama"]))
     assert [labels.model(m) for m in ("llmq-sim", "llmq-tiny", "my-llama", "gpt-4")] == [
-        "llmq-sim", "llmq-tiny", "my-llama", OTHER]
+        "llmq-sim",
+        "llmq-tiny",
+        "my-llama",
+        OTHER,
+    ]
     assert [labels.tenant(t) for t in ("acme", "hobby", "dev", "dev-free", "mallory")] == [
-        "acme", "hobby", "dev", "dev-free", OTHER]
+        "acme",
+        "hobby",
+        "dev",
+        "dev-free",
+        OTHER,
+    ]
     assert configured_tenants(Settings(api_keys_file=str(keys), api_dev_keys=False)) == {"acme", "hobby"}
 
 
@@ -53,14 +75,20 @@ def test_batcher_metrics_fold_500_made_up_models_into_other():
         m.consumed(request(model))
         m.answered_request(request(model), "expired")
         m.dispatched(model, "wait", [request(model)], T0 + 10, max_batch=4)
-    m.queues([("deferred", model, 1, 1000 + i) for i, model in enumerate(INVENTED)] +
-             [("deferred", "llmq-sim", 2, 50)])
+    m.queues([("deferred", model, 1, 1000 + i) for i, model in enumerate(INVENTED)] + [("deferred", "llmq-sim", 2, 50)])
     assert label_values(m, "model") == {OTHER, "llmq-sim"}
-    assert m.registry.get_sample_value("llmq_batcher_queue_depth", {"priority_class": "deferred", "model": OTHER}) == 500
-    assert m.registry.get_sample_value("llmq_batcher_oldest_queued_age_seconds",
-                                       {"priority_class": "deferred", "model": OTHER}) == 1.499
-    assert m.registry.get_sample_value("llmq_batcher_requests_total",
-                                       {"traffic_class": "deferred", "model": OTHER}) == 500
+    assert (
+        m.registry.get_sample_value("llmq_batcher_queue_depth", {"priority_class": "deferred", "model": OTHER}) == 500
+    )
+    assert (
+        m.registry.get_sample_value(
+            "llmq_batcher_oldest_queued_age_seconds", {"priority_class": "deferred", "model": OTHER}
+        )
+        == 1.499
+    )
+    assert (
+        m.registry.get_sample_value("llmq_batcher_requests_total", {"traffic_class": "deferred", "model": OTHER}) == 500
+    )
 
 
 def test_router_metrics_fold_made_up_models_and_tenants_into_other():

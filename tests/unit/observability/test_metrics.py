@@ -19,18 +19,37 @@ def value(m, name: str, **labels) -> float | None:
 
 
 def request(request_id="r1", traffic_class="interactive", created_ms=T0) -> wire.GenerationRequest:
-    return wire.GenerationRequest(request_id=request_id, model="llmq-sim", traffic_class=traffic_class, prompt="x",
-                                  created_ms=created_ms, deadline_ms=created_ms + 1000,
-                                  reply_to=wire.HttpReply(instance_id="p"))
+    return wire.GenerationRequest(
+        request_id=request_id,
+        model="llmq-sim",
+        traffic_class=traffic_class,
+        prompt="x",
+        created_ms=created_ms,
+        deadline_ms=created_ms + 1000,
+        reply_to=wire.HttpReply(instance_id="p"),
+    )
 
 
-def result(outcome=wire.Outcome.SUCCEEDED, *, ttft_ms=100, total_ms=1000, completion_tokens=10, choices=1,
-           traffic_class="interactive") -> wire.FinalResult:
+def result(
+    outcome=wire.Outcome.SUCCEEDED,
+    *,
+    ttft_ms=100,
+    total_ms=1000,
+    completion_tokens=10,
+    choices=1,
+    traffic_class="interactive",
+) -> wire.FinalResult:
     return wire.FinalResult(
-        request_id="r1", outcome=outcome, model="llmq-sim", tenant_id="acme", reply_to=wire.HttpReply(instance_id="p"),
+        request_id="r1",
+        outcome=outcome,
+        model="llmq-sim",
+        tenant_id="acme",
+        reply_to=wire.HttpReply(instance_id="p"),
         choices=[wire.Choice(index=i, text="t") for i in range(choices)],
         usage=wire.Usage(prompt_tokens=7, completion_tokens=completion_tokens, total_tokens=7 + completion_tokens),
-        timings=wire.Timings(queued_ms=50, ttft_ms=ttft_ms, total_ms=total_ms), traffic_class=traffic_class)
+        timings=wire.Timings(queued_ms=50, ttft_ms=ttft_ms, total_ms=total_ms),
+        traffic_class=traffic_class,
+    )
 
 
 def test_router_counts_a_request_once_with_its_latencies_and_tokens():
@@ -68,7 +87,9 @@ def test_batcher_batches_waits_and_queue_gauges():
     assert value(m, "llmq_batcher_flushes_total", model="llmq-sim", reason="size") == 1
     assert value(m, "llmq_batcher_queue_wait_seconds_sum", traffic_class="near_interactive", model="llmq-sim") == 0.6
     m.queues([("interactive:paid", "llmq-sim", 3, 2500)])
-    assert value(m, "llmq_batcher_oldest_queued_age_seconds", priority_class="interactive:paid", model="llmq-sim") == 2.5
+    assert (
+        value(m, "llmq_batcher_oldest_queued_age_seconds", priority_class="interactive:paid", model="llmq-sim") == 2.5
+    )
     m.queues([])  # the queue emptied: the gauges read 0, not the last value
     assert value(m, "llmq_batcher_queue_depth", priority_class="interactive:paid", model="llmq-sim") == 0
     assert value(m, "llmq_batcher_oldest_queued_age_seconds", priority_class="interactive:paid", model="llmq-sim") == 0
@@ -76,13 +97,25 @@ def test_batcher_batches_waits_and_queue_gauges():
 
 def test_worker_slots_and_utilisation_from_its_heartbeat():
     m = metrics.WorkerMetrics("llmq-sim")
-    m.heartbeat(wire.WorkerHeartbeat(worker_id="w", partition=0, model="llmq-sim", max_slots=8, running=6, queued=1,
-                                     free_slots=1, est_drain_ms=0, sent_ms=T0))
+    m.heartbeat(
+        wire.WorkerHeartbeat(
+            worker_id="w",
+            partition=0,
+            model="llmq-sim",
+            max_slots=8,
+            running=6,
+            queued=1,
+            free_slots=1,
+            est_drain_ms=0,
+            sent_ms=T0,
+        )
+    )
     assert value(m, "llmq_worker_utilization_ratio", model="llmq-sim") == 0.75
     assert value(m, "llmq_worker_slots", model="llmq-sim", state="free") == 1
     m.finished(result())
-    assert value(m, "llmq_worker_requests_total", traffic_class="interactive", model="llmq-sim",
-                 outcome="succeeded") == 1
+    assert (
+        value(m, "llmq_worker_requests_total", traffic_class="interactive", model="llmq-sim", outcome="succeeded") == 1
+    )
 
 
 class FakeConsumer:

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from llmq_api.metrics import ApiMetrics
 from llmq_cli.slo import Samples, histogram_quantile, report
 from llmq_core import metrics, wire
-from llmq_api.metrics import ApiMetrics
 
 
 def test_quantile_interpolates_within_its_bucket_like_promql():
@@ -31,9 +31,16 @@ def api_pod(latencies_s: list[float], traffic_class: str = "interactive", status
 def router(outcomes: list[wire.Outcome]) -> str:
     m = metrics.RouterMetrics()
     for i, outcome in enumerate(outcomes):
-        m.result(wire.FinalResult(request_id=f"r{i}", outcome=outcome, model="llmq-sim",
-                                  reply_to=wire.JobReply(batch_id="b", custom_id=str(i)), traffic_class="deferred"),
-                 first=True)
+        m.result(
+            wire.FinalResult(
+                request_id=f"r{i}",
+                outcome=outcome,
+                model="llmq-sim",
+                reply_to=wire.JobReply(batch_id="b", custom_id=str(i)),
+                traffic_class="deferred",
+            ),
+            first=True,
+        )
     return m.render().decode()
 
 

@@ -15,22 +15,21 @@ import pytest
 from aiokafka import TopicPartition
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmq_core import constants, tracing, wire
-from llmq_core.clock import SYSTEM_CLOCK
-from llmq_core.metrics import BatcherMetrics, RouterMetrics, WorkerMetrics
-from llmq_core.settings import Settings
 from llmq_api.app import create_app
 from llmq_api.pod import KafkaRequestProducer, Pod
 from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
+from llmq_core import constants, tracing, wire
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.metrics import BatcherMetrics, RouterMetrics, WorkerMetrics
+from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
-
 from tests.unit.api.fakes import FakeRedis as KeyValueRedis
-from tests.unit.batcher.test_loop import FakeConsumer, FakeRedis as BatcherRedis, Record
-
+from tests.unit.batcher.test_loop import FakeConsumer, Record
+from tests.unit.batcher.test_loop import FakeRedis as BatcherRedis
 
 
 class KafkaBus:
@@ -91,8 +90,9 @@ def spans():
 
 
 def record(sent: dict, offset: int = 0) -> Record:
-    return Record(offset=offset, value=sent["value"], headers=tuple(sent["headers"]), key=sent["key"],
-                  topic=sent["topic"])
+    return Record(
+        offset=offset, value=sent["value"], headers=tuple(sent["headers"]), key=sent["key"], topic=sent["topic"]
+    )
 
 
 async def until(check, timeout_s: float = 5.0):
@@ -109,23 +109,35 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
     pod = Pod(Settings(), "pod-1", producer=producer, redis=pod_redis)
     pod.listener.subscribed = True
     policy = BatchPolicy(PolicyConfig(batch_id_prefix="t"), SYSTEM_CLOCK)
-    batcher = BatcherLoop(policy, FakeConsumer(), bus, BatcherRedis(), SYSTEM_CLOCK, max_queued=100,
-                          metrics=BatcherMetrics())
+    batcher = BatcherLoop(
+        policy, FakeConsumer(), bus, BatcherRedis(), SYSTEM_CLOCK, max_queued=100, metrics=BatcherMetrics()
+    )
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=20)
     core = WorkerCore(worker_id="w0", partition=0, model="llmq-sim", engine=engine, clock=SYSTEM_CLOCK)
     worker_metrics = WorkerMetrics("llmq-sim")
-    worker = WorkerLoop(core=core, engine=engine, consumer=bus, producer=bus, redis=PipelineRedis(),
-                        clock=SYSTEM_CLOCK, heartbeat_interval_ms=250, shutdown_grace_s=1, max_pending=32,
-                        metrics=worker_metrics)
+    worker = WorkerLoop(
+        core=core,
+        engine=engine,
+        consumer=bus,
+        producer=bus,
+        redis=PipelineRedis(),
+        clock=SYSTEM_CLOCK,
+        heartbeat_interval_ms=250,
+        shutdown_grace_s=1,
+        max_pending=32,
+        metrics=worker_metrics,
+    )
     router_metrics = RouterMetrics()
     router = ResultRouter(Settings(), FakeConsumer(), bus, KeyValueRedis(), metrics=router_metrics)
     policy.on_heartbeat(core.heartbeat(SYSTEM_CLOCK.now_ms(), engine.context_window))
 
     transport = httpx.ASGITransport(app=create_app(pod))
-    async with httpx.AsyncClient(transport=transport, base_url="http://api",
-                                 headers={"authorization": "Bearer llmq-dev-key"}) as client:
-        response = asyncio.create_task(client.post("/v1/completions", json={
-            "model": "llmq-sim", "prompt": "abc", "max_tokens": 5}))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://api", headers={"authorization": "Bearer llmq-dev-key"}
+    ) as client:
+        response = asyncio.create_task(
+            client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5})
+        )
         await until(lambda: any(r["topic"] == constants.requests_topic("interactive") for r in bus.sent))
         consumed = bus.take(constants.requests_topic("interactive"))
         await batcher.ingest(TopicPartition(consumed["topic"], 0), record(consumed))
@@ -148,9 +160,19 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
     trace_ids = {s.context.trace_id for s in finished}
     assert len(trace_ids) == 1, [s.name for s in finished]
     names = {s.name for s in finished}
-    assert {"POST /v1/completions", "kafka.produce", "batcher.queue", "batcher.flush", "worker.request",
-            "worker.queue", "worker.prefill", "worker.decode", "worker.publish", "result_router.route",
-            "api.reply"} <= names
+    assert {
+        "POST /v1/completions",
+        "kafka.produce",
+        "batcher.queue",
+        "batcher.flush",
+        "worker.request",
+        "worker.queue",
+        "worker.prefill",
+        "worker.decode",
+        "worker.publish",
+        "result_router.route",
+        "api.reply",
+    } <= names
     by_id = {s.context.span_id: s for s in finished}
     (root,) = [s for s in finished if s.parent is None]
     assert root.name == "POST /v1/completions"
@@ -162,7 +184,9 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
     # and the metrics moved on the way
     labels = {"traffic_class": "interactive", "model": "llmq-sim"}
     assert batcher.metrics.registry.get_sample_value("llmq_batcher_queue_wait_seconds_count", labels) == 1
-    assert worker_metrics.registry.get_sample_value("llmq_worker_requests_total", {**labels, "outcome": "succeeded"}) == 1
+    assert (
+        worker_metrics.registry.get_sample_value("llmq_worker_requests_total", {**labels, "outcome": "succeeded"}) == 1
+    )
     assert router_metrics.registry.get_sample_value("llmq_results_total", {**labels, "outcome": "succeeded"}) == 1
     assert pod.metrics.registry.get_sample_value("llmq_api_responses_total", {**labels, "code": "200"}) == 1
 
@@ -177,8 +201,14 @@ async def test_with_tracing_off_nothing_is_recorded_and_no_traceparent_travels()
     bus = KafkaBus()
     producer = KafkaRequestProducer(Settings())
     producer._producer, producer.ready = bus, True
-    request = wire.GenerationRequest(request_id="r1", model="llmq-sim", prompt="x", created_ms=1, deadline_ms=2,
-                                     reply_to=wire.HttpReply(instance_id="p"))
+    request = wire.GenerationRequest(
+        request_id="r1",
+        model="llmq-sim",
+        prompt="x",
+        created_ms=1,
+        deadline_ms=2,
+        reply_to=wire.HttpReply(instance_id="p"),
+    )
     await producer.produce(request)
     (sent,) = bus.sent
     assert tracing.header_traceparent(sent["headers"]) is None

@@ -40,15 +40,22 @@ def test_traceparent_round_trip_and_rejects_malformed(spans):
     value = tracing.traceparent_of(span)
     assert tracing.trace_id_of(value) == "0af7651916cd43dd8448eb211c80319c"
     assert tracing.parse(value) is not None
-    for bad in (None, "", "garbage", TP.replace("00-", "ff-", 1), "00-" + "0" * 32 + "-b7ad6b7169203331-01",
-                TP[:-2] + "zz"):
+    for bad in (
+        None,
+        "",
+        "garbage",
+        TP.replace("00-", "ff-", 1),
+        "00-" + "0" * 32 + "-b7ad6b7169203331-01",
+        TP[:-2] + "zz",
+    ):
         assert tracing.parse(bad) is None
-    assert spans.get_finished_spans()[0].parent.span_id == 0xb7ad6b7169203331
+    assert spans.get_finished_spans()[0].parent.span_id == 0xB7AD6B7169203331
 
 
 def test_record_span_keeps_given_times_and_parent(spans):
-    span = tracing.record_span("worker.queue", 1_700_000_000_000, 1_700_000_000_250, parent=TP,
-                               attributes={"llmq.request_id": "r1"})
+    span = tracing.record_span(
+        "worker.queue", 1_700_000_000_000, 1_700_000_000_250, parent=TP, attributes={"llmq.request_id": "r1"}
+    )
     (done,) = spans.get_finished_spans()
     assert done is not None and span is not None
     assert (done.end_time - done.start_time) == 250 * 1_000_000
@@ -70,8 +77,7 @@ async def test_asgi_server_span_continues_the_client_trace_and_records_status(sp
         seen["ids"] = tracing.current_ids()
         return PlainTextResponse("ok", status_code=201)
 
-    app = tracing.AsgiTracing(Starlette(routes=[Route("/v1/x", handler, methods=["POST"]),
-                                                Route("/healthz", handler)]))
+    app = tracing.AsgiTracing(Starlette(routes=[Route("/v1/x", handler, methods=["POST"]), Route("/healthz", handler)]))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         assert (await client.post("/v1/x", headers={"traceparent": TP})).status_code == 201
         traced = seen.pop("ids")

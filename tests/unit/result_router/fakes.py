@@ -23,6 +23,7 @@ class FakeRedis:
     def register_script(self, script):
         async def put(keys, args):  # ResultStore's script, as far as these tests need it: SET NX of the result
             return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
+
         return put
 
 

@@ -23,7 +23,7 @@ class FakeConsumer:
         self.router: ResultRouter | None = None
 
     async def getmany(self, timeout_ms, max_records):
-        batch = self.records[self.position:]
+        batch = self.records[self.position :]
         if not batch:
             self.router.stop()
             return {}
@@ -55,14 +55,20 @@ class FlakyRedis:
     def register_script(self, script):
         async def put(keys, args):  # ResultStore's script, as far as these tests need it: SET NX of the result
             return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
+
         return put
 
 
 def record(offset: int, request_id: str):
-    result = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
-                              reply_to=wire.HttpReply(instance_id="pod-1"))
-    return SimpleNamespace(topic=TP[0], partition=TP[1], offset=offset, key=request_id.encode(),
-                           value=wire.encode(result), headers=[])
+    result = wire.FinalResult(
+        request_id=request_id,
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        reply_to=wire.HttpReply(instance_id="pod-1"),
+    )
+    return SimpleNamespace(
+        topic=TP[0], partition=TP[1], offset=offset, key=request_id.encode(), value=wire.encode(result), headers=[]
+    )
 
 
 async def test_a_redis_error_routes_the_batch_again_and_commits_once_it_went_through(monkeypatch):

@@ -25,9 +25,23 @@ TP = ("llmq.results", 0)
 # --- the rule: which topics may receive results ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("topic", ["__consumer_offsets", "__transaction_state", "__anything", "llmq.batches",
-                                   "llmq.results", "llmq.requests.interactive", "llmq.requests.deferred",
-                                   "llmq.dead-letters", "llmq.other", "", "a b", "."])
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "__consumer_offsets",
+        "__transaction_state",
+        "__anything",
+        "llmq.batches",
+        "llmq.results",
+        "llmq.requests.interactive",
+        "llmq.requests.deferred",
+        "llmq.dead-letters",
+        "llmq.other",
+        "",
+        "a b",
+        ".",
+    ],
+)
 def test_reserved_internal_and_illegal_topics_are_refused(topic):
     assert reply_topic_error(topic) is not None
     assert plan_delivery(_result("r", topic)).undeliverable == reply_topic_error(topic)
@@ -70,8 +84,15 @@ def test_a_partition_retries_no_more_once_results_in_a_row_ended_unsent():
     assert retry.wait_ms(errors.KafkaTimeoutError(), 1, 0, streak=3) is None
 
 
-@pytest.mark.parametrize("error", [errors.TopicAuthorizationFailedError(), errors.InvalidTopicError(),
-                                   errors.MessageSizeTooLargeError(), errors.RecordTooLargeError()])
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.TopicAuthorizationFailedError(),
+        errors.InvalidTopicError(),
+        errors.MessageSizeTooLargeError(),
+        errors.RecordTooLargeError(),
+    ],
+)
 def test_permanent_errors_give_up_at_once(error):
     assert ReplyRetry(attempts=4, backoff_ms=100, budget_ms=2000, max_streak=3).wait_ms(error, 1, 0, 0) is None
 
@@ -135,13 +156,20 @@ def test_reply_failures_log_one_line_per_topic_per_window_and_a_bounded_number_i
 
 
 def _result(request_id: str, topic: str) -> wire.FinalResult:
-    return wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
-                            reply_to=wire.KafkaReply(topic=topic))
+    return wire.FinalResult(
+        request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", reply_to=wire.KafkaReply(topic=topic)
+    )
 
 
 def _record(offset: int, result: wire.FinalResult, partition: int = 0):
-    return SimpleNamespace(topic=TP[0], partition=partition, offset=offset, key=result.request_id.encode(),
-                           value=wire.encode(result), headers=[])
+    return SimpleNamespace(
+        topic=TP[0],
+        partition=partition,
+        offset=offset,
+        key=result.request_id.encode(),
+        value=wire.encode(result),
+        headers=[],
+    )
 
 
 class FakeConsumer:
@@ -194,20 +222,33 @@ class Broker:
 
 def _router(consumer, broker, redis, metrics=None, **settings) -> ResultRouter:
     base = dict(router_reply_attempts=3, router_reply_backoff_ms=1, router_reply_metadata_timeout_ms=20)
-    router = consumer.router = ResultRouter(Settings(**{**base, **settings}), consumer, broker, redis,
-                                            metrics=metrics, clock=FakeClock(), list_topics=broker.list_topics)
+    router = consumer.router = ResultRouter(
+        Settings(**{**base, **settings}),
+        consumer,
+        broker,
+        redis,
+        metrics=metrics,
+        clock=FakeClock(),
+        list_topics=broker.list_topics,
+    )
     return router
 
 
 async def test_replies_to_missing_topics_are_dead_lettered_at_once_whatever_their_names_and_the_next_results_flow():
     fresh = [_record(i, _result(f"lost-{i}", f"gone.{i}.replies")) for i in range(16)]
     batch = {TP: [*fresh, _record(16, _result("ok", "team.replies")), _record(17, _result("again", "gone.0.replies"))]}
-    consumer, broker, redis, metrics = FakeConsumer([batch]), Broker(existing={"team.replies"}), FakeRedis(), \
-        RouterMetrics()
+    consumer, broker, redis, metrics = (
+        FakeConsumer([batch]),
+        Broker(existing={"team.replies"}),
+        FakeRedis(),
+        RouterMetrics(),
+    )
     await asyncio.wait_for(_router(consumer, broker, redis, metrics).run(), 5)
     assert [(topic, key) for topic, key, _ in broker.sent] == [
-        *[(constants.TOPIC_DEAD_LETTERS, f"lost-{i}".encode()) for i in range(16)], ("team.replies", b"ok"),
-        (constants.TOPIC_DEAD_LETTERS, b"again")]
+        *[(constants.TOPIC_DEAD_LETTERS, f"lost-{i}".encode()) for i in range(16)],
+        ("team.replies", b"ok"),
+        (constants.TOPIC_DEAD_LETTERS, b"again"),
+    ]
     headers = broker.sent[0][2]
     assert headers[constants.HEADER_REPLY_TOPIC] == b"gone.0.replies"
     assert b"does not exist" in headers[constants.HEADER_ERROR]
@@ -229,20 +270,25 @@ async def test_a_record_too_large_is_dead_lettered_after_one_try():
 
 
 async def test_a_topic_stuck_in_metadata_holds_up_only_its_own_partition_and_only_for_its_tries():
-    stuck, other = {TP: [_record(0, _result("stuck", "slow.replies"))]}, {("llmq.results", 1): [
-        _record(0, _result("ok", "team.replies"), partition=1)]}
+    stuck, other = (
+        {TP: [_record(0, _result("stuck", "slow.replies"))]},
+        {("llmq.results", 1): [_record(0, _result("ok", "team.replies"), partition=1)]},
+    )
     consumer = FakeConsumer([{**stuck, **other}])
     broker = Broker(existing={"team.replies"}, hang={"slow.replies"})
     await asyncio.wait_for(_router(consumer, broker, FakeRedis()).run(), 5)
     assert [(topic, key) for topic, key, _ in broker.sent] == [
-        ("team.replies", b"ok"), (constants.TOPIC_DEAD_LETTERS, b"stuck")]  # the other partition went first
+        ("team.replies", b"ok"),
+        (constants.TOPIC_DEAD_LETTERS, b"stuck"),
+    ]  # the other partition went first
     assert broker.lookups.count("slow.replies") == 3
 
 
 async def test_a_partition_stops_retrying_once_results_in_a_row_ended_unsent_until_a_reply_goes_out():
     flaky = [_record(i, _result(f"f{i}", "flaky.replies")) for i in range(4)]
-    consumer = FakeConsumer([{TP: [*flaky, _record(4, _result("ok", "team.replies")),
-                                   _record(5, _result("f5", "flaky.replies"))]}])
+    consumer = FakeConsumer(
+        [{TP: [*flaky, _record(4, _result("ok", "team.replies")), _record(5, _result("f5", "flaky.replies"))]}]
+    )
     broker, metrics = Broker(existing={"team.replies"}, flaky={"flaky.replies"}), RouterMetrics()
     await asyncio.wait_for(_router(consumer, broker, FakeRedis(), metrics, router_reply_retry_streak_max=2).run(), 5)
     assert broker.lookups.count("flaky.replies") == 3 + 3 + 1 + 1 + 3  # 2 in a row with retries, then one try each

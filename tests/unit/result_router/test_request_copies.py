@@ -17,7 +17,11 @@ async def test_each_copy_gets_its_answer_once_and_the_first_result_stays_stored(
     first = _result("r1", "team.replies")
     copy = msgspec.structs.replace(first, reply_to=wire.KafkaReply(topic="team.other"), request_copy="t/0@9")
     records = [_record(0, first), _record(1, first), _record(2, copy), _record(3, copy)]  # each one redelivered
-    consumer, broker, redis = FakeConsumer([{TP: records}]), Broker(existing={"team.replies", "team.other"}), FakeRedis()
+    consumer, broker, redis = (
+        FakeConsumer([{TP: records}]),
+        Broker(existing={"team.replies", "team.other"}),
+        FakeRedis(),
+    )
     await asyncio.wait_for(_router(consumer, broker, redis).run(), 5)
     assert [(topic, key) for topic, key, _ in broker.sent] == [("team.replies", b"r1"), ("team.other", b"r1")]
     assert wire.decode(redis.data[constants.result_key("r1")]) == first

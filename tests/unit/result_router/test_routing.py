@@ -7,8 +7,13 @@ from llmq_result_router.routing import plan_delivery
 
 
 def _result(reply_to) -> wire.FinalResult:
-    return wire.FinalResult(request_id="r1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", reply_to=reply_to,
-                            choices=[wire.Choice(index=0, text="abc", finish_reason="length")])
+    return wire.FinalResult(
+        request_id="r1",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        reply_to=reply_to,
+        choices=[wire.Choice(index=0, text="abc", finish_reason="length")],
+    )
 
 
 def test_http_result_is_only_stored():

@@ -20,14 +20,13 @@ TP = ("llmq.results", 0)
 OOM = "command not allowed when used memory > 'maxmemory'."
 
 
-
-
 class FullRedis:
     """Reads work, every write is refused."""
 
     def register_script(self, script):
         async def refuse(keys, args):
             raise OutOfMemoryError(OOM)
+
         return refuse
 
     async def exists(self, key):
@@ -38,17 +37,23 @@ class FullRedis:
 
 
 def _record(offset: int, request_id: str):
-    result = wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
-                              reply_to=wire.KafkaReply(topic="my.replies"))
-    return SimpleNamespace(topic=TP[0], partition=TP[1], offset=offset, key=request_id.encode(),
-                           value=wire.encode(result), headers=[])
+    result = wire.FinalResult(
+        request_id=request_id,
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        reply_to=wire.KafkaReply(topic="my.replies"),
+    )
+    return SimpleNamespace(
+        topic=TP[0], partition=TP[1], offset=offset, key=request_id.encode(), value=wire.encode(result), headers=[]
+    )
 
 
 async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_out_once():
     consumer, producer = FakeConsumer([_record(0, "r0"), _record(1, "r1")]), FakeProducer({"my.replies"})
     metrics = RouterMetrics()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, FullRedis(), metrics=metrics,
-                                            list_topics=producer.list_topics)
+    router = consumer.router = ResultRouter(
+        Settings(), consumer, producer, FullRedis(), metrics=metrics, list_topics=producer.list_topics
+    )
     await asyncio.wait_for(router.run(), 5)
     assert producer.sent == [("my.replies", b"r0"), ("my.replies", b"r1")]
     assert consumer.commits == 1 and consumer.seeks == 0
@@ -79,8 +84,12 @@ async def test_a_refused_ledger_write_is_retried_with_backoff_until_it_lands():
         delays.append(seconds)
 
     ledger = JobLedger(Settings(), store, producer=None, clock=FakeClock(), sleep=sleep)
-    result = wire.FinalResult(request_id="batch_1:line-1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
-                              reply_to=wire.JobReply(batch_id="batch_1", custom_id="line-1"))
+    result = wire.FinalResult(
+        request_id="batch_1:line-1",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        reply_to=wire.JobReply(batch_id="batch_1", custom_id="line-1"),
+    )
     await ledger.on_result(result)
     assert [change.custom_id for change in store.settled] == ["line-1"]
     assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]

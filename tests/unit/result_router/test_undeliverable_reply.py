@@ -29,8 +29,9 @@ def test_legal_topic_names(name):
 
 
 def _result(request_id: str, topic: str) -> wire.FinalResult:
-    return wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim",
-                            reply_to=wire.KafkaReply(topic=topic))
+    return wire.FinalResult(
+        request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", reply_to=wire.KafkaReply(topic=topic)
+    )
 
 
 def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
@@ -40,11 +41,15 @@ def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
     assert plan_delivery(_result("r2", "ok.replies")).undeliverable is None
 
 
-
-
 def _record(offset: int, result: wire.FinalResult):
-    return SimpleNamespace(topic=TP[0], partition=TP[1], offset=offset, key=result.request_id.encode(),
-                           value=wire.encode(result), headers=[])
+    return SimpleNamespace(
+        topic=TP[0],
+        partition=TP[1],
+        offset=offset,
+        key=result.request_id.encode(),
+        value=wire.encode(result),
+        headers=[],
+    )
 
 
 async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_next_result():
@@ -56,7 +61,9 @@ async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_n
     assert constants.result_key("bad") in redis.data and consumer.commits == 1
 
 
-@pytest.mark.parametrize("value", [None, b"\x91" * 100_000 + b"\x90", b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
+@pytest.mark.parametrize(
+    "value", [None, b"\x91" * 100_000 + b"\x90", b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"]
+)
 async def test_a_poison_result_record_is_dead_lettered_and_the_next_one_delivered(value):
     poison = SimpleNamespace(topic=TP[0], partition=TP[1], offset=0, key=b"poison", value=value, headers=[])
     consumer = FakeConsumer([poison, _record(1, _result("good", "ok.replies"))])

@@ -57,9 +57,14 @@ class StepEngine:
     def final(self, request, outcome, text, shared_failure=False) -> FinalEvent:
         now = self.clock.now_ms()
         return FinalEvent(
-            request_id=request.request_id, outcome=outcome, choices=[Choice(index=0, text=text)],
+            request_id=request.request_id,
+            outcome=outcome,
+            choices=[Choice(index=0, text=text)],
             usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
-            started_ms=now - 10, first_token_ms=now - 5, finished_ms=now, shared_failure=shared_failure,
+            started_ms=now - 10,
+            first_token_ms=now - 5,
+            finished_ms=now,
+            shared_failure=shared_failure,
         )
 
 
@@ -71,7 +76,14 @@ def setup(**engine_args):
 
 
 def batch(*requests, batch_id="b1") -> Batch:
-    return Batch(batch_id=batch_id, worker_id="w1", model="llmq-sim", requests=list(requests), formed_ms=T0_MS, flush_reason="size")
+    return Batch(
+        batch_id=batch_id,
+        worker_id="w1",
+        model="llmq-sim",
+        requests=list(requests),
+        formed_ms=T0_MS,
+        flush_reason="size",
+    )
 
 
 def results_of(out) -> dict[str, FinalResult]:
@@ -94,7 +106,12 @@ def test_runs_a_batch_and_commits_after_delivery():
     assert set(engine.submitted) == {"a", "b"} and not out
     out = core.on_events(engine.step())
     final = results_of(out)["a"]
-    assert (final.outcome, final.choices[0].text, final.batch_size, final.worker_id) == (Outcome.SUCCEEDED, "hi", 2, "w1")
+    assert (final.outcome, final.choices[0].text, final.batch_size, final.worker_id) == (
+        Outcome.SUCCEEDED,
+        "hi",
+        2,
+        "w1",
+    )
     assert (final.timings.queued_ms, final.timings.ttft_ms, final.timings.total_ms) == (100, 105, 110)
     assert [m for _, m in out.replies if isinstance(m, TokenChunk)] == [
         TokenChunk(request_id="a", index=0, text="hi", seq=0, sent_ms=clock.now_ms())
@@ -119,7 +136,9 @@ def test_commit_waits_for_earlier_batches():
 def test_kafka_reply_requests_go_only_to_llmq_results():
     _, engine, core = setup()
     request = make_request("k", "hi")
-    request = type(request)(**{**{f: getattr(request, f) for f in request.__struct_fields__}, "reply_to": KafkaReply(topic="t")})
+    request = type(request)(
+        **{**{f: getattr(request, f) for f in request.__struct_fields__}, "reply_to": KafkaReply(topic="t")}
+    )
     core.take_batch(batch(request), offset=0)
     out = core.on_events(engine.step())
     assert out.replies == [] and set(results_of(out)) == {"k"}
@@ -197,7 +216,9 @@ def test_new_batches_wait_while_suspects_run_alone():
     assert core.heartbeat(0, 100).queued == 2  # the suspect waiting for its turn and the new request
     out = run_until_idle(core, engine)
     assert {rid: r.outcome for rid, r in results_of(out).items()} == {
-        "bad": Outcome.ERRORED, "good": Outcome.SUCCEEDED, "new": Outcome.SUCCEEDED,
+        "bad": Outcome.ERRORED,
+        "good": Outcome.SUCCEEDED,
+        "new": Outcome.SUCCEEDED,
     }
 
 
@@ -229,7 +250,10 @@ def test_a_stream_whose_text_was_sent_is_not_rerun_after_a_shared_failure():
     out = core.on_events([engine.final(r, Outcome.ERRORED, "", shared_failure=True) for r in submitted.values()])
     interrupted = results_of(out)["a"]
     assert (interrupted.outcome, interrupted.error.code, interrupted.error.retryable) == (
-        Outcome.ERRORED, STREAM_INTERRUPTED, True)
+        Outcome.ERRORED,
+        STREAM_INTERRUPTED,
+        True,
+    )
     assert (interrupted.usage.completion_tokens, interrupted.choices) == (3, [])
     assert out.marks[-1][1] == StreamMark(attempt=0, completion_tokens=3, done=True)
     assert list(engine.submitted) == ["quiet"]  # nothing of it was sent: re-run alone, as before
@@ -238,11 +262,17 @@ def test_a_stream_whose_text_was_sent_is_not_rerun_after_a_shared_failure():
 def test_a_request_marked_mid_stream_is_answered_interrupted_and_not_run_again():
     _, engine, core = setup()
     streamed = msgspec.structs.replace(make_request("s", "hello", attempt=1), prompt_tokens=4)
-    out = core.take_batch(batch(streamed, make_request("fresh"), make_request("n", stream=False)), offset=9,
-                          marks={"s": StreamMark(attempt=0, completion_tokens=7)})
+    out = core.take_batch(
+        batch(streamed, make_request("fresh"), make_request("n", stream=False)),
+        offset=9,
+        marks={"s": StreamMark(attempt=0, completion_tokens=7)},
+    )
     result = results_of(out)["s"]
-    assert (result.outcome, result.error.code, result.error.type) == (Outcome.ERRORED, STREAM_INTERRUPTED,
-                                                                      "server_error")
+    assert (result.outcome, result.error.code, result.error.type) == (
+        Outcome.ERRORED,
+        STREAM_INTERRUPTED,
+        "server_error",
+    )
     assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (4, 7, 11)
     assert [(ch, m) for ch, m in out.replies] == [(POD, result)]
     assert out.marks[0][1] == StreamMark(attempt=1, completion_tokens=7, done=True)
@@ -271,7 +301,12 @@ def test_a_result_over_the_record_limit_is_one_errored_outcome_for_the_caller_an
     core.take_batch(batch(make_request("big", "x" * 700, stream=False), make_request("small", "ok")), offset=7)
     out = core.on_events(engine.step())
     big, small = results_of(out)["big"], results_of(out)["small"]
-    assert (big.outcome, big.choices, big.error.code, big.error.retryable) == (Outcome.ERRORED, [], "result_too_large", False)
+    assert (big.outcome, big.choices, big.error.code, big.error.retryable) == (
+        Outcome.ERRORED,
+        [],
+        "result_too_large",
+        False,
+    )
     assert big.usage.total_tokens == 3 and "600" in big.error.message  # the work is still accounted
     assert [m for _, m in out.replies if isinstance(m, FinalResult) and m.request_id == "big"] == [big]
     assert small.outcome is Outcome.SUCCEEDED and small.choices[0].text == "ok"

@@ -24,10 +24,17 @@ def test_token_rate_measures_windows_and_smooths_with_its_half_life():
     assert rate.tokens_per_s == pytest.approx(200.0)
 
 
-@pytest.mark.parametrize("bias, ok", [
-    (None, True), ({0: -100.0, 258: 100.0}, True), ({259: 1.0}, False), ({-1: 1.0}, False), ({7: 100.5}, False),
-    ({i: 1.0 for i in range(301)}, False),
-])
+@pytest.mark.parametrize(
+    "bias, ok",
+    [
+        (None, True),
+        ({0: -100.0, 258: 100.0}, True),
+        ({259: 1.0}, False),
+        ({-1: 1.0}, False),
+        ({7: 100.5}, False),
+        ({i: 1.0 for i in range(301)}, False),
+    ],
+)
 def test_check_logit_bias(bias, ok):
     request = make_request(logit_bias=bias)
     if ok:

@@ -69,8 +69,17 @@ def setup(failures: dict[str, list[Exception]]):
     engine = StepEngine(clock)
     core = WorkerCore(worker_id="w1", partition=0, model="llmq-sim", engine=engine, clock=clock)
     events: list = []
-    loop = WorkerLoop(core=core, engine=engine, consumer=FakeConsumer(), producer=FakeProducer(events, failures),
-                      redis=FakeRedis(events), clock=clock, heartbeat_interval_ms=100, shutdown_grace_s=1, max_pending=8)
+    loop = WorkerLoop(
+        core=core,
+        engine=engine,
+        consumer=FakeConsumer(),
+        producer=FakeProducer(events, failures),
+        redis=FakeRedis(events),
+        clock=clock,
+        heartbeat_interval_ms=100,
+        shutdown_grace_s=1,
+        max_pending=8,
+    )
     core.take_batch(batch(make_request("a", "hi", stream=False), make_request("b", "yo", stream=False)), offset=3)
     return loop, core.on_events(engine.step()), events
 
@@ -91,8 +100,10 @@ async def test_the_durable_record_comes_first_and_the_answer_is_the_same_outcome
     assert finals(events, "kafka") == finals(events, "redis") and set(finals(events, "redis")) == {"a", "b"}
 
 
-@pytest.mark.parametrize("error, code", [(MessageSizeTooLargeError(), "result_too_large"),
-                                         (TopicAuthorizationFailedError(), "result_refused")])
+@pytest.mark.parametrize(
+    "error, code",
+    [(MessageSizeTooLargeError(), "result_too_large"), (TopicAuthorizationFailedError(), "result_refused")],
+)
 async def test_a_record_refused_for_good_is_answered_by_its_errored_stand_in(error, code):
     loop, out, events = setup({"a": [error]})
     await loop._deliver(out)
@@ -123,8 +134,9 @@ async def test_a_record_dead_letters_refuse_is_skipped_not_retried_forever():
     assert loop._consumer.committed == [5]
 
 
-@pytest.mark.parametrize("value,headers", [(None, []), (b"{}", [("content-type", b"\xff")]),
-                                           (b"\x91" * 100_000 + b"\x90", [])])
+@pytest.mark.parametrize(
+    "value,headers", [(None, []), (b"{}", [("content-type", b"\xff")]), (b"\x91" * 100_000 + b"\x90", [])]
+)
 async def test_a_record_no_decoder_can_take_is_skipped_not_raised(value, headers):
     """A null value, a header that is not UTF-8 or nesting too deep used to raise out of _take and end the fetch."""
     from types import SimpleNamespace

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from test_worker_vllm import ByteCodec, ScriptedClient, drain
 from worker_fakes import make_request
 
@@ -51,8 +50,9 @@ def test_held_back_text_released_at_the_end_is_capped_too():
 
 
 async def test_simulated_engine_stops_each_request_at_its_cap(manual_time):
-    engine = SimulatedEngine(max_batch_size=4, batch_time_ms=100, clock=manual_time.clock, sleep=manual_time.sleep,
-                             max_result_bytes=10)
+    engine = SimulatedEngine(
+        max_batch_size=4, batch_time_ms=100, clock=manual_time.clock, sleep=manual_time.sleep, max_result_bytes=10
+    )
     engine.submit(make_request("big", "héllo", max_tokens=6, n=3))
     engine.submit(make_request("small", "ok", max_tokens=4))
     await manual_time.advance(100)
@@ -70,8 +70,9 @@ async def test_simulated_engine_stops_each_request_at_its_cap(manual_time):
 
 
 async def test_simulated_engine_caps_the_issue_sized_request_at_max_result_bytes(manual_time):
-    engine = SimulatedEngine(max_batch_size=1, batch_time_ms=10, context_window=1 << 20, clock=manual_time.clock,
-                             sleep=manual_time.sleep)
+    engine = SimulatedEngine(
+        max_batch_size=1, batch_time_ms=10, context_window=1 << 20, clock=manual_time.clock, sleep=manual_time.sleep
+    )
     engine.submit(make_request("huge", "x", max_tokens=8190, n=200))  # Kafka-direct: no API check in front of it
     await manual_time.advance(10)
     (final,) = [e for e in await engine.next_events() if hasattr(e, "outcome")]
@@ -83,8 +84,16 @@ async def test_simulated_engine_caps_the_issue_sized_request_at_max_result_bytes
 
 async def test_vllm_engine_aborts_choices_at_the_cap():
     client = ScriptedClient()
-    engine = VllmEngine(client, ByteCodec(), make_params=dict, make_prompt=list, max_num_seqs=4, context_window=64,
-                        vocab_size=259, max_result_bytes=9)
+    engine = VllmEngine(
+        client,
+        ByteCodec(),
+        make_params=dict,
+        make_prompt=list,
+        max_num_seqs=4,
+        context_window=64,
+        vocab_size=259,
+        max_result_bytes=9,
+    )
     engine.submit(make_request("v", "abcdefgh", max_tokens=8, n=2, temperature=1.0))
     finals, streamed = await drain(engine, 1)
     final = finals["v"]

@@ -34,7 +34,9 @@ def finals(events) -> dict[str, FinalEvent]:
 
 
 def streamed(events, request_id: str, index: int = 0) -> str:
-    return "".join(e.text for e in events if isinstance(e, ChunkEvent) and e.request_id == request_id and e.index == index)
+    return "".join(
+        e.text for e in events if isinstance(e, ChunkEvent) and e.request_id == request_id and e.index == index
+    )
 
 
 async def test_replays_prompt_cyclically_and_finishes_at_batch_end(engine, manual_time):
@@ -188,8 +190,14 @@ async def test_logit_bias_ids_are_checked_against_the_byte_vocabulary(engine, ma
 
 async def test_an_unknown_logit_bias_id_is_an_invalid_request_error_that_is_not_retried(engine):
     core = WorkerCore(worker_id="w", partition=0, model="llmq-sim", engine=engine, clock=FakeClock(T0_MS))
-    batch = Batch(batch_id="b", worker_id="w", model="llmq-sim", formed_ms=T0_MS, flush_reason="size",
-                  requests=[make_request("bad", "abc", logit_bias={100_000: 1.0})])
+    batch = Batch(
+        batch_id="b",
+        worker_id="w",
+        model="llmq-sim",
+        formed_ms=T0_MS,
+        flush_reason="size",
+        requests=[make_request("bad", "abc", logit_bias={100_000: 1.0})],
+    )
     (result,) = core.take_batch(batch, offset=0).results
     assert result.outcome is Outcome.ERRORED and result.error.type == "invalid_request_error"
     assert "logit_bias" in result.error.message and not result.error.retryable

@@ -47,14 +47,22 @@ def test_the_stop_completed_first_wins():
 alphabet = st.sampled_from("abc é😀")
 
 
-@given(st.text(alphabet, max_size=30), st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3), st.lists(st.integers(0, 40)))
+@given(
+    st.text(alphabet, max_size=30),
+    st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3),
+    st.lists(st.integers(0, 40)),
+)
 def test_streamed_output_is_the_reference_cut_for_any_chunking(text, stops, cuts):
     matcher = StopMatcher(stops)
     out = "".join(matcher.push(chunk) for chunk in chunked(text, cuts)) + matcher.flush()
     assert out == reference_cut(text, stops)
 
 
-@given(st.text(alphabet, max_size=30), st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3), st.lists(st.integers(0, 120)))
+@given(
+    st.text(alphabet, max_size=30),
+    st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3),
+    st.lists(st.integers(0, 120)),
+)
 def test_choice_text_never_splits_characters_and_pieces_concatenate(text, stops, cuts):
     ids = encode(text)
     choice = ChoiceText(stops)
@@ -67,7 +75,10 @@ def test_choice_text_never_splits_characters_and_pieces_concatenate(text, stops,
 
 def test_invalid_utf8_and_special_ids_are_dropped_but_counted():
     choice = ChoiceText([])
-    pieces = [choice.push([0xFF + 3, ord("a") + 3, 1, 0]), choice.push([0xE4 + 3, 0xB8 + 3])]  # bad byte, a, eos, pad, half 中
+    pieces = [
+        choice.push([0xFF + 3, ord("a") + 3, 1, 0]),
+        choice.push([0xE4 + 3, 0xB8 + 3]),
+    ]  # bad byte, a, eos, pad, half 中
     assert pieces + [choice.finish()] == ["a", "", ""]
     assert choice.text == "a" and choice.tokens == 6
 
@@ -114,12 +125,19 @@ def _one_by_one(choice: ChoiceText, ids: list[int]) -> list[str]:
     return [choice.push([token_id]) for token_id in ids]
 
 
-@given(st.one_of(st.text(alphabet, max_size=30).map(encode), st.lists(st.integers(0, VOCAB_SIZE - 1), max_size=40)),
-       st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3), st.lists(st.integers(0, 120)), st.integers(0, 60))
+@given(
+    st.one_of(st.text(alphabet, max_size=30).map(encode), st.lists(st.integers(0, VOCAB_SIZE - 1), max_size=40)),
+    st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3),
+    st.lists(st.integers(0, 120)),
+    st.integers(0, 60),
+)
 def test_slices_end_exactly_where_token_by_token_pushes_end(ids, stops, cuts, limit_bytes):
     """Same text, token count, finish reason and cap for any slicing of any ids (invalid bytes, special ids included),
     under any byte budget."""
-    sliced, single = ChoiceText(stops, budget=ResultBudget(limit_bytes)), ChoiceText(stops, budget=ResultBudget(limit_bytes))
+    sliced, single = (
+        ChoiceText(stops, budget=ResultBudget(limit_bytes)),
+        ChoiceText(stops, budget=ResultBudget(limit_bytes)),
+    )
     pieces = [sliced.push(part) for part in _split(ids, cuts)] + [sliced.finish()]
     reference = _one_by_one(single, ids) + [single.finish()]
     assert "".join(pieces) == sliced.text == "".join(reference) == single.text

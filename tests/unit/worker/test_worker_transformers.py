@@ -169,7 +169,9 @@ async def test_save_pretrained_round_trip(tiny, tmp_path, engine):
     model, tokenizer = tiny
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    loaded = TransformersEngine.from_args(model_path=str(tmp_path), max_concurrent_sequences=4, max_batched_tokens=None, device="cpu")
+    loaded = TransformersEngine.from_args(
+        model_path=str(tmp_path), max_concurrent_sequences=4, max_batched_tokens=None, device="cpu"
+    )
     try:
         theirs, _ = await run(loaded, request("rt", "round trip", max_tokens=16))
         ours, _ = await run(engine, request("rt", "round trip", max_tokens=16))

@@ -14,7 +14,14 @@ from llmq_core.tokenizer import encode
 from llmq_core.wire import Outcome, SamplingParams, Usage
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest, prompt_text
 from llmq_worker.engines.vllm_engine import (
-    SEED_MODULUS, EngineDied, VllmEngine, finish_reason, text_delta, usage, vllm_sampling_kwargs)
+    SEED_MODULUS,
+    EngineDied,
+    VllmEngine,
+    finish_reason,
+    text_delta,
+    usage,
+    vllm_sampling_kwargs,
+)
 
 
 def test_importing_the_worker_never_imports_vllm_or_torch():
@@ -24,12 +31,20 @@ def test_importing_the_worker_never_imports_vllm_or_torch():
 
 
 def test_sampled_choices_get_temperature_top_p_stop_bias_and_their_own_seed():
-    sampling = SamplingParams(max_tokens=7, temperature=0.7, top_p=0.9, stop=["\n", "END"], seed=41, n=3,
-                              logit_bias={5: -100, 9: 2.5})
+    sampling = SamplingParams(
+        max_tokens=7, temperature=0.7, top_p=0.9, stop=["\n", "END"], seed=41, n=3, logit_bias={5: -100, 9: 2.5}
+    )
     kwargs = [vllm_sampling_kwargs(sampling, i) for i in range(3)]
     assert kwargs[0] == {
-        "n": 1, "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "stop": ["\n", "END"], "seed": 41,
-        "logit_bias": {5: -100.0, 9: 2.5}, "skip_special_tokens": True, "include_stop_str_in_output": False,
+        "n": 1,
+        "max_tokens": 7,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "stop": ["\n", "END"],
+        "seed": 41,
+        "logit_bias": {5: -100.0, 9: 2.5},
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": False,
     }
     assert [k["seed"] for k in kwargs] == [41, 42, 43]
     assert kwargs[0]["stop"] is not sampling.stop
@@ -61,7 +76,13 @@ def test_text_delta_sends_the_new_part_and_never_a_replacement_character():
 
 
 def test_finish_reason_and_usage_mapping():
-    assert [finish_reason(r) for r in ("stop", "length", "abort", "error", None)] == ["stop", "length", None, None, None]
+    assert [finish_reason(r) for r in ("stop", "length", "abort", "error", None)] == [
+        "stop",
+        "length",
+        None,
+        None,
+        None,
+    ]
     assert usage(12, [5, 7, 0]) == Usage(prompt_tokens=12, completion_tokens=12, total_tokens=24)
 
 
@@ -110,8 +131,9 @@ class ByteCodec:
 @pytest.fixture
 async def client_engine():
     client = ScriptedClient()
-    engine = VllmEngine(client, ByteCodec(), make_params=dict, make_prompt=list, max_num_seqs=2, context_window=64,
-                        vocab_size=259)
+    engine = VllmEngine(
+        client, ByteCodec(), make_params=dict, make_prompt=list, max_num_seqs=2, context_window=64, vocab_size=259
+    )
     yield client, engine
     await engine.close()
 
@@ -122,7 +144,9 @@ async def drain(engine, count: int) -> tuple[dict[str, FinalEvent], dict[tuple[s
         while len(finals) < count:
             for event in await engine.next_events():
                 if isinstance(event, ChunkEvent):
-                    streamed[(event.request_id, event.index)] = streamed.get((event.request_id, event.index), "") + event.text
+                    streamed[(event.request_id, event.index)] = (
+                        streamed.get((event.request_id, event.index), "") + event.text
+                    )
                 else:
                     finals[event.request_id] = event
     return finals, streamed
@@ -188,8 +212,15 @@ async def test_submit_rejects_what_can_never_run(client_engine):
         engine.submit(make_request("bias", "abc", logit_bias={259: 1.0}))
     with pytest.raises(InvalidRequest, match="context window"):
         engine.submit(make_request("long", "x" * 60, max_tokens=5))
-    rejecting = VllmEngine(ScriptedClient(), ByteCodec(), make_params=reject, make_prompt=list, max_num_seqs=2,
-                           context_window=64, vocab_size=259)
+    rejecting = VllmEngine(
+        ScriptedClient(),
+        ByteCodec(),
+        make_params=reject,
+        make_prompt=list,
+        max_num_seqs=2,
+        context_window=64,
+        vocab_size=259,
+    )
     with pytest.raises(InvalidRequest, match="top_p"):
         rejecting.submit(make_request("p", "abc"))
     assert engine.capacity().running == 0

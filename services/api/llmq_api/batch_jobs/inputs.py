@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from llmq_core import jobs
-from llmq_core.requests import echo
 from llmq_api import validation
 from llmq_api.errors import ApiError
+from llmq_core import jobs
+from llmq_core.requests import echo
 
 BOM = b"\xef\xbb\xbf"
 MAX_REPORTED_ERRORS = 100  # errors.data entries kept; the count of the rest is reported in the last one
@@ -125,17 +125,20 @@ class InputChecker:
         self._count += 1
         limits = self.limits
         if self._count > limits.max_lines:
-            self.checked.fail("too_many_lines", f"The file has more than {limits.max_lines} requests",
-                              line=self._number)
+            self.checked.fail(
+                "too_many_lines", f"The file has more than {limits.max_lines} requests", line=self._number
+            )
             self.stopped = True
             return []
         size = skipped or len(raw)
         if size > limits.max_line_bytes:
-            self.checked.fail("line_too_large", f"Line is {size} bytes; the limit is {limits.max_line_bytes}",
-                              line=self._number)
+            self.checked.fail(
+                "line_too_large", f"Line is {size} bytes; the limit is {limits.max_line_bytes}", line=self._number
+            )
             return []
-        line = _check_line(raw, self._number, self.endpoint, self.models, self._seen, self.checked,
-                           limits.max_stop_bytes)
+        line = _check_line(
+            raw, self._number, self.endpoint, self.models, self._seen, self.checked, limits.max_stop_bytes
+        )
         return [] if line is None else [line]
 
 
@@ -148,8 +151,15 @@ def check_input(data: bytes, endpoint: str, models: Mapping[str, int], limits: L
     return checker.checked
 
 
-def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int], seen: set[str],
-                checked: CheckedInput, max_stop_bytes: int) -> InputLine | None:
+def _check_line(
+    raw: bytes,
+    number: int,
+    endpoint: str,
+    models: Mapping[str, int],
+    seen: set[str],
+    checked: CheckedInput,
+    max_stop_bytes: int,
+) -> InputLine | None:
     try:
         line = msgspec.json.decode(raw, type=_Line)
     except msgspec.ValidationError:
@@ -163,21 +173,32 @@ def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int
         checked.fail("missing_custom_id", "Line has no custom_id", param="custom_id", line=number)
         return None
     if not isinstance(custom_id, str) or not jobs.CUSTOM_ID_RE.fullmatch(custom_id):
-        checked.fail("invalid_custom_id", "custom_id must be 1-64 characters of letters, digits, '-' and '_', "
-                     f"got {echo(custom_id)}", param="custom_id", line=number)
+        checked.fail(
+            "invalid_custom_id",
+            f"custom_id must be 1-64 characters of letters, digits, '-' and '_', got {echo(custom_id)}",
+            param="custom_id",
+            line=number,
+        )
         return None
     if custom_id in seen:
-        checked.fail("duplicate_custom_id", f"custom_id {echo(custom_id)} is used by an earlier line",
-                     param="custom_id", line=number)
+        checked.fail(
+            "duplicate_custom_id",
+            f"custom_id {echo(custom_id)} is used by an earlier line",
+            param="custom_id",
+            line=number,
+        )
         return None
     seen.add(custom_id)
     if line.method != "POST":
-        checked.fail("invalid_method", f"method must be POST, got {echo(line.method)}", param="method",
-                     line=number)
+        checked.fail("invalid_method", f"method must be POST, got {echo(line.method)}", param="method", line=number)
         return None
     if line.url != endpoint:
-        checked.fail("mismatched_url", f"url must be the batch's endpoint {endpoint}, got {echo(line.url)}",
-                     param="url", line=number)
+        checked.fail(
+            "mismatched_url",
+            f"url must be the batch's endpoint {endpoint}, got {echo(line.url)}",
+            param="url",
+            line=number,
+        )
         return None
     body = bytes(line.body)
     if not body.lstrip().startswith(b"{"):
@@ -186,10 +207,12 @@ def _check_line(raw: bytes, number: int, endpoint: str, models: Mapping[str, int
     return _check_body(body, number, custom_id, endpoint, models, max_stop_bytes)
 
 
-def _check_body(body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int],
-                max_stop_bytes: int) -> InputLine:
-    parse = validation.parse_chat if jobs.BATCH_ENDPOINTS[endpoint] == "chat.completions" else \
-        validation.parse_completion
+def _check_body(
+    body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int], max_stop_bytes: int
+) -> InputLine:
+    parse = (
+        validation.parse_chat if jobs.BATCH_ENDPOINTS[endpoint] == "chat.completions" else validation.parse_completion
+    )
     try:
         valid = parse(body, models, max_stop_bytes=max_stop_bytes)
     except ApiError as exc:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from llmq_api.openai_format import error_for, response_body
 from llmq_core import jobs, wire
 from llmq_core.jobs import FileRecord, JobView
-from llmq_api.openai_format import error_for, response_body
 
 _ENDED_CODES = {wire.Outcome.CANCELED: "batch_cancelled", wire.Outcome.EXPIRED: "batch_expired"}
-_ENDED_MESSAGES = {wire.Outcome.CANCELED: "This request was cancelled with its batch",
-                   wire.Outcome.EXPIRED: "This request did not run before the batch's completion window ended"}
+_ENDED_MESSAGES = {
+    wire.Outcome.CANCELED: "This request was cancelled with its batch",
+    wire.Outcome.EXPIRED: "This request did not run before the batch's completion window ended",
+}
 _TIMESTAMPS = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
 
 
@@ -19,21 +21,36 @@ def batch_object(job: JobView) -> dict:
     counts = job.counts
     input_tokens, output_tokens = job.count("input_tokens"), job.count("output_tokens")
     body = {
-        "id": spec.id, "object": "batch", "endpoint": spec.endpoint, "model": None,
+        "id": spec.id,
+        "object": "batch",
+        "endpoint": spec.endpoint,
+        "model": None,
         "errors": {"object": "list", "data": [_error(e) for e in job.errors]} if job.errors else None,
-        "input_file_id": spec.input_file_id, "completion_window": spec.completion_window, "status": job.status,
+        "input_file_id": spec.input_file_id,
+        "completion_window": spec.completion_window,
+        "status": job.status,
         "output_file_id": None if failed else spec.output_file_id,
         "error_file_id": None if failed else spec.error_file_id,
-        "created_at": spec.created_ms // 1000, "expires_at": spec.expires_ms // 1000,
+        "created_at": spec.created_ms // 1000,
+        "expires_at": spec.expires_ms // 1000,
         **{f"{name}_at": job.times.get(name) for name in _TIMESTAMPS},
-        "request_counts": {"total": spec.total, "completed": job.count("succeeded"),
-                           "failed": job.count("errored") + job.count("canceled") + job.count("expired")},
+        "request_counts": {
+            "total": spec.total,
+            "completed": job.count("succeeded"),
+            "failed": job.count("errored") + job.count("canceled") + job.count("expired"),
+        },
         "metadata": spec.metadata,
-        "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": input_tokens + output_tokens},
-        "llmq": {name: counts.get(name, 0) for name in ("succeeded", "errored", "canceled", "expired", "retried",
-                                                          "dead_letters")},
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+        "llmq": {
+            name: counts.get(name, 0)
+            for name in ("succeeded", "errored", "canceled", "expired", "retried", "dead_letters")
+        },
     }
     return body
 
@@ -44,9 +61,17 @@ def _error(error: jobs.LineError) -> dict:
 
 def file_object(record: FileRecord) -> dict:
     """The OpenAI ``file`` object."""
-    return {"id": record.id, "object": "file", "bytes": record.bytes, "created_at": record.created_at,
-            "filename": record.filename, "purpose": record.purpose, "status": "processed",
-            "expires_at": record.expires_at, "status_details": None}
+    return {
+        "id": record.id,
+        "object": "file",
+        "bytes": record.bytes,
+        "created_at": record.created_at,
+        "filename": record.filename,
+        "purpose": record.purpose,
+        "status": "processed",
+        "expires_at": record.expires_at,
+        "status_details": None,
+    }
 
 
 def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
@@ -61,9 +86,11 @@ def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
     line = {"id": jobs.output_line_id(result.request_id), "custom_id": custom_id, "response": None, "error": None}
     outcome = result.outcome
     if outcome is wire.Outcome.SUCCEEDED:
-        line["response"] = {"status_code": 200, "request_id": result.request_id,
-                            "body": response_body(result, result.request_id, result.endpoint,
-                                                  result.created_ms // 1000)}
+        line["response"] = {
+            "status_code": 200,
+            "request_id": result.request_id,
+            "body": response_body(result, result.request_id, result.endpoint, result.created_ms // 1000),
+        }
         return True, line
     if outcome in _ENDED_CODES:
         line["error"] = {"code": _ENDED_CODES[outcome], "message": _ENDED_MESSAGES[outcome]}

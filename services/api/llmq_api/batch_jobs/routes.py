@@ -7,14 +7,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.datastructures import UploadFile
 
-from llmq_core.constants import HTTP_IDEMPOTENCY_KEY
-from llmq_core.filestore import FileStore
-from llmq_core.jobstore import JobStore
 from llmq_api import idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.service import BatchJobs
 from llmq_api.errors import ApiError, invalid
+from llmq_core.constants import HTTP_IDEMPOTENCY_KEY
+from llmq_core.filestore import FileStore
+from llmq_core.jobstore import JobStore
 
 router = APIRouter()
 
@@ -28,8 +28,14 @@ def _jobs(request: Request) -> BatchJobs:
     service = getattr(state, "batch_jobs", None)
     if service is None:
         pod = state.pod
-        service = state.batch_jobs = BatchJobs(pod.settings, JobStore(pod.redis), FileStore(pod.settings.files_url),
-                                               pod.clock, pod.catalog.context_windows, pod.limiter)
+        service = state.batch_jobs = BatchJobs(
+            pod.settings,
+            JobStore(pod.redis),
+            FileStore(pod.settings.files_url),
+            pod.clock,
+            pod.catalog.context_windows,
+            pod.limiter,
+        )
     return service
 
 
@@ -40,8 +46,9 @@ def _principal(request: Request) -> Principal:
 async def _small_body(request: Request) -> bytes:
     body = await request.body()
     if len(body) > MAX_BATCH_BODY_BYTES:
-        raise ApiError(413, f"Request body is larger than the limit of {MAX_BATCH_BODY_BYTES} bytes",
-                       code="request_too_large")
+        raise ApiError(
+            413, f"Request body is larger than the limit of {MAX_BATCH_BODY_BYTES} bytes", code="request_too_large"
+        )
     return body
 
 
@@ -55,12 +62,17 @@ async def create_file(request: Request) -> dict:
     limit_bytes = service.settings.files_max_bytes + MULTIPART_OVERHEAD_BYTES
     declared = validation.bounded_int(request.headers.get("content-length", "").strip(), limit_bytes + 1)
     if declared is not None and declared > limit_bytes:
-        raise ApiError(413, f"File is larger than the limit of {service.settings.files_max_bytes} bytes",
-                       param="file", code="file_too_large")
+        raise ApiError(
+            413,
+            f"File is larger than the limit of {service.settings.files_max_bytes} bytes",
+            param="file",
+            code="file_too_large",
+        )
     await service.admit_upload(principal)
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
-        raise ApiError(415, "Upload files as multipart/form-data with fields 'file' and 'purpose'",
-                       code="unsupported_media_type")
+        raise ApiError(
+            415, "Upload files as multipart/form-data with fields 'file' and 'purpose'", code="unsupported_media_type"
+        )
     async with request.form(max_files=1, max_fields=8) as form:
         upload, purpose = form.get("file"), form.get("purpose")
         if not isinstance(upload, UploadFile):
@@ -72,12 +84,16 @@ async def create_file(request: Request) -> dict:
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
-                     limit: int = 100) -> dict:
+async def list_files(request: Request, purpose: str | None = None, after: str | None = None, limit: int = 100) -> dict:
     records, has_more = await _jobs(request).list_files(_principal(request), purpose, after, limit)
     data = [render.file_object(r) for r in records]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 @router.get("/v1/files/{file_id}")
@@ -112,8 +128,13 @@ async def create_batch(request: Request) -> dict:
 async def list_batches(request: Request, after: str | None = None, limit: int = 20) -> dict:
     jobs, has_more = await _jobs(request).list(_principal(request), after, limit)
     data = [render.batch_object(job) for job in jobs]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -18,6 +18,12 @@ from typing import BinaryIO
 
 import msgspec
 
+from llmq_api import validation
+from llmq_api.admission import too_many_requests
+from llmq_api.auth import PERMISSION_ERROR, Principal
+from llmq_api.batch_jobs import inputs, render
+from llmq_api.errors import ApiError, invalid
+from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
 from llmq_core import jobs, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, HTTP_IDEMPOTENCY_KEY, MAX_RESULT_BYTES
@@ -26,12 +32,6 @@ from llmq_core.jobs import FileRecord, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
-from llmq_api.admission import too_many_requests
-from llmq_api import validation
-from llmq_api.auth import PERMISSION_ERROR, Principal
-from llmq_api.batch_jobs import inputs, render
-from llmq_api.errors import ApiError, invalid
-from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 
@@ -81,8 +81,15 @@ class BatchJobs:
     """Files and jobs of one API pod. ``models()`` gives the served models (name -> context window); ``limiter`` the
     tenants' buckets (every POST takes a request; a batch its lines' estimate from the batch quota)."""
 
-    def __init__(self, settings: Settings, store: JobStore, files: FileStore, clock: Clock,
-                 models: Callable[[], Mapping[str, int]], limiter: RateLimiter) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        files: FileStore,
+        clock: Clock,
+        models: Callable[[], Mapping[str, int]],
+        limiter: RateLimiter,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.files = files
@@ -117,8 +124,9 @@ class BatchJobs:
             await self.files.delete(path)
             if limit < self.settings.files_max_bytes:
                 raise self._over_quota(quota, used) from None
-            raise ApiError(413, f"File is larger than the limit of {limit} bytes", param="file",
-                           code="file_too_large") from None
+            raise ApiError(
+                413, f"File is larger than the limit of {limit} bytes", param="file", code="file_too_large"
+            ) from None
         try:
             reserved = await self.store.reserve_storage(principal.tenant_id, size, quota)
         except BaseException:  # Redis refused the reservation (503): no sweep would ever find these bytes
@@ -128,9 +136,16 @@ class BatchJobs:
             await self.files.delete(path)
             raise self._over_quota(quota, await self.store.stored_bytes(principal.tenant_id))
         now_s = self.clock.now_ms() // 1000
-        record = FileRecord(id=file_id, tenant_id=principal.tenant_id, filename=filename or "upload.jsonl",
-                            purpose=purpose, bytes=size, created_at=now_s,
-                            expires_at=now_s + self.settings.files_retention_s, path=path)
+        record = FileRecord(
+            id=file_id,
+            tenant_id=principal.tenant_id,
+            filename=filename or "upload.jsonl",
+            purpose=purpose,
+            bytes=size,
+            created_at=now_s,
+            expires_at=now_s + self.settings.files_retention_s,
+            path=path,
+        )
         try:
             await self.store.put_file(record)
         except BaseException:
@@ -148,9 +163,12 @@ class BatchJobs:
 
     @staticmethod
     def _over_quota(quota: int, used: int) -> ApiError:
-        return invalid(f"This upload would exceed the tenant's file storage quota of {quota} bytes ({used} bytes "
-                       "in use by live files); delete files (DELETE /v1/files/{id}) to make room",
-                       param="file", code="storage_quota_exceeded")
+        return invalid(
+            f"This upload would exceed the tenant's file storage quota of {quota} bytes ({used} bytes "
+            "in use by live files); delete files (DELETE /v1/files/{id}) to make room",
+            param="file",
+            code="storage_quota_exceeded",
+        )
 
     async def _take_request(self, principal: Principal) -> None:
         """One request from the tenant's requests per minute: files and batches count like generation requests."""
@@ -164,8 +182,9 @@ class BatchJobs:
             raise not_found("file", file_id)
         return record
 
-    async def list_files(self, principal: Principal, purpose: str | None, after: str | None,
-                         limit: int) -> tuple[list[FileRecord], bool]:
+    async def list_files(
+        self, principal: Principal, purpose: str | None, after: str | None, limit: int
+    ) -> tuple[list[FileRecord], bool]:
         """A page of the tenant's files, newest first, after the file ``after``; ``purpose`` filters within the page."""
         if not 1 <= limit <= MAX_FILES_PAGE:
             raise invalid(f"limit must be between 1 and {MAX_FILES_PAGE}, got {echo(limit)}", param="limit")
@@ -221,17 +240,26 @@ class BatchJobs:
         batch_id = f"batch_{uuid.uuid4().hex}"
         if idempotency_key is None:
             return await self._create(principal, request, batch_id)
-        earlier = await self.store.claim_batch_key(principal.tenant_id, idempotency_key, batch_id,
-                                                   self.settings.files_retention_s)
+        earlier = await self.store.claim_batch_key(
+            principal.tenant_id, idempotency_key, batch_id, self.settings.files_retention_s
+        )
         if earlier is not None:
             job = await self.store.get_job(earlier)
             if job is None:
-                raise ApiError(409, "A batch with this Idempotency-Key is being created; retry shortly",
-                               code="idempotency_key_in_use", retryable=True)
+                raise ApiError(
+                    409,
+                    "A batch with this Idempotency-Key is being created; retry shortly",
+                    code="idempotency_key_in_use",
+                    retryable=True,
+                )
             if not _repeats(request, job.spec):
-                raise ApiError(422, f"This Idempotency-Key already created batch {job.spec.id} with a different "
-                               "input_file_id, endpoint, completion_window or metadata",
-                               param=HTTP_IDEMPOTENCY_KEY, code="idempotency_key_reused")
+                raise ApiError(
+                    422,
+                    f"This Idempotency-Key already created batch {job.spec.id} with a different "
+                    "input_file_id, endpoint, completion_window or metadata",
+                    param=HTTP_IDEMPOTENCY_KEY,
+                    code="idempotency_key_reused",
+                )
             return job
         try:
             return await self._create(principal, request, batch_id)
@@ -242,8 +270,11 @@ class BatchJobs:
     async def _create(self, principal: Principal, request: CreateBatch, batch_id: str) -> JobView:
         endpoint = request.endpoint
         if endpoint not in jobs.BATCH_ENDPOINTS:
-            raise invalid(f"endpoint must be one of {', '.join(jobs.BATCH_ENDPOINTS)}, got {echo(endpoint)}",
-                          param="endpoint", code="invalid_endpoint")
+            raise invalid(
+                f"endpoint must be one of {', '.join(jobs.BATCH_ENDPOINTS)}, got {echo(endpoint)}",
+                param="endpoint",
+                code="invalid_endpoint",
+            )
         try:
             window_s = jobs.parse_window(request.completion_window, self.settings.batch_max_window_s)
         except ValueError as exc:
@@ -272,12 +303,16 @@ class BatchJobs:
     def _create_slot(self, tenant_id: str) -> Iterator[None]:
         """One of the pod's and the tenant's concurrent creates; 429 with Retry-After when none is free."""
         settings = self.settings
-        if len(self._creating) >= settings.batch_create_max_per_pod or \
-                self._creating.count(tenant_id) >= settings.batch_create_max_per_tenant:
-            raise too_many_requests(f"Too many batches are being created at once (at most "
-                                    f"{settings.batch_create_max_per_tenant} per tenant and "
-                                    f"{settings.batch_create_max_per_pod} per API pod); retry shortly",
-                                    CREATE_RETRY_AFTER_S)
+        if (
+            len(self._creating) >= settings.batch_create_max_per_pod
+            or self._creating.count(tenant_id) >= settings.batch_create_max_per_tenant
+        ):
+            raise too_many_requests(
+                f"Too many batches are being created at once (at most "
+                f"{settings.batch_create_max_per_tenant} per tenant and "
+                f"{settings.batch_create_max_per_pod} per API pod); retry shortly",
+                CREATE_RETRY_AFTER_S,
+            )
         self._creating.append(tenant_id)
         try:
             yield
@@ -287,18 +322,28 @@ class BatchJobs:
     def _spec(self, batch_id: str, principal: Principal, request: CreateBatch, window_s: int) -> JobSpec:
         """The job's spec before its input is read (``total`` and ``runnable`` are counted while it is)."""
         now_ms = self.clock.now_ms()
-        return JobSpec(id=batch_id, tenant_id=principal.tenant_id, endpoint=request.endpoint,
-                       input_file_id=request.input_file_id, completion_window=request.completion_window,
-                       created_ms=now_ms, expires_ms=now_ms + window_s * 1000, metadata=request.metadata,
-                       output_file_id=f"file-{uuid.uuid4().hex}", error_file_id=f"file-{uuid.uuid4().hex}",
-                       prepared_path=f"jobs/{batch_id}/requests.jsonl", results_path=f"jobs/{batch_id}/results.jsonl")
+        return JobSpec(
+            id=batch_id,
+            tenant_id=principal.tenant_id,
+            endpoint=request.endpoint,
+            input_file_id=request.input_file_id,
+            completion_window=request.completion_window,
+            created_ms=now_ms,
+            expires_ms=now_ms + window_s * 1000,
+            metadata=request.metadata,
+            output_file_id=f"file-{uuid.uuid4().hex}",
+            error_file_id=f"file-{uuid.uuid4().hex}",
+            prepared_path=f"jobs/{batch_id}/requests.jsonl",
+            results_path=f"jobs/{batch_id}/results.jsonl",
+        )
 
     async def _validate(self, spec: JobSpec, principal: Principal, source_path: str) -> JobView:
         """Stream the input file from the store line by line: each valid line goes to the prepared file and the
         job's ledger (written ahead of the job, a slice per chunk read), so the pod holds one chunk at a time.
         Then fail the job (structural errors), refuse it (its estimate does not fit the batch quota), or start it."""
-        limits = inputs.Limits(self.settings.batch_max_lines, self.settings.batch_max_line_bytes,
-                               self.settings.api_max_stop_bytes)
+        limits = inputs.Limits(
+            self.settings.batch_max_lines, self.settings.batch_max_line_bytes, self.settings.api_max_stop_bytes
+        )
         checker = inputs.InputChecker(spec.endpoint, self.models(), limits)
         tally = _Tally()
         async with self.files.writer(spec.prepared_path) as write:
@@ -311,8 +356,9 @@ class BatchJobs:
         if checker.checked.errors:
             raise _Failed(checker.checked)
         check_batch_fits(tally.estimate, principal)
-        spec = msgspec.structs.replace(spec, total=tally.total, runnable=tally.runnable,
-                                       result_bytes=tally.result_bytes)
+        spec = msgspec.structs.replace(
+            spec, total=tally.total, runnable=tally.runnable, result_bytes=tally.result_bytes
+        )
         await self._reserve_result_bytes(spec)
         try:
             rejection = await self.limiter.acquire_batch(principal, tally.estimate)
@@ -333,18 +379,34 @@ class BatchJobs:
         settings = self.settings
         bound = min(settings.batch_job_max_result_bytes, settings.batch_tenant_max_result_bytes)
         if spec.result_bytes > bound:
-            raise invalid(f"This batch's results could take {spec.result_bytes} bytes (each line's largest result: "
-                          f"{RESULT_BYTES_PER_TOKEN} bytes per token of n x max_tokens, at most {MAX_RESULT_BYTES}, "
-                          f"plus {RESULT_ENVELOPE_BYTES}); the limit is {bound} bytes per batch. Split the file or "
-                          "lower max_tokens/n", param="input_file_id", code="batch_results_too_large")
+            raise invalid(
+                f"This batch's results could take {spec.result_bytes} bytes (each line's largest result: "
+                f"{RESULT_BYTES_PER_TOKEN} bytes per token of n x max_tokens, at most {MAX_RESULT_BYTES}, "
+                f"plus {RESULT_ENVELOPE_BYTES}); the limit is {bound} bytes per batch. Split the file or "
+                "lower max_tokens/n",
+                param="input_file_id",
+                code="batch_results_too_large",
+            )
         limit = settings.batch_tenant_max_result_bytes
         if await self.store.reserve_result_bytes(spec.tenant_id, spec.result_bytes, limit) is None:
-            raise ApiError(429, f"This tenant's running batches could take up to {limit} bytes of results, and this "
-                           f"one's {spec.result_bytes} do not fit beside them; create it once some of them have "
-                           "ended", param="input_file_id", code="batch_results_quota_exceeded", retryable=False)
+            raise ApiError(
+                429,
+                f"This tenant's running batches could take up to {limit} bytes of results, and this "
+                f"one's {spec.result_bytes} do not fit beside them; create it once some of them have "
+                "ended",
+                param="input_file_id",
+                code="batch_results_quota_exceeded",
+                retryable=False,
+            )
 
-    async def _stage(self, spec: JobSpec, principal: Principal, lines: list[inputs.InputLine],
-                     write: Callable[[bytes], Awaitable[int]], tally: _Tally) -> None:
+    async def _stage(
+        self,
+        spec: JobSpec,
+        principal: Principal,
+        lines: list[inputs.InputLine],
+        write: Callable[[bytes], Awaitable[int]],
+        tally: _Tally,
+    ) -> None:
         """Write one chunk's lines: the valid ones' requests to the prepared file, every line to the ledger."""
         prepared, states, offsets, results = [], {}, {}, {}
         windows = self.models()
@@ -372,20 +434,35 @@ class BatchJobs:
 
     async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
         now_s = spec.created_ms // 1000
-        await self.store.create_job(spec, jobs.FAILED, {jobs.VALIDATING: now_s, jobs.FAILED: now_s}, files=(),
-                                    errors=checked.reported_errors())
+        await self.store.create_job(
+            spec, jobs.FAILED, {jobs.VALIDATING: now_s, jobs.FAILED: now_s}, files=(), errors=checked.reported_errors()
+        )
         return await self._read(spec.id)
 
     async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
         expires_at = spec.expires_ms // 1000 + self.settings.files_retention_s
-        outputs = [FileRecord(id=file_id, tenant_id=spec.tenant_id, filename=f"{spec.id}_{kind}.jsonl",
-                              purpose=jobs.FILE_PURPOSE_OUTPUT, created_at=now_s, expires_at=expires_at,
-                              path=spec.results_path, batch_id=spec.id, kind=kind)
-                   for file_id, kind in ((spec.output_file_id, "output"), (spec.error_file_id, "error"))]
-        await self.store.create_job(spec, jobs.IN_PROGRESS, {jobs.VALIDATING: spec.created_ms // 1000,
-                                                             jobs.IN_PROGRESS: now_s},
-                                    files=outputs, errored=errored)
+        outputs = [
+            FileRecord(
+                id=file_id,
+                tenant_id=spec.tenant_id,
+                filename=f"{spec.id}_{kind}.jsonl",
+                purpose=jobs.FILE_PURPOSE_OUTPUT,
+                created_at=now_s,
+                expires_at=expires_at,
+                path=spec.results_path,
+                batch_id=spec.id,
+                kind=kind,
+            )
+            for file_id, kind in ((spec.output_file_id, "output"), (spec.error_file_id, "error"))
+        ]
+        await self.store.create_job(
+            spec,
+            jobs.IN_PROGRESS,
+            {jobs.VALIDATING: spec.created_ms // 1000, jobs.IN_PROGRESS: now_s},
+            files=outputs,
+            errored=errored,
+        )
         return await self._read(spec.id)
 
     async def _read(self, batch_id: str) -> JobView:
@@ -412,8 +489,9 @@ class BatchJobs:
         Cancelling a cancelling or cancelled batch changes nothing; 409 for one that ended otherwise."""
         job = await self.get(principal, batch_id)
         now_ms = self.clock.now_ms()
-        if await self.store.move_status(batch_id, [jobs.VALIDATING, jobs.IN_PROGRESS], jobs.CANCELLING,
-                                        now_ms // 1000, end_ms=now_ms):
+        if await self.store.move_status(
+            batch_id, [jobs.VALIDATING, jobs.IN_PROGRESS], jobs.CANCELLING, now_ms // 1000, end_ms=now_ms
+        ):
             return await self._read(batch_id)
         job = await self._read(batch_id)
         if job.status in (jobs.CANCELLING, jobs.CANCELLED):
@@ -443,14 +521,22 @@ def line_result_bytes(valid: validation.ValidRequest, context_window: int) -> in
 
 def _repeats(request: CreateBatch, spec: JobSpec) -> bool:
     """Whether a create repeats the one that made ``spec`` (an Idempotency-Key retry) rather than asking for more."""
-    return (request.input_file_id, request.endpoint, request.completion_window, request.metadata) == \
-        (spec.input_file_id, spec.endpoint, spec.completion_window, spec.metadata)
+    return (request.input_file_id, request.endpoint, request.completion_window, request.metadata) == (
+        spec.input_file_id,
+        spec.endpoint,
+        spec.completion_window,
+        spec.metadata,
+    )
 
 
 def _check_deferred(principal: Principal, action: str) -> None:
     if DEFERRED not in principal.classes:
-        raise ApiError(403, f"This API key may not use the deferred class that batches run in, so it may not {action}",
-                       type=PERMISSION_ERROR, code="class_not_allowed")
+        raise ApiError(
+            403,
+            f"This API key may not use the deferred class that batches run in, so it may not {action}",
+            type=PERMISSION_ERROR,
+            code="class_not_allowed",
+        )
 
 
 def _decode_create(body: bytes) -> CreateBatch:
@@ -469,29 +555,46 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
         raise invalid(f"metadata allows at most {MAX_METADATA_PAIRS} pairs", param="metadata")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
-            raise invalid(f"metadata keys are at most {MAX_METADATA_KEY} characters and values at most "
-                          f"{MAX_METADATA_VALUE}", param=f"metadata.{key[:64]}")
+            raise invalid(
+                f"metadata keys are at most {MAX_METADATA_KEY} characters and values at most {MAX_METADATA_VALUE}",
+                param=f"metadata.{key[:64]}",
+            )
 
 
 def _request(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wire.GenerationRequest:
     """Round 0 of a line as the result-router will produce it (``created_ms`` is stamped then)."""
     valid = line.valid
     return wire.GenerationRequest(
-        request_id=jobs.line_request_id(spec.id, line.custom_id), tenant_id=spec.tenant_id, traffic_class=DEFERRED,
-        tier=principal.tier, model=valid.model, endpoint=valid.endpoint, prompt=valid.prompt, messages=valid.messages,
-        sampling=valid.sampling, created_ms=spec.created_ms, deadline_ms=spec.expires_ms,
-        reply_to=wire.JobReply(batch_id=spec.id, custom_id=line.custom_id), prompt_tokens=valid.prompt_tokens)
+        request_id=jobs.line_request_id(spec.id, line.custom_id),
+        tenant_id=spec.tenant_id,
+        traffic_class=DEFERRED,
+        tier=principal.tier,
+        model=valid.model,
+        endpoint=valid.endpoint,
+        prompt=valid.prompt,
+        messages=valid.messages,
+        sampling=valid.sampling,
+        created_ms=spec.created_ms,
+        deadline_ms=spec.expires_ms,
+        reply_to=wire.JobReply(batch_id=spec.id, custom_id=line.custom_id),
+        prompt_tokens=valid.prompt_tokens,
+    )
 
 
 def _rejected(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wire.FinalResult:
     """The errored result of a line whose body failed validation: it never runs."""
     error = line.error
     return wire.FinalResult(
-        request_id=jobs.line_request_id(spec.id, line.custom_id), outcome=wire.Outcome.ERRORED, model=line.model,
-        tenant_id=principal.tenant_id, endpoint=jobs.BATCH_ENDPOINTS[spec.endpoint],
+        request_id=jobs.line_request_id(spec.id, line.custom_id),
+        outcome=wire.Outcome.ERRORED,
+        model=line.model,
+        tenant_id=principal.tenant_id,
+        endpoint=jobs.BATCH_ENDPOINTS[spec.endpoint],
         reply_to=wire.JobReply(batch_id=spec.id, custom_id=line.custom_id),
         error=wire.ErrorInfo(type=error.type, message=error.message, code=error.code, param=error.param),
-        created_ms=spec.created_ms, finished_ms=spec.created_ms)
+        created_ms=spec.created_ms,
+        finished_ms=spec.created_ms,
+    )
 
 
 async def _render_lines(results: list[wire.FinalResult], want_success: bool) -> AsyncIterator[bytes]:

@@ -7,7 +7,6 @@ from transformers import ByT5Tokenizer
 
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.wire import GenerationRequest
-
 from llmq_worker.text import ChoiceText, ResultBudget, WindowDetokenizer
 
 
@@ -22,7 +21,9 @@ class TextCodec:
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of the request's prompt (chat rendered with the model's template)."""
         if self.byte_level:
-            text = byte_tokenizer.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+            text = (
+                byte_tokenizer.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+            )
             return byte_tokenizer.encode(text)
         if request.messages is not None and getattr(self._tokenizer, "chat_template", None):
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
@@ -40,4 +41,6 @@ class TextCodec:
         detokenizer over ``decode``."""
         if self.byte_level:
             return ChoiceText(stops, budget=budget)
-        return ChoiceText(stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)), budget)
+        return ChoiceText(
+            stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)), budget
+        )

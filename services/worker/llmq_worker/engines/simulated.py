@@ -19,9 +19,16 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.tokenizer import VOCAB_SIZE, count_tokens, encode
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
-
 from llmq_worker.engine import (
-    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, check_logit_bias, prompt_text)
+    Capacity,
+    ChunkEvent,
+    EngineEvent,
+    EventQueue,
+    FinalEvent,
+    InvalidRequest,
+    check_logit_bias,
+    prompt_text,
+)
 from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -182,7 +189,9 @@ class SimulatedEngine:
         if text:
             self._events.put(ChunkEvent(run.request.request_id, index, text))
 
-    def _final(self, run: _Run, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
+    def _final(
+        self, run: _Run, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
+    ) -> FinalEvent:
         ended = outcome is Outcome.SUCCEEDED
         choices = [
             Choice(index=i, text=c.text, finish_reason=c.finish_reason(natural_end=not run.tokens) if ended else None)

@@ -27,9 +27,7 @@ from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.models import LLMQ_TINY
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
-
-from llmq_worker.engine import (
-    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, TokenRate, check_request)
+from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, TokenRate, check_request
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
@@ -137,8 +135,11 @@ class TransformersEngine:
         for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
             self._ensure_manager()
             budget = ResultBudget(self._max_result_bytes)
-            job = _Job(request, len(ids), [_Sub(i, self._codec.choice(sampling.stop, budget), sampling.max_tokens)
-                                           for i in range(sampling.n)])
+            job = _Job(
+                request,
+                len(ids),
+                [_Sub(i, self._codec.choice(sampling.stop, budget), sampling.max_tokens) for i in range(sampling.n)],
+            )
             if self._add(job, ids):
                 return
             self._retire("the generation loop stopped accepting requests")
@@ -149,7 +150,9 @@ class TransformersEngine:
         self._jobs[job.request.request_id] = job
         for sub in job.subs:
             sub_id = _sub_id(job.request.request_id, sub.index)
-            self._manager.register_result_handler(sub_id, lambda output, job=job, sub=sub: self._on_output(job, sub, output))
+            self._manager.register_result_handler(
+                sub_id, lambda output, job=job, sub=sub: self._on_output(job, sub, output)
+            )
             added = self._manager.add_request(
                 ids,
                 request_id=sub_id,
@@ -241,7 +244,9 @@ class TransformersEngine:
             self._fail(job, message)
 
     def _fail(self, job: _Job, message: str) -> None:
-        log.warning("generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent))
+        log.warning(
+            "generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent)
+        )
         self._jobs.pop(job.request.request_id, None)
         self._drop_subs(job)
         error = ErrorInfo(type="engine_error", message=message, retryable=True)
@@ -261,7 +266,9 @@ class TransformersEngine:
         if text:
             self._events.put(ChunkEvent(job.request.request_id, sub.index, text))
 
-    def _final(self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
+    def _final(
+        self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
+    ) -> FinalEvent:
         ended = outcome is Outcome.SUCCEEDED
         choices = [
             Choice(index=s.index, text=s.text.text, finish_reason=s.text.finish_reason(s.eos) if ended else None)
@@ -329,7 +336,11 @@ def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
     if sampling.temperature <= 0:
         kwargs = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
     else:
-        kwargs = {"temperature": float(sampling.temperature), "top_k": 1 << 30, "top_p": float(min(1.0, sampling.top_p))}
+        kwargs = {
+            "temperature": float(sampling.temperature),
+            "top_k": 1 << 30,
+            "top_p": float(min(1.0, sampling.top_p)),
+        }
         if sampling.seed is not None:
             kwargs["seed_rng"] = cb_processors.seed_rng(sampling.seed, index)
     if sampling.logit_bias:
@@ -339,7 +350,11 @@ def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
 
 def _generation_config(model) -> GenerationConfig:
     """Sampling on, with every per-request processor present (defaults that are not no-ops make the library build them)."""
-    eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else model.config.eos_token_id
+    eos = (
+        model.generation_config.eos_token_id
+        if model.generation_config.eos_token_id is not None
+        else model.config.eos_token_id
+    )
     if isinstance(eos, list):
         eos = eos[0] if eos else None
     return GenerationConfig(
@@ -352,7 +367,9 @@ def _generation_config(model) -> GenerationConfig:
     )
 
 
-def _cb_config(model, max_sequences: int, max_batched_tokens: int | None, context_window: int) -> ContinuousBatchingConfig:
+def _cb_config(
+    model, max_sequences: int, max_batched_tokens: int | None, context_window: int
+) -> ContinuousBatchingConfig:
     """The library's knobs. On CPU the paged KV cache is sized for every slot at a quarter context (at least one full
     context), within CPU_KV_CACHE_BYTES: a cache that holds only a few sequences leaves the other slots waiting."""
     config = ContinuousBatchingConfig(

@@ -25,9 +25,16 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, Usage
-
 from llmq_worker.engine import (
-    Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, InvalidRequest, TokenRate, check_request)
+    Capacity,
+    ChunkEvent,
+    EngineEvent,
+    EventQueue,
+    FinalEvent,
+    InvalidRequest,
+    TokenRate,
+    check_request,
+)
 from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -297,12 +304,15 @@ class VllmEngine:
         else:
             self._fail(job, f"vLLM failed: {exc!r}", retryable=True)
 
-    def _fail(self, job: _Job, message: str, *, error_type: str = "engine_error", retryable: bool = False,
-              shared: bool = True) -> None:
+    def _fail(
+        self, job: _Job, message: str, *, error_type: str = "engine_error", retryable: bool = False, shared: bool = True
+    ) -> None:
         """End ``job`` errored; ``shared``: the failure may not be its own (the worker bisects and re-runs)."""
         if self._jobs.pop(job.request.request_id, None) is not job:
             return
-        log.warning("generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent))
+        log.warning(
+            "generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent)
+        )
         self._stop_tasks(job)
         error = ErrorInfo(type=error_type, message=message, retryable=retryable)
         self._events.put(self._final(job, Outcome.ERRORED, error=error, shared_failure=shared))
@@ -315,12 +325,17 @@ class VllmEngine:
         for choice in job.choices:
             choice.done = True
 
-    def _final(self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False) -> FinalEvent:
+    def _final(
+        self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
+    ) -> FinalEvent:
         ended = outcome is Outcome.SUCCEEDED
         return FinalEvent(
             request_id=job.request.request_id,
             outcome=outcome,
-            choices=[Choice(index=c.index, text=c.text, finish_reason=finish_reason(c.reason) if ended else None) for c in job.choices],
+            choices=[
+                Choice(index=c.index, text=c.text, finish_reason=finish_reason(c.reason) if ended else None)
+                for c in job.choices
+            ],
             usage=usage(len(job.prompt_ids), [c.tokens for c in job.choices]),
             started_ms=job.started_ms,
             first_token_ms=job.first_token_ms,
