@@ -340,7 +340,7 @@ class DevStack:
             records = [(name, r) for name, r in records if r["kind"] not in ("kafka", "redis")]
         for group in sorted({order.get(r["kind"], 9) for _, r in records}):
             members = [(n, r) for n, r in records if order.get(r["kind"], 9) == group]
-            for name, record in members:
+            for _name, record in members:
                 if _is_ours(record["pid"], record["marker"]):
                     os.killpg(record["pid"], signal.SIGTERM)
             for name, record in members:

@@ -404,5 +404,7 @@ async def _topic_limits(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[s
         for error_code, error_message, _type, name, entries, *_ in response.resources:
             if error_code:
                 raise TopicLimitError(f"cannot read the configuration of topic {name}: {error_message} ({error_code})")
-            limits.update({name: int(entry[1]) for entry in entries if entry[0] == MAX_MESSAGE_BYTES_CONFIG})
+            for entry in entries:
+                if entry[0] == MAX_MESSAGE_BYTES_CONFIG:
+                    limits[name] = int(entry[1])
     return limits

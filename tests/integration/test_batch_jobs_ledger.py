@@ -364,7 +364,7 @@ async def test_files_and_batches_belong_to_their_tenant(harness):
 async def test_listing_pages_newest_first(harness):
     tenant = Principal(tenant_id=f"pages-{uuid.uuid4().hex[:8]}")
     ids = []
-    for i in range(5):
+    for _ in range(5):
         ids.append((await harness.create([line("a")], principal=tenant)).spec.id)
         harness.clock.advance(1)
     page, more = await harness.api.list(tenant, None, 2)

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 (the imported `settings` fixture is requested by parameters of the same name)
 """A record the broker refuses must not break the producer that sent it (real broker).
 
 aiokafka's idempotent producer never takes back the sequence number of a refused record: the next record of that
@@ -26,7 +27,7 @@ from llmq_result_router.loop import ResultRouter
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
-from tests.integration.test_result_limits import (  # noqa: F401 (settings: the fixture)
+from tests.integration.test_result_limits import (  # noqa: F401 (settings: the fixture, shadowed by parameters)
     MODEL,
     SMALL_LIMIT_BYTES,
     request,

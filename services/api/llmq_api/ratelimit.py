@@ -214,9 +214,7 @@ class RateLimiter:
         draw = draws[which - 1]
         per = "min" if draw.period_ms == MINUTE_MS else "day"
         retry_s = retry_after_s(wait_ms) if draw.period_ms == MINUTE_MS else max(1, math.ceil(wait_ms / 1000))
-        at = datetime.fromtimestamp((self._clock.now_ms() + wait_ms) / 1000, UTC).strftime(
-            "%Y-%m-%dT%H:%M:%SZ"
-        )
+        at = datetime.fromtimestamp((self._clock.now_ms() + wait_ms) / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         message = (
             f"Rate limit reached for tenant {principal.tenant_id} on {draw.bucket} per {per}: limit "
             f"{draw.limit}. Please try again in {retry_s}s (at {at})."

@@ -159,12 +159,16 @@ class MemoryJobStore:
         return newest_first[:limit], len(newest_first) > limit
 
     async def create_job(
-        self, spec, status: str, times, *, files, lines={}, offsets={}, results={}, errors=(), errored: int = 0
+        self, spec, status: str, times, *, files, lines=None, offsets=None, results=None, errors=(), errored: int = 0
     ) -> None:
         for record in files:
             self.files[record.id] = record
         self.jobs[spec.id] = jobs.JobView(
-            spec=spec, status=status, times=dict(times), errors=list(errors), counts={"errored": len(results) + errored}
+            spec=spec,
+            status=status,
+            times=dict(times),
+            errors=list(errors),
+            counts={"errored": len(results or ()) + errored},
         )
 
     async def add_lines(self, batch_id: str, lines, offsets, results) -> None:

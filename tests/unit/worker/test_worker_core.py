@@ -43,7 +43,6 @@ class StepEngine:
         requests, self.submitted = list(self.submitted.values()), {}
         self.steps.append([r.request_id for r in requests])
         self.clock.advance(10)
-        now = self.clock.now_ms()
         if any(self.poison in r.prompt for r in requests):
             return [self.final(r, Outcome.ERRORED, "", shared_failure=True) for r in requests]
         events = [ChunkEvent(r.request_id, 0, r.prompt) for r in requests]
