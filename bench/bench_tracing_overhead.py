@@ -191,7 +191,7 @@ async def run_pipeline(requests: int, mode: str) -> float:
     bus, redis = Bus(), Redis()
     api = KafkaRequestProducer(Settings())
     api._producer, api.ready = bus, True
-    policy = BatchPolicy(PolicyConfig(batch_id_prefix="b"), SYSTEM_CLOCK)
+    policy = BatchPolicy(PolicyConfig(batch_id_prefix="b"))
     batcher = BatcherLoop(
         policy, bus, bus, redis, SYSTEM_CLOCK, max_queued=10**7, **_kwargs(BatcherLoop, metrics=metrics.get("batcher"))
     )
@@ -216,8 +216,8 @@ async def run_pipeline(requests: int, mode: str) -> float:
 
     async def one_round(n: int) -> None:
         nonlocal offset
-        policy.on_heartbeat(core.heartbeat(SYSTEM_CLOCK.now_ms(), engine.context_window))
         now = SYSTEM_CLOCK.now_ms()
+        policy.on_heartbeat(core.heartbeat(now, engine.context_window), now)
         for i in range(n):
             await api.produce(
                 wire.GenerationRequest(

@@ -21,7 +21,6 @@ import numpy as np
 
 from llmq_batcher.policy import CLASS_KEYS, BatchPolicy, PolicyConfig, class_index
 from llmq_core import constants, wire
-from llmq_core.clock import FakeClock
 
 MODEL = "llmq-sim"
 _REPLY = wire.HttpReply(instance_id="sim")
@@ -115,7 +114,6 @@ def run_simulation(
     total = int(counts.sum())
     paid = rng.random(total) < paid_share
     classes = rng.choice(list(mix), size=total, p=list(mix.values()))
-    clock = FakeClock(0)
     config = PolicyConfig(
         fixed_engine_max_wait_ms=wait_ms,
         tenant_max_inflight=1 << 40,
@@ -124,9 +122,9 @@ def run_simulation(
         worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
         batch_id_prefix="sim",
     )
-    policy = BatchPolicy(config, clock)
+    policy = BatchPolicy(config)
     workers = [_Worker(f"w{i}", i) for i in range(replicas)]
-    sim = _Run(policy, clock, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
+    sim = _Run(policy, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
     for worker in workers:
         sim.heartbeat(worker, 0)
     sim.run(counts, paid, classes, tick_ms, deadline_ms)
@@ -139,7 +137,6 @@ class _Run:
     def __init__(
         self,
         policy: BatchPolicy,
-        clock: FakeClock,
         workers: list[_Worker],
         max_batch: int,
         batch_time_ms: int,
@@ -147,7 +144,7 @@ class _Run:
         heartbeat_interval_ms: int,
     ) -> None:
         self.policy = policy
-        self.clock = clock
+        self.now_ms = 0  # simulated time, epoch 0
         self.workers = workers
         self.by_id = {w.worker_id: w for w in workers}
         self.max_batch = max_batch
@@ -171,7 +168,7 @@ class _Run:
         t = 0
         tick = 0
         while tick < len(counts) or self.events or self.policy.queued_total or self.backlog:
-            self.clock.set(t)
+            self.now_ms = t
             self._process_events(t)
             if t % self.heartbeat_interval_ms == 0:
                 for worker in self.workers:
@@ -194,7 +191,7 @@ class _Run:
                 if deferred:
                     self.backlog.append(request)
                 else:
-                    self.policy.add(request)
+                    self.policy.add(request, t)
             next_id += n
             n += self._read_deferred(t)
             if n or wake_ms <= t or self.events and self.events[0][0] <= t + tick_ms:
@@ -210,7 +207,7 @@ class _Run:
             return 0
         n = min(len(backlog), CONSUME_MAX_RECORDS)
         for _ in range(n):
-            self.policy.add(backlog.popleft())
+            self.policy.add(backlog.popleft(), t)
         return n
 
     def _schedule(self, t: int) -> int:
@@ -271,7 +268,8 @@ class _Run:
                 sent_ms=t,
                 fixed_batch_time_ms=self.batch_time_ms,
                 last_batch_id=worker.last_batch_id,
-            )
+            ),
+            t,
         )
 
     def _push(self, at: int, kind: int, payload: object) -> None:
@@ -282,7 +280,7 @@ class _Run:
         classes = {key: np.asarray(values, dtype=np.int64) + network_ms for key, values in self.latencies.items()}
         latencies = np.concatenate(list(classes.values()))
         tiers = {tier: np.asarray(values, dtype=np.int64) + network_ms for tier, values in self.by_tier.items()}
-        sim_s = self.clock.now_ms() / 1000
+        sim_s = self.now_ms / 1000
         return {
             "requests": len(latencies) + self.expired,
             "completed": len(latencies),

@@ -5,7 +5,7 @@ Each tenant has a FIFO lane. A request gets a start tag ``S = max(V, F_prev)`` a
 10,000 queued requests therefore has tags far ahead of ``V``, and another tenant's single request (tag ``V``) goes next.
 Tags within a lane only grow, so one heap item per lane (its head) is enough: O(log tenants) per request.
 
-Entries are removed lazily: a cancelled or expired entry stays in its lane with ``state != QUEUED`` and is skipped.
+Entries are removed lazily: a cancelled or expired entry stays in its lane with ``state is not QUEUED`` and is skipped.
 """
 
 from __future__ import annotations
@@ -14,55 +14,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable
 
-from llmq_core import wire
-
-QUEUED = 0
-DISPATCHED = 1
-DONE = 2
-
-
-class Entry:
-    """One request as the policy holds it. ``cost`` is estimated tokens; ``cls`` indexes CLASS_KEYS; ``size_bytes`` is
-    what the request adds to a Batch record (measured once, on arrival)."""
-
-    __slots__ = (
-        "request",
-        "seq",
-        "cls",
-        "tenant",
-        "cost",
-        "size_bytes",
-        "tag",
-        "enqueued_ms",
-        "state",
-        "worker_id",
-        "flight",
-    )
-
-    def __init__(
-        self, request: wire.GenerationRequest, seq: int, cls: int, cost: int, size_bytes: int, enqueued_ms: int
-    ) -> None:
-        self.request = request
-        self.seq = seq
-        self.cls = cls
-        self.tenant = request.tenant_id
-        self.cost = cost
-        self.size_bytes = size_bytes
-        self.tag = 0.0
-        self.enqueued_ms = enqueued_ms
-        self.state = QUEUED
-        self.worker_id: str | None = None
-        self.flight: Flight | None = None
-
-
-class Flight:
-    """The entries of one dispatched batch; ``live`` counts those not finished yet (``entries`` is dropped at 0)."""
-
-    __slots__ = ("entries", "live")
-
-    def __init__(self, entries: list[Entry]) -> None:
-        self.entries: list[Entry] | None = entries
-        self.live = len(entries)
+from llmq_batcher.entries import QUEUED, Entry
 
 
 class _Lane:
@@ -75,7 +27,7 @@ class _Lane:
 
     def live_head(self) -> Entry | None:
         entries = self.entries
-        while entries and entries[0].state != QUEUED:
+        while entries and entries[0].state is not QUEUED:
             entries.popleft()
         return entries[0] if entries else None
 
@@ -178,7 +130,7 @@ class FairQueue:
     def oldest_enqueued_ms(self) -> int | None:
         """Enqueue time of the oldest live entry (approximate after re-queues), or None when empty."""
         arrivals = self.arrivals
-        while arrivals and arrivals[0].state != QUEUED:
+        while arrivals and arrivals[0].state is not QUEUED:
             arrivals.popleft()
         return arrivals[0].enqueued_ms if arrivals else None
 

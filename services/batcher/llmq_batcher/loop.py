@@ -192,7 +192,7 @@ class BatcherLoop:
         self.offsets.track(tp, record.offset)
         try:
             message = await self._admit(tp, record)
-            status = self.policy.add(message) if message is not None else None
+            status = self.policy.add(message, self.clock.now_ms()) if message is not None else None
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._dead_letter(tp, record, str(exc))
             return
@@ -344,8 +344,9 @@ class BatcherLoop:
             log.warning("ignoring undecodable signal: %s", exc)
             return
         if isinstance(message, wire.WorkerHeartbeat):
-            self.policy.on_heartbeat(message)
-            self._announced[message.model] = (message.context_window, self.clock.now_ms())
+            now_ms = self.clock.now_ms()
+            self.policy.on_heartbeat(message, now_ms)
+            self._announced[message.model] = (message.context_window, now_ms)
         elif isinstance(message, wire.Cancel):
             self.policy.cancel(message.request_id, message.reason)
         else:
@@ -452,12 +453,12 @@ class BatcherLoop:
             self._produce_failures[batch.model] += 1
             delay_ms = retry_delay_ms(self._produce_failures[batch.model])
             log.error("producing batch failed, re-queueing in %d ms: %r", delay_ms, exc, extra=extra)
-            self.policy.undispatch(batch, retry_in_ms=delay_ms)
+            self.policy.undispatch(batch, self.clock.now_ms(), retry_in_ms=delay_ms)
             return []
         if isinstance(exc, _TOO_LARGE) and len(batch.requests) > 1:
             log.warning("batch of %d refused as too large, splitting: %r", len(batch.requests), exc, extra=extra)
             sent = []
-            for part in self.policy.split(batch):
+            for part in self.policy.split(batch, self.clock.now_ms()):
                 sent += await self._send_batch(part)
             return sent
         log.error("batch refused for good, answering its %d requests: %r", len(batch.requests), exc, extra=extra)

@@ -38,7 +38,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
     consumer = kafka.make_consumer(settings, group_id=constants.GROUP_BATCHER)
     results = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=None, auto_offset_reset="latest")
     # Batch ids must be unique across restarts: workers report them back as last_batch_id.
-    policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"), SYSTEM_CLOCK)
+    policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"))
     loop = BatcherLoop(
         policy,
         consumer,

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from llmq_batcher.fairshare import DISPATCHED, DONE, QUEUED, Entry, FairQueue, Flight
+from llmq_batcher.entries import DISPATCHED, DONE, QUEUED, Entry, EntryTable, Flight
+from llmq_batcher.fairshare import FairQueue
 from llmq_batcher.workers import WorkerPool, WorkerView
 from llmq_core import constants, wire
-from llmq_core.clock import Clock
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
 
@@ -38,17 +38,16 @@ DEFERRED = CLASS_KEYS.index(constants.DEFERRED)
 # What a request's encoding may grow by after it is measured: a traceparent written at flush (57 bytes), a larger attempt.
 ENTRY_SLACK_BYTES = 64
 REQUEST_TOO_LARGE = "request_too_large"
-_CLASS_INDEX = {
-    (constants.INTERACTIVE, constants.TIER_PAID): 0,
-    (constants.INTERACTIVE, constants.TIER_FREE): 1,
+_PRIORITY = {
+    (c, tier): constants.priority_class(c, tier) for c in constants.TRAFFIC_CLASSES for tier in constants.TIERS
 }
+_CLASS_INDEX = {pair: CLASS_KEYS.index(key) for pair, key in _PRIORITY.items()}  # (traffic class, tier) -> index
+_TRAFFIC_CLASS = {key: c for (c, _), key in _PRIORITY.items()}  # CLASS_KEYS entry -> traffic class (its wait bound)
 
 
 def class_index(request: wire.GenerationRequest) -> int:
     """Index into CLASS_KEYS of a request (tier matters only for interactive traffic)."""
-    if request.traffic_class == constants.INTERACTIVE:
-        return _CLASS_INDEX[(constants.INTERACTIVE, request.tier)]
-    return 2 if request.traffic_class == constants.NEAR_INTERACTIVE else DEFERRED
+    return _CLASS_INDEX[(request.traffic_class, request.tier)]
 
 
 def estimated_tokens(request: wire.GenerationRequest) -> int:
@@ -65,9 +64,11 @@ def estimated_tokens(request: wire.GenerationRequest) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """Tunables. ``max_wait_ms`` is the wait bound per class (CLASS_KEYS order); times in ms."""
+    """Tunables. ``max_wait_ms`` is the wait bound per traffic class (both interactive tiers share one); times in ms."""
 
-    max_wait_ms: tuple[int, int, int, int] = (0, 0, 50, 500)
+    max_wait_ms: Mapping[str, int] = field(
+        default_factory=lambda: {constants.INTERACTIVE: 0, constants.NEAR_INTERACTIVE: 50, constants.DEFERRED: 500}
+    )
     fixed_engine_max_wait_ms: int = 20
     worker_heartbeat_timeout_ms: int = 2000
     max_queued: int = 100_000
@@ -85,23 +86,22 @@ class PolicyConfig:
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
         """The policy's configuration from service settings; batch ids are ``<batch_id_prefix>-<n>``."""
-        interactive = settings.interactive_max_wait_ms
         return cls(
-            max_wait_ms=(
-                interactive,
-                interactive,
-                settings.near_interactive_max_wait_ms,
-                settings.deferred_max_wait_ms,
-            ),
-            fixed_engine_max_wait_ms=settings.fixed_engine_max_wait_ms,
-            worker_heartbeat_timeout_ms=settings.worker_heartbeat_timeout_ms,
-            max_queued=settings.batcher_max_queued,
-            deferred_reserved_share=settings.batcher_deferred_reserved_share,
-            deferred_buffer_rounds=settings.batcher_deferred_buffer_rounds,
-            tenant_max_inflight=settings.batcher_tenant_max_inflight,
+            max_wait_ms={c: getattr(settings, f"{c}_max_wait_ms") for c in constants.TRAFFIC_CLASSES},
             tenant_weights=dict(settings.batcher_tenant_weights),
             batch_id_prefix=batch_id_prefix,
+            **{name: getattr(settings, setting) for name, setting in _FROM_SETTINGS.items()},
         )
+
+
+_FROM_SETTINGS = {  # PolicyConfig field -> the Settings field it is read from, as is
+    "fixed_engine_max_wait_ms": "fixed_engine_max_wait_ms",
+    "worker_heartbeat_timeout_ms": "worker_heartbeat_timeout_ms",
+    "max_queued": "batcher_max_queued",
+    "deferred_reserved_share": "batcher_deferred_reserved_share",
+    "deferred_buffer_rounds": "batcher_deferred_buffer_rounds",
+    "tenant_max_inflight": "batcher_tenant_max_inflight",
+}
 
 
 class AddStatus(enum.Enum):
@@ -149,24 +149,6 @@ class Answer:
     code: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ClassLoad:
-    depth: int
-    oldest_age_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ModelState:
-    """One model's admission signals: its queues per CLASS_KEYS entry, live workers and their slots, and when a
-    heartbeat of one of its workers last arrived (0: never)."""
-
-    classes: dict[str, ClassLoad]
-    workers: int
-    slots: int
-    worker_seen_ms: int
-    capacity_per_s: float = 0.0  # requests/s the live workers can take by their heartbeats
-
-
 @dataclass(slots=True)
 class Decision:
     """What to do now. ``dropped``: request ids settled without an answer (a result for them was already seen).
@@ -176,7 +158,7 @@ class Decision:
     answers: list[Answer]
     dropped: list[str]
     next_wake_ms: int | None
-    load: dict[str, ClassLoad]
+    load: dict[str, wire.QueueLoad]  # depth and oldest age per CLASS_KEYS entry, all models together
 
 
 class _Model:
@@ -196,35 +178,40 @@ class _Model:
 class BatchPolicy:
     """The batcher's decisions. Not thread-safe. Events cost O(log n) per request touched; schedule() adds O(models)."""
 
-    def __init__(self, config: PolicyConfig, clock: Clock) -> None:
+    def __init__(self, config: PolicyConfig) -> None:
         self.config = config
-        self._clock = clock
+        self._max_wait_ms = [config.max_wait_ms[_TRAFFIC_CLASS[key]] for key in CLASS_KEYS]
         self._models: dict[str, _Model] = {}
         self._workers: dict[str, WorkerView] = {}
-        self._index: dict[str, Entry] = {}
+        self._entries = EntryTable()
         self._deadlines: list[tuple[int, int, Entry]] = []  # queued entries by deadline (lazy)
         self._releases: list[tuple[int, int, Flight]] = []  # dispatched batches by latest deadline + grace (lazy)
-        self._live_flights = 0
         self._liveness: list[tuple[int, str]] = []  # (expires_ms, worker_id), lazy
-        self._tenant_inflight: dict[str, int] = {}
         self._parked: dict[str, list[FairQueue]] = {}
         self._recent_cancels: OrderedDict[str, str] = OrderedDict()
         self._answers: list[Answer] = []
         self._dropped: list[str] = []
         self._seq = 0
         self._batches = 0
-        self.queued_total = 0
-        self.inflight_total = 0
 
-    # --- events -------------------------------------------------------------------------------------------------------
+    @property
+    def queued_total(self) -> int:
+        """Requests queued here, all models and classes."""
+        return self._entries.queued
 
-    def add(self, request: wire.GenerationRequest) -> AddStatus:
-        """Queue a request. Duplicates of a request held here are ignored; expired, cancelled-before-arrival and
-        over-the-bound requests are answered in the next decision."""
+    @property
+    def inflight_total(self) -> int:
+        """Requests dispatched here and not known finished."""
+        return self._entries.inflight
+
+    # --- events: each takes the time it happens at (``now_ms``, epoch ms), as schedule() does ----------------------
+
+    def add(self, request: wire.GenerationRequest, now_ms: int) -> AddStatus:
+        """Queue a request arriving at ``now_ms``. Duplicates of a request held here are ignored; expired,
+        cancelled-before-arrival and over-the-bound requests are answered in the next decision."""
         request_id = request.request_id
-        if request_id in self._index:
+        if request_id in self._entries:
             return AddStatus.DUPLICATE
-        now_ms = self._clock.now_ms()
         reason = self._recent_cancels.pop(request_id, None) if self._recent_cancels else None
         if reason is not None:
             return self._answer(request, wire.Outcome.CANCELED, "canceled", reason)
@@ -240,7 +227,7 @@ class BatchPolicy:
                 f"{self.config.max_batch_bytes}. Shorten the prompt or stop sequences.",
                 code=REQUEST_TOO_LARGE,
             )
-        if self.queued_total >= self.config.max_queued:
+        if self._entries.queued >= self.config.max_queued:
             return self._answer(request, wire.Outcome.ERRORED, "overloaded", "batcher queue is full", retryable=True)
         self._seq += 1
         self._enqueue(Entry(request, self._seq, class_index(request), estimated_tokens(request), size_bytes, now_ms))
@@ -249,19 +236,19 @@ class BatchPolicy:
     def cancel(self, request_id: str, reason: str = "canceled") -> bool:
         """Cancel a queued request (answered as canceled). Unknown ids are remembered, so a request that arrives after
         its cancel is answered at once. Returns True when a queued request was cancelled here."""
-        entry = self._index.get(request_id)
+        entry = self._entries.get(request_id)
         if entry is None:
             self._remember_cancel(request_id, reason)
             return False
-        if entry.state != QUEUED:
+        if entry.state is not QUEUED:
             return False  # already dispatched: the worker obeys the same Cancel
         self._settle_queued(entry)
         self._answer(entry.request, wire.Outcome.CANCELED, "canceled", reason)
         return True
 
-    def on_heartbeat(self, hb: wire.WorkerHeartbeat) -> None:
-        """Learn a worker's capacity; a new worker joins its model's pool, one that changed model or partition rejoins."""
-        now_ms = self._clock.now_ms()
+    def on_heartbeat(self, hb: wire.WorkerHeartbeat, now_ms: int) -> None:
+        """Learn a worker's capacity from a heartbeat received at ``now_ms``; a new worker joins its model's pool, one
+        that changed model or partition rejoins."""
         worker = self._workers.get(hb.worker_id)
         if worker is not None and (worker.model != hb.model or worker.partition != hb.partition):
             self._remove_worker(worker)
@@ -270,7 +257,7 @@ class BatchPolicy:
             worker = self._workers[hb.worker_id] = WorkerView(hb)
             self._model(hb.model).pool.add(worker)
         if worker.apply_heartbeat(hb, now_ms, self.config.worker_heartbeat_timeout_ms):
-            for entry in list(worker.inflight.values()):
+            for entry in worker.held():
                 self._release(entry)
         model = self._model(hb.model)
         model.pool.touch(worker)
@@ -280,27 +267,27 @@ class BatchPolicy:
     def on_result(self, request_id: str) -> None:
         """A final result for ``request_id`` exists (from llmq.results): free its in-flight slot; a queued copy of it
         (re-queued or redelivered) is dropped and reported in ``Decision.dropped``."""
-        entry = self._index.get(request_id)
+        entry = self._entries.get(request_id)
         if entry is None:
             return
-        if entry.state == DISPATCHED:
+        if entry.state is DISPATCHED:
             self._release(entry)
-        elif entry.state == QUEUED:
+        else:
             self._settle_queued(entry)
             self._dropped.append(request_id)
 
     def holds(self, request_id: str) -> bool:
         """Whether ``request_id`` is queued or in flight here."""
-        return request_id in self._index
+        return request_id in self._entries
 
-    def undispatch(self, batch: BatchDispatch, retry_in_ms: int = 0) -> None:
+    def undispatch(self, batch: BatchDispatch, now_ms: int, retry_in_ms: int = 0) -> None:
         """Producing ``batch`` failed for a transient reason: take it back from its worker's count, re-queue its requests
-        in front and form no batch of its model for ``retry_in_ms``."""
+        in front and form no batch of its model for ``retry_in_ms`` after ``now_ms``."""
         self._requeue(self._take_back(batch))
         model = self._model(batch.model)
-        model.hold_until_ms = max(model.hold_until_ms, self._clock.now_ms() + retry_in_ms)
+        model.hold_until_ms = max(model.hold_until_ms, now_ms + retry_in_ms)
 
-    def split(self, batch: BatchDispatch) -> list[BatchDispatch]:
+    def split(self, batch: BatchDispatch, now_ms: int) -> list[BatchDispatch]:
         """The record of ``batch`` was refused as too large: the same worker gets its requests as two batches (new ids,
         in order). Requests no longer in flight there are left out; fewer than two come back as one batch."""
         worker = self._workers.get(batch.worker_id)
@@ -309,7 +296,7 @@ class BatchPolicy:
             return []
         half = (len(entries) + 1) // 2
         parts = [entries[:half], entries[half:]] if len(entries) > 1 else [entries]
-        return [self._redispatch(worker, batch, part) for part in parts]
+        return [self._redispatch(worker, batch, part, now_ms) for part in parts]
 
     def fail(self, batch: BatchDispatch, error_type: str, message: str, code: str) -> None:
         """The record of ``batch`` can never be produced: answer its requests errored (not retryable) in the next
@@ -338,7 +325,7 @@ class BatchPolicy:
         future = [t for t in wakes if t is not None and t > now_ms]
         return Decision(batches, answers, dropped, min(future) if future else None, self.load(now_ms))
 
-    def load(self, now_ms: int) -> dict[str, ClassLoad]:
+    def load(self, now_ms: int) -> dict[str, wire.QueueLoad]:
         """Queue depth and oldest queued age (ms) per class, over all models."""
         out = {}
         for index, key in enumerate(CLASS_KEYS):
@@ -348,15 +335,18 @@ class BatchPolicy:
                 if queue.depth:
                     depth += queue.depth
                     oldest = min(oldest, queue.oldest_enqueued_ms() or now_ms)
-            out[key] = ClassLoad(depth, now_ms - oldest)
+            out[key] = wire.QueueLoad(depth=depth, oldest_age_ms=now_ms - oldest)
         return out
 
-    def model_states(self, now_ms: int) -> dict[str, ModelState]:
-        """Every model seen (in a request or a heartbeat) -> its queues, live workers and last worker heartbeat."""
+    def model_states(self, now_ms: int) -> dict[str, wire.ModelLoad]:
+        """Every model seen (in a request or a heartbeat) -> its queues, live workers, their slots and capacity, and
+        last worker heartbeat (drain rates are the loop's to fill in)."""
         return {
-            model.name: ModelState(
+            model.name: wire.ModelLoad(
                 classes={
-                    key: ClassLoad(q.depth, now_ms - (q.oldest_enqueued_ms() or now_ms) if q.depth else 0)
+                    key: wire.QueueLoad(
+                        depth=q.depth, oldest_age_ms=now_ms - (q.oldest_enqueued_ms() or now_ms) if q.depth else 0
+                    )
                     for key, q in zip(CLASS_KEYS, model.queues)
                 },
                 workers=len(model.pool.workers),
@@ -370,10 +360,10 @@ class BatchPolicy:
     def requests_by_pod(self) -> dict[str, list[str]]:
         """Ids of the requests held here (queued or in flight) by the API pod waiting for them (HttpReply only). O(held)."""
         out: dict[str, list[str]] = {}
-        for request_id, entry in self._index.items():
+        for entry in self._entries.held():
             reply = entry.request.reply_to
             if isinstance(reply, wire.HttpReply):
-                out.setdefault(reply.instance_id, []).append(request_id)
+                out.setdefault(reply.instance_id, []).append(entry.request.request_id)
         return out
 
     def deferred_paused(self) -> bool:
@@ -401,12 +391,12 @@ class BatchPolicy:
             reason, due_ms = self._due(model, room, deferred_room, now_ms, worker.fixed, drain)
             if reason is None:
                 return due_ms
-            entries, full = self._take(model, room, deferred_room)
-            if not entries:
+            flight, full = self._take(model, worker, room, deferred_room)
+            if not flight.live:
                 return None  # every queued tenant is at its in-flight cap: results will wake us
             if reason != "drain" and full:
                 reason = "size"
-            out.append(self._dispatch(model, worker, entries, reason, now_ms))
+            out.append(self._dispatch(model, worker, flight, reason, now_ms))
         return None
 
     def _rooms(self, model: _Model, worker: WorkerView, now_ms: int) -> tuple[int, int]:
@@ -435,64 +425,47 @@ class BatchPolicy:
         return ("wait", None) if due_ms <= now_ms else (None, due_ms)
 
     def _wait_ms(self, cls: int, fixed: bool, room: int, pending: int) -> int:
-        bound = self.config.max_wait_ms[cls]
+        bound = self._max_wait_ms[cls]
         if fixed:
             bound = max(bound, self.config.fixed_engine_max_wait_ms)
         return bound * room // (room + pending)
 
-    def _take(self, model: _Model, room: int, deferred_room: int) -> tuple[list[Entry], bool]:
-        """Dequeue up to ``room`` entries in class precedence, fair across tenants, deferred only after all others,
-        until the next one would overflow the byte budget. Returns them and whether the batch is full (count or bytes).
-        """
-        taken: list[Entry] = []
+    def _take(self, model: _Model, worker: WorkerView, room: int, deferred_room: int) -> tuple[Flight, bool]:
+        """Dispatch to ``worker`` up to ``room`` entries in class precedence, fair across tenants, deferred only after
+        all others, until the next one would overflow the byte budget. Returns their flight and whether the batch is full
+        (count or bytes)."""
+        flight = Flight(worker.worker_id)
         budget_bytes = self.config.max_batch_bytes
         for cls, queue in enumerate(model.queues):
             limit = room if cls != DEFERRED else min(room, deferred_room)
             if cls == DEFERRED and any(q.depth for q in model.queues[:DEFERRED]):
                 break
-            while len(taken) < limit and queue.depth:
+            while flight.live < limit and queue.depth:
                 entry = queue.peek(self._is_capped, self._park)
                 if entry is None:
                     break
                 if entry.size_bytes > budget_bytes:
-                    return taken, True  # it heads the next batch: nothing behind it may pass it
+                    return flight, True  # it heads the next batch: nothing behind it may pass it
                 queue.take(entry)
                 budget_bytes -= entry.size_bytes
-                self._tenant_inflight[entry.tenant] = self._tenant_inflight.get(entry.tenant, 0) + 1
-                taken.append(entry)
-        return taken, len(taken) >= room
+                self._entries.transition(entry, DISPATCHED, flight)  # counts the tenant's in-flight cap at once
+        return flight, flight.live >= room
 
     def _dispatch(
-        self, model: _Model, worker: WorkerView, entries: list[Entry], reason: wire.FlushReason, now_ms: int
+        self, model: _Model, worker: WorkerView, flight: Flight, reason: wire.FlushReason, now_ms: int
     ) -> BatchDispatch:
         batch_id = self._next_batch_id()
-        flight = Flight(entries)
-        inflight = worker.inflight
-        worker_id = worker.worker_id
-        requests = []
-        latest_deadline_ms = 0
-        for entry in entries:
-            request = entry.request
-            entry.state = DISPATCHED
-            entry.worker_id = worker_id
-            entry.flight = flight
-            inflight[request.request_id] = entry
-            requests.append(request)
-            if request.deadline_ms > latest_deadline_ms:
-                latest_deadline_ms = request.deadline_ms
-        release_ms = latest_deadline_ms + self.config.worker_heartbeat_timeout_ms
+        requests = [entry.request for entry in flight.entries]
+        release_ms = max(r.deadline_ms for r in requests) + self.config.worker_heartbeat_timeout_ms
         heapq.heappush(self._releases, (release_ms, self._batches, flight))
-        self._live_flights += 1
-        self.queued_total -= len(entries)
-        self.inflight_total += len(entries)
-        worker.record_dispatch(batch_id, len(entries), now_ms)
+        worker.record_dispatch(batch_id, flight.entries, now_ms)
         model.pool.touch(worker)
-        return BatchDispatch(batch_id, worker_id, worker.partition, model.name, requests, reason, now_ms)
+        return BatchDispatch(batch_id, worker.worker_id, worker.partition, model.name, requests, reason, now_ms)
 
-    def _redispatch(self, worker: WorkerView, batch: BatchDispatch, entries: list[Entry]) -> BatchDispatch:
+    def _redispatch(self, worker: WorkerView, batch: BatchDispatch, entries: list[Entry], now_ms: int) -> BatchDispatch:
         """Part of a refused batch, to the same worker under a new id (its entries stay in flight there)."""
         batch_id = self._next_batch_id()
-        worker.record_dispatch(batch_id, len(entries), self._clock.now_ms())
+        worker.record_dispatch(batch_id, entries, now_ms)
         self._model(worker.model).pool.touch(worker)
         return BatchDispatch(
             batch_id,
@@ -510,8 +483,8 @@ class BatchPolicy:
         if worker is not None:
             worker.forget_batch(batch.batch_id)
             self._model(worker.model).pool.touch(worker)
-        entries = [self._index.get(r.request_id) for r in batch.requests]
-        return [e for e in entries if e is not None and e.state == DISPATCHED and e.worker_id == batch.worker_id]
+        entries = [self._entries.get(r.request_id) for r in batch.requests]
+        return [e for e in entries if e is not None and e.state is DISPATCHED and e.flight.worker_id == batch.worker_id]
 
     # --- housekeeping -------------------------------------------------------------------------------------------------
 
@@ -527,11 +500,11 @@ class BatchPolicy:
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now_ms:
             entry = heapq.heappop(deadlines)[2]
-            if entry.state == QUEUED:
+            if entry.state is QUEUED:
                 self._settle_queued(entry)
                 self._answer(entry.request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
-        if len(deadlines) > 2 * self.queued_total + 4096:  # dispatched entries linger until their deadline: compact
-            self._deadlines = [item for item in deadlines if item[2].state == QUEUED]
+        if len(deadlines) > 2 * self._entries.queued + 4096:  # dispatched entries linger until their deadline: compact
+            self._deadlines = [item for item in deadlines if item[2].state is QUEUED]
             heapq.heapify(self._deadlines)
 
     def _release_overdue(self, now_ms: int) -> None:
@@ -540,7 +513,7 @@ class BatchPolicy:
         while releases and releases[0][0] <= now_ms:
             for entry in heapq.heappop(releases)[2].entries or ():
                 self._release(entry)
-        if len(releases) > 2 * self._live_flights + 4096:
+        if len(releases) > 2 * self._entries.live_flights + 4096:
             self._releases = [item for item in releases if item[2].live]
             heapq.heapify(self._releases)
 
@@ -552,64 +525,47 @@ class BatchPolicy:
         """Forget a silent worker and re-queue, in front, what it holds that is not known finished."""
         self._workers.pop(worker.worker_id, None)
         self._model(worker.model).pool.remove(worker)
-        self._requeue(list(worker.inflight.values()))
+        self._requeue(worker.held())
 
     def _requeue(self, entries: list[Entry]) -> None:
         for old in sorted(entries, key=lambda e: e.seq, reverse=True):  # push_front: last first keeps their order
             self._release(old)
             request = msgspec.structs.replace(old.request, attempt=old.request.attempt + 1)
             entry = Entry(request, self._next_seq(), old.cls, old.cost, old.size_bytes, old.enqueued_ms)
-            self._index[request.request_id] = entry
+            self._entries.transition(entry, QUEUED)
             self._model(request.model).queues[entry.cls].push_front(entry)
             heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))
-            self.queued_total += 1
 
     # --- bookkeeping --------------------------------------------------------------------------------------------------
 
     def _enqueue(self, entry: Entry) -> None:
         request = entry.request
-        self._index[request.request_id] = entry
+        self._entries.transition(entry, QUEUED)
         weight = self.config.tenant_weights.get(entry.tenant, 1.0)
         model = self._models.get(request.model) or self._model(request.model)
         model.queues[entry.cls].push(entry, weight)
         heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))
-        self.queued_total += 1
 
     def _settle_queued(self, entry: Entry) -> None:
         """A queued entry leaves without dispatch (cancel, expiry, result seen)."""
-        entry.state = DONE
+        self._entries.transition(entry, DONE)
         self._models[entry.request.model].queues[entry.cls].discard(entry)
-        self._index.pop(entry.request.request_id, None)
-        self.queued_total -= 1
 
     def _release(self, entry: Entry) -> None:
-        """An in-flight entry is finished (or handed back): free its worker and tenant counts."""
-        if entry.state != DISPATCHED:
+        """An in-flight entry is finished (or handed back): free its worker's slot and its tenant's count."""
+        if entry.state is not DISPATCHED:
             return
-        entry.state = DONE
-        request_id = entry.request.request_id
-        if self._index.get(request_id) is entry:
-            del self._index[request_id]
-        worker = self._workers.get(entry.worker_id)
+        self._entries.transition(entry, DONE)
+        worker = self._workers.get(entry.flight.worker_id)
         if worker is not None:
-            worker.inflight.pop(request_id, None)
-        self.inflight_total -= 1
-        flight = entry.flight
-        flight.live -= 1
-        if not flight.live:
-            flight.entries = None
-            self._live_flights -= 1
-        count = self._tenant_inflight[entry.tenant] - 1
-        if count:
-            self._tenant_inflight[entry.tenant] = count
-        else:
-            del self._tenant_inflight[entry.tenant]
-        if count < self.config.tenant_max_inflight and entry.tenant in self._parked:
-            for queue in self._parked.pop(entry.tenant):
-                queue.activate(entry.tenant)
+            worker.release(entry.request.request_id)
+        tenant = entry.tenant
+        if tenant in self._parked and not self._is_capped(tenant):
+            for queue in self._parked.pop(tenant):
+                queue.activate(tenant)
 
     def _is_capped(self, tenant: str) -> bool:
-        return self._tenant_inflight.get(tenant, 0) >= self.config.tenant_max_inflight
+        return self._entries.tenant_inflight(tenant) >= self.config.tenant_max_inflight
 
     def _park(self, tenant: str, queue: FairQueue) -> None:
         self._parked.setdefault(tenant, []).append(queue)

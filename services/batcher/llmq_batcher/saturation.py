@@ -14,7 +14,9 @@ import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 
-from llmq_batcher.policy import CLASS_KEYS, BatchDispatch, ClassLoad, ModelState, class_index
+import msgspec
+
+from llmq_batcher.policy import CLASS_KEYS, BatchDispatch, class_index
 from llmq_core import wire
 
 DRAIN_TAU_MS = 5000  # time constant of the drain rate's smoothing: a burst's effect halves in about 3.5 s
@@ -72,7 +74,7 @@ class BacklogDrain:
     def dispatched(self, batches: Iterable[BatchDispatch]) -> None:
         _count(self._counts, batches)
 
-    def rates(self, now_ms: int, models: Mapping[str, ModelState]) -> Rates:
+    def rates(self, now_ms: int, models: Mapping[str, wire.ModelLoad]) -> Rates:
         """The rates at ``now_ms``, taking in what was dispatched since the previous call and what is queued now."""
         elapsed_ms = now_ms - self._last_ms
         if elapsed_ms > 0:
@@ -86,7 +88,7 @@ class BacklogDrain:
             nested.setdefault(model, {})[key] = rate
         return nested
 
-    def _measure(self, model: str, state: ModelState, elapsed_ms: int, alpha: float) -> None:
+    def _measure(self, model: str, state: wire.ModelLoad, elapsed_ms: int, alpha: float) -> None:
         queued = dispatched = 0
         for key in CLASS_KEYS:  # most important first: each class adds to the ones above it
             load = state.classes.get(key)
@@ -109,13 +111,14 @@ def saturation_report(
     batcher_id: str,
     started_ms: int,
     now_ms: int,
-    load: Mapping[str, ClassLoad],
-    models: Mapping[str, ModelState],
+    load: Mapping[str, wire.QueueLoad],
+    models: Mapping[str, wire.ModelLoad],
     catalogue: Collection[str],
     drain: Rates,
     backlog: Rates,
 ) -> wire.BatcherSaturation:
-    """The report sent at ``now_ms`` by a batcher started at ``started_ms``; ``load``: all models together."""
+    """The report sent at ``now_ms`` by a batcher started at ``started_ms``; ``load``: all models together; ``models``:
+    the policy's view of each, to which the drain rates are added."""
     total: Counter[str] = Counter()
     for by_class in drain.values():
         total.update(by_class)
@@ -125,11 +128,9 @@ def saturation_report(
         started_ms=started_ms,
         classes=_queues(load, total),
         models={
-            name: wire.ModelLoad(
+            name: msgspec.structs.replace(
+                state,
                 classes=_queues(state.classes, drain.get(name, {}), backlog.get(name, {})),
-                workers=state.workers,
-                slots=state.slots,
-                worker_seen_ms=state.worker_seen_ms,
                 capacity_per_s=round(state.capacity_per_s, 3),
             )
             for name, state in models.items()
@@ -139,15 +140,12 @@ def saturation_report(
 
 
 def _queues(
-    load: Mapping[str, ClassLoad], drain: Mapping[str, float], backlog: Mapping[str, float] | None = None
+    load: Mapping[str, wire.QueueLoad], drain: Mapping[str, float], backlog: Mapping[str, float] | None = None
 ) -> dict[str, wire.QueueLoad]:
     backlog = backlog or {}
     return {
-        key: wire.QueueLoad(
-            depth=c.depth,
-            oldest_age_ms=c.oldest_age_ms,
-            drained_per_s=round(drain.get(key, 0.0), 3),
-            backlog_drained_per_s=round(backlog.get(key, 0.0), 3),
+        key: msgspec.structs.replace(
+            c, drained_per_s=round(drain.get(key, 0.0), 3), backlog_drained_per_s=round(backlog.get(key, 0.0), 3)
         )
         for key, c in load.items()
     }

@@ -12,7 +12,7 @@ import heapq
 import math
 from collections import deque
 
-from llmq_batcher.fairshare import Entry
+from llmq_batcher.entries import Entry
 from llmq_core import wire
 
 ASSUMED_SERVICE_MS = 1000  # a continuous-batching slot's service time while the worker has no drain estimate
@@ -33,7 +33,7 @@ class WorkerView:
         "since",
         "since_count",
         "busy_until_ms",
-        "inflight",
+        "_inflight",
         "version",
     )
 
@@ -44,7 +44,7 @@ class WorkerView:
         self.since: deque[tuple[str, int, int]] = deque()
         self.since_count = 0
         self.busy_until_ms = 0
-        self.inflight: dict[str, Entry] = {}
+        self._inflight: dict[str, Entry] = {}
         self.version = 0
         self.last_heard_ms = 0
         self.max_slots = self.fixed_batch_ms = self.hb_free = self.est_drain_ms = 0
@@ -68,10 +68,12 @@ class WorkerView:
             self.busy_until_ms = drained_at if not self.since else max(self.busy_until_ms, drained_at)
         return not self.since and hb.running == 0 and hb.queued == 0
 
-    def record_dispatch(self, batch_id: str, size: int, now_ms: int) -> None:
-        """Count a batch just sent to this worker against its free capacity."""
-        self.since.append((batch_id, size, now_ms))
-        self.since_count += size
+    def record_dispatch(self, batch_id: str, entries: list[Entry], now_ms: int) -> None:
+        """Count a batch just sent to this worker against its free capacity; its entries are in flight here."""
+        for entry in entries:
+            self._inflight[entry.request.request_id] = entry
+        self.since.append((batch_id, len(entries), now_ms))
+        self.since_count += len(entries)
         if self.fixed:
             self.busy_until_ms = max(self.busy_until_ms, now_ms) + self.fixed_batch_ms
 
@@ -82,6 +84,14 @@ class WorkerView:
                 self.since.remove(item)
                 self.since_count -= item[1]
                 return
+
+    def release(self, request_id: str) -> None:
+        """``request_id`` is no longer in flight here (finished or handed back)."""
+        self._inflight.pop(request_id, None)
+
+    def held(self) -> list[Entry]:
+        """The entries in flight here, as a list the caller may release them from."""
+        return list(self._inflight.values())
 
     def free_slots(self, now_ms: int) -> int:
         """Requests this worker can take now (before the model's batch cap)."""

@@ -20,9 +20,8 @@ CLASSES = {  # class key -> (traffic_class, tier)
 
 
 def make_policy(**config) -> tuple[BatchPolicy, FakeClock]:
-    """A policy on a FakeClock at T0; ``config`` overrides PolicyConfig fields."""
-    clock = FakeClock(T0)
-    return BatchPolicy(dataclasses.replace(PolicyConfig(batch_id_prefix="t"), **config), clock), clock
+    """A policy and a FakeClock at T0 to tell it the time by; ``config`` overrides PolicyConfig fields."""
+    return BatchPolicy(dataclasses.replace(PolicyConfig(batch_id_prefix="t"), **config)), FakeClock(T0)
 
 
 def req(

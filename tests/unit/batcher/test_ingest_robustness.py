@@ -26,10 +26,10 @@ async def test_a_record_that_raises_after_decoding_costs_only_itself(batcher, mo
     loop, consumer, producer, _ = batcher
     add = loop.policy.add
 
-    def exploding_add(request):
+    def exploding_add(request, now_ms):
         if request.request_id == "bad":
             raise OverflowError("can't serialize ints > 2**64 - 1")
-        return add(request)
+        return add(request, now_ms)
 
     monkeypatch.setattr(loop.policy, "add", exploding_add)
     for offset, request_id in enumerate(["a", "bad", "b"]):

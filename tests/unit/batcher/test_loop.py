@@ -155,7 +155,7 @@ def _json(request: wire.GenerationRequest, header: bool) -> Record:
 @pytest.mark.parametrize("header", [True, False])
 async def test_json_request_is_batched_to_the_workers_partition_and_committed(batcher, header):
     loop, consumer, producer, _ = batcher
-    loop.policy.on_heartbeat(hb("w5", free=8))
+    loop.policy.on_heartbeat(hb("w5", free=8), loop.clock.now_ms())
     record = _json(req("r1"), header)
     record.offset = 41
     await loop.ingest(INTERACTIVE, record)
@@ -169,19 +169,19 @@ async def test_json_request_is_batched_to_the_workers_partition_and_committed(ba
 
 async def test_commit_waits_for_the_oldest_held_request(batcher):
     loop, consumer, _, _ = batcher
-    loop.policy.on_heartbeat(hb("w1", free=1))
+    loop.policy.on_heartbeat(hb("w1", free=1), loop.clock.now_ms())
     for offset, request in ((10, req("n1", "near")), (11, req("p1"))):  # one slot: p1 goes first, n1 waits
         await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(request)))
     await loop.step()
     assert consumer.commits == []
-    loop.policy.on_heartbeat(hb("w1", free=1, last_batch_id="t-1"))
+    loop.policy.on_heartbeat(hb("w1", free=1, last_batch_id="t-1"), loop.clock.now_ms())
     await loop.step(drain=True)
     assert consumer.commits == [{INTERACTIVE: 12}]
 
 
 async def test_duplicate_of_a_dispatched_request_is_settled_at_once(batcher):
     loop, consumer, _, _ = batcher
-    loop.policy.on_heartbeat(hb("w1", free=8))
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
     await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1"))))
     await loop.step()
     await loop.ingest(INTERACTIVE, Record(offset=1, value=wire.encode(req("r1"))))
@@ -215,7 +215,7 @@ async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batche
 
 async def test_failed_produce_hands_the_batch_back_and_commits_nothing(batcher):
     loop, consumer, producer, redis = batcher
-    loop.policy.on_heartbeat(hb("w1", free=8))
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
     await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1"))))
     producer.failing = True
     await loop.step(drain=True)
@@ -229,7 +229,7 @@ async def test_failed_produce_hands_the_batch_back_and_commits_nothing(batcher):
 
 async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
     loop, _, _, redis = batcher
-    loop.policy.on_heartbeat(hb("w1", free=2))
+    loop.policy.on_heartbeat(hb("w1", free=2), loop.clock.now_ms())
     for offset in range(3):
         await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(req(f"r{offset}"))))
     await loop.step()
@@ -253,9 +253,9 @@ async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
 )
 async def test_deferred_partitions_pause_only_while_their_buffer_is_full(batcher, free, queued, paused):
     loop, consumer, _, _ = batcher
-    loop.policy.on_heartbeat(hb("w1", free=free))
+    loop.policy.on_heartbeat(hb("w1", free=free), loop.clock.now_ms())
     for request_id, cls in queued:
-        loop.policy.add(req(request_id, cls))
+        loop.policy.add(req(request_id, cls), loop.clock.now_ms())
     await loop.step()
     assert (DEFERRED in consumer.paused_tps) is paused
     assert INTERACTIVE not in consumer.paused_tps
@@ -263,12 +263,12 @@ async def test_deferred_partitions_pause_only_while_their_buffer_is_full(batcher
 
 async def test_deferred_partitions_resume_once_the_buffer_drains(batcher):
     loop, consumer, _, _ = batcher
-    loop.policy.on_heartbeat(hb("w1", free=0))
+    loop.policy.on_heartbeat(hb("w1", free=0), loop.clock.now_ms())
     for i in range(12):
-        loop.policy.add(req(f"d{i}", "deferred"))
+        loop.policy.add(req(f"d{i}", "deferred"), loop.clock.now_ms())
     await loop.step()
     assert DEFERRED in consumer.paused_tps
-    loop.policy.on_heartbeat(hb("w1", free=8, now_ms=T0))
+    loop.policy.on_heartbeat(hb("w1", free=8, now_ms=T0), loop.clock.now_ms())
     loop.clock.advance(500)  # past the deferred window: 6 go out
     await loop.step()
     assert DEFERRED not in consumer.paused_tps
@@ -303,7 +303,7 @@ def test_retry_delay_doubles_per_failure_in_a_row_up_to_a_cap(failures, delay_ms
 
 async def test_transient_failure_holds_the_model_with_growing_backoff(batcher):
     loop, consumer, producer, _ = batcher
-    loop.policy.on_heartbeat(hb("w1", free=8))
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
     await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1"))))
     producer.failing = True
     assert (await loop.step()).batches  # formed, refused
@@ -327,7 +327,7 @@ def _too_large(result: wire.FinalResult) -> bool:
 
 async def test_batch_refused_as_too_large_is_bisected_and_a_lone_misfit_answered(batcher):
     loop, consumer, producer, redis = batcher
-    loop.policy.on_heartbeat(hb("w1", free=8))
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
     sizes = [1000, 1000, 5000, 1000, 1000]  # the broker takes records up to ~2,400 bytes: r2 never fits
     for i, chars in enumerate(sizes):
         await loop.ingest(INTERACTIVE, Record(offset=i, value=wire.encode(req(f"r{i}", prompt="x" * chars))))
@@ -346,7 +346,7 @@ async def test_batch_refused_as_too_large_is_bisected_and_a_lone_misfit_answered
 
 async def test_request_too_large_for_any_batch_is_answered_on_arrival():
     loop, consumer, producer, _ = _batcher(max_batch_bytes=2000)
-    loop.policy.on_heartbeat(hb("w1", free=8))
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
     await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("big", prompt="x" * 3000))))
     await loop.ingest(INTERACTIVE, Record(offset=1, value=wire.encode(req("small"))))
     await loop.step()
@@ -359,7 +359,7 @@ async def test_request_too_large_for_any_batch_is_answered_on_arrival():
 
 async def test_batch_refused_for_good_for_another_reason_is_answered_errored(batcher):
     loop, consumer, producer, _ = batcher
-    loop.policy.on_heartbeat(hb("w1", free=8))
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
     for i in range(3):
         await loop.ingest(INTERACTIVE, Record(offset=i, value=wire.encode(req(f"r{i}"))))
     producer.failing = InvalidTopicError()

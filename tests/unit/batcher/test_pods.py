@@ -34,11 +34,11 @@ def test_pods_without_work_here_are_forgotten():
 
 def test_requests_by_pod_lists_queued_and_dispatched_http_requests_only():
     policy, _ = make_policy()
-    policy.add(req("first"))
+    policy.add(req("first"), T0)
     other = msgspec.structs.replace(req("other-pod"), reply_to=wire.HttpReply(instance_id="pod-2"))
-    policy.add(other)
-    policy.add(msgspec.structs.replace(req("kafka"), reply_to=wire.KafkaReply(topic="t")))
-    policy.on_heartbeat(hb(free=1, max_slots=1))
+    policy.add(other, T0)
+    policy.add(msgspec.structs.replace(req("kafka"), reply_to=wire.KafkaReply(topic="t")), T0)
+    policy.on_heartbeat(hb(free=1, max_slots=1), T0)
     dispatched = policy.schedule(T0).batches
     assert len(dispatched) == 1
     assert {k: sorted(v) for k, v in policy.requests_by_pod().items()} == {"pod-1": ["first"], "pod-2": ["other-pod"]}

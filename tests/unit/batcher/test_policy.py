@@ -11,8 +11,8 @@ from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, entry_bytes, h
 
 def test_interactive_goes_out_at_once_to_a_continuous_worker():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w3", free=8))
-    policy.add(req("r1"))
+    policy.on_heartbeat(hb("w3", free=8), T0)
+    policy.add(req("r1"), T0)
     decision = policy.schedule(T0)
     assert dispatched_ids(decision) == [["r1"]]
     batch = decision.batches[0]
@@ -35,8 +35,8 @@ def test_interactive_goes_out_at_once_to_a_continuous_worker():
 def test_strict_precedence_when_capacity_is_short(queued, free, expected):
     policy, _ = make_policy()
     for request_id, cls in queued:
-        policy.add(req(request_id, cls))
-    policy.on_heartbeat(hb("w1", free=free))
+        policy.add(req(request_id, cls), T0)
+    policy.on_heartbeat(hb("w1", free=free), T0)
     assert dispatched_ids(policy.schedule(T0)) == [expected]
 
 
@@ -52,8 +52,8 @@ def test_strict_precedence_when_capacity_is_short(queued, free, expected):
 def test_deferred_never_fills_the_reserved_slots(free, max_slots, deferred_queued, expected_size):
     policy, clock = make_policy()
     for i in range(deferred_queued):
-        policy.add(req(f"d{i}", "deferred"))
-    policy.on_heartbeat(hb("w1", free=free, max_slots=max_slots))
+        policy.add(req(f"d{i}", "deferred"), clock.now_ms())
+    policy.on_heartbeat(hb("w1", free=free, max_slots=max_slots), clock.now_ms())
     clock.advance(500)  # past the deferred window
     decision = policy.schedule(clock.now_ms())
     assert sum(len(b) for b in dispatched_ids(decision)) == expected_size
@@ -61,10 +61,10 @@ def test_deferred_never_fills_the_reserved_slots(free, max_slots, deferred_queue
 
 def test_deferred_waits_while_near_interactive_work_waits_for_its_window():
     policy, clock = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
-    policy.add(req("d1", "deferred"))
+    policy.on_heartbeat(hb("w1", free=8), clock.now_ms())
+    policy.add(req("d1", "deferred"), clock.now_ms())
     clock.advance(600)
-    policy.add(req("n1", "near", now_ms=clock.now_ms()))
+    policy.add(req("n1", "near", now_ms=clock.now_ms()), clock.now_ms())
     assert policy.schedule(clock.now_ms()).batches == []
     assert not policy.deferred_paused()  # more deferred work is read meanwhile, to ride along
     clock.advance(50)
@@ -86,22 +86,22 @@ def test_deferred_waits_while_near_interactive_work_waits_for_its_window():
 def test_deferred_intake_pauses_only_on_its_own_buffer(heartbeats, deferred, others, paused):
     policy, _ = make_policy()
     for i, kwargs in enumerate(heartbeats):
-        policy.on_heartbeat(hb(f"w{i}", **kwargs))
+        policy.on_heartbeat(hb(f"w{i}", **kwargs), T0)
     for i in range(deferred):
-        policy.add(req(f"d{i}", "deferred"))
+        policy.add(req(f"d{i}", "deferred"), T0)
     for i in range(others):
-        policy.add(req(f"p{i}", "paid"))
+        policy.add(req(f"p{i}", "paid"), T0)
     assert policy.deferred_paused() is paused
 
 
 def test_deferred_work_of_a_model_without_workers_neither_fills_nor_widens_the_buffer():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
+    policy.on_heartbeat(hb("w1", free=8), T0)
     for i in range(20):
-        policy.add(req(f"tiny-{i}", "deferred", model="llmq-tiny"))  # no llmq-tiny worker: it waits for one
+        policy.add(req(f"tiny-{i}", "deferred", model="llmq-tiny"), T0)  # no llmq-tiny worker: it waits for one
     assert not policy.deferred_paused()
     for i in range(12):
-        policy.add(req(f"sim-{i}", "deferred"))
+        policy.add(req(f"sim-{i}", "deferred"), T0)
     assert policy.deferred_paused()
 
 
@@ -110,11 +110,11 @@ def test_deferred_rides_in_the_empty_slots_of_a_fixed_time_batch_without_delayin
     batches = []
     for deferred in (0, 100):
         policy, clock = make_policy()
-        policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=500))
+        policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=500), clock.now_ms())
         for i in range(deferred):
-            policy.add(req(f"d{i}", "deferred"))
+            policy.add(req(f"d{i}", "deferred"), clock.now_ms())
         for i in range(10):
-            policy.add(req(f"p{i}", "paid" if i % 2 else "near"))
+            policy.add(req(f"p{i}", "paid" if i % 2 else "near"), clock.now_ms())
         assert policy.schedule(clock.now_ms()).batches == []  # the interactive window of a fixed-time engine
         clock.advance(20)
         batches.append(dispatched_ids(policy.schedule(clock.now_ms())))
@@ -129,8 +129,8 @@ def test_deferred_rides_in_the_empty_slots_of_a_fixed_time_batch_without_delayin
 
 def test_near_interactive_waits_its_window_then_flushes_on_wait():
     policy, clock = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
-    policy.add(req("n1", "near"))
+    policy.on_heartbeat(hb("w1", free=8), clock.now_ms())
+    policy.add(req("n1", "near"), clock.now_ms())
     decision = policy.schedule(T0)
     assert decision.batches == []
     assert decision.next_wake_ms == T0 + 50 * 8 // 9  # adaptive: bound * room / (room + pending)
@@ -142,17 +142,17 @@ def test_near_interactive_waits_its_window_then_flushes_on_wait():
 @pytest.mark.parametrize("pending, expected_wait_ms", [(1, 44), (4, 33), (7, 26)])
 def test_wait_window_shrinks_as_the_queue_deepens(pending, expected_wait_ms):
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
+    policy.on_heartbeat(hb("w1", free=8), T0)
     for i in range(pending):
-        policy.add(req(f"n{i}", "near"))
+        policy.add(req(f"n{i}", "near"), T0)
     assert policy.schedule(T0).next_wake_ms == T0 + expected_wait_ms
 
 
 def test_size_flush_when_the_batch_fills_the_workers_free_slots():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=4))
+    policy.on_heartbeat(hb("w1", free=4), T0)
     for i in range(6):
-        policy.add(req(f"n{i}", "near"))
+        policy.add(req(f"n{i}", "near"), T0)
     decision = policy.schedule(T0)
     assert dispatched_ids(decision) == [["n0", "n1", "n2", "n3"]]
     assert decision.batches[0].flush_reason == "size"
@@ -160,18 +160,18 @@ def test_size_flush_when_the_batch_fills_the_workers_free_slots():
 
 def test_batch_never_exceeds_the_models_max_batch_size():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=100, max_slots=100, model="llmq-tiny"))  # llmq-tiny: max batch 32
+    policy.on_heartbeat(hb("w1", free=100, max_slots=100, model="llmq-tiny"), T0)  # llmq-tiny: max batch 32
     for i in range(90):
-        policy.add(req(f"r{i}", model="llmq-tiny"))
+        policy.add(req(f"r{i}", model="llmq-tiny"), T0)
     sizes = [len(b) for b in dispatched_ids(policy.schedule(T0))]
     assert sizes == [32, 32, 26]
 
 
 def test_fixed_engine_holds_a_short_window_while_free_then_waits_for_the_batch_to_end():
     policy, clock = make_policy(fixed_engine_max_wait_ms=20)
-    policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=250))
+    policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=250), clock.now_ms())
     for i in range(10):
-        policy.add(req(f"a{i}"))
+        policy.add(req(f"a{i}"), clock.now_ms())
     decision = policy.schedule(T0)
     assert decision.batches == [] and decision.next_wake_ms == T0 + 20 * 64 // 74
     clock.set(decision.next_wake_ms)
@@ -179,7 +179,7 @@ def test_fixed_engine_holds_a_short_window_while_free_then_waits_for_the_batch_t
     assert [len(b) for b in dispatched_ids(decision)] == [10]
     formed_ms = clock.now_ms()
     for i in range(70):  # arrive while the worker runs its batch: held here, not queued at the worker
-        policy.add(req(f"b{i}", now_ms=clock.now_ms()))
+        policy.add(req(f"b{i}", now_ms=clock.now_ms()), clock.now_ms())
     decision = policy.schedule(clock.now_ms())
     assert decision.batches == [] and decision.next_wake_ms == formed_ms + 250
     clock.set(formed_ms + 250)
@@ -189,16 +189,16 @@ def test_fixed_engine_holds_a_short_window_while_free_then_waits_for_the_batch_t
 
 def test_fixed_engine_full_batch_goes_without_waiting():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=250))
+    policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=250), T0)
     for i in range(64):
-        policy.add(req(f"r{i}"))
+        policy.add(req(f"r{i}"), T0)
     assert [len(b) for b in dispatched_ids(policy.schedule(T0))] == [64]
 
 
 def test_drain_flushes_regardless_of_windows():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
-    policy.add(req("n1", "near"))
+    policy.on_heartbeat(hb("w1", free=8), T0)
+    policy.add(req("n1", "near"), T0)
     decision = policy.schedule(T0, drain=True)
     assert dispatched_ids(decision) == [["n1"]] and decision.batches[0].flush_reason == "drain"
 
@@ -209,9 +209,9 @@ def test_drain_flushes_regardless_of_windows():
 def test_one_tenants_flood_does_not_starve_another_tenants_single_request():
     policy, _ = make_policy()
     for i in range(10_000):
-        policy.add(req(f"big{i}", tenant="big"))
-    policy.add(req("small", tenant="small"))
-    policy.on_heartbeat(hb("w1", free=4))
+        policy.add(req(f"big{i}", tenant="big"), T0)
+    policy.add(req("small", tenant="small"), T0)
+    policy.on_heartbeat(hb("w1", free=4), T0)
     assert "small" in dispatched_ids(policy.schedule(T0))[0]
 
 
@@ -219,11 +219,11 @@ def test_one_tenants_flood_does_not_starve_another_tenants_single_request():
 def test_weighted_token_shares(weights, expected_share_of_a):
     policy, clock = make_policy(tenant_weights=weights)
     for i in range(400):
-        policy.add(req(f"a{i}", tenant="a", prompt_tokens=30, max_tokens=10))  # 40 tokens
-        policy.add(req(f"b{i}", tenant="b", prompt_tokens=10, max_tokens=10))  # 20 tokens
+        policy.add(req(f"a{i}", tenant="a", prompt_tokens=30, max_tokens=10), clock.now_ms())  # 40 tokens
+        policy.add(req(f"b{i}", tenant="b", prompt_tokens=10, max_tokens=10), clock.now_ms())  # 20 tokens
     tokens = {"a": 0, "b": 0}
     for step in range(50):
-        policy.on_heartbeat(hb("w1", free=4, last_batch_id=f"t-{step}", now_ms=clock.now_ms()))
+        policy.on_heartbeat(hb("w1", free=4, last_batch_id=f"t-{step}", now_ms=clock.now_ms()), clock.now_ms())
         for batch in policy.schedule(clock.now_ms()).batches:
             for r in batch.requests:
                 tokens[r.tenant_id] += estimated_tokens(r)
@@ -233,9 +233,9 @@ def test_weighted_token_shares(weights, expected_share_of_a):
 def test_per_tenant_in_flight_cap_and_release_on_result():
     policy, _ = make_policy(tenant_max_inflight=2)
     for i in range(5):
-        policy.add(req(f"a{i}", tenant="a"))
-    policy.add(req("b0", tenant="b"))
-    policy.on_heartbeat(hb("w1", free=8))
+        policy.add(req(f"a{i}", tenant="a"), T0)
+    policy.add(req("b0", tenant="b"), T0)
+    policy.on_heartbeat(hb("w1", free=8), T0)
     assert dispatched_ids(policy.schedule(T0)) == [["a0", "b0", "a1"]]
     policy.on_result("a0")
     assert dispatched_ids(policy.schedule(T0)) == [["a2"]]
@@ -243,12 +243,12 @@ def test_per_tenant_in_flight_cap_and_release_on_result():
 
 def test_idle_heartbeat_covering_every_batch_releases_in_flight_counts():
     policy, _ = make_policy(tenant_max_inflight=1)
-    policy.add(req("a0", tenant="a"))
-    policy.add(req("a1", tenant="a"))
-    policy.on_heartbeat(hb("w1", free=8))
+    policy.add(req("a0", tenant="a"), T0)
+    policy.add(req("a1", tenant="a"), T0)
+    policy.on_heartbeat(hb("w1", free=8), T0)
     first = policy.schedule(T0)
     assert dispatched_ids(first) == [["a0"]]
-    policy.on_heartbeat(hb("w1", free=8, running=0, last_batch_id=first.batches[0].batch_id))
+    policy.on_heartbeat(hb("w1", free=8, running=0, last_batch_id=first.batches[0].batch_id), T0)
     assert dispatched_ids(policy.schedule(T0)) == [["a1"]]
 
 
@@ -257,9 +257,9 @@ def test_idle_heartbeat_covering_every_batch_releases_in_flight_counts():
 
 def test_expired_request_is_answered_and_never_dispatched():
     policy, clock = make_policy()
-    policy.add(req("r1", deadline_in_ms=100))
+    policy.add(req("r1", deadline_in_ms=100), clock.now_ms())
     clock.advance(100)
-    policy.on_heartbeat(hb("w1", free=8, now_ms=clock.now_ms()))
+    policy.on_heartbeat(hb("w1", free=8, now_ms=clock.now_ms()), clock.now_ms())
     decision = policy.schedule(clock.now_ms())
     assert decision.batches == []
     assert [(a.request.request_id, a.outcome) for a in decision.answers] == [("r1", wire.Outcome.EXPIRED)]
@@ -267,14 +267,14 @@ def test_expired_request_is_answered_and_never_dispatched():
 
 def test_request_already_past_its_deadline_on_arrival_is_answered():
     policy, _ = make_policy()
-    assert policy.add(req("r1", deadline_in_ms=0)) is AddStatus.ANSWERED
+    assert policy.add(req("r1", deadline_in_ms=0), T0) is AddStatus.ANSWERED
     assert [a.outcome for a in policy.schedule(T0).answers] == [wire.Outcome.EXPIRED]
 
 
 def test_next_wake_is_the_earliest_deadline_when_nothing_can_run():
     policy, _ = make_policy()
-    policy.add(req("r1", deadline_in_ms=700))
-    policy.add(req("r2", deadline_in_ms=300))
+    policy.add(req("r1", deadline_in_ms=700), T0)
+    policy.add(req("r2", deadline_in_ms=300), T0)
     assert policy.schedule(T0).next_wake_ms == T0 + 300
 
 
@@ -288,11 +288,11 @@ def test_next_wake_is_the_earliest_deadline_when_nothing_can_run():
 )
 def test_cancels(steps, expected_outcomes, expected_batches):
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
+    policy.on_heartbeat(hb("w1", free=8), T0)
     outcomes, batches = [], []
     for step in steps:
         if step == "add":
-            policy.add(req("r1"))
+            policy.add(req("r1"), T0)
         elif step == "cancel":
             policy.cancel("r1", "client_disconnected")
         else:
@@ -304,7 +304,7 @@ def test_cancels(steps, expected_outcomes, expected_batches):
 
 def test_queue_bound_rejects_new_requests_as_overloaded():
     policy, _ = make_policy(max_queued=3)
-    statuses = [policy.add(req(f"r{i}")) for i in range(4)]
+    statuses = [policy.add(req(f"r{i}"), T0) for i in range(4)]
     assert statuses == [AddStatus.QUEUED] * 3 + [AddStatus.ANSWERED]
     (answer,) = policy.schedule(T0).answers
     assert (answer.request.request_id, answer.outcome, answer.error_type, answer.retryable) == (
@@ -317,11 +317,11 @@ def test_queue_bound_rejects_new_requests_as_overloaded():
 
 def test_duplicate_of_a_held_request_is_ignored():
     policy, _ = make_policy()
-    assert policy.add(req("r1")) is AddStatus.QUEUED
-    assert policy.add(req("r1")) is AddStatus.DUPLICATE
-    policy.on_heartbeat(hb("w1", free=8))
+    assert policy.add(req("r1"), T0) is AddStatus.QUEUED
+    assert policy.add(req("r1"), T0) is AddStatus.DUPLICATE
+    policy.on_heartbeat(hb("w1", free=8), T0)
     assert dispatched_ids(policy.schedule(T0)) == [["r1"]]
-    assert policy.add(req("r1")) is AddStatus.DUPLICATE  # in flight
+    assert policy.add(req("r1"), T0) is AddStatus.DUPLICATE  # in flight
 
 
 # --- routing -----------------------------------------------------------------------------------------------------------
@@ -329,30 +329,30 @@ def test_duplicate_of_a_held_request_is_ignored():
 
 def test_routes_to_least_outstanding_work_never_round_robin():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=2))
-    policy.on_heartbeat(hb("w2", free=5))
+    policy.on_heartbeat(hb("w1", free=2), T0)
+    policy.on_heartbeat(hb("w2", free=5), T0)
     chosen = []
     for i in range(5):
-        policy.add(req(f"r{i}"))
+        policy.add(req(f"r{i}"), T0)
         chosen += [b.worker_id for b in policy.schedule(T0).batches]
     assert chosen == ["w2", "w2", "w2", "w1", "w2"]  # most free slots; ties go to the lower drain time, then id
 
 
 def test_ties_on_free_slots_go_to_the_lower_drain_time():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=4, est_drain_ms=900))
-    policy.on_heartbeat(hb("w2", free=4, est_drain_ms=100))
-    policy.add(req("r1"))
+    policy.on_heartbeat(hb("w1", free=4, est_drain_ms=900), T0)
+    policy.on_heartbeat(hb("w2", free=4, est_drain_ms=100), T0)
+    policy.add(req("r1"), T0)
     assert [b.worker_id for b in policy.schedule(T0).batches] == ["w2"]
 
 
 def test_models_never_mix_and_route_only_to_their_workers():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=8, model="llmq-sim"))
-    policy.on_heartbeat(hb("w2", free=8, model="llmq-tiny"))
+    policy.on_heartbeat(hb("w1", free=8, model="llmq-sim"), T0)
+    policy.on_heartbeat(hb("w2", free=8, model="llmq-tiny"), T0)
     for i in range(3):
-        policy.add(req(f"s{i}", model="llmq-sim"))
-        policy.add(req(f"t{i}", model="llmq-tiny"))
+        policy.add(req(f"s{i}", model="llmq-sim"), T0)
+        policy.add(req(f"t{i}", model="llmq-tiny"), T0)
     batches = {b.worker_id: (b.model, {r.model for r in b.requests}) for b in policy.schedule(T0).batches}
     assert batches == {"w1": ("llmq-sim", {"llmq-sim"}), "w2": ("llmq-tiny", {"llmq-tiny"})}
 
@@ -366,25 +366,25 @@ def test_models_never_mix_and_route_only_to_their_workers():
 )
 def test_free_slots_discount_batches_sent_after_the_heartbeats_last_batch(second_heartbeat, expected):
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=4))
+    policy.on_heartbeat(hb("w1", free=4), T0)
     for i in range(8):
-        policy.add(req(f"r{i}"))
+        policy.add(req(f"r{i}"), T0)
     assert dispatched_ids(policy.schedule(T0)) == [["r0", "r1", "r2", "r3"]]
-    policy.on_heartbeat(hb("w1", **second_heartbeat))
+    policy.on_heartbeat(hb("w1", **second_heartbeat), T0)
     assert dispatched_ids(policy.schedule(T0)) == expected
 
 
 def test_silent_worker_is_removed_and_its_unfinished_work_requeued_elsewhere():
     policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
-    policy.on_heartbeat(hb("w1", free=8))
+    policy.on_heartbeat(hb("w1", free=8), clock.now_ms())
     for i in range(3):
-        policy.add(req(f"r{i}"))
+        policy.add(req(f"r{i}"), clock.now_ms())
     assert dispatched_ids(policy.schedule(T0)) == [["r0", "r1", "r2"]]
     policy.on_result("r1")
     clock.advance(1000)
-    policy.on_heartbeat(hb("w2", free=0, now_ms=clock.now_ms()))
+    policy.on_heartbeat(hb("w2", free=0, now_ms=clock.now_ms()), clock.now_ms())
     clock.advance(1001)  # w1 silent for 2001 ms
-    policy.on_heartbeat(hb("w2", free=8, now_ms=clock.now_ms()))
+    policy.on_heartbeat(hb("w2", free=8, now_ms=clock.now_ms()), clock.now_ms())
     decision = policy.schedule(clock.now_ms())
     assert [(b.worker_id, [(r.request_id, r.attempt) for r in b.requests]) for b in decision.batches] == [
         ("w2", [("r0", 1), ("r2", 1)])
@@ -393,8 +393,8 @@ def test_silent_worker_is_removed_and_its_unfinished_work_requeued_elsewhere():
 
 def test_result_for_a_requeued_request_drops_the_queued_copy():
     policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
-    policy.on_heartbeat(hb("w1", free=8))
-    policy.add(req("r1"))
+    policy.on_heartbeat(hb("w1", free=8), clock.now_ms())
+    policy.add(req("r1"), clock.now_ms())
     policy.schedule(T0)
     clock.advance(2001)
     assert policy.schedule(clock.now_ms()).batches == []  # no worker left: r1 waits, re-queued
@@ -405,20 +405,20 @@ def test_result_for_a_requeued_request_drops_the_queued_copy():
 
 def test_undispatch_puts_the_batch_back_in_front():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=2))
+    policy.on_heartbeat(hb("w1", free=2), T0)
     for i in range(3):
-        policy.add(req(f"r{i}"))
+        policy.add(req(f"r{i}"), T0)
     (batch,) = policy.schedule(T0).batches
-    policy.undispatch(batch)
+    policy.undispatch(batch, T0)
     assert dispatched_ids(policy.schedule(T0)) == [["r0", "r1"]]
 
 
 def test_load_reports_depth_and_oldest_age_per_class():
     policy, clock = make_policy()
-    policy.add(req("p1"))
+    policy.add(req("p1"), clock.now_ms())
     clock.advance(30)
-    policy.add(req("d1", "deferred", now_ms=clock.now_ms()))
-    policy.add(req("d2", "deferred", now_ms=clock.now_ms()))
+    policy.add(req("d1", "deferred", now_ms=clock.now_ms()), clock.now_ms())
+    policy.add(req("d2", "deferred", now_ms=clock.now_ms()), clock.now_ms())
     clock.advance(10)
     load = policy.schedule(clock.now_ms()).load
     assert (load["interactive:paid"].depth, load["interactive:paid"].oldest_age_ms) == (1, 40)
@@ -452,9 +452,9 @@ def _sized(request_id: str, chars: int, **kwargs) -> wire.GenerationRequest:
 )
 def test_batches_are_capped_by_encoded_bytes_in_fair_order(prompts, expected_batches, too_large):
     policy, _ = make_policy(max_batch_bytes=2 * UNIT)
-    policy.on_heartbeat(hb("w1", free=8))
+    policy.on_heartbeat(hb("w1", free=8), T0)
     for i, chars in enumerate(prompts):
-        policy.add(_sized(f"r{i}", chars))
+        policy.add(_sized(f"r{i}", chars), T0)
     decision = policy.schedule(T0)
     assert dispatched_ids(decision) == expected_batches
     assert all(sum(entry_bytes(r) for r in b.requests) <= 2 * UNIT for b in decision.batches)
@@ -471,45 +471,45 @@ def test_batches_are_capped_by_encoded_bytes_in_fair_order(prompts, expected_bat
 def test_a_batch_full_by_bytes_flushes_before_the_window():
     near = [_sized(f"n{i}", 1000, cls="near") for i in range(3)]
     policy, _ = make_policy(max_batch_bytes=2 * entry_bytes(near[0]))
-    policy.on_heartbeat(hb("w1", free=8))
-    policy.add(near[0])
+    policy.on_heartbeat(hb("w1", free=8), T0)
+    policy.add(near[0], T0)
     assert policy.schedule(T0).batches == []  # one request, room for eight: it waits its window
-    policy.add(near[1])
-    policy.add(near[2])
+    policy.add(near[1], T0)
+    policy.add(near[2], T0)
     decision = policy.schedule(T0)
     assert dispatched_ids(decision)[0] == ["n0", "n1"] and decision.batches[0].flush_reason == "size"
 
 
 def test_split_sends_the_halves_to_the_same_worker_under_new_ids():
     policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
+    policy.on_heartbeat(hb("w1", free=8), T0)
     for i in range(5):
-        policy.add(req(f"r{i}"))
+        policy.add(req(f"r{i}"), T0)
     (batch,) = policy.schedule(T0).batches
-    parts = policy.split(batch)
+    parts = policy.split(batch, T0)
     assert [[r.request_id for r in p.requests] for p in parts] == [["r0", "r1", "r2"], ["r3", "r4"]]
     assert {(p.worker_id, p.partition) for p in parts} == {("w1", 1)}
     assert len({batch.batch_id, *(p.batch_id for p in parts)}) == 3
-    policy.add(req("r5"))  # the worker's count still holds the 5 split requests: 3 slots left
+    policy.add(req("r5"), T0)  # the worker's count still holds the 5 split requests: 3 slots left
     assert policy.inflight_total == 5 and dispatched_ids(policy.schedule(T0)) == [["r5"]]
 
 
 def test_split_of_a_batch_whose_worker_went_silent_is_empty():
     policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
-    policy.on_heartbeat(hb("w1", free=8))
-    policy.add(req("r0"))
-    policy.add(req("r1"))
+    policy.on_heartbeat(hb("w1", free=8), clock.now_ms())
+    policy.add(req("r0"), clock.now_ms())
+    policy.add(req("r1"), clock.now_ms())
     (batch,) = policy.schedule(T0).batches
     clock.advance(2001)
     policy.schedule(clock.now_ms())  # w1 is gone: its requests are queued again
-    assert policy.split(batch) == [] and policy.queued_total == 2
+    assert policy.split(batch, clock.now_ms()) == [] and policy.queued_total == 2
 
 
 def test_fail_answers_the_batch_errored_and_frees_its_slots():
     policy, _ = make_policy(tenant_max_inflight=2)
-    policy.on_heartbeat(hb("w1", free=2))
+    policy.on_heartbeat(hb("w1", free=2), T0)
     for i in range(4):
-        policy.add(req(f"r{i}"))
+        policy.add(req(f"r{i}"), T0)
     (batch,) = policy.schedule(T0).batches
     policy.fail(batch, "invalid_request_error", "too large", REQUEST_TOO_LARGE)
     decision = policy.schedule(T0)
@@ -522,12 +522,12 @@ def test_fail_answers_the_batch_errored_and_frees_its_slots():
 
 def test_undispatch_with_a_retry_delay_holds_the_model_until_then():
     policy, clock = make_policy()
-    policy.on_heartbeat(hb("w1", free=8))
-    policy.on_heartbeat(hb("w2", free=8, model="llmq-tiny"))
-    policy.add(req("r0"))
+    policy.on_heartbeat(hb("w1", free=8), clock.now_ms())
+    policy.on_heartbeat(hb("w2", free=8, model="llmq-tiny"), clock.now_ms())
+    policy.add(req("r0"), clock.now_ms())
     (batch,) = policy.schedule(T0).batches
-    policy.undispatch(batch, retry_in_ms=200)
-    policy.add(req("t0", model="llmq-tiny"))
+    policy.undispatch(batch, clock.now_ms(), retry_in_ms=200)
+    policy.add(req("t0", model="llmq-tiny"), clock.now_ms())
     decision = policy.schedule(T0)
     assert dispatched_ids(decision) == [["t0"]] and decision.next_wake_ms == T0 + 200  # only llmq-sim waits
     clock.advance(200)

@@ -77,7 +77,7 @@ class Harness:
             prompt="x" * prompt_chars,
         )
         self.requests[request_id] = request
-        self.policy.add(request)
+        self.policy.add(request, self.clock.now_ms())
 
     def _cancel(self, index: int) -> None:
         if self.requests:
@@ -87,7 +87,8 @@ class Harness:
         model, fixed_ms = WORKERS[worker_id]
         last = self.last_batch.get(worker_id, "") if took_all else ""
         self.policy.on_heartbeat(
-            hb(worker_id, free=free, model=model, fixed_ms=fixed_ms, last_batch_id=last, now_ms=self.clock.now_ms())
+            hb(worker_id, free=free, model=model, fixed_ms=fixed_ms, last_batch_id=last, now_ms=self.clock.now_ms()),
+            self.clock.now_ms(),
         )
 
     def _result(self, index: int) -> None:
@@ -175,11 +176,13 @@ def test_backlogged_tenants_share_tokens_by_weight(weights, costs, frees):
     for i in range(backlog):
         for t, tenant in enumerate(tenants):
             cost = costs[t][i % len(costs[t])]
-            policy.add(req(f"{tenant}-{i}", tenant=tenant, prompt_tokens=cost, max_tokens=0))
+            policy.add(req(f"{tenant}-{i}", tenant=tenant, prompt_tokens=cost, max_tokens=0), clock.now_ms())
     tokens, served = dict.fromkeys(tenants, 0), dict.fromkeys(tenants, 0)
     step = 0
     while max(served.values()) < backlog - 100:  # measure only while every tenant is still backlogged
-        policy.on_heartbeat(hb("w1", free=frees[step % len(frees)], last_batch_id=f"t-{step}", now_ms=clock.now_ms()))
+        policy.on_heartbeat(
+            hb("w1", free=frees[step % len(frees)], last_batch_id=f"t-{step}", now_ms=clock.now_ms()), clock.now_ms()
+        )
         for batch in policy.schedule(clock.now_ms()).batches:
             for request in batch.requests:
                 tokens[request.tenant_id] += estimated_tokens(request)
@@ -209,11 +212,13 @@ def test_byte_budget_starves_no_request(arrivals, frees):
         for i, (tenant, cls, chars) in enumerate(arrivals)
     ]
     for request in requests:
-        policy.add(request)
+        policy.add(request, clock.now_ms())
     dispatched, refused, last_batch = [], [], ""
     for step in range(len(requests)):
         clock.advance(500)  # past every window: only room and bytes decide
-        policy.on_heartbeat(hb("w1", free=frees[step % len(frees)], last_batch_id=last_batch, now_ms=clock.now_ms()))
+        policy.on_heartbeat(
+            hb("w1", free=frees[step % len(frees)], last_batch_id=last_batch, now_ms=clock.now_ms()), clock.now_ms()
+        )
         queued = policy.queued_total
         decision = policy.schedule(clock.now_ms())
         refused += [a.request.request_id for a in decision.answers]
@@ -243,11 +248,11 @@ def _one_step(workers, others, deferred: int):
     """(fixed batch time ms, free slots) per worker. One schedule past every window, after ``others`` and ``deferred`` requests of llmq-sim arrived."""
     policy, clock = make_policy(tenant_max_inflight=10**6)
     for i, (fixed_ms, free) in enumerate(workers):
-        policy.on_heartbeat(hb(f"w{i}", free=free, max_slots=SLOTS, fixed_ms=fixed_ms))
+        policy.on_heartbeat(hb(f"w{i}", free=free, max_slots=SLOTS, fixed_ms=fixed_ms), clock.now_ms())
     for i, (cls, tenant) in enumerate(others):
-        policy.add(req(f"o{i}", cls, tenant=tenant))
+        policy.add(req(f"o{i}", cls, tenant=tenant), clock.now_ms())
     for i in range(deferred):
-        policy.add(req(f"d{i}", "deferred", tenant=TENANTS[i % len(TENANTS)]))
+        policy.add(req(f"d{i}", "deferred", tenant=TENANTS[i % len(TENANTS)]), clock.now_ms())
     clock.advance(500)
     free = {w.worker_id: w.free_slots(clock.now_ms()) for w in policy._workers.values()}
     return policy.schedule(clock.now_ms()), free
@@ -289,14 +294,18 @@ def test_a_tenant_of_huge_requests_gets_a_fair_share_of_tokens_not_of_requests(s
     for i in range(big_left):
         n, max_tokens = shapes[i % len(shapes)]
         big = req(f"big-{i}", tenant="big", max_tokens=max_tokens, deadline_in_ms=10**9)
-        policy.add(msgspec.structs.replace(big, sampling=wire.SamplingParams(max_tokens=max_tokens, n=n)))
+        policy.add(
+            msgspec.structs.replace(big, sampling=wire.SamplingParams(max_tokens=max_tokens, n=n)), clock.now_ms()
+        )
     for i in range(small_left):
-        policy.add(req(f"small-{i}", tenant="small", max_tokens=50, deadline_in_ms=10**9))
+        policy.add(req(f"small-{i}", tenant="small", max_tokens=50, deadline_in_ms=10**9), clock.now_ms())
     bound = max(n * max_tokens for n, max_tokens in shapes) + 10 + (50 + 10)  # largest big + small estimate
     tokens = {"big": 0, "small": 0}
     step = 0
     while big_left and small_left:
-        policy.on_heartbeat(hb("w1", free=frees[step % len(frees)], last_batch_id=f"t-{step}", now_ms=clock.now_ms()))
+        policy.on_heartbeat(
+            hb("w1", free=frees[step % len(frees)], last_batch_id=f"t-{step}", now_ms=clock.now_ms()), clock.now_ms()
+        )
         for batch in policy.schedule(clock.now_ms()).batches:
             for request in batch.requests:
                 tokens[request.tenant_id] += estimated_tokens(request)

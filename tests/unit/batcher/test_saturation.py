@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from llmq_batcher.policy import BatchDispatch, ClassLoad, ModelState
+from llmq_batcher.policy import BatchDispatch
 from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from llmq_core import wire
 from llmq_core.models import BUILTIN_MODELS
@@ -15,13 +15,13 @@ TINY = "llmq-tiny"
 
 def test_report_carries_each_models_queues_workers_and_last_heartbeat_but_no_made_up_model():
     policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
-    policy.on_heartbeat(hb("w1", free=0, max_slots=8))  # busy: llmq-sim's paid request stays queued
-    policy.add(req("sim-paid", "paid"))
-    policy.add(req("tiny-deferred", "deferred", model=TINY))
+    policy.on_heartbeat(hb("w1", free=0, max_slots=8), clock.now_ms())  # busy: llmq-sim's paid request stays queued
+    policy.add(req("sim-paid", "paid"), clock.now_ms())
+    policy.add(req("tiny-deferred", "deferred", model=TINY), clock.now_ms())
     clock.advance(300)
-    policy.add(req("tiny-free", "free", model=TINY, now_ms=clock.now_ms()))
+    policy.add(req("tiny-free", "free", model=TINY, now_ms=clock.now_ms()), clock.now_ms())
     for i in range(50):
-        policy.add(req(f"junk-{i}", "paid", model=f"made-up-{i}", now_ms=clock.now_ms()))
+        policy.add(req(f"junk-{i}", "paid", model=f"made-up-{i}", now_ms=clock.now_ms()), clock.now_ms())
     clock.advance(700)
     now_ms = clock.now_ms()
     decision = policy.schedule(now_ms)
@@ -50,8 +50,10 @@ def test_report_carries_each_models_queues_workers_and_last_heartbeat_but_no_mad
 
 def test_a_gone_workers_model_keeps_its_last_heartbeat_time_and_a_new_model_with_a_worker_is_reported():
     policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
-    policy.on_heartbeat(hb("w1"))
-    policy.on_heartbeat(hb("w2", model="my-llama"))  # served by a --model-path worker: reported while it has one
+    policy.on_heartbeat(hb("w1"), clock.now_ms())
+    policy.on_heartbeat(
+        hb("w2", model="my-llama"), clock.now_ms()
+    )  # served by a --model-path worker: reported while it has one
     clock.advance(2500)
     policy.schedule(clock.now_ms())  # both workers are past the heartbeat timeout: gone
     states = policy.model_states(clock.now_ms())
@@ -90,14 +92,16 @@ CAPACITY = [
 @pytest.mark.parametrize("heartbeat,per_s", CAPACITY)
 def test_capacity_from_heartbeats_is_slots_per_batch_time(heartbeat, per_s):
     policy, clock = make_policy()
-    policy.on_heartbeat(hb("w1", **heartbeat))
-    policy.on_heartbeat(hb("w2", **heartbeat))
+    policy.on_heartbeat(hb("w1", **heartbeat), clock.now_ms())
+    policy.on_heartbeat(hb("w2", **heartbeat), clock.now_ms())
     assert policy.model_states(clock.now_ms())[MODEL].capacity_per_s == pytest.approx(2 * per_s)
 
 
-def state(**depths: int) -> dict[str, ModelState]:
-    classes = {k.replace("_paid", ":paid").replace("_free", ":free"): ClassLoad(d, 0) for k, d in depths.items()}
-    return {MODEL: ModelState(classes=classes, workers=1, slots=8, worker_seen_ms=T0)}
+def state(**depths: int) -> dict[str, wire.ModelLoad]:
+    classes = {
+        k.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(depth=d) for k, d in depths.items()
+    }
+    return {MODEL: wire.ModelLoad(classes=classes, workers=1, slots=8, worker_seen_ms=T0)}
 
 
 def test_backlog_drain_rate_is_measured_only_while_work_waits_and_covers_the_classes_above():

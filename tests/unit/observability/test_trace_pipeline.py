@@ -108,7 +108,7 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
     producer._producer, producer.ready = bus, True
     pod = Pod(Settings(), "pod-1", producer=producer, redis=pod_redis)
     pod.listener.subscribed = True
-    policy = BatchPolicy(PolicyConfig(batch_id_prefix="t"), SYSTEM_CLOCK)
+    policy = BatchPolicy(PolicyConfig(batch_id_prefix="t"))
     batcher = BatcherLoop(
         policy, FakeConsumer(), bus, BatcherRedis(), SYSTEM_CLOCK, max_queued=100, metrics=BatcherMetrics()
     )
@@ -129,7 +129,7 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
     )
     router_metrics = RouterMetrics()
     router = ResultRouter(Settings(), FakeConsumer(), bus, KeyValueRedis(), metrics=router_metrics)
-    policy.on_heartbeat(core.heartbeat(SYSTEM_CLOCK.now_ms(), engine.context_window))
+    policy.on_heartbeat(core.heartbeat(SYSTEM_CLOCK.now_ms(), engine.context_window), SYSTEM_CLOCK.now_ms())
 
     transport = httpx.ASGITransport(app=create_app(pod))
     async with httpx.AsyncClient(
