@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
+from llmq_batcher.entries import EntryState, EntryTable
 from llmq_batcher.policy import ENTRY_SLACK_BYTES, BatchPolicy, PolicyConfig
 from llmq_core import wire
 from llmq_core.clock import FakeClock
@@ -91,3 +93,25 @@ def dispatched_ids(decision) -> list[list[str]]:
 def entry_bytes(request: wire.GenerationRequest) -> int:
     """What ``request`` counts against a batch's byte budget."""
     return len(wire.encode(request)) + ENTRY_SLACK_BYTES
+
+
+def recount(table: EntryTable) -> dict[str, object]:
+    """The counts an EntryTable keeps, counted again from the entries it holds."""
+    dispatched = [e for e in table.held() if e.state is EntryState.DISPATCHED]
+    return {
+        "queued": sum(e.state is EntryState.QUEUED for e in table.held()),
+        "inflight": len(dispatched),
+        "live_flights": len({id(e.flight) for e in dispatched}),
+        "tenant_inflight": Counter(e.tenant for e in dispatched),
+    }
+
+
+def counts(table: EntryTable, tenants) -> dict[str, object]:
+    """The counts ``table`` keeps, in :func:`recount`'s shape (``tenants``: those to ask for)."""
+    tenant_inflight = Counter({t: table.tenant_inflight(t) for t in tenants})
+    return {
+        "queued": table.queued,
+        "inflight": table.inflight,
+        "live_flights": table.live_flights,
+        "tenant_inflight": +tenant_inflight,
+    }

@@ -2,8 +2,9 @@
 
 import pytest
 
-from llmq_batcher.policy import REQUEST_TOO_LARGE, AddStatus, estimated_tokens
+from llmq_batcher.policy import REQUEST_TOO_LARGE, AddStatus, PolicyConfig, class_index, estimated_tokens
 from llmq_core import wire
+from llmq_core.settings import Settings
 from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, entry_bytes, hb, make_policy, req
 
 # --- classes and precedence ------------------------------------------------------------------------------------------
@@ -534,3 +535,38 @@ def test_undispatch_with_a_retry_delay_holds_the_model_until_then():
     assert [(b.requests[0].request_id, b.requests[0].attempt) for b in policy.schedule(clock.now_ms()).batches] == [
         ("r0", 1)
     ]
+
+
+# --- configuration -----------------------------------------------------------------------------------------------------
+
+
+def test_config_from_settings_reads_every_batcher_setting():
+    settings = Settings(
+        interactive_max_wait_ms=1,
+        near_interactive_max_wait_ms=2,
+        deferred_max_wait_ms=3,
+        fixed_engine_max_wait_ms=4,
+        worker_heartbeat_timeout_ms=5,
+        batcher_max_queued=6,
+        batcher_deferred_reserved_share=0.5,
+        batcher_deferred_buffer_rounds=7,
+        batcher_tenant_max_inflight=8,
+        batcher_tenant_weights={"acme": 2.0},
+    )
+    config = PolicyConfig.from_settings(settings, "b-1")
+    assert config.max_wait_ms == {"interactive": 1, "near_interactive": 2, "deferred": 3}
+    assert (config.fixed_engine_max_wait_ms, config.worker_heartbeat_timeout_ms, config.max_queued) == (4, 5, 6)
+    assert (config.deferred_reserved_share, config.deferred_buffer_rounds, config.tenant_max_inflight) == (0.5, 7, 8)
+    assert (config.tenant_weights, config.batch_id_prefix) == ({"acme": 2.0}, "b-1")
+
+
+def test_each_priority_class_has_its_own_queue_and_both_interactive_tiers_share_one_wait_bound():
+    assert [class_index(req("r", cls)) for cls in ("paid", "free", "near", "deferred")] == [0, 1, 2, 3]
+    bounds_ms = {"interactive": 30, "near_interactive": 60, "deferred": 90}
+    policy, _ = make_policy(max_wait_ms=bounds_ms, deferred_reserved_share=0)  # one room for all: 8 slots
+    policy.on_heartbeat(hb("w1", free=8), T0)
+    for cls in ("paid", "free", "near", "deferred"):
+        request = req(cls, cls)
+        policy.add(request, T0)
+        assert policy.schedule(T0).next_wake_ms == T0 + bounds_ms[request.traffic_class] * 8 // 9  # adaptive
+        policy.on_result(cls)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from llmq_batcher.policy import REQUEST_TOO_LARGE, class_index, estimated_tokens
 from llmq_core import wire
-from tests.unit.batcher.helpers import CLASSES, entry_bytes, hb, make_policy, req
+from tests.unit.batcher.helpers import CLASSES, counts, entry_bytes, hb, make_policy, recount, req
 
 WORKERS = {  # worker id -> (model, fixed batch time ms)
     "w0": ("llmq-sim", 0),
@@ -57,6 +57,15 @@ class Harness:
 
     def run(self, op: tuple) -> None:
         getattr(self, f"_{op[0]}")(*op[1:])
+        self.check_counts()
+
+    def check_counts(self) -> None:
+        """The entry table's counts equal a recount of its entries, and the queues and workers hold the same."""
+        policy = self.policy
+        table = policy._entries
+        assert counts(table, TENANTS) == recount(table), "the entry table's counts drifted"
+        assert table.queued == sum(q.depth for m in policy._models.values() for q in m.queues)
+        assert table.inflight == sum(len(w.held()) for w in policy._workers.values())
 
     def finish(self) -> None:
         """Let every deadline pass with a live worker of each model: everything must end answered or dispatched."""
