@@ -191,7 +191,7 @@ async def run_pipeline(requests: int, mode: str) -> float:
     bus, redis = Bus(), Redis()
     api = KafkaRequestProducer(Settings())
     api._producer, api.ready = bus, True
-    policy = BatchPolicy(PolicyConfig(batch_id_prefix="b"))
+    policy = BatchPolicy(PolicyConfig.defaults("b"))
     batcher = BatcherLoop(
         policy, bus, bus, redis, SYSTEM_CLOCK, max_queued=10**7, **_kwargs(BatcherLoop, metrics=metrics.get("batcher"))
     )

@@ -114,13 +114,13 @@ def run_simulation(
     total = int(counts.sum())
     paid = rng.random(total) < paid_share
     classes = rng.choice(list(mix), size=total, p=list(mix.values()))
-    config = PolicyConfig(
+    config = PolicyConfig.defaults(
+        "sim",
         fixed_engine_max_wait_ms=wait_ms,
         tenant_max_inflight=1 << 40,
         max_queued=1 << 40,
         model_max_batch={MODEL: max_batch},
         worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
-        batch_id_prefix="sim",
     )
     policy = BatchPolicy(config)
     workers = [_Worker(f"w{i}", i) for i in range(replicas)]

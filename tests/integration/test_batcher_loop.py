@@ -77,7 +77,7 @@ async def _running_batcher(
 
     producer = make_producer()  # the test's own
     consumer = kafka.make_consumer(settings, group_id=f"test-batcher-{tag}")
-    policy = BatchPolicy(config or PolicyConfig(batch_id_prefix=tag))
+    policy = BatchPolicy(config or PolicyConfig.defaults(tag))
     # the checks of requests from Kafka with the fake worker's context window unknown (as for LLMQ_EXTRA_MODELS): the
     # tests' multi-MiB prompts are about record sizes, not the model's window
     loop = BatcherLoop(
@@ -227,9 +227,8 @@ async def test_undecodable_record_goes_to_dead_letters(batcher):
 
 
 async def test_stop_drains_a_request_held_for_its_window_and_commits_it():
-    config = PolicyConfig(
-        max_wait_ms={"interactive": 0, "near_interactive": 600_000, "deferred": 600_000},
-        batch_id_prefix=uuid.uuid4().hex[:8],
+    config = PolicyConfig.defaults(
+        uuid.uuid4().hex[:8], max_wait_ms={"interactive": 0, "near_interactive": 600_000, "deferred": 600_000}
     )
     request = wire.GenerationRequest(
         request_id=f"req-{uuid.uuid4().hex}",

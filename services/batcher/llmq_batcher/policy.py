@@ -18,6 +18,7 @@ answered ``request_too_large`` on arrival.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 from collections import OrderedDict
@@ -64,22 +65,21 @@ def estimated_tokens(request: wire.GenerationRequest) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """Tunables. ``max_wait_ms`` is the wait bound per traffic class (both interactive tiers share one); times in ms."""
+    """Tunables, from service settings (:meth:`from_settings`, :meth:`defaults`). ``max_wait_ms`` is the wait bound per
+    traffic class (both interactive tiers share one); times in ms; batch ids are ``<batch_id_prefix>-<n>``."""
 
-    max_wait_ms: Mapping[str, int] = field(
-        default_factory=lambda: {constants.INTERACTIVE: 0, constants.NEAR_INTERACTIVE: 50, constants.DEFERRED: 500}
-    )
-    fixed_engine_max_wait_ms: int = 20
-    worker_heartbeat_timeout_ms: int = 2000
-    max_queued: int = 100_000
-    deferred_reserved_share: float = 0.25
-    deferred_buffer_rounds: int = 2
-    tenant_max_inflight: int = 4096
-    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    max_wait_ms: Mapping[str, int]
+    fixed_engine_max_wait_ms: int
+    worker_heartbeat_timeout_ms: int
+    max_queued: int
+    deferred_reserved_share: float
+    deferred_buffer_rounds: int
+    tenant_max_inflight: int
+    tenant_weights: Mapping[str, float]
+    batch_id_prefix: str
     model_max_batch: Mapping[str, int] = field(
         default_factory=lambda: {m.name: m.max_batch_size for m in BUILTIN_MODELS.values()}
     )
-    batch_id_prefix: str = "b"
     recent_cancels_max: int = 100_000
     max_batch_bytes: int = constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES  # encoded requests
 
@@ -92,6 +92,11 @@ class PolicyConfig:
             batch_id_prefix=batch_id_prefix,
             **{name: getattr(settings, setting) for name, setting in _FROM_SETTINGS.items()},
         )
+
+    @classmethod
+    def defaults(cls, batch_id_prefix: str, **overrides) -> PolicyConfig:
+        """The configuration of the settings' defaults (the environment unread), then ``overrides`` (fields)."""
+        return dataclasses.replace(cls.from_settings(Settings.model_construct(), batch_id_prefix), **overrides)
 
 
 _FROM_SETTINGS = {  # PolicyConfig field -> the Settings field it is read from, as is

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 
 from llmq_batcher.entries import EntryState, EntryTable
@@ -23,7 +22,7 @@ CLASSES = {  # class key -> (traffic_class, tier)
 
 def make_policy(**config) -> tuple[BatchPolicy, FakeClock]:
     """A policy and a FakeClock at T0 to tell it the time by; ``config`` overrides PolicyConfig fields."""
-    return BatchPolicy(dataclasses.replace(PolicyConfig(batch_id_prefix="t"), **config)), FakeClock(T0)
+    return BatchPolicy(PolicyConfig.defaults("t", **config)), FakeClock(T0)
 
 
 def req(

@@ -404,12 +404,19 @@ def test_result_for_a_requeued_request_drops_the_queued_copy():
     assert decision.dropped == ["r1"] and policy.queued_total == 0
 
 
-def test_undispatch_puts_the_batch_back_in_front():
-    policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=2), T0)
-    for i in range(3):
+def _dispatched(requests: int, free: int, **config):
+    """(policy, clock, batch): a policy that has just sent ``batch``, the first of ``requests`` paid requests r0, r1,
+    ... to worker w1 with ``free`` slots, at T0; ``config`` overrides PolicyConfig fields."""
+    policy, clock = make_policy(**config)
+    policy.on_heartbeat(hb("w1", free=free), T0)
+    for i in range(requests):
         policy.add(req(f"r{i}"), T0)
     (batch,) = policy.schedule(T0).batches
+    return policy, clock, batch
+
+
+def test_undispatch_puts_the_batch_back_in_front():
+    policy, _, batch = _dispatched(3, free=2)
     policy.undispatch(batch, T0)
     assert dispatched_ids(policy.schedule(T0)) == [["r0", "r1"]]
 
@@ -482,11 +489,7 @@ def test_a_batch_full_by_bytes_flushes_before_the_window():
 
 
 def test_split_sends_the_halves_to_the_same_worker_under_new_ids():
-    policy, _ = make_policy()
-    policy.on_heartbeat(hb("w1", free=8), T0)
-    for i in range(5):
-        policy.add(req(f"r{i}"), T0)
-    (batch,) = policy.schedule(T0).batches
+    policy, _, batch = _dispatched(5, free=8)
     parts = policy.split(batch, T0)
     assert [[r.request_id for r in p.requests] for p in parts] == [["r0", "r1", "r2"], ["r3", "r4"]]
     assert {(p.worker_id, p.partition) for p in parts} == {("w1", 1)}
@@ -496,22 +499,14 @@ def test_split_sends_the_halves_to_the_same_worker_under_new_ids():
 
 
 def test_split_of_a_batch_whose_worker_went_silent_is_empty():
-    policy, clock = make_policy(worker_heartbeat_timeout_ms=2000)
-    policy.on_heartbeat(hb("w1", free=8), clock.now_ms())
-    policy.add(req("r0"), clock.now_ms())
-    policy.add(req("r1"), clock.now_ms())
-    (batch,) = policy.schedule(T0).batches
+    policy, clock, batch = _dispatched(2, free=8, worker_heartbeat_timeout_ms=2000)
     clock.advance(2001)
     policy.schedule(clock.now_ms())  # w1 is gone: its requests are queued again
     assert policy.split(batch, clock.now_ms()) == [] and policy.queued_total == 2
 
 
 def test_fail_answers_the_batch_errored_and_frees_its_slots():
-    policy, _ = make_policy(tenant_max_inflight=2)
-    policy.on_heartbeat(hb("w1", free=2), T0)
-    for i in range(4):
-        policy.add(req(f"r{i}"), T0)
-    (batch,) = policy.schedule(T0).batches
+    policy, _, batch = _dispatched(4, free=2, tenant_max_inflight=2)
     policy.fail(batch, "invalid_request_error", "too large", REQUEST_TOO_LARGE)
     decision = policy.schedule(T0)
     assert [(a.request.request_id, a.outcome, a.code) for a in decision.answers] == [
@@ -540,24 +535,25 @@ def test_undispatch_with_a_retry_delay_holds_the_model_until_then():
 # --- configuration -----------------------------------------------------------------------------------------------------
 
 
+READS = [  # (PolicyConfig field, the Settings field it comes from, a value unlike its default)
+    ("fixed_engine_max_wait_ms", "fixed_engine_max_wait_ms", 4),
+    ("worker_heartbeat_timeout_ms", "worker_heartbeat_timeout_ms", 5),
+    ("max_queued", "batcher_max_queued", 6),
+    ("deferred_reserved_share", "batcher_deferred_reserved_share", 0.5),
+    ("deferred_buffer_rounds", "batcher_deferred_buffer_rounds", 7),
+    ("tenant_max_inflight", "batcher_tenant_max_inflight", 8),
+    ("tenant_weights", "batcher_tenant_weights", {"acme": 2.0}),
+]
+
+
 def test_config_from_settings_reads_every_batcher_setting():
+    waits_ms = {"interactive": 1, "near_interactive": 2, "deferred": 3}
     settings = Settings(
-        interactive_max_wait_ms=1,
-        near_interactive_max_wait_ms=2,
-        deferred_max_wait_ms=3,
-        fixed_engine_max_wait_ms=4,
-        worker_heartbeat_timeout_ms=5,
-        batcher_max_queued=6,
-        batcher_deferred_reserved_share=0.5,
-        batcher_deferred_buffer_rounds=7,
-        batcher_tenant_max_inflight=8,
-        batcher_tenant_weights={"acme": 2.0},
+        **{setting: value for _, setting, value in READS}, **{f"{c}_max_wait_ms": ms for c, ms in waits_ms.items()}
     )
     config = PolicyConfig.from_settings(settings, "b-1")
-    assert config.max_wait_ms == {"interactive": 1, "near_interactive": 2, "deferred": 3}
-    assert (config.fixed_engine_max_wait_ms, config.worker_heartbeat_timeout_ms, config.max_queued) == (4, 5, 6)
-    assert (config.deferred_reserved_share, config.deferred_buffer_rounds, config.tenant_max_inflight) == (0.5, 7, 8)
-    assert (config.tenant_weights, config.batch_id_prefix) == ({"acme": 2.0}, "b-1")
+    assert [getattr(config, name) for name, _, _ in READS] == [value for _, _, value in READS]
+    assert (config.max_wait_ms, config.batch_id_prefix) == (waits_ms, "b-1")
 
 
 def test_each_priority_class_has_its_own_queue_and_both_interactive_tiers_share_one_wait_bound():
@@ -570,3 +566,9 @@ def test_each_priority_class_has_its_own_queue_and_both_interactive_tiers_share_
         policy.add(request, T0)
         assert policy.schedule(T0).next_wake_ms == T0 + bounds_ms[request.traffic_class] * 8 // 9  # adaptive
         policy.on_result(cls)
+
+
+def test_default_config_is_the_settings_defaults_whatever_the_environment(monkeypatch):
+    monkeypatch.setenv("LLMQ_BATCHER_MAX_QUEUED", "5")
+    assert PolicyConfig.from_settings(Settings(), "t").max_queued == 5
+    assert PolicyConfig.defaults("t") == PolicyConfig.from_settings(Settings(batcher_max_queued=100_000), "t")

@@ -108,7 +108,7 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
     producer._producer, producer.ready = bus, True
     pod = Pod(Settings(), "pod-1", producer=producer, redis=pod_redis)
     pod.listener.subscribed = True
-    policy = BatchPolicy(PolicyConfig(batch_id_prefix="t"))
+    policy = BatchPolicy(PolicyConfig.defaults("t"))
     batcher = BatcherLoop(
         policy, FakeConsumer(), bus, BatcherRedis(), SYSTEM_CLOCK, max_queued=100, metrics=BatcherMetrics()
     )
