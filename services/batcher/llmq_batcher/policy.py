@@ -2,7 +2,9 @@
 
 Events in: :meth:`BatchPolicy.add`, :meth:`~BatchPolicy.cancel`, :meth:`~BatchPolicy.on_heartbeat`,
 :meth:`~BatchPolicy.on_result`, :meth:`~BatchPolicy.undispatch`. Decisions out: :meth:`~BatchPolicy.schedule` returns the
-batches to send, the requests to answer (expired, canceled, overloaded) and when to call it again.
+batches to send, the requests to answer (expired, canceled, overloaded) and when to call it again. Time enters only as
+the ``now_ms`` each event and decision is given (the policy reads no clock); every request it holds is an entry of its
+:class:`~llmq_batcher.entries.EntryTable`, the one place entry states and their counts change.
 
 Rules (DESIGN.md, traffic classes): classes ``interactive:paid`` > ``interactive:free`` > ``near_interactive`` >
 ``deferred`` in strict precedence; deferred only fills capacity above a reserved share of a worker's slots: the slots a
