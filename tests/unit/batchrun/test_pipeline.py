@@ -124,27 +124,31 @@ def test_a_kill_after_a_create_got_through_resumes_without_a_second_create(job, 
     assert all(count == 1 for count in api.downloads.values())
 
 
+class Killer:
+    """Makes the API's n-th call raise KeyboardInterrupt (a kill before that call reached the target)."""
+
+    def __init__(self, api: FakeBatchApi, kill_at: int) -> None:
+        self.calls, self.kill_at = 0, kill_at
+        for name in ("upload", "create", "find", "retrieve", "content"):
+            setattr(api, name, self._wrap(getattr(api, name)))
+
+    def _wrap(self, method):
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.kill_at:
+                raise KeyboardInterrupt
+            return method(*args, **kwargs)
+
+        return call
+
+
 def test_a_kill_at_every_step_still_ends_with_one_batch_per_shard(job, tmp_path):
     """Kill the run at its n-th call to the API, rerun, for every n: each shard gets exactly one batch, every id one
-    accepted result, and no finished shard is downloaded twice."""
-    total_calls = 0
+    accepted result, and no shard collected before the kill is downloaded again."""
     for kill_at in range(1, 40):
         state = tmp_path / f"k{kill_at}"
         api = FakeBatchApi()
-        calls = 0
-
-        def counting(method):
-            def call(*args, **kwargs):
-                nonlocal calls
-                calls += 1
-                if calls == kill_at:
-                    raise KeyboardInterrupt
-                return method(*args, **kwargs)
-
-            return call
-
-        for name in ("upload", "create", "find", "retrieve", "content"):
-            setattr(api, name, counting(getattr(api, name)))
+        killer = Killer(api, kill_at)
         try:
             run(api, job, state)
         except KeyboardInterrupt:
@@ -153,12 +157,13 @@ def test_a_kill_at_every_step_still_ends_with_one_batch_per_shard(job, tmp_path)
             before = dict(api.downloads)
             manifest = run(api, job, state)
         else:
-            total_calls = calls
+            assert killer.calls < kill_at
             break
         assert len(api.batches) == len(manifest.shards()) == 3
         assert manifest.accepted_count() == 10
         assert all(api.downloads[f] == before[f] for f in before if f.rsplit("-", 1)[0] in collected)
-    assert total_calls, "a run with no kill was never reached"
+    else:
+        pytest.fail("a run with no kill was never reached")
 
 
 def test_at_most_max_active_shards_run_at_once(job, tmp_path):
