@@ -15,9 +15,9 @@ from rich.table import Table
 
 from llmq_cli.batch import API_KEY, BASE_URL
 from llmq_cli.batchrun.api import BatchState, OpenAIBatchApi
-from llmq_cli.batchrun.jobfile import IdTemplate, JobFileError, read_job
+from llmq_cli.batchrun.jobfile import IdTemplate, Job, JobFileError, read_job
 from llmq_cli.batchrun.manifest import Manifest, Shard
-from llmq_cli.batchrun.outcomes import OUTCOMES, schema_validator
+from llmq_cli.batchrun.outcomes import OUTCOMES, Validator, schema_validator
 from llmq_cli.batchrun.pipeline import Pipeline, RunConfig
 from llmq_cli.batchrun.report import Prices, summary, write_outputs
 from llmq_cli.batchrun.shard import LineTooLarge, shard_limits
@@ -96,52 +96,19 @@ def run(
     dead-letter file (<output stem>.dead-letter.jsonl) and print a summary. Run it again to resume after a stop."""
     window_s = _seconds(window, "--window")
     deadline_after_s = _seconds(deadline, "--deadline") if deadline else None
-    try:
-        template = IdTemplate(id_template) if id_template else None
-        validate = schema_validator(json.loads(json_schema.read_text())) if json_schema else None
-    except (ValueError, jsonschema.SchemaError) as exc:
-        raise typer.BadParameter(str(getattr(exc, "message", exc))) from exc
-    try:
-        job = read_job(job_file, template)
-    except JobFileError as exc:
-        lines = [{"line": p.line, "message": p.message} for p in exc.problems]
-        raise _fail(
-            f"{exc.count} line(s) of {job_file} are refused; nothing was uploaded", as_json, lines=lines
-        ) from exc
-    state = state or output.with_name(output.name + ".state")
-    manifest = Manifest(state / "manifest.sqlite")
-    if manifest.put_default("digest", job.digest) != job.digest:
-        raise _fail(
-            f"{state} holds the state of another job (other file or --id-template): use another --state", as_json
-        )
+    template, validate = _checks(id_template, json_schema)
+    job = _read(job_file, template, as_json)
+    manifest = _manifest(state or output.with_name(output.name + ".state"), job, as_json)
     started_s = float(manifest.put_default("started_at", repr(time.time())))
+    deadline_s = started_s + deadline_after_s if deadline_after_s is not None else None
+    if deadline_s is not None and started_s + max_rounds * window_s > deadline_s and not as_json:
+        err.print(f"[yellow]{max_rounds} rounds x {window} may end after the deadline ({deadline} from the start)[/]")
     api = OpenAIBatchApi(base_url, api_key)
-    config = RunConfig(
-        window,
-        max_rounds,
-        shard_limits(api.limits(), shard_max_requests, shard_max_bytes),
-        max_active_shards,
-        poll_interval_s,
-    )
-    try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            disable=as_json,
-        ) as progress:
-            Pipeline(
-                api, manifest, job, config, template=template, validate=validate, display=RichDisplay(progress)
-            ).run()
-    except LineTooLarge as exc:
-        raise _fail(f"a line is larger than a shard may be: {exc}", as_json) from exc
-    except openai.APIError as exc:
-        raise _fail(f"the batch API failed: {exc}; run the same command again to resume", as_json) from exc
+    limits = shard_limits(api.limits(), shard_max_requests, shard_max_bytes)
+    config = RunConfig(window, max_rounds, limits, max_active_shards, poll_interval_s)
+    _run(Pipeline(api, manifest, job, config, template=template, validate=validate), as_json)
     dead_letters = output.with_name(f"{output.stem}.dead-letter.jsonl")
     written = write_outputs(job, manifest, output, dead_letters)
-    files = {"output": str(output), "dead_letter": str(dead_letters), "manifest": str(manifest.path)}
     report = summary(
         job,
         manifest,
@@ -151,8 +118,8 @@ def run(
         prices=Prices(price_input_per_m, price_output_per_m, batch_discount),
         started_s=started_s,
         now_s=time.time(),
-        deadline_s=started_s + deadline_after_s if deadline_after_s is not None else None,
-        files=files,
+        deadline_s=deadline_s,
+        files={"output": str(output), "dead_letter": str(dead_letters), "manifest": str(manifest.path)},
     )
     manifest.close()
     if as_json:
@@ -161,6 +128,46 @@ def run(
         _print_summary(report)
     if written.dead_lettered:
         raise typer.Exit(1)
+
+
+def _checks(id_template: str | None, json_schema: Path | None) -> tuple[IdTemplate | None, Validator | None]:
+    try:
+        template = IdTemplate(id_template) if id_template else None
+        validate = schema_validator(json.loads(json_schema.read_text())) if json_schema else None
+    except (ValueError, jsonschema.SchemaError) as exc:
+        raise typer.BadParameter(str(getattr(exc, "message", exc))) from exc
+    return template, validate
+
+
+def _read(job_file: Path, template: IdTemplate | None, as_json: bool) -> Job:
+    try:
+        return read_job(job_file, template)
+    except JobFileError as exc:
+        lines = [{"line": p.line, "message": p.message} for p in exc.problems]
+        message = f"{exc.count} line(s) of {job_file} are refused; nothing was uploaded"
+        raise _fail(message, as_json, lines=lines) from exc
+
+
+def _manifest(state: Path, job: Job, as_json: bool) -> Manifest:
+    manifest = Manifest(state / "manifest.sqlite")
+    if manifest.put_default("digest", job.digest) != job.digest:
+        manifest.close()
+        raise _fail(
+            f"{state} holds the state of another job (other file or --id-template): use another --state", as_json
+        )
+    return manifest
+
+
+def _run(pipeline: Pipeline, as_json: bool) -> None:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=err, disable=as_json) as progress:
+            pipeline.display = RichDisplay(progress)
+            pipeline.run()
+    except LineTooLarge as exc:
+        raise _fail(f"a line is larger than a shard may be: {exc}", as_json) from exc
+    except openai.APIError as exc:
+        raise _fail(f"the batch API failed: {exc}; run the same command again to resume", as_json) from exc
 
 
 def _print_summary(report: dict) -> None:

@@ -57,7 +57,7 @@ class Pipeline:
         self.api, self.manifest, self.job, self.config = api, manifest, job, config
         self._template, self._validate = template, validate
         self._clock, self._sleep = clock, sleep
-        self._display = display or NoDisplay()
+        self.display = display or NoDisplay()
         self._lines = {line.custom_id: line for line in job.lines}
         self.tag = manifest.put_default("tag", secrets.token_hex(8))  # names this job's files and batches
 
@@ -95,8 +95,8 @@ class Pipeline:
                     self._start(shard)
                     active += 1
                 else:
-                    self._display.shard(shard, None)
-            self._display.overall(round_, self.manifest.accepted_count(), len(self.job.lines))
+                    self.display.shard(shard, None)
+            self.display.overall(round_, self.manifest.accepted_count(), len(self.job.lines))
             if any(s.status != COLLECTED for s in self.manifest.shards(round_)):
                 self._sleep(self.config.poll_interval_s)
 
@@ -124,14 +124,14 @@ class Pipeline:
             key = f"llmq-batch-run-{self.tag}-{shard.number}"
             found = self.api.create(shard.file_id or "", self.job.endpoint, self.config.window, metadata, key)
         self.manifest.set_submitted(shard.number, found.id)
-        self._display.shard(self._reload(shard), found)
+        self.display.shard(self._reload(shard), found)
 
     def _poll(self, shard: Shard) -> None:
         state = self.api.retrieve(shard.batch_id or "")
         if state.ended:
             self._collect(shard, state)
             shard = self._reload(shard)
-        self._display.shard(shard, state)
+        self.display.shard(shard, state)
 
     def _collect(self, shard: Shard, state: BatchState) -> None:
         """Download the shard's output and error files, sort every line, store it all in one transaction."""
