@@ -4,8 +4,9 @@ SIGKILLed once its first shard is submitted (seen in its manifest) and run again
 
 What is deterministic: llmq-sim answers a chat line with its user message's bytes, cycled to max_tokens, so a JSON
 message with max_tokens = its length comes back as that JSON, and a longer max_tokens makes invalid JSON. The stack's
-two workers run at most 2 x 48 deferred lines per 200 ms batch (a quarter of 64 slots is reserved), 480 lines/s, so a
-6 s window (all six shards are created within 2 s) leaves at least 5,000 - 480 x 8 lines of round 0 expired.
+two workers run at most 2 x 48 deferred lines per 200 ms batch (a quarter of 64 slots is reserved), 480 lines/s. The
+rerun creates the shards the kill left (at least five, 4,750 lines) within about 2 s, so with 6 s windows at most
+480 x 8 = 3,840 of them can finish: part of round 0 expires whatever the machine's speed.
 """
 
 from __future__ import annotations
