@@ -16,7 +16,7 @@ from rich.table import Table
 from llmq_cli.batch import API_KEY, BASE_URL
 from llmq_cli.batchrun.api import BatchState, OpenAIBatchApi
 from llmq_cli.batchrun.jobfile import IdTemplate, Job, JobFileError, read_job
-from llmq_cli.batchrun.manifest import Manifest, Shard
+from llmq_cli.batchrun.manifest import COLLECTED, Manifest, Shard
 from llmq_cli.batchrun.outcomes import OUTCOMES, Validator, schema_validator
 from llmq_cli.batchrun.pipeline import Pipeline, RunConfig
 from llmq_cli.batchrun.report import Prices, summary, write_outputs
@@ -41,7 +41,7 @@ class RichDisplay:
         if task is None:
             task = self._shards[shard.number] = self._progress.add_task("", total=shard.requests)
         status = state.status if state else shard.status
-        done = state.done if state else (shard.requests if shard.status == "collected" else 0)
+        done = shard.requests if shard.status == COLLECTED else state.done if state else 0
         self._progress.update(task, description=f"shard {shard.number} (round {shard.round}) {status}", completed=done)
 
     def overall(self, round_: int, accepted: int, total: int) -> None:
@@ -187,7 +187,7 @@ def _print_summary(report: dict) -> None:
         ),
         (
             "time",
-            f"{when['elapsed_s']:.0f} s elapsed; budget {report['max_rounds']} x {when['window_s']} s window ends {when['budget_ends_at']}",
+            f"{when['elapsed_s']:.0f} s elapsed; budget {report['max_rounds']} rounds x {when['window_s']} s, ends {when['budget_ends_at']}",
         ),
         ("deadline", f"{when['deadline_at']}: budget {fits}" if when["deadline_at"] else fits),
         *((f"{name} file", path) for name, path in report["files"].items()),
