@@ -168,6 +168,8 @@ def _run(pipeline: Pipeline, as_json: bool) -> None:
         raise _fail(f"a line is larger than a shard may be: {exc}", as_json) from exc
     except openai.APIError as exc:
         raise _fail(f"the batch API failed: {exc}; run the same command again to resume", as_json) from exc
+    except KeyboardInterrupt as exc:
+        raise _fail("stopped; run the same command again to resume", as_json) from exc
 
 
 def _print_summary(report: dict) -> None:

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmq_cli.batchrun import command
+from llmq_cli.batchrun.api import OpenAIBatchApi
 from llmq_cli.main import app
 from tests.unit.batchrun.fakes import FakeBatchApi, failed, ok
 
@@ -74,3 +75,7 @@ def test_a_run_prints_its_summary_and_exits_1_with_dead_letters(tmp_path, monkey
         assert "3: 2 accepted, 1 dead-lettered" in done.stdout and "EXCEEDS" in done.stdout
     dead = (tmp_path / "out.dead-letter.jsonl").read_text().splitlines()
     assert [json.loads(line)["custom_id"] for line in dead] == ["b"]
+
+
+def test_a_target_without_a_limits_route_gets_none_so_openais_limits_apply():
+    assert OpenAIBatchApi("http://127.0.0.1:9/v1", "k").limits() is None  # nothing listens there
