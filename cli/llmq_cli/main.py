@@ -14,6 +14,7 @@ from rich.table import Table
 from llmq_cli import demo as demo_mod
 from llmq_cli import kafka_dist, prompts
 from llmq_cli.batch import batch_app
+from llmq_cli.batchrun.command import run as batch_run
 from llmq_cli.bench_cmd import bench
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.slo import slo
@@ -27,6 +28,7 @@ dev = typer.Typer(
 )
 app.add_typer(dev, name="dev")
 app.add_typer(batch_app, name="batch")
+batch_app.command("run")(batch_run)
 app.add_typer(bench, name="bench")
 app.command("slo")(slo)
 console = Console()

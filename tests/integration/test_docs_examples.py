@@ -153,6 +153,16 @@ def check_batch_cli_submit(runs: list[Run]) -> None:
         assert re.search(r"status\W+completed", run.stdout) and "2 total, 2 completed, 0 failed" in run.stdout
 
 
+def check_batch_run(runs: list[Run]) -> None:
+    for run in runs:  # the second run resumes the finished job: same summary, from the manifest
+        assert re.search(r"requests\W+300: 300 accepted, 0 dead-lettered", run.stdout), run.stdout
+    out = (runs[-1].folder / "job.out.jsonl").read_text().splitlines()
+    assert [json.loads(line)["custom_id"] for line in out] == [
+        json.loads(line)["custom_id"] for line in (runs[-1].folder / "job.jsonl").read_text().splitlines()
+    ]
+    assert (runs[-1].folder / "job.out.jsonl.state" / "manifest.sqlite").exists()
+
+
 CHECKS = {
     ("README.md", 'model="llmq-sim", prompt="def fib(n):"'): check_sdk,
     ("README.md", "/healthz"): check_curl,
@@ -161,6 +171,7 @@ CHECKS = {
     ("docs/batch-jobs.md", "cat > claims.jsonl"): check_batch_input_file,
     ("docs/batch-jobs.md", "client.batches.create"): check_batch_sdk,
     ("docs/batch-jobs.md", "batch submit claims.jsonl"): check_batch_cli_submit,
+    ("docs/batch-jobs.md", "llmq batch run job.jsonl"): check_batch_run,
     ("docs/kafka-producers.md", "claims-etl.replies -o"): check_kcat_docs,
 }
 

@@ -52,6 +52,26 @@ async def _small_body(request: Request) -> bytes:
     return body
 
 
+# --- limits ---------------------------------------------------------------------------------------------------------
+
+
+@router.get("/v1/limits")
+async def limits(request: Request) -> dict:
+    """The batch limits of this deployment, so a client can shard a large job to fit (``llmq batch run`` reads them;
+    an API without this route gets OpenAI's limits)."""
+    _principal(request)
+    settings = request.app.state.pod.settings
+    return {
+        "object": "limits",
+        "batch": {
+            "max_requests": settings.batch_max_lines,
+            "max_file_bytes": settings.files_max_bytes,
+            "max_line_bytes": settings.batch_max_line_bytes,
+            "max_completion_window_s": settings.batch_max_window_s,
+        },
+    }
+
+
 # --- files ------------------------------------------------------------------------------------------------------------
 
 
