@@ -1,21 +1,29 @@
 # The two commands of README.md: `make demo` and `make test`. Each installs what is missing first (idempotent):
-# a .venv with the Python packages (uv, cached under ~/.cache/uv), redis-server and kcat (apt) and the Kafka broker's
-# jars (Maven Central, cached under ~/.cache/llmq).
+# a .venv with exactly the Python packages uv.lock pins (uv, cached under ~/.cache/uv), redis-server and kcat (apt) and
+# the Kafka broker's jars (Maven Central, cached under ~/.cache/llmq).
+# `make lock` after changing pyproject's requirements; `make audit` checks the locked versions against advisories.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 UV := UV_PYTHON_DOWNLOADS=never python3 -m uv
 APT_PACKAGES := redis-server kcat
 
-.PHONY: setup demo test down clean
+.PHONY: setup demo test down clean lock audit
 
 setup: $(VENV)/.installed system-packages kafka
 
-$(VENV)/.installed: pyproject.toml
+# The project itself is installed editable; --frozen installs the lock as it is (tests/unit/repo checks it is current).
+$(VENV)/.installed: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	@[ -x $(PY) ] || $(UV) venv --quiet --python python3 $(VENV)
-	$(UV) pip install --quiet --python $(PY) -e ".[dev,worker]"
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --quiet --frozen --python python3 --extra dev --extra worker
 	@touch $@
+
+lock:
+	$(UV) lock
+
+audit:
+	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	python3 deps/audit.py
 
 .PHONY: system-packages
 system-packages:

@@ -7,8 +7,8 @@ last byte. Reported: admitted and 429 counts, when the first 429 came, the predi
 p50/p95 of the absolute error, and the median signed error, which includes the service time), admitted latency p50/p99,
 and each 429's Retry-After range.
 
-    python -m bench.bench_admission --start-stack --count 3000   # its own stack: two llmq-sim workers x 64 per 500 ms
-    python -m bench.bench_admission --url http://127.0.0.1:8000 --url http://127.0.0.1:8001   # a running stack
+    llmq bench admission --start-stack --count 3000   # its own stack: two llmq-sim workers x 64 per 500 ms
+    llmq bench admission --url http://127.0.0.1:8000 --url http://127.0.0.1:8001   # a running stack
 
 Every connection comes from this one address: a stack's pods cap that at ``LLMQ_API_MAX_CONNECTIONS_PER_CLIENT``
 (1024 each by default; the connections past it get 429 ``too_many_connections`` and are closed before the request is
@@ -21,13 +21,10 @@ Not part of ``make test``: a load run, sized by ``--count`` for the machine at h
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
@@ -145,42 +142,7 @@ async def warm_up(urls: list[str]) -> None:
         await asyncio.sleep(3)  # the warm-up's own work has left the queues and the reports
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", action="append", help="an API pod (repeat for several); default: --start-stack's")
-    parser.add_argument(
-        "--start-stack",
-        action="store_true",
-        help="start a private stack (two llmq-sim workers x 64 per 500 ms, two API pods) for the run",
-    )
-    parser.add_argument("--count", type=int, default=3000)
-    parser.add_argument("--stream-share", type=float, default=1 / 3)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--key", default="llmq-dev-free-key")
-    args = parser.parse_args()
-    stack = None
-    if args.start_stack:
-        from llmq_cli.devstack import DevStack, StackConfig
-
-        stack = DevStack(
-            StackConfig(
-                state_dir=Path("var/bench-admission"),
-                tiny_workers=0,
-                sim_workers=2,
-                extra_env=LOAD_GENERATOR_ENV,
-                **STACK_PORTS,
-            )
-        )
-        stack.up(timeout_s=300, log=lambda *_: None)
-    urls = args.url or [f"http://127.0.0.1:{p}" for p in STACK_PORTS["api_ports"]]
-    try:
-        asyncio.run(warm_up(urls))
-        outcomes = asyncio.run(burst(urls, args.count, args.stream_share, args.max_tokens, args.key))
-    finally:
-        if stack is not None:
-            stack.down()
-    print(json.dumps(summary(outcomes), indent=2))
-
-
-if __name__ == "__main__":
-    main()
+async def run(urls: list[str], count: int, stream_share: float, max_tokens: int, key: str) -> dict:
+    """Warm every pod up, launch the burst, and return its figures."""
+    await warm_up(urls)
+    return summary(await burst(urls, count, stream_share, max_tokens, key))

@@ -9,7 +9,7 @@ Steps, all on this machine and one system at a time:
 4. Ray Serve (``bench.ray_peer``) with the same replicas, batch size and batch times: the same probe and points.
 5. ``capacity_curve.json`` and ``capacity_curve.png`` under ``bench/results/``; everything started here is stopped.
 
-Run: ``llmq bench curve`` (or ``python -m bench.capacity_curve``).
+Run: ``llmq bench curve`` (the CLI starts the private stacks: ``bench`` imports no ``llmq_cli``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from bench import loadgen
-from llmq_cli.prompts import CodePrompt, cut_prompts
+from bench.prompts import CodePrompt, cut_prompts
 from llmq_core.constants import STATS_BATCHER
 
 PROBE_BATCH_TIME_MS = 1  # "~0": the engine adds nothing, so latency is the pipeline's own
@@ -265,24 +266,23 @@ def run_points(runner: Runner, batch_time_ms: int, log: Callable[[str], None]) -
     return {"points": points, "lightest_point": lightest, "slo_ms": slo_ms}
 
 
-def measure_llmq(cfg: CurveConfig, prompts: Sequence[CodePrompt], log: Callable[[str], None]) -> tuple[dict, int]:
+class PrivateStack(Protocol):
+    """A private llmq stack (``llmq_cli.devstack.DevStack``): the CLI that runs the curve makes it."""
+
+    cfg: Any  # api_ports, redis_url
+
+    def up(self, *, log: Callable[[str], None]) -> None: ...
+
+    def down(self, *, services_only: bool = False) -> None: ...
+
+
+StackFactory = Callable[[int], PrivateStack]  # simulated batch time (ms) -> the private stack running it
+
+
+def measure_llmq(
+    cfg: CurveConfig, prompts: Sequence[CodePrompt], stack: StackFactory, log: Callable[[str], None]
+) -> tuple[dict, int]:
     """llmq's overhead probe, saturation (unless given) and points; returns (figures, batch time used)."""
-    from llmq_cli.devstack import DevStack, StackConfig
-
-    def stack(batch_time_ms: int) -> DevStack:
-        return DevStack(
-            StackConfig(
-                state_dir=cfg.state_dir,
-                kafka_port=cfg.port_base + 92,
-                redis_port=cfg.port_base + 379,
-                api_ports=(cfg.port_base, cfg.port_base + 1),
-                tiny_workers=0,
-                sim_workers=cfg.workers,
-                sim_batch_time_ms=batch_time_ms,
-                sim_max_batch_size=cfg.max_batch_size,
-            )
-        )
-
     probe_stack = stack(PROBE_BATCH_TIME_MS)
     base_urls = [f"http://127.0.0.1:{port}/v1" for port in probe_stack.cfg.api_ports]
     redis_url = probe_stack.cfg.redis_url
@@ -338,8 +338,8 @@ def measure_ray(
     return figures
 
 
-def run_curve(cfg: CurveConfig, log: Callable[[str], None] = print) -> dict:
-    """Measure every system of ``cfg`` in turn, write the JSON and the PNG, and return the result."""
+def run_curve(cfg: CurveConfig, stack: StackFactory, log: Callable[[str], None] = print) -> dict:
+    """Measure every system of ``cfg`` in turn (llmq on the stacks ``stack`` makes), write the JSON and the PNG, and return the result."""
     unknown = set(cfg.systems) - {"llmq", "ray"}
     if unknown or not cfg.systems:
         raise ValueError(f"systems must be llmq and/or ray, got {cfg.systems}")
@@ -356,7 +356,7 @@ def run_curve(cfg: CurveConfig, log: Callable[[str], None] = print) -> dict:
     }
     batch_time_ms = cfg.batch_time_ms
     if "llmq" in cfg.systems:
-        result["systems"]["llmq"], batch_time_ms = measure_llmq(cfg, prompts, log)
+        result["systems"]["llmq"], batch_time_ms = measure_llmq(cfg, prompts, stack, log)
     if "ray" in cfg.systems:
         try:
             result["systems"]["ray"] = measure_ray(cfg, prompts, batch_time_ms, log)
@@ -449,14 +449,3 @@ def print_curve(result: dict, console) -> None:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
-
-
-def main() -> None:
-    """``python -m bench.capacity_curve``: the default curve (same as ``llmq bench curve``)."""
-    from rich.console import Console
-
-    print_curve(run_curve(CurveConfig(), log=Console(stderr=True).print), Console())
-
-
-if __name__ == "__main__":
-    main()

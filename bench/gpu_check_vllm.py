@@ -19,30 +19,18 @@ import sys
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.wire import GenerationRequest, HttpReply, Outcome, SamplingParams
 from llmq_worker.engine import FinalEvent, InvalidRequest
-from llmq_worker.engines.tiny_model import SEED, tiny_tokenizer
+from llmq_worker.engines.tiny_model import SEED, tiny_config, tiny_tokenizer
 from llmq_worker.engines.vllm_engine import VllmEngine
 
 
 def save_checkpoint(path: str) -> LlamaForCausalLM:
     """A 2-layer Llama (hidden 256, 4 heads of 64) over the byte vocabulary; special ids never win greedy decoding."""
-    config = LlamaConfig(
-        vocab_size=byte_tokenizer.VOCAB_SIZE,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        pad_token_id=byte_tokenizer.PAD_ID,
-        bos_token_id=None,
-        eos_token_id=byte_tokenizer.EOS_ID,
-        tie_word_embeddings=False,
-    )
+    config = tiny_config(hidden_size=256, intermediate_size=512, max_position_embeddings=2048)
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 import redis as redis_sync
 
-from llmq_cli.prompts import CodePrompt
+from bench.prompts import CodePrompt
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 
 DEFAULT_KEYS = {"llmq-dev-key": 0.8, "llmq-dev-free-key": 0.2}  # tenants: paid and free tier

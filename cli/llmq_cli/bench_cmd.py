@@ -1,4 +1,6 @@
-"""``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's."""
+"""``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's;
+``llmq bench admission``: a burst of free-tier work and admission's predicted waits. The private stacks the benchmarks
+run on are made here: ``bench`` is a library the CLI imports, never the other way round."""
 
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llmq_cli import prompts as prompts_mod
+from bench import prompts as prompts_mod
+from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core.constants import STATS_BATCHER
 from llmq_core.settings import load_settings
 
-# The top-level ``bench`` package is imported inside the commands: images without it still run the rest of the CLI.
-bench = typer.Typer(help="Load generator and capacity curve.", invoke_without_command=True)
+bench = typer.Typer(help="Load generator, capacity curve and burst admission.", invoke_without_command=True)
 DEFAULT_PROMPTS = Path("var/demo/prompts-code.jsonl")
 DEFAULT_BASE_URLS = ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1"]
 
@@ -175,6 +177,16 @@ def bench_curve(
     """Capacity curve of llmq-sim (seed 003 scaled to this machine), llmq then Ray Serve, as JSON and a PNG."""
     from bench import capacity_curve
 
+    def stack(sim_batch_time_ms: int) -> DevStack:
+        ports = dict(kafka_port=port_base + 92, redis_port=port_base + 379, api_ports=(port_base, port_base + 1))
+        return private_stack(
+            state_dir,
+            **ports,
+            sim_workers=workers,
+            sim_batch_time_ms=sim_batch_time_ms,
+            sim_max_batch_size=max_batch_size,
+        )
+
     cfg = capacity_curve.CurveConfig(
         systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
         batch_time_ms=batch_time_ms,
@@ -188,7 +200,42 @@ def bench_curve(
         state_dir=state_dir,
         port_base=port_base,
     )
-    result = capacity_curve.run_curve(cfg, log=Console(stderr=True).print)
+    result = capacity_curve.run_curve(cfg, stack, log=Console(stderr=True).print)
     capacity_curve.print_curve(result, Console())
     if result.get("failed"):
         raise typer.Exit(1)
+
+
+def private_stack(state_dir: Path, **shape) -> DevStack:
+    """A benchmark's own stack of ``llmq-sim`` workers (no transformers worker) under ``state_dir``."""
+    return DevStack(StackConfig(state_dir=state_dir, tiny_workers=0, **shape))
+
+
+@bench.command("admission")
+def bench_admission(
+    url: list[str] = typer.Option([], help="An API pod's URL (repeat for several); default: --start-stack's."),
+    start_stack: bool = typer.Option(
+        False, help="Start a private stack (two llmq-sim workers x 64 per 500 ms, two API pods) for the run."
+    ),
+    count: int = typer.Option(3000, help="Requests launched at once."),
+    stream_share: float = typer.Option(1 / 3, help="Share of them streamed."),
+    max_tokens: int = typer.Option(64),
+    key: str = typer.Option("llmq-dev-free-key"),
+) -> None:
+    """N concurrent completions at once, and how well admission's predicted queue wait matched the wait that followed."""
+    from bench import bench_admission as admission
+
+    stack = None
+    if start_stack:
+        ports = admission.STACK_PORTS
+        stack = private_stack(
+            Path("var/bench-admission"), sim_workers=2, extra_env=admission.LOAD_GENERATOR_ENV, **ports
+        )
+        stack.up(timeout_s=300, log=lambda *_: None)
+    urls = url or [f"http://127.0.0.1:{p}" for p in admission.STACK_PORTS["api_ports"]]
+    try:
+        report = asyncio.run(admission.run(urls, count, stream_share, max_tokens, key))
+    finally:
+        if stack is not None:
+            stack.down()
+    typer.echo(json.dumps(report, indent=2))

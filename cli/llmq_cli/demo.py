@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import openai
 import redis as redis_sync
 
-from llmq_cli.prompts import CodePrompt
+from bench.prompts import CodePrompt
 from llmq_core import constants
 from llmq_core.constants import HTTP_TIMEOUT_MS
 

@@ -87,8 +87,23 @@ def ensure_installed(version: str = KAFKA_VERSION) -> Path:
     return libs
 
 
+# Broker settings past its listeners and storage, tuned for fast consumer-group joins in tests: the local broker here
+# and the test suite's Kafka container (tests/infra.py) both run with them.
+BROKER_TUNING = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "false",  # owners create their topics (reply topics: `llmq dev create-topic`)
+    "message.max.bytes": str(KAFKA_MAX_MESSAGE_BYTES),  # default of topics without their own max.message.bytes
+    "replica.fetch.max.bytes": str(KAFKA_MAX_MESSAGE_BYTES),
+}
+
+
 def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    """A single-node KRaft broker+controller on 127.0.0.1, tuned for fast consumer-group joins in tests."""
+    """A single-node KRaft broker+controller on 127.0.0.1 with :data:`BROKER_TUNING`."""
     return "\n".join(
         [
             "process.roles=broker,controller",
@@ -99,15 +114,7 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
             "controller.listener.names=CONTROLLER",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             f"log.dirs={data_dir}",
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=4",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "group.initial.rebalance.delay.ms=0",
-            "num.partitions=1",
-            "auto.create.topics.enable=false",  # owners create their topics (reply topics: `llmq dev create-topic`)
-            f"message.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",  # default of topics without their own max.message.bytes
-            f"replica.fetch.max.bytes={KAFKA_MAX_MESSAGE_BYTES}",
+            *(f"{key}={value}" for key, value in BROKER_TUNING.items()),
             "",
         ]
     )

@@ -11,8 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from bench import prompts
 from llmq_cli import demo as demo_mod
-from llmq_cli import kafka_dist, prompts
+from llmq_cli import kafka_dist
 from llmq_cli.batch import batch_app
 from llmq_cli.batchrun.command import run as batch_run
 from llmq_cli.bench_cmd import bench

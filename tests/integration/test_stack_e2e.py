@@ -17,7 +17,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from llmq_cli.prompts import cut_prompts
+from bench.prompts import cut_prompts
 from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
 from llmq_core.kafka import make_consumer

@@ -6,7 +6,7 @@ import pytest
 
 from bench import capacity_curve as cc
 from bench import loadgen, ray_peer
-from llmq_cli.prompts import CodePrompt
+from bench.prompts import CodePrompt
 from llmq_core.tokenizer import IncrementalDetokenizer
 
 

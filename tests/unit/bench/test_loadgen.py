@@ -12,7 +12,7 @@ import pytest
 
 from bench import loadgen
 from bench.loadgen import OK, Planned, Sample
-from llmq_cli.prompts import CodePrompt
+from bench.prompts import CodePrompt
 
 PROMPTS = [CodePrompt(id=f"p{i}", prompt=f"def f{i}():", max_tokens=16 + i) for i in range(3)]
 

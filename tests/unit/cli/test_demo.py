@@ -1,5 +1,5 @@
+from bench.prompts import cut_prompts
 from llmq_cli.demo import percentile
-from llmq_cli.prompts import cut_prompts
 
 
 def test_percentile_is_nearest_rank():

@@ -21,20 +21,20 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_config() -> LlamaConfig:
-    """2 layers, hidden 64, 4 heads, 8192 positions, ByT5 vocabulary of 259."""
+def tiny_config(**sizes) -> LlamaConfig:
+    """2 layers, hidden 64, 4 heads, 8192 positions, ByT5 vocabulary of 259; ``sizes`` replace some (a larger twin
+    over the same vocabulary and special ids: bench/gpu_check_vllm.py)."""
+    shape = dict(hidden_size=64, intermediate_size=128, max_position_embeddings=LLMQ_TINY.context_window)
     return LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=LLMQ_TINY.context_window,
         pad_token_id=PAD_ID,
         bos_token_id=None,
         eos_token_id=EOS_ID,
         tie_word_embeddings=False,
+        **{**shape, **sizes},
     )
 
 
