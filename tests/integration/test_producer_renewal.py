@@ -22,6 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from llmq_api.pod import KafkaRequestProducer
 from llmq_core import constants, kafka, wire
 from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_worker.core import WorkerCore
@@ -106,7 +107,7 @@ async def test_the_worker_keeps_producing_results_after_one_is_refused(settings)
         heartbeat_interval_ms=100,
         shutdown_grace_s=5,
         max_pending=32,
-        results_topic=results_topic,
+        names=Names(results_topic=results_topic),
     )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))

@@ -31,6 +31,7 @@ from llmq_core.kafka import (
     make_producer,
     send_message,
 )
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
@@ -99,7 +100,7 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
         heartbeat_interval_ms=100,
         shutdown_grace_s=5,
         max_pending=32,
-        results_topic=results_topic,
+        names=Names(results_topic=results_topic),
     )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))

@@ -10,11 +10,12 @@ import logging
 import os
 import uuid
 
-from llmq_batcher.loop import BatcherLoop, Names
+from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
 from llmq_core import constants, kafka, metrics, requests, runtime, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.labels import LabelSet
+from llmq_core.names import Names
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
@@ -51,7 +52,7 @@ async def serve(instance_id: str, metrics_port: int | None = None) -> None:
         pod_check_ms=settings.pod_heartbeat_interval_ms,
         pod_grace_ms=2 * settings.pod_heartbeat_interval_ms,
         catalogue=labels.models,
-        names=Names(reply_topic_prefixes=kafka.reply_topic_prefixes(settings)),
+        names=Names.from_settings(settings),
         rules=requests.Rules.from_settings(settings),
         request_id_ttl_ms=settings.kafka_request_id_ttl_s * 1000,
     )

@@ -18,9 +18,10 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from llmq_batcher.loop import BatcherLoop, Names, is_permanent, retry_delay_ms
+from llmq_batcher.loop import BatcherLoop, is_permanent, retry_delay_ms
 from llmq_batcher.policy import REQUEST_TOO_LARGE
 from llmq_core import constants, wire
+from llmq_core.names import Names
 from tests.unit.batcher.helpers import T0, hb, make_policy, req
 
 NAMES = Names()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmq_batcher.loop import BatcherLoop, Names
+from llmq_batcher.loop import BatcherLoop
 from llmq_core import wire
+from llmq_core.names import Names
 from tests.unit.batcher.helpers import make_policy, req
 from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
 
