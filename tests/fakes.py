@@ -135,6 +135,10 @@ class FakeProducer:
     def on(self, topic: str) -> list[dict]:
         return [s for s in self.sent if s["topic"] == topic]
 
+    def keys(self) -> list[tuple[str, bytes | None]]:
+        """(topic, key) of each record sent, in order."""
+        return [(s["topic"], s["key"]) for s in self.sent]
+
 
 class FakePipeline:
     """A non-transactional pipeline: commands are queued, and run in order by ``execute``."""
