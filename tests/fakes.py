@@ -85,8 +85,8 @@ class FakeProducer:
     """aiokafka's producer: records what is sent in ``sent`` (and in ``log``, when given, as ("kafka", value), so a test
     sees the order of sends and Redis publishes). ``failing`` raises that error (True: a timeout) from every send;
     ``failures``: per record key, the errors its next sends raise, in order; values over ``max_value_bytes`` are refused
-    as the broker refuses a record over its topic's max.message.bytes; a send to an illegal topic name never succeeds.
-    ``topics``: those the cluster has (``list_topics``)."""
+    as the broker refuses a record over its topic's max.message.bytes, and so is every record to ``refusing_topics``; a
+    send to an illegal topic name never succeeds. ``topics``: those the cluster has (``list_topics``)."""
 
     def __init__(self, topics=frozenset(), *, log: list | None = None) -> None:
         self.topics = set(topics)
@@ -95,6 +95,7 @@ class FakeProducer:
         self.failing: bool | Exception = False
         self.failures: dict[str, list[Exception]] = {}
         self.max_value_bytes: int | None = None
+        self.refusing_topics: set[str] = set()
         self.running = False
 
     async def start(self) -> None:
@@ -117,7 +118,8 @@ class FakeProducer:
         errors = self.failures.get(key.decode(), []) if key is not None else []
         if errors:
             raise errors.pop(0)
-        if self.max_value_bytes is not None and len(value) > self.max_value_bytes:
+        too_large = self.max_value_bytes is not None and len(value) > self.max_value_bytes
+        if too_large or topic in self.refusing_topics:
             raise MessageSizeTooLargeError()
         self.sent.append(dict(topic=topic, value=value, key=key, partition=partition, headers=headers))
         if self.log is not None:
