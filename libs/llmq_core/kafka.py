@@ -7,6 +7,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -30,6 +31,9 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import (
     CONTENT_TYPE_MSGPACK,
     HEADER_CONTENT_TYPE,
+    HEADER_ERROR,
+    HEADER_ERROR_MAX_BYTES,
+    HEADER_REPLY_TOPIC,
     HEADER_TRACEPARENT,
     KAFKA_INTERNAL_TOPIC_PREFIX,
     KAFKA_MAX_MESSAGE_BYTES,
@@ -302,6 +306,31 @@ async def send_message(
         partition=partition,
         headers=record_headers,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Letter:
+    """A record to dead-letter that was never consumed (a consumed aiokafka record has the same three fields)."""
+
+    value: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+async def dead_letter(
+    producer: AIOKafkaProducer,
+    record: Letter,
+    reason: str,
+    *,
+    topic: str = TOPIC_DEAD_LETTERS,
+    reply_topic: str | None = None,
+) -> None:
+    """Produce ``record`` (value, key and headers as they came) to ``topic``, with why in its ``HEADER_ERROR`` header
+    and, for a result that could not be replied, the reply topic it could not reach. Raises what the send raises."""
+    letter_headers = [*(record.headers or ()), (HEADER_ERROR, reason.encode()[:HEADER_ERROR_MAX_BYTES])]
+    if reply_topic is not None:
+        letter_headers.append((HEADER_REPLY_TOPIC, reply_topic.encode()))
+    await producer.send_and_wait(topic, record.value, key=record.key, headers=letter_headers)
 
 
 def topic_layout(settings: Settings) -> dict[str, int]:

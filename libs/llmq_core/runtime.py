@@ -1,22 +1,112 @@
-"""Process plumbing shared by the services: event loop, SIGTERM/SIGINT, and the liveness key."""
+"""Process plumbing shared by the services: one :func:`serve` (settings, logging, tracing, clients, SIGTERM/SIGINT,
+drain, close), the event loop, and the liveness key.
+
+The batcher, the worker and the result-router run under :func:`serve`. The API pod does not: uvicorn owns its event
+loop and signals there (``llmq_api.main``), and the pod shares the pieces instead (``make_redis``, :func:`keep_alive`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import msgspec
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
-from llmq_core import constants
+from llmq_core import constants, metrics, tracing
 from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.redis_client import make_redis
+from llmq_core.settings import Settings, load_settings
+from llmq_core.telemetry import setup_logging
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Work:
+    """What a built service runs. ``tasks`` run until SIGTERM/SIGINT or until the first of them ends (a loop that dies,
+    Redis or Kafka gone for good, ends the process so that its supervisor restarts it); then ``stop()`` asks them to
+    finish, within ``grace_s`` (None: they bound their own drain). ``helpers`` (a lag watch) are cancelled after.
+    ``liveness``: the Redis on which :func:`keep_alive` refreshes the service's alive key (None: the service does)."""
+
+    tasks: list[Coroutine[Any, Any, Any]]
+    stop: Callable[[], None]
+    grace_s: float | None
+    helpers: list[Coroutine[Any, Any, Any]] = field(default_factory=list)
+    liveness: Redis | None = None
+
+
+class Build(Protocol):
+    def __call__(self, settings: Settings, stack: contextlib.AsyncExitStack) -> Awaitable[Work]: ...
+
+
+async def serve(service: str, instance_id: str, build: Build) -> None:
+    """Run one service process: settings, logging, tracing, then ``build`` (which starts its clients and pushes how to
+    close them on ``stack``), then its :class:`Work` until it is done; what was built is closed in reverse order
+    however it ends."""
+    settings = load_settings()
+    setup_logging(service, settings.log_level)
+    tracing.configure(service, settings)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(tracing.shutdown)
+        work = await build(settings, stack)
+        if work.liveness is not None:
+            work.helpers.append(keep_alive(work.liveness, service, instance_id, {"pid": os.getpid()}))
+        log.info("%s %s started", service, instance_id)
+        await _supervise(work)
+    log.info("%s %s stopped", service, instance_id)
+
+
+async def _supervise(work: Work) -> None:
+    stop = stop_event()
+    tasks = [asyncio.create_task(task) for task in work.tasks]
+    helpers = [asyncio.create_task(helper) for helper in work.helpers]
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        work.stop()
+        await asyncio.wait_for(asyncio.gather(*tasks), work.grace_s)
+    finally:
+        for task in (stopped, *helpers):
+            task.cancel()
+        await asyncio.gather(stopped, *helpers, return_exceptions=True)  # before the clients they use are closed
+
+
+class Client(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+async def start(stack: contextlib.AsyncExitStack, *clients: Client) -> None:
+    """Start Kafka clients in order; each is stopped when ``stack`` closes (the last started first)."""
+    for client in clients:
+        await client.start()
+        stack.push_async_callback(client.stop)
+
+
+def redis(stack: contextlib.AsyncExitStack, settings: Settings) -> Redis:
+    """A client from ``make_redis`` (commands retried), closed when ``stack`` closes."""
+    client = make_redis(settings.redis_url)
+    stack.push_async_callback(client.aclose)
+    return client
+
+
+def serve_metrics(
+    stack: contextlib.AsyncExitStack, registry: CollectorRegistry, settings: Settings, port: int | None
+) -> None:
+    """Serve ``registry`` on ``/metrics`` (``port`` None: Settings.metrics_port; 0: off) until ``stack`` closes."""
+    stop = metrics.serve(registry, settings.metrics_port if port is None else port, settings.metrics_host)
+    if stop is not None:
+        stack.callback(stop)
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

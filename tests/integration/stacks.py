@@ -9,6 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 from llmq_cli.devstack import DevStack
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.names import Names
+from llmq_worker.core import WorkerCore
+from llmq_worker.engine import Engine
+from llmq_worker.engines.simulated import SimulatedEngine
+from llmq_worker.loop import WorkerLoop
 
 
 @contextlib.contextmanager
@@ -23,3 +29,23 @@ def private_stack(infra: DevStack | None, timeout_s: float = 240, **config) -> I
         yield running
     finally:
         running.down(services_only=True)
+
+
+def simulated_worker(
+    worker_id: str, partition: int, model: str, *, batch_time_ms: int, names: Names = Names(), **clients
+) -> tuple[WorkerLoop, Engine]:
+    """A worker loop in-process on the simulated engine (8 per batch), heartbeating every 100 ms; ``clients``:
+    its ``consumer``, ``producer`` and ``redis``. Close the engine after the loop has run."""
+    engine = SimulatedEngine(max_batch_size=8, batch_time_ms=batch_time_ms)
+    core = WorkerCore(worker_id=worker_id, partition=partition, model=model, engine=engine, clock=SYSTEM_CLOCK)
+    loop = WorkerLoop(
+        core=core,
+        engine=engine,
+        clock=SYSTEM_CLOCK,
+        heartbeat_interval_ms=100,
+        shutdown_grace_s=5,
+        max_pending=32,
+        names=names,
+        **clients,
+    )
+    return loop, engine

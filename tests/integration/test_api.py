@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from llmq_api.app import create_app
 from llmq_api.pod import Pod
 from llmq_core import constants, wire
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -178,7 +179,9 @@ async def stack():
     """(base_url, pod, fake worker, redis) for this module: one pod serving, one fake worker answering."""
     settings = Settings()
     instance_id = f"api-test-{uuid.uuid4().hex[:8]}"
-    pod = Pod(settings, instance_id, saturation_key=f"apitest-saturation-{instance_id}")  # no batcher's load here
+    pod = Pod(
+        settings, instance_id, names=Names(saturation_key=f"apitest-saturation-{instance_id}")
+    )  # no batcher's load here
     worker = FakeWorker(settings, instance_id)
     await worker.start()
     redis = Redis.from_url(settings.redis_url)

@@ -20,6 +20,7 @@ import pytest
 from llmq_api.pod import Pod
 from llmq_cli.devstack import DevStack, StackConfig, _tcp_open
 from llmq_core.kafka import ensure_topics
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 from tests.integration.test_api import DEV, MODEL, FakeWorker, heartbeat, serving
 
@@ -86,7 +87,7 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
         )
         await ensure_topics(settings)
         instance_id = f"api-outage-{uuid.uuid4().hex[:6]}"
-        pod = Pod(settings, instance_id, saturation_key=f"apitest-saturation-{instance_id}")
+        pod = Pod(settings, instance_id, names=Names(saturation_key=f"apitest-saturation-{instance_id}"))
         pod.catalog.observe(heartbeat(MODEL))
         worker = FakeWorker(settings, instance_id)
         await worker.start()

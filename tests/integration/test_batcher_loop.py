@@ -11,10 +11,11 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
-from llmq_batcher.loop import BatcherLoop, Names
+from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
 from llmq_core import constants, kafka, requests, wire
 from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -22,11 +22,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from llmq_api.pod import KafkaRequestProducer
 from llmq_core import constants, kafka, wire
 from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
-from llmq_worker.core import WorkerCore
-from llmq_worker.engines.simulated import SimulatedEngine
-from llmq_worker.loop import WorkerLoop
+from tests.integration.stacks import simulated_worker
 from tests.integration.test_result_limits import (  # noqa: F401 (settings: the fixture, shadowed by parameters)
     MODEL,
     SMALL_LIMIT_BYTES,
@@ -94,19 +93,15 @@ async def test_the_worker_keeps_producing_results_after_one_is_refused(settings)
     producer, worker_producer = kafka.make_producer(settings), kafka.make_renewable_producer(settings)
     worker_consumer = kafka.make_consumer(settings, group_id=constants.worker_group(PARTITION))
     await asyncio.gather(producer.start(), worker_producer.start(), worker_consumer.start())
-    engine = SimulatedEngine(max_batch_size=8, batch_time_ms=20)
-    core = WorkerCore(worker_id=worker_id, partition=PARTITION, model=MODEL, engine=engine, clock=SYSTEM_CLOCK)
-    loop = WorkerLoop(
-        core=core,
-        engine=engine,
+    loop, engine = simulated_worker(
+        worker_id,
+        PARTITION,
+        MODEL,
+        batch_time_ms=20,
+        names=Names(results_topic=results_topic),
         consumer=worker_consumer,
         producer=worker_producer,
         redis=redis,
-        clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=100,
-        shutdown_grace_s=5,
-        max_pending=32,
-        results_topic=results_topic,
     )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))

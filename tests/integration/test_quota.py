@@ -29,6 +29,7 @@ from llmq_api.pod import Pod
 from llmq_api.ratelimit import DAY_MS, MINUTE_MS
 from llmq_core import constants, jobs, wire
 from llmq_core.clock import FakeClock
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
 from tests.integration.test_api import FakeWorker, free_port, serving, wait_ready
@@ -76,7 +77,7 @@ async def stack(tmp_path_factory):
         instance_id,
         clock=FakeClock(int(time.time() * 1000)),
         keys=keys,
-        saturation_key=f"quotatest-saturation-{instance_id}",
+        names=Names(saturation_key=f"quotatest-saturation-{instance_id}"),
     )
     pod.catalog.observe(heartbeat(MODEL))
     worker = FakeWorker(settings, instance_id)

@@ -31,10 +31,9 @@ from llmq_core.kafka import (
     make_producer,
     send_message,
 )
+from llmq_core.names import Names
 from llmq_core.settings import Settings
-from llmq_worker.core import WorkerCore
-from llmq_worker.engines.simulated import SimulatedEngine
-from llmq_worker.loop import WorkerLoop
+from tests.integration.stacks import simulated_worker
 
 pytestmark = pytest.mark.integration
 
@@ -87,19 +86,15 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
     producer, log_reader = make_producer(settings), make_consumer(settings, results_topic, group_id=None)
     worker_consumer = make_consumer(settings, group_id=worker_group(PARTITION))
     await asyncio.gather(producer.start(), log_reader.start(), worker_consumer.start())
-    engine = SimulatedEngine(max_batch_size=8, batch_time_ms=50)
-    core = WorkerCore(worker_id=worker_id, partition=PARTITION, model=MODEL, engine=engine, clock=SYSTEM_CLOCK)
-    loop = WorkerLoop(
-        core=core,
-        engine=engine,
+    loop, engine = simulated_worker(
+        worker_id,
+        PARTITION,
+        MODEL,
+        batch_time_ms=50,
+        names=Names(results_topic=results_topic),
         consumer=worker_consumer,
         producer=producer,
         redis=redis,
-        clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=100,
-        shutdown_grace_s=5,
-        max_pending=32,
-        results_topic=results_topic,
     )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))

@@ -24,9 +24,7 @@ from llmq_core.constants import (
 )
 from llmq_core.kafka import make_consumer, make_producer, send_message
 from llmq_core.settings import Settings
-from llmq_worker.core import WorkerCore
-from llmq_worker.engines.simulated import SimulatedEngine
-from llmq_worker.loop import WorkerLoop
+from tests.integration.stacks import simulated_worker
 
 pytestmark = pytest.mark.integration
 
@@ -73,20 +71,10 @@ async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
 
-    engine = SimulatedEngine(max_batch_size=8, batch_time_ms=100)
-    core = WorkerCore(worker_id=worker_id, partition=PARTITION, model=MODEL, engine=engine, clock=SYSTEM_CLOCK)
     worker_consumer = make_consumer(settings, group_id=worker_group(PARTITION))
     await worker_consumer.start()
-    loop = WorkerLoop(
-        core=core,
-        engine=engine,
-        consumer=worker_consumer,
-        producer=producer,
-        redis=redis,
-        clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=100,
-        shutdown_grace_s=5,
-        max_pending=32,
+    loop, engine = simulated_worker(
+        worker_id, PARTITION, MODEL, batch_time_ms=100, consumer=worker_consumer, producer=producer, redis=redis
     )
     stop = asyncio.Event()
     worker = asyncio.create_task(loop.run(stop))

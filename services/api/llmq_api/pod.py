@@ -26,7 +26,8 @@ from llmq_api.waiters import WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.labels import LabelSet
-from llmq_core.redis_client import check_memory_policy
+from llmq_core.names import Names
+from llmq_core.redis_client import check_memory_policy, make_redis
 from llmq_core.requests import timeouts_by_class
 from llmq_core.settings import Settings
 
@@ -233,8 +234,8 @@ async def pod_heartbeat(redis: Redis, instance_id: str, clock: Clock, interval_m
 class Pod:
     """One API pod: settings, clients, background loops and the state shared by its HTTP handlers.
 
-    ``keys`` defaults to :meth:`KeyStore.from_settings` (raises ValueError for a bad keys file); ``saturation_key``
-    is the Redis hash of the batchers' reports (tests pass private ones).
+    ``keys`` defaults to :meth:`KeyStore.from_settings` (raises ValueError for a bad keys file); ``names``: the Redis
+    keys it reads, such as the hash of the batchers' reports (tests pass private ones).
     """
 
     def __init__(
@@ -246,7 +247,7 @@ class Pod:
         producer: RequestProducer | None = None,
         keys: KeyStore | None = None,
         redis: Redis | None = None,
-        saturation_key: str = constants.REDIS_SATURATION_KEY,
+        names: Names = Names(),
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id
@@ -258,14 +259,14 @@ class Pod:
         self.keys = keys or KeyStore.from_settings(settings)
         self.timeouts = timeouts_by_class(settings)
         self.shed = ShedPolicy.from_settings(settings)
-        self.redis = redis or Redis.from_url(
+        self.redis = redis or make_redis(
             settings.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10
         )
         self.saturation = SaturationMonitor(
             self.redis,
             clock,
             settings.api_saturation_stale_ms,
-            key=saturation_key,
+            key=names.saturation_key,
             heard_ms=self.catalog.heard_ms,
             instance_id=instance_id,
         )

@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import logging
 from collections import Counter
-from dataclasses import dataclass
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -36,6 +35,7 @@ from llmq_core import constants, kafka, requests, tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.models import BUILTIN_MODELS
+from llmq_core.names import Names
 from llmq_core.telemetry import request_fields
 
 log = logging.getLogger(__name__)
@@ -61,22 +61,6 @@ def is_permanent(exc: BaseException) -> bool:
 def retry_delay_ms(failures: int) -> int:
     """Hold after ``failures`` transient produce failures in a row (>= 1): exponential, capped."""
     return min(PRODUCE_RETRY_BASE_MS << min(failures - 1, 16), PRODUCE_RETRY_MAX_MS)
-
-
-@dataclass(frozen=True, slots=True)
-class Names:
-    """Topics, channels and keys the loop uses: llmq's own by default; tests pass private ones."""
-
-    request_topics: tuple[str, ...] = constants.REQUEST_TOPICS
-    deferred_topic: str = constants.requests_topic(constants.DEFERRED)
-    batches_topic: str = constants.TOPIC_BATCHES
-    results_topic: str = constants.TOPIC_RESULTS
-    dead_letters_topic: str = constants.TOPIC_DEAD_LETTERS
-    heartbeats_channel: str = constants.REDIS_HEARTBEATS_CHANNEL
-    cancels_channel: str = constants.REDIS_CANCELS_CHANNEL
-    stats_key: str = constants.STATS_BATCHER
-    saturation_key: str = constants.REDIS_SATURATION_KEY
-    reply_topic_prefixes: tuple[str, ...] = ()  # Settings.kafka_reply_topic_prefixes: see kafka.reply_topic_error
 
 
 class BatcherLoop:
@@ -516,8 +500,7 @@ class BatcherLoop:
 
     async def _dead_letter(self, tp: TopicPartition, record, reason: str) -> None:
         log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
-        headers = list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])]
-        await self.producer.send_and_wait(self.names.dead_letters_topic, record.value, key=record.key, headers=headers)
+        await kafka.dead_letter(self.producer, record, reason, topic=self.names.dead_letters_topic)
         self.offsets.settle(tp, record.offset)
 
     def _pause_deferred(self) -> None:

@@ -74,12 +74,8 @@ class JobLedger:
             return
         if settlement.dead_letter:
             reason = f"batch {reply.batch_id} line {reply.custom_id}: still failing after its last retry round"
-            await self.producer.send_and_wait(
-                constants.TOPIC_DEAD_LETTERS,
-                wire.encode(result),
-                key=result.request_id.encode(),
-                headers=kafka.headers() + [(constants.HEADER_ERROR, reason.encode())],
-            )
+            letter = kafka.Letter(wire.encode(result), result.request_id.encode(), kafka.headers())
+            await kafka.dead_letter(self.producer, letter, reason)
         await self._settle(reply.batch_id, settlement.change(reply.custom_id))
 
     async def _settle(self, batch_id: str, change: LineChange) -> None:

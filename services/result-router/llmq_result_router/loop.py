@@ -13,9 +13,10 @@ from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from llmq_core import constants, kafka, tracing, wire
+from llmq_core import kafka, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.metrics import RouterMetrics
+from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_result_router import replies
 from llmq_result_router.jobs import JobLedger
@@ -54,6 +55,7 @@ class ResultRouter:
         results: ResultStore | None = None,
         clock: Clock = SYSTEM_CLOCK,
         list_topics: TopicLister | None = None,
+        names: Names = Names(),
     ) -> None:
         self.settings = settings
         self.consumer = consumer
@@ -71,6 +73,7 @@ class ResultRouter:
         self.retry = ReplyRetry.from_settings(settings)
         self.topics = TopicView(clock, settings.router_topic_refresh_ms)
         self.list_topics = list_topics or (lambda: cluster_topics(producer))
+        self.names = names
         self.log_gate = LogGate(clock)
         self._listing = asyncio.Lock()  # partitions routed side by side share one listing
         self._streaks: dict[int, int] = {}  # partition -> results in a row that ended unsent after retries
@@ -260,7 +263,6 @@ class ResultRouter:
             log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
         elif self.metrics is not None:
             self.metrics.log_lines_suppressed.inc()
-        headers = list(record.headers or ()) + [(constants.HEADER_ERROR, reason.encode()[:512])]
-        if reply_topic is not None:
-            headers.append((constants.HEADER_REPLY_TOPIC, reply_topic.encode()))
-        await self.producer.send_and_wait(constants.TOPIC_DEAD_LETTERS, record.value, key=record.key, headers=headers)
+        await kafka.dead_letter(
+            self.producer, record, reason, topic=self.names.dead_letters_topic, reply_topic=reply_topic
+        )

@@ -17,17 +17,10 @@ from redis.exceptions import RedisError
 
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import (
-    REDIS_CANCELS_CHANNEL,
-    REDIS_HEARTBEATS_CHANNEL,
-    TOPIC_BATCHES,
-    TOPIC_DEAD_LETTERS,
-    TOPIC_RESULTS,
-    alive_key,
-    streamed_key,
-)
-from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, headers
+from llmq_core.constants import alive_key, streamed_key
+from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, dead_letter, headers
 from llmq_core.metrics import WorkerMetrics
+from llmq_core.names import Names
 from llmq_core.telemetry import request_fields
 from llmq_worker.core import CODE_RESULT_REFUSED, CODE_RESULT_TOO_LARGE, Outbox, WorkerCore, refused_result, streams
 from llmq_worker.engine import Engine
@@ -57,10 +50,10 @@ class WorkerLoop:
         shutdown_grace_s: float,
         max_pending: int,
         metrics: WorkerMetrics | None = None,
-        results_topic: str = TOPIC_RESULTS,
+        names: Names = Names(),
     ) -> None:
         """``consumer`` must be started with no subscription; ``max_pending``: requests taken but not final, at most;
-        ``results_topic``: where final outcomes are produced (llmq.results; tests may pick another)."""
+        ``names``: the topics and channels it uses (llmq's own; tests may pick others)."""
         self._core = core
         self._engine = engine
         self._consumer = consumer
@@ -70,12 +63,12 @@ class WorkerLoop:
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._shutdown_grace_s = shutdown_grace_s
         self._max_pending = max_pending
-        self._tp = TopicPartition(TOPIC_BATCHES, core.partition)
+        self._tp = TopicPartition(names.batches_topic, core.partition)
         self._progress = asyncio.Event()  # set whenever requests finish: wakes the fetcher and the drain
         self._commit_lock = asyncio.Lock()
         self._committed = -1
         self._metrics = metrics
-        self._results_topic = results_topic
+        self._names = names
         self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -131,12 +124,7 @@ class WorkerLoop:
         if not isinstance(batch, wire.Batch):
             log.error("dead-lettering record at offset %d: %s", record.offset, reason)
             try:
-                await self._producer.send_and_wait(
-                    TOPIC_DEAD_LETTERS,
-                    record.value,
-                    key=record.key,
-                    headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])],
-                )
+                await dead_letter(self._producer, record, reason, topic=self._names.dead_letters_topic)
             except RECORD_REFUSED_ERRORS as exc:  # it holds no request; retrying it would stop this partition for good
                 log.error("dead-letters refused the record at offset %d (%r): skipping it", record.offset, exc)
             self._core.skip(record.offset)
@@ -186,7 +174,7 @@ class WorkerLoop:
     async def _listen_for_cancels(self) -> None:
         pubsub = self._redis.pubsub()
         try:
-            await pubsub.subscribe(REDIS_CANCELS_CHANNEL)
+            await pubsub.subscribe(self._names.cancels_channel)
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if message is None:
@@ -214,7 +202,7 @@ class WorkerLoop:
         data = wire.encode(beat)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.publish(REDIS_HEARTBEATS_CHANNEL, data)
+                pipe.publish(self._names.heartbeats_channel, data)
                 pipe.set(alive_key("worker", self._core.worker_id), data, px=3 * self._heartbeat_interval_ms)
                 await pipe.execute()
         except Exception:  # noqa: BLE001 - a missed heartbeat is retried next interval
@@ -264,12 +252,12 @@ class WorkerLoop:
             code = CODE_RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else CODE_RESULT_REFUSED
             log.error(
                 "%s refused the result (%r): answering errored %s",
-                self._results_topic,
+                self._names.results_topic,
                 exc,
                 code,
                 extra=request_fields(result.request_id),
             )
-            stand_in = refused_result(result, code, f"{self._results_topic} refused the result: {exc!r}"[:512])
+            stand_in = refused_result(result, code, f"{self._names.results_topic} refused the result: {exc!r}"[:512])
             await self._send_result(stand_in, traced)
             return stand_in
 
@@ -281,7 +269,7 @@ class WorkerLoop:
         for attempt in range(PRODUCE_ATTEMPTS):
             try:
                 ack = await self._producer.send(
-                    self._results_topic, value, key=result.request_id.encode(), headers=record_headers
+                    self._names.results_topic, value, key=result.request_id.encode(), headers=record_headers
                 )
                 await ack
                 return

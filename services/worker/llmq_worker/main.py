@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import logging
-import signal
 
-from llmq_core import metrics, tracing
+from llmq_core import metrics, runtime
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import worker_group
 from llmq_core.kafka import make_consumer, make_renewable_producer, require_topic_limits
 from llmq_core.models import BUILTIN_MODELS
-from llmq_core.redis_client import make_redis
-from llmq_core.settings import Settings, load_settings
-from llmq_core.telemetry import setup_logging
+from llmq_core.settings import Settings
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import Engine
 from llmq_worker.loop import WorkerLoop
@@ -105,21 +104,16 @@ def _simulated(args: argparse.Namespace, spec) -> Engine:
     )
 
 
-async def serve(args: argparse.Namespace, settings: Settings) -> None:
+async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
     await require_topic_limits(settings)  # before loading a model: a result the broker refuses must not be computed
     engine = build_engine(args)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stack.push_async_callback(engine.close)
     observed = metrics.WorkerMetrics(args.model)
-    metrics_port = settings.metrics_port if args.metrics_port is None else args.metrics_port
-    stop_metrics = metrics.serve(observed.registry, metrics_port, settings.metrics_host)
-    redis = make_redis(settings.redis_url)
+    runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
+    redis = runtime.redis(stack, settings)
     producer = make_renewable_producer(settings)  # a refused result does not break it
     consumer = make_consumer(settings, group_id=worker_group(args.partition))
-    await producer.start()
-    await consumer.start()
+    await runtime.start(stack, producer, consumer)
     core = WorkerCore(
         worker_id=args.worker_id, partition=args.partition, model=args.model, engine=engine, clock=SYSTEM_CLOCK
     )
@@ -135,28 +129,20 @@ async def serve(args: argparse.Namespace, settings: Settings) -> None:
         max_pending=4 * engine.capacity().max_slots,
         metrics=observed,
     )
-    lag = asyncio.create_task(observed.lag.watch(consumer, worker_group(args.partition)))
     log.info("worker %s serving %s on partition %d", args.worker_id, args.model, args.partition)
-    try:
-        await worker.run(stop)
-    finally:
-        lag.cancel()
-        await engine.close()
-        await consumer.stop()
-        await producer.stop()
-        await redis.aclose()
-        tracing.shutdown()
-        if stop_metrics is not None:
-            stop_metrics()
-        log.info("worker %s stopped", args.worker_id)
+    stop = asyncio.Event()
+    # The loop drains within shutdown_grace_s itself, and its heartbeat refreshes the alive key (with its load).
+    return runtime.Work(
+        tasks=[worker.run(stop)],
+        stop=stop.set,
+        grace_s=None,
+        helpers=[observed.lag.watch(consumer, worker_group(args.partition))],
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    settings = load_settings()
-    setup_logging("worker", settings.log_level)
-    tracing.configure("worker", settings)
-    asyncio.run(serve(args, settings))
+    runtime.run(lambda: runtime.serve("worker", args.worker_id, functools.partial(build, args)))
 
 
 if __name__ == "__main__":

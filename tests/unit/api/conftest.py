@@ -10,7 +10,7 @@ from llmq_api.auth import KeyStore
 from llmq_api.pod import Pod
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
-from tests.unit.api.fakes import FakeRedis
+from tests.fakes import FakeRedis
 
 DEV_AUTH = {"authorization": "Bearer llmq-dev-key"}
 

@@ -52,63 +52,6 @@ class Trigger:
         await self._event.wait()
 
 
-class FakeRedis:
-    """In memory, the Redis calls an API pod makes (no expiry). Scripts: the idempotency release compares and deletes;
-    the rate limiter's take answers ``take_reply`` ({1, 0, 0}: granted) and records its keys and args in ``takes``,
-    its refund in ``gives``."""
-
-    def __init__(self) -> None:
-        self.published: list[tuple[str, bytes]] = []
-        self.data: dict[str, bytes] = {}
-        self.hashes: dict[str, dict[bytes, bytes]] = {}
-        self.take_reply = [1, 0, 0]
-        self.takes: list[tuple[list, list]] = []
-        self.gives: list[tuple[list, list]] = []
-
-    async def publish(self, channel: str, data: bytes) -> int:
-        self.published.append((channel, data))
-        return 0
-
-    async def get(self, key: str) -> bytes | None:
-        return self.data.get(key)
-
-    async def set(self, key: str, value: bytes, nx: bool = False, px: int | None = None) -> bool | None:
-        if nx and key in self.data:
-            return None
-        self.data[key] = value
-        return True
-
-    async def hgetall(self, key: str) -> dict[bytes, bytes]:
-        return dict(self.hashes.get(key, {}))
-
-    async def hset(self, key: str, field: str, value: bytes) -> int:
-        fields = self.hashes.setdefault(key, {})
-        new = field.encode() not in fields
-        fields[field.encode()] = value
-        return int(new)
-
-    async def hdel(self, key: str, *fields: bytes) -> int:
-        return sum(self.hashes.get(key, {}).pop(f, None) is not None for f in fields)
-
-    def register_script(self, script: str):
-        async def run(keys: list, args: list):
-            if "cjson" in script:  # release: delete while the claim names this request
-                claim = self.data.get(keys[0])
-                if claim and msgspec.json.decode(claim)["request_id"] == args[0]:
-                    del self.data[keys[0]]
-                    return 1
-                return 0
-            if "ZPOPMIN" in script:  # the result-router's ResultStore.put: first stored wins, no bound
-                return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
-            if "amount" in script:  # the rate limiter's refund
-                self.gives.append((keys, args))
-                return 1
-            self.takes.append((keys, args))
-            return list(self.take_reply)
-
-        return run
-
-
 class MemoryJobStore:
     """In memory, the JobStore calls the API pod's /v1/files and /v1/batches routes make (no ledger, no driver)."""
 

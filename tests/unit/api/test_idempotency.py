@@ -11,7 +11,8 @@ from llmq_api.validation import parse_completion
 from llmq_api.waiters import Waiter, WaiterRegistry
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from tests.unit.api.fakes import FakeRedis, final
+from tests.fakes import FakeRedis
+from tests.unit.api.fakes import final
 
 MODELS = {"llmq-sim": 0}
 

@@ -14,7 +14,8 @@ from llmq_api.waiters import Abandoned, DeadlineExceeded
 from llmq_core import wire
 from llmq_core.clock import FakeClock
 from llmq_core.constants import MAX_RESULT_BYTES
-from tests.unit.api.fakes import FakeRedis, final
+from tests.fakes import FakeRedis
+from tests.unit.api.fakes import final
 
 
 def completion(**params) -> ValidRequest:

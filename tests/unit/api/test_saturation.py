@@ -4,7 +4,7 @@ from llmq_api.admission import Prediction
 from llmq_api.saturation import FORGET_AFTER_MS, SaturationMonitor
 from llmq_core import wire
 from llmq_core.clock import FakeClock
-from tests.unit.api.fakes import FakeRedis
+from tests.fakes import FakeRedis
 
 
 def report(batcher_id: str, sent_ms: int, depth: int, age_ms: int) -> bytes:

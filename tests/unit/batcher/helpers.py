@@ -1,13 +1,18 @@
-"""Builders shared by the batcher's unit tests: requests, heartbeats and a policy on a FakeClock."""
+"""Builders shared by the batcher's unit tests: requests, heartbeats, a policy on a FakeClock and a loop on fakes."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+from aiokafka import TopicPartition
+
 from llmq_batcher.entries import EntryState, EntryTable
+from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import ENTRY_SLACK_BYTES, BatchPolicy, PolicyConfig
 from llmq_core import wire
 from llmq_core.clock import FakeClock
+from llmq_core.names import Names
+from tests.fakes import FakeConsumer, FakeProducer, FakeRedis
 
 MODEL = "llmq-sim"
 T0 = 1_700_000_000_000
@@ -114,3 +119,19 @@ def counts(table: EntryTable, tenants) -> dict[str, object]:
         "live_flights": table.live_flights,
         "tenant_inflight": +tenant_inflight,
     }
+
+
+NAMES = Names()
+INTERACTIVE = TopicPartition(NAMES.request_topics[0], 0)
+DEFERRED = TopicPartition(NAMES.deferred_topic, 0)
+
+
+def make_loop(
+    names: Names = NAMES, policy_config: dict | None = None, **options
+) -> tuple[BatcherLoop, FakeConsumer, FakeProducer, FakeRedis]:
+    """A BatcherLoop on fakes (assigned an interactive and the deferred partition); ``policy_config`` overrides
+    PolicyConfig fields, ``options`` BatcherLoop's."""
+    policy, clock = make_policy(**(policy_config or {}))
+    consumer, producer, redis = FakeConsumer(assigned={INTERACTIVE, DEFERRED}), FakeProducer(), FakeRedis()
+    loop = BatcherLoop(policy, consumer, producer, redis, clock, **{"max_queued": 100, "names": names, **options})
+    return loop, consumer, producer, redis

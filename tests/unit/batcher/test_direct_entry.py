@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import msgspec
 
-from llmq_batcher.loop import BatcherLoop
 from llmq_core import constants, requests, wire
-from tests.unit.batcher.helpers import T0, hb, make_policy, req
-from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
+from tests.fakes import Record
+from tests.unit.batcher.helpers import INTERACTIVE, NAMES, T0, hb, req
+from tests.unit.batcher.helpers import make_loop as make_batcher
 
 REPLIES = wire.KafkaReply(topic="team.replies")
 
@@ -19,19 +19,8 @@ def direct(request_id: str = "r1", **fields) -> wire.GenerationRequest:
 
 
 def make_loop():
-    policy, clock = make_policy()
-    producer, redis = FakeProducer(), FakeRedis()
-    loop = BatcherLoop(
-        policy,
-        FakeConsumer(),
-        producer,
-        redis,
-        clock,
-        max_queued=100,
-        names=NAMES,
-        rules=requests.Rules(max_timeout_ms={"interactive": 60_000}),
-    )
-    return loop, policy, producer, redis
+    loop, _, producer, redis = make_batcher(rules=requests.Rules(max_timeout_ms={"interactive": 60_000}))
+    return loop, loop.policy, producer, redis
 
 
 async def put(loop, request: wire.GenerationRequest, offset: int = 0) -> None:

@@ -9,8 +9,8 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError
 
 from llmq_core import constants, wire
-from tests.unit.batcher.helpers import req
-from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, Record, batcher  # noqa: F401 (fixture)
+from tests.fakes import FakeConsumer, Record
+from tests.unit.batcher.helpers import INTERACTIVE, NAMES, req
 
 HUGE = (
     '{"type":"generation_request","request_id":"big","created_ms":1,"deadline_ms":2,"model":"llmq-sim",'
@@ -22,7 +22,7 @@ def errors(producer) -> list[str]:
     return [dict(d["headers"])[constants.HEADER_ERROR].decode() for d in producer.on(NAMES.dead_letters_topic)]
 
 
-async def test_a_record_that_raises_after_decoding_costs_only_itself(batcher, monkeypatch):  # noqa: F811
+async def test_a_record_that_raises_after_decoding_costs_only_itself(batcher, monkeypatch):
     loop, consumer, producer, _ = batcher
     add = loop.policy.add
 
@@ -44,7 +44,7 @@ async def test_a_record_that_raises_after_decoding_costs_only_itself(batcher, mo
     assert consumer.commits[-1] == {INTERACTIVE: 3}
 
 
-async def test_an_integer_past_int64_is_dead_lettered_by_the_decoder(batcher):  # noqa: F811
+async def test_an_integer_past_int64_is_dead_lettered_by_the_decoder(batcher):
     loop, _, producer, _ = batcher
     await loop.ingest(INTERACTIVE, Record(offset=0, value=HUGE.encode()))
     await loop.ingest(INTERACTIVE, Record(offset=1, value=wire.encode(req("ok"))))
@@ -52,21 +52,10 @@ async def test_an_integer_past_int64_is_dead_lettered_by_the_decoder(batcher):  
     assert "$.attempt" in reason and loop.policy.holds("ok")
 
 
-class SeekingConsumer:
-    def __init__(self, fetch) -> None:
-        self.fetch, self.seeks = fetch, []
-
-    async def getmany(self, **_):
-        return self.fetch
-
-    def seek(self, tp, offset):
-        self.seeks.append((tp, offset))
-
-
-async def test_a_record_that_cannot_even_be_dead_lettered_seeks_its_fetch_back(batcher):  # noqa: F811
+async def test_a_record_that_cannot_even_be_dead_lettered_seeks_its_fetch_back(batcher):
     loop, _, producer, _ = batcher
     other = type(INTERACTIVE)(INTERACTIVE.topic, 1)
-    loop.consumer = SeekingConsumer(
+    loop.consumer = FakeConsumer(
         {
             INTERACTIVE: [Record(offset=5, value=wire.encode(req("a"))), Record(offset=6, value=b"\xc1")],
             other: [Record(offset=9, value=wire.encode(req("b")), partition=1)],

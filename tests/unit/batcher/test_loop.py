@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.errors import (
     InvalidTopicError,
     KafkaConnectionError,
@@ -18,133 +15,11 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from llmq_batcher.loop import BatcherLoop, Names, is_permanent, retry_delay_ms
+from llmq_batcher.loop import is_permanent, retry_delay_ms
 from llmq_batcher.policy import REQUEST_TOO_LARGE
 from llmq_core import constants, wire
-from tests.unit.batcher.helpers import T0, hb, make_policy, req
-
-NAMES = Names()
-INTERACTIVE = TopicPartition(NAMES.request_topics[0], 0)
-DEFERRED = TopicPartition(NAMES.deferred_topic, 0)
-
-
-@dataclass
-class Record:
-    offset: int
-    value: bytes
-    headers: tuple = ()
-    key: bytes | None = None
-    topic: str = INTERACTIVE.topic
-    partition: int = 0
-
-
-class FakeConsumer:
-    def __init__(self) -> None:
-        self.assigned = {INTERACTIVE, DEFERRED}
-        self.paused_tps: set[TopicPartition] = set()
-        self.commits: list[dict] = []
-
-    def assignment(self):
-        return set(self.assigned)
-
-    def paused(self):
-        return set(self.paused_tps)
-
-    def pause(self, *tps):
-        self.paused_tps |= set(tps)
-
-    def resume(self, *tps):
-        self.paused_tps -= set(tps)
-
-    async def commit(self, offsets):
-        self.commits.append(dict(offsets))
-
-
-class FakeProducer:
-    """Records what is sent; ``failing`` raises that error (True: a timeout); values over ``max_value_bytes`` are
-    refused as the broker refuses a record over its topic's max.message.bytes."""
-
-    def __init__(self) -> None:
-        self.sent: list[dict] = []
-        self.failing: bool | Exception = False
-        self.max_value_bytes: int | None = None
-        self.running = False
-
-    async def start(self):
-        self.running = True
-
-    async def stop(self):
-        self.running = False
-
-    async def send_and_wait(self, topic, value, key=None, partition=None, headers=None):
-        if self.failing:
-            raise KafkaTimeoutError() if self.failing is True else self.failing
-        if self.max_value_bytes is not None and len(value) > self.max_value_bytes:
-            raise MessageSizeTooLargeError()
-        self.sent.append(dict(topic=topic, value=value, key=key, partition=partition, headers=headers))
-
-    def on(self, topic: str) -> list[dict]:
-        return [s for s in self.sent if s["topic"] == topic]
-
-
-class FakePipeline:
-    def __init__(self, redis: FakeRedis) -> None:
-        self.redis = redis
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        return False
-
-    def hincrby(self, key, field, value):
-        fields = self.redis.hashes.setdefault(key, {})
-        fields[field] = fields.get(field, 0) + value
-
-    def hset(self, key, field=None, value=None, mapping=None):
-        fields = self.redis.hashes.setdefault(key, {})
-        fields.update(mapping or {field: value})
-
-    def publish(self, channel, payload):
-        self.redis.published.append((channel, payload))
-
-    async def execute(self):
-        return []
-
-
-class FakeRedis:
-    def __init__(self) -> None:
-        self.published: list[tuple[str, bytes]] = []
-        self.hashes: dict[str, dict] = {}
-        self.data: dict[str, bytes] = {}
-
-    async def publish(self, channel, payload):
-        self.published.append((channel, payload))
-
-    async def get(self, key):
-        return self.data.get(key)
-
-    async def set(self, key, value, nx=False, get=False, px=None):
-        old = self.data.get(key)
-        if not (nx and old is not None):
-            self.data[key] = value.encode() if isinstance(value, str) else value
-        return old if get else True
-
-    def pipeline(self, transaction=False):
-        return FakePipeline(self)
-
-
-def _batcher(**config):
-    """A loop on fakes; ``config`` overrides PolicyConfig fields."""
-    policy, clock = make_policy(**config)
-    consumer, producer, redis = FakeConsumer(), FakeProducer(), FakeRedis()
-    loop = BatcherLoop(policy, consumer, producer, redis, clock, max_queued=100, names=NAMES)
-    return loop, consumer, producer, redis
-
-
-@pytest.fixture
-def batcher():
-    return _batcher()
+from tests.fakes import Record
+from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, NAMES, T0, hb, make_loop, req
 
 
 def _json(request: wire.GenerationRequest, header: bool) -> Record:
@@ -209,7 +84,7 @@ async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batche
     assert wire.decode(payload).outcome is wire.Outcome.EXPIRED
     (logged,) = producer.on(NAMES.results_topic)
     assert logged["key"] == b"r1" and wire.decode(logged["value"]).outcome is wire.Outcome.EXPIRED
-    assert redis.hashes[NAMES.stats_key]["expired"] == 1
+    assert redis.hashes[NAMES.stats_key][b"expired"] == 1
     assert consumer.commits == [{INTERACTIVE: 1}]
 
 
@@ -224,7 +99,7 @@ async def test_failed_produce_hands_the_batch_back_and_commits_nothing(batcher):
     await loop.step(drain=True)
     assert [wire.decode(s["value"]).requests[0].attempt for s in producer.on(NAMES.batches_topic)] == [1]
     assert consumer.commits == [{INTERACTIVE: 1}]
-    assert redis.hashes[NAMES.stats_key]["batches"] == 1
+    assert redis.hashes[NAMES.stats_key][b"batches"] == 1
 
 
 async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
@@ -234,8 +109,8 @@ async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
         await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(req(f"r{offset}"))))
     await loop.step()
     stats = redis.hashes[NAMES.stats_key]
-    assert (stats["batches"], stats["requests"], stats["flush_size"]) == (1, 2, 1)
-    assert stats["queued_interactive:paid"] == 1
+    assert (stats[b"batches"], stats[b"requests"], stats[b"flush_size"]) == (1, 2, 1)
+    assert stats[b"queued_interactive:paid"] == 1
     (saturation,) = redis.hashes[NAMES.saturation_key].values()
     report = wire.decode(saturation)
     assert report.classes["interactive:paid"].depth == 1 and report.started_ms == loop.started_ms
@@ -345,7 +220,7 @@ async def test_batch_refused_as_too_large_is_bisected_and_a_lone_misfit_answered
 
 
 async def test_request_too_large_for_any_batch_is_answered_on_arrival():
-    loop, consumer, producer, _ = _batcher(max_batch_bytes=2000)
+    loop, consumer, producer, _ = make_loop(policy_config={"max_batch_bytes": 2000})
     loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
     await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("big", prompt="x" * 3000))))
     await loop.ingest(INTERACTIVE, Record(offset=1, value=wire.encode(req("small"))))

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from llmq_core import constants
-from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, Record, batcher  # noqa: F401 (fixture)
+from tests.fakes import Record
+from tests.unit.batcher.helpers import INTERACTIVE, NAMES
 
 DEEP_JSON = b'{"type":"generation_request","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 DEEP_MSGPACK = b"\x91" * 100_000 + b"\x90"
@@ -24,7 +25,7 @@ JSON_HEADER = ((constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_JSON.encod
         (b"", ()),
     ],
 )
-async def test_poison_record_is_dead_lettered_and_settled(batcher, value, headers):  # noqa: F811
+async def test_poison_record_is_dead_lettered_and_settled(batcher, value, headers):
     loop, consumer, producer, _ = batcher
     await loop.ingest(INTERACTIVE, Record(offset=3, value=value, headers=headers, key=b"k"))
     await loop.step(drain=True)

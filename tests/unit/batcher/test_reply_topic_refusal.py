@@ -7,10 +7,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmq_batcher.loop import BatcherLoop, Names
 from llmq_core import wire
-from tests.unit.batcher.helpers import make_policy, req
-from tests.unit.batcher.test_loop import INTERACTIVE, NAMES, FakeConsumer, FakeProducer, FakeRedis, Record
+from llmq_core.names import Names
+from tests.fakes import Record
+from tests.unit.batcher.helpers import INTERACTIVE, NAMES, req
+from tests.unit.batcher.helpers import make_loop as make_batcher
 
 
 def kafka_request(request_id: str, topic: str) -> wire.GenerationRequest:
@@ -18,10 +19,8 @@ def kafka_request(request_id: str, topic: str) -> wire.GenerationRequest:
 
 
 def make_loop(names: Names = NAMES):
-    policy, clock = make_policy()
-    producer, consumer = FakeProducer(), FakeConsumer()
-    loop = BatcherLoop(policy, consumer, producer, FakeRedis(), clock, max_queued=100, names=names)
-    return loop, policy, producer, consumer
+    loop, consumer, producer, _ = make_batcher(names)
+    return loop, loop.policy, producer, consumer
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmq_core import metrics, wire
 from llmq_core.labels import LabelSet
+from tests.fakes import FakeConsumer
 
 T0 = 1_700_000_000_000
 
@@ -118,29 +119,16 @@ def test_worker_slots_and_utilisation_from_its_heartbeat():
     )
 
 
-class FakeConsumer:
-    def __init__(self, tps):
-        self.tps, self.positions = tps, {}
-
-    def assignment(self):
-        return set(self.tps)
-
-    def highwater(self, tp):
-        return 10
-
-    async def position(self, tp):
-        return self.positions.get(tp, 4)
-
-
 async def test_consumer_lag_per_partition_forgets_revoked_ones():
     from aiokafka import TopicPartition
 
     m = metrics.BatcherMetrics()
     a, b = TopicPartition("t", 0), TopicPartition("t", 1)
-    consumer = FakeConsumer([a, b])
+    consumer = FakeConsumer(assigned=[a, b])
+    consumer.highwaters, consumer.positions = {a: 10, b: 10}, {a: 4, b: 4}
     await m.lag.update(consumer, "g")
     assert value(m, "llmq_kafka_consumer_lag", group="g", topic="t", partition="0") == 6
-    consumer.tps = [a]
+    consumer.assigned = {a}
     await m.lag.update(consumer, "g")
     assert value(m, "llmq_kafka_consumer_lag", group="g", topic="t", partition="1") is None
 

@@ -27,9 +27,7 @@ from llmq_result_router.loop import ResultRouter
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
-from tests.unit.api.fakes import FakeRedis as KeyValueRedis
-from tests.unit.batcher.test_loop import FakeConsumer, Record
-from tests.unit.batcher.test_loop import FakeRedis as BatcherRedis
+from tests.fakes import FakeConsumer, FakeRedis, Record
 
 
 class KafkaBus:
@@ -56,31 +54,6 @@ class KafkaBus:
         return record
 
 
-class PipelineRedis(KeyValueRedis):
-    """The worker's Redis: heartbeats and replies go through a pipeline."""
-
-    def pipeline(self, transaction=False):
-        redis, calls = self, []
-
-        class Pipe:
-            async def __aenter__(self):
-                return self
-
-            async def __aexit__(self, *exc):
-                return False
-
-            def publish(self, channel, data):
-                calls.append((channel, data))
-
-            def set(self, *args, **kwargs):
-                pass
-
-            async def execute(self):
-                redis.published.extend(calls)
-
-        return Pipe()
-
-
 @pytest.fixture
 def spans():
     exporter = InMemorySpanExporter()
@@ -103,14 +76,14 @@ async def until(check, timeout_s: float = 5.0):
 
 
 async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spans):
-    bus, pod_redis = KafkaBus(), KeyValueRedis()
+    bus, pod_redis = KafkaBus(), FakeRedis()
     producer = KafkaRequestProducer(Settings())
     producer._producer, producer.ready = bus, True
     pod = Pod(Settings(), "pod-1", producer=producer, redis=pod_redis)
     pod.listener.subscribed = True
     policy = BatchPolicy(PolicyConfig.defaults("t"))
     batcher = BatcherLoop(
-        policy, FakeConsumer(), bus, BatcherRedis(), SYSTEM_CLOCK, max_queued=100, metrics=BatcherMetrics()
+        policy, FakeConsumer(), bus, FakeRedis(), SYSTEM_CLOCK, max_queued=100, metrics=BatcherMetrics()
     )
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=20)
     core = WorkerCore(worker_id="w0", partition=0, model="llmq-sim", engine=engine, clock=SYSTEM_CLOCK)
@@ -120,7 +93,7 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
         engine=engine,
         consumer=bus,
         producer=bus,
-        redis=PipelineRedis(),
+        redis=FakeRedis(),
         clock=SYSTEM_CLOCK,
         heartbeat_interval_ms=250,
         shutdown_grace_s=1,
@@ -128,7 +101,7 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
         metrics=worker_metrics,
     )
     router_metrics = RouterMetrics()
-    router = ResultRouter(Settings(), FakeConsumer(), bus, KeyValueRedis(), metrics=router_metrics)
+    router = ResultRouter(Settings(), FakeConsumer(), bus, FakeRedis(), metrics=router_metrics)
     policy.on_heartbeat(core.heartbeat(SYSTEM_CLOCK.now_ms(), engine.context_window), SYSTEM_CLOCK.now_ms())
 
     transport = httpx.ASGITransport(app=create_app(pod))

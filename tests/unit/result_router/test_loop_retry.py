@@ -11,52 +11,23 @@ import llmq_result_router.loop as router_loop
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
+from tests.fakes import FakeConsumer, FakeRedis
 
 TP = ("llmq.results", 0)
 
 
-class FakeConsumer:
-    def __init__(self, records) -> None:
-        self.records = records
-        self.position = 0
-        self.commits = 0
-        self.router: ResultRouter | None = None
-
-    async def getmany(self, timeout_ms, max_records):
-        batch = self.records[self.position :]
-        if not batch:
-            self.router.stop()
-            return {}
-        self.position = len(self.records)
-        return {TP: batch}
-
-    def seek(self, tp, offset) -> None:
-        assert tp == TP
-        self.position = offset
-
-    async def commit(self) -> None:
-        self.commits += 1
-
-
-class FlakyRedis:
+class FlakyRedis(FakeRedis):
     """Fails its first SET (a pooled connection a Redis restart closed), then stores."""
 
     def __init__(self) -> None:
-        self.stored: dict[str, bytes] = {}
+        super().__init__()
         self.failures = 1
 
-    async def set(self, key, value, px=None, nx=False):
+    async def set(self, key, value, **options):
         if self.failures:
             self.failures -= 1
             raise RedisConnectionError("Connection closed by server.")
-        self.stored.setdefault(key, value)
-        return True
-
-    def register_script(self, script):
-        async def put(keys, args):  # ResultStore's script, as far as these tests need it: SET NX of the result
-            return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
-
-        return put
+        return await super().set(key, value, **options)
 
 
 def record(offset: int, request_id: str):
@@ -73,8 +44,9 @@ def record(offset: int, request_id: str):
 
 async def test_a_redis_error_routes_the_batch_again_and_commits_once_it_went_through(monkeypatch):
     monkeypatch.setattr(router_loop, "RETRY_DELAY_S", 0)
-    consumer, redis = FakeConsumer([record(0, "r0"), record(1, "r1")]), FlakyRedis()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer=None, redis=redis)
+    consumer, redis = FakeConsumer({TP: [record(0, "r0"), record(1, "r1")]}), FlakyRedis()
+    router = ResultRouter(Settings(), consumer, producer=None, redis=redis)
+    consumer.drained = router.stop
     await asyncio.wait_for(router.run(), 5)
-    assert set(redis.stored) == {constants.result_key("r0"), constants.result_key("r1")}
-    assert consumer.commits == 1
+    assert set(redis.data) == {constants.result_key("r0"), constants.result_key("r1")}
+    assert consumer.commits == [None]

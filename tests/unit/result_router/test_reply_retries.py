@@ -17,7 +17,7 @@ from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.replies import LogGate, Presence, ReplyRetry, TopicView, give_up
 from llmq_result_router.routing import plan_delivery
-from tests.unit.result_router.fakes import FakeRedis
+from tests.fakes import FakeConsumer, FakeRedis
 
 TP = ("llmq.results", 0)
 
@@ -172,20 +172,6 @@ def _record(offset: int, result: wire.FinalResult, partition: int = 0):
     )
 
 
-class FakeConsumer:
-    def __init__(self, batches) -> None:
-        self.batches, self.commits, self.router = batches, 0, None
-
-    async def getmany(self, timeout_ms, max_records):
-        if not self.batches:
-            self.router.stop()
-            return {}
-        return self.batches.pop(0)
-
-    async def commit(self) -> None:
-        self.commits += 1
-
-
 class Broker:
     """A producer whose topics are ``existing``; ``too_large`` ones refuse every record; ``hang`` ones never show up in
     metadata (aiokafka would wait its whole request timeout); ``flaky`` ones time out every send. All of them are
@@ -222,7 +208,7 @@ class Broker:
 
 def _router(consumer, broker, redis, metrics=None, **settings) -> ResultRouter:
     base = dict(router_reply_attempts=3, router_reply_backoff_ms=1, router_reply_metadata_timeout_ms=20)
-    router = consumer.router = ResultRouter(
+    router = ResultRouter(
         Settings(**{**base, **settings}),
         consumer,
         broker,
@@ -231,6 +217,7 @@ def _router(consumer, broker, redis, metrics=None, **settings) -> ResultRouter:
         clock=FakeClock(),
         list_topics=broker.list_topics,
     )
+    consumer.drained = router.stop
     return router
 
 
@@ -238,7 +225,7 @@ async def test_replies_to_missing_topics_are_dead_lettered_at_once_whatever_thei
     fresh = [_record(i, _result(f"lost-{i}", f"gone.{i}.replies")) for i in range(16)]
     batch = {TP: [*fresh, _record(16, _result("ok", "team.replies")), _record(17, _result("again", "gone.0.replies"))]}
     consumer, broker, redis, metrics = (
-        FakeConsumer([batch]),
+        FakeConsumer(batch),
         Broker(existing={"team.replies"}),
         FakeRedis(),
         RouterMetrics(),
@@ -255,13 +242,13 @@ async def test_replies_to_missing_topics_are_dead_lettered_at_once_whatever_thei
     assert broker.listings == 1 and broker.lookups == ["team.replies"]  # one listing; no try for a missing topic
     assert metrics.reply_dead_letters.labels("missing_topic")._value.get() == 17
     assert metrics.log_lines_suppressed._value.get() == 1  # gone.0.replies again, within the window
-    assert consumer.commits == 1
+    assert consumer.commits == [None]
     for request_id in ("lost-0", "ok", "again"):  # stored for GET /v1/requests/{id}; a redelivery does not try again
         assert constants.result_key(request_id) in redis.data and constants.delivered_key(request_id) in redis.data
 
 
 async def test_a_record_too_large_is_dead_lettered_after_one_try():
-    consumer = FakeConsumer([{TP: [_record(0, _result("big", "team.replies"))]}])
+    consumer = FakeConsumer({TP: [_record(0, _result("big", "team.replies"))]})
     broker = Broker(too_large={"team.replies"})
     await asyncio.wait_for(_router(consumer, broker, FakeRedis()).run(), 5)
     [(topic, _, headers)] = broker.sent
@@ -274,7 +261,7 @@ async def test_a_topic_stuck_in_metadata_holds_up_only_its_own_partition_and_onl
         {TP: [_record(0, _result("stuck", "slow.replies"))]},
         {("llmq.results", 1): [_record(0, _result("ok", "team.replies"), partition=1)]},
     )
-    consumer = FakeConsumer([{**stuck, **other}])
+    consumer = FakeConsumer({**stuck, **other})
     broker = Broker(existing={"team.replies"}, hang={"slow.replies"})
     await asyncio.wait_for(_router(consumer, broker, FakeRedis()).run(), 5)
     assert [(topic, key) for topic, key, _ in broker.sent] == [
@@ -287,7 +274,7 @@ async def test_a_topic_stuck_in_metadata_holds_up_only_its_own_partition_and_onl
 async def test_a_partition_stops_retrying_once_results_in_a_row_ended_unsent_until_a_reply_goes_out():
     flaky = [_record(i, _result(f"f{i}", "flaky.replies")) for i in range(4)]
     consumer = FakeConsumer(
-        [{TP: [*flaky, _record(4, _result("ok", "team.replies")), _record(5, _result("f5", "flaky.replies"))]}]
+        {TP: [*flaky, _record(4, _result("ok", "team.replies")), _record(5, _result("f5", "flaky.replies"))]}
     )
     broker, metrics = Broker(existing={"team.replies"}, flaky={"flaky.replies"}), RouterMetrics()
     await asyncio.wait_for(_router(consumer, broker, FakeRedis(), metrics, router_reply_retry_streak_max=2).run(), 5)
@@ -297,7 +284,7 @@ async def test_a_partition_stops_retrying_once_results_in_a_row_ended_unsent_unt
 
 @pytest.mark.parametrize("topic", ["__consumer_offsets", "llmq.batches", "llmq.results", "llmq.requests.deferred"])
 async def test_a_reserved_reply_topic_is_never_produced_to(topic):
-    consumer = FakeConsumer([{TP: [_record(0, _result("r", topic)), _record(1, _result("ok", "team.replies"))]}])
+    consumer = FakeConsumer({TP: [_record(0, _result("r", topic)), _record(1, _result("ok", "team.replies"))]})
     broker = Broker(existing={"team.replies", topic})
     await asyncio.wait_for(_router(consumer, broker, FakeRedis()).run(), 5)
     assert [(t, key) for t, key, _ in broker.sent] == [(constants.TOPIC_DEAD_LETTERS, b"r"), ("team.replies", b"ok")]

@@ -14,7 +14,7 @@ from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.loop import ResultRouter
-from tests.unit.result_router.fakes import FakeConsumer, FakeProducer
+from tests.fakes import FakeConsumer, FakeProducer
 
 TP = ("llmq.results", 0)
 OOM = "command not allowed when used memory > 'maxmemory'."
@@ -49,14 +49,15 @@ def _record(offset: int, request_id: str):
 
 
 async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_out_once():
-    consumer, producer = FakeConsumer([_record(0, "r0"), _record(1, "r1")]), FakeProducer({"my.replies"})
+    consumer, producer = FakeConsumer({TP: [_record(0, "r0"), _record(1, "r1")]}), FakeProducer({"my.replies"})
     metrics = RouterMetrics()
-    router = consumer.router = ResultRouter(
+    router = ResultRouter(
         Settings(), consumer, producer, FullRedis(), metrics=metrics, list_topics=producer.list_topics
     )
+    consumer.drained = router.stop
     await asyncio.wait_for(router.run(), 5)
-    assert producer.sent == [("my.replies", b"r0"), ("my.replies", b"r1")]
-    assert consumer.commits == 1 and consumer.seeks == 0
+    assert producer.keys() == [("my.replies", b"r0"), ("my.replies", b"r1")]
+    assert consumer.commits == [None] and consumer.seeks == []
     assert metrics.stored_dropped.labels("refused")._value.get() == 2
 
 

@@ -13,7 +13,7 @@ from llmq_core.kafka import is_valid_topic_name
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.routing import plan_delivery
-from tests.unit.result_router.fakes import FakeConsumer, FakeProducer, FakeRedis
+from tests.fakes import FakeConsumer, FakeProducer, FakeRedis
 
 TP = ("llmq.results", 0)
 
@@ -52,13 +52,19 @@ def _record(offset: int, result: wire.FinalResult):
     )
 
 
-async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_next_result():
-    consumer = FakeConsumer([_record(0, _result("bad", "")), _record(1, _result("good", "ok.replies"))])
-    producer, redis = FakeProducer({"ok.replies"}), FakeRedis()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
+async def route(*records) -> tuple[FakeConsumer, FakeProducer, FakeRedis]:
+    """Run a router over ``records`` (one fetch) until it has routed them; the cluster has the topic ok.replies."""
+    consumer, producer, redis = FakeConsumer({TP: list(records)}), FakeProducer({"ok.replies"}), FakeRedis()
+    router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
+    consumer.drained = router.stop
     await asyncio.wait_for(router.run(), 5)
-    assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"bad"), ("ok.replies", b"good")]
-    assert constants.result_key("bad") in redis.data and consumer.commits == 1
+    return consumer, producer, redis
+
+
+async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_next_result():
+    consumer, producer, redis = await route(_record(0, _result("bad", "")), _record(1, _result("good", "ok.replies")))
+    assert producer.keys() == [(constants.TOPIC_DEAD_LETTERS, b"bad"), ("ok.replies", b"good")]
+    assert constants.result_key("bad") in redis.data and consumer.commits == [None]
 
 
 @pytest.mark.parametrize(
@@ -66,11 +72,8 @@ async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_n
 )
 async def test_a_poison_result_record_is_dead_lettered_and_the_next_one_delivered(value):
     poison = SimpleNamespace(topic=TP[0], partition=TP[1], offset=0, key=b"poison", value=value, headers=[])
-    consumer = FakeConsumer([poison, _record(1, _result("good", "ok.replies"))])
-    producer, redis = FakeProducer({"ok.replies"}), FakeRedis()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
-    await asyncio.wait_for(router.run(), 5)
-    assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"poison"), ("ok.replies", b"good")]
+    consumer, producer, redis = await route(poison, _record(1, _result("good", "ok.replies")))
+    assert producer.keys() == [(constants.TOPIC_DEAD_LETTERS, b"poison"), ("ok.replies", b"good")]
 
 
 async def test_a_result_whose_routing_raises_is_dead_lettered_and_the_next_one_delivered(monkeypatch):
@@ -86,9 +89,8 @@ async def test_a_result_whose_routing_raises_is_dead_lettered_and_the_next_one_d
         return plan(result, prefixes)
 
     monkeypatch.setattr(router_loop, "plan_delivery", failing_plan)
-    consumer = FakeConsumer([_record(0, _result("odd", "ok.replies")), _record(1, _result("good", "ok.replies"))])
-    producer, redis = FakeProducer({"ok.replies"}), FakeRedis()
-    router = consumer.router = ResultRouter(Settings(), consumer, producer, redis, list_topics=producer.list_topics)
-    await asyncio.wait_for(router.run(), 5)
-    assert producer.sent == [(constants.TOPIC_DEAD_LETTERS, b"odd"), ("ok.replies", b"good")]
-    assert consumer.commits == 1
+    consumer, producer, redis = await route(
+        _record(0, _result("odd", "ok.replies")), _record(1, _result("good", "ok.replies"))
+    )
+    assert producer.keys() == [(constants.TOPIC_DEAD_LETTERS, b"odd"), ("ok.replies", b"good")]
+    assert consumer.commits == [None]

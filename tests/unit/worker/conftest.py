@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from worker_fakes import ManualTime
+
+from tests.unit.worker.worker_fakes import ManualTime
 
 
 @pytest.fixture

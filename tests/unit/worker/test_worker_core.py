@@ -3,68 +3,15 @@
 from __future__ import annotations
 
 import msgspec
-from worker_fakes import T0_MS, make_request
 
 from llmq_core.clock import FakeClock
 from llmq_core.constants import STREAM_INTERRUPTED, replies_channel
-from llmq_core.wire import Batch, Choice, FinalResult, KafkaReply, Outcome, StreamMark, TokenChunk, Usage
+from llmq_core.wire import FinalResult, KafkaReply, Outcome, StreamMark, TokenChunk
 from llmq_worker.core import STREAM_MARK_GRACE_MS, WorkerCore
-from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest
+from llmq_worker.engine import ChunkEvent
+from tests.unit.worker.worker_fakes import T0_MS, StepEngine, batch, make_request
 
 POD = replies_channel("pod-1")
-
-
-class StepEngine:
-    """Runs everything submitted as one step when told; a step holding a poisoned prompt fails as a whole."""
-
-    fixed_batch_time_ms = 0
-    context_window = 100
-
-    def __init__(self, clock: FakeClock, poison: str = "POISON") -> None:
-        self.clock = clock
-        self.poison = poison
-        self.submitted: dict[str, object] = {}
-        self.canceled: list[str] = []
-        self.steps: list[list[str]] = []
-
-    def submit(self, request) -> None:
-        if request.sampling.max_tokens > self.context_window:
-            raise InvalidRequest("too long")
-        self.submitted[request.request_id] = request
-
-    def cancel(self, request_id: str) -> None:
-        self.canceled.append(request_id)
-
-    def capacity(self) -> Capacity:
-        return Capacity(max_slots=8, running=len(self.submitted), queued=0, est_drain_ms=0)
-
-    def step(self) -> list:
-        """One step: chunk + final per request (or a shared failure of all of them)."""
-        requests, self.submitted = list(self.submitted.values()), {}
-        self.steps.append([r.request_id for r in requests])
-        self.clock.advance(10)
-        if any(self.poison in r.prompt for r in requests):
-            return [self.final(r, Outcome.ERRORED, "", shared_failure=True) for r in requests]
-        events = [ChunkEvent(r.request_id, 0, r.prompt) for r in requests]
-        return events + [self.final(r, Outcome.SUCCEEDED, r.prompt) for r in requests]
-
-    def stop(self, request_id: str) -> list:
-        """The FinalEvent a canceled running request gets."""
-        request = self.submitted.pop(request_id)
-        return [self.final(request, Outcome.CANCELED, "")]
-
-    def final(self, request, outcome, text, shared_failure=False) -> FinalEvent:
-        now = self.clock.now_ms()
-        return FinalEvent(
-            request_id=request.request_id,
-            outcome=outcome,
-            choices=[Choice(index=0, text=text)],
-            usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
-            started_ms=now - 10,
-            first_token_ms=now - 5,
-            finished_ms=now,
-            shared_failure=shared_failure,
-        )
 
 
 def setup(**engine_args):
@@ -72,17 +19,6 @@ def setup(**engine_args):
     engine = StepEngine(clock, **engine_args)
     core = WorkerCore(worker_id="w1", partition=3, model="llmq-sim", engine=engine, clock=clock)
     return clock, engine, core
-
-
-def batch(*requests, batch_id="b1") -> Batch:
-    return Batch(
-        batch_id=batch_id,
-        worker_id="w1",
-        model="llmq-sim",
-        requests=list(requests),
-        formed_ms=T0_MS,
-        flush_reason="size",
-    )
 
 
 def results_of(out) -> dict[str, FinalResult]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from worker_fakes import make_request
 
 from llmq_worker.engine import InvalidRequest, TokenRate, check_logit_bias
+from tests.unit.worker.worker_fakes import make_request
 
 
 def test_token_rate_measures_windows_and_smooths_with_its_half_life():

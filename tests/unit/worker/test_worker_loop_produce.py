@@ -4,64 +4,18 @@ for good is replaced by its errored stand-in in both places; transient errors ar
 from __future__ import annotations
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, TopicAuthorizationFailedError
-from test_worker_core import StepEngine, batch
-from worker_fakes import T0_MS, make_request
 
-from llmq_core import wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
 from llmq_worker import loop as loop_module
 from llmq_worker.core import WorkerCore
 from llmq_worker.loop import PRODUCE_ATTEMPTS, WorkerLoop
+from tests.fakes import FakeConsumer, FakeProducer, FakeRedis
+from tests.unit.worker.worker_fakes import T0_MS, StepEngine, batch, make_request
 
-
-class FakeProducer:
-    """Fails the sends of request ids listed in ``failures`` (one exception per try, in order); logs every event."""
-
-    def __init__(self, events: list, failures: dict[str, list[Exception]]) -> None:
-        self.events, self.failures = events, failures
-
-    async def send(self, topic, value, *, key, headers):
-        errors = self.failures.get(key.decode(), [])
-        if errors:
-            raise errors.pop(0)
-        self.events.append(("kafka", wire.decode(value)))
-
-        async def ack():
-            return None
-
-        return ack()
-
-    async def send_and_wait(self, topic, value, *, key, headers):
-        raise MessageSizeTooLargeError()  # e.g. a record at the topic limit, plus the dead-letter header
-
-
-class FakeRedis:
-    def __init__(self, events: list) -> None:
-        self.events = events
-
-    def pipeline(self, transaction: bool):
-        return self
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        return False
-
-    def publish(self, channel, data):
-        self.events.append(("redis", wire.decode(data)))
-
-    async def execute(self):
-        return []
-
-
-class FakeConsumer:
-    def __init__(self) -> None:
-        self.committed: list[int] = []
-
-    async def commit(self, offsets):
-        self.committed += list(offsets.values())
+BATCHES = TopicPartition(constants.TOPIC_BATCHES, 0)
 
 
 def setup(failures: dict[str, list[Exception]]):
@@ -69,12 +23,15 @@ def setup(failures: dict[str, list[Exception]]):
     engine = StepEngine(clock)
     core = WorkerCore(worker_id="w1", partition=0, model="llmq-sim", engine=engine, clock=clock)
     events: list = []
+    producer = FakeProducer(log=events)
+    producer.failures = failures
+    producer.refusing_topics = {constants.TOPIC_DEAD_LETTERS}  # e.g. a record at the topic limit, plus the reason
     loop = WorkerLoop(
         core=core,
         engine=engine,
         consumer=FakeConsumer(),
-        producer=FakeProducer(events, failures),
-        redis=FakeRedis(events),
+        producer=producer,
+        redis=FakeRedis(log=events),
         clock=clock,
         heartbeat_interval_ms=100,
         shutdown_grace_s=1,
@@ -90,7 +47,8 @@ def no_backoff(monkeypatch):
 
 
 def finals(events, where: str) -> dict[str, wire.FinalResult]:
-    return {m.request_id: m for kind, m in events if kind == where and isinstance(m, wire.FinalResult)}
+    messages = [wire.decode(data) for kind, data in events if kind == where]
+    return {m.request_id: m for m in messages if isinstance(m, wire.FinalResult)}
 
 
 async def test_the_durable_record_comes_first_and_the_answer_is_the_same_outcome():
@@ -131,7 +89,7 @@ async def test_a_record_dead_letters_refuse_is_skipped_not_retried_forever():
     record = SimpleNamespace(value=b"not a batch", headers=[], key=None, offset=4)
     assert not await loop._take(record)
     await loop._deliver(out)  # offset 3's batch is answered: the commit moves past the skipped record too
-    assert loop._consumer.committed == [5]
+    assert loop._consumer.commits == [{BATCHES: 5}]
 
 
 @pytest.mark.parametrize(
@@ -145,4 +103,4 @@ async def test_a_record_no_decoder_can_take_is_skipped_not_raised(value, headers
     record = SimpleNamespace(value=value, headers=headers, key=None, offset=4)
     assert not await loop._take(record)
     await loop._deliver(out)
-    assert loop._consumer.committed == [5]
+    assert loop._consumer.commits == [{BATCHES: 5}]

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from test_worker_vllm import ByteCodec, ScriptedClient, drain
-from worker_fakes import make_request
-
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.tokenizer import encode
 from llmq_core.wire import Outcome
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.engines.vllm_engine import VllmEngine
 from llmq_worker.text import ChoiceText, ResultBudget
+from tests.unit.worker.worker_fakes import ByteCodec, ScriptedClient, drain, make_request
 
 
 def test_budget_cuts_at_a_character_boundary_and_then_takes_nothing():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from worker_fakes import T0_MS, make_request, settle
 
 from llmq_core.clock import FakeClock
 from llmq_core.tokenizer import render_chat
@@ -11,6 +10,7 @@ from llmq_core.wire import Batch, Outcome
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest
 from llmq_worker.engines.simulated import SimulatedEngine
+from tests.unit.worker.worker_fakes import T0_MS, make_request, settle
 
 
 @pytest.fixture

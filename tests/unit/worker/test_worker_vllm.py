@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
-from worker_fakes import make_request, settle
 
-from llmq_core.tokenizer import encode
 from llmq_core.wire import Outcome, SamplingParams, Usage
-from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest, prompt_text
+from llmq_worker.engine import InvalidRequest
 from llmq_worker.engines.vllm_engine import (
     SEED_MODULUS,
     EngineDied,
@@ -22,6 +18,7 @@ from llmq_worker.engines.vllm_engine import (
     usage,
     vllm_sampling_kwargs,
 )
+from tests.unit.worker.worker_fakes import ByteCodec, ScriptedClient, drain, make_request, settle
 
 
 def test_importing_the_worker_never_imports_vllm_or_torch():
@@ -89,45 +86,6 @@ def test_finish_reason_and_usage_mapping():
 # --- the engine over a scripted generate() ----------------------------------------------------------------------------
 
 
-class ScriptedClient:
-    """Stands in for AsyncLLM.generate/errored/shutdown: each request streams its prompt back one token per output
-    (cumulative text and ids), ``stop`` after ``max_tokens`` or at a prompt holding "STOP", waiting while ``paused``."""
-
-    def __init__(self) -> None:
-        self.errored = False
-        self.fail_with: Exception | None = None
-        self.paused = asyncio.Event()
-        self.paused.set()
-        self.started: list[str] = []
-        self.aborted: list[str] = []
-
-    async def generate(self, prompt_ids, params, request_id):
-        self.started.append(request_id)
-        ids = []
-        try:
-            for token in prompt_ids[: params["max_tokens"]]:
-                await self.paused.wait()
-                if self.fail_with is not None:
-                    raise self.fail_with
-                ids.append(token)
-                text = bytes(t - 3 for t in ids).decode("utf-8", errors="replace")
-                done = len(ids) == min(len(prompt_ids), params["max_tokens"])
-                reason = ("length" if len(ids) == params["max_tokens"] else "stop") if done else None
-                yield SimpleNamespace(outputs=[SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason)])
-                await asyncio.sleep(0)
-        except (asyncio.CancelledError, GeneratorExit):  # as AsyncLLM.generate: both abort the request
-            self.aborted.append(request_id)
-            raise
-
-    def shutdown(self) -> None:
-        pass
-
-
-class ByteCodec:
-    def prompt_ids(self, request):
-        return encode(prompt_text(request))
-
-
 @pytest.fixture
 async def client_engine():
     client = ScriptedClient()
@@ -136,20 +94,6 @@ async def client_engine():
     )
     yield client, engine
     await engine.close()
-
-
-async def drain(engine, count: int) -> tuple[dict[str, FinalEvent], dict[tuple[str, int], str]]:
-    finals, streamed = {}, {}
-    async with asyncio.timeout(5):
-        while len(finals) < count:
-            for event in await engine.next_events():
-                if isinstance(event, ChunkEvent):
-                    streamed[(event.request_id, event.index)] = (
-                        streamed.get((event.request_id, event.index), "") + event.text
-                    )
-                else:
-                    finals[event.request_id] = event
-    return finals, streamed
 
 
 async def test_choices_stream_deltas_that_add_up_to_the_final_text(client_engine):

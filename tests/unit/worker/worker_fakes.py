@@ -1,13 +1,16 @@
-"""Fakes of the worker's unit tests: hand-driven time and request builders (unique module name: no clash on sys.path)."""
+"""Fakes of the worker's unit tests: hand-driven time, request and batch builders, a step engine, a scripted vLLM."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
+from types import SimpleNamespace
 
 from llmq_core.clock import FakeClock
-from llmq_core.wire import ChatMessage, GenerationRequest, HttpReply, SamplingParams
+from llmq_core.tokenizer import encode
+from llmq_core.wire import Batch, ChatMessage, Choice, GenerationRequest, HttpReply, Outcome, SamplingParams, Usage
+from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest, prompt_text
 
 T0_MS = 1_700_000_000_000
 
@@ -76,3 +79,120 @@ def make_request(
         reply_to=HttpReply(instance_id="pod-1"),
         attempt=attempt,
     )
+
+
+def batch(*requests, batch_id="b1") -> Batch:
+    return Batch(
+        batch_id=batch_id,
+        worker_id="w1",
+        model="llmq-sim",
+        requests=list(requests),
+        formed_ms=T0_MS,
+        flush_reason="size",
+    )
+
+
+class StepEngine:
+    """Runs everything submitted as one step when told; a step holding a poisoned prompt fails as a whole."""
+
+    fixed_batch_time_ms = 0
+    context_window = 100
+
+    def __init__(self, clock: FakeClock, poison: str = "POISON") -> None:
+        self.clock = clock
+        self.poison = poison
+        self.submitted: dict[str, object] = {}
+        self.canceled: list[str] = []
+        self.steps: list[list[str]] = []
+
+    def submit(self, request) -> None:
+        if request.sampling.max_tokens > self.context_window:
+            raise InvalidRequest("too long")
+        self.submitted[request.request_id] = request
+
+    def cancel(self, request_id: str) -> None:
+        self.canceled.append(request_id)
+
+    def capacity(self) -> Capacity:
+        return Capacity(max_slots=8, running=len(self.submitted), queued=0, est_drain_ms=0)
+
+    def step(self) -> list:
+        """One step: chunk + final per request (or a shared failure of all of them)."""
+        requests, self.submitted = list(self.submitted.values()), {}
+        self.steps.append([r.request_id for r in requests])
+        self.clock.advance(10)
+        if any(self.poison in r.prompt for r in requests):
+            return [self.final(r, Outcome.ERRORED, "", shared_failure=True) for r in requests]
+        events = [ChunkEvent(r.request_id, 0, r.prompt) for r in requests]
+        return events + [self.final(r, Outcome.SUCCEEDED, r.prompt) for r in requests]
+
+    def stop(self, request_id: str) -> list:
+        """The FinalEvent a canceled running request gets."""
+        request = self.submitted.pop(request_id)
+        return [self.final(request, Outcome.CANCELED, "")]
+
+    def final(self, request, outcome, text, shared_failure=False) -> FinalEvent:
+        now = self.clock.now_ms()
+        return FinalEvent(
+            request_id=request.request_id,
+            outcome=outcome,
+            choices=[Choice(index=0, text=text)],
+            usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
+            started_ms=now - 10,
+            first_token_ms=now - 5,
+            finished_ms=now,
+            shared_failure=shared_failure,
+        )
+
+
+class ScriptedClient:
+    """Stands in for AsyncLLM.generate/errored/shutdown: each request streams its prompt back one token per output
+    (cumulative text and ids), ``stop`` after ``max_tokens`` or at a prompt holding "STOP", waiting while ``paused``."""
+
+    def __init__(self) -> None:
+        self.errored = False
+        self.fail_with: Exception | None = None
+        self.paused = asyncio.Event()
+        self.paused.set()
+        self.started: list[str] = []
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt_ids, params, request_id):
+        self.started.append(request_id)
+        ids = []
+        try:
+            for token in prompt_ids[: params["max_tokens"]]:
+                await self.paused.wait()
+                if self.fail_with is not None:
+                    raise self.fail_with
+                ids.append(token)
+                text = bytes(t - 3 for t in ids).decode("utf-8", errors="replace")
+                done = len(ids) == min(len(prompt_ids), params["max_tokens"])
+                reason = ("length" if len(ids) == params["max_tokens"] else "stop") if done else None
+                yield SimpleNamespace(outputs=[SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason)])
+                await asyncio.sleep(0)
+        except (asyncio.CancelledError, GeneratorExit):  # as AsyncLLM.generate: both abort the request
+            self.aborted.append(request_id)
+            raise
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ByteCodec:
+    def prompt_ids(self, request):
+        return encode(prompt_text(request))
+
+
+async def drain(engine, count: int) -> tuple[dict[str, FinalEvent], dict[tuple[str, int], str]]:
+    finals, streamed = {}, {}
+    async with asyncio.timeout(5):
+        while len(finals) < count:
+            for event in await engine.next_events():
+                if isinstance(event, ChunkEvent):
+                    streamed[(event.request_id, event.index)] = (
+                        streamed.get((event.request_id, event.index), "") + event.text
+                    )
+                else:
+                    finals[event.request_id] = event
+    return finals, streamed
