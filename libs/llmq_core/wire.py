@@ -166,6 +166,15 @@ class Usage(_Struct, kw_only=True):
     completion_tokens: Count = 0
     total_tokens: Count = 0
 
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        """``prompt_tokens`` in, ``completion_tokens`` out (every choice's), and their sum."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
 
 class Timings(_Struct, kw_only=True):
     """Milliseconds: ``queued_ms`` from created to engine start, ``ttft_ms`` created to first token, ``total_ms`` to end."""
@@ -173,6 +182,12 @@ class Timings(_Struct, kw_only=True):
     queued_ms: Int64 = 0
     ttft_ms: Int64 = 0
     total_ms: Int64 = 0
+
+    @classmethod
+    def queued_only(cls, created_ms: int, finished_ms: int) -> Timings:
+        """A request answered without an engine's timings: all of its time from created to end counts as queued."""
+        waited_ms = max(0, finished_ms - created_ms)
+        return cls(queued_ms=waited_ms, total_ms=waited_ms)
 
 
 class ErrorInfo(_Struct, kw_only=True):
@@ -224,6 +239,23 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     # Set on the answer to a re-produced request_id (a second Kafka record with the id of a known request): that record's
     # position, "<topic>/<partition>@<offset>". The result-router delivers it once per copy and never stores it.
     request_copy: str = ""
+
+    @classmethod
+    def for_request(cls, request: GenerationRequest, outcome: Outcome, *, finished_ms: int, **fields) -> FinalResult:
+        """The result of ``request``, ended ``outcome`` at ``finished_ms``: its id, tenant, model, endpoint, reply target,
+        class and ``created_ms`` are the request's; ``fields`` are the rest (choices, usage, timings, error, ...)."""
+        return cls(
+            request_id=request.request_id,
+            outcome=outcome,
+            model=request.model,
+            tenant_id=request.tenant_id,
+            endpoint=request.endpoint,
+            reply_to=request.reply_to,
+            created_ms=request.created_ms,
+            finished_ms=finished_ms,
+            traffic_class=request.traffic_class,
+            **fields,
+        )
 
 
 class StreamMark(_Message, kw_only=True, tag="stream_mark"):

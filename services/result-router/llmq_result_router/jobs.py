@@ -63,16 +63,16 @@ class JobLedger:
         produced to the dead-letter topic first (at least once)."""
         reply = result.reply_to
         [state] = await self.store.line_states(reply.batch_id, [reply.custom_id])
-        settlement = jobpolicy.settle_result(
+        change = jobpolicy.settle_result(
             result,
             state,
             max_rounds=self.settings.batch_max_rounds,
             backoff_ms=self.settings.batch_retry_backoff_ms,
             now_ms=self.clock.now_ms(),
         )
-        if settlement is None:
+        if change is None:
             return
-        if settlement.dead_letter:
+        if change.dead_letter:
             reason = f"batch {reply.batch_id} line {reply.custom_id}: still failing after its last retry round"
             await self.producer.send_and_wait(
                 constants.TOPIC_DEAD_LETTERS,
@@ -80,7 +80,7 @@ class JobLedger:
                 key=result.request_id.encode(),
                 headers=kafka.headers() + [(constants.HEADER_ERROR, reason.encode())],
             )
-        await self._settle(reply.batch_id, settlement.change(reply.custom_id))
+        await self._settle(reply.batch_id, change)
 
     async def _settle(self, batch_id: str, change: LineChange) -> None:
         """Write the line's change, retrying with backoff while Redis refuses it (maxmemory full of state without a
@@ -270,10 +270,10 @@ class JobDriver:
         now_ms = self.clock.now_ms()
         for start in range(0, len(ending), SETTLE_CHUNK):
             changes = [
-                (custom_id, jobpolicy.end_line(batch_id, custom_id, state, outcome, now_ms))
+                jobpolicy.end_line(batch_id, custom_id, state, outcome, now_ms)
                 for custom_id, state in ending[start : start + SETTLE_CHUNK]
             ]
-            await self.store.settle_many(batch_id, [c.change(custom_id) for custom_id, c in changes if c is not None])
+            await self.store.settle_many(batch_id, [c for c in changes if c is not None])
 
     async def _publish_cancels(self, batch_id: str, lines: list[tuple[str, str]]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -584,16 +584,16 @@ def _request(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wir
 def _rejected(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wire.FinalResult:
     """The errored result of a line whose body failed validation: it never runs."""
     error = line.error
-    return wire.FinalResult(
-        request_id=jobs.line_request_id(spec.id, line.custom_id),
-        outcome=wire.Outcome.ERRORED,
+    return jobs.unrun_line_result(
+        spec.id,
+        line.custom_id,
+        wire.Outcome.ERRORED,
+        wire.ErrorInfo(type=error.type, message=error.message, code=error.code, param=error.param),
+        finished_ms=spec.created_ms,
         model=line.model,
         tenant_id=principal.tenant_id,
         endpoint=jobs.BATCH_ENDPOINTS[spec.endpoint],
-        reply_to=wire.JobReply(batch_id=spec.id, custom_id=line.custom_id),
-        error=wire.ErrorInfo(type=error.type, message=error.message, code=error.code, param=error.param),
         created_ms=spec.created_ms,
-        finished_ms=spec.created_ms,
     )
 
 
