@@ -242,20 +242,14 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
 
     @classmethod
     def for_request(cls, request: GenerationRequest, outcome: Outcome, *, finished_ms: int, **fields) -> FinalResult:
-        """The result of ``request``, ended ``outcome`` at ``finished_ms``: its id, tenant, model, endpoint, reply target,
-        class and ``created_ms`` are the request's; ``fields`` are the rest (choices, usage, timings, error, ...)."""
-        return cls(
-            request_id=request.request_id,
-            outcome=outcome,
-            model=request.model,
-            tenant_id=request.tenant_id,
-            endpoint=request.endpoint,
-            reply_to=request.reply_to,
-            created_ms=request.created_ms,
-            finished_ms=finished_ms,
-            traffic_class=request.traffic_class,
-            **fields,
-        )
+        """The result of ``request``, ended ``outcome`` at ``finished_ms``: the fields it shares with the request
+        (:data:`RESULT_FIELDS_OF_REQUEST`) are the request's; ``fields`` are the rest (choices, usage, timings, ...)."""
+        copied = {name: getattr(request, name) for name in RESULT_FIELDS_OF_REQUEST}
+        return cls(outcome=outcome, finished_ms=finished_ms, **copied, **fields)
+
+
+# What a FinalResult repeats of its GenerationRequest, field by field under the same name.
+RESULT_FIELDS_OF_REQUEST = ("request_id", "tenant_id", "model", "endpoint", "reply_to", "created_ms", "traffic_class")
 
 
 class StreamMark(_Message, kw_only=True, tag="stream_mark"):

@@ -77,16 +77,10 @@ class FinalEvent:
 
     @classmethod
     def build(
-        cls,
-        run: EngineRun,
-        outcome: Outcome,
-        finished_ms: int,
-        *,
-        error: ErrorInfo | None = None,
-        shared_failure: bool = False,
+        cls, run: EngineRun, outcome: Outcome, finished_ms: int, *, error: ErrorInfo | None = None, shared: bool = False
     ) -> FinalEvent:
         """The end of ``run`` with the text so far; choices carry a finish reason only when it succeeded, usage counts
-        the prompt once and every choice's tokens."""
+        the prompt once and every choice's tokens; ``shared``: see ``shared_failure``."""
         ends = run.choice_ends()
         succeeded = outcome is Outcome.SUCCEEDED
         return cls(
@@ -100,7 +94,7 @@ class FinalEvent:
             first_token_ms=run.first_token_ms,
             finished_ms=finished_ms,
             error=error,
-            shared_failure=shared_failure,
+            shared_failure=shared,
         )
 
 
@@ -163,7 +157,7 @@ class EventQueue:
         self, run: EngineRun, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
     ) -> None:
         """Put the FinalEvent of ``run`` ending now (see :meth:`FinalEvent.build`)."""
-        self.put(FinalEvent.build(run, outcome, self._clock.now_ms(), error=error, shared_failure=shared_failure))
+        self.put(FinalEvent.build(run, outcome, self._clock.now_ms(), error=error, shared=shared_failure))
 
     async def next_events(self) -> list[EngineEvent]:
         events = [await self._queue.get()]

@@ -89,7 +89,7 @@ def test_final_event_counts_the_prompt_once_and_every_choice_and_keeps_finish_re
     ]
     assert (done.request_id, done.started_ms, done.first_token_ms, done.finished_ms) == ("r1", 5, 7, 9)
     error = ErrorInfo(type="engine_error", message="boom")
-    failed = FinalEvent.build(job, Outcome.ERRORED, 9, error=error, shared_failure=True)
+    failed = FinalEvent.build(job, Outcome.ERRORED, 9, error=error, shared=True)
     assert [c.finish_reason for c in failed.choices] == [None, None, None] and failed.usage == done.usage
     assert failed.error == error and failed.shared_failure and not done.shared_failure
 
