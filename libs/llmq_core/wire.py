@@ -169,11 +169,8 @@ class Usage(_Struct, kw_only=True):
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
         """``prompt_tokens`` in, ``completion_tokens`` out (every choice's), and their sum."""
-        return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
+        total = prompt_tokens + completion_tokens
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total)
 
 
 class Timings(_Struct, kw_only=True):
@@ -183,11 +180,11 @@ class Timings(_Struct, kw_only=True):
     ttft_ms: Int64 = 0
     total_ms: Int64 = 0
 
-    @classmethod
-    def queued_only(cls, created_ms: int, finished_ms: int) -> Timings:
-        """A request answered without an engine's timings: all of its time from created to end counts as queued."""
-        waited_ms = max(0, finished_ms - created_ms)
-        return cls(queued_ms=waited_ms, total_ms=waited_ms)
+
+def queued_timings(created_ms: int, finished_ms: int) -> Timings:
+    """The timings of a request answered without an engine's: all of its time from created to end counts as queued."""
+    waited_ms = max(0, finished_ms - created_ms)
+    return Timings(queued_ms=waited_ms, total_ms=waited_ms)
 
 
 class ErrorInfo(_Struct, kw_only=True):

@@ -20,7 +20,7 @@ def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
         request,
         answer.outcome,
         finished_ms=now_ms,
-        timings=wire.Timings.queued_only(request.created_ms, now_ms),
+        timings=wire.queued_timings(request.created_ms, now_ms),
         error=error,
     )
 

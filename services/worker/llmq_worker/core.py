@@ -36,6 +36,7 @@ from llmq_core.wire import (
     TokenChunk,
     Usage,
     WorkerHeartbeat,
+    queued_timings,
 )
 from llmq_worker.engine import ChunkEvent, Engine, EngineEvent, FinalEvent, InvalidRequest
 from llmq_worker.isolation import Isolator
@@ -370,7 +371,7 @@ class WorkerCore:
             request,
             outcome,
             finished_ms=finished_ms,
-            timings=timings or Timings.queued_only(request.created_ms, finished_ms),
+            timings=timings or queued_timings(request.created_ms, finished_ms),
             worker_id=self.worker_id,
             batch_size=active.batch_size,
             **fields,

@@ -32,8 +32,8 @@ def test_a_result_repeats_every_field_it_shares_with_its_request():
 
 def test_usage_totals_and_never_ran_timings():
     assert wire.Usage.of(12, 5) == wire.Usage(prompt_tokens=12, completion_tokens=5, total_tokens=17)
-    assert wire.Timings.queued_only(1_000, 1_250) == wire.Timings(queued_ms=250, ttft_ms=0, total_ms=250)
-    assert wire.Timings.queued_only(1_000, 900) == wire.Timings()  # a clock behind created_ms: never negative
+    assert wire.queued_timings(1_000, 1_250) == wire.Timings(queued_ms=250, ttft_ms=0, total_ms=250)
+    assert wire.queued_timings(1_000, 900) == wire.Timings()  # a clock behind created_ms: never negative
 
 
 def test_a_line_that_never_ran_answers_its_round_and_job_line():
