@@ -129,11 +129,15 @@ class ByteCodec:
 @pytest.fixture
 async def client_engine():
     client = ScriptedClient()
-    engine = VllmEngine(
-        client, ByteCodec(), make_params=dict, make_prompt=list, max_num_seqs=2, context_window=64, vocab_size=259
-    )
+    engine = scripted_vllm(client)
     yield client, engine
     await engine.close()
+
+
+def scripted_vllm(client: ScriptedClient, **overrides) -> VllmEngine:
+    """A VllmEngine over ``client`` with the byte codec: 2 slots, a 64-token window, plain dicts as parameters."""
+    settings = {"make_params": dict, "make_prompt": list, "max_num_seqs": 2, "context_window": 64, "vocab_size": 259}
+    return VllmEngine(client, ByteCodec(), **(settings | overrides))
 
 
 async def drain(engine, count: int) -> tuple[dict[str, FinalEvent], dict[tuple[str, int], str]]:
@@ -210,15 +214,7 @@ async def test_submit_rejects_what_can_never_run(client_engine):
         engine.submit(make_request("bias", "abc", logit_bias={259: 1.0}))
     with pytest.raises(InvalidRequest, match="context window"):
         engine.submit(make_request("long", "x" * 60, max_tokens=5))
-    rejecting = VllmEngine(
-        ScriptedClient(),
-        ByteCodec(),
-        make_params=reject,
-        make_prompt=list,
-        max_num_seqs=2,
-        context_window=64,
-        vocab_size=259,
-    )
+    rejecting = scripted_vllm(ScriptedClient(), make_params=reject)
     with pytest.raises(InvalidRequest, match="top_p"):
         rejecting.submit(make_request("p", "abc"))
     assert engine.capacity().running == 0
