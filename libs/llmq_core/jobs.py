@@ -89,6 +89,30 @@ def line_request_id(batch_id: str, custom_id: str, round_: int = 0) -> str:
     return base if round_ == 0 else f"{base}:{round_}"
 
 
+def unrun_line_result(
+    batch_id: str,
+    custom_id: str,
+    outcome: wire.Outcome,
+    error: wire.ErrorInfo,
+    *,
+    finished_ms: int,
+    round_: int = 0,
+    model: str = "",
+    **fields,
+) -> wire.FinalResult:
+    """The result of round ``round_`` of a line that never ran (its body was invalid, or its job ended first): no
+    choices, no usage; ``model`` when known, ``fields``: what else is (tenant_id, endpoint, created_ms)."""
+    return wire.FinalResult(
+        request_id=line_request_id(batch_id, custom_id, round_),
+        outcome=outcome,
+        model=model,
+        reply_to=wire.JobReply(batch_id=batch_id, custom_id=custom_id),
+        error=error,
+        finished_ms=finished_ms,
+        **fields,
+    )
+
+
 def output_line_id(request_id: str) -> str:
     """OpenAI's ``batch_req_...`` id of an output line, stable for a request id."""
     return "batch_req_" + hashlib.sha256(request_id.encode()).hexdigest()[:24]

@@ -100,7 +100,8 @@ return redis.call('DECRBY', KEYS[2], reserved)
 
 @dataclass(frozen=True, slots=True)
 class LineChange:
-    """One line's compare-and-set for :meth:`JobStore.settle_many` (fields as in :meth:`JobStore.settle`)."""
+    """One line's compare-and-set for :meth:`JobStore.settle_many` (fields as in :meth:`JobStore.settle`).
+    ``dead_letter``: the line ran out of retry rounds, so its caller also dead-letters the result (the store ignores it)."""
 
     custom_id: str
     expected: str
@@ -108,6 +109,7 @@ class LineChange:
     result: wire.FinalResult | None = None
     retry_due_ms: int | None = None
     counters: Mapping[str, int] = field(default_factory=dict)
+    dead_letter: bool = False
 
 
 class JobStore:

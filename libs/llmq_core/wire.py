@@ -166,6 +166,12 @@ class Usage(_Struct, kw_only=True):
     completion_tokens: Count = 0
     total_tokens: Count = 0
 
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        """``prompt_tokens`` in, ``completion_tokens`` out (every choice's), and their sum."""
+        total = prompt_tokens + completion_tokens
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total)
+
 
 class Timings(_Struct, kw_only=True):
     """Milliseconds: ``queued_ms`` from created to engine start, ``ttft_ms`` created to first token, ``total_ms`` to end."""
@@ -173,6 +179,12 @@ class Timings(_Struct, kw_only=True):
     queued_ms: Int64 = 0
     ttft_ms: Int64 = 0
     total_ms: Int64 = 0
+
+
+def queued_timings(created_ms: int, finished_ms: int) -> Timings:
+    """The timings of a request answered without an engine's: all of its time from created to end counts as queued."""
+    waited_ms = max(0, finished_ms - created_ms)
+    return Timings(queued_ms=waited_ms, total_ms=waited_ms)
 
 
 class ErrorInfo(_Struct, kw_only=True):
@@ -224,6 +236,17 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     # Set on the answer to a re-produced request_id (a second Kafka record with the id of a known request): that record's
     # position, "<topic>/<partition>@<offset>". The result-router delivers it once per copy and never stores it.
     request_copy: str = ""
+
+    @classmethod
+    def for_request(cls, request: GenerationRequest, outcome: Outcome, *, finished_ms: int, **fields) -> FinalResult:
+        """The result of ``request``, ended ``outcome`` at ``finished_ms``: the fields it shares with the request
+        (:data:`RESULT_FIELDS_OF_REQUEST`) are the request's; ``fields`` are the rest (choices, usage, timings, ...)."""
+        copied = {name: getattr(request, name) for name in RESULT_FIELDS_OF_REQUEST}
+        return cls(outcome=outcome, finished_ms=finished_ms, **copied, **fields)
+
+
+# What a FinalResult repeats of its GenerationRequest, field by field under the same name.
+RESULT_FIELDS_OF_REQUEST = ("request_id", "tenant_id", "model", "endpoint", "reply_to", "created_ms", "traffic_class")
 
 
 class StreamMark(_Message, kw_only=True, tag="stream_mark"):

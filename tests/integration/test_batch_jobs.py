@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from llmq_cli.batch import sample_lines
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core import constants, kafka, wire
+from tests.fake_results import fake_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -364,25 +365,7 @@ class FakeWorker:
         text: str = "",
         error: wire.ErrorInfo | None = None,
     ) -> None:
-        usage = wire.Usage(
-            prompt_tokens=request.prompt_tokens,
-            completion_tokens=len(text),
-            total_tokens=request.prompt_tokens + len(text),
-        )
-        result = wire.FinalResult(
-            request_id=request.request_id,
-            outcome=outcome,
-            model=request.model,
-            tenant_id=request.tenant_id,
-            endpoint=request.endpoint,
-            reply_to=request.reply_to,
-            choices=[wire.Choice(index=0, text=text, finish_reason="length")],
-            usage=usage,
-            error=error,
-            worker_id="fake",
-            created_ms=request.created_ms,
-            finished_ms=int(time.time() * 1000),
-        )
+        result = fake_result(request, outcome, text, error=error, worker_id="fake", finished_ms=int(time.time() * 1000))
         await kafka.send_message(self.producer, constants.TOPIC_RESULTS, result, key=request.request_id)
 
 

@@ -22,6 +22,7 @@ from llmq_core.jobstore import JobStore
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobDriver, JobLedger
+from tests.fake_results import fake_result
 
 pytestmark = pytest.mark.integration
 
@@ -134,22 +135,7 @@ def line(custom_id: str, prompt: str = "hello", **body) -> str:
 
 def result_for(request: wire.GenerationRequest, outcome=wire.Outcome.SUCCEEDED, error=None) -> wire.FinalResult:
     text = request.prompt[: request.sampling.max_tokens] if outcome is wire.Outcome.SUCCEEDED else ""
-    return wire.FinalResult(
-        request_id=request.request_id,
-        outcome=outcome,
-        model=request.model,
-        tenant_id=request.tenant_id,
-        endpoint=request.endpoint,
-        reply_to=request.reply_to,
-        error=error,
-        choices=[wire.Choice(index=0, text=text, finish_reason="length")],
-        usage=wire.Usage(
-            prompt_tokens=request.prompt_tokens,
-            completion_tokens=len(text),
-            total_tokens=request.prompt_tokens + len(text),
-        ),
-        created_ms=request.created_ms,
-    )
+    return fake_result(request, outcome, text, error=error)
 
 
 RETRYABLE = wire.ErrorInfo(type="engine_error", message="worker lost", retryable=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -18,6 +18,9 @@ from llmq_core import requests, wire
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
 from llmq_core.tokenizer import count_tokens, render_chat
+
+if TYPE_CHECKING:
+    from llmq_api.auth import Principal  # auth imports this module
 
 DEFAULT_MAX_TOKENS = wire.SamplingParams().max_tokens  # OpenAI's legacy completions default (16); chat has none
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes digits int() refuses, such as '²'
@@ -35,6 +38,18 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = False
     include_usage: bool = False
     prompt_tokens: int
+
+    def to_wire(self, principal: Principal, traffic_class: str, **fields) -> wire.GenerationRequest:
+        """This request as ``principal`` (its tenant and tier) sends it in ``traffic_class``; ``fields``: the rest
+        (request_id, created_ms, deadline_ms, reply_to, ...)."""
+        copied = {name: getattr(self, name) for name in WIRE_FIELDS}
+        return wire.GenerationRequest(
+            tenant_id=principal.tenant_id, tier=principal.tier, traffic_class=traffic_class, **copied, **fields
+        )
+
+
+# What a GenerationRequest takes of a ValidRequest, field by field under the same name.
+WIRE_FIELDS = ("model", "endpoint", "prompt", "messages", "sampling", "stream", "prompt_tokens")
 
 
 # --- request bodies (unknown fields are ignored, as OpenAI-compatible servers do) -------------------------------------

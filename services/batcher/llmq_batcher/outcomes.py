@@ -15,21 +15,13 @@ REQUEST_ID_REUSED = "request_id_reused"  # error.code of a re-produced request_i
 def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
     """A terminal result for ``answer.request`` stamped at ``now_ms`` (epoch ms); it never reached a worker."""
     request = answer.request
-    waited_ms = max(now_ms - request.created_ms, 0)
-    return wire.FinalResult(
-        request_id=request.request_id,
-        outcome=answer.outcome,
-        model=request.model,
-        tenant_id=request.tenant_id,
-        endpoint=request.endpoint,
-        reply_to=request.reply_to,
-        timings=wire.Timings(queued_ms=waited_ms, total_ms=waited_ms),
-        error=wire.ErrorInfo(
-            type=answer.error_type, message=answer.message, code=answer.code, retryable=answer.retryable
-        ),
-        created_ms=request.created_ms,
+    error = wire.ErrorInfo(type=answer.error_type, message=answer.message, code=answer.code, retryable=answer.retryable)
+    return wire.FinalResult.for_request(
+        request,
+        answer.outcome,
         finished_ms=now_ms,
-        traffic_class=request.traffic_class,
+        timings=wire.queued_timings(request.created_ms, now_ms),
+        error=error,
     )
 
 
@@ -70,18 +62,8 @@ def refused(
     request: wire.GenerationRequest, error: wire.ErrorInfo, now_ms: int, request_copy: str = ""
 ) -> wire.FinalResult:
     """The ``errored`` result of a Kafka-direct request answered at entry, never queued."""
-    return wire.FinalResult(
-        request_id=request.request_id,
-        outcome=wire.Outcome.ERRORED,
-        model=request.model,
-        tenant_id=request.tenant_id,
-        endpoint=request.endpoint,
-        reply_to=request.reply_to,
-        error=error,
-        created_ms=request.created_ms,
-        finished_ms=now_ms,
-        traffic_class=request.traffic_class,
-        request_copy=request_copy,
+    return wire.FinalResult.for_request(
+        request, wire.Outcome.ERRORED, finished_ms=now_ms, error=error, request_copy=request_copy
     )
 
 

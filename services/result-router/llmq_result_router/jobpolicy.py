@@ -8,7 +8,7 @@ not retryable (invalid requests, a request that broke the engine) end the line a
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from llmq_core import jobs, wire
 from llmq_core.jobs import JobView
@@ -18,33 +18,9 @@ BATCH_CANCELLED = "batch_cancelled"
 BATCH_EXPIRED = "batch_expired"
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """Move a line from ``expected`` to ``new``; store ``result`` when given, queue a retry at ``retry_due_ms``, add
-    ``counters`` to the job. ``dead_letter``: the line exhausted its retry rounds."""
-
-    expected: str
-    new: str
-    result: wire.FinalResult | None = None
-    retry_due_ms: int | None = None
-    counters: dict[str, int] = field(default_factory=dict)
-    dead_letter: bool = False
-
-    def change(self, custom_id: str) -> LineChange:
-        """The ledger write for line ``custom_id``."""
-        return LineChange(
-            custom_id=custom_id,
-            expected=self.expected,
-            new=self.new,
-            result=self.result,
-            retry_due_ms=self.retry_due_ms,
-            counters=self.counters,
-        )
-
-
 def settle_result(
     result: wire.FinalResult, state: str | None, *, max_rounds: int, backoff_ms: int, now_ms: int
-) -> Settlement | None:
+) -> LineChange | None:
     """The ledger change for a line's result, given the line's current state; None when the result changes
     nothing (the line is settled already or waits for a retry, the result is from an older round, unknown line)."""
     reply = result.reply_to
@@ -56,7 +32,8 @@ def settle_result(
     outcome = result.outcome
     if outcome is wire.Outcome.SUCCEEDED:
         usage = result.usage
-        return Settlement(
+        return LineChange(
+            reply.custom_id,
             state,
             jobs.SUCCEEDED,
             result,
@@ -65,15 +42,15 @@ def settle_result(
     retryable = outcome is wire.Outcome.ERRORED and result.error is not None and result.error.retryable
     if retryable and round_ < max_rounds:
         due_ms = now_ms + backoff_ms * 2**round_
-        return Settlement(state, jobs.retry(round_ + 1), retry_due_ms=due_ms, counters={"retried": 1})
+        return LineChange(reply.custom_id, state, jobs.retry(round_ + 1), retry_due_ms=due_ms, counters={"retried": 1})
     new = jobs.OUTCOME_STATE[outcome]
     counters = {jobs.STATE_COUNTER[new]: 1}
     if retryable:
         counters["dead_letters"] = 1
-    return Settlement(state, new, result, counters=counters, dead_letter=retryable)
+    return LineChange(reply.custom_id, state, new, result, counters=counters, dead_letter=retryable)
 
 
-def end_line(batch_id: str, custom_id: str, state: str, outcome: wire.Outcome, now_ms: int) -> Settlement | None:
+def end_line(batch_id: str, custom_id: str, state: str, outcome: wire.Outcome, now_ms: int) -> LineChange | None:
     """End a line that has no result yet as ``canceled`` or ``expired`` (the job was cancelled or ran out of time);
     None for a settled line. The result carries no usage: such a line is never billed."""
     code, round_ = jobs.parse_state(state)
@@ -88,15 +65,8 @@ def end_line(batch_id: str, custom_id: str, state: str, outcome: wire.Outcome, n
         if cancelled
         else "This line did not run before the batch's completion window ended",
     )
-    result = wire.FinalResult(
-        request_id=jobs.line_request_id(batch_id, custom_id, round_),
-        outcome=outcome,
-        model="",
-        reply_to=wire.JobReply(batch_id=batch_id, custom_id=custom_id),
-        error=error,
-        finished_ms=now_ms,
-    )
-    return Settlement(state, new, result, counters={jobs.STATE_COUNTER[new]: 1})
+    result = jobs.unrun_line_result(batch_id, custom_id, outcome, error, finished_ms=now_ms, round_=round_)
+    return LineChange(custom_id, state, new, result, counters={jobs.STATE_COUNTER[new]: 1})
 
 
 class Step(enum.Enum):

@@ -63,20 +63,20 @@ class JobLedger:
         produced to the dead-letter topic first (at least once)."""
         reply = result.reply_to
         [state] = await self.store.line_states(reply.batch_id, [reply.custom_id])
-        settlement = jobpolicy.settle_result(
+        change = jobpolicy.settle_result(
             result,
             state,
             max_rounds=self.settings.batch_max_rounds,
             backoff_ms=self.settings.batch_retry_backoff_ms,
             now_ms=self.clock.now_ms(),
         )
-        if settlement is None:
+        if change is None:
             return
-        if settlement.dead_letter:
+        if change.dead_letter:
             reason = f"batch {reply.batch_id} line {reply.custom_id}: still failing after its last retry round"
             letter = kafka.Letter(wire.encode(result), result.request_id.encode(), kafka.headers())
             await kafka.dead_letter(self.producer, letter, reason)
-        await self._settle(reply.batch_id, settlement.change(reply.custom_id))
+        await self._settle(reply.batch_id, change)
 
     async def _settle(self, batch_id: str, change: LineChange) -> None:
         """Write the line's change, retrying with backoff while Redis refuses it (maxmemory full of state without a
@@ -266,10 +266,10 @@ class JobDriver:
         now_ms = self.clock.now_ms()
         for start in range(0, len(ending), SETTLE_CHUNK):
             changes = [
-                (custom_id, jobpolicy.end_line(batch_id, custom_id, state, outcome, now_ms))
+                jobpolicy.end_line(batch_id, custom_id, state, outcome, now_ms)
                 for custom_id, state in ending[start : start + SETTLE_CHUNK]
             ]
-            await self.store.settle_many(batch_id, [c.change(custom_id) for custom_id, c in changes if c is not None])
+            await self.store.settle_many(batch_id, [c for c in changes if c is not None])
 
     async def _publish_cancels(self, batch_id: str, lines: list[tuple[str, str]]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:

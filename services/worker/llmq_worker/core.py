@@ -36,6 +36,7 @@ from llmq_core.wire import (
     TokenChunk,
     Usage,
     WorkerHeartbeat,
+    queued_timings,
 )
 from llmq_worker.engine import ChunkEvent, Engine, EngineEvent, FinalEvent, InvalidRequest
 from llmq_worker.isolation import Isolator
@@ -311,7 +312,6 @@ class WorkerCore:
         """Answer a streaming request whose attempt was lost after its text reached the caller: running it again would
         send text of a second generation. Usage counts the tokens the caller received."""
         active.sent_tokens = completion_tokens
-        prompt_tokens = active.request.prompt_tokens
         error = ErrorInfo(
             type="server_error",
             code=STREAM_INTERRUPTED,
@@ -319,12 +319,9 @@ class WorkerCore:
             message=f"The stream was interrupted after {completion_tokens} tokens: the worker generating "
             "it was lost, and continuing would mix two generations. Retry the request.",
         )
-        usage = Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
+        return self._answer(
+            active, Outcome.ERRORED, error=error, usage=Usage.of(active.request.prompt_tokens, completion_tokens)
         )
-        return self._answer(active, Outcome.ERRORED, error=error, usage=usage)
 
     def _final_event(self, active: _Active, event: FinalEvent) -> Outbox:
         active.submitted = False
@@ -370,22 +367,13 @@ class WorkerCore:
     ) -> Outbox:
         request = active.request
         finished_ms = finished_ms or self._clock.now_ms()
-        if timings is None:
-            elapsed = max(0, finished_ms - request.created_ms)
-            timings = Timings(queued_ms=elapsed, total_ms=elapsed)
-        result = FinalResult(
-            request_id=request.request_id,
-            outcome=outcome,
-            model=request.model,
-            tenant_id=request.tenant_id,
-            endpoint=request.endpoint,
-            reply_to=request.reply_to,
-            timings=timings,
-            worker_id=self.worker_id,
-            created_ms=request.created_ms,
+        result = FinalResult.for_request(
+            request,
+            outcome,
             finished_ms=finished_ms,
+            timings=timings or queued_timings(request.created_ms, finished_ms),
+            worker_id=self.worker_id,
             batch_size=active.batch_size,
-            traffic_class=request.traffic_class,
             **fields,
         )
         result = self._fitting(result)

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmq_core.clock import Clock
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
 from llmq_core.tokenizer import render_chat
-from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
+from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, Usage
 
 
 class InvalidRequest(ValueError):
@@ -30,6 +31,29 @@ class ChunkEvent:
     request_id: str
     index: int
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceEnd:
+    """Where one choice of a request stands: its text, the tokens generated, and how it ended were the request done."""
+
+    index: int
+    text: str
+    tokens: int
+    finish_reason: FinishReason | None
+
+
+class EngineRun(Protocol):
+    """What an engine keeps of a request it runs: what its FinalEvent reports (times in epoch ms, 0: not yet)."""
+
+    request: GenerationRequest
+    started_ms: int
+    first_token_ms: int
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    def choice_ends(self) -> list[ChoiceEnd]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +74,28 @@ class FinalEvent:
     finished_ms: int
     error: ErrorInfo | None = None
     shared_failure: bool = False
+
+    @classmethod
+    def build(
+        cls, run: EngineRun, outcome: Outcome, finished_ms: int, *, error: ErrorInfo | None = None, shared: bool = False
+    ) -> FinalEvent:
+        """The end of ``run`` with the text so far; choices carry a finish reason only when it succeeded, usage counts
+        the prompt once and every choice's tokens; ``shared``: see ``shared_failure``."""
+        ends = run.choice_ends()
+        succeeded = outcome is Outcome.SUCCEEDED
+        return cls(
+            request_id=run.request.request_id,
+            outcome=outcome,
+            choices=[
+                Choice(index=c.index, text=c.text, finish_reason=c.finish_reason if succeeded else None) for c in ends
+            ],
+            usage=Usage.of(run.prompt_tokens, sum(c.tokens for c in ends)),
+            started_ms=run.started_ms,
+            first_token_ms=run.first_token_ms,
+            finished_ms=finished_ms,
+            error=error,
+            shared_failure=shared,
+        )
 
 
 EngineEvent = ChunkEvent | FinalEvent
@@ -97,13 +143,21 @@ class Engine(Protocol):
 
 
 class EventQueue:
-    """The event stream engines share: ``put`` from the engine's loop, ``next_events`` drains in batches."""
+    """The event stream engines share: ``put`` from the engine's loop, ``next_events`` drains in batches; ``final``
+    ends a request at the engine's ``clock``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
     def put(self, event: EngineEvent) -> None:
         self._queue.put_nowait(event)
+
+    def final(
+        self, run: EngineRun, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
+    ) -> None:
+        """Put the FinalEvent of ``run`` ending now (see :meth:`FinalEvent.build`)."""
+        self.put(FinalEvent.build(run, outcome, self._clock.now_ms(), error=error, shared=shared_failure))
 
     async def next_events(self) -> list[EngineEvent]:
         events = [await self._queue.get()]
@@ -142,6 +196,46 @@ class TokenRate:
         if self.tokens_per_s <= 0 or tokens_left <= 0:
             return 0
         return math.ceil(1000 * tokens_left / self.tokens_per_s)
+
+
+class SequenceEngine:
+    """What the continuous-batching engines (transformers, vllm) share: each request is a job of one sequence per
+    choice, kept by request id until its FinalEvent; its sequences' slots and tokens left give the capacity. A subclass
+    implements :meth:`_stop` (abort a job's sequences); its jobs also tell ``tokens_left()`` of each live sequence."""
+
+    fixed_batch_time_ms = 0
+
+    def __init__(self, *, max_sequences: int, clock: Clock) -> None:
+        self._max_sequences = max_sequences
+        self._clock = clock
+        self._events = EventQueue(clock)
+        self._jobs: dict = {}
+        self._rate = TokenRate()
+
+    def cancel(self, request_id: str) -> None:
+        """Abort every sequence of ``request_id``; it ends ``canceled`` now with the text so far. Unknown ids: no-op."""
+        job = self._jobs.pop(request_id, None)
+        if job is not None:
+            self._stop(job)
+            self._events.final(job, Outcome.CANCELED)
+
+    async def next_events(self) -> list[EngineEvent]:
+        return await self._events.next_events()
+
+    def capacity(self) -> Capacity:
+        """Slots are sequences (the first ``max_sequences`` live ones run); est_drain_ms from the tokens they have left
+        and the recent tokens/s."""
+        left = [tokens for job in self._jobs.values() for tokens in job.tokens_left()]
+        running = min(len(left), self._max_sequences)
+        return Capacity(
+            max_slots=self._max_sequences,
+            running=running,
+            queued=len(left) - running,
+            est_drain_ms=self._rate.drain_ms(sum(left)),
+        )
+
+    def _stop(self, job) -> None:
+        raise NotImplementedError
 
 
 def prompt_text(request: GenerationRequest) -> str:

@@ -10,6 +10,7 @@ from llmq_api.auth import KeyStore
 from llmq_api.pod import Pod
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
+from tests.fake_results import fake_result
 from tests.fakes import FakeRedis
 
 DEV_AUTH = {"authorization": "Bearer llmq-dev-key"}
@@ -45,21 +46,7 @@ class FakeWorker:
                     wire.TokenChunk(request_id=request.request_id, text=text[start : start + 2], seq=seq, sent_ms=0)
                 )
         outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
-        result = wire.FinalResult(
-            request_id=request.request_id,
-            outcome=outcome,
-            model=request.model,
-            reply_to=request.reply_to,
-            tenant_id=request.tenant_id,
-            endpoint=request.endpoint,
-            error=self.error,
-            choices=[] if self.error else [wire.Choice(index=0, text=text, finish_reason="length")],
-            usage=wire.Usage(
-                prompt_tokens=request.prompt_tokens,
-                completion_tokens=len(text),
-                total_tokens=request.prompt_tokens + len(text),
-            ),
-        )
+        result = fake_result(request, outcome, text, error=self.error)
         self.pod.registry.dispatch(result)
         self.pod.redis.data[constants.result_key(request.request_id)] = wire.encode(result)  # the result-router
 

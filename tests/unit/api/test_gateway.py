@@ -8,7 +8,7 @@ import pytest
 from llmq_api.auth import Principal
 from llmq_api.errors import ApiError
 from llmq_api.gateway import Gateway
-from llmq_api.validation import parse_completion
+from llmq_api.validation import WIRE_FIELDS, ValidRequest, parse_completion
 from llmq_api.waiters import WaiterRegistry
 from llmq_core import wire
 from llmq_core.clock import FakeClock
@@ -37,6 +37,12 @@ class Producer:
         self.produced.append(request)
 
 
+def a_valid_request() -> ValidRequest:
+    return parse_completion(
+        b'{"model": "llmq-sim", "prompt": "abc", "max_tokens": 4, "stream": true}', {"llmq-sim": 100}
+    )
+
+
 def make(behaviour="ok", max_waiters=10, accepting=True):
     registry, cancels, clock = WaiterRegistry(max_waiters), CancelRecorder(), FakeClock(1_000_000)
     producer = Producer(registry, behaviour)
@@ -49,9 +55,7 @@ def make(behaviour="ok", max_waiters=10, accepting=True):
         produce_timeout_ms=20,
         accepting=lambda: accepting,
     )
-    valid = parse_completion(
-        b'{"model": "llmq-sim", "prompt": "abc", "max_tokens": 4, "stream": true}', {"llmq-sim": 100}
-    )
+    valid = a_valid_request()
     request = gateway.build(
         valid,
         request_id="cmpl-1",
@@ -70,6 +74,14 @@ def test_build_fills_the_wire_request():
     assert (request.traffic_class, request.tier, request.tenant_id) == ("near_interactive", "paid", "default")
     assert request.prompt == "abc" and request.stream and request.prompt_tokens == 3
     assert request.sampling.max_tokens == 4 and request.idempotency_key == "idem"
+
+
+def test_a_wire_request_carries_every_field_it_shares_with_the_validated_request():
+    shared = set(ValidRequest.__struct_fields__) & set(wire.GenerationRequest.__struct_fields__)
+    assert set(WIRE_FIELDS) == shared
+    _, _, _, _, request = make()
+    valid = a_valid_request()
+    assert {name: getattr(request, name) for name in shared} == {name: getattr(valid, name) for name in shared}
 
 
 async def test_waiter_is_registered_before_producing():

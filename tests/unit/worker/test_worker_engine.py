@@ -1,10 +1,23 @@
-"""engine.py helpers shared by the engines: the smoothed token rate behind est_drain_ms, logit_bias checks."""
+"""engine.py helpers shared by the engines: the smoothed token rate behind est_drain_ms, logit_bias checks, FinalEvent
+building, and the continuous-batching engines' cancel and capacity."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from llmq_worker.engine import InvalidRequest, TokenRate, check_logit_bias
+from llmq_core.clock import FakeClock
+from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome, Usage
+from llmq_worker.engine import (
+    Capacity,
+    ChoiceEnd,
+    FinalEvent,
+    InvalidRequest,
+    SequenceEngine,
+    TokenRate,
+    check_logit_bias,
+)
 from tests.unit.worker.worker_fakes import make_request
 
 
@@ -42,3 +55,72 @@ def test_check_logit_bias(bias, ok):
     else:
         with pytest.raises(InvalidRequest, match="logit_bias"):
             check_logit_bias(request, 259)
+
+
+# --- FinalEvent.build and the continuous-batching engines' shared bookkeeping -----------------------------------------
+
+
+@dataclass
+class FakeJob:
+    """An EngineRun with choices given as (text, tokens, finish_reason, done) and ``max_tokens`` per sequence."""
+
+    request: GenerationRequest
+    ends: list[tuple[str, int, str | None, bool]]
+    prompt_tokens: int = 12
+    started_ms: int = 5
+    first_token_ms: int = 7
+    max_tokens: int = 10
+
+    def choice_ends(self) -> list[ChoiceEnd]:
+        return [ChoiceEnd(i, text, tokens, reason) for i, (text, tokens, reason, _) in enumerate(self.ends)]
+
+    def tokens_left(self) -> list[int]:
+        return [self.max_tokens - tokens for _, tokens, _, done in self.ends if not done]
+
+
+def test_final_event_counts_the_prompt_once_and_every_choice_and_keeps_finish_reasons_only_for_success():
+    job = FakeJob(make_request(n=3), [("ab", 5, "stop", True), ("cd", 7, "length", True), ("", 0, None, False)])
+    done = FinalEvent.build(job, Outcome.SUCCEEDED, 9)
+    assert done.usage == Usage(prompt_tokens=12, completion_tokens=12, total_tokens=24)
+    assert [(c.index, c.text, c.finish_reason) for c in done.choices] == [
+        (0, "ab", "stop"),
+        (1, "cd", "length"),
+        (2, "", None),
+    ]
+    assert (done.request_id, done.started_ms, done.first_token_ms, done.finished_ms) == ("r1", 5, 7, 9)
+    error = ErrorInfo(type="engine_error", message="boom")
+    failed = FinalEvent.build(job, Outcome.ERRORED, 9, error=error, shared=True)
+    assert [c.finish_reason for c in failed.choices] == [None, None, None] and failed.usage == done.usage
+    assert failed.error == error and failed.shared_failure and not done.shared_failure
+
+
+class FakeSequenceEngine(SequenceEngine):
+    def __init__(self, max_sequences: int) -> None:
+        super().__init__(max_sequences=max_sequences, clock=FakeClock(1_000))
+        self.stopped: list[str] = []
+
+    def _stop(self, job: FakeJob) -> None:
+        self.stopped.append(job.request.request_id)
+
+
+def test_sequence_engine_capacity_runs_the_first_max_sequences_live_sequences():
+    engine = FakeSequenceEngine(max_sequences=2)
+    assert engine.capacity() == Capacity(max_slots=2, running=0, queued=0, est_drain_ms=0)
+    engine._jobs["a"] = FakeJob(make_request("a", n=2), [("", 4, None, False), ("", 10, "stop", True)])
+    engine._jobs["b"] = FakeJob(make_request("b", n=2), [("", 1, None, False), ("", 0, None, False)])
+    engine._rate.tokens_per_s = 10.0
+    capacity = engine.capacity()
+    assert (capacity.running, capacity.queued, capacity.free_slots) == (2, 1, 0)
+    assert capacity.est_drain_ms == 2500  # (6 + 9 + 10) tokens left at 10 tokens/s
+
+
+async def test_sequence_engine_cancel_stops_the_job_and_ends_it_canceled_once():
+    engine = FakeSequenceEngine(max_sequences=2)
+    engine._jobs["a"] = FakeJob(make_request("a"), [("so far", 2, "length", False)])
+    engine.cancel("a")
+    engine.cancel("a")
+    engine.cancel("unknown")
+    [event] = await engine.next_events()
+    assert engine.stopped == ["a"] and not engine._jobs
+    assert (event.request_id, event.outcome, event.finished_ms) == ("a", Outcome.CANCELED, 1_000)
+    assert [(c.text, c.finish_reason) for c in event.choices] == [("so far", None)]

@@ -9,9 +9,8 @@ from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.tokenizer import encode
 from llmq_core.wire import Outcome
 from llmq_worker.engines.simulated import SimulatedEngine
-from llmq_worker.engines.vllm_engine import VllmEngine
 from llmq_worker.text import ChoiceText, ResultBudget
-from tests.unit.worker.worker_fakes import ByteCodec, ScriptedClient, drain, make_request
+from tests.unit.worker.worker_fakes import ScriptedClient, drain, make_request, scripted_vllm
 
 
 def test_budget_cuts_at_a_character_boundary_and_then_takes_nothing():
@@ -82,16 +81,7 @@ async def test_simulated_engine_caps_the_issue_sized_request_at_max_result_bytes
 
 async def test_vllm_engine_aborts_choices_at_the_cap():
     client = ScriptedClient()
-    engine = VllmEngine(
-        client,
-        ByteCodec(),
-        make_params=dict,
-        make_prompt=list,
-        max_num_seqs=4,
-        context_window=64,
-        vocab_size=259,
-        max_result_bytes=9,
-    )
+    engine = scripted_vllm(client, max_num_seqs=4, max_result_bytes=9)
     engine.submit(make_request("v", "abcdefgh", max_tokens=8, n=2, temperature=1.0))
     finals, streamed = await drain(engine, 1)
     final = finals["v"]

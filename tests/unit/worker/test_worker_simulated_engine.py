@@ -154,6 +154,17 @@ async def test_rejects_requests_over_the_context_window(manual_time):
     engine = SimulatedEngine(context_window=10, clock=manual_time.clock, sleep=manual_time.sleep)
     with pytest.raises(InvalidRequest):
         engine.submit(make_request("big", "abcdefgh", max_tokens=3))
+    engine.submit(make_request("fits", "abcdefg", max_tokens=3))
+
+
+@pytest.mark.parametrize(
+    "request_args, match",
+    [({"prompt": ""}, "empty"), ({"max_tokens": 0}, "at least 1"), ({"n": 0}, "at least 1")],
+)
+async def test_runs_the_shared_request_check_of_every_engine(engine, request_args, match):
+    """Kafka-direct producers skip the API's checks: a request no engine can run is refused by this one too."""
+    with pytest.raises(InvalidRequest, match=match):
+        engine.submit(make_request("bad", **request_args))
 
 
 async def test_poison_marker_fails_the_whole_batch(manual_time):

@@ -12,13 +12,11 @@ from llmq_worker.engine import InvalidRequest
 from llmq_worker.engines.vllm_engine import (
     SEED_MODULUS,
     EngineDied,
-    VllmEngine,
     finish_reason,
     text_delta,
-    usage,
     vllm_sampling_kwargs,
 )
-from tests.unit.worker.worker_fakes import ByteCodec, ScriptedClient, drain, make_request, settle
+from tests.unit.worker.worker_fakes import ScriptedClient, drain, make_request, scripted_vllm, settle
 
 
 def test_importing_the_worker_never_imports_vllm_or_torch():
@@ -72,7 +70,7 @@ def test_text_delta_sends_the_new_part_and_never_a_replacement_character():
     assert text_delta("ok\ufffd", 2) == ""  # an incomplete last character is dropped at the end too
 
 
-def test_finish_reason_and_usage_mapping():
+def test_finish_reason_mapping():
     assert [finish_reason(r) for r in ("stop", "length", "abort", "error", None)] == [
         "stop",
         "length",
@@ -80,7 +78,6 @@ def test_finish_reason_and_usage_mapping():
         None,
         None,
     ]
-    assert usage(12, [5, 7, 0]) == Usage(prompt_tokens=12, completion_tokens=12, total_tokens=24)
 
 
 # --- the engine over a scripted generate() ----------------------------------------------------------------------------
@@ -89,9 +86,7 @@ def test_finish_reason_and_usage_mapping():
 @pytest.fixture
 async def client_engine():
     client = ScriptedClient()
-    engine = VllmEngine(
-        client, ByteCodec(), make_params=dict, make_prompt=list, max_num_seqs=2, context_window=64, vocab_size=259
-    )
+    engine = scripted_vllm(client)
     yield client, engine
     await engine.close()
 
@@ -156,15 +151,7 @@ async def test_submit_rejects_what_can_never_run(client_engine):
         engine.submit(make_request("bias", "abc", logit_bias={259: 1.0}))
     with pytest.raises(InvalidRequest, match="context window"):
         engine.submit(make_request("long", "x" * 60, max_tokens=5))
-    rejecting = VllmEngine(
-        ScriptedClient(),
-        ByteCodec(),
-        make_params=reject,
-        make_prompt=list,
-        max_num_seqs=2,
-        context_window=64,
-        vocab_size=259,
-    )
+    rejecting = scripted_vllm(ScriptedClient(), make_params=reject)
     with pytest.raises(InvalidRequest, match="top_p"):
         rejecting.submit(make_request("p", "abc"))
     assert engine.capacity().running == 0

@@ -11,6 +11,7 @@ from llmq_core.clock import FakeClock
 from llmq_core.tokenizer import encode
 from llmq_core.wire import Batch, ChatMessage, Choice, GenerationRequest, HttpReply, Outcome, SamplingParams, Usage
 from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest, prompt_text
+from llmq_worker.engines.vllm_engine import VllmEngine
 
 T0_MS = 1_700_000_000_000
 
@@ -182,6 +183,12 @@ class ScriptedClient:
 class ByteCodec:
     def prompt_ids(self, request):
         return encode(prompt_text(request))
+
+
+def scripted_vllm(client: ScriptedClient, **overrides) -> VllmEngine:
+    """A VllmEngine over ``client`` with the byte codec: 2 slots, a 64-token window, plain dicts as parameters."""
+    settings = {"make_params": dict, "make_prompt": list, "max_num_seqs": 2, "context_window": 64, "vocab_size": 259}
+    return VllmEngine(client, ByteCodec(), **(settings | overrides))
 
 
 async def drain(engine, count: int) -> tuple[dict[str, FinalEvent], dict[tuple[str, int], str]]:

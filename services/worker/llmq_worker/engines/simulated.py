@@ -17,18 +17,9 @@ from dataclasses import dataclass
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
-from llmq_core.tokenizer import VOCAB_SIZE, count_tokens, encode
-from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
-from llmq_worker.engine import (
-    Capacity,
-    ChunkEvent,
-    EngineEvent,
-    EventQueue,
-    FinalEvent,
-    InvalidRequest,
-    check_logit_bias,
-    prompt_text,
-)
+from llmq_core.tokenizer import VOCAB_SIZE, encode
+from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
+from llmq_worker.engine import Capacity, ChoiceEnd, ChunkEvent, EngineEvent, EventQueue, check_request, prompt_text
 from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -59,6 +50,10 @@ class _Run:
     started_ms: int = 0
     first_token_ms: int = 0
 
+    def choice_ends(self) -> list[ChoiceEnd]:
+        natural_end = not self.tokens  # nothing to replay: the choice ends at once, as at an EOS
+        return [ChoiceEnd(i, c.text, c.tokens, c.finish_reason(natural_end)) for i, c in enumerate(self.choices)]
+
 
 class SimulatedEngine:
     """Fixed-time batch engine with an injected clock and sleep (tests drive time by hand)."""
@@ -86,26 +81,18 @@ class SimulatedEngine:
         self._queue: collections.OrderedDict[str, _Run] = collections.OrderedDict()
         self._running: dict[str, _Run] = {}
         self._batch_end_ms = 0
-        self._events = EventQueue()
+        self._events = EventQueue(clock)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     def submit(self, request: GenerationRequest) -> None:
-        """Queue ``request``. Raises InvalidRequest when prompt + max_tokens exceed the context window, n < 1 or
-        logit_bias names ids outside the byte vocabulary."""
-        prompt = prompt_text(request)
-        prompt_tokens = count_tokens(prompt)
-        if prompt_tokens + request.sampling.max_tokens > self.context_window:
-            raise InvalidRequest(
-                f"prompt ({prompt_tokens} tokens) + max_tokens ({request.sampling.max_tokens}) exceed the context window"
-                f" of {self.context_window}"
-            )
-        if request.sampling.n < 1:
-            raise InvalidRequest("n must be at least 1")
-        check_logit_bias(request, VOCAB_SIZE)
+        """Queue ``request``. Raises InvalidRequest unless it passes :func:`~llmq_worker.engine.check_request` with the
+        byte vocabulary."""
+        prompt_ids = encode(prompt_text(request))
+        check_request(request, prompt_ids, self.context_window, VOCAB_SIZE)
         budget = ResultBudget(self._max_result_bytes)
         choices = [ChoiceText(request.sampling.stop, budget=budget) for _ in range(request.sampling.n)]
-        self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, prompt_tokens)
+        self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, len(prompt_ids))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever())
         self._wake.set()
@@ -114,7 +101,7 @@ class SimulatedEngine:
         """A queued request ends canceled without starting; a running one stops emitting and ends canceled now."""
         run = self._queue.pop(request_id, None) or self._running.pop(request_id, None)
         if run is not None:
-            self._events.put(self._final(run, Outcome.CANCELED))
+            self._events.final(run, Outcome.CANCELED)
 
     async def next_events(self) -> list[EngineEvent]:
         return await self._events.next_events()
@@ -176,43 +163,18 @@ class SimulatedEngine:
     def _finish(self, run: _Run) -> None:
         for index, choice in enumerate(run.choices):
             self._chunk(run, index, choice.finish())
-        self._events.put(self._final(run, Outcome.SUCCEEDED))
+        self._events.final(run, Outcome.SUCCEEDED)
 
     def _fail_running(self) -> None:
         error = ErrorInfo(type="engine_error", message="simulated engine failure (poisoned batch)", retryable=False)
         for run in list(self._running.values()):
-            self._events.put(self._final(run, Outcome.ERRORED, error=error, shared_failure=True))
+            self._events.final(run, Outcome.ERRORED, error=error, shared_failure=True)
         log.warning("simulated batch of %d failed", len(self._running))
         self._running.clear()
 
     def _chunk(self, run: _Run, index: int, text: str) -> None:
         if text:
             self._events.put(ChunkEvent(run.request.request_id, index, text))
-
-    def _final(
-        self, run: _Run, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
-    ) -> FinalEvent:
-        ended = outcome is Outcome.SUCCEEDED
-        choices = [
-            Choice(index=i, text=c.text, finish_reason=c.finish_reason(natural_end=not run.tokens) if ended else None)
-            for i, c in enumerate(run.choices)
-        ]
-        completion_tokens = sum(c.tokens for c in run.choices)
-        return FinalEvent(
-            request_id=run.request.request_id,
-            outcome=outcome,
-            choices=choices,
-            usage=Usage(
-                prompt_tokens=run.prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=run.prompt_tokens + completion_tokens,
-            ),
-            started_ms=run.started_ms,
-            first_token_ms=run.first_token_ms,
-            finished_ms=self._clock.now_ms(),
-            error=error,
-            shared_failure=shared_failure,
-        )
 
     async def _sleep_until(self, target_ms: int) -> None:
         delay_ms = target_ms - self._clock.now_ms()

@@ -26,8 +26,8 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.models import LLMQ_TINY
 from llmq_core.telemetry import request_fields
-from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
-from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, TokenRate, check_request
+from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
+from llmq_worker.engine import ChoiceEnd, ChunkEvent, SequenceEngine, check_request
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
@@ -60,11 +60,15 @@ class _Job:
     started_ms: int = 0
     first_token_ms: int = 0
 
+    def choice_ends(self) -> list[ChoiceEnd]:
+        return [ChoiceEnd(s.index, s.text.text, s.text.tokens, s.text.finish_reason(s.eos)) for s in self.subs]
 
-class TransformersEngine:
+    def tokens_left(self) -> list[int]:
+        return [s.max_tokens - s.seen for s in self.subs if not s.done]
+
+
+class TransformersEngine(SequenceEngine):
     """The worker's continuous batching engine. Create it inside the running event loop (``from_args`` or directly)."""
-
-    fixed_batch_time_ms = 0
 
     def __init__(
         self,
@@ -80,18 +84,14 @@ class TransformersEngine:
         """``max_concurrent_sequences``: sequences per step (and the engine's slots); ``max_batched_tokens``: tokens per
         step (prefill chunks + decodes), None lets the library size it (on GPU). ``context_window`` in tokens;
         ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its generation stops."""
+        super().__init__(max_sequences=max_concurrent_sequences, clock=clock)
         self.context_window = context_window or model.config.max_position_embeddings
         self._max_result_bytes = max_result_bytes
         self._model = model
         self._codec = TextCodec(tokenizer)
-        self._max_sequences = max_concurrent_sequences
-        self._clock = clock
         self._perf_to_epoch_ms = time.time() * 1000 - time.perf_counter() * 1000
         self._generation_config = _generation_config(model)
         self._cb_config = _cb_config(model, max_concurrent_sequences, max_batched_tokens, self.context_window)
-        self._events = EventQueue()
-        self._jobs: dict[str, _Job] = {}
-        self._rate = TokenRate()
         self._manager = None
         self._manager_dead = False
         self._ensure_manager()
@@ -162,37 +162,14 @@ class TransformersEngine:
             )
             if added is None:
                 del self._jobs[job.request.request_id]
-                self._drop_subs(job)
+                self._stop(job)
                 return False
         return True
-
-    def cancel(self, request_id: str) -> None:
-        """Abort every choice of ``request_id`` in the manager; ends ``canceled`` now with the text so far."""
-        job = self._jobs.pop(request_id, None)
-        if job is None:
-            return
-        self._drop_subs(job)
-        self._events.put(self._final(job, Outcome.CANCELED))
-
-    async def next_events(self) -> list[EngineEvent]:
-        return await self._events.next_events()
-
-    def capacity(self) -> Capacity:
-        """Slots in sequences; est_drain_ms from the tokens left and the recent tokens/s."""
-        live = [s for job in self._jobs.values() for s in job.subs if not s.done]
-        running = min(len(live), self._max_sequences)
-        tokens_left = sum(s.max_tokens - s.seen for s in live)
-        return Capacity(
-            max_slots=self._max_sequences,
-            running=running,
-            queued=len(live) - running,
-            est_drain_ms=self._rate.drain_ms(tokens_left),
-        )
 
     async def close(self) -> None:
         """Stop the generation thread (running requests get no further events)."""
         for job in list(self._jobs.values()):
-            self._drop_subs(job)
+            self._stop(job)
         self._jobs.clear()
         if self._manager is not None:
             manager, self._manager = self._manager, None
@@ -235,7 +212,7 @@ class TransformersEngine:
         self._chunk(job, sub, sub.text.finish())
         if all(s.done for s in job.subs):
             del self._jobs[job.request.request_id]
-            self._events.put(self._final(job, Outcome.SUCCEEDED))
+            self._events.final(job, Outcome.SUCCEEDED)
 
     def _retire(self, message: str) -> None:
         """The manager is dying: fail every request it holds (shared failures) and replace it on the next submit."""
@@ -248,11 +225,12 @@ class TransformersEngine:
             "generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent)
         )
         self._jobs.pop(job.request.request_id, None)
-        self._drop_subs(job)
+        self._stop(job)
         error = ErrorInfo(type="engine_error", message=message, retryable=True)
-        self._events.put(self._final(job, Outcome.ERRORED, error=error, shared_failure=True))
+        self._events.final(job, Outcome.ERRORED, error=error, shared_failure=True)
 
-    def _drop_subs(self, job: _Job) -> None:
+    def _stop(self, job: _Job) -> None:
+        """Abort the job's unfinished sequences in the manager."""
         for sub in job.subs:
             if not sub.done:
                 sub.done = True
@@ -265,31 +243,6 @@ class TransformersEngine:
     def _chunk(self, job: _Job, sub: _Sub, text: str) -> None:
         if text:
             self._events.put(ChunkEvent(job.request.request_id, sub.index, text))
-
-    def _final(
-        self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
-    ) -> FinalEvent:
-        ended = outcome is Outcome.SUCCEEDED
-        choices = [
-            Choice(index=s.index, text=s.text.text, finish_reason=s.text.finish_reason(s.eos) if ended else None)
-            for s in job.subs
-        ]
-        completion_tokens = sum(s.text.tokens for s in job.subs)
-        return FinalEvent(
-            request_id=job.request.request_id,
-            outcome=outcome,
-            choices=choices,
-            usage=Usage(
-                prompt_tokens=job.prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=job.prompt_tokens + completion_tokens,
-            ),
-            started_ms=job.started_ms,
-            first_token_ms=job.first_token_ms,
-            finished_ms=self._clock.now_ms(),
-            error=error,
-            shared_failure=shared_failure,
-        )
 
     # --- helpers -----------------------------------------------------------------------------------------------------
 

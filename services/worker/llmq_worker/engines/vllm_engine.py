@@ -24,17 +24,8 @@ from dataclasses import dataclass, field
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.telemetry import request_fields
-from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, Usage
-from llmq_worker.engine import (
-    Capacity,
-    ChunkEvent,
-    EngineEvent,
-    EventQueue,
-    FinalEvent,
-    InvalidRequest,
-    TokenRate,
-    check_request,
-)
+from llmq_core.wire import ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams
+from llmq_worker.engine import ChoiceEnd, ChunkEvent, EngineEvent, InvalidRequest, SequenceEngine, check_request
 from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -81,12 +72,6 @@ def finish_reason(vllm_reason: str | None) -> FinishReason | None:
     return vllm_reason if vllm_reason in ("stop", "length") else None
 
 
-def usage(prompt_tokens: int, completion_tokens: list[int]) -> Usage:
-    """Usage of a request: its prompt once, the completion tokens of every choice."""
-    completion = sum(completion_tokens)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion)
-
-
 # --- the engine --------------------------------------------------------------------------------------------------------
 
 
@@ -111,14 +96,22 @@ class _Job:
     started_ms: int = 0
     first_token_ms: int = 0
 
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
-class VllmEngine:
+    def choice_ends(self) -> list[ChoiceEnd]:
+        return [ChoiceEnd(c.index, c.text, c.tokens, finish_reason(c.reason)) for c in self.choices]
+
+    def tokens_left(self) -> list[int]:
+        return [self.request.sampling.max_tokens - c.tokens for c in self.choices if not c.done]
+
+
+class VllmEngine(SequenceEngine):
     """Create it inside the running event loop (``from_args``). ``client``: a vLLM ``AsyncLLM``; ``make_params`` builds
     a ``vllm.SamplingParams`` from :func:`vllm_sampling_kwargs`; ``make_prompt`` a prompt from token ids;
     ``request_errors``: the exceptions that mean a request is invalid (vLLM's validation errors); ``max_result_bytes``:
     UTF-8 bytes of all choices' text of one request, where its generation stops."""
-
-    fixed_batch_time_ms = 0
 
     def __init__(
         self,
@@ -134,19 +127,15 @@ class VllmEngine:
         clock: Clock = SYSTEM_CLOCK,
         max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
+        super().__init__(max_sequences=max_num_seqs, clock=clock)
         self.context_window = context_window
         self._max_result_bytes = max_result_bytes
         self._client = client
         self._codec = codec
         self._make_params = make_params
         self._make_prompt = make_prompt
-        self._max_num_seqs = max_num_seqs
         self._vocab_size = vocab_size
         self._request_errors = request_errors
-        self._clock = clock
-        self._events = EventQueue()
-        self._jobs: dict[str, _Job] = {}
-        self._rate = TokenRate()
         self._died: BaseException | None = None
 
     @classmethod
@@ -213,32 +202,12 @@ class VllmEngine:
         loop = asyncio.get_running_loop()
         job.tasks = [loop.create_task(self._run_choice(job, choice)) for choice in choices]
 
-    def cancel(self, request_id: str) -> None:
-        """Abort every choice of ``request_id`` (vLLM frees their slots); ends ``canceled`` now with the text so far."""
-        job = self._jobs.pop(request_id, None)
-        if job is None:
-            return
-        self._stop_tasks(job)
-        self._events.put(self._final(job, Outcome.CANCELED))
-
     async def next_events(self) -> list[EngineEvent]:
         """Events in order; raises EngineDied once vLLM's engine is dead."""
-        events = await self._events.next_events()
+        events = await super().next_events()
         if self._died is not None:
             raise EngineDied(f"vLLM's engine died: {self._died!r}") from self._died
         return events
-
-    def capacity(self) -> Capacity:
-        """Slots are vLLM's max_num_seqs; est_drain_ms from the tokens left and the recent tokens/s."""
-        live = [(job, c) for job in self._jobs.values() for c in job.choices if not c.done]
-        running = min(len(live), self._max_num_seqs)
-        tokens_left = sum(job.request.sampling.max_tokens - c.tokens for job, c in live)
-        return Capacity(
-            max_slots=self._max_num_seqs,
-            running=running,
-            queued=len(live) - running,
-            est_drain_ms=self._rate.drain_ms(tokens_left),
-        )
 
     async def close(self) -> None:
         """Abort everything and shut vLLM down (running requests get no further events)."""
@@ -293,7 +262,7 @@ class VllmEngine:
             self._fail(job, f"vLLM ended choice {choice.index} with finish_reason {choice.reason!r}", retryable=True)
         elif all(c.done for c in job.choices):
             del self._jobs[job.request.request_id]
-            self._events.put(self._final(job, Outcome.SUCCEEDED))
+            self._events.final(job, Outcome.SUCCEEDED)
 
     def _failed(self, job: _Job, exc: Exception) -> None:
         if getattr(self._client, "errored", False):
@@ -313,33 +282,15 @@ class VllmEngine:
         log.warning(
             "generation failed: %s", message, extra=request_fields(job.request.request_id, job.request.traceparent)
         )
-        self._stop_tasks(job)
+        self._stop(job)
         error = ErrorInfo(type=error_type, message=message, retryable=retryable)
-        self._events.put(self._final(job, Outcome.ERRORED, error=error, shared_failure=shared))
+        self._events.final(job, Outcome.ERRORED, error=error, shared_failure=shared)
 
-    def _stop_tasks(self, job: _Job) -> None:
+    def _stop(self, job: _Job) -> None:
+        """Cancel the job's generate iterations (vLLM aborts their requests), all but the one running this."""
         current = asyncio.current_task()
         for task in job.tasks:
             if task is not current:
                 task.cancel()
         for choice in job.choices:
             choice.done = True
-
-    def _final(
-        self, job: _Job, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
-    ) -> FinalEvent:
-        ended = outcome is Outcome.SUCCEEDED
-        return FinalEvent(
-            request_id=job.request.request_id,
-            outcome=outcome,
-            choices=[
-                Choice(index=c.index, text=c.text, finish_reason=finish_reason(c.reason) if ended else None)
-                for c in job.choices
-            ],
-            usage=usage(len(job.prompt_ids), [c.tokens for c in job.choices]),
-            started_ms=job.started_ms,
-            first_token_ms=job.first_token_ms,
-            finished_ms=self._clock.now_ms(),
-            error=error,
-            shared_failure=shared_failure,
-        )
