@@ -22,9 +22,10 @@ import httpx
 import redis as redis_sync
 
 from llmq_cli import kafka_dist
-from llmq_core import constants
+from llmq_cli.devsecrets import DevSecrets
+from llmq_core import constants, security
 from llmq_core.kafka import ensure_topics
-from llmq_core.redis_client import MEMORY_POLICY
+from llmq_core.redis_client import MEMORY_POLICY, connection_options
 from llmq_core.settings import Settings
 
 
@@ -58,6 +59,19 @@ class StackConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     manage_infra: bool = True  # False: Kafka and Redis at these ports are someone else's; start and stop only services
     redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev_redis_maxmemory_bytes)
+    # secure mode (docs/security.md): Kafka SASL_SSL + ACLs, Redis TLS + ACL users, one principal per role
+    secure: bool = False
+    reply_topic_prefixes: tuple[str, ...] = ()  # where the router may write replies (secure: its ACLs)
+    ingress_principals: tuple[str, ...] = ()  # Kafka-direct producers: SCRAM users writing their own ingress topic
+
+    @property
+    def secrets(self) -> DevSecrets:
+        return DevSecrets(self.state_dir.resolve() / "secrets")
+
+    @property
+    def kafka_tls_port(self) -> int:
+        """Secure mode: the mTLS listener (clients with a certificate, and the broker itself); controller is +1."""
+        return self.kafka_port + 2
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -70,10 +84,28 @@ class StackConfig:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        return f"{'rediss' if self.secure else 'redis'}://127.0.0.1:{self.redis_port}/0"
 
-    def settings(self) -> Settings:
-        return Settings(kafka_bootstrap_servers=self.kafka_bootstrap, redis_url=self.redis_url)
+    def env(self, role: str = security.ROLE_ADMIN) -> dict[str, str]:
+        """``LLMQ_*`` connection settings of ``role`` (an llmq service's, or the admin's: topics, ACLs, status)."""
+        env = {"LLMQ_KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap, "LLMQ_REDIS_URL": self.redis_url}
+        if self.reply_topic_prefixes:
+            env["LLMQ_KAFKA_REPLY_TOPIC_PREFIXES"] = ",".join(self.reply_topic_prefixes)
+        if self.secure:
+            secrets = self.secrets
+            env |= {
+                "LLMQ_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "LLMQ_KAFKA_SASL_USERNAME": role,
+                "LLMQ_KAFKA_SASL_PASSWORD_FILE": str(secrets.password_file(role)),
+                "LLMQ_KAFKA_SSL_CAFILE": str(secrets.ca),
+                "LLMQ_REDIS_USERNAME": role,
+                "LLMQ_REDIS_PASSWORD_FILE": str(secrets.password_file(role)),
+                "LLMQ_REDIS_SSL_CAFILE": str(secrets.ca),
+            }
+        return env
+
+    def settings(self, role: str = security.ROLE_ADMIN) -> Settings:
+        return Settings(**{key.removeprefix("LLMQ_").lower(): value for key, value in self.env(role).items()})
 
 
 def _python_module(module: str, *args: str) -> list[str]:
@@ -184,21 +216,41 @@ class DevStack:
             folder.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
         if self.cfg.manage_infra:
+            if self.cfg.secure:
+                self.cfg.secrets.ensure()
             self._start_redis()
             self._start_kafka()
-        _wait(lambda: _redis_ping(self.cfg.redis_url), deadline, "redis")
+        admin = self.cfg.settings()
+        _wait(lambda: _redis_ping(admin), deadline, "redis")
         _wait(lambda: _tcp_open(self.cfg.kafka_port), deadline, "kafka")
-        _wait(
-            lambda: _try(lambda: _run_in_thread(ensure_topics(self.cfg.settings(), raise_limits=True))),
-            deadline,
-            "kafka topics",
-        )
+        _wait(lambda: _try(lambda: _run_in_thread(self._prepare_kafka(admin))), deadline, "kafka topics")
         for spec in service_specs(self.cfg) if services else ():
             self._spawn(spec)
         for row in self._wait_healthy(deadline):
             log(f"  {row['name']:<18} pid {row['pid']:<8} {row['health']}")
 
+    async def _prepare_kafka(self, admin: Settings) -> None:
+        """As the admin: the ACLs of every role (secure mode) and the llmq topics."""
+        if self.cfg.secure and self.cfg.manage_infra:
+            acls = security.kafka_acls(self.cfg.reply_topic_prefixes, self.cfg.ingress_principals)
+            await security.apply_kafka_acls(admin, acls)
+        await ensure_topics(admin, raise_limits=True)
+
+    def _redis_tls_args(self) -> list[str]:
+        """Secure mode: TLS only (no plaintext port) and the ACL users of :func:`security.redis_acl_file`."""
+        secrets = self.cfg.secrets
+        acl_file = secrets.folder / "redis.acl"
+        passwords = {role: secrets.password(role) for role in security.ROLES}
+        acl_file.write_text(security.redis_acl_file(passwords))
+        acl_file.chmod(0o600)
+        return [
+            "--port", "0", "--tls-port", str(self.cfg.redis_port), "--tls-cert-file", str(secrets.cert("redis")),
+            "--tls-key-file", str(secrets.key("redis")), "--tls-ca-cert-file", str(secrets.ca),
+            "--tls-auth-clients", "optional", "--aclfile", str(acl_file),
+        ]  # fmt: skip
+
     def _start_redis(self) -> None:
+        port_args = ["--port", str(self.cfg.redis_port)] if not self.cfg.secure else self._redis_tls_args()
         spec = ProcSpec(
             name="redis",
             kind="redis",
@@ -206,8 +258,7 @@ class DevStack:
             port=self.cfg.redis_port,
             argv=[
                 "redis-server",
-                "--port",
-                str(self.cfg.redis_port),
+                *port_args,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -230,10 +281,23 @@ class DevStack:
         libs = kafka_dist.ensure_installed()
         data = self.state / "kafka-data"
         config = self.state / "kafka.properties"
-        config.write_text(kafka_dist.server_properties(data, self.cfg.kafka_port, self.cfg.kafka_port + 1))
+        scram_users = None
+        if self.cfg.secure:
+            secrets = self.cfg.secrets
+            tls = {"keystore": str(secrets.broker_keystore), "ca": str(secrets.ca)}
+            super_users = [security.ROLE_ADMIN, security.KAFKA_BROKER_PRINCIPAL]
+            properties = kafka_dist.secure_server_properties(
+                data, self.cfg.kafka_port, self.cfg.kafka_port + 1, self.cfg.kafka_tls_port, tls, super_users
+            )
+            principals = (*security.ROLES, *self.cfg.ingress_principals)
+            scram_users = {p: secrets.password(p) for p in principals}
+        else:
+            properties = kafka_dist.server_properties(data, self.cfg.kafka_port, self.cfg.kafka_port + 1)
+        config.write_text(properties)
+        config.chmod(0o600)
         log4j = self.state / "kafka-log4j2.yaml"
         log4j.write_text(kafka_dist.LOG4J2_YAML)
-        kafka_dist.format_storage(libs, config, data)
+        kafka_dist.format_storage(libs, config, data, scram_users)
         argv = kafka_dist.java_command(libs, f"-Dlog4j2.configurationFile={log4j}", "kafka.Kafka", str(config))
         self._spawn(ProcSpec(name="kafka", kind="kafka", marker="kafka.Kafka", argv=argv, port=self.cfg.kafka_port))
 
@@ -242,8 +306,7 @@ class DevStack:
             return
         env = {
             **os.environ,
-            "LLMQ_KAFKA_BOOTSTRAP_SERVERS": self.cfg.kafka_bootstrap,
-            "LLMQ_REDIS_URL": self.cfg.redis_url,
+            **self.cfg.env(security.SERVICE_ROLES.get(spec.kind, security.ROLE_ADMIN)),
             "PYTHONUNBUFFERED": "1",
             **self.cfg.extra_env,
         }
@@ -296,7 +359,7 @@ class DevStack:
     def status(self) -> list[dict]:
         """One row per process started here: name, kind, model, pid, port, metrics_port, health (healthy | starting |
         exited). ``port`` is the one the process listens on: Kafka's, Redis', an API pod's, else its /metrics port."""
-        client = redis_sync.Redis.from_url(self.cfg.redis_url, socket_timeout=1)
+        client = _sync_redis(self.cfg.settings())
         rows = []
         for name, record in self._records():
             health = "exited"
@@ -382,7 +445,7 @@ def _wait_gone(pid: int, marker: str, timeout_s: float) -> None:
 def _healthy(record: dict, cfg: StackConfig, client: redis_sync.Redis) -> bool:
     kind = record["kind"]
     if kind == "redis":
-        return _redis_ping(cfg.redis_url)
+        return _redis_ping(cfg.settings())
     if kind == "kafka":
         return _tcp_open(record["port"])
     if kind == "api":
@@ -390,8 +453,12 @@ def _healthy(record: dict, cfg: StackConfig, client: redis_sync.Redis) -> bool:
     return _try(lambda: bool(client.exists(record["alive"])))
 
 
-def _redis_ping(url: str) -> bool:
-    return _try(lambda: redis_sync.Redis.from_url(url, socket_timeout=1).ping())
+def _sync_redis(settings: Settings) -> redis_sync.Redis:
+    return redis_sync.Redis.from_url(settings.redis_url, socket_timeout=1, **connection_options(settings))
+
+
+def _redis_ping(settings: Settings) -> bool:
+    return _try(lambda: _sync_redis(settings).ping())
 
 
 def _tcp_open(port: int) -> bool:

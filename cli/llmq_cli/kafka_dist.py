@@ -120,12 +120,50 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
     )
 
 
+def secure_server_properties(
+    data_dir: Path, port: int, controller_port: int, tls_port: int, tls: dict[str, str], super_users: list[str]
+) -> str:
+    """A single-node KRaft broker with no PLAINTEXT listener: clients on ``port`` (SASL_SSL, SCRAM-SHA-512), mTLS
+    clients and the broker itself on ``tls_port`` (SSL, client certificate required), the controller on
+    ``controller_port`` (SSL, client certificate required: only the broker's certificate passes the authorizer).
+    ``tls``: PEM paths ``keystore`` (key + certificate) and ``ca``. StandardAuthorizer, no access without an ACL."""
+    tls_listeners = ("tls", "controller")
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+            f"listeners=CLIENT://127.0.0.1:{port},TLS://127.0.0.1:{tls_port},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=CLIENT://127.0.0.1:{port},TLS://127.0.0.1:{tls_port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=TLS",
+            "listener.security.protocol.map=CLIENT:SASL_SSL,TLS:SSL,CONTROLLER:SSL",
+            "sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "listener.name.client.scram-sha-512.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            *(f"listener.name.{name}.ssl.client.auth=required" for name in tls_listeners),
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={tls['keystore']}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={tls['ca']}",
+            "ssl.principal.mapping.rules=RULE:^CN=([A-Za-z0-9._-]+)$/$1/,DEFAULT",  # certificate CN=x -> User:x
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found=false",
+            "super.users=" + ";".join(f"User:{user}" for user in super_users),
+            f"log.dirs={data_dir}",
+            *(f"{key}={value}" for key, value in BROKER_TUNING.items()),
+            "",
+        ]
+    )
+
+
 def java_command(libs: Path, *args: str, heap: str = "-Xmx512m") -> list[str]:
     return ["java", "-Xms256m", heap, "-XX:+UseSerialGC", "-cp", f"{libs}/*", *args]
 
 
-def format_storage(libs: Path, config: Path, data_dir: Path) -> None:
-    """Format the KRaft storage once (a formatted data dir is kept: re-formatting with a new cluster id would fail)."""
+def format_storage(libs: Path, config: Path, data_dir: Path, scram_users: dict[str, str] | None = None) -> None:
+    """Format the KRaft storage once (a formatted data dir is kept: re-formatting with a new cluster id would fail).
+    ``scram_users`` (name -> password): SCRAM-SHA-512 credentials written into the metadata at this step."""
     if (data_dir / "meta.properties").exists():
         return
     cluster_id = (
@@ -137,7 +175,19 @@ def format_storage(libs: Path, config: Path, data_dir: Path) -> None:
     )
     subprocess.run(
         java_command(
-            libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), "--ignore-formatted"
+            libs,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(config),
+            "--ignore-formatted",
+            *(
+                arg
+                for name, password in (scram_users or {}).items()
+                for arg in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")
+            ),
         ),
         check=True,
         capture_output=True,

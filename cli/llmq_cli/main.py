@@ -46,6 +46,7 @@ def _stack(
     redis_port: int = 6379,
     api_port: int = 8000,
     keys_file: Path | None = None,
+    secure: bool = False,
 ) -> DevStack:
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
     extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
@@ -59,6 +60,7 @@ def _stack(
             redis_port=redis_port,
             api_ports=(api_port, api_port + 1),
             extra_env=extra_env,
+            secure=secure,
         )
     )
 
@@ -86,9 +88,16 @@ def dev_up(
         "LLMQ_API_KEYS_FILE for every process (the environment's own "
         "LLMQ_API_KEYS_FILE works too).",
     ),
+    secure: bool = typer.Option(
+        False,
+        help="Kafka SASL_SSL (SCRAM-SHA-512) with ACLs and Redis TLS with ACL users, one principal per service role; "
+        "CA, certificates and passwords under <state-dir>/secrets (docs/security.md).",
+    ),
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
-    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port, keys_file)
+    stack = _stack(
+        state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port, keys_file, secure
+    )
     started = time.perf_counter()
     try:
         stack.up(log=console.print)
@@ -103,9 +112,10 @@ def dev_status(
     state_dir: Path = STATE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     redis_port: int = typer.Option(6379),
+    secure: bool = typer.Option(False, help="The stack was started with --secure."),
 ) -> None:
     """Each process the stack started: name, model, pid, the port it listens on, its /metrics port and health."""
-    rows = DevStack(StackConfig(state_dir=state_dir, redis_port=redis_port)).status()
+    rows = DevStack(StackConfig(state_dir=state_dir, redis_port=redis_port, secure=secure)).status()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -37,15 +37,23 @@ def requests_topic(traffic_class: str) -> str:
 
 
 REQUEST_TOPICS: Final = tuple(requests_topic(c) for c in TRAFFIC_CLASSES)
+TOPIC_INGRESS_PREFIX: Final = "llmq.ingress."
+
+
+def ingress_topic(principal: str) -> str:
+    """The one topic a Kafka-direct producing principal may write (its identity is the topic, which ACLs enforce)."""
+    return f"{TOPIC_INGRESS_PREFIX}{principal}"
+
 
 # --- Kafka consumer groups ---
 GROUP_BATCHER: Final = "llmq-batcher"
 GROUP_RESULT_ROUTER: Final = "llmq-result-router"
+GROUP_WORKER_PREFIX: Final = "llmq-worker-"
 
 
 def worker_group(partition: int) -> str:
     """Consumer group that stores a worker's committed offset of its llmq.batches partition."""
-    return f"llmq-worker-{partition}"
+    return f"{GROUP_WORKER_PREFIX}{partition}"
 
 
 # --- Kafka headers ---

@@ -25,6 +25,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
 )
+from aiokafka.helpers import create_ssl_context
 
 from llmq_core import wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
@@ -43,7 +44,7 @@ from llmq_core.constants import (
     TOPIC_PREFIX,
     TOPIC_RESULTS,
 )
-from llmq_core.settings import Settings
+from llmq_core.settings import Settings, secret
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,35 @@ def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str
     return None
 
 
+def client_options(settings: Settings) -> dict:
+    """The connection options of every Kafka client llmq makes (producer, consumer, admin): bootstrap servers and,
+    past PLAINTEXT, TLS (CA, client certificate for mTLS) and SASL credentials. The one place they are built."""
+    options: dict = {"bootstrap_servers": settings.kafka_bootstrap_servers}
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return options
+    options["security_protocol"] = protocol
+    options["ssl_context"] = create_ssl_context(
+        cafile=settings.kafka_ssl_cafile or None,
+        certfile=settings.kafka_ssl_certfile or None,
+        keyfile=settings.kafka_ssl_keyfile or None,
+    )
+    if protocol == "SASL_SSL":
+        options["sasl_mechanism"] = settings.kafka_sasl_mechanism
+        options["sasl_plain_username"] = settings.kafka_sasl_username
+        options["sasl_plain_password"] = secret(settings.kafka_sasl_password, settings.kafka_sasl_password_file)
+    return options
+
+
+def make_admin(settings: Settings) -> AIOKafkaAdminClient:
+    """An admin client (unstarted). On a secure cluster only the admin principal may create topics or ACLs."""
+    return AIOKafkaAdminClient(**client_options(settings))
+
+
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
     """An idempotent producer (acks=all) that waits at most 2 ms to group records, of up to KAFKA_MAX_MESSAGE_BYTES."""
     options = dict(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        **client_options(settings),
         acks="all",
         enable_idempotence=True,
         linger_ms=2,
@@ -264,7 +290,7 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None, **over
     """A consumer that commits by hand (at-least-once) and starts at the earliest uncommitted record; it fetches records
     of up to KAFKA_MAX_MESSAGE_BYTES."""
     options = dict(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        **client_options(settings),
         max_partition_fetch_bytes=KAFKA_MAX_MESSAGE_BYTES,
         group_id=group_id,
         enable_auto_commit=False,
@@ -345,7 +371,7 @@ def topic_layout(settings: Settings) -> dict[str, int]:
 async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> bool:
     """Create ``topic`` with room for llmq's largest record (replication factor 1: local and test stacks); False when
     it exists already. Reply topics are created this way by their owners: the broker does not auto-create topics."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    admin = make_admin(settings)
     await admin.start()
     try:
         config = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
@@ -369,7 +395,7 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
     = KAFKA_MAX_MESSAGE_BYTES. ``raise_limits``: also raise that limit on existing topics below it (local stacks only:
     in production the topics' owners set it, and :func:`check_topic_limits` refuses to start without it)."""
     limit = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    admin = make_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -396,7 +422,7 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
 async def check_topic_limits(settings: Settings, needed_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> None:
     """Raise :class:`TopicLimitError` naming each existing llmq topic whose effective max.message.bytes on the broker is
     below ``needed_bytes`` (records that large would be refused at run time). Topics not created yet are skipped."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    admin = make_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -9,6 +9,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from llmq_core.settings import Settings, secret
+
 log = logging.getLogger(__name__)
 
 COMMAND_RETRIES = 2
@@ -16,13 +18,34 @@ CONFIG_TIMEOUT_S = 2.0
 MEMORY_POLICY = "volatile-lru"  # what llmq's own stacks run: only keys with a TTL are ever evicted
 
 
-def make_redis(url: str, **options) -> Redis:
-    """A client whose commands are retried on connection errors (twice, 100 ms then 200 ms later).
+def connection_options(settings: Settings) -> dict:
+    """``Redis.from_url`` options for this service's ACL user and TLS (``rediss://`` URLs); empty when none is set.
+    The one place they are built: services through :func:`make_redis`, the CLI's synchronous clients directly."""
+    options: dict = {}
+    if settings.redis_username:
+        options["username"] = settings.redis_username
+    password = secret(settings.redis_password, settings.redis_password_file)
+    if password:
+        options["password"] = password
+    for option, path in (
+        ("ssl_ca_certs", settings.redis_ssl_cafile),
+        ("ssl_certfile", settings.redis_ssl_certfile),
+        ("ssl_keyfile", settings.redis_ssl_keyfile),
+    ):
+        if path:
+            options[option] = path
+    return options
+
+
+def make_redis(settings: Settings, **options) -> Redis:
+    """A client of ``settings.redis_url`` as its ACL user (:func:`connection_options`) whose commands are retried on
+    connection errors (twice, 100 ms then 200 ms later).
 
     After a Redis restart every pooled connection fails on its next use: without a retry that command (a reply, a
     heartbeat) is lost although Redis is back. ``options`` go to ``Redis.from_url``.
     """
-    return Redis.from_url(url, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), COMMAND_RETRIES), **options)
+    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), COMMAND_RETRIES)
+    return Redis.from_url(settings.redis_url, retry=retry, **connection_options(settings), **options)
 
 
 def memory_policy_warning(maxmemory_bytes: int, policy: str) -> str | None:

@@ -95,7 +95,7 @@ async def start(stack: contextlib.AsyncExitStack, *clients: Client) -> None:
 
 def redis(stack: contextlib.AsyncExitStack, settings: Settings) -> Redis:
     """A client from ``make_redis`` (commands retried), closed when ``stack`` closes."""
-    client = make_redis(settings.redis_url)
+    client = make_redis(settings)
     stack.push_async_callback(client.aclose)
     return client
 

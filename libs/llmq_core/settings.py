@@ -19,6 +19,21 @@ class Settings(BaseSettings):
     # connections
     kafka_bootstrap_servers: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # transport security (docs/security.md): PLAINTEXT | SASL_SSL (SCRAM over TLS) | SSL (TLS, mTLS with a client cert)
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_SSL", "SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str = ""  # this service's principal (one per role: api, batcher, worker, router, admin)
+    kafka_sasl_password: str = ""
+    kafka_sasl_password_file: str = ""  # read at start when set (a mounted secret); wins over kafka_sasl_password
+    kafka_ssl_cafile: str = ""  # CA that signed the brokers' certificates (empty: the system's CAs)
+    kafka_ssl_certfile: str = ""  # client certificate (mTLS, security protocol SSL)
+    kafka_ssl_keyfile: str = ""  # its private key
+    redis_username: str = ""  # Redis ACL user (one per role); empty: the URL's, else Redis' default user
+    redis_password: str = ""
+    redis_password_file: str = ""  # read at start when set; wins over redis_password
+    redis_ssl_cafile: str = ""  # CA of the Redis server's certificate (rediss:// URLs)
+    redis_ssl_certfile: str = ""  # client certificate, where Redis asks for one (tls-auth-clients)
+    redis_ssl_keyfile: str = ""
 
     # topics
     request_topic_partitions: int = 4
@@ -148,6 +163,14 @@ class Settings(BaseSettings):
                 f" RECORD_HEADROOM_BYTES): such a request could not be produced to Kafka"
             )
         return value
+
+
+def secret(value: str, path: str) -> str:
+    """A credential: the contents of file ``path`` (trailing newline dropped) when it is set, else ``value``."""
+    if path:
+        with open(path, encoding="utf-8") as file:
+            return file.read().rstrip("\n")
+    return value
 
 
 def load_settings() -> Settings:

@@ -47,7 +47,7 @@ async def clients(stack):
     assert await kafka.create_topic(settings, topic)
     producer = kafka.make_producer(settings)
     reader = AIOKafkaConsumer(bootstrap_servers=stack.cfg.kafka_bootstrap, group_id=None, enable_auto_commit=False)
-    redis = make_redis(settings.redis_url)
+    redis = make_redis(settings)
     await producer.start()
     await reader.start()
     try:

@@ -259,9 +259,7 @@ class Pod:
         self.keys = keys or KeyStore.from_settings(settings)
         self.timeouts = timeouts_by_class(settings)
         self.shed = ShedPolicy.from_settings(settings)
-        self.redis = redis or make_redis(
-            settings.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10
-        )
+        self.redis = redis or make_redis(settings, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10)
         self.saturation = SaturationMonitor(
             self.redis,
             clock,

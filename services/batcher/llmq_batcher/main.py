@@ -24,7 +24,8 @@ async def build(
     labels = LabelSet.from_settings(settings)
     observed = metrics.BatcherMetrics(labels)
     runtime.serve_metrics(stack, observed.registry, settings, metrics_port)
-    await kafka.ensure_topics(settings)
+    if settings.kafka_security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
+        await kafka.ensure_topics(settings)
     await kafka.require_topic_limits(settings)
     redis = runtime.redis(stack, settings)
     producer = kafka.make_renewable_producer(settings)  # a refused record does not break it

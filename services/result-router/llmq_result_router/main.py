@@ -22,7 +22,8 @@ from llmq_result_router.loop import ResultRouter
 async def build(metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
     observed = metrics.RouterMetrics(LabelSet.from_settings(settings))
     runtime.serve_metrics(stack, observed.registry, settings, metrics_port)
-    await kafka.ensure_topics(settings)
+    if settings.kafka_security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
+        await kafka.ensure_topics(settings)
     await kafka.require_topic_limits(settings)
     redis = runtime.redis(stack, settings)
     await check_memory_policy(redis, "result-router")

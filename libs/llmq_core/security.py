@@ -1,0 +1,180 @@
+"""Who may do what on Kafka and Redis: one principal (Kafka) and one ACL user (Redis) per service role, and the
+least-privilege rules of each, as tables. ``llmq dev up --secure`` and operators apply what is generated here
+(docs/security.md: the trust model).
+
+The rules follow what the code reads and writes:
+- api: produces requests (llmq_api.pod); subscribes its replies channel and heartbeats, publishes cancels.
+- batcher: consumes requests and ingress topics (group llmq-batcher) and llmq.results (no group: finished work);
+  produces batches, its own outcomes to llmq.results, dead letters; subscribes heartbeats and cancels, publishes
+  cancels and replies (requests it refuses).
+- worker: consumes its llmq.batches partition (group llmq-worker-<n>; ACLs are per topic); produces llmq.results and
+  dead letters; subscribes cancels, publishes heartbeats and replies.
+- router: consumes llmq.results (group llmq-result-router); produces reply topics (under the allowed prefixes),
+  batch-job lines to llmq.requests.deferred, dead letters; publishes replies.
+- admin: super user, used only by ``llmq topics`` / ``llmq dev create-topic`` and operators. mm2: reserved for
+  MirrorMaker 2 (no rules yet).
+Every Kafka role may also read its topics' configuration (``kafka.require_topic_limits`` at start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from llmq_core import constants
+from llmq_core.kafka import make_admin
+from llmq_core.settings import Settings
+
+ROLE_API = "api"
+ROLE_BATCHER = "batcher"
+ROLE_WORKER = "worker"
+ROLE_ROUTER = "router"
+ROLE_ADMIN = "admin"
+ROLE_MM2 = "mm2"
+ROLES = (ROLE_API, ROLE_BATCHER, ROLE_WORKER, ROLE_ROUTER, ROLE_ADMIN, ROLE_MM2)
+SERVICE_ROLES = {"api": ROLE_API, "batcher": ROLE_BATCHER, "worker": ROLE_WORKER, "result-router": ROLE_ROUTER}
+KAFKA_BROKER_PRINCIPAL = "llmq-broker"  # the broker's own certificate (controller and inter-broker listener)
+
+# Kafka protocol codes (org.apache.kafka.common.acl / resource)
+TOPIC, GROUP = 2, 3
+LITERAL, PREFIXED = 3, 4
+READ, WRITE, DESCRIBE_CONFIGS = 3, 4, 10
+ALLOW = 3
+OPERATION_NAMES = {READ: "Read", WRITE: "Write", DESCRIBE_CONFIGS: "DescribeConfigs"}
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaAcl:
+    """Allow ``principal`` (a role name) ``operation`` on a topic or group named ``name`` (or every one it prefixes)."""
+
+    principal: str
+    resource: int
+    name: str
+    operation: int
+    prefixed: bool = False
+
+    def describe(self) -> str:
+        kind = "topic" if self.resource == TOPIC else "group"
+        return (
+            f"User:{self.principal} {OPERATION_NAMES[self.operation]} {kind} {self.name}{'*' if self.prefixed else ''}"
+        )
+
+
+# role -> (topic, prefixed, operations); DescribeConfigs is added to every topic row
+_KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
+    ROLE_API: ((constants.TOPIC_REQUESTS_PREFIX, True, (WRITE,)),),
+    ROLE_BATCHER: (
+        (constants.TOPIC_REQUESTS_PREFIX, True, (READ,)),
+        (constants.TOPIC_INGRESS_PREFIX, True, (READ,)),
+        (constants.TOPIC_BATCHES, False, (WRITE,)),
+        (constants.TOPIC_RESULTS, False, (READ, WRITE)),
+        (constants.TOPIC_DEAD_LETTERS, False, (WRITE,)),
+    ),
+    ROLE_WORKER: (
+        (constants.TOPIC_BATCHES, False, (READ,)),
+        (constants.TOPIC_RESULTS, False, (WRITE,)),
+        (constants.TOPIC_DEAD_LETTERS, False, (WRITE,)),
+    ),
+    ROLE_ROUTER: (
+        (constants.TOPIC_RESULTS, False, (READ,)),
+        (constants.requests_topic(constants.DEFERRED), False, (WRITE,)),
+        (constants.TOPIC_DEAD_LETTERS, False, (WRITE,)),
+    ),
+}
+# role -> (consumer group, prefixed)
+_KAFKA_GROUPS: dict[str, tuple[tuple[str, bool], ...]] = {
+    ROLE_BATCHER: ((constants.GROUP_BATCHER, False),),
+    ROLE_WORKER: ((constants.GROUP_WORKER_PREFIX, True),),
+    ROLE_ROUTER: ((constants.GROUP_RESULT_ROUTER, False),),
+}
+
+
+def kafka_acls(reply_topic_prefixes: Iterable[str] = (), ingress_principals: Iterable[str] = ()) -> list[KafkaAcl]:
+    """Every ACL of a secure cluster (the admin is a super user and needs none). ``reply_topic_prefixes``: where the
+    router may write replies (``Settings.kafka_reply_topic_prefixes``; none: no reply topics). ``ingress_principals``:
+    Kafka-direct producers, each writing its own ingress topic only."""
+    topics = {role: list(rows) for role, rows in _KAFKA_TOPICS.items()}
+    topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in reply_topic_prefixes]
+    for principal in ingress_principals:
+        topics[principal] = [(constants.ingress_topic(principal), False, (WRITE,))]
+    acls = [
+        KafkaAcl(role, TOPIC, name, operation, prefixed)
+        for role, rows in topics.items()
+        for name, prefixed, operations in rows
+        for operation in (*operations, DESCRIBE_CONFIGS)
+    ]
+    acls += [
+        KafkaAcl(role, GROUP, name, READ, prefixed) for role, rows in _KAFKA_GROUPS.items() for name, prefixed in rows
+    ]
+    return acls
+
+
+async def apply_kafka_acls(admin_settings: Settings, acls: Iterable[KafkaAcl]) -> None:
+    """Create ``acls`` on the cluster as the admin principal (creating one that exists changes nothing).
+    aiokafka has no ACL call: its CreateAcls request (one ACL each) goes to a broker directly."""
+    from aiokafka.errors import for_code
+    from aiokafka.protocol.admin import CreateAclsRequest
+
+    admin = make_admin(admin_settings)
+    await admin.start()
+    try:
+        for acl in acls:
+            pattern = PREFIXED if acl.prefixed else LITERAL
+            request = CreateAclsRequest(
+                acl.resource, acl.name, pattern, f"User:{acl.principal}", "*", acl.operation, ALLOW
+            )
+            response = await admin._send_request(request)
+            for code, message in response.creation_responses:
+                if code:
+                    raise for_code(code)(f"creating ACL {acl.describe()}: {message}")
+    finally:
+        await admin.close()
+
+
+# --- Redis ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RedisRole:
+    """What one role may do on Redis: channels it SUBSCRIBEs to and channels it PUBLISHes on (kept apart with a
+    Redis 7 selector: channel patterns of one rule allow both), and the keys it reads and writes."""
+
+    subscribe: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ("llmq:*",)
+
+
+_REPLIES = constants.REDIS_REPLIES_PREFIX + "*"
+REDIS_ROLES: dict[str, RedisRole] = {
+    ROLE_API: RedisRole(
+        subscribe=(_REPLIES, constants.REDIS_HEARTBEATS_CHANNEL), publish=(constants.REDIS_CANCELS_CHANNEL,)
+    ),
+    ROLE_BATCHER: RedisRole(
+        subscribe=(constants.REDIS_HEARTBEATS_CHANNEL, constants.REDIS_CANCELS_CHANNEL),
+        publish=(constants.REDIS_CANCELS_CHANNEL, _REPLIES),
+    ),
+    ROLE_WORKER: RedisRole(
+        subscribe=(constants.REDIS_CANCELS_CHANNEL,), publish=(constants.REDIS_HEARTBEATS_CHANNEL, _REPLIES)
+    ),
+    ROLE_ROUTER: RedisRole(publish=(_REPLIES,)),
+}
+# Data commands only: no administration (CONFIG, FLUSHALL, KEYS, DEBUG...), no pub/sub beyond each role's rows.
+_REDIS_COMMANDS = (
+    "-@all +@read +@write +@transaction +@connection +evalsha +eval +script|load +script|exists -@dangerous"
+)
+
+
+def redis_acl_file(passwords: dict[str, str]) -> str:
+    """A Redis ACL file (``aclfile``): the default user off, one user per role in :data:`REDIS_ROLES` and the admin
+    (everything; ``llmq dev`` and operators), each with its password from ``passwords`` (role -> password)."""
+    lines = ["user default off"]
+    for role, rules in REDIS_ROLES.items():
+        line = [f"user {role} on >{passwords[role]} resetkeys resetchannels", _REDIS_COMMANDS]
+        line += [f"~{pattern}" for pattern in rules.keys]
+        if rules.subscribe:
+            line += ["+subscribe +unsubscribe", *(f"&{channel}" for channel in rules.subscribe)]
+        if rules.publish:
+            line.append("(+publish " + " ".join(f"&{channel}" for channel in rules.publish) + ")")
+        lines.append(" ".join(line))
+    lines.append(f"user {ROLE_ADMIN} on >{passwords[ROLE_ADMIN]} ~* &* +@all")
+    return "\n".join(lines) + "\n"
