@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import suite_infra
+from tests.infra import secure_suite_infra, suite_infra
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,4 +31,12 @@ def infra(request):
     with suite_infra(ROOT / "var" / "test", os.environ.get("DOCKER_HOST")) as stack:
         os.environ["LLMQ_KAFKA_BOOTSTRAP_SERVERS"] = stack.cfg.kafka_bootstrap
         os.environ["LLMQ_REDIS_URL"] = stack.cfg.redis_url
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def secure_infra():
+    """A secure Kafka + Redis for the session (tests/infra.py ``secure_suite_infra``), started on first use. Clients
+    take their role's connection settings from ``secure_infra.cfg.settings(role)`` / ``.env(role)``."""
+    with secure_suite_infra(ROOT / "var" / "test-secure") as stack:
         yield stack

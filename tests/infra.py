@@ -20,6 +20,10 @@ from llmq_core.redis_client import MEMORY_POLICY
 
 TEST_KAFKA_PORT = 19092
 TEST_REDIS_PORT = 16379
+# The secure broker (SASL_SSL; controller +1, mTLS listener +2) and Redis (TLS only) beside the plaintext pair.
+SECURE_KAFKA_PORT = 19192
+SECURE_REDIS_PORT = 16479
+SECURE_REPLY_TOPIC_PREFIXES = ("team.replies.",)
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.0"  # Kafka 3.9 in KRaft mode
 REDIS_IMAGE = "redis:7.4"
@@ -69,6 +73,25 @@ def suite_infra(state_dir: Path, docker_host: str | None) -> Iterator[DevStack]:
             )
         return
     stack = DevStack(StackConfig(state_dir=state_dir, kafka_port=TEST_KAFKA_PORT, redis_port=TEST_REDIS_PORT))
+    stack.up(services=False, log=lambda *_: None)
+    try:
+        yield stack
+    finally:
+        stack.down()
+
+
+@contextlib.contextmanager
+def secure_suite_infra(state_dir: Path) -> Iterator[DevStack]:
+    """A secure Kafka and Redis (``llmq dev up --secure``: TLS, SCRAM, ACLs, Redis ACL users) as local processes,
+    whatever the plaintext pair runs on: the stack whose config secure private stacks copy."""
+    cfg = StackConfig(
+        state_dir=state_dir,
+        kafka_port=SECURE_KAFKA_PORT,
+        redis_port=SECURE_REDIS_PORT,
+        secure=True,
+        reply_topic_prefixes=SECURE_REPLY_TOPIC_PREFIXES,
+    )
+    stack = DevStack(cfg)
     stack.up(services=False, log=lambda *_: None)
     try:
         yield stack
