@@ -1,6 +1,8 @@
-"""The whole stack as real processes: two API pods, batcher, workers (llmq-sim x2, llmq-tiny), result-router.
+"""The whole stack as real processes: two API pods, batcher, workers (llmq-sim x2, llmq-tiny), result-router, in
+secure mode (``llmq dev up --secure``: Kafka SASL_SSL with per-role principals and ACLs, Redis TLS with ACL users).
 
-Clients are real: the official ``openai`` SDK over HTTP, and ``kcat`` producing JSON straight to Kafka.
+Clients are real: the official ``openai`` SDK over HTTP, and ``kcat`` producing JSON straight to Kafka (as the admin
+principal, over mTLS).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import httpx
 import openai
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.prompts import cut_prompts
 from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
-from llmq_core.kafka import make_consumer
+from llmq_core.kafka import create_topic, make_consumer
+from llmq_core.security import ROLE_ADMIN
 from llmq_core.tokenizer import count_tokens
 from tests.integration.stacks import private_stack
 
@@ -37,18 +39,22 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(infra):
-    with private_stack(infra, api_ports=API_PORTS, sim_batch_time_ms=300) as running:
+def stack(secure_infra):
+    with private_stack(secure_infra, api_ports=API_PORTS, sim_batch_time_ms=300) as running:
         yield running
 
 
-async def create_topic(bootstrap: str, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+def kcat(stack, *args: str) -> list[str]:
+    """kcat as the admin principal over mTLS (its certificate, CN=admin): Debian's librdkafka 2.0 fails SCRAM against
+    Kafka 4.x brokers (edenhill/kcat#462, fixed in librdkafka 2.6.1), so it uses the other secure listener."""
+    secrets = stack.cfg.secrets
+    return [
+        "kcat",
+        *("-b", f"127.0.0.1:{stack.cfg.kafka_tls_port}", "-X", "security.protocol=SSL"),
+        *("-X", f"ssl.ca.location={secrets.ca}", "-X", f"ssl.certificate.location={secrets.cert(ROLE_ADMIN)}"),
+        *("-X", f"ssl.key.location={secrets.key(ROLE_ADMIN)}"),
+        *args,
+    ]
 
 
 def clients() -> list[openai.AsyncOpenAI]:
@@ -117,7 +123,6 @@ async def test_deadline_ends_in_504_with_an_openai_error(stack):
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
 async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
-    bootstrap = stack.cfg.kafka_bootstrap
     request_id = f"kcat-{uuid.uuid4().hex[:12]}"
     reply_topic = f"team.replies.{request_id}"
     now_ms = int(__import__("time").time() * 1000)
@@ -132,27 +137,16 @@ async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
         "deadline_ms": now_ms + 60_000,
         "reply_to": {"kind": "kafka", "topic": reply_topic},
     }
-    await create_topic(bootstrap, reply_topic)  # consumers do not auto-create topics
+    await create_topic(stack.cfg.settings(), reply_topic)  # only the admin creates topics
     subprocess.run(
-        [
-            "kcat",
-            "-P",
-            "-b",
-            bootstrap,
-            "-t",
-            requests_topic("interactive"),
-            "-k",
-            request_id,
-            "-H",
-            "content-type=application/json",
-        ],
+        kcat(stack, "-P", "-t", requests_topic("interactive"), "-k", request_id, "-H", "content-type=application/json"),
         input=json.dumps(request).encode(),
         check=True,
         timeout=30,
     )
     consumed = await asyncio.to_thread(
         subprocess.run,
-        ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
+        kcat(stack, "-C", "-t", reply_topic, "-o", "beginning", "-c", "1"),
         capture_output=True,
         check=True,
         timeout=90,
