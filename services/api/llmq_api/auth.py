@@ -20,9 +20,8 @@ from llmq_api.validation import parse_traffic_class
 from llmq_core.constants import HTTP_TRAFFIC_CLASS, TIER_FREE, TIER_PAID, TRAFFIC_CLASSES
 from llmq_core.labels import DEV_FREE_TENANT, DEV_TENANT
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorType
 
-AUTHENTICATION_ERROR = "invalid_request_error"  # OpenAI's type for 401 invalid_api_key
-PERMISSION_ERROR = "permission_error"
 DEV_KEY = "llmq-dev-key"
 DEV_FREE_KEY = "llmq-dev-free-key"
 PerMinute = Annotated[int, msgspec.Meta(ge=0)]
@@ -54,7 +53,7 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
             raise ApiError(
                 403,
                 f"This API key may not use the {traffic_class} class (allowed: {', '.join(self.classes)})",
-                type=PERMISSION_ERROR,
+                type=ErrorType.PERMISSION,
                 param=HTTP_TRAFFIC_CLASS,
                 code="class_not_allowed",
             )
@@ -115,7 +114,7 @@ class KeyStore:
             raise ApiError(
                 401,
                 f"{message}; send 'Authorization: Bearer <key>'",
-                type=AUTHENTICATION_ERROR,
+                type=ErrorType.INVALID_REQUEST,  # OpenAI's type for 401 invalid_api_key
                 code="invalid_api_key",
                 headers={"www-authenticate": "Bearer"},
             )

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import (
+    HEADER_ERROR,
     REDIS_CANCELS_CHANNEL,
     REDIS_HEARTBEATS_CHANNEL,
     TOPIC_BATCHES,
@@ -28,8 +29,9 @@ from llmq_core.constants import (
 )
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, headers
 from llmq_core.metrics import WorkerMetrics
+from llmq_core.status import ErrorCode
 from llmq_core.telemetry import request_fields
-from llmq_worker.core import CODE_RESULT_REFUSED, CODE_RESULT_TOO_LARGE, Outbox, WorkerCore, refused_result, streams
+from llmq_worker.core import Outbox, WorkerCore, refused_result, streams
 from llmq_worker.engine import Engine
 from llmq_worker.spans import RequestSpans
 
@@ -135,7 +137,7 @@ class WorkerLoop:
                     TOPIC_DEAD_LETTERS,
                     record.value,
                     key=record.key,
-                    headers=list(record.headers or ()) + [("x-llmq-error", reason.encode()[:512])],
+                    headers=list(record.headers or ()) + [(HEADER_ERROR, reason.encode()[:512])],
                 )
             except RECORD_REFUSED_ERRORS as exc:  # it holds no request; retrying it would stop this partition for good
                 log.error("dead-letters refused the record at offset %d (%r): skipping it", record.offset, exc)
@@ -261,7 +263,7 @@ class WorkerLoop:
             await self._send_result(result, traced)
             return result
         except RECORD_REFUSED_ERRORS as exc:
-            code = CODE_RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else CODE_RESULT_REFUSED
+            code = ErrorCode.RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else ErrorCode.RESULT_REFUSED
             log.error(
                 "%s refused the result (%r): answering errored %s",
                 self._results_topic,

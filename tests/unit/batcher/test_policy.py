@@ -2,8 +2,9 @@
 
 import pytest
 
-from llmq_batcher.policy import REQUEST_TOO_LARGE, AddStatus, estimated_tokens
+from llmq_batcher.policy import AddStatus, estimated_tokens
 from llmq_core import wire
+from llmq_core.status import ErrorCode
 from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, entry_bytes, hb, make_policy, req
 
 # --- classes and precedence ------------------------------------------------------------------------------------------
@@ -463,7 +464,7 @@ def test_batches_are_capped_by_encoded_bytes_in_fair_order(prompts, expected_bat
         assert (answer.outcome, answer.error_type, answer.code, answer.retryable) == (
             wire.Outcome.ERRORED,
             "invalid_request_error",
-            REQUEST_TOO_LARGE,
+            ErrorCode.REQUEST_TOO_LARGE,
             False,
         )
 
@@ -511,11 +512,11 @@ def test_fail_answers_the_batch_errored_and_frees_its_slots():
     for i in range(4):
         policy.add(req(f"r{i}"))
     (batch,) = policy.schedule(T0).batches
-    policy.fail(batch, "invalid_request_error", "too large", REQUEST_TOO_LARGE)
+    policy.fail(batch, "invalid_request_error", "too large", ErrorCode.REQUEST_TOO_LARGE)
     decision = policy.schedule(T0)
     assert [(a.request.request_id, a.outcome, a.code) for a in decision.answers] == [
-        ("r0", wire.Outcome.ERRORED, REQUEST_TOO_LARGE),
-        ("r1", wire.Outcome.ERRORED, REQUEST_TOO_LARGE),
+        ("r0", wire.Outcome.ERRORED, ErrorCode.REQUEST_TOO_LARGE),
+        ("r1", wire.Outcome.ERRORED, ErrorCode.REQUEST_TOO_LARGE),
     ]
     assert dispatched_ids(decision) == [["r2", "r3"]]  # the tenant's cap and the worker's slots were freed
 

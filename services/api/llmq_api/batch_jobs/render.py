@@ -5,8 +5,9 @@ from __future__ import annotations
 from llmq_api.openai_format import error_for, response_body
 from llmq_core import jobs, wire
 from llmq_core.jobs import FileRecord, JobView
+from llmq_core.status import ErrorCode
 
-_ENDED_CODES = {wire.Outcome.CANCELED: "batch_cancelled", wire.Outcome.EXPIRED: "batch_expired"}
+_ENDED_CODES = {wire.Outcome.CANCELED: ErrorCode.BATCH_CANCELLED, wire.Outcome.EXPIRED: ErrorCode.BATCH_EXPIRED}
 _ENDED_MESSAGES = {
     wire.Outcome.CANCELED: "This request was cancelled with its batch",
     wire.Outcome.EXPIRED: "This request did not run before the batch's completion window ended",

@@ -25,6 +25,7 @@ from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.models import LLMQ_TINY
+from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
 from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, TokenRate, check_request
@@ -249,7 +250,7 @@ class TransformersEngine:
         )
         self._jobs.pop(job.request.request_id, None)
         self._drop_subs(job)
-        error = ErrorInfo(type="engine_error", message=message, retryable=True)
+        error = ErrorInfo(type=ErrorType.ENGINE, message=message, retryable=True)
         self._events.put(self._final(job, Outcome.ERRORED, error=error, shared_failure=True))
 
     def _drop_subs(self, job: _Job) -> None:
