@@ -4,7 +4,7 @@ Events in: :meth:`BatchPolicy.add`, :meth:`~BatchPolicy.cancel`, :meth:`~BatchPo
 :meth:`~BatchPolicy.on_result`, :meth:`~BatchPolicy.undispatch`. Decisions out: :meth:`~BatchPolicy.schedule` returns the
 batches to send, the requests to answer (expired, canceled, overloaded) and when to call it again.
 
-Rules (DESIGN.md, traffic classes): classes ``interactive:paid`` > ``interactive:free`` > ``near_interactive`` >
+Rules (docs/architecture.md): classes ``interactive:paid`` > ``interactive:free`` > ``near_interactive`` >
 ``deferred`` in strict precedence; deferred only fills capacity above a reserved share of a worker's slots: the slots a
 batch of other work leaves empty (a fixed-time engine's batch costs the same whatever its size) or, while no other class
 waits, a batch of its own; within a class tenants share by weighted fair queueing on estimated tokens (see fairshare.py) with
