@@ -31,6 +31,7 @@ FAILED: Final = "failed"
 EXPIRED: Final = "expired"
 CANCELLING: Final = "cancelling"
 CANCELLED: Final = "cancelled"
+STATUSES: Final = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, EXPIRED, CANCELLING, CANCELLED)  # in order
 TERMINAL_STATUSES: Final = frozenset({COMPLETED, FAILED, EXPIRED, CANCELLED})
 ACTIVE_STATUSES: Final = frozenset({IN_PROGRESS, FINALIZING, CANCELLING})  # statuses the result-router drives
 

@@ -215,7 +215,7 @@ class JobStore:
             "errors": _json(list(errors)),
             **{f"at:{name}": at for name, at in times.items()},
             **{name: 0 for name in jobs.COUNTERS},
-            "errored": len(results) + errored,
+            jobs.STATE_COUNTER[jobs.ERRORED]: len(results) + errored,
         }
         if spec.result_bytes and status in jobs.ACTIVE_STATUSES:
             job["result_bytes"] = spec.result_bytes  # the reservation: released with the ledger (retire)
