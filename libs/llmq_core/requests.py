@@ -17,9 +17,9 @@ from llmq_core import wire
 from llmq_core.constants import DEFERRED, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MAX_RESULT_BYTES, NEAR_INTERACTIVE
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorCode, ErrorType
 from llmq_core.tokenizer import count_tokens, render_chat
 
-INVALID_REQUEST = "invalid_request_error"
 MAX_N = 128
 MAX_STOP_SEQUENCES = 4
 DEFAULT_MAX_STOP_BYTES = Settings.model_fields["api_max_stop_bytes"].default
@@ -49,7 +49,7 @@ class RequestError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
-        type: str = INVALID_REQUEST,
+        type: str = ErrorType.INVALID_REQUEST,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -140,7 +140,7 @@ def clamp_deadline(request: wire.GenerationRequest, max_timeout_ms: int, now_ms:
 def check_model(model: str, windows: Mapping[str, int]) -> int:
     """The model's context window (0: unknown); 404 ``model_not_found`` outside the catalogue."""
     if model not in windows:
-        raise RequestError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        raise RequestError(404, f"The model '{model}' does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
     return windows[model]
 
 
@@ -185,7 +185,9 @@ def check_sampling(
 
 def in_range(param: str, value: float | None, low: float, high: float) -> None:
     if value is not None and not low <= value <= high:
-        raise invalid(f"'{param}' must be between {low} and {high}, got {value}", param=param, code="out_of_range")
+        raise invalid(
+            f"'{param}' must be between {low} and {high}, got {value}", param=param, code=ErrorCode.OUT_OF_RANGE
+        )
 
 
 def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given: bool) -> None:
@@ -199,7 +201,7 @@ def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given:
         f" {MAX_RESULT_BYTES} bytes (each token is at least one byte); reduce '{param}' so that n x"
         f" {max_param} <= {MAX_RESULT_BYTES}",
         param=param,
-        code="result_too_large",
+        code=ErrorCode.RESULT_TOO_LARGE,
     )
 
 
@@ -210,7 +212,9 @@ def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
         raise invalid("'stop' sequences must not be empty", param="stop")
     if any(len(s.encode()) > max_stop_bytes for s in sequences):
         raise invalid(
-            f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each", param="stop", code="stop_too_long"
+            f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each",
+            param="stop",
+            code=ErrorCode.STOP_TOO_LONG,
         )
 
 
@@ -252,5 +256,5 @@ def check_context(
         f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} for the "
         f"completion). Please reduce the length of the {prompt_param} or the completion.",
         param=param,
-        code="context_length_exceeded",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
     )

@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from llmq_api import health, idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
-from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, store_unavailable
+from llmq_api.errors import ApiError, store_unavailable
 from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body, usage_dict
 from llmq_api.pod import Pod
 from llmq_api.ratelimit import Charge, check_fits, token_cost
@@ -35,6 +35,7 @@ from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
 from llmq_api.waiters import Waiter
 from llmq_core import constants, tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
+from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def create_app(pod: Pod) -> FastAPI:
         for entry in pod.catalog.listing():
             if entry["id"] == model:
                 return entry
-        raise ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        raise ApiError(404, f"The model '{model}' does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
 
     @app.get("/v1/requests/{request_id}")
     async def get_request(request_id: str, request: Request) -> dict:
@@ -354,7 +355,9 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
             pod.metrics.finished(
-                endpoint, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable", exc.status
+                endpoint,
+                OutcomeLabel.REJECTED if exc.status < 500 and exc.status != 429 else OutcomeLabel.UNAVAILABLE,
+                exc.status,
             )
             pod.metrics.answered(
                 getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), exc.status
@@ -370,7 +373,9 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error = ApiError(
-            exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
+            exc.status_code,
+            str(exc.detail),
+            type=ErrorType.INVALID_REQUEST if exc.status_code < 500 else ErrorType.SERVER,
         )
         return JSONResponse(
             error.body(), status_code=exc.status_code, headers={**(exc.headers or {}), **error.response_headers()}
@@ -392,11 +397,11 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
         log.exception("unexpected error", extra={"request_id": request_id} if request_id else None)
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
-            pod.metrics.finished(endpoint, "internal_error", 500)
+            pod.metrics.finished(endpoint, OutcomeLabel.INTERNAL_ERROR, 500)
             pod.metrics.answered(
                 getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), 500
             )
-        error = ApiError(500, "The server had an error while processing the request", type=SERVER_ERROR)
+        error = ApiError(500, "The server had an error while processing the request", type=ErrorType.SERVER)
         headers = error.response_headers()
         if request_id:
             headers[HTTP_REQUEST_ID] = request_id

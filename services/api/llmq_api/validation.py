@@ -17,6 +17,7 @@ from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
+from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import count_tokens, render_chat
 
 if TYPE_CHECKING:
@@ -142,7 +143,9 @@ def check_declared_length(content_length: str | None, limit_bytes: int) -> None:
 
 def too_large(limit_bytes: int) -> ApiError:
     """The 413 for a body over ``limit_bytes``."""
-    return ApiError(413, f"Request body is larger than the limit of {limit_bytes} bytes", code="request_too_large")
+    return ApiError(
+        413, f"Request body is larger than the limit of {limit_bytes} bytes", code=ErrorCode.REQUEST_TOO_LARGE
+    )
 
 
 def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:

@@ -15,6 +15,7 @@ from llmq_api.errors import ApiError, invalid
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
+from llmq_core.status import ErrorCode
 
 router = APIRouter()
 
@@ -47,7 +48,9 @@ async def _small_body(request: Request) -> bytes:
     body = await request.body()
     if len(body) > MAX_BATCH_BODY_BYTES:
         raise ApiError(
-            413, f"Request body is larger than the limit of {MAX_BATCH_BODY_BYTES} bytes", code="request_too_large"
+            413,
+            f"Request body is larger than the limit of {MAX_BATCH_BODY_BYTES} bytes",
+            code=ErrorCode.REQUEST_TOO_LARGE,
         )
     return body
 

@@ -20,7 +20,7 @@ import msgspec
 
 from llmq_api import validation
 from llmq_api.admission import too_many_requests
-from llmq_api.auth import PERMISSION_ERROR, Principal
+from llmq_api.auth import Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
@@ -32,6 +32,7 @@ from llmq_core.jobs import FileRecord, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorType
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 
@@ -468,7 +469,7 @@ class BatchJobs:
     async def _read(self, batch_id: str) -> JobView:
         job = await self.store.get_job(batch_id)
         if job is None:  # written a moment ago: only a Redis flush gets here
-            raise ApiError(500, f"Batch {batch_id} vanished after it was created", type="server_error")
+            raise ApiError(500, f"Batch {batch_id} vanished after it was created", type=ErrorType.SERVER)
         return job
 
     async def get(self, principal: Principal, batch_id: str) -> JobView:
@@ -534,7 +535,7 @@ def _check_deferred(principal: Principal, action: str) -> None:
         raise ApiError(
             403,
             f"This API key may not use the deferred class that batches run in, so it may not {action}",
-            type=PERMISSION_ERROR,
+            type=ErrorType.PERMISSION,
             code="class_not_allowed",
         )
 

@@ -25,6 +25,7 @@ from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.models import LLMQ_TINY
+from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, SequenceEngine, check_request
@@ -226,7 +227,7 @@ class TransformersEngine(SequenceEngine):
         )
         self._jobs.pop(job.request.request_id, None)
         self._stop(job)
-        error = ErrorInfo(type="engine_error", message=message, retryable=True)
+        error = ErrorInfo(type=ErrorType.ENGINE, message=message, retryable=True)
         self._events.final(job, Outcome.ERRORED, error=error, shared_failure=True)
 
     def _stop(self, job: _Job) -> None:
