@@ -149,6 +149,7 @@ HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
 HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request
 HTTP_SHOULD_RETRY: Final = "x-should-retry"  # on every error response: whether a retry can help (OpenAI SDKs obey it)
+HTTP_IDEMPOTENT_REPLAYED: Final = "idempotent-replayed"  # response header of a retry answered by an earlier request
 
 # --- error codes more than one service writes ---
 STREAM_INTERRUPTED: Final = "stream_interrupted"  # a stream's generation was lost after text of it reached the caller

@@ -79,22 +79,15 @@ class Gateway:
     ) -> wire.GenerationRequest:
         """The wire request; ``deadline_ms`` = now + ``timeout_ms`` (epoch ms); replies go to this pod's channel."""
         now_ms = self.clock.now_ms()
-        return wire.GenerationRequest(
+        return valid.to_wire(
             request_id=request_id,
             tenant_id=principal.tenant_id,
             traffic_class=traffic_class,
             tier=principal.tier,
-            model=valid.model,
-            endpoint=valid.endpoint,
-            prompt=valid.prompt,
-            messages=valid.messages,
-            sampling=valid.sampling,
-            stream=valid.stream,
             created_ms=now_ms,
             deadline_ms=now_ms + timeout_ms,
             reply_to=wire.HttpReply(instance_id=self.instance_id),
             idempotency_key=idempotency_key,
-            prompt_tokens=valid.prompt_tokens,
         )
 
     async def submit(self, request: wire.GenerationRequest) -> Waiter:

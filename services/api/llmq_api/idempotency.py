@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 import re
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from redis.asyncio import Redis
@@ -67,9 +68,17 @@ def fingerprint(valid: ValidRequest, traffic_class: str) -> str:
 class IdempotencyStore:
     """Claims (``idempotency_key``) and stored results (``result_key``) in Redis; calls may raise on Redis errors."""
 
-    def __init__(self, redis: Redis, clock: Clock, result_ttl_ms: int) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        clock: Clock,
+        result_ttl_ms: int,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """``sleep`` waits between :meth:`follow`'s polls (tests pass one they drive)."""
         self._redis = redis
         self._clock = clock
+        self._sleep = sleep
         self._result_ttl_ms = result_ttl_ms
         self._release = redis.register_script(_RELEASE)
 
@@ -122,4 +131,4 @@ class IdempotencyStore:
             if result is not None:
                 registry.resolve(waiter, result)
                 return
-            await asyncio.sleep(POLL_S)
+            await self._sleep(POLL_S)

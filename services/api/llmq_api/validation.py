@@ -36,6 +36,13 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
     prompt_tokens: int
 
+    def to_wire(self, **routing: Any) -> wire.GenerationRequest:
+        """This request on the wire; ``routing`` gives what validation does not know (request_id, tenant_id, tier,
+        traffic_class, created_ms, deadline_ms, reply_to, ...)."""
+        return wire.GenerationRequest(**{name: getattr(self, name) for name in _WIRE_FIELDS}, **routing)
+
+
+_WIRE_FIELDS = tuple(name for name in ValidRequest.__struct_fields__ if name != "include_usage")  # HTTP's own option
 
 # --- request bodies (unknown fields are ignored, as OpenAI-compatible servers do) -------------------------------------
 

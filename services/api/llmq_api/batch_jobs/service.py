@@ -563,21 +563,14 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
 
 def _request(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wire.GenerationRequest:
     """Round 0 of a line as the result-router will produce it (``created_ms`` is stamped then)."""
-    valid = line.valid
-    return wire.GenerationRequest(
+    return line.valid.to_wire(
         request_id=jobs.line_request_id(spec.id, line.custom_id),
         tenant_id=spec.tenant_id,
         traffic_class=DEFERRED,
         tier=principal.tier,
-        model=valid.model,
-        endpoint=valid.endpoint,
-        prompt=valid.prompt,
-        messages=valid.messages,
-        sampling=valid.sampling,
         created_ms=spec.created_ms,
         deadline_ms=spec.expires_ms,
         reply_to=wire.JobReply(batch_id=spec.id, custom_id=line.custom_id),
-        prompt_tokens=valid.prompt_tokens,
     )
 
 
