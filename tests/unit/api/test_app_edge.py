@@ -208,6 +208,15 @@ async def test_idempotent_retry_returns_the_stored_result_without_running_again(
     assert len(worker.produced) == 2
 
 
+async def test_a_retry_with_other_parameters_is_a_422_naming_the_request_that_holds_the_key(setup):
+    client, _, worker, _ = setup
+    idem = {"idempotency-key": "order-5"}
+    first = await client.post("/v1/completions", json=BODY, headers=idem)
+    other = await client.post("/v1/completions", json=BODY | {"max_tokens": 3}, headers=idem)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.headers["x-request-id"] == first.headers["x-request-id"] and len(worker.produced) == 1
+
+
 async def test_idempotent_retry_joins_the_request_still_running(setup):
     client, pod, worker, redis = setup
     worker.silent = True
