@@ -117,9 +117,14 @@ class Generation:
             timeout_ms=ask.timeout_ms,
             idempotency_key=ask.idempotency_key,
         )
-        key, tenant_id = ask.idempotency_key, ask.principal.tenant_id
-        if key is None:
+        if ask.idempotency_key is None:
             return await self._submit(request, ask.valid, await self.admit(ask))
+        return await self._submit_or_join_keyed(ask, request)
+
+    async def _submit_or_join_keyed(self, ask: Ask, request: wire.GenerationRequest) -> PendingRequest:
+        """The first request with its tenant's Idempotency-Key claims the key and runs (the claim is released if the
+        pod gives up on it); later ones join it: nothing runs again, nothing is charged twice."""
+        key, tenant_id = ask.idempotency_key, ask.principal.tenant_id
         claim = idempotency.Claim(
             request_id=request.request_id,
             fingerprint=idempotency.fingerprint(ask.valid, ask.traffic_class),
