@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import Awaitable, Callable
 
 import msgspec
 from redis.asyncio import Redis
@@ -22,7 +21,7 @@ from llmq_api.errors import invalid
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Waiter, WaiterRegistry
 from llmq_core import constants, wire
-from llmq_core.clock import Clock
+from llmq_core.clock import Clock, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +67,7 @@ def fingerprint(valid: ValidRequest, traffic_class: str) -> str:
 class IdempotencyStore:
     """Claims (``idempotency_key``) and stored results (``result_key``) in Redis; calls may raise on Redis errors."""
 
-    def __init__(
-        self,
-        redis: Redis,
-        clock: Clock,
-        result_ttl_ms: int,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
+    def __init__(self, redis: Redis, clock: Clock, result_ttl_ms: int, sleep: Sleep = asyncio.sleep) -> None:
         """``sleep`` waits between :meth:`follow`'s polls (tests pass one they drive)."""
         self._redis = redis
         self._clock = clock
