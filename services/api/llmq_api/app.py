@@ -195,27 +195,29 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
 
 
 def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = exc.response_headers()
+    def answer(request: Request, error: ApiError, outcome: str) -> JSONResponse:
+        """``error`` as the response, naming the request it ended; a generation request's counted as ``outcome``."""
+        headers = error.response_headers()
         request_id = getattr(request.state, "request_id", None)
         if request_id:
             headers.setdefault(HTTP_REQUEST_ID, request_id)  # a joined retry's error names the request it joined
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
-            metrics.finished(
-                endpoint, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable", exc.status
-            )
+            metrics.finished(endpoint, outcome, error.status)
             metrics.answered(
-                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), exc.status
+                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), error.status
             )
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return answer(request, exc, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable")
 
     @app.exception_handler(RedisError)
     async def store_error(request: Request, exc: RedisError) -> JSONResponse:
         """Redis refused a write (maxmemory) or failed in a handler (files, batches): 503, not 500."""
         log.warning("Redis failed %s %s: %r", request.method, request.url.path, exc)
-        return await api_error(request, store_unavailable(exc))
+        return answer(request, store_unavailable(exc), "unavailable")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -240,12 +242,5 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         request_id = getattr(request.state, "request_id", None)
         log.exception("unexpected error", extra={"request_id": request_id} if request_id else None)
-        endpoint = getattr(request.state, "endpoint", None)
-        if endpoint:
-            metrics.finished(endpoint, "internal_error", 500)
-            metrics.answered(getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), 500)
         error = ApiError(500, "The server had an error while processing the request", type=SERVER_ERROR)
-        headers = error.response_headers()
-        if request_id:
-            headers[HTTP_REQUEST_ID] = request_id
-        return JSONResponse(error.body(), status_code=500, headers=headers)
+        return answer(request, error, "internal_error")
