@@ -201,15 +201,7 @@ def parse_completion(
         sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
         prompt_tokens = count_tokens(prompt)
         requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
-    return ValidRequest(
-        endpoint="completions",
-        model=raw.model,
-        prompt=prompt,
-        sampling=sampling,
-        stream=bool(raw.stream),
-        include_usage=_include_usage(raw),
-        prompt_tokens=prompt_tokens,
-    )
+    return _valid(raw, "completions", sampling, prompt_tokens, prompt=prompt)
 
 
 def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES) -> ValidRequest:
@@ -242,14 +234,21 @@ def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = 
         requests.check_context(
             prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param
         )
+    return _valid(raw, "chat.completions", sampling, prompt_tokens, messages=messages)
+
+
+def _valid(
+    raw: _CommonBody, endpoint: wire.Endpoint, sampling: wire.SamplingParams, prompt_tokens: int, **text: Any
+) -> ValidRequest:
+    """The request a checked body asks for; ``text`` is its ``prompt`` or its ``messages``."""
     return ValidRequest(
-        endpoint="chat.completions",
+        endpoint=endpoint,
         model=raw.model,
-        messages=messages,
         sampling=sampling,
         stream=bool(raw.stream),
         include_usage=_include_usage(raw),
         prompt_tokens=prompt_tokens,
+        **text,
     )
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from llmq_api.app import create_app
 from llmq_core import constants, wire
+from llmq_core.settings import Settings
 from tests.unit.api.conftest import DEV_AUTH
 
 
@@ -199,3 +200,8 @@ async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queu
     )
     assert response.status_code == 200 and response.headers[constants.HTTP_PREDICTED_WAIT_MS] == "1500"  # 30 at 20/s
     assert pod.saturation.current.predict("llmq-sim", "interactive:paid").queued == 31
+
+
+async def test_a_pod_whose_files_url_names_no_known_filesystem_is_refused_before_it_serves(make_app):
+    with pytest.raises(ValueError, match="nosuch"):  # main turns it into exit status 2
+        await make_app(Settings(files_url="nosuch://files"))
