@@ -136,7 +136,12 @@ async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Resp
     idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
     body = await _read_body(request, pod.settings.api_max_body_bytes)
     parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
-    valid = parse(body, pod.catalog.context_windows(), max_stop_bytes=pod.settings.api_max_stop_bytes)
+    valid = parse(
+        body,
+        pod.catalog.context_windows(),
+        max_stop_bytes=pod.settings.api_max_stop_bytes,
+        counters=pod.token_counters,
+    )
     request.state.model = valid.model
     generation = pod.gateway.build(
         valid,

@@ -29,6 +29,7 @@ from llmq_core.labels import LabelSet
 from llmq_core.redis_client import check_memory_policy
 from llmq_core.requests import timeouts_by_class
 from llmq_core.settings import Settings
+from llmq_core.token_counts import load_counters
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,7 @@ class Pod:
         self.draining = False
         self.registry = WaiterRegistry(settings.api_max_in_flight)
         self.catalog = ModelCatalog(clock)
+        self.token_counters = load_counters(settings)  # each model's tokenizer: prompt tokens, context checks, cost
         self.metrics = ApiMetrics(lambda: len(self.registry), LabelSet.from_settings(settings))
         self.keys = keys or KeyStore.from_settings(settings)
         self.timeouts = timeouts_by_class(settings)

@@ -35,6 +35,7 @@ def _jobs(request: Request) -> BatchJobs:
             pod.clock,
             pod.catalog.context_windows,
             pod.limiter,
+            pod.token_counters,
         )
     return service
 

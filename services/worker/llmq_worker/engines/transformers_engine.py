@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, ContinuousBatchingConfig, GenerationConfig
@@ -27,6 +28,7 @@ from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.models import LLMQ_TINY
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import Choice, ErrorInfo, GenerationRequest, Outcome, Usage
+from llmq_worker.checkpoints import load_gguf
 from llmq_worker.engine import Capacity, ChunkEvent, EngineEvent, EventQueue, FinalEvent, TokenRate, check_request
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
 CPU_KV_CACHE_BYTES = 1 << 30  # upper bound of the paged KV cache on CPU
 WARMUP_TIMEOUT_S = 120
+CPU_TORCH_THREADS = 2  # measured on the shared 2-core machine: see README "Engine benchmark"
 
 
 @dataclass(slots=True)
@@ -87,7 +90,8 @@ class TransformersEngine:
         self._max_sequences = max_concurrent_sequences
         self._clock = clock
         self._perf_to_epoch_ms = time.time() * 1000 - time.perf_counter() * 1000
-        self._generation_config = _generation_config(model)
+        self._generation_config = _generation_config(model, tokenizer)
+        self._eos_ids = frozenset(self._generation_config.eos_token_id)
         self._cb_config = _cb_config(model, max_concurrent_sequences, max_batched_tokens, self.context_window)
         self._events = EventQueue()
         self._jobs: dict[str, _Job] = {}
@@ -104,18 +108,25 @@ class TransformersEngine:
         max_concurrent_sequences: int,
         max_batched_tokens: int | None,
         device: str | None = None,
+        gguf_file: str | None = None,
+        torch_threads: int = 0,
     ) -> TransformersEngine:
-        """llmq-tiny (built in code) or the HF causal-LM checkpoint at ``model_path``, on ``device`` (default: cuda if
-        available). Raises OSError when the checkpoint cannot be loaded."""
+        """llmq-tiny (built in code), the HF causal-LM checkpoint at ``model_path``, or the GGUF file ``gguf_file`` in
+        it (dequantized to float32), on ``device`` (default: cuda if available). On CPU torch runs ``torch_threads``
+        intra-op threads (0: CPU_TORCH_THREADS). Raises OSError when the checkpoint cannot be loaded."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cpu":
+            torch.set_num_threads(torch_threads or CPU_TORCH_THREADS)
+        context_window = None
         if model_path is None:
             model, tokenizer = build_llmq_tiny()
             context_window = LLMQ_TINY.context_window
+        elif gguf_file is not None:
+            model, tokenizer = load_gguf(Path(model_path) / gguf_file)
         else:
             dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             tokenizer = AutoTokenizer.from_pretrained(model_path)
-            context_window = None
         return cls(
             model.to(device),
             tokenizer,
@@ -224,7 +235,7 @@ class TransformersEngine:
         if not new_ids:
             return
         sub.seen = len(generated)
-        sub.eos = new_ids[-1] == self._generation_config.eos_token_id
+        sub.eos = new_ids[-1] in self._eos_ids
         self._rate.add(len(new_ids))
         if not job.first_token_ms:
             job.first_token_ms = self._clock.now_ms()
@@ -348,21 +359,19 @@ def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
     return kwargs
 
 
-def _generation_config(model) -> GenerationConfig:
-    """Sampling on, with every per-request processor present (defaults that are not no-ops make the library build them)."""
-    eos = (
-        model.generation_config.eos_token_id
-        if model.generation_config.eos_token_id is not None
-        else model.config.eos_token_id
-    )
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
+def _generation_config(model, tokenizer) -> GenerationConfig:
+    """Sampling on, with every per-request processor present (defaults that are not no-ops make the library build them).
+    Generation ends at any of the model's end tokens: its generation config's, its config's and the tokenizer's (a
+    chat model's end-of-turn token)."""
+    eos_ids = set()
+    for eos in (model.generation_config.eos_token_id, model.config.eos_token_id, tokenizer.eos_token_id):
+        eos_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return GenerationConfig(
         do_sample=True,
         temperature=0.999,
         top_k=model.config.vocab_size,
         top_p=0.999,
-        eos_token_id=eos if eos is not None else -1,
+        eos_token_id=sorted(eos_ids) or [-1],
         pad_token_id=model.generation_config.pad_token_id,
     )
 
