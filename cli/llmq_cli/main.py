@@ -43,6 +43,7 @@ def _stack(
     redis_port: int = 6379,
     api_port: int = 8000,
     keys_file: Path | None = None,
+    smollm2_workers: int = 0,
 ) -> DevStack:
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
     extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
@@ -56,6 +57,7 @@ def _stack(
             redis_port=redis_port,
             api_ports=(api_port, api_port + 1),
             extra_env=extra_env,
+            smollm2_workers=smollm2_workers,
         )
     )
 
@@ -72,6 +74,9 @@ def dev_up(
     tiny_workers: int = typer.Option(1, help="Workers serving llmq-tiny (transformers engine)."),
     sim_workers: int = typer.Option(2, help="Workers serving llmq-sim (simulated engine)."),
     sim_batch_time_ms: int = typer.Option(500, help="llmq-sim's fixed time per batch, ms."),
+    smollm2_workers: int = typer.Option(
+        1, help="Workers serving smollm2-135m-instruct, a real model (transformers engine; `make setup` installs it)."
+    ),
     kafka_port: int = typer.Option(9092, help="Kafka listener port (the controller takes the next one)."),
     redis_port: int = typer.Option(6379),
     api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
@@ -85,7 +90,17 @@ def dev_up(
     ),
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
-    stack = _stack(state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port, keys_file)
+    stack = _stack(
+        state_dir,
+        tiny_workers,
+        sim_workers,
+        sim_batch_time_ms,
+        kafka_port,
+        redis_port,
+        api_port,
+        keys_file,
+        smollm2_workers,
+    )
     started = time.perf_counter()
     try:
         stack.up(log=console.print)
