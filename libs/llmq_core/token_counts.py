@@ -9,6 +9,7 @@ bound for byte-pair tokenizers: a prompt that fits is never refused for its coun
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -101,10 +102,21 @@ def load_counters(settings: Settings) -> dict[str, TokenCounter]:
     counters: dict[str, TokenCounter] = {}
     for name, path in paths.items():
         try:
-            counters[name] = TokenizerCounter.from_path(path)
+            counters[name] = _cached(str(path.expanduser().resolve()), _mtime_ns(path))
         except (OSError, ValueError) as exc:
             log.warning("model %s: counting tokens as UTF-8 bytes (an upper bound): %s", name, exc)
     return counters
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(path: str, mtime_ns: int) -> TokenizerCounter:
+    """One counter per tokenizer file version in a process (tokenizers count from many threads safely)."""
+    return TokenizerCounter.from_path(path)
+
+
+def _mtime_ns(path: Path) -> int:
+    path = path.expanduser()
+    return (path / TOKENIZER_FILE if path.is_dir() else path).stat().st_mtime_ns
 
 
 def counter_of(counters: Mapping[str, TokenCounter], model: str) -> TokenCounter:
