@@ -283,3 +283,33 @@ async def test_generation_stops_at_the_result_byte_cap(engine, monkeypatch):
     assert [streamed.get(("cap", c.index), "") for c in final.choices] == [c.text for c in final.choices]
     assert "length" in {c.finish_reason for c in final.choices}
     assert final.usage.completion_tokens < 2 * 200  # generation stopped long before max_tokens
+
+
+def test_generation_ends_at_every_end_token_of_the_model_and_its_tokenizer():
+    from types import SimpleNamespace
+
+    from llmq_worker.engines.transformers_engine import _generation_config
+
+    model = SimpleNamespace(
+        generation_config=SimpleNamespace(eos_token_id=[128001, 128009], pad_token_id=None),
+        config=SimpleNamespace(eos_token_id=128001, vocab_size=128256),
+    )
+    end_of_turn = SimpleNamespace(eos_token_id=128008)
+    assert _generation_config(model, end_of_turn).eos_token_id == [128001, 128008, 128009]
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    assert _generation_config(model, SimpleNamespace(eos_token_id=None)).eos_token_id == [-1]
+
+
+def test_a_plain_prompt_gets_only_the_special_tokens_its_tokenizer_adds():
+    from types import SimpleNamespace
+
+    from llmq_worker.engines.codec import TextCodec
+
+    class Tokenizer:
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return SimpleNamespace(input_ids=([1] if add_special_tokens else []) + [ord(c) for c in text])
+
+    codec = TextCodec(Tokenizer())
+    assert codec.prompt_ids(request("r", "ab")) == [1, 97, 98]
