@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
 CPU_KV_CACHE_BYTES = 1 << 30  # upper bound of the paged KV cache on CPU
 WARMUP_TIMEOUT_S = 120
-CPU_TORCH_THREADS = 2  # measured on the shared 2-core machine: see README "Engine benchmark"
+# torch threads on CPU: one. Measured on the shared 2-core machine (README "Engine benchmark"): with two, every step's
+# threads wait on each other while the rest of the stack takes a core, and continuous batching ran 5-8x slower.
+CPU_TORCH_THREADS = 1
 
 
 @dataclass(slots=True)
@@ -341,17 +343,13 @@ def _sub_id(request_id: str, index: int) -> str:
 
 
 def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
-    """Per-request logits processor arguments of choice ``index``: greedy is top-k 1 (exact argmax), otherwise
-    temperature and top-p, drawn from the choice's own generator when seeded; plus the logit_bias pairs."""
+    """Per-request processor arguments of choice ``index`` (:mod:`cb_processors`): greedy (exact argmax), or
+    temperature and top-p drawn from the choice's own generator when seeded; plus the logit_bias pairs."""
     sampling = request.sampling
     if sampling.temperature <= 0:
-        kwargs = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+        kwargs = {"greedy": True}
     else:
-        kwargs = {
-            "temperature": float(sampling.temperature),
-            "top_k": 1 << 30,
-            "top_p": float(min(1.0, sampling.top_p)),
-        }
+        kwargs = {"temperature": float(sampling.temperature), "top_p": float(min(1.0, sampling.top_p))}
         if sampling.seed is not None:
             kwargs["seed_rng"] = cb_processors.seed_rng(sampling.seed, index)
     if sampling.logit_bias:
@@ -360,17 +358,14 @@ def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
 
 
 def _generation_config(model, tokenizer) -> GenerationConfig:
-    """Sampling on, with every per-request processor present (defaults that are not no-ops make the library build them).
+    """Greedy and without processors of the library's own: the engine's (:mod:`cb_processors`) choose every token.
     Generation ends at any of the model's end tokens: its generation config's, its config's and the tokenizer's (a
     chat model's end-of-turn token)."""
     eos_ids = set()
     for eos in (model.generation_config.eos_token_id, model.config.eos_token_id, tokenizer.eos_token_id):
         eos_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return GenerationConfig(
-        do_sample=True,
-        temperature=0.999,
-        top_k=model.config.vocab_size,
-        top_p=0.999,
+        do_sample=False,
         eos_token_id=sorted(eos_ids) or [-1],
         pad_token_id=model.generation_config.pad_token_id,
     )
