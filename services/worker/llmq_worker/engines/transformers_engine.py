@@ -3,9 +3,9 @@
 The manager runs its own generation thread; its outputs reach the asyncio loop through ``register_result_handler``
 (delivered with ``loop.call_soon_threadsafe``). What the manager lacks per request the engine adds: ``n`` choices are
 ``n`` sub-requests, stop strings are matched on detokenized text and end their sub-request with a cancel, ``max_tokens``
-is per sub-request, ``temperature == 0`` is greedy through a per-request top-k of 1, and ``logit_bias`` and ``seed`` are
-logits processors of the engine's own (:mod:`llmq_worker.engines.cb_processors`): a seed reproduces its answer exactly
-for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
+is per sub-request, and every token is chosen by logits processors of the engine's own
+(:mod:`llmq_worker.engines.cb_processors`: ``logit_bias``, temperature, top-p, greedy or seeded draws) while the manager
+itself runs greedy: a seed reproduces its answer exactly for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
 shared failure (the worker bisects them) and is replaced by a fresh manager on the next submit.
 """
 
