@@ -309,7 +309,7 @@ def run_demo(
     concurrency: int = typer.Option(32, help="Requests in flight at once (the --models load)."),
     models: str = typer.Option("llmq-sim", help="Comma-separated models for the code prompts, used in turn."),
     real_model: str = typer.Option(SMOLLM2_135M_INSTRUCT.name, help="The real model ('' to skip its part)."),
-    real_code: int = typer.Option(12, help="Code-completion prompts (200-800 characters) to the real model."),
+    real_code: int = typer.Option(24, help="Code-completion prompts (200-800 characters) to the real model."),
     real_chat: int = typer.Option(12, help="Short chat questions to the real model."),
     real_concurrency: int = typer.Option(8, help="Real-model requests in flight at once."),
     up: bool = typer.Option(True, help="Start the local stack first (no-op for what already runs)."),
@@ -384,7 +384,7 @@ def _print_demo(reports: list[demo_mod.ModelReport], wall_s: float, real_model: 
             f"{row['mean_batch_size']:.1f}",
             f"{row['mean_running']:.1f}",
         )
-    console.print(table)
+    console.print(table, width=None if console.is_terminal else 160)  # a log or pipe gets the whole table
     for report in reports:
         if report.model == real_model:
             for ask, answer in demo_mod.samples(report.answers, 3):
