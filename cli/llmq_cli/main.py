@@ -384,7 +384,7 @@ def _print_demo(reports: list[demo_mod.ModelReport], wall_s: float, real_model: 
             f"{row['mean_batch_size']:.1f}",
             f"{row['mean_running']:.1f}",
         )
-    console.print(table, width=None if console.is_terminal else 160)  # a log or pipe gets the whole table
+    (console if console.is_terminal else Console(width=160)).print(table)  # a log or pipe gets the whole table
     for report in reports:
         if report.model == real_model:
             for ask, answer in demo_mod.samples(report.answers, 3):
