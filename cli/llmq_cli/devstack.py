@@ -24,6 +24,7 @@ import redis as redis_sync
 from llmq_cli import kafka_dist
 from llmq_core import constants
 from llmq_core.kafka import ensure_topics
+from llmq_core.models import SMOLLM2_135M_INSTRUCT
 from llmq_core.redis_client import MEMORY_POLICY
 from llmq_core.settings import Settings
 
@@ -55,6 +56,7 @@ class StackConfig:
     sim_batch_time_ms: int = 500
     sim_max_batch_size: int = 64
     sim_worker_args: tuple[str, ...] = ()  # appended to every llmq-sim worker's argv (e.g. ``--poison-marker X``)
+    smollm2_workers: int = 0  # real-model workers (smollm2-135m-instruct): only stacks that ask get one (`dev up` does)
     extra_env: dict[str, str] = field(default_factory=dict)
     manage_infra: bool = True  # False: Kafka and Redis at these ports are someone else's; start and stop only services
     redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev_redis_maxmemory_bytes)
@@ -120,6 +122,7 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
                 *cfg.sim_worker_args,
             ],
         ),
+        (SMOLLM2_135M_INSTRUCT.name, "transformers", cfg.smollm2_workers, []),
     ):
         for i in range(count):
             worker_id = f"{model.removeprefix('llmq-')}-{i}"

@@ -18,7 +18,7 @@ from llmq_core.constants import DEFERRED, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MA
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType
-from llmq_core.tokenizer import count_tokens, render_chat
+from llmq_core.token_counts import BYTES, TokenCounter, load_counters
 
 MAX_N = 128
 MAX_STOP_SEQUENCES = 4
@@ -92,6 +92,7 @@ class Rules:
         }
     )
     max_job_timeout_ms: int = Settings.model_fields["batch_max_window_s"].default * 1000  # a batch-job line's
+    counters: Mapping[str, TokenCounter] = field(default_factory=dict)  # model -> its tokenizer (others: bytes)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
@@ -102,6 +103,7 @@ class Rules:
             max_stop_bytes=settings.api_max_stop_bytes,
             max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()},
             max_job_timeout_ms=settings.batch_max_window_s * 1000,
+            counters=load_counters(settings),
         )
 
     def max_timeout_of(self, request: wire.GenerationRequest) -> int | None:
@@ -115,10 +117,24 @@ def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
     """Check a request that did not pass an API pod, as the API checks a body; raises :class:`RequestError`."""
     window = check_model(request.model, rules.windows)
     chat = request.endpoint == "chat.completions"
-    text = render_chat(check_messages(request.messages)) if chat else check_prompt(request.prompt)
+    counter = rules.counters.get(request.model, BYTES)
+    if chat:
+        tokens = count_prompt(counter, messages=check_messages(request.messages))
+    else:
+        tokens = count_prompt(counter, prompt=check_prompt(request.prompt))
     sampling = request.sampling
     check_sampling(sampling, max_stop_bytes=rules.max_stop_bytes)
-    check_context(count_tokens(text), sampling.max_tokens, window, "messages" if chat else "prompt", True)
+    check_context(tokens, sampling.max_tokens, window, "messages" if chat else "prompt", True)
+
+
+def count_prompt(counter: TokenCounter, *, prompt: str = "", messages: list[wire.ChatMessage] | None = None) -> int:
+    """Prompt tokens with the model's own counter (chat: ``messages``); a chat its template refuses is a 400."""
+    if messages is None:
+        return counter.prompt(prompt)
+    try:
+        return counter.chat(messages)
+    except ValueError as exc:
+        raise invalid(str(exc), param="messages") from None
 
 
 def fingerprint(request: wire.GenerationRequest) -> str:

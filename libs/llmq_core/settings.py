@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     api_max_header_bytes: int = 64 * 1024  # a request's line and headers; past it 431 and closed
     api_trusted_proxies: str = ""  # comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used
     extra_models: list[str] = []  # models served besides the built-in catalogue (--model-path workers): metric labels
+    # model -> tokenizer.json (or a checkpoint directory holding it) of a model outside the catalogue: API pods and
+    # batchers count its tokens with it (others: the byte count, an upper bound)
+    model_tokenizers: dict[str, str] = {}
+    models_dir: str = (
+        "~/.cache/llmq/models"  # converted catalogue checkpoints: <dir>/<model>/ (llmq_worker.checkpoints)
+    )
 
     # batcher
     interactive_max_wait_ms: int = 0
@@ -83,6 +89,7 @@ class Settings(BaseSettings):
 
     # worker
     heartbeat_interval_ms: int = 250
+    torch_threads: int = 0  # transformers engine on CPU: torch intra-op threads (0: the measured default, see README)
 
     # result-router: producing to Kafka reply topics
     router_reply_attempts: int = 4  # tries of one reply before it is dead-lettered (permanent errors: one)

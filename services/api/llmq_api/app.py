@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -35,6 +36,7 @@ from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIME
 from llmq_core.requests import timeouts_by_class
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
+from llmq_core.token_counts import TokenCounter
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ def create_app(pod: Pod) -> FastAPI:
     pod's generation service, key store, catalog, metrics and probes (``batch_jobs`` and ``keys`` on ``app.state`` for
     the ``/v1/files`` and ``/v1/batches`` routes)."""
     keys, catalog, generation, metrics = pod.keys, pod.catalog, pod.generation, pod.metrics
-    intake = Intake(keys, catalog, pod.settings)
+    intake = Intake(keys, catalog, pod.settings, pod.token_counters)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -121,8 +123,11 @@ class Intake:
     params, model, context) parsed into an :class:`~llmq_api.generation.Ask`; each step's 4xx is raised as it is
     found, and what is known so far is noted on ``request.state`` for the error response and its metrics."""
 
-    def __init__(self, keys: KeyStore, catalog: ModelCatalog, settings: Settings) -> None:
+    def __init__(
+        self, keys: KeyStore, catalog: ModelCatalog, settings: Settings, counters: Mapping[str, TokenCounter]
+    ) -> None:
         self._keys = keys
+        self._counters = counters
         self._catalog = catalog
         self._timeouts = timeouts_by_class(settings)
         self._max_body_bytes = settings.api_max_body_bytes
@@ -141,7 +146,9 @@ class Intake:
         idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
         body = await _read_body(request, self._max_body_bytes)
         parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
-        valid = parse(body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes)
+        valid = parse(
+            body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes, counters=self._counters
+        )
         request.state.model = valid.model
         return Ask(
             request_id=request_id,

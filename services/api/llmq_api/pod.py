@@ -34,6 +34,7 @@ from llmq_core.labels import LabelSet
 from llmq_core.names import Names
 from llmq_core.redis_client import check_memory_policy, make_redis
 from llmq_core.settings import Settings
+from llmq_core.token_counts import load_counters
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,7 @@ class Pod:
         self.draining = False
         self.registry = WaiterRegistry(settings.api_max_in_flight)
         self.catalog = ModelCatalog(clock)
+        self.token_counters = load_counters(settings)  # each model's tokenizer: prompt tokens, context checks, cost
         self.metrics = ApiMetrics(lambda: len(self.registry), LabelSet.from_settings(settings))
         self.keys = keys or KeyStore.from_settings(settings)
         self.redis = redis or make_redis(
@@ -293,6 +295,7 @@ class Pod:
             clock,
             self.catalog.context_windows,
             self.limiter,
+            self.token_counters,
         )
         self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []

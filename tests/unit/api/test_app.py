@@ -134,7 +134,11 @@ async def test_chunked_body_over_the_limit_is_413(setup):
 async def test_models_health_readiness_metrics(setup):
     client, pod, _, _ = setup
     models = (await client.get("/v1/models")).json()
-    assert {m["id"]: m["context_window"] for m in models["data"]} == {"llmq-sim": 8192, "llmq-tiny": 8192}
+    assert {m["id"]: m["context_window"] for m in models["data"]} == {
+        "llmq-sim": 8192,
+        "llmq-tiny": 8192,
+        "smollm2-135m-instruct": 8192,
+    }
     assert (await client.get("/v1/models/llmq-tiny")).json()["id"] == "llmq-tiny"
     assert (await client.get("/v1/models/nope")).status_code == 404
     assert (await client.get("/healthz")).status_code == 200

@@ -33,6 +33,7 @@ from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorType
+from llmq_core.token_counts import TokenCounter
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 
@@ -90,8 +91,10 @@ class BatchJobs:
         clock: Clock,
         models: Callable[[], Mapping[str, int]],
         limiter: RateLimiter,
+        counters: Mapping[str, TokenCounter] | None = None,
     ) -> None:
         self.settings = settings
+        self.counters = counters or {}  # model -> its tokenizer (others count bytes), as over HTTP
         self.store = store
         self.files = files
         self.clock = clock
@@ -343,7 +346,10 @@ class BatchJobs:
         job's ledger (written ahead of the job, a slice per chunk read), so the pod holds one chunk at a time.
         Then fail the job (structural errors), refuse it (its estimate does not fit the batch quota), or start it."""
         limits = inputs.Limits(
-            self.settings.batch_max_lines, self.settings.batch_max_line_bytes, self.settings.api_max_stop_bytes
+            self.settings.batch_max_lines,
+            self.settings.batch_max_line_bytes,
+            self.settings.api_max_stop_bytes,
+            self.counters,
         )
         checker = inputs.InputChecker(spec.endpoint, self.models(), limits)
         tally = _Tally()
