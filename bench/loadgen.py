@@ -23,6 +23,7 @@ import redis as redis_sync
 
 from bench.prompts import CodePrompt
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
+from llmq_core.status import ErrorCode, ErrorType
 
 DEFAULT_KEYS = {"llmq-dev-key": 0.8, "llmq-dev-free-key": 0.2}  # tenants: paid and free tier
 OK = "ok"
@@ -354,8 +355,11 @@ async def _stream(client: httpx.AsyncClient, body: dict, headers: dict, loop) ->
 def stream_error_status(error: dict) -> str:
     """The HTTP status an SSE error event stands for (the stream itself already answered 200)."""
     code, kind = error.get("code"), error.get("type")
-    if code == "deadline_exceeded":
+    if code == ErrorCode.DEADLINE_EXCEEDED:
         return "504"
-    if code in ("rate_limit_exceeded", "overloaded") or kind in ("rate_limit_error", "overloaded"):
+    if code in (ErrorCode.RATE_LIMIT_EXCEEDED, ErrorType.OVERLOADED) or kind in (
+        ErrorType.RATE_LIMIT,
+        ErrorType.OVERLOADED,
+    ):
         return "429"
     return f"stream_{code or kind or 'error'}"

@@ -26,7 +26,31 @@ def stdlib_sources() -> list[Path]:
     return sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
 
 
-def cut_prompts(count: int, *, seed: int = 0, min_chars: int = 200, max_chars: int = 3000) -> list[CodePrompt]:
+# Short questions with a known answer, for a real chat model: a person reading the demo can check them.
+CHAT_QUESTIONS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "What is 7 times 8?",
+    "Name the three primary colors.",
+    "What does HTTP stand for?",
+    "Which planet is closest to the Sun?",
+    "Write a Python one-liner that sums the numbers from 1 to 100.",
+    "What is the boiling point of water in Celsius?",
+    "Who wrote Romeo and Juliet?",
+    "What is the largest ocean on Earth?",
+    "Explain in one sentence what a hash table is.",
+    "How many days are there in a leap year?",
+]
+
+
+def cut_prompts(
+    count: int,
+    *,
+    seed: int = 0,
+    min_chars: int = 200,
+    max_chars: int = 3000,
+    max_tokens: tuple[int, ...] = (16, 32, 48, 64),
+) -> list[CodePrompt]:
     """``count`` prompts of ``min_chars``..``max_chars`` characters; a third end mid-line, the rest at a line end."""
     rng = random.Random(seed)
     sources = stdlib_sources()
@@ -41,9 +65,7 @@ def cut_prompts(count: int, *, seed: int = 0, min_chars: int = 200, max_chars: i
         start = max(0, cursor - rng.randrange(min_chars, max_chars))
         prompt = text[start:cursor]
         if prompt.strip():
-            prompts.append(
-                CodePrompt(id=f"{path.stem}-{cursor}", prompt=prompt, max_tokens=rng.choice((16, 32, 48, 64)))
-            )
+            prompts.append(CodePrompt(id=f"{path.stem}-{cursor}", prompt=prompt, max_tokens=rng.choice(max_tokens)))
     return prompts
 
 

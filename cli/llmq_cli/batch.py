@@ -17,12 +17,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from llmq_core import jobs
+
 batch_app = typer.Typer(
     help="Batch jobs (OpenAI /v1/batches): submit, status, results, sample input.", no_args_is_help=True
 )
 console = Console()
 
-ENDED = ("completed", "failed", "expired", "cancelled")
+ENDED = jobs.TERMINAL_STATUSES
 POLL_S = 1.0
 BASE_URL = typer.Option("http://127.0.0.1:8000/v1", envvar="LLMQ_API_URL", help="API base URL.")
 API_KEY = typer.Option("llmq-dev-key", envvar="LLMQ_API_KEY", help="API key (Bearer).")
@@ -106,7 +108,7 @@ def _print_status(batch) -> None:
         ("output file", batch.output_file_id or ""),
         ("error file", batch.error_file_id or ""),
     ]
-    for name in ("created", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"):
+    for name in ("created", *jobs.STATUSES[1:]):
         at = getattr(batch, f"{name}_at", None)
         if at:
             rows.append((f"{name} at", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))))

@@ -25,6 +25,7 @@ from llmq_cli import kafka_dist
 from llmq_cli.devsecrets import DevSecrets
 from llmq_core import constants, security
 from llmq_core.kafka import ensure_topics
+from llmq_core.models import SMOLLM2_135M_INSTRUCT
 from llmq_core.redis_client import MEMORY_POLICY, connection_options
 from llmq_core.settings import Settings
 
@@ -56,6 +57,7 @@ class StackConfig:
     sim_batch_time_ms: int = 500
     sim_max_batch_size: int = 64
     sim_worker_args: tuple[str, ...] = ()  # appended to every llmq-sim worker's argv (e.g. ``--poison-marker X``)
+    smollm2_workers: int = 0  # real-model workers (smollm2-135m-instruct): only stacks that ask get one (`dev up` does)
     extra_env: dict[str, str] = field(default_factory=dict)
     manage_infra: bool = True  # False: Kafka and Redis at these ports are someone else's; start and stop only services
     redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev_redis_maxmemory_bytes)
@@ -152,6 +154,7 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
                 *cfg.sim_worker_args,
             ],
         ),
+        (SMOLLM2_135M_INSTRUCT.name, "transformers", cfg.smollm2_workers, []),
     ):
         for i in range(count):
             worker_id = f"{model.removeprefix('llmq-')}-{i}"

@@ -20,6 +20,7 @@ from llmq_cli.bench_cmd import bench
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.slo import slo
 from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, reply_topic_prefixes
+from llmq_core.models import SMOLLM2_135M_INSTRUCT
 from llmq_core.settings import load_settings
 
 app = typer.Typer(help="llmq: a batching system for LLM queries over Kafka and Redis.", no_args_is_help=True)
@@ -46,6 +47,7 @@ def _stack(
     redis_port: int = 6379,
     api_port: int = 8000,
     keys_file: Path | None = None,
+    smollm2_workers: int = 0,
     secure: bool = False,
 ) -> DevStack:
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
@@ -60,6 +62,7 @@ def _stack(
             redis_port=redis_port,
             api_ports=(api_port, api_port + 1),
             extra_env=extra_env,
+            smollm2_workers=smollm2_workers,
             secure=secure,
         )
     )
@@ -77,6 +80,9 @@ def dev_up(
     tiny_workers: int = typer.Option(1, help="Workers serving llmq-tiny (transformers engine)."),
     sim_workers: int = typer.Option(2, help="Workers serving llmq-sim (simulated engine)."),
     sim_batch_time_ms: int = typer.Option(500, help="llmq-sim's fixed time per batch, ms."),
+    smollm2_workers: int = typer.Option(
+        1, help="Workers serving smollm2-135m-instruct, a real model (transformers engine; `make setup` installs it)."
+    ),
     kafka_port: int = typer.Option(9092, help="Kafka listener port (the controller takes the next one)."),
     redis_port: int = typer.Option(6379),
     api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
@@ -96,7 +102,16 @@ def dev_up(
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
     stack = _stack(
-        state_dir, tiny_workers, sim_workers, sim_batch_time_ms, kafka_port, redis_port, api_port, keys_file, secure
+        state_dir,
+        tiny_workers,
+        sim_workers,
+        sim_batch_time_ms,
+        kafka_port,
+        redis_port,
+        api_port,
+        keys_file,
+        smollm2_workers,
+        secure,
     )
     started = time.perf_counter()
     try:
@@ -302,16 +317,21 @@ def make_prompts(
 
 @app.command("demo")
 def run_demo(
-    requests: int = typer.Option(300, help="How many prompts to send."),
-    concurrency: int = typer.Option(32, help="Requests in flight at once."),
-    models: str = typer.Option("llmq-tiny,llmq-sim", help="Comma-separated models, used in turn."),
+    requests: int = typer.Option(150, help="Code-completion prompts for the --models (simulated) load."),
+    concurrency: int = typer.Option(32, help="Requests in flight at once (the --models load)."),
+    models: str = typer.Option("llmq-sim", help="Comma-separated models for the code prompts, used in turn."),
+    real_model: str = typer.Option(SMOLLM2_135M_INSTRUCT.name, help="The real model ('' to skip its part)."),
+    real_code: int = typer.Option(24, help="Code-completion prompts (200-800 characters) to the real model."),
+    real_chat: int = typer.Option(12, help="Short chat questions to the real model."),
+    real_concurrency: int = typer.Option(8, help="Real-model requests in flight at once."),
     up: bool = typer.Option(True, help="Start the local stack first (no-op for what already runs)."),
     state_dir: Path = STATE_DIR,
     kafka_port: int = typer.Option(9092),
     redis_port: int = typer.Option(6379),
     api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
 ) -> None:
-    """Send real code-completion prompts through the openai SDK to both API pods and print a latency table."""
+    """Send real code-completion prompts (and chat questions to the real model) through the openai SDK to both API
+    pods; print a latency table and three of the real model's answers."""
     stack = _stack(state_dir, kafka_port=kafka_port, redis_port=redis_port, api_port=api_port)
     if up:
         dev_up(
@@ -319,6 +339,7 @@ def run_demo(
             tiny_workers=1,
             sim_workers=2,
             sim_batch_time_ms=500,
+            smollm2_workers=1 if real_model else 0,
             kafka_port=kafka_port,
             redis_port=redis_port,
             api_port=api_port,
@@ -327,15 +348,25 @@ def run_demo(
     cut = prompts.cut_prompts(requests)
     prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
     model_names = models.split(",")
-    before = {m: demo_mod.batcher_counts(stack.cfg.redis_url, m) for m in model_names}
-    started = time.perf_counter()
-    reports = asyncio.run(
-        demo_mod.run_demo(cut, [f"http://127.0.0.1:{p}/v1" for p in stack.cfg.api_ports], model_names, concurrency)
-    )
-    wall_s = time.perf_counter() - started
-    for report in reports:
-        (b0, r0), (b1, r1) = before[report.model], demo_mod.batcher_counts(stack.cfg.redis_url, report.model)
-        report.mean_batch_size = (r1 - r0) / (b1 - b0) if b1 > b0 else 0.0
+    phases = [demo_mod.code_asks(cut, model_names)]
+    if real_model:
+        code = prompts.cut_prompts(real_code, seed=1, max_chars=800, max_tokens=(16, 24, 32))
+        chat = prompts.CHAT_QUESTIONS[:real_chat]
+        phases.append(demo_mod.code_asks(code, [real_model]) + demo_mod.chat_asks(chat, real_model, max_tokens=48))
+    urls = [f"http://127.0.0.1:{p}/v1" for p in stack.cfg.api_ports]
+    reports, started = [], time.perf_counter()
+    for asks, gate in zip(phases, (concurrency, real_concurrency)):  # one after the other: each has the CPU alone
+        names = list(dict.fromkeys(a.model for a in asks))
+        before = {m: demo_mod.batcher_counts(stack.cfg.redis_url, m) for m in names}
+        phase = asyncio.run(demo_mod.run_demo(asks, urls, gate, stack.cfg.redis_url))
+        for report in phase:
+            (b0, r0), (b1, r1) = before[report.model], demo_mod.batcher_counts(stack.cfg.redis_url, report.model)
+            report.mean_batch_size = (r1 - r0) / (b1 - b0) if b1 > b0 else 0.0
+        reports += phase
+    _print_demo(reports, time.perf_counter() - started, real_model)
+
+
+def _print_demo(reports: list[demo_mod.ModelReport], wall_s: float, real_model: str) -> None:
     table = Table(
         "model",
         "requests",
@@ -344,8 +375,11 @@ def run_demo(
         "p50 ms",
         "p95 ms",
         "p99 ms",
-        "mean batch size",
-        title=f"llmq demo: {requests} prompts, {concurrency} in flight, {wall_s:.1f}s",
+        "TTFT p50 ms",
+        "completion tok/s",
+        "mean Kafka batch",
+        "mean running (engine)",
+        title=f"llmq demo: {sum(r.requests for r in reports)} requests, {wall_s:.1f}s",
     )
     rows = demo_mod.summary_rows(reports)
     for row in rows:
@@ -357,9 +391,17 @@ def run_demo(
             f"{row['p50_ms']:.0f}",
             f"{row['p95_ms']:.0f}",
             f"{row['p99_ms']:.0f}",
+            f"{row['ttft_p50_ms']:.0f}",
+            f"{row['completion_tokens_per_s']:.1f}",
             f"{row['mean_batch_size']:.1f}",
+            f"{row['mean_running']:.1f}",
         )
-    console.print(table)
+    (console if console.is_terminal else Console(width=160)).print(table)  # a log or pipe gets the whole table
+    for report in reports:
+        if report.model == real_model:
+            for ask, answer in demo_mod.samples(report.answers, 3):
+                console.print(f"[bold]{'chat' if ask.question else 'code'} ->[/bold] {ask.text.strip()[-300:]}")
+                console.print(f"[green]{real_model}:[/green] {answer.strip()}\n")
     if any(row["errors"] for row in rows):
         for report in reports:
             if report.errors:

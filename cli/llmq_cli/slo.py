@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmq_core.constants import DEFERRED, INTERACTIVE, NEAR_INTERACTIVE
+from llmq_core.status import OutcomeLabel
 
 INTERACTIVE_CLASSES = (INTERACTIVE, NEAR_INTERACTIVE)
 TTFT = "llmq_api_ttft_seconds"
@@ -91,7 +92,7 @@ def report(samples: Samples) -> dict[str, dict]:
             "status_504": samples.total(RESPONSES, traffic_class=cls, code="504"),
         }
     finished = samples.total(RESULTS, traffic_class=DEFERRED)
-    succeeded = samples.total(RESULTS, traffic_class=DEFERRED, outcome="succeeded")
+    succeeded = samples.total(RESULTS, traffic_class=DEFERRED, outcome=OutcomeLabel.SUCCEEDED)
     out[DEFERRED] = {
         "finished": finished,
         "succeeded": succeeded,

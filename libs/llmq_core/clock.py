@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
+
+Sleep = Callable[[float], Awaitable[None]]  # asyncio.sleep, or a test's own (waits are injected like clocks)
 
 
 class Clock(Protocol):

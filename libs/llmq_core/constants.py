@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Final
 
 # --- traffic classes and tiers (highest priority first) ---
@@ -13,13 +14,15 @@ TRAFFIC_CLASSES: Final = (INTERACTIVE, NEAR_INTERACTIVE, DEFERRED)
 TIER_PAID: Final = "paid"
 TIER_FREE: Final = "free"
 TIERS: Final = (TIER_PAID, TIER_FREE)
-# Admission priorities, most important first: under overload the last one is shed first.
-PRIORITY_CLASSES: Final = ("interactive:paid", "interactive:free", NEAR_INTERACTIVE, DEFERRED)
 
 
 def priority_class(traffic_class: str, tier: str) -> str:
     """A request's entry in PRIORITY_CLASSES: interactive traffic splits by tier, the other classes do not."""
     return f"{traffic_class}:{tier}" if traffic_class == INTERACTIVE else traffic_class
+
+
+# Admission priorities, most important first: under overload the last one is shed first.
+PRIORITY_CLASSES: Final = tuple(dict.fromkeys(priority_class(c, t) for c in TRAFFIC_CLASSES for t in TIERS))
 
 
 # --- Kafka topics ---
@@ -86,52 +89,55 @@ REDIS_RESULT_INDEX_PREFIX: Final = "llmq:result-index:"
 REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
+# batch jobs and their files (llmq_core.jobs, llmq_core.jobstore)
+REDIS_FILES_PREFIX: Final = "llmq:files:"
+REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
+ACTIVE_JOBS_KEY: Final = "llmq:jobs:active"  # set of batch ids the result-routers drive
+FILE_EXPIRY_KEY: Final = "llmq:files:expiry"  # zset: file id by expires_at (s); the sweep deletes stored objects
+# zset: ended batch id by the epoch s its record goes. Swept, not a TTL: keys without one are never evicted (volatile-lru)
+JOB_EXPIRY_KEY: Final = "llmq:jobs:expiry"
 
 
-def replies_channel(instance_id: str) -> str:
-    """Redis pub/sub channel of one API pod: token chunks and final results for the requests it holds."""
-    return f"{REDIS_REPLIES_PREFIX}{instance_id}"
+def _keys(prefix: str, suffix: str = "") -> Callable[[str], str]:
+    """The builder of one family of Redis keys and channels: ``prefix + id + suffix``."""
+
+    def key(name: str) -> str:
+        return f"{prefix}{name}{suffix}"
+
+    return key
 
 
-def result_key(request_id: str) -> str:
-    """Redis key of a stored FinalResult (msgpack), kept for ``result_ttl_s``."""
-    return f"{REDIS_RESULT_PREFIX}{request_id}"
-
-
-def result_index_key(tenant_id: str) -> str:
-    """Redis zset of a tenant's stored results: members ``<bytes>:<request_id>`` scored by the epoch ms they were
-    stored (oldest first out past ``result_store_tenant_max_bytes``); it expires with the newest of them."""
-    return f"{REDIS_RESULT_INDEX_PREFIX}{tenant_id}"
-
-
-def result_bytes_key(tenant_id: str) -> str:
-    """Redis counter: the bytes of a tenant's stored results that :func:`result_index_key` lists."""
-    return f"{REDIS_RESULT_BYTES_PREFIX}{tenant_id}"
-
-
-def delivered_key(request_id: str) -> str:
-    """Redis key set once a result was delivered to a Kafka reply topic: suppresses duplicate deliveries."""
-    return f"{REDIS_DELIVERED_PREFIX}{request_id}"
+# One line a family: what the key holds, and what names it.
+replies_channel = _keys(REDIS_REPLIES_PREFIX)  # pub/sub of an API pod: chunks and results of the requests it holds
+result_key = _keys(REDIS_RESULT_PREFIX)  # a stored FinalResult (msgpack) by request_id, kept for result_ttl_s
+# zset of a tenant's stored results: members "<bytes>:<request_id>" scored by the epoch ms they were stored (oldest first
+# out past result_store_tenant_max_bytes); it expires with the newest of them
+result_index_key = _keys(REDIS_RESULT_INDEX_PREFIX)
+result_bytes_key = _keys(REDIS_RESULT_BYTES_PREFIX)  # counter: the bytes of a tenant's results result_index_key lists
+delivered_key = _keys(REDIS_DELIVERED_PREFIX)  # set once a request's result reached its Kafka reply topic: no duplicate
+request_copy_key = _keys(REDIS_REQUEST_COPY_PREFIX)  # the Kafka position of the first record with a request_id
+streamed_key = _keys(REDIS_STREAMED_PREFIX)  # a streaming request whose text reached its caller (wire.StreamMark)
+pod_key = _keys(REDIS_POD_PREFIX)  # exists while the API pod instance_id is alive (its heartbeat refreshes it)
+file_key = _keys(REDIS_FILES_PREFIX)  # string: a FileRecord (JSON), expiring with the file
+# zsets (lex order, score 0) of a tenant's files and jobs: members "<created_ms:015>:<id>" (jobs.listing_member)
+tenant_files_key = _keys(f"{REDIS_FILES_PREFIX}tenant:")
+tenant_jobs_key = _keys(f"{REDIS_JOBS_PREFIX}tenant:")
+tenant_storage_key = _keys(f"{REDIS_FILES_PREFIX}tenant:", ":bytes")  # integer: bytes of a tenant's live uploads
+# integer: the most result bytes the ledgers of a tenant's running jobs may hold (reserved at create)
+tenant_result_bytes_key = _keys(f"{REDIS_JOBS_PREFIX}tenant:", ":result-bytes")
+# hash of a job by batch_id: spec (JSON JobSpec), status, at:<status> (epoch s), errors (JSON), jobs.COUNTERS, cursor,
+# end_ms, result_bytes (reserved in tenant_result_bytes_key until the ledger is dropped)
+job_key = _keys(REDIS_JOBS_PREFIX)
+job_lines_key = _keys(REDIS_JOBS_PREFIX, ":lines")  # hash: custom_id -> ledger state (see llmq_core.jobs)
+job_offsets_key = _keys(REDIS_JOBS_PREFIX, ":offsets")  # hash: custom_id -> "<start>:<end>" in the prepared file
+job_results_key = _keys(REDIS_JOBS_PREFIX, ":results")  # hash: custom_id -> terminal wire.FinalResult (msgpack)
+job_retries_key = _keys(REDIS_JOBS_PREFIX, ":retries")  # zset: custom_id by the epoch ms its retry round is due
+job_lease_key = _keys(REDIS_JOBS_PREFIX, ":lease")  # string: token of the result-router driving it (PX batch_lease_ms)
 
 
 def copy_delivered_key(request_id: str, request_copy: str) -> str:
     """Like :func:`delivered_key`, for the answer to one re-produced copy of a request (``FinalResult.request_copy``)."""
     return f"{REDIS_DELIVERED_PREFIX}{request_id}\n{request_copy}"
-
-
-def request_copy_key(request_id: str) -> str:
-    """Redis key: the Kafka position of the first record that carried a Kafka-direct ``request_id`` (its claim)."""
-    return f"{REDIS_REQUEST_COPY_PREFIX}{request_id}"
-
-
-def streamed_key(request_id: str) -> str:
-    """Redis key of a streaming request whose text reached its caller (a ``wire.StreamMark``, until its deadline)."""
-    return f"{REDIS_STREAMED_PREFIX}{request_id}"
-
-
-def pod_key(instance_id: str) -> str:
-    """Redis key that exists while an API pod is alive (refreshed by its heartbeat, expires otherwise)."""
-    return f"{REDIS_POD_PREFIX}{instance_id}"
 
 
 def alive_key(service: str, instance: str) -> str:
@@ -146,8 +152,16 @@ def ratelimit_key(tenant_id: str, bucket: str) -> str:
 
 def idempotency_key(tenant_id: str, key: str) -> str:
     """Redis key of a tenant's ``Idempotency-Key`` claim (hashed: client keys are arbitrary text)."""
-    digest = hashlib.sha256(f"{tenant_id}\0{key}".encode()).hexdigest()
-    return f"{REDIS_IDEMPOTENCY_PREFIX}{digest}"
+    return f"{REDIS_IDEMPOTENCY_PREFIX}{_digest(tenant_id, key)}"
+
+
+def batch_idempotency_key(tenant_id: str, key: str) -> str:
+    """String: the batch id a tenant's ``Idempotency-Key`` on ``POST /v1/batches`` created."""
+    return f"{REDIS_JOBS_PREFIX}idempotency:{_digest(tenant_id, key)}"
+
+
+def _digest(tenant_id: str, key: str) -> str:
+    return hashlib.sha256(f"{tenant_id}\0{key}".encode()).hexdigest()
 
 
 # --- HTTP headers ---
@@ -158,9 +172,7 @@ HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
 HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request
 HTTP_SHOULD_RETRY: Final = "x-should-retry"  # on every error response: whether a retry can help (OpenAI SDKs obey it)
-
-# --- error codes more than one service writes ---
-STREAM_INTERRUPTED: Final = "stream_interrupted"  # a stream's generation was lost after text of it reached the caller
+HTTP_IDEMPOTENT_REPLAYED: Final = "idempotent-replayed"  # response header of a retry answered by an earlier request
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -1,4 +1,4 @@
-"""Batch jobs (OpenAI ``/v1/batches``): records, ledger line states, Redis key names and the completion window.
+"""Batch jobs (OpenAI ``/v1/batches``): records, ledger line states and the completion window (Redis keys: constants).
 
 Pure: no I/O. The API pod creates a job (:class:`JobSpec` plus one ledger entry per input line); the result-router
 drives it (produces its lines as ``deferred`` GenerationRequests with ``reply_to=JobReply``, settles their results) and
@@ -31,6 +31,7 @@ FAILED: Final = "failed"
 EXPIRED: Final = "expired"
 CANCELLING: Final = "cancelling"
 CANCELLED: Final = "cancelled"
+STATUSES: Final = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, EXPIRED, CANCELLING, CANCELLED)  # in order
 TERMINAL_STATUSES: Final = frozenset({COMPLETED, FAILED, EXPIRED, CANCELLED})
 ACTIVE_STATUSES: Final = frozenset({IN_PROGRESS, FINALIZING, CANCELLING})  # statuses the result-router drives
 
@@ -58,8 +59,9 @@ OUTCOME_STATE: Final = {
     wire.Outcome.CANCELED: CANCELED,
     wire.Outcome.EXPIRED: LINE_EXPIRED,
 }
-# job hash counter of each terminal state (request_counts: completed = succeeded, failed = the other three)
-STATE_COUNTER: Final = {SUCCEEDED: "succeeded", ERRORED: "errored", CANCELED: "canceled", LINE_EXPIRED: "expired"}
+# job hash counter of each terminal state, named by its outcome (request_counts: completed = succeeded, failed = the
+# other three)
+STATE_COUNTER: Final = {state: outcome.value for outcome, state in OUTCOME_STATE.items()}
 
 
 def pending(round_: int) -> str:
@@ -192,10 +194,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 COUNTERS: Final = (
-    "succeeded",
-    "errored",
-    "canceled",
-    "expired",
+    *STATE_COUNTER.values(),
     "retried",
     "dead_letters",
     "produced",
@@ -232,76 +231,7 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
         return self.settled >= self.spec.total
 
 
-# --- Redis keys -----------------------------------------------------------------------------------------------------
-
-REDIS_FILES_PREFIX: Final = "llmq:files:"
-REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
-ACTIVE_JOBS_KEY: Final = "llmq:jobs:active"  # set of batch ids the result-routers drive
-FILE_EXPIRY_KEY: Final = "llmq:files:expiry"  # zset: file id by expires_at (s); the sweep deletes stored objects
-# zset: ended batch id by the epoch s its record goes. Swept, not a TTL: keys without one are never evicted (volatile-lru)
-JOB_EXPIRY_KEY: Final = "llmq:jobs:expiry"
-
-
-def file_key(file_id: str) -> str:
-    """String: the FileRecord (JSON), expiring with the file."""
-    return f"{REDIS_FILES_PREFIX}{file_id}"
-
-
-def tenant_files_key(tenant_id: str) -> str:
-    """Zset (lex order, score 0) of a tenant's files: members ``<created_ms:015>:<file_id>``."""
-    return f"{REDIS_FILES_PREFIX}tenant:{tenant_id}"
-
-
-def tenant_storage_key(tenant_id: str) -> str:
-    """Integer: bytes of the tenant's live uploaded files (its storage quota's use)."""
-    return f"{REDIS_FILES_PREFIX}tenant:{tenant_id}:bytes"
-
-
-def tenant_result_bytes_key(tenant_id: str) -> str:
-    """Integer: the largest result bytes the ledgers of the tenant's running jobs may hold (reserved at create)."""
-    return f"{REDIS_JOBS_PREFIX}tenant:{tenant_id}:result-bytes"
-
-
-def job_key(batch_id: str) -> str:
-    """Hash: ``spec`` (JSON JobSpec), ``status``, ``at:<status>`` (epoch s), ``errors`` (JSON), COUNTERS, ``cursor``,
-    ``end_ms``, ``result_bytes`` (reserved in :func:`tenant_result_bytes_key` until the ledger is dropped)."""
-    return f"{REDIS_JOBS_PREFIX}{batch_id}"
-
-
-def job_lines_key(batch_id: str) -> str:
-    """Hash: custom_id -> ledger state (see the module docstring)."""
-    return f"{REDIS_JOBS_PREFIX}{batch_id}:lines"
-
-
-def job_offsets_key(batch_id: str) -> str:
-    """Hash: custom_id -> ``<start>:<end>``, the line's bytes in the prepared file (for retries)."""
-    return f"{REDIS_JOBS_PREFIX}{batch_id}:offsets"
-
-
-def job_results_key(batch_id: str) -> str:
-    """Hash: custom_id -> the line's terminal wire.FinalResult (msgpack)."""
-    return f"{REDIS_JOBS_PREFIX}{batch_id}:results"
-
-
-def job_retries_key(batch_id: str) -> str:
-    """Zset: custom_id by the epoch ms its retry round is due."""
-    return f"{REDIS_JOBS_PREFIX}{batch_id}:retries"
-
-
-def job_lease_key(batch_id: str) -> str:
-    """String: the token of the result-router driving the job (PX ``batch_lease_ms``)."""
-    return f"{REDIS_JOBS_PREFIX}{batch_id}:lease"
-
-
-def tenant_jobs_key(tenant_id: str) -> str:
-    """Zset (lex order, score 0) of a tenant's jobs: members ``<created_ms:015>:<batch_id>``."""
-    return f"{REDIS_JOBS_PREFIX}tenant:{tenant_id}"
-
-
-def batch_idempotency_key(tenant_id: str, key: str) -> str:
-    """String: the batch id a tenant's ``Idempotency-Key`` on ``POST /v1/batches`` created (hashed: keys are text)."""
-    digest = hashlib.sha256(f"{tenant_id}\0{key}".encode()).hexdigest()
-    return f"{REDIS_JOBS_PREFIX}idempotency:{digest}"
+# --- listings (their Redis keys: constants.tenant_files_key, constants.tenant_jobs_key) ----------------------------
 
 
 def listing_member(created_ms: int, object_id: str) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 from redis.asyncio import Redis
 
-from llmq_core import jobs, wire
+from llmq_core import constants, jobs, wire
 from llmq_core.jobs import FileRecord, JobSpec, JobView, LineError
 
 _json = msgspec.json.encode
@@ -136,60 +136,60 @@ class JobStore:
             await pipe.execute()
 
     def _put_file(self, pipe, record: FileRecord) -> None:
-        pipe.set(jobs.file_key(record.id), _json(record))
-        pipe.zadd(jobs.tenant_files_key(record.tenant_id), {_file_member(record): 0})
+        pipe.set(constants.file_key(record.id), _json(record))
+        pipe.zadd(constants.tenant_files_key(record.tenant_id), {_file_member(record): 0})
         if record.expires_at is not None:
-            pipe.zadd(jobs.FILE_EXPIRY_KEY, {record.id: record.expires_at})
+            pipe.zadd(constants.FILE_EXPIRY_KEY, {record.id: record.expires_at})
 
     async def get_file(self, file_id: str) -> FileRecord | None:
-        data = await self.redis.get(jobs.file_key(file_id))
+        data = await self.redis.get(constants.file_key(file_id))
         return msgspec.json.decode(data, type=FileRecord) if data else None
 
     async def delete_file(self, record: FileRecord) -> None:
         """Forget the record (the caller deletes the stored object); an upload's bytes leave its tenant's storage."""
         stored = record.bytes if record.kind == "input" else 0
         keys = [
-            jobs.file_key(record.id),
-            jobs.tenant_files_key(record.tenant_id),
-            jobs.FILE_EXPIRY_KEY,
-            jobs.tenant_storage_key(record.tenant_id),
+            constants.file_key(record.id),
+            constants.tenant_files_key(record.tenant_id),
+            constants.FILE_EXPIRY_KEY,
+            constants.tenant_storage_key(record.tenant_id),
         ]
         await self._delete_file(keys=keys, args=[_file_member(record), record.id, stored])
 
     async def reserve_storage(self, tenant_id: str, size: int, quota: int) -> int | None:
         """Count ``size`` more bytes against the tenant's storage ``quota``; the bytes in use before, or None (and
         nothing counted) when they do not fit."""
-        used = await self._reserve_storage(keys=[jobs.tenant_storage_key(tenant_id)], args=[size, quota])
+        used = await self._reserve_storage(keys=[constants.tenant_storage_key(tenant_id)], args=[size, quota])
         return None if used < 0 else used
 
     async def release_storage(self, tenant_id: str, size: int) -> None:
         """Give back bytes reserved for an upload that was not kept."""
-        await self.redis.decrby(jobs.tenant_storage_key(tenant_id), size)
+        await self.redis.decrby(constants.tenant_storage_key(tenant_id), size)
 
     async def reserve_result_bytes(self, tenant_id: str, size: int, bound: int) -> int | None:
         """Count a new job's ``size`` result bytes against its tenant's ``bound``; the bytes reserved before, or None
         (and nothing counted) when they do not fit. :meth:`create_job` hands the reservation to the job."""
-        used = await self._reserve_storage(keys=[jobs.tenant_result_bytes_key(tenant_id)], args=[size, bound])
+        used = await self._reserve_storage(keys=[constants.tenant_result_bytes_key(tenant_id)], args=[size, bound])
         return None if used < 0 else used
 
     async def unreserve_result_bytes(self, tenant_id: str, size: int) -> None:
         """Give back a reservation whose job was not created."""
-        await self.redis.decrby(jobs.tenant_result_bytes_key(tenant_id), size)
+        await self.redis.decrby(constants.tenant_result_bytes_key(tenant_id), size)
 
     async def stored_bytes(self, tenant_id: str) -> int:
-        return int(await self.redis.get(jobs.tenant_storage_key(tenant_id)) or 0)
+        return int(await self.redis.get(constants.tenant_storage_key(tenant_id)) or 0)
 
     async def list_files(self, tenant_id: str, after: FileRecord | None, limit: int) -> tuple[list[FileRecord], bool]:
         """A tenant's files, newest first, starting after ``after``; returns (at most ``limit`` files, has_more)."""
         top = "+" if after is None else "(" + _file_member(after)
-        members = await self.redis.zrevrangebylex(jobs.tenant_files_key(tenant_id), top, "-", 0, limit + 1)
+        members = await self.redis.zrevrangebylex(constants.tenant_files_key(tenant_id), top, "-", 0, limit + 1)
         ids = [m.decode().split(":", 1)[1] for m in members]
-        records = await self.redis.mget([jobs.file_key(i) for i in ids[:limit]]) if ids else []
+        records = await self.redis.mget([constants.file_key(i) for i in ids[:limit]]) if ids else []
         return [msgspec.json.decode(r, type=FileRecord) for r in records if r], len(ids) > limit
 
     async def expired_files(self, now_s: int, limit: int = 100) -> list[str]:
         """Ids of files whose ``expires_at`` has passed."""
-        return [m.decode() for m in await self.redis.zrangebyscore(jobs.FILE_EXPIRY_KEY, 0, now_s, 0, limit)]
+        return [m.decode() for m in await self.redis.zrangebyscore(constants.FILE_EXPIRY_KEY, 0, now_s, 0, limit)]
 
     # --- jobs -----------------------------------------------------------------------------------------------------
 
@@ -217,23 +217,23 @@ class JobStore:
             "errors": _json(list(errors)),
             **{f"at:{name}": at for name, at in times.items()},
             **{name: 0 for name in jobs.COUNTERS},
-            "errored": len(results) + errored,
+            jobs.STATE_COUNTER[jobs.ERRORED]: len(results) + errored,
         }
         if spec.result_bytes and status in jobs.ACTIVE_STATUSES:
             job["result_bytes"] = spec.result_bytes  # the reservation: released with the ledger (retire)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(jobs.job_key(spec.id), mapping=job)
+            pipe.hset(constants.job_key(spec.id), mapping=job)
             if lines:
-                pipe.hset(jobs.job_lines_key(spec.id), mapping=dict(lines))
+                pipe.hset(constants.job_lines_key(spec.id), mapping=dict(lines))
             if offsets:
-                pipe.hset(jobs.job_offsets_key(spec.id), mapping=dict(offsets))
+                pipe.hset(constants.job_offsets_key(spec.id), mapping=dict(offsets))
             if results:
-                pipe.hset(jobs.job_results_key(spec.id), mapping={k: wire.encode(v) for k, v in results.items()})
+                pipe.hset(constants.job_results_key(spec.id), mapping={k: wire.encode(v) for k, v in results.items()})
             for record in files:
                 self._put_file(pipe, record)
-            pipe.zadd(jobs.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
+            pipe.zadd(constants.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
             if status in jobs.ACTIVE_STATUSES:
-                pipe.sadd(jobs.ACTIVE_JOBS_KEY, spec.id)
+                pipe.sadd(constants.ACTIVE_JOBS_KEY, spec.id)
             await pipe.execute()
 
     async def add_lines(
@@ -247,40 +247,40 @@ class JobStore:
         input never sits in the API pod whole; :meth:`discard_ledger` drops it when the job is not created."""
         async with self.redis.pipeline(transaction=False) as pipe:
             if lines:
-                pipe.hset(jobs.job_lines_key(batch_id), mapping=dict(lines))
+                pipe.hset(constants.job_lines_key(batch_id), mapping=dict(lines))
             if offsets:
-                pipe.hset(jobs.job_offsets_key(batch_id), mapping=dict(offsets))
+                pipe.hset(constants.job_offsets_key(batch_id), mapping=dict(offsets))
             if results:
-                pipe.hset(jobs.job_results_key(batch_id), mapping={k: wire.encode(v) for k, v in results.items()})
+                pipe.hset(constants.job_results_key(batch_id), mapping={k: wire.encode(v) for k, v in results.items()})
             await pipe.execute()
 
     async def discard_ledger(self, batch_id: str) -> None:
         await self.redis.delete(
-            jobs.job_lines_key(batch_id), jobs.job_offsets_key(batch_id), jobs.job_results_key(batch_id)
+            constants.job_lines_key(batch_id), constants.job_offsets_key(batch_id), constants.job_results_key(batch_id)
         )
 
     async def claim_batch_key(self, tenant_id: str, key: str, batch_id: str, ttl_s: int) -> str | None:
         """Claim an ``Idempotency-Key`` for ``batch_id``; returns the batch id that claimed it earlier, or None."""
-        redis_key = jobs.batch_idempotency_key(tenant_id, key)
+        redis_key = constants.batch_idempotency_key(tenant_id, key)
         if await self.redis.set(redis_key, batch_id, nx=True, ex=ttl_s):
             return None
         earlier = await self.redis.get(redis_key)
         return earlier.decode() if earlier else None
 
     async def release_batch_key(self, tenant_id: str, key: str) -> None:
-        await self.redis.delete(jobs.batch_idempotency_key(tenant_id, key))
+        await self.redis.delete(constants.batch_idempotency_key(tenant_id, key))
 
     async def get_job(self, batch_id: str) -> JobView | None:
-        return _view(await self.redis.hgetall(jobs.job_key(batch_id)))
+        return _view(await self.redis.hgetall(constants.job_key(batch_id)))
 
     async def list_jobs(self, tenant_id: str, after: JobView | None, limit: int) -> tuple[list[JobView], bool]:
         """A tenant's jobs, newest first, starting after ``after``; returns (jobs, has_more)."""
         top = "+" if after is None else "(" + jobs.listing_member(after.spec.created_ms, after.spec.id)
-        members = await self.redis.zrevrangebylex(jobs.tenant_jobs_key(tenant_id), top, "-", 0, limit + 1)
+        members = await self.redis.zrevrangebylex(constants.tenant_jobs_key(tenant_id), top, "-", 0, limit + 1)
         ids = [m.decode().split(":", 1)[1] for m in members]
         async with self.redis.pipeline(transaction=False) as pipe:
             for batch_id in ids[:limit]:
-                pipe.hgetall(jobs.job_key(batch_id))
+                pipe.hgetall(constants.job_key(batch_id))
             views = [_view(h) for h in await pipe.execute()]
         return [v for v in views if v is not None], len(ids) > limit
 
@@ -291,25 +291,26 @@ class JobStore:
         when a cancel or the window's end began. Entering a terminal status leaves the driven set."""
         moved = bool(
             await self._move_status(
-                keys=[jobs.job_key(batch_id)], args=[",".join(allowed), status, at_s, "" if end_ms is None else end_ms]
+                keys=[constants.job_key(batch_id)],
+                args=[",".join(allowed), status, at_s, "" if end_ms is None else end_ms],
             )
         )
         if moved and status in jobs.TERMINAL_STATUSES:
-            await self.redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
+            await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
         return moved
 
     async def active_jobs(self) -> list[str]:
-        return [m.decode() for m in await self.redis.smembers(jobs.ACTIVE_JOBS_KEY)]
+        return [m.decode() for m in await self.redis.smembers(constants.ACTIVE_JOBS_KEY)]
 
     # --- the ledger -----------------------------------------------------------------------------------------------
 
     async def line_states(self, batch_id: str, custom_ids: list[str]) -> list[str | None]:
-        values = await self.redis.hmget(jobs.job_lines_key(batch_id), custom_ids) if custom_ids else []
+        values = await self.redis.hmget(constants.job_lines_key(batch_id), custom_ids) if custom_ids else []
         return [v.decode() if v else None for v in values]
 
     async def scan_lines(self, batch_id: str) -> AsyncIterator[tuple[str, str]]:
         """Every (custom_id, state) of the job, in no order."""
-        async for custom_id, state in self.redis.hscan_iter(jobs.job_lines_key(batch_id), count=1000):
+        async for custom_id, state in self.redis.hscan_iter(constants.job_lines_key(batch_id), count=1000):
             yield custom_id.decode(), state.decode()
 
     async def settle(
@@ -359,44 +360,44 @@ class JobStore:
         for name, increment in counters.items():
             args += [name, increment]
         keys = [
-            jobs.job_lines_key(batch_id),
-            jobs.job_results_key(batch_id),
-            jobs.job_key(batch_id),
-            jobs.job_retries_key(batch_id),
+            constants.job_lines_key(batch_id),
+            constants.job_results_key(batch_id),
+            constants.job_key(batch_id),
+            constants.job_retries_key(batch_id),
         ]
         return keys, args
 
     async def cas_line(self, batch_id: str, custom_id: str, expected: str, new: str) -> bool:
-        return bool(await self._cas_line(keys=[jobs.job_lines_key(batch_id)], args=[custom_id, expected, new]))
+        return bool(await self._cas_line(keys=[constants.job_lines_key(batch_id)], args=[custom_id, expected, new]))
 
     async def due_retries(self, batch_id: str, now_ms: int, limit: int) -> list[str]:
-        members = await self.redis.zrangebyscore(jobs.job_retries_key(batch_id), 0, now_ms, 0, limit)
+        members = await self.redis.zrangebyscore(constants.job_retries_key(batch_id), 0, now_ms, 0, limit)
         return [m.decode() for m in members]
 
     async def waiting_retries(self, batch_id: str) -> int:
-        return await self.redis.zcard(jobs.job_retries_key(batch_id))
+        return await self.redis.zcard(constants.job_retries_key(batch_id))
 
     async def unqueue_retry(self, batch_id: str, custom_id: str, state: str) -> None:
         """The retry round ``state`` of the line is produced: drop it from the retry queue unless it moved on."""
         await self._unqueue_retry(
-            keys=[jobs.job_lines_key(batch_id), jobs.job_retries_key(batch_id)], args=[custom_id, state]
+            keys=[constants.job_lines_key(batch_id), constants.job_retries_key(batch_id)], args=[custom_id, state]
         )
 
     async def offsets(self, batch_id: str, custom_ids: list[str]) -> list[tuple[int, int] | None]:
         """Each line's ``(start, end)`` bytes in the prepared file."""
-        values = await self.redis.hmget(jobs.job_offsets_key(batch_id), custom_ids) if custom_ids else []
+        values = await self.redis.hmget(constants.job_offsets_key(batch_id), custom_ids) if custom_ids else []
         return [tuple(int(x) for x in v.split(b":")) if v else None for v in values]
 
     async def set_cursor(self, batch_id: str, cursor: int, produced: int) -> None:
         """Round 0 is produced up to byte ``cursor`` of the prepared file; ``produced`` more lines went out."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(jobs.job_key(batch_id), "cursor", cursor)
-            pipe.hincrby(jobs.job_key(batch_id), "produced", produced)
+            pipe.hset(constants.job_key(batch_id), "cursor", cursor)
+            pipe.hincrby(constants.job_key(batch_id), "produced", produced)
             await pipe.execute()
 
     async def scan_results(self, batch_id: str) -> AsyncIterator[wire.FinalResult]:
         """The settled results of the job (partial while it runs), in no order."""
-        async for _, data in self.redis.hscan_iter(jobs.job_results_key(batch_id), count=500):
+        async for _, data in self.redis.hscan_iter(constants.job_results_key(batch_id), count=500):
             yield wire.decode(data)
 
     async def retire(self, batch_id: str, until_s: int) -> None:
@@ -406,38 +407,40 @@ class JobStore:
         job = await self.get_job(batch_id)
         if job is not None:
             await self._release_result_bytes(
-                keys=[jobs.job_key(batch_id), jobs.tenant_result_bytes_key(job.spec.tenant_id)]
+                keys=[constants.job_key(batch_id), constants.tenant_result_bytes_key(job.spec.tenant_id)]
             )
         await self.redis.delete(
-            jobs.job_lines_key(batch_id),
-            jobs.job_offsets_key(batch_id),
-            jobs.job_results_key(batch_id),
-            jobs.job_retries_key(batch_id),
+            constants.job_lines_key(batch_id),
+            constants.job_offsets_key(batch_id),
+            constants.job_results_key(batch_id),
+            constants.job_retries_key(batch_id),
         )
-        await self.redis.zadd(jobs.JOB_EXPIRY_KEY, {batch_id: until_s})
+        await self.redis.zadd(constants.JOB_EXPIRY_KEY, {batch_id: until_s})
 
     async def expired_jobs(self, now_s: int, limit: int = 100) -> list[str]:
         """Ids of ended jobs whose retention has passed."""
-        return [m.decode() for m in await self.redis.zrangebyscore(jobs.JOB_EXPIRY_KEY, 0, now_s, 0, limit)]
+        return [m.decode() for m in await self.redis.zrangebyscore(constants.JOB_EXPIRY_KEY, 0, now_s, 0, limit)]
 
     async def delete_job(self, batch_id: str) -> None:
         """Forget an ended job: its hash, its tenant listing entry, its expiry entry."""
         job = await self.get_job(batch_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(jobs.job_key(batch_id))
+            pipe.delete(constants.job_key(batch_id))
             if job is not None:
-                pipe.zrem(jobs.tenant_jobs_key(job.spec.tenant_id), jobs.listing_member(job.spec.created_ms, batch_id))
-            pipe.zrem(jobs.JOB_EXPIRY_KEY, batch_id)
+                pipe.zrem(
+                    constants.tenant_jobs_key(job.spec.tenant_id), jobs.listing_member(job.spec.created_ms, batch_id)
+                )
+            pipe.zrem(constants.JOB_EXPIRY_KEY, batch_id)
             await pipe.execute()
 
     # --- leases ---------------------------------------------------------------------------------------------------
 
     async def hold_lease(self, batch_id: str, token: str, ttl_ms: int) -> bool:
         """Take the job's lease (free) or extend it (ours); False when another router holds it."""
-        return bool(await self._lease(keys=[jobs.job_lease_key(batch_id)], args=[token, ttl_ms]))
+        return bool(await self._lease(keys=[constants.job_lease_key(batch_id)], args=[token, ttl_ms]))
 
     async def release_lease(self, batch_id: str, token: str) -> None:
-        await self._release(keys=[jobs.job_lease_key(batch_id)], args=[token])
+        await self._release(keys=[constants.job_lease_key(batch_id)], args=[token])
 
 
 def _file_member(record: FileRecord) -> str:

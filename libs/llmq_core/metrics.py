@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -60,6 +60,11 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 LAG_INTERVAL_S = 1.0
 UNKNOWN = "unknown"
+# label sets more than one metric has
+CLASS_MODEL = ("traffic_class", "model")
+CLASS_MODEL_OUTCOME = (*CLASS_MODEL, "outcome")
+PRIORITY_MODEL = ("priority_class", "model")
+TENANT_MODEL = ("tenant", "model")
 
 
 class _Metrics:
@@ -73,6 +78,18 @@ class _Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+    # One metric a call, in this registry: the subclasses' definitions read as a table.
+    def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
+
+    def histogram(
+        self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float] = LATENCY_BUCKETS_S
+    ) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
 
 def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Callable[[], None] | None:
@@ -159,54 +176,35 @@ class BatcherMetrics(_Metrics):
 
     def __init__(self, labels: LabelSet = LabelSet()) -> None:
         super().__init__()
-        r = self.registry
         self.labels = labels
-        self.requests = Counter(
-            "llmq_batcher_requests", "Requests consumed from llmq.requests.*", ["traffic_class", "model"], registry=r
-        )
-        self.answered = Counter(
+        self.requests = self.counter("llmq_batcher_requests", "Requests consumed from llmq.requests.*", CLASS_MODEL)
+        self.answered = self.counter(
             "llmq_batcher_answered_requests",
             "Requests the batcher answered itself (expired, canceled, overloaded) instead of dispatching",
-            ["traffic_class", "model", "outcome"],
-            registry=r,
+            CLASS_MODEL_OUTCOME,
         )
-        self.queue_depth = Gauge(
-            "llmq_batcher_queue_depth", "Requests queued in the batcher", ["priority_class", "model"], registry=r
-        )
-        self.oldest_age = Gauge(
+        self.queue_depth = self.gauge("llmq_batcher_queue_depth", "Requests queued in the batcher", PRIORITY_MODEL)
+        self.oldest_age = self.gauge(
             "llmq_batcher_oldest_queued_age_seconds",
             "Age of the oldest queued request (0: empty queue); the autoscaling signal",
-            ["priority_class", "model"],
-            registry=r,
+            PRIORITY_MODEL,
         )
-        self.dispatch_wait = Histogram(
-            "llmq_batcher_queue_wait_seconds",
-            "Accepted by the API (created_ms) to dispatched in a Batch",
-            ["traffic_class", "model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.dispatch_wait = self.histogram(
+            "llmq_batcher_queue_wait_seconds", "Accepted by the API (created_ms) to dispatched in a Batch", CLASS_MODEL
         )
-        self.batch_size = Histogram(
+        self.batch_size = self.histogram(
             "llmq_batcher_batch_size_requests",
             "Requests per dispatched Batch",
-            ["model", "flush_reason"],
-            buckets=BATCH_SIZE_BUCKETS,
-            registry=r,
+            ("model", "flush_reason"),
+            BATCH_SIZE_BUCKETS,
         )
-        self.batch_fill = Histogram(
-            "llmq_batcher_batch_fill_ratio",
-            "Batch size / the model's largest batch",
-            ["model"],
-            buckets=FILL_BUCKETS,
-            registry=r,
+        self.batch_fill = self.histogram(
+            "llmq_batcher_batch_fill_ratio", "Batch size / the model's largest batch", ("model",), FILL_BUCKETS
         )
-        self.flushes = Counter(
-            "llmq_batcher_flushes",
-            "Dispatched Batches by flush reason (size, wait, drain)",
-            ["model", "reason"],
-            registry=r,
+        self.flushes = self.counter(
+            "llmq_batcher_flushes", "Dispatched Batches by flush reason (size, wait, drain)", ("model", "reason")
         )
-        self.lag = ConsumerLag(r)
+        self.lag = ConsumerLag(self.registry)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
 
@@ -255,28 +253,20 @@ class WorkerMetrics(_Metrics):
 
     def __init__(self, model: str) -> None:
         super().__init__()
-        r = self.registry
         self.model = model
-        self.slots = Gauge(
-            "llmq_worker_slots", "Engine slots by state (free, running, queued)", ["model", "state"], registry=r
+        self.slots = self.gauge(
+            "llmq_worker_slots", "Engine slots by state (free, running, queued)", ("model", "state")
         )
-        self.max_slots = Gauge("llmq_worker_max_slots", "Requests the engine runs at once", ["model"], registry=r)
-        self.utilization = Gauge("llmq_worker_utilization_ratio", "Running / max slots", ["model"], registry=r)
-        self.batch_size = Histogram(
-            "llmq_worker_batch_size_requests",
-            "Requests per Batch taken",
-            ["model"],
-            buckets=BATCH_SIZE_BUCKETS,
-            registry=r,
+        self.max_slots = self.gauge("llmq_worker_max_slots", "Requests the engine runs at once", ("model",))
+        self.utilization = self.gauge("llmq_worker_utilization_ratio", "Running / max slots", ("model",))
+        self.batch_size = self.histogram(
+            "llmq_worker_batch_size_requests", "Requests per Batch taken", ("model",), BATCH_SIZE_BUCKETS
         )
-        self.requests = Counter(
-            "llmq_worker_requests",
-            "Requests this worker finished, by outcome",
-            ["traffic_class", "model", "outcome"],
-            registry=r,
+        self.requests = self.counter(
+            "llmq_worker_requests", "Requests this worker finished, by outcome", CLASS_MODEL_OUTCOME
         )
-        self.tokens = Counter("llmq_worker_completion_tokens", "Completion tokens generated", ["model"], registry=r)
-        self.lag = ConsumerLag(r)
+        self.tokens = self.counter("llmq_worker_completion_tokens", "Completion tokens generated", ("model",))
+        self.lag = ConsumerLag(self.registry)
         self._requests, self._tokens = _Children(self.requests), _Children(self.tokens)
 
     def heartbeat(self, beat: wire.WorkerHeartbeat) -> None:
@@ -310,72 +300,46 @@ class RouterMetrics(_Metrics):
 
     def __init__(self, labels: LabelSet = LabelSet()) -> None:
         super().__init__()
-        r = self.registry
         self.labels = labels
-        self.results = Counter(
-            "llmq_results", "Requests by final outcome", ["traffic_class", "model", "outcome"], registry=r
+        self.results = self.counter("llmq_results", "Requests by final outcome", CLASS_MODEL_OUTCOME)
+        self.ttft = self.histogram(
+            "llmq_request_time_to_first_token_seconds", "Accepted to first token (succeeded)", CLASS_MODEL
         )
-        self.ttft = Histogram(
-            "llmq_request_time_to_first_token_seconds",
-            "Accepted to first token (succeeded)",
-            ["traffic_class", "model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.duration = self.histogram(
+            "llmq_request_duration_seconds", "Accepted to final outcome (end-to-end)", CLASS_MODEL_OUTCOME
         )
-        self.duration = Histogram(
-            "llmq_request_duration_seconds",
-            "Accepted to final outcome (end-to-end)",
-            ["traffic_class", "model", "outcome"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.queue = self.histogram(
+            "llmq_request_queue_seconds", "Accepted to engine start (or to the outcome if never)", CLASS_MODEL
         )
-        self.queue = Histogram(
-            "llmq_request_queue_seconds",
-            "Accepted to engine start (or to the outcome if never)",
-            ["traffic_class", "model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.itl = Histogram(
+        self.itl = self.histogram(
             "llmq_request_inter_token_latency_seconds",
             "Mean time between a request's tokens after the first (succeeded, 2+ tokens)",
-            ["traffic_class", "model"],
-            buckets=TOKEN_LATENCY_BUCKETS_S,
-            registry=r,
+            CLASS_MODEL,
+            TOKEN_LATENCY_BUCKETS_S,
         )
-        self.prompt_tokens = Counter(
-            "llmq_tenant_prompt_tokens",
-            "Prompt tokens of finished requests, per tenant",
-            ["tenant", "model"],
-            registry=r,
+        self.prompt_tokens = self.counter(
+            "llmq_tenant_prompt_tokens", "Prompt tokens of finished requests, per tenant", TENANT_MODEL
         )
-        self.completion_tokens = Counter(
-            "llmq_tenant_completion_tokens",
-            "Completion tokens of finished requests, per tenant",
-            ["tenant", "model"],
-            registry=r,
+        self.completion_tokens = self.counter(
+            "llmq_tenant_completion_tokens", "Completion tokens of finished requests, per tenant", TENANT_MODEL
         )
-        self.duplicates = Counter("llmq_results_duplicates", "Redelivered results (not counted again)", registry=r)
-        self.stored_dropped = Counter(
+        self.duplicates = self.counter("llmq_results_duplicates", "Redelivered results (not counted again)")
+        self.stored_dropped = self.counter(
             "llmq_stored_results_dropped",
             "Stored results dropped (tenant_bound: its oldest, past the tenant's bound) or "
             "not stored (too_large: over the whole bound; refused: Redis refused the write)",
-            ["reason"],
-            registry=r,
+            ("reason",),
         )
-        self.reply_dead_letters = Counter(
+        self.reply_dead_letters = self.counter(
             "llmq_reply_dead_letters",
             "Kafka replies dead-lettered (missing_topic, invalid_topic, refused: by the "
             "broker; retries: transient errors past the retry budget)",
-            ["reason"],
-            registry=r,
+            ("reason",),
         )
-        self.log_lines_suppressed = Counter(
-            "llmq_router_log_lines_suppressed",
-            "Dead-letter log lines left out (one per reply topic per window)",
-            registry=r,
+        self.log_lines_suppressed = self.counter(
+            "llmq_router_log_lines_suppressed", "Dead-letter log lines left out (one per reply topic per window)"
         )
-        self.lag = ConsumerLag(r)
+        self.lag = ConsumerLag(self.registry)
         self._results, self._duration = _Children(self.results), _Children(self.duration)
         self._queue, self._ttft, self._itl = _Children(self.queue), _Children(self.ttft), _Children(self.itl)
         self._prompt, self._completion = _Children(self.prompt_tokens), _Children(self.completion_tokens)

@@ -17,9 +17,9 @@ from llmq_core import wire
 from llmq_core.constants import DEFERRED, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MAX_RESULT_BYTES, NEAR_INTERACTIVE
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
-from llmq_core.tokenizer import count_tokens, render_chat
+from llmq_core.status import ErrorCode, ErrorType
+from llmq_core.token_counts import BYTES, TokenCounter, load_counters
 
-INVALID_REQUEST = "invalid_request_error"
 MAX_N = 128
 MAX_STOP_SEQUENCES = 4
 DEFAULT_MAX_STOP_BYTES = Settings.model_fields["api_max_stop_bytes"].default
@@ -49,7 +49,7 @@ class RequestError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
-        type: str = INVALID_REQUEST,
+        type: str = ErrorType.INVALID_REQUEST,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -92,6 +92,7 @@ class Rules:
         }
     )
     max_job_timeout_ms: int = Settings.model_fields["batch_max_window_s"].default * 1000  # a batch-job line's
+    counters: Mapping[str, TokenCounter] = field(default_factory=dict)  # model -> its tokenizer (others: bytes)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
@@ -102,6 +103,7 @@ class Rules:
             max_stop_bytes=settings.api_max_stop_bytes,
             max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()},
             max_job_timeout_ms=settings.batch_max_window_s * 1000,
+            counters=load_counters(settings),
         )
 
     def max_timeout_of(self, request: wire.GenerationRequest) -> int | None:
@@ -115,10 +117,24 @@ def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
     """Check a request that did not pass an API pod, as the API checks a body; raises :class:`RequestError`."""
     window = check_model(request.model, rules.windows)
     chat = request.endpoint == "chat.completions"
-    text = render_chat(check_messages(request.messages)) if chat else check_prompt(request.prompt)
+    counter = rules.counters.get(request.model, BYTES)
+    if chat:
+        tokens = count_prompt(counter, messages=check_messages(request.messages))
+    else:
+        tokens = count_prompt(counter, prompt=check_prompt(request.prompt))
     sampling = request.sampling
     check_sampling(sampling, max_stop_bytes=rules.max_stop_bytes)
-    check_context(count_tokens(text), sampling.max_tokens, window, "messages" if chat else "prompt", True)
+    check_context(tokens, sampling.max_tokens, window, "messages" if chat else "prompt", True)
+
+
+def count_prompt(counter: TokenCounter, *, prompt: str = "", messages: list[wire.ChatMessage] | None = None) -> int:
+    """Prompt tokens with the model's own counter (chat: ``messages``); a chat its template refuses is a 400."""
+    if messages is None:
+        return counter.prompt(prompt)
+    try:
+        return counter.chat(messages)
+    except ValueError as exc:
+        raise invalid(str(exc), param="messages") from None
 
 
 def fingerprint(request: wire.GenerationRequest) -> str:
@@ -140,7 +156,7 @@ def clamp_deadline(request: wire.GenerationRequest, max_timeout_ms: int, now_ms:
 def check_model(model: str, windows: Mapping[str, int]) -> int:
     """The model's context window (0: unknown); 404 ``model_not_found`` outside the catalogue."""
     if model not in windows:
-        raise RequestError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        raise RequestError(404, f"The model '{model}' does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
     return windows[model]
 
 
@@ -185,7 +201,9 @@ def check_sampling(
 
 def in_range(param: str, value: float | None, low: float, high: float) -> None:
     if value is not None and not low <= value <= high:
-        raise invalid(f"'{param}' must be between {low} and {high}, got {value}", param=param, code="out_of_range")
+        raise invalid(
+            f"'{param}' must be between {low} and {high}, got {value}", param=param, code=ErrorCode.OUT_OF_RANGE
+        )
 
 
 def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given: bool) -> None:
@@ -199,7 +217,7 @@ def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given:
         f" {MAX_RESULT_BYTES} bytes (each token is at least one byte); reduce '{param}' so that n x"
         f" {max_param} <= {MAX_RESULT_BYTES}",
         param=param,
-        code="result_too_large",
+        code=ErrorCode.RESULT_TOO_LARGE,
     )
 
 
@@ -210,7 +228,9 @@ def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
         raise invalid("'stop' sequences must not be empty", param="stop")
     if any(len(s.encode()) > max_stop_bytes for s in sequences):
         raise invalid(
-            f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each", param="stop", code="stop_too_long"
+            f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each",
+            param="stop",
+            code=ErrorCode.STOP_TOO_LONG,
         )
 
 
@@ -252,5 +272,5 @@ def check_context(
         f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} for the "
         f"completion). Please reduce the length of the {prompt_param} or the completion.",
         param=param,
-        code="context_length_exceeded",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
     )

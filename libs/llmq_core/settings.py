@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES
+from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, PRIORITY_CLASSES, RECORD_HEADROOM_BYTES
 
 
 class Settings(BaseSettings):
@@ -71,19 +71,9 @@ class Settings(BaseSettings):
         True  # also accept llmq-dev-key (tenant dev, paid) and llmq-dev-free-key (tenant dev-free, free)
     )
     # admission, per PRIORITY_CLASSES entry: predicted queue wait (ms) past which new requests get 429 ...
-    api_shed_wait_ms: dict[str, int] = {
-        "interactive:paid": 15_000,
-        "interactive:free": 5_000,
-        "near_interactive": 2_000,
-        "deferred": 1_000,
-    }
+    api_shed_wait_ms: dict[str, int] = dict(zip(PRIORITY_CLASSES, (15_000, 5_000, 2_000, 1_000), strict=True))
     # ... and the share of api_max_in_flight (this pod) and batcher_max_queued (the batchers) a class may fill
-    api_shed_share: dict[str, float] = {
-        "interactive:paid": 0.95,
-        "interactive:free": 0.85,
-        "near_interactive": 0.7,
-        "deferred": 0.5,
-    }
+    api_shed_share: dict[str, float] = dict(zip(PRIORITY_CLASSES, (0.95, 0.85, 0.7, 0.5), strict=True))
     api_saturation_stale_ms: int = 5000  # batcher saturation reports older than this are ignored
     # connections (llmq_api.connections): meant for direct exposure; behind a proxy its own limits apply
     api_header_timeout_ms: int = 10_000  # a request's headers must arrive within this; past it 408, closed
@@ -93,6 +83,12 @@ class Settings(BaseSettings):
     api_max_header_bytes: int = 64 * 1024  # a request's line and headers; past it 431 and closed
     api_trusted_proxies: str = ""  # comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used
     extra_models: list[str] = []  # models served besides the built-in catalogue (--model-path workers): metric labels
+    # model -> tokenizer.json (or a checkpoint directory holding it) of a model outside the catalogue: API pods and
+    # batchers count its tokens with it (others: the byte count, an upper bound)
+    model_tokenizers: dict[str, str] = {}
+    models_dir: str = (
+        "~/.cache/llmq/models"  # converted catalogue checkpoints: <dir>/<model>/ (llmq_worker.checkpoints)
+    )
 
     # batcher
     interactive_max_wait_ms: int = 0
@@ -108,6 +104,7 @@ class Settings(BaseSettings):
 
     # worker
     heartbeat_interval_ms: int = 250
+    torch_threads: int = 0  # transformers engine on CPU: torch intra-op threads (0: the measured default, see README)
 
     # result-router: producing to Kafka reply topics
     router_reply_attempts: int = 4  # tries of one reply before it is dead-lettered (permanent errors: one)

@@ -7,12 +7,12 @@ changes type. Times are epoch milliseconds (``*_ms``) unless the name says other
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Literal
 
 import msgspec
 
-from llmq_core.constants import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK
+from llmq_core.constants import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, HEADER_CONTENT_TYPE, TIERS, TRAFFIC_CLASSES
+from llmq_core.status import Outcome
 
 SCHEMA_VERSION = 1
 
@@ -21,36 +21,11 @@ SCHEMA_VERSION = 1
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # a count or index: never negative
 
-TrafficClass = Literal["interactive", "near_interactive", "deferred"]
-Tier = Literal["paid", "free"]
+TrafficClass = Literal[TRAFFIC_CLASSES]  # constants.TRAFFIC_CLASSES: the one spelling
+Tier = Literal[TIERS]
 Endpoint = Literal["completions", "chat.completions"]
 FlushReason = Literal["size", "wait", "drain"]
 FinishReason = Literal["stop", "length"]
-
-
-class Outcome(str, enum.Enum):
-    """Terminal outcome of one request. Per-request outcomes spell ``canceled`` (OpenAI batch statuses keep ``cancelled``)."""
-
-    SUCCEEDED = "succeeded"
-    ERRORED = "errored"
-    CANCELED = "canceled"
-    EXPIRED = "expired"
-
-
-class RequestState(str, enum.Enum):
-    """Lifecycle of a request as one process sees it; the last four are terminal (see :data:`TERMINAL_STATES`)."""
-
-    ACCEPTED = "accepted"
-    QUEUED = "queued"
-    DISPATCHED = "dispatched"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    ERRORED = "errored"
-    CANCELED = "canceled"
-    EXPIRED = "expired"
-
-
-TERMINAL_STATES = frozenset({RequestState.SUCCEEDED, RequestState.ERRORED, RequestState.CANCELED, RequestState.EXPIRED})
 
 
 class _Struct(msgspec.Struct, frozen=True, kw_only=True):
@@ -380,7 +355,7 @@ def decode(data: bytes, content_type: str | None = None) -> Message:
 def content_type_of(headers: list[tuple[str, bytes]] | tuple | None) -> str | None:
     """The ``content-type`` header value of a Kafka record, if any."""
     for key, value in headers or ():
-        if key == "content-type":
+        if key == HEADER_CONTENT_TYPE:
             return value.decode()
     return None
 

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from redis.asyncio import Redis
 
-from llmq_core import jobs
+from llmq_core.constants import ACTIVE_JOBS_KEY, job_key, job_lines_key, job_offsets_key, job_results_key
 from llmq_core.settings import Settings
 from tests.integration.test_api import DEV, FakeWorker, free_port, wait_ready
 
@@ -248,10 +248,8 @@ async def _forget_job(batch_id: str) -> None:
     """No result-router sharing this Redis may ever drive the job (its files live in this module's directory)."""
     redis = Redis.from_url(Settings().redis_url)
     try:
-        await redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
-        await redis.delete(
-            *(key(batch_id) for key in (jobs.job_key, jobs.job_lines_key, jobs.job_offsets_key, jobs.job_results_key))
-        )
+        await redis.srem(ACTIVE_JOBS_KEY, batch_id)
+        await redis.delete(*(key(batch_id) for key in (job_key, job_lines_key, job_offsets_key, job_results_key)))
     finally:
         await redis.aclose()
 

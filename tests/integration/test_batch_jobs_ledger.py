@@ -86,17 +86,17 @@ class Harness:
     async def cleanup(self) -> None:
         """Forget this test's jobs, so no result-router sharing this Redis ever picks them up."""
         for batch_id in self.created:
-            await self.redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
+            await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
             await self.redis.delete(
                 *(
                     key(batch_id)
                     for key in (
-                        jobs.job_key,
-                        jobs.job_lines_key,
-                        jobs.job_offsets_key,
-                        jobs.job_results_key,
-                        jobs.job_retries_key,
-                        jobs.job_lease_key,
+                        constants.job_key,
+                        constants.job_lines_key,
+                        constants.job_offsets_key,
+                        constants.job_results_key,
+                        constants.job_retries_key,
+                        constants.job_lease_key,
                     )
                 )
             )
@@ -180,7 +180,7 @@ async def test_lines_run_in_a_window_each_settles_once_and_the_job_completes(har
     assert sorted(x["custom_id"] for x in output) == sorted(f"c{i}" for i in range(10))
     assert [x["custom_id"] for x in errors] == ["bad"] and errors[0]["response"]["status_code"] == 400
     assert job.count("input_tokens") == sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in output)
-    assert not await harness.redis.exists(jobs.job_lines_key(batch_id))  # ledger retired into the results file
+    assert not await harness.redis.exists(constants.job_lines_key(batch_id))  # ledger retired into the results file
     assert batch_id not in await harness.store.active_jobs()
 
 
@@ -232,7 +232,7 @@ async def test_a_restarted_driver_reproduces_only_unsettled_lines_with_the_same_
     for request in first[:2]:
         await harness.answer(request)
     # A crash after producing but before saving the cursor: the next driver starts from byte 0 again.
-    await harness.redis.hset(jobs.job_key(batch_id), mapping={"cursor": 0, "produced": 0})
+    await harness.redis.hset(constants.job_key(batch_id), mapping={"cursor": 0, "produced": 0})
     await harness.store.release_lease(batch_id, harness.driver.token)
     await harness.new_driver().drive(batch_id)
     again = harness.producer.take()
@@ -411,7 +411,7 @@ async def test_result_bytes_are_bounded_per_job_and_per_tenant_and_come_back_whe
     )
     harness = Harness(redis, batch_job_max_result_bytes=5 * per_line, batch_tenant_max_result_bytes=7 * per_line)
     tenant = Principal(tenant_id=f"bytes-{uuid.uuid4().hex[:8]}")
-    counter = jobs.tenant_result_bytes_key(tenant.tenant_id)
+    counter = constants.tenant_result_bytes_key(tenant.tenant_id)
     try:
         with pytest.raises(ApiError) as too_large:
             await harness.create([line(f"c{i}") for i in range(6)], tenant)

@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from llmq_api.auth import KeyEntry, KeyStore
 from llmq_api.pod import Pod
 from llmq_api.ratelimit import DAY_MS, MINUTE_MS
-from llmq_core import constants, jobs, wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
 from llmq_core.names import Names
 from llmq_core.settings import Settings
@@ -201,9 +201,9 @@ async def test_the_storage_quota_bounds_a_tenants_live_files(capped):
         await client.files.create(file=("b.jsonl", b"y" * 2000), purpose="batch")
     error = refused.value.body
     assert error["code"] == "storage_quota_exceeded" and "4000 bytes" in error["message"]
-    assert int(await redis.get(jobs.tenant_storage_key(CAPPED.tenant))) == 3000
+    assert int(await redis.get(constants.tenant_storage_key(CAPPED.tenant))) == 3000
     await client.files.delete(first.id)
-    assert int(await redis.get(jobs.tenant_storage_key(CAPPED.tenant))) == 0
+    assert int(await redis.get(constants.tenant_storage_key(CAPPED.tenant))) == 0
     await client.files.create(file=("b.jsonl", b"y" * 2000), purpose="batch")
 
 
@@ -357,14 +357,14 @@ def _prepared(files_dir: Path) -> int:
 async def _forget_jobs(redis: Redis, tenants: list[str]) -> None:
     """Take this test's jobs out of the set the result-routers drive, so no later stack runs them."""
     for tenant in tenants:
-        for member in await redis.zrange(jobs.tenant_jobs_key(tenant), 0, -1):
+        for member in await redis.zrange(constants.tenant_jobs_key(tenant), 0, -1):
             batch_id = member.decode().split(":", 1)[1]
-            await redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
+            await redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
             await redis.delete(
-                jobs.job_key(batch_id),
-                jobs.job_lines_key(batch_id),
-                jobs.job_offsets_key(batch_id),
-                jobs.job_results_key(batch_id),
+                constants.job_key(batch_id),
+                constants.job_lines_key(batch_id),
+                constants.job_offsets_key(batch_id),
+                constants.job_results_key(batch_id),
             )
 
 

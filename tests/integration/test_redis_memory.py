@@ -126,13 +126,15 @@ async def test_filling_redis_with_results_evicts_only_keys_with_a_ttl_and_a_ledg
             written += 1
         info = await redis.info()
         assert info["evicted_keys"] > 0 and info["used_memory"] <= 4 * MIB + 64 * 1024  # past it by one write at most
-        assert await redis.hgetall(jobs.job_lines_key(batch_id)) == {k.encode(): v.encode() for k, v in lines.items()}
+        assert await redis.hgetall(constants.job_lines_key(batch_id)) == {
+            k.encode(): v.encode() for k, v in lines.items()
+        }
         assert (await store.get_job(batch_id)).status == jobs.IN_PROGRESS
         kept = [key async for key in redis.scan_iter(match=constants.REDIS_RESULT_PREFIX + "*")]
         assert 0 < len(kept) < written
         async for key in redis.scan_iter():  # whatever lacks a TTL is job state, which eviction may not take
             if await redis.pttl(key) == -1:
-                assert key.decode().startswith(jobs.REDIS_JOBS_PREFIX), key
+                assert key.decode().startswith(constants.REDIS_JOBS_PREFIX), key
 
 
 async def test_a_tenants_stored_results_stay_within_its_bound_oldest_dropped_first(tmp_path):
@@ -265,9 +267,9 @@ async def test_an_ended_job_is_kept_without_a_ttl_until_the_retention_sweep_dele
         store, spec = JobStore(redis), _spec("batch_retired", 1)
         await store.create_job(spec, jobs.IN_PROGRESS, {}, files=(), lines={"line-0": jobs.pending(0)})
         await store.retire(spec.id, until_s=1_000)
-        assert await redis.pttl(jobs.job_key(spec.id)) == -1  # no TTL: volatile-lru can never take it
-        assert not await redis.exists(jobs.job_lines_key(spec.id))
+        assert await redis.pttl(constants.job_key(spec.id)) == -1  # no TTL: volatile-lru can never take it
+        assert not await redis.exists(constants.job_lines_key(spec.id))
         assert await store.expired_jobs(999) == [] and await store.expired_jobs(1_000) == [spec.id]
         await store.delete_job(spec.id)
         assert await store.get_job(spec.id) is None and await store.expired_jobs(2_000) == []
-        assert await redis.zcard(jobs.tenant_jobs_key(spec.tenant_id)) == 0
+        assert await redis.zcard(constants.tenant_jobs_key(spec.tenant_id)) == 0

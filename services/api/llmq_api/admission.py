@@ -40,14 +40,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmq_api.errors import RATE_LIMIT_ERROR, SERVER_ERROR, ApiError
+from llmq_api.errors import ApiError
 from llmq_core import wire
 from llmq_core.constants import DEFERRED, HTTP_RETRY_AFTER, PRIORITY_CLASSES
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorCode, ErrorType
 
 MAX_RETRY_AFTER_S = 60
 UNMEASURED_SHARE = 0.5  # of the heartbeats' capacity: the drain rate assumed until a backlog's rate is measured
-RATE_LIMIT_CODE = "rate_limit_exceeded"
 MODEL_UNAVAILABLE_CODE = "model_unavailable"
 
 
@@ -268,9 +268,11 @@ class Rejection:
     error: ApiError
 
 
-def too_many_requests(message: str, retry_after_s: int, type: str = RATE_LIMIT_ERROR) -> ApiError:
+def too_many_requests(message: str, retry_after_s: int, type: str = ErrorType.RATE_LIMIT) -> ApiError:
     """A 429 ``rate_limit_exceeded`` with an integer ``Retry-After`` (seconds)."""
-    return ApiError(429, message, type=type, code=RATE_LIMIT_CODE, headers={HTTP_RETRY_AFTER: str(retry_after_s)})
+    return ApiError(
+        429, message, type=type, code=ErrorCode.RATE_LIMIT_EXCEEDED, headers={HTTP_RETRY_AFTER: str(retry_after_s)}
+    )
 
 
 def model_unavailable(model: str, retry_after: int) -> ApiError:
@@ -279,7 +281,7 @@ def model_unavailable(model: str, retry_after: int) -> ApiError:
         503,
         f"The model '{model}' has no running worker right now; retry after the Retry-After delay, "
         "or send the request as deferred work (x-llmq-class: deferred), which waits for a worker",
-        type=SERVER_ERROR,
+        type=ErrorType.SERVER,
         param="model",
         code=MODEL_UNAVAILABLE_CODE,
         headers={HTTP_RETRY_AFTER: str(retry_after)},

@@ -1,22 +1,19 @@
 """The FastAPI app of an API pod: OpenAI-compatible endpoints, stored results, health, readiness and metrics.
 
 Generation flow: request id -> API key -> headers (class, timeout, idempotency key) -> body (size, JSON, params, model,
-context) -> an earlier request with the same idempotency key answers instead -> admission control and the tenant's
-rate limits -> waiter registered -> produced to ``requests_topic(class)`` -> held until the resolution (see
-:mod:`llmq_api.responses`). Client mistakes and refusals are answered with OpenAI error bodies before anything reaches
-Kafka (and before any SSE byte); anything unexpected becomes a clean 500 JSON.
+context) (:class:`Intake`, here) -> admitted and submitted, or joined to an earlier request with the same idempotency
+key (:mod:`llmq_api.generation`) -> held until the resolution (see :mod:`llmq_api.responses`). Client mistakes and
+refusals are answered with OpenAI error bodies before anything reaches Kafka (and before any SSE byte); anything
+unexpected becomes a clean 500 JSON.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from typing import TypeVar
 
-import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -25,29 +22,33 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from llmq_api import health, idempotency, validation
-from llmq_api.auth import Principal
+from llmq_api.auth import KeyStore
 from llmq_api.batch_jobs import router as batch_jobs_router
-from llmq_api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, store_unavailable
+from llmq_api.catalog import ModelCatalog
+from llmq_api.errors import ApiError, store_unavailable
+from llmq_api.generation import Ask, Generation
+from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body, usage_dict
 from llmq_api.pod import Pod
-from llmq_api.ratelimit import Charge, check_fits, token_cost
-from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
-from llmq_api.waiters import Waiter
-from llmq_core import constants, tracing, wire
+from llmq_api.responses import ResultResponse, StreamResponse
+from llmq_core import tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
+from llmq_core.requests import timeouts_by_class
+from llmq_core.settings import Settings
+from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
+from llmq_core.token_counts import TokenCounter
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 _ID_PREFIX = {"completions": "cmpl", "chat.completions": "chatcmpl"}
-IDEMPOTENT_REPLAYED = "idempotent-replayed"  # response header of a retry answered by an earlier request
-JOIN_GRACE_MS = 2000  # a joined request's result may reach the result store this long after its deadline
-REDIS_TIMEOUT_S = 1.0
 
 
 def create_app(pod: Pod) -> FastAPI:
-    """The ASGI app serving ``pod``; its lifespan starts and stops the pod's background loops."""
+    """The ASGI app serving ``pod``; its lifespan starts and stops the pod's background loops. The routes reach the
+    pod's generation service, key store, catalog, metrics and probes (``batch_jobs`` and ``keys`` on ``app.state`` for
+    the ``/v1/files`` and ``/v1/batches`` routes)."""
+    keys, catalog, generation, metrics = pod.keys, pod.catalog, pod.generation, pod.metrics
+    intake = Intake(keys, catalog, pod.settings, pod.token_counters)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -58,36 +59,35 @@ def create_app(pod: Pod) -> FastAPI:
             await pod.stop()
 
     app = FastAPI(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.pod = pod
+    app.state.keys, app.state.batch_jobs = keys, pod.batch_jobs
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
     if tracing.enabled():  # configured before the app is built; off, requests skip the extra layer
         app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(pod, request, "completions")
+        return await _generate(intake, generation, request, "completions")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _generate(pod, request, "chat.completions")
+        return await _generate(intake, generation, request, "chat.completions")
 
     @app.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": pod.catalog.listing()}
+        return {"object": "list", "data": catalog.listing()}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str) -> dict:
-        for entry in pod.catalog.listing():
+        for entry in catalog.listing():
             if entry["id"] == model:
                 return entry
-        raise ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        raise ApiError(404, f"The model '{model}' does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
 
     @app.get("/v1/requests/{request_id}")
     async def get_request(request_id: str, request: Request) -> dict:
         """A finished request's outcome, for the tenant that sent it (404 for anyone else, or while it runs)."""
-        principal = pod.keys.authenticate(request.headers.get("authorization"))
-        result = await _redis_call(pod.idempotency.result(request_id))
-        if result is None or result.tenant_id != principal.tenant_id:
+        result = await generation.result_for(keys.authenticate(request.headers.get("authorization")), request_id)
+        if result is None:
             raise ApiError(
                 404, f"No finished request '{request_id}' found", param="request_id", code="request_not_found"
             )
@@ -100,14 +100,9 @@ def create_app(pod: Pod) -> FastAPI:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         """For the Service: 503 until Kafka and Redis were reached once, and while draining; 200 otherwise, also
-        ``degraded`` (see :func:`llmq_api.health.report`)."""
-        ready, body = health.report(pod.dependencies, pod.draining)
-        checks = {
-            "kafka_producer": pod.producer.ready,
-            "replies_subscription": pod.listener.subscribed,
-            "draining": pod.draining,
-        }
-        return JSONResponse({**body, **checks}, status_code=200 if ready else 503)
+        ``degraded`` (see :meth:`Pod.readiness`)."""
+        ready, body = pod.readiness()
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/dependencies")
     async def dependencies() -> JSONResponse:
@@ -116,196 +111,59 @@ def create_app(pod: Pod) -> FastAPI:
         return JSONResponse(body, status_code=200 if healthy else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(pod.metrics.render(), media_type=pod.metrics.content_type)
+    async def render_metrics() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
 
-    _install_error_handlers(app, pod)
+    _install_error_handlers(app, metrics)
     return app
 
 
-async def _generate(pod: Pod, request: Request, endpoint: wire.Endpoint) -> Response:
-    request_id = f"{_ID_PREFIX[endpoint]}-{uuid.uuid4().hex}"
-    request.state.request_id = request_id
-    request.state.endpoint = endpoint
-    headers = request.headers
-    principal = pod.keys.authenticate(headers.get("authorization"))
-    validation.check_content_type(headers.get("content-type"))
-    traffic_class = principal.pick_class(headers.get(HTTP_TRAFFIC_CLASS))
-    request.state.traffic_class = traffic_class
-    timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *pod.timeouts[traffic_class])
-    idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
-    body = await _read_body(request, pod.settings.api_max_body_bytes)
-    parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
-    valid = parse(body, pod.catalog.context_windows(), max_stop_bytes=pod.settings.api_max_stop_bytes)
-    request.state.model = valid.model
-    generation = pod.gateway.build(
-        valid,
-        request_id=request_id,
-        principal=principal,
-        traffic_class=traffic_class,
-        timeout_ms=timeout_ms,
-        idempotency_key=idempotency_key,
-    )
-    if idempotency_key is None:
-        charge, predicted = await _admit(pod, principal, traffic_class, valid)
-        return await _run(pod, generation, valid, charge=charge, headers=predicted)
-    claim = idempotency.Claim(
-        request_id=request_id,
-        fingerprint=idempotency.fingerprint(valid, traffic_class),
-        deadline_ms=generation.deadline_ms,
-    )
-    earlier = await _redis_call(pod.idempotency.find(principal.tenant_id, idempotency_key))
-    charge = predicted = None
-    if earlier is None:
-        charge, predicted = await _admit(pod, principal, traffic_class, valid)
-        try:
-            earlier = await _redis_call(pod.idempotency.claim(principal.tenant_id, idempotency_key, claim))
-        except BaseException:
-            charge.cancel()
-            raise
-        if earlier is not None:  # joins the request that claimed the key first: never charged twice
-            charge.cancel()
-    if earlier is not None:
-        request.state.request_id = earlier.request_id
-        return await _join(pod, generation, valid, claim, earlier)
+class Intake:
+    """HTTP's part of a generation request: API key, headers (class, timeout, idempotency key) and body (size, JSON,
+    params, model, context) parsed into an :class:`~llmq_api.generation.Ask`; each step's 4xx is raised as it is
+    found, and what is known so far is noted on ``request.state`` for the error response and its metrics."""
 
-    async def release() -> None:
-        await pod.idempotency.release(principal.tenant_id, idempotency_key, request_id)
+    def __init__(
+        self, keys: KeyStore, catalog: ModelCatalog, settings: Settings, counters: Mapping[str, TokenCounter]
+    ) -> None:
+        self._keys = keys
+        self._counters = counters
+        self._catalog = catalog
+        self._timeouts = timeouts_by_class(settings)
+        self._max_body_bytes = settings.api_max_body_bytes
+        self._max_stop_bytes = settings.api_max_stop_bytes
 
-    return await _run(pod, generation, valid, release, charge=charge, headers=predicted)
-
-
-async def _admit(
-    pod: Pod, principal: Principal, traffic_class: str, valid: validation.ValidRequest
-) -> tuple[Charge, dict[str, str]]:
-    """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that refuses (a
-    400 for a token estimate no bucket refill could ever cover). The admission counts as queued work at once (before
-    the rate limiter's await lets a burst's other requests check) and is taken back if the rate limiter refuses; it
-    counts as unfinished until its charge is settled or cancelled. Returns the charge the request settles when it ends
-    and the predicted-wait response header."""
-    priority_class = constants.priority_class(traffic_class, principal.tier)
-    estimate = token_cost(valid, pod.catalog.context_windows().get(valid.model, 0))
-    check_fits(estimate, principal.tokens_per_min, valid)
-    saturation = pod.saturation.current
-    rejection = pod.shed.check(priority_class, valid.model, saturation, len(pod.registry))
-    if rejection is None:
-        end = pod.saturation.admit(valid.model, priority_class)
-        try:
-            rejection = await pod.limiter.acquire(principal, estimate)
-        except BaseException:  # e.g. 503 store_unavailable
-            end(True)
-            raise
-        if rejection is not None:
-            end(True)
-    if rejection is not None:
-        pod.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()
-        raise rejection.error
-    predicted = {constants.HTTP_PREDICTED_WAIT_MS: str(saturation.predict(valid.model, priority_class).wait_ms)}
-    return Charge(pod.limiter, principal, estimate, on_end=end), predicted
-
-
-async def _run(
-    pod: Pod,
-    generation: wire.GenerationRequest,
-    valid: validation.ValidRequest,
-    on_gave_up: Callable[[], Awaitable[None]] | None = None,
-    *,
-    charge: Charge | None = None,
-    headers: dict[str, str] | None = None,
-) -> Response:
-    """Produce the request and hold the connection until its resolution; ``on_gave_up`` also runs if producing fails.
-    ``charge`` is settled by the resolution, or cancelled when producing fails."""
-    try:
-        waiter = await pod.gateway.submit(generation)
-    except BaseException:
-        if charge is not None:
-            charge.cancel()
-        if on_gave_up is not None:
-            await on_gave_up()
-        raise
-    pending = PendingRequest(
-        request=generation,
-        waiter=waiter,
-        include_usage=valid.include_usage,
-        registry=pod.registry,
-        publish_cancel=pod.publish_cancel,
-        metrics=pod.metrics,
-        clock=pod.clock,
-        on_gave_up=on_gave_up,
-        on_resolved=charge and charge.settle,
-        headers=headers,
-    )
-    return StreamResponse(pending) if valid.stream else ResultResponse(pending)
-
-
-async def _join(
-    pod: Pod,
-    generation: wire.GenerationRequest,
-    valid: validation.ValidRequest,
-    claim: idempotency.Claim,
-    earlier: idempotency.Claim,
-) -> Response:
-    """A retry with a claimed Idempotency-Key: the earlier request's stored result, or its result once it has one.
-
-    Nothing runs again and leaving cancels nothing: the earlier request is not this connection's. 422 when the retry's
-    parameters differ from the earlier request's.
-    """
-    if earlier.fingerprint != claim.fingerprint:
-        raise ApiError(
-            422,
-            "This Idempotency-Key was already used with different parameters",
-            param=HTTP_IDEMPOTENCY_KEY,
-            code="idempotency_key_reused",
+    async def parse(self, request: Request, endpoint: wire.Endpoint) -> Ask:
+        request_id = f"{_ID_PREFIX[endpoint]}-{uuid.uuid4().hex}"
+        request.state.request_id = request_id
+        request.state.endpoint = endpoint
+        headers = request.headers
+        principal = self._keys.authenticate(headers.get("authorization"))
+        validation.check_content_type(headers.get("content-type"))
+        traffic_class = principal.pick_class(headers.get(HTTP_TRAFFIC_CLASS))
+        request.state.traffic_class = traffic_class
+        timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *self._timeouts[traffic_class])
+        idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
+        body = await _read_body(request, self._max_body_bytes)
+        parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
+        valid = parse(
+            body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes, counters=self._counters
         )
-    deadline_ms = min(generation.deadline_ms, earlier.deadline_ms + JOIN_GRACE_MS)
-    replay = msgspec.structs.replace(generation, request_id=earlier.request_id, deadline_ms=deadline_ms)
-    waiter = Waiter(earlier.request_id, replay.stream)  # not registered: replies for it go to the earlier pod
-    result = await _redis_call(pod.idempotency.result(earlier.request_id))
-    if result is None and pod.clock.now_ms() >= earlier.deadline_ms + JOIN_GRACE_MS:
-        raise result_evicted()
-    if result is not None:
-        pod.registry.resolve(waiter, result)
-    else:
-        follower = asyncio.create_task(pod.idempotency.follow(waiter, pod.registry, deadline_ms))
-        pod.followers.add(follower)
-        follower.add_done_callback(pod.followers.discard)
-    pod.metrics.idempotent_replays.inc()
-    pending = PendingRequest(
-        request=replay,
-        waiter=waiter,
-        include_usage=valid.include_usage,
-        registry=pod.registry,
-        publish_cancel=_cancel_nothing,
-        metrics=pod.metrics,
-        clock=pod.clock,
-        headers={IDEMPOTENT_REPLAYED: "true"},
-    )
-    return StreamResponse(pending) if valid.stream else ResultResponse(pending)
+        request.state.model = valid.model
+        return Ask(
+            request_id=request_id,
+            principal=principal,
+            traffic_class=traffic_class,
+            timeout_ms=timeout_ms,
+            idempotency_key=idempotency_key,
+            valid=valid,
+        )
 
 
-def result_evicted() -> ApiError:
-    """The earlier request has ended, but its stored result is gone: past ``result_ttl_s``, or dropped as one of its
-    tenant's oldest past ``result_store_tenant_max_bytes`` (or evicted under Redis' memory budget)."""
-    return ApiError(
-        410,
-        "The request this Idempotency-Key ran has ended and its result is no longer stored; "
-        "send a new key to run it again",
-        param=HTTP_IDEMPOTENCY_KEY,
-        code="result_evicted",
-    )
-
-
-async def _cancel_nothing(request_id: str, reason: str) -> None:
-    """The CancelPublisher of a joined retry: the request belongs to the connection that started it."""
-
-
-async def _redis_call(call: Awaitable[T]) -> T:
-    """Await a Redis-backed lookup or claim; Redis trouble becomes a 503 the client may retry."""
-    try:
-        return await asyncio.wait_for(call, REDIS_TIMEOUT_S)
-    except Exception as exc:
-        log.warning("Redis lookup failed: %r", exc)
-        raise store_unavailable(exc) from None
+async def _generate(intake: Intake, generation: Generation, request: Request, endpoint: wire.Endpoint) -> Response:
+    pending = await generation.submit_or_join(await intake.parse(request, endpoint))
+    request.state.request_id = pending.request_id  # a joined retry answers under the earlier request's id
+    return StreamResponse(pending) if pending.request.stream else ResultResponse(pending)
 
 
 def _request_object(result: wire.FinalResult) -> dict:
@@ -344,33 +202,39 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = exc.response_headers()
+def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
+    def answer(request: Request, error: ApiError, outcome: str) -> JSONResponse:
+        """``error`` as the response, naming the request it ended; a generation request's counted as ``outcome``."""
+        headers = error.response_headers()
         request_id = getattr(request.state, "request_id", None)
         if request_id:
-            headers[HTTP_REQUEST_ID] = request_id
+            headers.setdefault(HTTP_REQUEST_ID, request_id)  # a joined retry's error names the request it joined
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
-            pod.metrics.finished(
-                endpoint, "rejected" if exc.status < 500 and exc.status != 429 else "unavailable", exc.status
+            metrics.finished(endpoint, outcome, error.status)
+            metrics.answered(
+                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), error.status
             )
-            pod.metrics.answered(
-                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), exc.status
-            )
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return answer(
+            request, exc, OutcomeLabel.REJECTED if exc.status < 500 and exc.status != 429 else OutcomeLabel.UNAVAILABLE
+        )
 
     @app.exception_handler(RedisError)
     async def store_error(request: Request, exc: RedisError) -> JSONResponse:
         """Redis refused a write (maxmemory) or failed in a handler (files, batches): 503, not 500."""
         log.warning("Redis failed %s %s: %r", request.method, request.url.path, exc)
-        return await api_error(request, store_unavailable(exc))
+        return answer(request, store_unavailable(exc), OutcomeLabel.UNAVAILABLE)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error = ApiError(
-            exc.status_code, str(exc.detail), type=INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
+            exc.status_code,
+            str(exc.detail),
+            type=ErrorType.INVALID_REQUEST if exc.status_code < 500 else ErrorType.SERVER,
         )
         return JSONResponse(
             error.body(), status_code=exc.status_code, headers={**(exc.headers or {}), **error.response_headers()}
@@ -390,14 +254,5 @@ def _install_error_handlers(app: FastAPI, pod: Pod) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         request_id = getattr(request.state, "request_id", None)
         log.exception("unexpected error", extra={"request_id": request_id} if request_id else None)
-        endpoint = getattr(request.state, "endpoint", None)
-        if endpoint:
-            pod.metrics.finished(endpoint, "internal_error", 500)
-            pod.metrics.answered(
-                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), 500
-            )
-        error = ApiError(500, "The server had an error while processing the request", type=SERVER_ERROR)
-        headers = error.response_headers()
-        if request_id:
-            headers[HTTP_REQUEST_ID] = request_id
-        return JSONResponse(error.body(), status_code=500, headers=headers)
+        error = ApiError(500, "The server had an error while processing the request", type=ErrorType.SERVER)
+        return answer(request, error, OutcomeLabel.INTERNAL_ERROR)

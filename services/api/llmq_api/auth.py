@@ -10,19 +10,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 import yaml
 
 from llmq_api.errors import ApiError
 from llmq_api.validation import parse_traffic_class
+from llmq_core import wire
 from llmq_core.constants import HTTP_TRAFFIC_CLASS, TIER_FREE, TIER_PAID, TRAFFIC_CLASSES
 from llmq_core.labels import DEV_FREE_TENANT, DEV_TENANT
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorType
 
-AUTHENTICATION_ERROR = "invalid_request_error"  # OpenAI's type for 401 invalid_api_key
-PERMISSION_ERROR = "permission_error"
 DEV_KEY = "llmq-dev-key"
 DEV_FREE_KEY = "llmq-dev-free-key"
 PerMinute = Annotated[int, msgspec.Meta(ge=0)]
@@ -35,7 +35,7 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     quota (0: 1440 x ``tokens_per_min``) and file storage quota (0: the ``files_tenant_max_bytes`` setting)."""
 
     tenant_id: str
-    tier: Literal["paid", "free"] = TIER_PAID
+    tier: wire.Tier = TIER_PAID
     classes: tuple[str, ...] = TRAFFIC_CLASSES
     requests_per_min: int = 0
     tokens_per_min: int = 0
@@ -54,7 +54,7 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
             raise ApiError(
                 403,
                 f"This API key may not use the {traffic_class} class (allowed: {', '.join(self.classes)})",
-                type=PERMISSION_ERROR,
+                type=ErrorType.PERMISSION,
                 param=HTTP_TRAFFIC_CLASS,
                 code="class_not_allowed",
             )
@@ -73,10 +73,8 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     tenant: str
     key: str | None = None
     key_sha256: Sha256Hex | None = None
-    tier: Literal["paid", "free"] = TIER_PAID
-    classes: list[Literal["interactive", "near_interactive", "deferred"]] = msgspec.field(
-        default_factory=lambda: list(TRAFFIC_CLASSES)
-    )
+    tier: wire.Tier = TIER_PAID
+    classes: list[wire.TrafficClass] = msgspec.field(default_factory=lambda: list(TRAFFIC_CLASSES))
     requests_per_min: PerMinute = 0
     tokens_per_min: PerMinute = 0
     batch_tokens_per_day: Quota = 0
@@ -115,7 +113,7 @@ class KeyStore:
             raise ApiError(
                 401,
                 f"{message}; send 'Authorization: Bearer <key>'",
-                type=AUTHENTICATION_ERROR,
+                type=ErrorType.INVALID_REQUEST,  # OpenAI's type for 401 invalid_api_key
                 code="invalid_api_key",
                 headers={"www-authenticate": "Bearer"},
             )

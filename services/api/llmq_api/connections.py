@@ -36,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from llmq_api.errors import RETRY_AFTER_S, ApiError
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorType
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -130,7 +131,7 @@ def too_many_connections(limit: int) -> ApiError:
     return ApiError(
         429,
         f"This client address already holds {limit} connections",
-        type="rate_limit_error",
+        type=ErrorType.RATE_LIMIT,
         code="too_many_connections",
         headers={"retry-after": str(RETRY_AFTER_S)},
     )

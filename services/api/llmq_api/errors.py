@@ -7,12 +7,8 @@ from collections.abc import Mapping
 from redis.exceptions import ResponseError
 
 from llmq_core.constants import HTTP_RETRY_AFTER, HTTP_SHOULD_RETRY
+from llmq_core.status import ErrorType
 
-INVALID_REQUEST = "invalid_request_error"
-SERVER_ERROR = "server_error"
-TIMEOUT_ERROR = "timeout_error"
-CANCELED_ERROR = "canceled_error"
-RATE_LIMIT_ERROR = "rate_limit_error"
 RETRY_AFTER_S = 1  # what 429/503 answers tell clients to wait
 STORE_FULL_RETRY_AFTER_S = 5  # Redis refuses writes (maxmemory): TTLs and evictions free room in seconds, not ms
 STORE_UNAVAILABLE = "store_unavailable"
@@ -32,7 +28,7 @@ class ApiError(Exception):
         status: int,
         message: str,
         *,
-        type: str = INVALID_REQUEST,
+        type: str = ErrorType.INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
@@ -70,7 +66,7 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 def unavailable(message: str, retry_after_s: int, code: str = "service_unavailable") -> ApiError:
     """A 503 the client should retry after ``retry_after_s`` seconds."""
-    return ApiError(503, message, type=SERVER_ERROR, code=code, headers={"retry-after": str(retry_after_s)})
+    return ApiError(503, message, type=ErrorType.SERVER, code=code, headers={HTTP_RETRY_AFTER: str(retry_after_s)})
 
 
 def store_unavailable(exc: Exception) -> ApiError:

@@ -21,7 +21,7 @@ from llmq_api.errors import invalid
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Waiter, WaiterRegistry
 from llmq_core import constants, wire
-from llmq_core.clock import Clock
+from llmq_core.clock import Clock, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,11 @@ def fingerprint(valid: ValidRequest, traffic_class: str) -> str:
 class IdempotencyStore:
     """Claims (``idempotency_key``) and stored results (``result_key``) in Redis; calls may raise on Redis errors."""
 
-    def __init__(self, redis: Redis, clock: Clock, result_ttl_ms: int) -> None:
+    def __init__(self, redis: Redis, clock: Clock, result_ttl_ms: int, sleep: Sleep = asyncio.sleep) -> None:
+        """``sleep`` waits between :meth:`follow`'s polls (tests pass one they drive)."""
         self._redis = redis
         self._clock = clock
+        self._sleep = sleep
         self._result_ttl_ms = result_ttl_ms
         self._release = redis.register_script(_RELEASE)
 
@@ -122,4 +124,4 @@ class IdempotencyStore:
             if result is not None:
                 registry.resolve(waiter, result)
                 return
-            await asyncio.sleep(POLL_S)
+            await self._sleep(POLL_S)

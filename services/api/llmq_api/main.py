@@ -85,7 +85,7 @@ def main() -> None:
     try:
         pod = Pod(settings, instance_id)
         connection_options = connections.uvicorn_options(settings)
-    except ValueError as exc:  # a bad API keys file or proxy list: refuse to start rather than serve with the wrong one
+    except ValueError as exc:  # a bad API keys file, proxy list or files URL: refuse to start rather than serve with it
         logging.getLogger(__name__).error("%s", exc)
         raise SystemExit(2) from None
     config = uvicorn.Config(

@@ -11,11 +11,11 @@ from __future__ import annotations
 import msgspec
 
 from llmq_api.admission import too_many_requests
-from llmq_api.errors import CANCELED_ERROR, INVALID_REQUEST, RETRY_AFTER_S, SERVER_ERROR, TIMEOUT_ERROR, ApiError
+from llmq_api.errors import RETRY_AFTER_S, ApiError
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
-from llmq_core import wire
+from llmq_core import status, wire
+from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
 
-OVERLOADED = "overloaded"  # the batcher's error type when its queue is full (admission control)
 CLIENT_GONE_STATUS = 499  # recorded in metrics/logs only: nobody is there to receive it
 
 _encode = msgspec.json.encode
@@ -118,45 +118,52 @@ def error_for(resolution: Resolution) -> ApiError | None:
     """The client's error for a resolution; ``None`` for a succeeded result."""
     if isinstance(resolution, DeadlineExceeded):
         return ApiError(
-            504, "The request did not complete before its deadline", type=TIMEOUT_ERROR, code="deadline_exceeded"
+            504,
+            "The request did not complete before its deadline",
+            type=ErrorType.TIMEOUT,
+            code=ErrorCode.DEADLINE_EXCEEDED,
         )
     if isinstance(resolution, Abandoned):
         return ApiError(
             CLIENT_GONE_STATUS,
             f"The request was abandoned: {resolution.reason}",
-            type=CANCELED_ERROR,
+            type=ErrorType.CANCELED,
             code=resolution.reason,
         )
     if resolution.outcome == wire.Outcome.SUCCEEDED:
         return None
     if resolution.outcome == wire.Outcome.EXPIRED:
-        return ApiError(504, "The request expired before it completed", type=TIMEOUT_ERROR, code="deadline_exceeded")
+        return ApiError(
+            504, "The request expired before it completed", type=ErrorType.TIMEOUT, code=ErrorCode.DEADLINE_EXCEEDED
+        )
     if resolution.outcome == wire.Outcome.CANCELED:
         reason = resolution.error.message if resolution.error else "canceled"
         return ApiError(
-            409, f"The request was canceled: {reason}", type=CANCELED_ERROR, code="request_canceled", retryable=True
+            409, f"The request was canceled: {reason}", type=ErrorType.CANCELED, code="request_canceled", retryable=True
         )
     return _errored(resolution.error)
 
 
 def _errored(error: wire.ErrorInfo | None) -> ApiError:
     if error is None:
-        return ApiError(500, "The request failed", type=SERVER_ERROR)
-    if error.type == INVALID_REQUEST:
+        return ApiError(500, "The request failed", type=ErrorType.SERVER)
+    if error.type == ErrorType.INVALID_REQUEST:
         return ApiError(400, error.message, type=error.type, param=error.param, code=error.code)
-    if error.type == OVERLOADED:  # the batcher's full queue: the backstop behind the pods' own admission control
+    if (
+        error.type == ErrorType.OVERLOADED
+    ):  # the batcher's full queue: the backstop behind the pods' own admission control
         return too_many_requests(error.message, RETRY_AFTER_S, type=error.type)
     if error.retryable:
         return ApiError(
             503, error.message, type=error.type, code=error.code, headers={"retry-after": str(RETRY_AFTER_S)}
         )
-    return ApiError(500, error.message, type=error.type or SERVER_ERROR, code=error.code)
+    return ApiError(500, error.message, type=error.type or ErrorType.SERVER, code=error.code)
 
 
 def outcome_label(resolution: Resolution) -> str:
     """The metrics label of a resolution: the wire outcome, ``deadline`` (the pod's timer) or ``abandoned``."""
     if isinstance(resolution, DeadlineExceeded):
-        return "deadline"
+        return OutcomeLabel.DEADLINE
     if isinstance(resolution, Abandoned):
-        return "abandoned"
-    return resolution.outcome.value
+        return OutcomeLabel.ABANDONED
+    return status.outcome_label(resolution.outcome)

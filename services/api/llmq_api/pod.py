@@ -1,6 +1,6 @@
 """The pod's I/O edges: the Kafka producer, the Redis reply/heartbeat subscription, cancels and the pod heartbeat.
 
-:class:`Pod` owns them and the shared state (waiters, model catalog, metrics) that the HTTP handlers use.
+:class:`Pod` owns them and wires the services the HTTP routes call (see :mod:`llmq_api.generation`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import os
 import msgspec
 from redis.asyncio import Redis
 
+from llmq_api import health
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
+from llmq_api.batch_jobs.service import BatchJobs
 from llmq_api.catalog import ModelCatalog
 from llmq_api.gateway import Gateway, RequestProducer
+from llmq_api.generation import Generation
 from llmq_api.health import KAFKA, REDIS, CircuitBreaker, Dependency
 from llmq_api.idempotency import IdempotencyStore
 from llmq_api.metrics import ApiMetrics
@@ -25,11 +28,13 @@ from llmq_api.saturation import SaturationMonitor
 from llmq_api.waiters import WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.filestore import FileStore
+from llmq_core.jobstore import JobStore
 from llmq_core.labels import LabelSet
 from llmq_core.names import Names
 from llmq_core.redis_client import check_memory_policy, make_redis
-from llmq_core.requests import timeouts_by_class
 from llmq_core.settings import Settings
+from llmq_core.token_counts import load_counters
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +237,8 @@ async def pod_heartbeat(redis: Redis, instance_id: str, clock: Clock, interval_m
 
 
 class Pod:
-    """One API pod: settings, clients, background loops and the state shared by its HTTP handlers.
+    """One API pod, wired: settings, clients, background loops, and the parts its routes use (``generation``,
+    ``keys``, ``catalog``, ``metrics``, ``batch_jobs``, the probes :meth:`readiness` and :attr:`dependencies`).
 
     ``keys`` defaults to :meth:`KeyStore.from_settings` (raises ValueError for a bad keys file); ``names``: the Redis
     keys it reads, such as the hash of the batchers' reports (tests pass private ones).
@@ -255,10 +261,9 @@ class Pod:
         self.draining = False
         self.registry = WaiterRegistry(settings.api_max_in_flight)
         self.catalog = ModelCatalog(clock)
+        self.token_counters = load_counters(settings)  # each model's tokenizer: prompt tokens, context checks, cost
         self.metrics = ApiMetrics(lambda: len(self.registry), LabelSet.from_settings(settings))
         self.keys = keys or KeyStore.from_settings(settings)
-        self.timeouts = timeouts_by_class(settings)
-        self.shed = ShedPolicy.from_settings(settings)
         self.redis = redis or make_redis(settings, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10)
         self.saturation = SaturationMonitor(
             self.redis,
@@ -269,8 +274,6 @@ class Pod:
             instance_id=instance_id,
         )
         self.limiter = RateLimiter(self.redis, clock)
-        self.idempotency = IdempotencyStore(self.redis, clock, settings.result_ttl_s * 1000)
-        self.followers: set[asyncio.Task] = set()  # retries polling for the result of the request they joined
         self.breaker = CircuitBreaker(
             Dependency(KAFKA, clock),
             clock,
@@ -282,18 +285,42 @@ class Pod:
         self.listener = ReplyListener(
             self.redis, instance_id, self.registry, self.catalog, self.metrics, Dependency(REDIS, clock)
         )
-        self.gateway = Gateway(
-            instance_id=instance_id,
-            registry=self.registry,
-            producer=self.producer,
-            publish_cancel=self.publish_cancel,
-            clock=clock,
-            produce_timeout_ms=settings.api_produce_timeout_ms,
-            accepting=lambda: self.accepting,
-            breaker=self.breaker,
+        self.generation = self._generation()
+        self.batch_jobs = BatchJobs(
+            settings,
+            JobStore(self.redis),
+            FileStore(settings.files_url),
+            clock,
+            self.catalog.context_windows,
+            self.limiter,
+            self.token_counters,
         )
         self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []
+
+    def _generation(self) -> Generation:
+        gateway = Gateway(
+            instance_id=self.instance_id,
+            registry=self.registry,
+            producer=self.producer,
+            publish_cancel=self.publish_cancel,
+            clock=self.clock,
+            produce_timeout_ms=self.settings.api_produce_timeout_ms,
+            accepting=lambda: self.accepting,
+            breaker=self.breaker,
+        )
+        return Generation(
+            gateway=gateway,
+            store=IdempotencyStore(self.redis, self.clock, self.settings.result_ttl_s * 1000),
+            registry=self.registry,
+            shed=ShedPolicy.from_settings(self.settings),
+            saturation=self.saturation,
+            limiter=self.limiter,
+            catalog=self.catalog,
+            metrics=self.metrics,
+            publish_cancel=self.publish_cancel,
+            clock=self.clock,
+        )
 
     @property
     def accepting(self) -> bool:
@@ -304,6 +331,16 @@ class Pod:
     def dependencies(self) -> list[Dependency]:
         """Kafka (the breaker's view, and the producer's starts) and Redis (the replies subscription)."""
         return [self.breaker.dependency, self.listener.health]
+
+    def readiness(self) -> tuple[bool, dict]:
+        """Whether the pod is ready (see :func:`llmq_api.health.report`), and the body of ``/readyz`` that says why."""
+        ready, body = health.report(self.dependencies, self.draining)
+        checks = {
+            "kafka_producer": self.producer.ready,
+            "replies_subscription": self.listener.subscribed,
+            "draining": self.draining,
+        }
+        return ready, {**body, **checks}
 
     async def start(self) -> None:
         """Start the background loops (they keep retrying their connections; see :attr:`accepting`)."""
@@ -329,10 +366,9 @@ class Pod:
     async def stop(self) -> None:
         """Stop the loops, drop the pod's keys and close the clients."""
         self.draining = True
-        tasks = [*self._tasks, *self.followers]
-        for task in tasks:
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, self.generation.stop(), return_exceptions=True)
         with contextlib.suppress(Exception):  # refunds of requests that just ended (each bounded)
             await self.limiter.drain()
         with contextlib.suppress(Exception):

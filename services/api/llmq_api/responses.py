@@ -30,7 +30,8 @@ from llmq_api.openai_format import (
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import HTTP_REQUEST_ID, STREAM_INTERRUPTED
+from llmq_core.constants import HTTP_REQUEST_ID
+from llmq_core.status import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ SHUTTING_DOWN = unavailable("The server is shutting down; retry the request", RE
 INTERRUPTED = unavailable(
     "The stream was interrupted: its result is of another generation than the text sent. Retry the request.",
     RETRY_AFTER_S,
-    code=STREAM_INTERRUPTED,
+    code=ErrorCode.STREAM_INTERRUPTED,
 )
 
 

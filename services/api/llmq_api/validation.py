@@ -1,7 +1,7 @@
 """Pure validation of OpenAI request bodies and llmq headers; every client mistake becomes an :class:`ApiError` (4xx).
 
-Nothing here does I/O: the app passes in the raw body, header values and the known models (name -> context window in
-tokens, 0 when unknown), and gets back a :class:`ValidRequest` ready to become a ``wire.GenerationRequest``.
+Nothing here does I/O: the app passes in the raw body, header values, the known models (name -> context window in
+tokens, 0 when unknown) and their token counters (model -> its tokenizer; others count bytes), and gets back a :class:`ValidRequest` ready to become a ``wire.GenerationRequest``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
-from llmq_core.tokenizer import count_tokens, render_chat
+from llmq_core.status import ErrorCode
+from llmq_core.token_counts import BYTES, TokenCounter
 
 if TYPE_CHECKING:
     from llmq_api.auth import Principal  # auth imports this module
@@ -28,7 +29,7 @@ _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes digits i
 
 class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A request that passed validation. Exactly one of ``prompt`` / ``messages`` is set; ``prompt_tokens`` counts the
-    prompt (chat: its ``render_chat`` text) with the built-in byte tokenizer."""
+    prompt (chat: rendered with the model's chat template) with the model's own tokenizer."""
 
     endpoint: wire.Endpoint
     model: str
@@ -142,7 +143,9 @@ def check_declared_length(content_length: str | None, limit_bytes: int) -> None:
 
 def too_large(limit_bytes: int) -> ApiError:
     """The 413 for a body over ``limit_bytes``."""
-    return ApiError(413, f"Request body is larger than the limit of {limit_bytes} bytes", code="request_too_large")
+    return ApiError(
+        413, f"Request body is larger than the limit of {limit_bytes} bytes", code=ErrorCode.REQUEST_TOO_LARGE
+    )
 
 
 def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
@@ -177,7 +180,11 @@ def parse_traffic_class(value: str | None) -> str:
 
 
 def parse_completion(
-    body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
+    body: bytes,
+    models: Mapping[str, int],
+    *,
+    max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES,
+    counters: Mapping[str, TokenCounter] = {},
 ) -> ValidRequest:
     """Validate a ``/v1/completions`` body. ``models`` maps served model names to context windows (0: unknown);
     ``max_stop_bytes``: UTF-8 bytes of one stop sequence, at most (Settings.api_max_stop_bytes).
@@ -196,20 +203,18 @@ def parse_completion(
         )
         prompt = _single_prompt(raw.prompt)
         sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
-        prompt_tokens = count_tokens(prompt)
+        prompt_tokens = requests.count_prompt(counters.get(raw.model, BYTES), prompt=prompt)
         requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
-    return ValidRequest(
-        endpoint="completions",
-        model=raw.model,
-        prompt=prompt,
-        sampling=sampling,
-        stream=bool(raw.stream),
-        include_usage=_include_usage(raw),
-        prompt_tokens=prompt_tokens,
-    )
+    return _valid(raw, "completions", sampling, prompt_tokens, prompt=prompt)
 
 
-def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES) -> ValidRequest:
+def parse_chat(
+    body: bytes,
+    models: Mapping[str, int],
+    *,
+    max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES,
+    counters: Mapping[str, TokenCounter] = {},
+) -> ValidRequest:
     """Validate a ``/v1/chat/completions`` body; ``max_completion_tokens`` wins over ``max_tokens``. Without either
     (absent or null) the completion is bounded only by the context window and the result cap (OpenAI's chat contract):
     see :func:`chat_max_tokens`.
@@ -231,7 +236,7 @@ def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = 
         max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
         max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
         sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
-        prompt_tokens = count_tokens(render_chat(messages))
+        prompt_tokens = requests.count_prompt(counters.get(raw.model, BYTES), messages=messages)
         if max_tokens is None:
             sampling = msgspec.structs.replace(
                 sampling, max_tokens=chat_max_tokens(prompt_tokens, context_window, sampling.n)
@@ -239,14 +244,21 @@ def parse_chat(body: bytes, models: Mapping[str, int], *, max_stop_bytes: int = 
         requests.check_context(
             prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param
         )
+    return _valid(raw, "chat.completions", sampling, prompt_tokens, messages=messages)
+
+
+def _valid(
+    raw: _CommonBody, endpoint: wire.Endpoint, sampling: wire.SamplingParams, prompt_tokens: int, **text: Any
+) -> ValidRequest:
+    """The request a checked body asks for; ``text`` is its ``prompt`` or its ``messages``."""
     return ValidRequest(
-        endpoint="chat.completions",
+        endpoint=endpoint,
         model=raw.model,
-        messages=messages,
         sampling=sampling,
         stream=bool(raw.stream),
         include_usage=_include_usage(raw),
         prompt_tokens=prompt_tokens,
+        **text,
     )
 
 

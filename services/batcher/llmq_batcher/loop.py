@@ -28,7 +28,7 @@ from llmq_batcher.outcomes import (
     reused_id_other_parameters,
 )
 from llmq_batcher.pods import PodWatch
-from llmq_batcher.policy import CLASS_KEYS, REQUEST_TOO_LARGE, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
+from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from llmq_batcher.spans import RequestSpans
 from llmq_core import constants, kafka, requests, tracing, wire
@@ -36,6 +36,7 @@ from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.names import Names
+from llmq_core.status import ErrorCode, ErrorType, outcome_label
 from llmq_core.telemetry import request_fields
 
 log = logging.getLogger(__name__)
@@ -449,12 +450,14 @@ class BatcherLoop:
         if isinstance(exc, _TOO_LARGE):
             self.policy.fail(
                 batch,
-                "invalid_request_error",
+                ErrorType.INVALID_REQUEST,
                 f"The request does not fit in one record of the batch topic: {exc}",
-                REQUEST_TOO_LARGE,
+                ErrorCode.REQUEST_TOO_LARGE,
             )
         else:
-            self.policy.fail(batch, "server_error", f"The batch topic refused the request: {exc}", "dispatch_failed")
+            self.policy.fail(
+                batch, ErrorType.SERVER, f"The batch topic refused the request: {exc}", ErrorCode.DISPATCH_FAILED
+            )
         return []
 
     async def _publish_replies(self, results: list[wire.FinalResult]) -> None:
@@ -476,7 +479,7 @@ class BatcherLoop:
             log.warning("publishing %d answers failed: %s", len(replies), exc)
 
     async def _send_answer(self, answer: Answer, result: wire.FinalResult) -> None:
-        outcome = answer.outcome.value if answer.error_type != "overloaded" else "rejected"
+        outcome = outcome_label(answer.outcome, answer.error_type)
         traceparent = self.spans.answered(result.request_id, outcome) if tracing.enabled() else None
         try:
             await kafka.send_message(
@@ -545,7 +548,7 @@ class BatcherLoop:
         self.drain.dispatched(sent)
         self.backlog_drain.dispatched(sent)
         for answer in decision.answers:
-            counts[answer.outcome.value if answer.error_type != "overloaded" else "rejected"] += 1
+            counts[outcome_label(answer.outcome, answer.error_type)] += 1
         now_ms = self.clock.now_ms()
         load = {}
         if now_ms - self._last_load_ms >= LOAD_STATS_INTERVAL_MS:

@@ -7,9 +7,7 @@ import msgspec
 
 from llmq_batcher.policy import Answer
 from llmq_core import wire
-
-INVALID_REPLY_TOPIC = "invalid_reply_topic"  # error.code of a request refused for its reply topic
-REQUEST_ID_REUSED = "request_id_reused"  # error.code of a re-produced request_id that gets no replay
+from llmq_core.status import ErrorCode, ErrorType
 
 
 def final_result(answer: Answer, now_ms: int) -> wire.FinalResult:
@@ -29,16 +27,16 @@ def reply_topic_refusal(reason: str) -> wire.ErrorInfo:
     """The error of a Kafka-direct request whose reply topic may not receive results (see
     :func:`llmq_core.kafka.reply_topic_error`)."""
     return wire.ErrorInfo(
-        type="invalid_request_error", message=reason, code=INVALID_REPLY_TOPIC, param="reply_to.topic"
+        type=ErrorType.INVALID_REQUEST, message=reason, code=ErrorCode.INVALID_REPLY_TOPIC, param="reply_to.topic"
     )
 
 
 def reused_id(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose first request's result cannot be replayed to it."""
     return wire.ErrorInfo(
-        type="invalid_request_error",
+        type=ErrorType.INVALID_REQUEST,
         param="request_id",
-        code=REQUEST_ID_REUSED,
+        code=ErrorCode.REQUEST_ID_REUSED,
         message=f"The request_id {request_id!r} was already used by another request, whose result is not stored (it "
         f"is still running, its stored result is gone, or it was not a Kafka-direct request of this tenant). "
         f"Use a new request_id to run this request.",
@@ -49,9 +47,9 @@ def reused_id_other_parameters(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose parameters differ from its first request's: a producer reused
     the id for another request, which must not get the first one's result."""
     return wire.ErrorInfo(
-        type="invalid_request_error",
+        type=ErrorType.INVALID_REQUEST,
         param="request_id",
-        code=REQUEST_ID_REUSED,
+        code=ErrorCode.REQUEST_ID_REUSED,
         message=f"The request_id {request_id!r} was already used by a request with different parameters (model, "
         f"endpoint, prompt or messages, sampling); only an exact repeat gets its result. Use a new request_id "
         f"to run this request.",

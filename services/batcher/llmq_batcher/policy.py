@@ -6,7 +6,7 @@ batches to send, the requests to answer (expired, canceled, overloaded) and when
 the ``now_ms`` each event and decision is given (the policy reads no clock); every request it holds is an entry of its
 :class:`~llmq_batcher.entries.EntryTable`, the one place entry states and their counts change.
 
-Rules (DESIGN.md, traffic classes): classes ``interactive:paid`` > ``interactive:free`` > ``near_interactive`` >
+Rules (docs/architecture.md): classes ``interactive:paid`` > ``interactive:free`` > ``near_interactive`` >
 ``deferred`` in strict precedence; deferred only fills capacity above a reserved share of a worker's slots: the slots a
 batch of other work leaves empty (a fixed-time engine's batch costs the same whatever its size) or, while no other class
 waits, a batch of its own; within a class tenants share by weighted fair queueing on estimated tokens (see fairshare.py) with
@@ -35,12 +35,12 @@ from llmq_batcher.workers import WorkerPool, WorkerView
 from llmq_core import constants, wire
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorCode, ErrorType
 
 CLASS_KEYS = constants.PRIORITY_CLASSES  # queue index = position here: interactive:paid first, deferred last
 DEFERRED = CLASS_KEYS.index(constants.DEFERRED)
 # What a request's encoding may grow by after it is measured: a traceparent written at flush (57 bytes), a larger attempt.
 ENTRY_SLACK_BYTES = 64
-REQUEST_TOO_LARGE = "request_too_large"
 _PRIORITY = {
     (c, tier): constants.priority_class(c, tier) for c in constants.TRAFFIC_CLASSES for tier in constants.TIERS
 }
@@ -221,21 +221,25 @@ class BatchPolicy:
             return AddStatus.DUPLICATE
         reason = self._recent_cancels.pop(request_id, None) if self._recent_cancels else None
         if reason is not None:
-            return self._answer(request, wire.Outcome.CANCELED, "canceled", reason)
+            return self._answer(request, wire.Outcome.CANCELED, ErrorType.BATCHER_CANCELED, reason)
         if request.deadline_ms <= now_ms:
-            return self._answer(request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
+            return self._answer(
+                request, wire.Outcome.EXPIRED, ErrorType.BATCHER_EXPIRED, "deadline passed before dispatch"
+            )
         size_bytes = len(wire.encode(request)) + ENTRY_SLACK_BYTES
         if size_bytes > self.config.max_batch_bytes:
             return self._answer(
                 request,
                 wire.Outcome.ERRORED,
-                "invalid_request_error",
+                ErrorType.INVALID_REQUEST,
                 f"The request is {size_bytes} bytes encoded; a batch record holds at most "
                 f"{self.config.max_batch_bytes}. Shorten the prompt or stop sequences.",
-                code=REQUEST_TOO_LARGE,
+                code=ErrorCode.REQUEST_TOO_LARGE,
             )
         if self._entries.queued >= self.config.max_queued:
-            return self._answer(request, wire.Outcome.ERRORED, "overloaded", "batcher queue is full", retryable=True)
+            return self._answer(
+                request, wire.Outcome.ERRORED, ErrorType.OVERLOADED, "batcher queue is full", retryable=True
+            )
         self._seq += 1
         self._enqueue(Entry(request, self._seq, class_index(request), estimated_tokens(request), size_bytes, now_ms))
         return _QUEUED_STATUS
@@ -250,7 +254,7 @@ class BatchPolicy:
         if entry.state is not QUEUED:
             return False  # already dispatched: the worker obeys the same Cancel
         self._settle_queued(entry)
-        self._answer(entry.request, wire.Outcome.CANCELED, "canceled", reason)
+        self._answer(entry.request, wire.Outcome.CANCELED, ErrorType.BATCHER_CANCELED, reason)
         return True
 
     def on_heartbeat(self, hb: wire.WorkerHeartbeat, now_ms: int) -> None:
@@ -509,7 +513,9 @@ class BatchPolicy:
             entry = heapq.heappop(deadlines)[2]
             if entry.state is QUEUED:
                 self._settle_queued(entry)
-                self._answer(entry.request, wire.Outcome.EXPIRED, "expired", "deadline passed before dispatch")
+                self._answer(
+                    entry.request, wire.Outcome.EXPIRED, ErrorType.BATCHER_EXPIRED, "deadline passed before dispatch"
+                )
         if len(deadlines) > 2 * self._entries.queued + 4096:  # dispatched entries linger until their deadline: compact
             self._deadlines = [item for item in deadlines if item[2].state is QUEUED]
             heapq.heapify(self._deadlines)

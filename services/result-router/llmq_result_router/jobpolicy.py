@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from llmq_core import jobs, wire
 from llmq_core.jobs import JobView
 from llmq_core.jobstore import LineChange
-
-BATCH_CANCELLED = "batch_cancelled"
-BATCH_EXPIRED = "batch_expired"
+from llmq_core.status import ErrorCode, ErrorType
 
 
 def settle_result(
@@ -37,7 +35,11 @@ def settle_result(
             state,
             jobs.SUCCEEDED,
             result,
-            counters={"succeeded": 1, "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+            counters={
+                jobs.STATE_COUNTER[jobs.SUCCEEDED]: 1,
+                "input_tokens": usage.prompt_tokens,
+                "output_tokens": usage.completion_tokens,
+            },
         )
     retryable = outcome is wire.Outcome.ERRORED and result.error is not None and result.error.retryable
     if retryable and round_ < max_rounds:
@@ -59,8 +61,8 @@ def end_line(batch_id: str, custom_id: str, state: str, outcome: wire.Outcome, n
     new = jobs.OUTCOME_STATE[outcome]
     cancelled = outcome is wire.Outcome.CANCELED
     error = wire.ErrorInfo(
-        type=BATCH_CANCELLED if cancelled else BATCH_EXPIRED,
-        code=BATCH_CANCELLED if cancelled else BATCH_EXPIRED,
+        type=ErrorType.BATCH_CANCELLED if cancelled else ErrorType.BATCH_EXPIRED,
+        code=ErrorCode.BATCH_CANCELLED if cancelled else ErrorCode.BATCH_EXPIRED,
         message="This line was cancelled with its batch"
         if cancelled
         else "This line did not run before the batch's completion window ended",

@@ -170,7 +170,7 @@ class JobDriver:
         """One step of one job (see :func:`jobpolicy.plan_job`)."""
         job = await self.store.get_job(batch_id)
         if job is None:
-            await self.redis.srem(jobs.ACTIVE_JOBS_KEY, batch_id)
+            await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
             return
         plan = jobpolicy.plan_job(job, self.clock.now_ms(), self.settings.batch_end_grace_ms)
         if plan.step is Step.RUN:
@@ -318,7 +318,7 @@ class JobDriver:
         for file_id in await self.store.expired_files(now_s):
             record = await self.store.get_file(file_id)
             if record is None:
-                await self.redis.zrem(jobs.FILE_EXPIRY_KEY, file_id)
+                await self.redis.zrem(constants.FILE_EXPIRY_KEY, file_id)
                 continue
             if record.path:
                 await self.files.delete(record.path)

@@ -18,10 +18,10 @@ from llmq_core.clock import Clock
 from llmq_core.constants import (
     KAFKA_MAX_MESSAGE_BYTES,
     RECORD_HEADROOM_BYTES,
-    STREAM_INTERRUPTED,
     TOPIC_RESULTS,
     replies_channel,
 )
+from llmq_core.status import ErrorCode, ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.tokenizer import count_tokens
 from llmq_core.wire import (
@@ -48,8 +48,6 @@ REASON_DEADLINE = "deadline"
 REASON_SHUTDOWN = "shutdown"
 REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finished request ids (duplicate suppression)
 MAX_RESULT_RECORD_BYTES = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES  # an encoded FinalResult, at most
-CODE_RESULT_TOO_LARGE = "result_too_large"
-CODE_RESULT_REFUSED = "result_refused"
 STREAM_MARK_GRACE_MS = 30_000  # a stream mark outlives its request's deadline by this much (clock skew between hosts)
 
 
@@ -61,7 +59,7 @@ def streams(request: GenerationRequest) -> bool:
 def refused_result(result: FinalResult, code: str, message: str) -> FinalResult:
     """The errored outcome that stands in for ``result`` when llmq.results cannot take it (too large, or refused for
     good): its choices are dropped (they are what did not fit), its usage and timings kept (the work was done)."""
-    error = ErrorInfo(type="server_error", message=message, code=code, retryable=False)
+    error = ErrorInfo(type=ErrorType.SERVER, message=message, code=code, retryable=False)
     return msgspec.structs.replace(result, outcome=Outcome.ERRORED, choices=[], error=error)
 
 
@@ -259,14 +257,16 @@ class WorkerCore:
             return self._answer(active, Outcome.CANCELED if reason not in (None, REASON_DEADLINE) else Outcome.EXPIRED)
         if request.model != self.model:
             error = ErrorInfo(
-                type="model_mismatch", message=f"worker serves {self.model}, not {request.model}", retryable=True
+                type=ErrorType.MODEL_MISMATCH,
+                message=f"worker serves {self.model}, not {request.model}",
+                retryable=True,
             )
             return self._answer(active, Outcome.ERRORED, error=error)
         try:
             self._engine.submit(request)
         except InvalidRequest as exc:
             return self._answer(
-                active, Outcome.ERRORED, error=ErrorInfo(type="invalid_request_error", message=str(exc))
+                active, Outcome.ERRORED, error=ErrorInfo(type=ErrorType.INVALID_REQUEST, message=str(exc))
             )
         active.submitted = True
         return Outbox()
@@ -313,8 +313,8 @@ class WorkerCore:
         send text of a second generation. Usage counts the tokens the caller received."""
         active.sent_tokens = completion_tokens
         error = ErrorInfo(
-            type="server_error",
-            code=STREAM_INTERRUPTED,
+            type=ErrorType.SERVER,
+            code=ErrorCode.STREAM_INTERRUPTED,
             retryable=True,
             message=f"The stream was interrupted after {completion_tokens} tokens: the worker generating "
             "it was lost, and continuing would mix two generations. Retry the request.",
@@ -358,7 +358,7 @@ class WorkerCore:
             extra=request_fields(active.request.request_id, active.request.traceparent),
         )
         error = ErrorInfo(
-            type="engine_error", message="this request made the engine fail", code="poison", retryable=False
+            type=ErrorType.ENGINE, message="this request made the engine fail", code=ErrorCode.POISON, retryable=False
         )
         return self._answer(active, Outcome.ERRORED, error=error)
 
@@ -401,7 +401,7 @@ class WorkerCore:
         )
         return refused_result(
             result,
-            CODE_RESULT_TOO_LARGE,
+            ErrorCode.RESULT_TOO_LARGE,
             f"the result ({size} bytes encoded) exceeds the {self._max_record_bytes} bytes one record"
             f" of {TOPIC_RESULTS} carries",
         )

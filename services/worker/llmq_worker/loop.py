@@ -21,8 +21,9 @@ from llmq_core.constants import alive_key, streamed_key
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, dead_letter, headers
 from llmq_core.metrics import WorkerMetrics
 from llmq_core.names import Names
+from llmq_core.status import ErrorCode
 from llmq_core.telemetry import request_fields
-from llmq_worker.core import CODE_RESULT_REFUSED, CODE_RESULT_TOO_LARGE, Outbox, WorkerCore, refused_result, streams
+from llmq_worker.core import Outbox, WorkerCore, refused_result, streams
 from llmq_worker.engine import Engine
 from llmq_worker.spans import RequestSpans
 
@@ -249,7 +250,7 @@ class WorkerLoop:
             await self._send_result(result, traced)
             return result
         except RECORD_REFUSED_ERRORS as exc:
-            code = CODE_RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else CODE_RESULT_REFUSED
+            code = ErrorCode.RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else ErrorCode.RESULT_REFUSED
             log.error(
                 "%s refused the result (%r): answering errored %s",
                 self._names.results_topic,

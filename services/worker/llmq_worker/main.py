@@ -16,7 +16,8 @@ from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import worker_group
 from llmq_core.kafka import make_consumer, make_renewable_producer, require_topic_limits
 from llmq_core.models import BUILTIN_MODELS
-from llmq_core.settings import Settings
+from llmq_core.settings import Settings, load_settings
+from llmq_worker import checkpoints
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import Engine
 from llmq_worker.loop import WorkerLoop
@@ -42,7 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--model-path",
         default=None,
-        help="transformers, vllm: HF causal-LM checkpoint dir (transformers default: llmq-tiny)",
+        help="transformers, vllm: HF causal-LM checkpoint dir (transformers default: the catalogue model's installed"
+        " checkpoint, or llmq-tiny built in code)",
+    )
+    parser.add_argument(
+        "--gguf-file",
+        default=None,
+        help="transformers: a GGUF file in --model-path to serve (any architecture transformers reads from GGUF)",
     )
     parser.add_argument(
         "--max-concurrent-sequences", type=int, default=None, help="transformers, vllm: running sequences, at most"
@@ -62,9 +69,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
-    """The engine the arguments select; transformers and vllm are imported only when chosen."""
+def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> Engine:
+    """The engine the arguments select; transformers and vllm are imported only when chosen. A catalogue model with a
+    packaged checkpoint is served from its installed directory, verified first (SystemExit saying what is wrong)."""
+    settings = settings or load_settings()
     spec = BUILTIN_MODELS.get(args.model)
+    if args.gguf_file is not None and (args.model_path is None or args.engine != "transformers"):
+        raise SystemExit("--gguf-file needs --engine transformers and --model-path (the directory holding it)")
+    if args.model_path is None and args.engine != "simulated" and spec is not None and spec.source is not None:
+        try:
+            args.model_path = str(checkpoints.installed_path(spec, checkpoints.models_root(settings.models_dir)))
+        except checkpoints.CheckpointError as exc:
+            raise SystemExit(str(exc)) from None
     if args.engine == "simulated":
         return _simulated(args, spec)
     if args.engine == "vllm":
@@ -77,6 +93,8 @@ def build_engine(args: argparse.Namespace) -> Engine:
         max_concurrent_sequences=args.max_concurrent_sequences or (spec.max_batch_size if spec else 32),
         max_batched_tokens=args.max_batched_tokens,
         device=args.device,
+        gguf_file=args.gguf_file,
+        torch_threads=settings.torch_threads,
     )
 
 
@@ -106,7 +124,7 @@ def _simulated(args: argparse.Namespace, spec) -> Engine:
 
 async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
     await require_topic_limits(settings)  # before loading a model: a result the broker refuses must not be computed
-    engine = build_engine(args)
+    engine = build_engine(args, settings)
     stack.push_async_callback(engine.close)
     observed = metrics.WorkerMetrics(args.model)
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)

@@ -7,6 +7,7 @@ import pytest
 
 from llmq_api.app import create_app
 from llmq_core import constants, wire
+from llmq_core.settings import Settings
 from tests.unit.api.conftest import DEV_AUTH
 
 
@@ -133,7 +134,11 @@ async def test_chunked_body_over_the_limit_is_413(setup):
 async def test_models_health_readiness_metrics(setup):
     client, pod, _, _ = setup
     models = (await client.get("/v1/models")).json()
-    assert {m["id"]: m["context_window"] for m in models["data"]} == {"llmq-sim": 8192, "llmq-tiny": 8192}
+    assert {m["id"]: m["context_window"] for m in models["data"]} == {
+        "llmq-sim": 8192,
+        "llmq-tiny": 8192,
+        "smollm2-135m-instruct": 8192,
+    }
     assert (await client.get("/v1/models/llmq-tiny")).json()["id"] == "llmq-tiny"
     assert (await client.get("/v1/models/nope")).status_code == 404
     assert (await client.get("/healthz")).status_code == 200
@@ -199,3 +204,8 @@ async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queu
     )
     assert response.status_code == 200 and response.headers[constants.HTTP_PREDICTED_WAIT_MS] == "1500"  # 30 at 20/s
     assert pod.saturation.current.predict("llmq-sim", "interactive:paid").queued == 31
+
+
+async def test_a_pod_whose_files_url_names_no_known_filesystem_is_refused_before_it_serves(make_app):
+    with pytest.raises(ValueError, match="nosuch"):  # main turns it into exit status 2
+        await make_app(Settings(files_url="nosuch://files"))

@@ -179,11 +179,10 @@ async def test_pod_in_flight_cap_sheds_by_class(make_app):
     assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200, 200]
 
 
-async def test_tenant_rate_limit_is_a_429_naming_the_bucket(setup):
-    client, _, worker, redis = setup
+async def test_tenant_rate_limit_is_a_429_naming_the_bucket(make_app):
     keys = KeyStore({})
     keys.add([KeyEntry(tenant="capped", key="k-capped", requests_per_min=1, tokens_per_min=10)])
-    setup[1].keys = keys
+    client, _, worker, redis = await make_app(keys=keys)
     redis.take_reply = [0, 1200, 1]
     response = await client.post("/v1/completions", json=BODY, headers={"authorization": "Bearer k-capped"})
     assert response.status_code == 429 and response.headers["retry-after"] == "2"
@@ -209,6 +208,15 @@ async def test_idempotent_retry_returns_the_stored_result_without_running_again(
     assert len(worker.produced) == 2
 
 
+async def test_a_retry_with_other_parameters_is_a_422_naming_the_request_that_holds_the_key(setup):
+    client, _, worker, _ = setup
+    idem = {"idempotency-key": "order-5"}
+    first = await client.post("/v1/completions", json=BODY, headers=idem)
+    other = await client.post("/v1/completions", json=BODY | {"max_tokens": 3}, headers=idem)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.headers["x-request-id"] == first.headers["x-request-id"] and len(worker.produced) == 1
+
+
 async def test_idempotent_retry_joins_the_request_still_running(setup):
     client, pod, worker, redis = setup
     worker.silent = True
@@ -218,7 +226,9 @@ async def test_idempotent_retry_joins_the_request_still_running(setup):
     while not worker.produced:
         await asyncio.sleep(0.01)
     second = asyncio.create_task(client.post("/v1/completions", json=body, headers=idem))
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(5):
+        while not pod.metrics.registry.get_sample_value("llmq_api_idempotent_replays_total"):  # until it joined
+            await asyncio.sleep(0.01)
     (request,) = worker.produced
     result = final(request.request_id, "abcab")
     pod.registry.dispatch(result)  # the first connection's reply

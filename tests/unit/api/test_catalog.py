@@ -23,10 +23,15 @@ def beat(model: str, context_window: int) -> wire.WorkerHeartbeat:
 def test_builtins_and_seen_models_with_context_windows():
     clock = FakeClock()
     catalog = ModelCatalog(clock, seen_ttl_ms=1000)
-    assert set(catalog.context_windows()) == {"llmq-sim", "llmq-tiny"}
+    assert set(catalog.context_windows()) == {"llmq-sim", "llmq-tiny", "smollm2-135m-instruct"}
     catalog.observe(beat("qwen-0.5b", 32768))
     catalog.observe(beat("llmq-sim", 1))  # a heartbeat never shrinks a built-in's spec
-    assert catalog.context_windows() == {"llmq-sim": 8192, "llmq-tiny": 8192, "qwen-0.5b": 32768}
+    assert catalog.context_windows() == {
+        "llmq-sim": 8192,
+        "llmq-tiny": 8192,
+        "smollm2-135m-instruct": 8192,
+        "qwen-0.5b": 32768,
+    }
     listing = {m["id"]: m for m in catalog.listing()}
     assert listing["qwen-0.5b"] == {
         "id": "qwen-0.5b",

@@ -12,7 +12,7 @@ from llmq_api.waiters import Waiter, WaiterRegistry
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
 from tests.fakes import FakeRedis
-from tests.unit.api.fakes import final
+from tests.unit.api.fakes import Trigger, final
 
 MODELS = {"llmq-sim": 0}
 
@@ -61,13 +61,19 @@ async def test_results_are_read_from_the_result_store():
 
 
 async def test_follow_resolves_the_waiter_once_the_result_is_stored():
-    redis, clock = FakeRedis(), FakeClock()
-    store, registry = IdempotencyStore(redis, clock, result_ttl_ms=1), WaiterRegistry(10)
+    redis, clock, polled, wake = FakeRedis(), FakeClock(), Trigger(), Trigger()
+
+    async def sleep(seconds: float) -> None:  # between polls: tells the test, then waits until it says go on
+        polled.fire()
+        await wake.wait()
+
+    store, registry = IdempotencyStore(redis, clock, result_ttl_ms=1, sleep=sleep), WaiterRegistry(10)
     waiter = Waiter("cmpl-1", stream=False)
     follower = asyncio.create_task(store.follow(waiter, registry, until_ms=clock.now_ms() + 10_000))
-    await asyncio.sleep(0.15)
+    await asyncio.wait_for(polled.wait(), 1)  # it looked and found no result yet
     assert not waiter.done
     redis.data[constants.result_key("cmpl-1")] = wire.encode(final("cmpl-1"))
+    wake.fire()
     await asyncio.wait_for(follower, 1)
     assert waiter.resolution.request_id == "cmpl-1"
     clock.advance(20_000)  # past its end: returns without a result

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from llmq_api.batch_jobs import routes
+from llmq_api import pod
 from llmq_core.settings import Settings
 from tests.unit.api.fakes import MemoryJobStore
 from tests.unit.api.test_fuzz import bodies, chat, completion, json_values
@@ -73,7 +73,7 @@ def with_big_values(draw, body: bytes) -> bytes:
 @pytest.fixture
 async def app(make_app, monkeypatch):
     store = MemoryJobStore()
-    monkeypatch.setattr(routes, "JobStore", lambda redis: store)
+    monkeypatch.setattr(pod, "JobStore", lambda redis: store)
     client, *_ = await make_app(Settings(api_max_body_bytes=64_000, files_url=f"memory://no5xx-{uuid.uuid4().hex}"))
     return client
 

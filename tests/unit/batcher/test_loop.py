@@ -16,8 +16,8 @@ from aiokafka.errors import (
 )
 
 from llmq_batcher.loop import is_permanent, retry_delay_ms
-from llmq_batcher.policy import REQUEST_TOO_LARGE
 from llmq_core import constants, wire
+from llmq_core.status import ErrorCode
 from tests.fakes import Record
 from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, NAMES, T0, hb, make_loop, req
 
@@ -196,7 +196,9 @@ async def test_transient_failure_holds_the_model_with_growing_backoff(batcher):
 
 def _too_large(result: wire.FinalResult) -> bool:
     return (
-        result.outcome is wire.Outcome.ERRORED and result.error.code == REQUEST_TOO_LARGE and not result.error.retryable
+        result.outcome is wire.Outcome.ERRORED
+        and result.error.code == ErrorCode.REQUEST_TOO_LARGE
+        and not result.error.retryable
     )
 
 

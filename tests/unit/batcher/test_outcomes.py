@@ -1,8 +1,9 @@
 """FinalResults the batcher itself sends."""
 
 from llmq_batcher.outcomes import final_result
-from llmq_batcher.policy import REQUEST_TOO_LARGE, Answer
+from llmq_batcher.policy import Answer
 from llmq_core import wire
+from llmq_core.status import ErrorCode
 from tests.unit.batcher.helpers import T0, req
 
 
@@ -22,7 +23,9 @@ def test_expired_answer_carries_the_requests_identity_and_timings():
 
 
 def test_request_too_large_answer_is_an_openai_error_with_its_code():
-    answer = Answer(req("r1"), wire.Outcome.ERRORED, "invalid_request_error", "too large", code=REQUEST_TOO_LARGE)
+    answer = Answer(
+        req("r1"), wire.Outcome.ERRORED, "invalid_request_error", "too large", code=ErrorCode.REQUEST_TOO_LARGE
+    )
     assert final_result(answer, T0).error == wire.ErrorInfo(
         type="invalid_request_error", message="too large", code="request_too_large", retryable=False
     )

@@ -2,9 +2,10 @@
 
 import pytest
 
-from llmq_batcher.policy import REQUEST_TOO_LARGE, AddStatus, PolicyConfig, class_index, estimated_tokens
+from llmq_batcher.policy import AddStatus, PolicyConfig, class_index, estimated_tokens
 from llmq_core import wire
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorCode
 from tests.unit.batcher.helpers import MODEL, T0, dispatched_ids, entry_bytes, hb, make_policy, req
 
 # --- classes and precedence ------------------------------------------------------------------------------------------
@@ -471,7 +472,7 @@ def test_batches_are_capped_by_encoded_bytes_in_fair_order(prompts, expected_bat
         assert (answer.outcome, answer.error_type, answer.code, answer.retryable) == (
             wire.Outcome.ERRORED,
             "invalid_request_error",
-            REQUEST_TOO_LARGE,
+            ErrorCode.REQUEST_TOO_LARGE,
             False,
         )
 
@@ -507,11 +508,11 @@ def test_split_of_a_batch_whose_worker_went_silent_is_empty():
 
 def test_fail_answers_the_batch_errored_and_frees_its_slots():
     policy, _, batch = _dispatched(4, free=2, tenant_max_inflight=2)
-    policy.fail(batch, "invalid_request_error", "too large", REQUEST_TOO_LARGE)
+    policy.fail(batch, "invalid_request_error", "too large", ErrorCode.REQUEST_TOO_LARGE)
     decision = policy.schedule(T0)
     assert [(a.request.request_id, a.outcome, a.code) for a in decision.answers] == [
-        ("r0", wire.Outcome.ERRORED, REQUEST_TOO_LARGE),
-        ("r1", wire.Outcome.ERRORED, REQUEST_TOO_LARGE),
+        ("r0", wire.Outcome.ERRORED, ErrorCode.REQUEST_TOO_LARGE),
+        ("r1", wire.Outcome.ERRORED, ErrorCode.REQUEST_TOO_LARGE),
     ]
     assert dispatched_ids(decision) == [["r2", "r3"]]  # the tenant's cap and the worker's slots were freed
 

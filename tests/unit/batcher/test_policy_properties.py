@@ -6,8 +6,9 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmq_batcher.policy import REQUEST_TOO_LARGE, class_index, estimated_tokens
+from llmq_batcher.policy import class_index, estimated_tokens
 from llmq_core import wire
+from llmq_core.status import ErrorCode
 from tests.unit.batcher.helpers import CLASSES, counts, entry_bytes, hb, make_policy, recount, req
 
 WORKERS = {  # worker id -> (model, fixed batch time ms)
@@ -114,7 +115,9 @@ class Harness:
             request_id = answer.request.request_id
             assert request_id not in self.answered, f"{request_id} answered twice"
             too_large = entry_bytes(answer.request) > BATCH_BYTES
-            assert (answer.code == REQUEST_TOO_LARGE) is too_large, f"{request_id} fits yet was refused, or vice versa"
+            assert (answer.code == ErrorCode.REQUEST_TOO_LARGE) is too_large, (
+                f"{request_id} fits yet was refused, or vice versa"
+            )
             self.answered[request_id] = answer.outcome
         for batch in decision.batches:
             assert WORKERS[batch.worker_id][0] == batch.model

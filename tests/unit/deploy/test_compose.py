@@ -56,6 +56,16 @@ def test_worker_image_carries_the_worker_extra():
     assert "EXTRAS" in (ROOT / "Dockerfile").read_text()
 
 
+def test_worker_images_carry_the_converted_checkpoints_made_by_the_install_step():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "python -m llmq_worker.checkpoints install --models-dir /opt/llmq/models" in dockerfile
+    assert "COPY --from=models /opt/llmq/${MODELS} /opt/llmq/models" in dockerfile
+    assert "LLMQ_MODELS_DIR=/opt/llmq/models" in dockerfile
+    real = SERVICES["worker-smollm2-0"]
+    assert real["build"]["args"] == {"EXTRAS": "worker", "MODELS": "models"}
+    assert real["command"][real["command"].index("--model") + 1] == "smollm2-135m-instruct"
+
+
 def test_loadgen_runs_llmq_bench_against_both_pods_under_the_load_profile():
     import typer
 

@@ -5,6 +5,7 @@ import pytest
 
 from llmq_core import jobs, wire
 from llmq_core.jobs import JobSpec, JobView
+from llmq_core.status import ErrorCode
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobpolicy import Step
 
@@ -89,10 +90,10 @@ def test_end_line_makes_an_unbilled_result_with_the_batch_code():
     s = jobpolicy.end_line(BATCH, "c9", jobs.retry(2), wire.Outcome.CANCELED, NOW_MS)
     assert (s.expected, s.new, s.counters) == ("r2", jobs.CANCELED, {"canceled": 1})
     assert s.result.request_id == jobs.line_request_id(BATCH, "c9", 2)
-    assert s.result.error.code == jobpolicy.BATCH_CANCELLED and s.result.usage.total_tokens == 0
+    assert s.result.error.code == ErrorCode.BATCH_CANCELLED and s.result.usage.total_tokens == 0
     assert (
         jobpolicy.end_line(BATCH, "c9", jobs.pending(0), wire.Outcome.EXPIRED, NOW_MS).result.error.code
-        == jobpolicy.BATCH_EXPIRED
+        == ErrorCode.BATCH_EXPIRED
     )
     assert jobpolicy.end_line(BATCH, "c9", jobs.SUCCEEDED, wire.Outcome.CANCELED, NOW_MS) is None
 

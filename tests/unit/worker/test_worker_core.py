@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from llmq_core.clock import FakeClock
-from llmq_core.constants import STREAM_INTERRUPTED, replies_channel
+from llmq_core.constants import replies_channel
+from llmq_core.status import ErrorCode
 from llmq_core.wire import FinalResult, KafkaReply, Outcome, StreamMark, TokenChunk
 from llmq_worker.core import STREAM_MARK_GRACE_MS, WorkerCore
 from llmq_worker.engine import ChunkEvent
@@ -186,7 +187,7 @@ def test_a_stream_whose_text_was_sent_is_not_rerun_after_a_shared_failure():
     interrupted = results_of(out)["a"]
     assert (interrupted.outcome, interrupted.error.code, interrupted.error.retryable) == (
         Outcome.ERRORED,
-        STREAM_INTERRUPTED,
+        ErrorCode.STREAM_INTERRUPTED,
         True,
     )
     assert (interrupted.usage.completion_tokens, interrupted.choices) == (3, [])
@@ -205,7 +206,7 @@ def test_a_request_marked_mid_stream_is_answered_interrupted_and_not_run_again()
     result = results_of(out)["s"]
     assert (result.outcome, result.error.code, result.error.type) == (
         Outcome.ERRORED,
-        STREAM_INTERRUPTED,
+        ErrorCode.STREAM_INTERRUPTED,
         "server_error",
     )
     assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.total_tokens) == (4, 7, 11)

@@ -260,18 +260,35 @@ async def test_logit_bias_ids_outside_the_vocabulary_are_invalid(engine):
     assert engine.capacity().running == 0
 
 
-def test_seeded_choice_draws_by_inverse_cdf_and_leaves_unseeded_rows_alone():
-    from llmq_worker.engines.cb_processors import seeded_choice
+def test_a_row_is_drawn_by_inverse_cdf_or_takes_its_most_likely_token_when_greedy():
+    from llmq_worker.engines.cb_processors import GREEDY, chosen
 
-    logits = torch.log(torch.tensor([0.1, 0.0, 0.6, 0.3])).repeat(6, 1)
-    draws = torch.tensor([0.05, 0.15, 0.69, 0.71, -1.0, float("nan")])
-    out = seeded_choice(logits, draws)
-    assert [int(row.argmax()) for row in out[:4]] == [0, 2, 2, 3]
-    assert torch.isinf(out[:4]).sum() == 4 * 3  # one possible token per seeded row
-    assert torch.equal(out[4:], logits[4:])
+    logits = torch.log(torch.tensor([0.1, 0.0, 0.6, 0.3])).repeat(5, 1)
+    draws = torch.tensor([0.05, 0.15, 0.69, 0.71, GREEDY])
+    out = chosen(logits, draws)
+    assert [int(row.argmax()) for row in out] == [0, 2, 2, 3, 2]
+    assert torch.isinf(out).sum() == 5 * 3  # one possible token per row
     grid = (torch.arange(1000, dtype=torch.float32) + 0.5) / 1000  # cell midpoints: no ties at the edges
-    picks = seeded_choice(logits[:1].repeat(1000, 1), grid).argmax(dim=-1)
+    picks = chosen(logits[:1].repeat(1000, 1), grid).argmax(dim=-1)
     assert torch.bincount(picks, minlength=4).tolist() == [100, 0, 600, 300]
+
+
+def test_top_p_keeps_the_smallest_nucleus_and_temperature_scales_sampled_rows():
+    from types import SimpleNamespace
+
+    from llmq_worker.engines.cb_processors import Temperature, TopP
+
+    def rows(**kwargs):
+        return [SimpleNamespace(state=SimpleNamespace(logit_processor_kwargs=kwargs))]
+
+    logits = torch.log(torch.tensor([[0.1, 0.05, 0.55, 0.3]]))
+    top_p = TopP()
+    kept = top_p(logits, top_p.prepare_tensor_args(rows(top_p=0.8)))
+    assert torch.isinf(kept).tolist() == [[True, True, False, False]]  # 0.55 + 0.3 reach 0.8
+    assert torch.equal(top_p(logits, top_p.prepare_tensor_args(rows(top_p=1.0))), logits)
+    temperature = Temperature()
+    assert torch.allclose(temperature(logits, temperature.prepare_tensor_args(rows(temperature=0.5))), logits * 2)
+    assert torch.equal(temperature(logits, temperature.prepare_tensor_args(rows(greedy=True))), logits)
 
 
 async def test_generation_stops_at_the_result_byte_cap(engine, monkeypatch):
@@ -283,3 +300,33 @@ async def test_generation_stops_at_the_result_byte_cap(engine, monkeypatch):
     assert [streamed.get(("cap", c.index), "") for c in final.choices] == [c.text for c in final.choices]
     assert "length" in {c.finish_reason for c in final.choices}
     assert final.usage.completion_tokens < 2 * 200  # generation stopped long before max_tokens
+
+
+def test_generation_ends_at_every_end_token_of_the_model_and_its_tokenizer():
+    from types import SimpleNamespace
+
+    from llmq_worker.engines.transformers_engine import _generation_config
+
+    model = SimpleNamespace(
+        generation_config=SimpleNamespace(eos_token_id=[128001, 128009], pad_token_id=None),
+        config=SimpleNamespace(eos_token_id=128001, vocab_size=128256),
+    )
+    end_of_turn = SimpleNamespace(eos_token_id=128008)
+    assert _generation_config(model, end_of_turn).eos_token_id == [128001, 128008, 128009]
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    assert _generation_config(model, SimpleNamespace(eos_token_id=None)).eos_token_id == [-1]
+
+
+def test_a_plain_prompt_gets_only_the_special_tokens_its_tokenizer_adds():
+    from types import SimpleNamespace
+
+    from llmq_worker.engines.codec import TextCodec
+
+    class Tokenizer:
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return SimpleNamespace(input_ids=([1] if add_special_tokens else []) + [ord(c) for c in text])
+
+    codec = TextCodec(Tokenizer())
+    assert codec.prompt_ids(request("r", "ab")) == [1, 97, 98]

@@ -20,6 +20,7 @@ from llmq_api import validation
 from llmq_api.errors import ApiError
 from llmq_core import jobs
 from llmq_core.requests import echo
+from llmq_core.token_counts import TokenCounter
 
 BOM = b"\xef\xbb\xbf"
 MAX_REPORTED_ERRORS = 100  # errors.data entries kept; the count of the rest is reported in the last one
@@ -37,6 +38,7 @@ class Limits:
     max_lines: int
     max_line_bytes: int
     max_stop_bytes: int = validation.DEFAULT_MAX_STOP_BYTES  # per stop sequence, as over HTTP
+    counters: Mapping[str, TokenCounter] = field(default_factory=dict)  # model -> its tokenizer, as over HTTP
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +138,7 @@ class InputChecker:
                 "line_too_large", f"Line is {size} bytes; the limit is {limits.max_line_bytes}", line=self._number
             )
             return []
-        line = _check_line(
-            raw, self._number, self.endpoint, self.models, self._seen, self.checked, limits.max_stop_bytes
-        )
+        line = _check_line(raw, self._number, self.endpoint, self.models, self._seen, self.checked, limits)
         return [] if line is None else [line]
 
 
@@ -158,7 +158,7 @@ def _check_line(
     models: Mapping[str, int],
     seen: set[str],
     checked: CheckedInput,
-    max_stop_bytes: int,
+    limits: Limits,
 ) -> InputLine | None:
     try:
         line = msgspec.json.decode(raw, type=_Line)
@@ -204,17 +204,17 @@ def _check_line(
     if not body.lstrip().startswith(b"{"):
         checked.fail("invalid_body", "body must be a JSON object with the request", param="body", line=number)
         return None
-    return _check_body(body, number, custom_id, endpoint, models, max_stop_bytes)
+    return _check_body(body, number, custom_id, endpoint, models, limits)
 
 
 def _check_body(
-    body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int], max_stop_bytes: int
+    body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int], limits: Limits
 ) -> InputLine:
     parse = (
         validation.parse_chat if jobs.BATCH_ENDPOINTS[endpoint] == "chat.completions" else validation.parse_completion
     )
     try:
-        valid = parse(body, models, max_stop_bytes=max_stop_bytes)
+        valid = parse(body, models, max_stop_bytes=limits.max_stop_bytes, counters=limits.counters)
     except ApiError as exc:
         return InputLine(line=number, custom_id=custom_id, model=_model_of(body), error=exc)
     if valid.stream:

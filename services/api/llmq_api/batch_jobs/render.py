@@ -5,13 +5,14 @@ from __future__ import annotations
 from llmq_api.openai_format import error_for, response_body
 from llmq_core import jobs, wire
 from llmq_core.jobs import FileRecord, JobView
+from llmq_core.status import ErrorCode
 
-_ENDED_CODES = {wire.Outcome.CANCELED: "batch_cancelled", wire.Outcome.EXPIRED: "batch_expired"}
+_ENDED_CODES = {wire.Outcome.CANCELED: ErrorCode.BATCH_CANCELLED, wire.Outcome.EXPIRED: ErrorCode.BATCH_EXPIRED}
 _ENDED_MESSAGES = {
     wire.Outcome.CANCELED: "This request was cancelled with its batch",
     wire.Outcome.EXPIRED: "This request did not run before the batch's completion window ended",
 }
-_TIMESTAMPS = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+_TIMESTAMPS = jobs.STATUSES[1:]  # every status but validating has its <status>_at
 
 
 def batch_object(job: JobView) -> dict:
@@ -20,6 +21,7 @@ def batch_object(job: JobView) -> dict:
     failed = job.status == jobs.FAILED
     counts = job.counts
     input_tokens, output_tokens = job.count("input_tokens"), job.count("output_tokens")
+    succeeded = job.count(jobs.STATE_COUNTER[jobs.SUCCEEDED])
     body = {
         "id": spec.id,
         "object": "batch",
@@ -36,8 +38,8 @@ def batch_object(job: JobView) -> dict:
         **{f"{name}_at": job.times.get(name) for name in _TIMESTAMPS},
         "request_counts": {
             "total": spec.total,
-            "completed": job.count("succeeded"),
-            "failed": job.count("errored") + job.count("canceled") + job.count("expired"),
+            "completed": succeeded,
+            "failed": job.settled - succeeded,
         },
         "metadata": spec.metadata,
         "usage": {
@@ -47,10 +49,7 @@ def batch_object(job: JobView) -> dict:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,
         },
-        "llmq": {
-            name: counts.get(name, 0)
-            for name in ("succeeded", "errored", "canceled", "expired", "retried", "dead_letters")
-        },
+        "llmq": {name: counts.get(name, 0) for name in (*jobs.STATE_COUNTER.values(), "retried", "dead_letters")},
     }
     return body
 
@@ -96,7 +95,7 @@ def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
         line["error"] = {"code": _ENDED_CODES[outcome], "message": _ENDED_MESSAGES[outcome]}
         return False, line
     error = error_for(result)
-    status = 404 if error.code == "model_not_found" else error.status
+    status = 404 if error.code == ErrorCode.MODEL_NOT_FOUND else error.status
     line["response"] = {"status_code": status, "request_id": result.request_id, "body": error.body()}
     if result.error is not None and result.error.retryable:
         line["dead_letter"] = True

@@ -1,5 +1,5 @@
 """HTTP routes of ``/v1/files`` and ``/v1/batches`` (OpenAI-compatible). Thin: authenticate, parse, call the
-:class:`~llmq_api.batch_jobs.service.BatchJobs` of the pod, render."""
+:class:`~llmq_api.batch_jobs.service.BatchJobs` on ``app.state.batch_jobs`` (wired by the pod), render."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.service import BatchJobs
 from llmq_api.errors import ApiError, invalid
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY
-from llmq_core.filestore import FileStore
-from llmq_core.jobstore import JobStore
+from llmq_core.status import ErrorCode
 
 router = APIRouter()
 
@@ -23,31 +22,20 @@ MAX_BATCH_BODY_BYTES = 64 * 1024
 
 
 def _jobs(request: Request) -> BatchJobs:
-    """The pod's BatchJobs, made on first use (it shares the pod's Redis client and settings)."""
-    state = request.app.state
-    service = getattr(state, "batch_jobs", None)
-    if service is None:
-        pod = state.pod
-        service = state.batch_jobs = BatchJobs(
-            pod.settings,
-            JobStore(pod.redis),
-            FileStore(pod.settings.files_url),
-            pod.clock,
-            pod.catalog.context_windows,
-            pod.limiter,
-        )
-    return service
+    return request.app.state.batch_jobs
 
 
 def _principal(request: Request) -> Principal:
-    return request.app.state.pod.keys.authenticate(request.headers.get("authorization"))
+    return request.app.state.keys.authenticate(request.headers.get("authorization"))
 
 
 async def _small_body(request: Request) -> bytes:
     body = await request.body()
     if len(body) > MAX_BATCH_BODY_BYTES:
         raise ApiError(
-            413, f"Request body is larger than the limit of {MAX_BATCH_BODY_BYTES} bytes", code="request_too_large"
+            413,
+            f"Request body is larger than the limit of {MAX_BATCH_BODY_BYTES} bytes",
+            code=ErrorCode.REQUEST_TOO_LARGE,
         )
     return body
 
@@ -60,7 +48,7 @@ async def limits(request: Request) -> dict:
     """The batch limits of this deployment, so a client can shard a large job to fit (``llmq batch run`` reads them;
     an API without this route gets OpenAI's limits)."""
     _principal(request)
-    settings = request.app.state.pod.settings
+    settings = _jobs(request).settings
     return {
         "object": "limits",
         "batch": {
@@ -69,6 +57,17 @@ async def limits(request: Request) -> dict:
             "max_line_bytes": settings.batch_max_line_bytes,
             "max_completion_window_s": settings.batch_max_window_s,
         },
+    }
+
+
+def _page(data: list[dict], has_more: bool) -> dict:
+    """One page of a list, shaped as OpenAI's cursor-paginated lists."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
     }
 
 
@@ -106,14 +105,7 @@ async def create_file(request: Request) -> dict:
 @router.get("/v1/files")
 async def list_files(request: Request, purpose: str | None = None, after: str | None = None, limit: int = 100) -> dict:
     records, has_more = await _jobs(request).list_files(_principal(request), purpose, after, limit)
-    data = [render.file_object(r) for r in records]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return _page([render.file_object(r) for r in records], has_more)
 
 
 @router.get("/v1/files/{file_id}")
@@ -147,14 +139,7 @@ async def create_batch(request: Request) -> dict:
 @router.get("/v1/batches")
 async def list_batches(request: Request, after: str | None = None, limit: int = 20) -> dict:
     jobs, has_more = await _jobs(request).list(_principal(request), after, limit)
-    data = [render.batch_object(job) for job in jobs]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return _page([render.batch_object(job) for job in jobs], has_more)
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -20,7 +20,7 @@ import msgspec
 
 from llmq_api import validation
 from llmq_api.admission import too_many_requests
-from llmq_api.auth import PERMISSION_ERROR, Principal
+from llmq_api.auth import Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
@@ -32,6 +32,8 @@ from llmq_core.jobs import FileRecord, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
+from llmq_core.status import ErrorType
+from llmq_core.token_counts import TokenCounter
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 
@@ -89,8 +91,10 @@ class BatchJobs:
         clock: Clock,
         models: Callable[[], Mapping[str, int]],
         limiter: RateLimiter,
+        counters: Mapping[str, TokenCounter] | None = None,
     ) -> None:
         self.settings = settings
+        self.counters = counters or {}  # model -> its tokenizer (others count bytes), as over HTTP
         self.store = store
         self.files = files
         self.clock = clock
@@ -342,7 +346,10 @@ class BatchJobs:
         job's ledger (written ahead of the job, a slice per chunk read), so the pod holds one chunk at a time.
         Then fail the job (structural errors), refuse it (its estimate does not fit the batch quota), or start it."""
         limits = inputs.Limits(
-            self.settings.batch_max_lines, self.settings.batch_max_line_bytes, self.settings.api_max_stop_bytes
+            self.settings.batch_max_lines,
+            self.settings.batch_max_line_bytes,
+            self.settings.api_max_stop_bytes,
+            self.counters,
         )
         checker = inputs.InputChecker(spec.endpoint, self.models(), limits)
         tally = _Tally()
@@ -468,7 +475,7 @@ class BatchJobs:
     async def _read(self, batch_id: str) -> JobView:
         job = await self.store.get_job(batch_id)
         if job is None:  # written a moment ago: only a Redis flush gets here
-            raise ApiError(500, f"Batch {batch_id} vanished after it was created", type="server_error")
+            raise ApiError(500, f"Batch {batch_id} vanished after it was created", type=ErrorType.SERVER)
         return job
 
     async def get(self, principal: Principal, batch_id: str) -> JobView:
@@ -534,7 +541,7 @@ def _check_deferred(principal: Principal, action: str) -> None:
         raise ApiError(
             403,
             f"This API key may not use the deferred class that batches run in, so it may not {action}",
-            type=PERMISSION_ERROR,
+            type=ErrorType.PERMISSION,
             code="class_not_allowed",
         )
 

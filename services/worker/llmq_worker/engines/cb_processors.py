@@ -1,16 +1,20 @@
-"""Per-request ``logit_bias`` and ``seed`` for transformers' ContinuousBatchingManager, as logits processors of its own kind.
+"""Per-request sampling for transformers' ContinuousBatchingManager, as logits processors of the engine's own kind.
 
-The manager samples every row of a step with one ``torch.multinomial`` on the global generator, and its per-request
-processors only know temperature, top-k and top-p. :func:`install` adds two more to a manager before it starts:
+The manager's own per-request processors (temperature, top-k, top-p) sort the whole vocabulary twice per step and then
+sample with ``torch.multinomial``: on a CPU and a 49k-token vocabulary that cost more than the model's step. So the
+engine runs the manager greedy (argmax, no processors of its own) and :func:`install` adds four processors that pick
+each row's token themselves and leave only it possible, so the argmax takes it:
 
-- :class:`LogitBias` (first): adds a request's biases to its row's logits, before temperature, top-k and top-p.
-- :class:`SeededSampling` (last): a seeded request draws its token itself, by inverse CDF on the final distribution with
-  a uniform number from its own ``random.Random``, and leaves only that token possible, so the manager's multinomial
-  must pick it. The k-th token of a request uses its k-th draw whatever else runs: a request run alone reproduces exactly;
-  in a mixed batch its logits may differ in the last bits (other batch shapes), so there it is best effort.
+- :class:`LogitBias` (first): adds a request's biases to its row's logits.
+- :class:`Temperature`: divides a sampled row's logits by its temperature.
+- :class:`TopP`: the nucleus of a row with ``top_p`` < 1 (on a CPU it sorts only in steps that hold such a row).
+- :class:`Draw` (last): a greedy row takes its most likely token; a sampled row draws by inverse CDF on its final
+  distribution with a uniform number from its own ``random.Random`` when seeded (else from a shared one). The k-th
+  token of a seeded request uses its k-th draw whatever else runs: a request run alone reproduces exactly; in a mixed
+  batch its logits may differ in the last bits (other batch shapes), so there it is best effort.
 
-Both read only their tensor argument and tensors they own (no Python branching on data), so they also work when the
-manager captures its steps in CUDA graphs or runs two steps in flight (the bias rows alternate between two halves).
+They read only their tensor argument and tensors they own (no Python branching on tensor data; TopP's shortcut is taken
+only on a CPU), so they also work when the manager captures its steps in CUDA graphs or runs two steps in flight.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from transformers.generation.continuous_batching.cb_logits_processors import Con
 
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
 
-UNSEEDED = -1.0  # the uniform draw of a row without a seed
+GREEDY = -1.0  # the draw of a greedy row: its most likely token
+_UNSEEDED = random.Random()  # draws of sampled rows without a seed
 
 
 class LogitBias(ContinuousBatchingLogitsProcessor):
@@ -66,45 +71,105 @@ class LogitBias(ContinuousBatchingLogitsProcessor):
         return scores.scatter_add(-1, self._ids[lines], self._values[lines])
 
 
-class SeededSampling(ContinuousBatchingLogitsProcessor):
-    """Per-request ``seed_rng`` (kwarg: a ``random.Random``): one uniform draw per sampled token of that request."""
+def _floats(values: list[float]) -> torch.Tensor:
+    """One float per row, carried in the manager's int32 argument rows."""
+    return torch.tensor(values, dtype=torch.float32).view(torch.int32)
 
-    supported_kwargs: dict[str, type] = {"seed_rng": random.Random}
+
+def _fill_float(int32_tensor: torch.Tensor, value: float) -> None:
+    int32_tensor.copy_(torch.full_like(int32_tensor, value, dtype=torch.float32).view(torch.int32))
+
+
+class Temperature(ContinuousBatchingLogitsProcessor):
+    """Per-request ``temperature`` (> 0; greedy rows keep 1.0)."""
+
+    supported_kwargs: dict[str, type] = {"temperature": float}
     ignored_kwargs: tuple[str, ...] = ()
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.copy_(torch.full_like(int32_tensor, UNSEEDED, dtype=torch.float32).view(torch.int32))
+        _fill_float(int32_tensor, 1.0)
 
     def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
-        draws = []
-        for request in requests_with_new_token:
-            rng = request.state.logit_processor_kwargs.get("seed_rng")
-            draws.append(rng.random() if rng is not None else UNSEEDED)
-        return torch.tensor(draws, dtype=torch.float32).view(torch.int32)
+        return _floats([r.state.logit_processor_kwargs.get("temperature", 1.0) for r in requests_with_new_token])
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
-        return seeded_choice(scores, tensor_arg[: scores.size(0)].view(torch.float32))
+        temperature = tensor_arg[: scores.size(0)].view(torch.float32)
+        return scores / torch.where(temperature > 0, temperature, 1.0).unsqueeze(-1)
 
 
-def seeded_choice(scores: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-    """Rows with a draw ``u`` in [0, 1) become 0 at the token whose CDF interval holds ``u`` and -inf elsewhere; other
-    rows (u < 0, or NaN in padding) are returned unchanged. ``scores``: [rows, vocab] logits; ``draws``: [rows]."""
+class TopP(ContinuousBatchingLogitsProcessor):
+    """Per-request ``top_p``: the smallest set of most likely tokens whose probability reaches it (1.0: all)."""
+
+    supported_kwargs: dict[str, type] = {"top_p": float}
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._any = True  # a row of the step being prepared has top_p < 1
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        _fill_float(int32_tensor, 1.0)
+
+    def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
+        values = [r.state.logit_processor_kwargs.get("top_p", 1.0) for r in requests_with_new_token]
+        self._any = any(v < 1.0 for v in values)
+        return _floats(values)
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        if not self._any and scores.device.type == "cpu":  # no graph capture on a CPU: skip the sort
+            return scores
+        top_p = tensor_arg[: scores.size(0)].view(torch.float32).unsqueeze(-1)
+        ordered, order = torch.sort(scores, descending=False, dim=-1)
+        remove = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+        remove[..., -1:] = False  # the most likely token always stays
+        return scores.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+
+class Draw(ContinuousBatchingLogitsProcessor):
+    """Per-request ``greedy`` (True) or ``seed_rng`` (a ``random.Random``): one uniform draw per sampled token."""
+
+    supported_kwargs: dict[str, type] = {"greedy": bool, "seed_rng": random.Random}
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        _fill_float(int32_tensor, GREEDY)
+
+    def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
+        return _floats([_draw(r.state.logit_processor_kwargs) for r in requests_with_new_token])
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        return chosen(scores, tensor_arg[: scores.size(0)].view(torch.float32))
+
+
+def _draw(kwargs: dict) -> float:
+    if kwargs.get("greedy"):
+        return GREEDY
+    rng = kwargs.get("seed_rng")
+    return (rng or _UNSEEDED).random()
+
+
+def chosen(scores: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """0 at each row's token and -inf elsewhere: the most likely token of rows whose draw is negative (greedy), else
+    the token whose CDF interval holds the draw ``u`` in [0, 1). ``scores``: [rows, vocab] logits; ``draws``: [rows]."""
     cdf = scores.softmax(dim=-1).cumsum(dim=-1)
     target = (draws.clamp(0, 1) * cdf[:, -1]).unsqueeze(-1)
-    token = torch.searchsorted(cdf, target, right=True).clamp(max=scores.size(-1) - 1)
-    one_hot = torch.full_like(scores, float("-inf")).scatter(-1, token, 0.0)
-    return torch.where((draws >= 0).unsqueeze(-1), one_hot, scores)
+    sampled = torch.searchsorted(cdf, target, right=True).clamp(max=scores.size(-1) - 1)
+    token = torch.where((draws < 0).unsqueeze(-1), scores.argmax(dim=-1, keepdim=True), sampled)
+    return torch.full_like(scores, float("-inf")).scatter(-1, token, 0.0)
 
 
 def install(manager) -> None:
-    """Add :class:`LogitBias` (first) and :class:`SeededSampling` (last) to a manager that has not started yet."""
+    """Add the engine's processors to a manager that has not started yet (and runs greedy, without processors)."""
     processors = manager.logit_processor
-    bias = LogitBias(manager.continuous_batching_config.max_requests_per_batch, manager.model.device)
-    seeded = SeededSampling()
-    processors.logits_processor.insert(0, bias)
-    processors.logits_processor.append(seeded)
-    processors.tensors_required += 2
-    processors.supported_keys.update(bias.supported_kwargs | seeded.supported_kwargs)
+    added = [
+        LogitBias(manager.continuous_batching_config.max_requests_per_batch, manager.model.device),
+        Temperature(),
+        TopP(),
+        Draw(),
+    ]
+    processors.logits_processor.extend(added)
+    processors.tensors_required += len(added)
+    for processor in added:
+        processors.supported_keys.update(processor.supported_kwargs)
     processors.do_processing = True
 
 

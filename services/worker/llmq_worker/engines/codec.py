@@ -12,7 +12,9 @@ from llmq_worker.text import ChoiceText, ResultBudget, WindowDetokenizer
 
 class TextCodec:
     """Prompt text -> ids and ids -> text for one tokenizer. Byte-level (ByT5 ids) tokenizers use llmq_core's exact
-    byte tokenizer; any other uses its own chat template, ``decode`` and BOS."""
+    byte tokenizer; any other uses its own chat template, ``decode`` and special tokens, counted as the API pods count
+    (:mod:`llmq_core.token_counts`): a prompt gets the special tokens the tokenizer adds itself, a chat those of its
+    template."""
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -28,13 +30,10 @@ class TextCodec:
         if request.messages is not None and getattr(self._tokenizer, "chat_template", None):
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
             text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        elif request.messages is not None:
-            text = byte_tokenizer.render_chat(request.messages)
-        else:
-            text = request.prompt or ""
-        ids = self._tokenizer(text, add_special_tokens=False).input_ids
-        bos = self._tokenizer.bos_token_id
-        return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
+            return self._tokenizer(text, add_special_tokens=False).input_ids
+        if request.messages is not None:
+            return self._tokenizer(byte_tokenizer.render_chat(request.messages)).input_ids
+        return self._tokenizer(request.prompt or "").input_ids
 
     def choice(self, stops: list[str], budget: ResultBudget) -> ChoiceText:
         """The text path of one choice (``budget``: its request's result bytes): exact byte detokenization, or a window

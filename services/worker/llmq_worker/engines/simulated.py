@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
+from llmq_core.status import ErrorType
 from llmq_core.tokenizer import VOCAB_SIZE, encode
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker.engine import Capacity, ChoiceEnd, ChunkEvent, EngineEvent, EventQueue, check_request, prompt_text
@@ -166,7 +167,7 @@ class SimulatedEngine:
         self._events.final(run, Outcome.SUCCEEDED)
 
     def _fail_running(self) -> None:
-        error = ErrorInfo(type="engine_error", message="simulated engine failure (poisoned batch)", retryable=False)
+        error = ErrorInfo(type=ErrorType.ENGINE, message="simulated engine failure (poisoned batch)", retryable=False)
         for run in list(self._running.values()):
             self._events.final(run, Outcome.ERRORED, error=error, shared_failure=True)
         log.warning("simulated batch of %d failed", len(self._running))

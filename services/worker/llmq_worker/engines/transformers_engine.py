@@ -3,9 +3,9 @@
 The manager runs its own generation thread; its outputs reach the asyncio loop through ``register_result_handler``
 (delivered with ``loop.call_soon_threadsafe``). What the manager lacks per request the engine adds: ``n`` choices are
 ``n`` sub-requests, stop strings are matched on detokenized text and end their sub-request with a cancel, ``max_tokens``
-is per sub-request, ``temperature == 0`` is greedy through a per-request top-k of 1, and ``logit_bias`` and ``seed`` are
-logits processors of the engine's own (:mod:`llmq_worker.engines.cb_processors`): a seed reproduces its answer exactly
-for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
+is per sub-request, and every token is chosen by logits processors of the engine's own
+(:mod:`llmq_worker.engines.cb_processors`: ``logit_bias``, temperature, top-p, greedy or seeded draws) while the manager
+itself runs greedy: a seed reproduces its answer exactly for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
 shared failure (the worker bisects them) and is replaced by a fresh manager on the next submit.
 """
 
@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, ContinuousBatchingConfig, GenerationConfig
@@ -25,8 +26,10 @@ from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.models import LLMQ_TINY
+from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
+from llmq_worker.checkpoints import load_gguf
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, SequenceEngine, check_request
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
@@ -38,6 +41,9 @@ log = logging.getLogger(__name__)
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
 CPU_KV_CACHE_BYTES = 1 << 30  # upper bound of the paged KV cache on CPU
 WARMUP_TIMEOUT_S = 120
+# torch threads on CPU: one. Measured on the shared 2-core machine (README "Engine benchmark"): with two, every step's
+# threads wait on each other while the rest of the stack takes a core, and continuous batching ran 5-8x slower.
+CPU_TORCH_THREADS = 1
 
 
 @dataclass(slots=True)
@@ -90,7 +96,8 @@ class TransformersEngine(SequenceEngine):
         self._model = model
         self._codec = TextCodec(tokenizer)
         self._perf_to_epoch_ms = time.time() * 1000 - time.perf_counter() * 1000
-        self._generation_config = _generation_config(model)
+        self._generation_config = _generation_config(model, tokenizer)
+        self._eos_ids = frozenset(self._generation_config.eos_token_id)
         self._cb_config = _cb_config(model, max_concurrent_sequences, max_batched_tokens, self.context_window)
         self._manager = None
         self._manager_dead = False
@@ -104,18 +111,25 @@ class TransformersEngine(SequenceEngine):
         max_concurrent_sequences: int,
         max_batched_tokens: int | None,
         device: str | None = None,
+        gguf_file: str | None = None,
+        torch_threads: int = 0,
     ) -> TransformersEngine:
-        """llmq-tiny (built in code) or the HF causal-LM checkpoint at ``model_path``, on ``device`` (default: cuda if
-        available). Raises OSError when the checkpoint cannot be loaded."""
+        """llmq-tiny (built in code), the HF causal-LM checkpoint at ``model_path``, or the GGUF file ``gguf_file`` in
+        it (dequantized to float32), on ``device`` (default: cuda if available). On CPU torch runs ``torch_threads``
+        intra-op threads (0: CPU_TORCH_THREADS). Raises OSError when the checkpoint cannot be loaded."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cpu":
+            torch.set_num_threads(torch_threads or CPU_TORCH_THREADS)
+        context_window = None
         if model_path is None:
             model, tokenizer = build_llmq_tiny()
             context_window = LLMQ_TINY.context_window
+        elif gguf_file is not None:
+            model, tokenizer = load_gguf(Path(model_path) / gguf_file)
         else:
             dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
             tokenizer = AutoTokenizer.from_pretrained(model_path)
-            context_window = None
         return cls(
             model.to(device),
             tokenizer,
@@ -201,7 +215,7 @@ class TransformersEngine(SequenceEngine):
         if not new_ids:
             return
         sub.seen = len(generated)
-        sub.eos = new_ids[-1] == self._generation_config.eos_token_id
+        sub.eos = new_ids[-1] in self._eos_ids
         self._rate.add(len(new_ids))
         if not job.first_token_ms:
             job.first_token_ms = self._clock.now_ms()
@@ -226,7 +240,7 @@ class TransformersEngine(SequenceEngine):
         )
         self._jobs.pop(job.request.request_id, None)
         self._stop(job)
-        error = ErrorInfo(type="engine_error", message=message, retryable=True)
+        error = ErrorInfo(type=ErrorType.ENGINE, message=message, retryable=True)
         self._events.final(job, Outcome.ERRORED, error=error, shared_failure=True)
 
     def _stop(self, job: _Job) -> None:
@@ -283,17 +297,13 @@ def _sub_id(request_id: str, index: int) -> str:
 
 
 def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
-    """Per-request logits processor arguments of choice ``index``: greedy is top-k 1 (exact argmax), otherwise
-    temperature and top-p, drawn from the choice's own generator when seeded; plus the logit_bias pairs."""
+    """Per-request processor arguments of choice ``index`` (:mod:`cb_processors`): greedy (exact argmax), or
+    temperature and top-p drawn from the choice's own generator when seeded; plus the logit_bias pairs."""
     sampling = request.sampling
     if sampling.temperature <= 0:
-        kwargs = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+        kwargs = {"greedy": True}
     else:
-        kwargs = {
-            "temperature": float(sampling.temperature),
-            "top_k": 1 << 30,
-            "top_p": float(min(1.0, sampling.top_p)),
-        }
+        kwargs = {"temperature": float(sampling.temperature), "top_p": float(min(1.0, sampling.top_p))}
         if sampling.seed is not None:
             kwargs["seed_rng"] = cb_processors.seed_rng(sampling.seed, index)
     if sampling.logit_bias:
@@ -301,21 +311,16 @@ def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
     return kwargs
 
 
-def _generation_config(model) -> GenerationConfig:
-    """Sampling on, with every per-request processor present (defaults that are not no-ops make the library build them)."""
-    eos = (
-        model.generation_config.eos_token_id
-        if model.generation_config.eos_token_id is not None
-        else model.config.eos_token_id
-    )
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
+def _generation_config(model, tokenizer) -> GenerationConfig:
+    """Greedy and without processors of the library's own: the engine's (:mod:`cb_processors`) choose every token.
+    Generation ends at any of the model's end tokens: its generation config's, its config's and the tokenizer's (a
+    chat model's end-of-turn token)."""
+    eos_ids = set()
+    for eos in (model.generation_config.eos_token_id, model.config.eos_token_id, tokenizer.eos_token_id):
+        eos_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return GenerationConfig(
-        do_sample=True,
-        temperature=0.999,
-        top_k=model.config.vocab_size,
-        top_p=0.999,
-        eos_token_id=eos if eos is not None else -1,
+        do_sample=False,
+        eos_token_id=sorted(eos_ids) or [-1],
         pad_token_id=model.generation_config.pad_token_id,
     )
 

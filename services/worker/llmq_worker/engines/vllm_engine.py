@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
+from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, EngineEvent, InvalidRequest, SequenceEngine, check_request
@@ -269,12 +270,18 @@ class VllmEngine(SequenceEngine):
             self._died = exc
             self._fail(job, f"vLLM's engine died: {exc!r}", retryable=True)
         elif isinstance(exc, self._request_errors):
-            self._fail(job, str(exc), error_type="invalid_request_error", shared=False)
+            self._fail(job, str(exc), error_type=ErrorType.INVALID_REQUEST, shared=False)
         else:
             self._fail(job, f"vLLM failed: {exc!r}", retryable=True)
 
     def _fail(
-        self, job: _Job, message: str, *, error_type: str = "engine_error", retryable: bool = False, shared: bool = True
+        self,
+        job: _Job,
+        message: str,
+        *,
+        error_type: str = ErrorType.ENGINE,
+        retryable: bool = False,
+        shared: bool = True,
     ) -> None:
         """End ``job`` errored; ``shared``: the failure may not be its own (the worker bisects and re-runs)."""
         if self._jobs.pop(job.request.request_id, None) is not job:

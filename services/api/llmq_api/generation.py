@@ -1,0 +1,279 @@
+"""The request path of ``/v1/completions`` and ``/v1/chat/completions`` once HTTP is parsed.
+
+An :class:`Ask` is admitted (admission control, then the tenant's rate limits) and submitted: its waiter registered,
+then produced to ``requests_topic(class)``. With an Idempotency-Key, an earlier request holding the key answers
+instead: its stored result, or its result once it has one (nothing runs again, nothing is charged twice). Either way
+the caller gets the :class:`~llmq_api.responses.PendingRequest` its response holds the connection on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import msgspec
+
+from llmq_api import idempotency
+from llmq_api.admission import ShedPolicy
+from llmq_api.auth import Principal
+from llmq_api.catalog import ModelCatalog
+from llmq_api.errors import ApiError, store_unavailable
+from llmq_api.exchange import CancelPublisher
+from llmq_api.gateway import Gateway
+from llmq_api.metrics import ApiMetrics
+from llmq_api.ratelimit import Charge, RateLimiter, check_fits, token_cost
+from llmq_api.responses import PendingRequest
+from llmq_api.saturation import SaturationMonitor
+from llmq_api.validation import ValidRequest
+from llmq_api.waiters import Resolution, Waiter, WaiterRegistry
+from llmq_core import constants, wire
+from llmq_core.clock import Clock
+from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_IDEMPOTENT_REPLAYED, HTTP_REQUEST_ID
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JOIN_GRACE_MS = 2000  # a joined request's result may reach the result store this long after its deadline
+REDIS_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One generation request as the HTTP layer parsed it: who asks, in which class, for how long, and what."""
+
+    request_id: str
+    principal: Principal
+    traffic_class: str
+    timeout_ms: int
+    idempotency_key: str | None
+    valid: ValidRequest
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What an admitted request settles when it ends, and the response headers admission adds (predicted wait)."""
+
+    charge: Charge
+    headers: dict[str, str]
+
+
+@dataclass(eq=False, kw_only=True)
+class Generation:
+    """Admits, submits or joins generation requests; owns the tasks of retries following an earlier request."""
+
+    gateway: Gateway
+    store: idempotency.IdempotencyStore
+    registry: WaiterRegistry
+    shed: ShedPolicy
+    saturation: SaturationMonitor
+    limiter: RateLimiter
+    catalog: ModelCatalog
+    metrics: ApiMetrics
+    publish_cancel: CancelPublisher
+    clock: Clock
+    _followers: set[asyncio.Task] = field(default_factory=set, init=False)  # joined retries polling for a result
+
+    async def admit(self, ask: Ask) -> Admitted:
+        """Admission control (per model), then the tenant's rate limits; raises the 429 or 503 of the first that
+        refuses (a 400 for a token estimate no bucket refill could ever cover). The admission counts as queued work at
+        once (before the rate limiter's await lets a burst's other requests check) and is taken back if the rate
+        limiter refuses; it counts as unfinished until its charge is settled or cancelled."""
+        valid, principal = ask.valid, ask.principal
+        priority_class = constants.priority_class(ask.traffic_class, principal.tier)
+        estimate = token_cost(valid, self.catalog.context_windows().get(valid.model, 0))
+        check_fits(estimate, principal.tokens_per_min, valid)
+        saturation = self.saturation.current
+        rejection = self.shed.check(priority_class, valid.model, saturation, len(self.registry))
+        if rejection is None:
+            end = self.saturation.admit(valid.model, priority_class)
+            try:
+                rejection = await self.limiter.acquire(principal, estimate)
+            except BaseException:  # e.g. 503 store_unavailable
+                end(True)
+                raise
+            if rejection is not None:
+                end(True)
+        if rejection is not None:
+            self.metrics.admission_rejections.labels(priority_class, rejection.reason).inc()
+            raise rejection.error
+        predicted_ms = saturation.predict(valid.model, priority_class).wait_ms
+        return Admitted(
+            Charge(self.limiter, principal, estimate, on_end=end),
+            {constants.HTTP_PREDICTED_WAIT_MS: str(predicted_ms)},
+        )
+
+    async def submit_or_join(self, ask: Ask) -> PendingRequest:
+        """Admit and submit ``ask``; with an Idempotency-Key another request claimed first, join that one instead
+        (an error then names the request joined in its ``x-request-id``)."""
+        request = self.gateway.build(
+            ask.valid,
+            request_id=ask.request_id,
+            principal=ask.principal,
+            traffic_class=ask.traffic_class,
+            timeout_ms=ask.timeout_ms,
+            idempotency_key=ask.idempotency_key,
+        )
+        if ask.idempotency_key is None:
+            return await self._submit(request, ask.valid, await self.admit(ask))
+        return await self._submit_or_join_keyed(ask, request)
+
+    async def _submit_or_join_keyed(self, ask: Ask, request: wire.GenerationRequest) -> PendingRequest:
+        """The first request with its tenant's Idempotency-Key claims the key and runs (the claim is released if the
+        pod gives up on it); later ones join it: nothing runs again, nothing is charged twice."""
+        key, tenant_id = ask.idempotency_key, ask.principal.tenant_id
+        claim = idempotency.Claim(
+            request_id=request.request_id,
+            fingerprint=idempotency.fingerprint(ask.valid, ask.traffic_class),
+            deadline_ms=request.deadline_ms,
+        )
+        earlier = await _redis_call(self.store.find(tenant_id, key))
+        admitted = None
+        if earlier is None:
+            admitted = await self.admit(ask)
+            earlier = await self._claim(tenant_id, key, claim, admitted.charge)
+        if earlier is not None:
+            try:
+                return await self._join(request, ask.valid, claim, earlier)
+            except ApiError as exc:
+                exc.headers[HTTP_REQUEST_ID] = earlier.request_id
+                raise
+
+        async def release() -> None:
+            await self.store.release(tenant_id, key, request.request_id)
+
+        return await self._submit(request, ask.valid, admitted, release)
+
+    async def result_for(self, principal: Principal, request_id: str) -> wire.FinalResult | None:
+        """The stored result of ``request_id`` if ``principal``'s tenant sent it (None for anyone else, or while it
+        runs); 503 when the store does not answer."""
+        result = await _redis_call(self.store.result(request_id))
+        return result if result is not None and result.tenant_id == principal.tenant_id else None
+
+    async def stop(self) -> None:
+        """Cancel the joined retries' polling (their connections are being closed)."""
+        followers = list(self._followers)
+        for task in followers:
+            task.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
+
+    async def _claim(
+        self, tenant_id: str, key: str, claim: idempotency.Claim, charge: Charge
+    ) -> idempotency.Claim | None:
+        """Claim ``key``; the claim that got there first if any: this request then joins it and is never charged."""
+        try:
+            earlier = await _redis_call(self.store.claim(tenant_id, key, claim))
+        except BaseException:
+            charge.cancel()
+            raise
+        if earlier is not None:
+            charge.cancel()
+        return earlier
+
+    async def _submit(
+        self,
+        request: wire.GenerationRequest,
+        valid: ValidRequest,
+        admitted: Admitted,
+        on_gave_up: Callable[[], Awaitable[None]] | None = None,
+    ) -> PendingRequest:
+        """Produce the request; its charge is settled by the resolution, or cancelled when producing fails.
+        ``on_gave_up`` runs when the pod gives up on it, producing failed included."""
+        try:
+            waiter = await self.gateway.submit(request)
+        except BaseException:
+            admitted.charge.cancel()
+            if on_gave_up is not None:
+                await on_gave_up()
+            raise
+        return self._pending(
+            request,
+            waiter,
+            valid,
+            self.publish_cancel,
+            on_gave_up=on_gave_up,
+            on_resolved=admitted.charge.settle,
+            headers=admitted.headers,
+        )
+
+    async def _join(
+        self, request: wire.GenerationRequest, valid: ValidRequest, claim: idempotency.Claim, earlier: idempotency.Claim
+    ) -> PendingRequest:
+        """A retry with a claimed Idempotency-Key: the earlier request's stored result, or its result once it has one.
+
+        Nothing runs again and leaving cancels nothing: the earlier request is not this connection's. 422 when the
+        retry's parameters differ from the earlier request's.
+        """
+        if earlier.fingerprint != claim.fingerprint:
+            raise ApiError(
+                422,
+                "This Idempotency-Key was already used with different parameters",
+                param=HTTP_IDEMPOTENCY_KEY,
+                code="idempotency_key_reused",
+            )
+        deadline_ms = min(request.deadline_ms, earlier.deadline_ms + JOIN_GRACE_MS)
+        replay = msgspec.structs.replace(request, request_id=earlier.request_id, deadline_ms=deadline_ms)
+        waiter = Waiter(earlier.request_id, replay.stream)  # not registered: replies for it go to the earlier pod
+        result = await _redis_call(self.store.result(earlier.request_id))
+        if result is None and self.clock.now_ms() >= earlier.deadline_ms + JOIN_GRACE_MS:
+            raise result_evicted()
+        if result is not None:
+            self.registry.resolve(waiter, result)
+        else:
+            follower = asyncio.create_task(self.store.follow(waiter, self.registry, deadline_ms))
+            self._followers.add(follower)
+            follower.add_done_callback(self._followers.discard)
+        self.metrics.idempotent_replays.inc()
+        return self._pending(replay, waiter, valid, _cancel_nothing, headers={HTTP_IDEMPOTENT_REPLAYED: "true"})
+
+    def _pending(
+        self,
+        request: wire.GenerationRequest,
+        waiter: Waiter,
+        valid: ValidRequest,
+        publish_cancel: CancelPublisher,
+        *,
+        on_gave_up: Callable[[], Awaitable[None]] | None = None,
+        on_resolved: Callable[[Resolution], None] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PendingRequest:
+        return PendingRequest(
+            request=request,
+            waiter=waiter,
+            include_usage=valid.include_usage,
+            registry=self.registry,
+            publish_cancel=publish_cancel,
+            metrics=self.metrics,
+            clock=self.clock,
+            on_gave_up=on_gave_up,
+            on_resolved=on_resolved,
+            headers=headers,
+        )
+
+
+def result_evicted() -> ApiError:
+    """The earlier request has ended, but its stored result is gone: past ``result_ttl_s``, or dropped as one of its
+    tenant's oldest past ``result_store_tenant_max_bytes`` (or evicted under Redis' memory budget)."""
+    return ApiError(
+        410,
+        "The request this Idempotency-Key ran has ended and its result is no longer stored; "
+        "send a new key to run it again",
+        param=HTTP_IDEMPOTENCY_KEY,
+        code="result_evicted",
+    )
+
+
+async def _cancel_nothing(request_id: str, reason: str) -> None:
+    """The CancelPublisher of a joined retry: the request belongs to the connection that started it."""
+
+
+async def _redis_call(call: Awaitable[T]) -> T:
+    """Await a Redis-backed lookup or claim; Redis trouble becomes a 503 the client may retry."""
+    try:
+        return await asyncio.wait_for(call, REDIS_TIMEOUT_S)
+    except Exception as exc:
+        log.warning("Redis lookup failed: %r", exc)
+        raise store_unavailable(exc) from None
