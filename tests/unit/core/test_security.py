@@ -9,10 +9,12 @@ import stat
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from llmq_cli.devsecrets import DevSecrets
-from llmq_cli.devstack import StackConfig
+from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.kafka_dist import secure_server_properties
+from llmq_cli.main import app
 from llmq_core import constants, security
 from llmq_core.kafka import client_options
 from llmq_core.redis_client import connection_options
@@ -197,3 +199,12 @@ def test_secure_stack_gives_each_service_its_own_role(tmp_path):
     assert env["LLMQ_KAFKA_SASL_USERNAME"] == env["LLMQ_REDIS_USERNAME"] == security.ROLE_WORKER
     assert env["LLMQ_REDIS_URL"].startswith("rediss://") and env["LLMQ_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert "LLMQ_KAFKA_SECURITY_PROTOCOL" not in StackConfig(state_dir=tmp_path).env()
+
+
+def test_dev_up_secure_flag_makes_a_secure_stack(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(DevStack, "up", lambda self, **_: seen.append(self.cfg.secure))
+    for args in (["--secure"], []):
+        result = CliRunner().invoke(app, ["dev", "up", "--state-dir", str(tmp_path), *args])
+        assert result.exit_code == 0, result.output
+    assert seen == [True, False]
