@@ -9,6 +9,7 @@ have the CLI and no engine.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ TEST_REDIS_PORT = 16379
 SECURE_KAFKA_PORT = 19192
 SECURE_REDIS_PORT = 16479
 SECURE_REPLY_TOPIC_PREFIXES = ("team.replies.",)
+SECURE_INGRESS_PRINCIPALS = ("team-a",)  # a Kafka-direct producer: writes llmq.ingress.team-a only
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.0"  # Kafka 3.9 in KRaft mode
 REDIS_IMAGE = "redis:7.4"
@@ -90,7 +92,10 @@ def secure_suite_infra(state_dir: Path) -> Iterator[DevStack]:
         redis_port=SECURE_REDIS_PORT,
         secure=True,
         reply_topic_prefixes=SECURE_REPLY_TOPIC_PREFIXES,
+        ingress_principals=SECURE_INGRESS_PRINCIPALS,
     )
+    if not (state_dir / "pids" / "kafka.json").exists():  # formatted afresh: SCRAM users of today's principals
+        shutil.rmtree(state_dir / "kafka-data", ignore_errors=True)
     stack = DevStack(cfg)
     stack.up(services=False, log=lambda *_: None)
     try:

@@ -34,9 +34,10 @@ class DevSecrets:
     def key(self, name: str) -> Path:
         return self.folder / f"{name}.key"
 
-    def ensure(self) -> None:
+    def ensure(self, principals: tuple[str, ...] = ()) -> None:
         """The CA, a server certificate for Kafka (its mTLS principal) and Redis, a client certificate and a password
-        per role (hex: safe inside Kafka's ``--add-scram`` and Redis' ACL syntax)."""
+        per role and per one of ``principals`` (Kafka-direct producers; hex passwords: safe inside Kafka's
+        ``--add-scram`` and Redis' ACL syntax)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.folder, 0o700)
         if not self.ca.exists():
@@ -51,13 +52,13 @@ class DevSecrets:
                 "-subj",
                 "/CN=llmq-dev-ca",
             )
-        for name in (KAFKA_BROKER_PRINCIPAL, "redis", *ROLES):
+        for name in (KAFKA_BROKER_PRINCIPAL, "redis", *ROLES, *principals):
             if not self.cert(name).exists():
                 self._issue(name)
         if not self.broker_keystore.exists():
             keystore = self.key(KAFKA_BROKER_PRINCIPAL).read_text() + self.cert(KAFKA_BROKER_PRINCIPAL).read_text()
             _write_private(self.broker_keystore, keystore)
-        for role in ROLES:
+        for role in (*ROLES, *principals):
             if not self.password_file(role).exists():
                 _write_private(self.password_file(role), secrets.token_hex(24))
 

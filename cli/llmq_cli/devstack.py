@@ -220,7 +220,7 @@ class DevStack:
         deadline = time.monotonic() + timeout_s
         if self.cfg.manage_infra:
             if self.cfg.secure:
-                self.cfg.secrets.ensure()
+                self.cfg.secrets.ensure(self.cfg.ingress_principals)
             self._start_redis()
             self._start_kafka()
         admin = self.cfg.settings()

@@ -69,6 +69,16 @@ async def test_a_principal_cannot_produce_to_another_roles_topic(secure_infra):
     await produce(worker, constants.TOPIC_DEAD_LETTERS)  # its own rows still work
 
 
+async def test_an_ingress_producer_writes_only_its_own_topic(secure_infra):
+    admin = secure_infra.cfg.settings()
+    await create_topic(admin, constants.ingress_topic("team-a"))  # topics are the admin's
+    team = role(secure_infra, "team-a")
+    await produce(team, constants.ingress_topic("team-a"))
+    for topic in (constants.requests_topic(constants.INTERACTIVE), constants.ingress_topic("team-b")):
+        with pytest.raises(TopicAuthorizationFailedError):  # its principal, not its records, says who it is
+            await produce(team, topic)
+
+
 async def test_a_principal_cannot_read_another_roles_topic_or_join_its_group(secure_infra):
     reader = make_consumer(role(secure_infra, security.ROLE_API), constants.TOPIC_RESULTS, group_id=None)
     with pytest.raises(TopicAuthorizationFailedError):  # an API pod reading every tenant's answers

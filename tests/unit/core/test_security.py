@@ -184,10 +184,11 @@ def test_secure_broker_has_no_plaintext_listener_and_an_authorizer(tmp_path):
 
 def test_dev_secrets_are_private_and_reused(tmp_path):
     secrets = DevSecrets(tmp_path / "secrets")
-    secrets.ensure()
+    secrets.ensure(("team-a",))
     password = secrets.password(security.ROLE_API)
-    secrets.ensure()
+    secrets.ensure(("team-a",))
     assert secrets.password(security.ROLE_API) == password and len(password) == 48
+    assert secrets.cert("team-a").exists() and secrets.password("team-a")  # an ingress producer's identity
     assert stat.S_IMODE(secrets.folder.stat().st_mode) == 0o700
     for private in [secrets.password_file(security.ROLE_WORKER), secrets.key("redis"), secrets.broker_keystore]:
         assert stat.S_IMODE(private.stat().st_mode) == 0o600
