@@ -37,6 +37,15 @@ def requests_topic(traffic_class: str) -> str:
 
 
 REQUEST_TOPICS: Final = tuple(requests_topic(c) for c in TRAFFIC_CLASSES)
+TOPIC_INGRESS_PREFIX: Final = "llmq.ingress."
+
+
+def ingress_topic(principal: str) -> str:
+    """Kafka topic one Kafka-direct producer (Kafka principal ``principal``) writes its GenerationRequests to, e.g.
+    ``llmq.ingress.acme``: only that principal may write it (ACLs), so its records speak for the tenant
+    Settings.kafka_ingress maps it to."""
+    return f"{TOPIC_INGRESS_PREFIX}{principal}"
+
 
 # --- Kafka consumer groups ---
 GROUP_BATCHER: Final = "llmq-batcher"
@@ -153,6 +162,8 @@ HTTP_SHOULD_RETRY: Final = "x-should-retry"  # on every error response: whether 
 
 # --- error codes more than one service writes ---
 STREAM_INTERRUPTED: Final = "stream_interrupted"  # a stream's generation was lost after text of it reached the caller
+TENANT_NOT_ALLOWED: Final = "tenant_not_allowed"  # an ingress record claimed a tenant its producer does not speak for
+CLASS_NOT_ALLOWED: Final = "class_not_allowed"  # a traffic class the caller's key (or ingress grant) may not use
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -206,6 +206,13 @@ class BatcherMetrics(_Metrics):
             ["model", "reason"],
             registry=r,
         )
+        self.ingress_refused = Counter(
+            "llmq_batcher_ingress_refused",
+            "Ingress records refused: tenant_not_allowed or class_not_allowed (answered errored), reply_not_kafka "
+            "(dead-lettered)",
+            ["reason"],
+            registry=r,
+        )
         self.lag = ConsumerLag(r)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
@@ -373,6 +380,12 @@ class RouterMetrics(_Metrics):
         self.log_lines_suppressed = Counter(
             "llmq_router_log_lines_suppressed",
             "Dead-letter log lines left out (one per reply topic per window)",
+            registry=r,
+        )
+        self.forged_results = Counter(
+            "llmq_router_forged_results",
+            "Batch-job line results dropped unstored: no such job, or another tenant's (a forgery on llmq.results)",
+            ["reason"],
             registry=r,
         )
         self.lag = ConsumerLag(r)
