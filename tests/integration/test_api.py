@@ -122,12 +122,19 @@ class FakeWorker:
         channel = constants.replies_channel(self.instance_id)
         if request.stream:
             for seq, start in enumerate(range(0, len(text), 2)):
-                chunk = wire.TokenChunk(request_id=request.request_id, text=text[start : start + 2], seq=seq, sent_ms=0)
+                chunk = wire.TokenChunk(
+                    request_id=request.request_id,
+                    text=text[start : start + 2],
+                    seq=seq,
+                    sent_ms=0,
+                    tenant_id=request.tenant_id,
+                )
                 await self.redis.publish(channel, wire.encode(chunk))
                 if seq == 0 and source.startswith("trickle:"):
                     await asyncio.sleep(int(source.split()[0][8:]) / 1000)
         result = wire.FinalResult(
             request_id=request.request_id,
+            tenant_id=request.tenant_id,
             outcome=wire.Outcome.SUCCEEDED,
             model=request.model,
             endpoint=request.endpoint,
