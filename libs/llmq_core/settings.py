@@ -91,6 +91,7 @@ class Settings(BaseSettings):
     api_keep_alive_timeout_ms: int = 5_000  # an idle kept-alive connection is closed after this
     api_max_connections_per_client: int = 1024  # connections per client address; past it 429 and closed (0: no cap)
     api_max_header_bytes: int = 64 * 1024  # a request's line and headers; past it 431 and closed
+    api_access_log: bool = True  # one log line per request: route, status, tenant, request id, latency (no bodies)
     api_trusted_proxies: str = ""  # comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used
     extra_models: list[str] = []  # models served besides the built-in catalogue (--model-path workers): metric labels
 

@@ -416,7 +416,7 @@ async def test_chat_errors_name_the_param(api):
 
 
 async def test_models_include_heartbeat_models_and_metrics_count(api):
-    base_url, _, _, redis = api
+    base_url, pod, _, redis = api
     announced = f"apitest-hb-{uuid.uuid4().hex[:6]}"
     async with httpx.AsyncClient(base_url=base_url, headers=DEV) as client:
         await redis.publish(constants.REDIS_HEARTBEATS_CHANNEL, wire.encode(heartbeat(announced)))
@@ -430,7 +430,8 @@ async def test_models_include_heartbeat_models_and_metrics_count(api):
             await asyncio.sleep(0.05)
         models = await listed()
         assert models[announced]["context_window"] == 512 and models["llmq-tiny"]["context_window"] == 8192
-        metrics = (await client.get("/metrics")).text
+        assert (await client.get("/metrics")).status_code == 404  # served apart (--metrics-port), never here
+        metrics = pod.metrics.render().decode()
     assert 'outcome="succeeded",status="200"' in metrics and "llmq_api_in_flight" in metrics
 
 

@@ -92,19 +92,37 @@ class KeyStore:
 
     def __init__(self, principals: dict[str, Principal]) -> None:
         self._by_digest = {_digest(key): principal for key, principal in principals.items()}
+        self._source = dict.fromkeys(
+            self._by_digest, "the keys it started with (the dev keys, while LLMQ_API_DEV_KEYS is on)"
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyStore:
         """Dev keys (if ``api_dev_keys``) plus the ``api_keys_file`` entries. Raises ValueError for a bad file."""
         store = cls(DEV_KEYS if settings.api_dev_keys else {})
         if settings.api_keys_file:
-            store.add(load_keys_file(Path(settings.api_keys_file)))
+            store.add(load_keys_file(Path(settings.api_keys_file)), source=settings.api_keys_file)
         return store
 
-    def add(self, entries: Iterable[KeyEntry]) -> None:
-        for entry in entries:
+    def add(self, entries: Iterable[KeyEntry], source: str = "keys") -> None:
+        """Add ``entries`` (from ``source``, for errors). Raises ValueError for a key named twice (by its digest: a
+        ``key`` and a ``key_sha256`` of it are the same key): which entry should win is not ours to guess."""
+        for i, entry in enumerate(entries):
             digest = entry.key_sha256.lower() if entry.key_sha256 else _digest(entry.key or "")
+            if digest in self._by_digest:
+                raise ValueError(
+                    f"API keys file {source}: keys[{i}] (tenant {entry.tenant!r}) names a key already given by"
+                    f" {self._source[digest]} (same SHA-256 {digest[:12]}...); each key may appear once"
+                )
             self._by_digest[digest] = _principal(entry)
+            self._source[digest] = f"keys[{i}] (tenant {entry.tenant!r})"
+
+    def tenant_of(self, authorization: str | None) -> str | None:
+        """The tenant of a valid ``Authorization`` header value; None for anyone else (never raises)."""
+        try:
+            return self.authenticate(authorization).tenant_id
+        except ApiError:
+            return None
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an ``Authorization`` header value (``Bearer <key>``)."""
