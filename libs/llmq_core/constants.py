@@ -40,6 +40,15 @@ def requests_topic(traffic_class: str) -> str:
 
 
 REQUEST_TOPICS: Final = tuple(requests_topic(c) for c in TRAFFIC_CLASSES)
+TOPIC_INGRESS_PREFIX: Final = "llmq.ingress."
+
+
+def ingress_topic(principal: str) -> str:
+    """Kafka topic one Kafka-direct producer (Kafka principal ``principal``) writes its GenerationRequests to, e.g.
+    ``llmq.ingress.acme``: only that principal may write it (ACLs), so its records speak for the tenant
+    Settings.kafka_ingress maps it to."""
+    return f"{TOPIC_INGRESS_PREFIX}{principal}"
+
 
 # --- Kafka consumer groups ---
 GROUP_BATCHER: Final = "llmq-batcher"
