@@ -39,5 +39,9 @@ RUN set --; for extra in $(echo "$EXTRAS" | tr ',' ' '); do set -- "$@" --extra 
     && uv pip install --system --no-cache --no-deps . \
     && rm /tmp/requirements.txt
 COPY --from=models /opt/llmq/${MODELS} /opt/llmq/models
+# Not root: a service that is broken into gets an unprivileged user, owning only the batch file store's mount point.
+RUN useradd --system --uid 10001 --no-create-home --home-dir /app llmq \
+    && install -d -o llmq -g llmq -m 0700 /data/files
+USER llmq
 ENV PYTHONUNBUFFERED=1 LLMQ_MODELS_DIR=/opt/llmq/models
 ENTRYPOINT []

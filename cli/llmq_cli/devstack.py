@@ -41,7 +41,7 @@ class ProcSpec:
     model: str = ""
     port: int = 0
     alive: str = ""  # Redis liveness key for services without an HTTP port
-    metrics_port: int = 0  # Prometheus /metrics of services without an HTTP port (API pods serve it on ``port``)
+    metrics_port: int = 0  # Prometheus /metrics on 127.0.0.1 (API pods too: never on their API ``port``)
 
 
 @dataclass
@@ -64,7 +64,8 @@ class StackConfig:
     # secure mode (docs/security.md): Kafka SASL_SSL + ACLs, Redis TLS + ACL users, one principal per role
     secure: bool = False
     reply_topic_prefixes: tuple[str, ...] = ()  # where the router may write replies (secure: its ACLs)
-    ingress_principals: tuple[str, ...] = ()  # Kafka-direct producers: SCRAM users writing their own ingress topic
+    # Kafka-direct producers (LLMQ_KAFKA_INGRESS): secure mode gives each a SCRAM user that writes its ingress topic only
+    ingress_principals: tuple[str, ...] = field(default_factory=lambda: tuple(Settings().kafka_ingress))
 
     @property
     def secrets(self) -> DevSecrets:
@@ -81,7 +82,7 @@ class StackConfig:
 
     @property
     def metrics_base_port(self) -> int:
-        """/metrics ports: result-router this, batcher +1, workers +2, +3, ... (API pods: their own port)."""
+        """/metrics ports: result-router this, batcher +1, workers +2, +3, ..., then the API pods."""
         return self.api_ports[0] + 10 if self.api_ports else 0
 
     @property
@@ -185,6 +186,7 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
             )
             partition += 1
     for i, port in enumerate(cfg.api_ports):
+        metrics_port = base + 2 + partition + i
         specs.append(
             ProcSpec(
                 name=f"api-{i}",
@@ -192,8 +194,11 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
                 marker="llmq_api.main",
                 port=port,
                 argv=_python_module(
-                    "llmq_api.main", "--host", "127.0.0.1", "--port", str(port), "--instance-id", f"api-{i}"
+                    "llmq_api.main",
+                    *("--host", "127.0.0.1", "--port", str(port), "--instance-id", f"api-{i}"),
+                    *("--metrics-port", str(metrics_port)),
                 ),
+                metrics_port=metrics_port,
             )
         )
     return specs
@@ -215,8 +220,8 @@ class DevStack:
 
         ``services=False`` starts only Kafka and Redis (what the test suite needs under its own services).
         """
-        for folder in (self.pids, self.logs):
-            folder.mkdir(parents=True, exist_ok=True)
+        for folder in (self.state, self.pids, self.logs):  # private: logs name tenants, the file store holds their data
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
         if self.cfg.manage_infra:
             if self.cfg.secure:
@@ -308,6 +313,7 @@ class DevStack:
         if self._running_pid(spec.name):
             return
         env = {
+            "LLMQ_FILES_URL": str(self.state / "files"),  # batch files stay in the state folder unless set
             **os.environ,
             **self.cfg.env(security.SERVICE_ROLES.get(spec.kind, security.ROLE_ADMIN)),
             "PYTHONUNBUFFERED": "1",
@@ -384,7 +390,7 @@ class DevStack:
         return rows
 
     def metrics_urls(self) -> dict[str, str]:
-        """Process name -> Prometheus /metrics URL, for each llmq service started here (API pods: their port)."""
+        """Process name -> Prometheus /metrics URL, for each llmq service started here."""
         urls = {}
         for name, record in self._records():
             port = _metrics_port(record)
@@ -430,10 +436,8 @@ def _is_ours(pid: int, marker: str) -> bool:
 
 
 def _metrics_port(record: dict) -> int:
-    """Where a process serves Prometheus /metrics: an API pod on its HTTP port; Kafka and Redis nowhere (0)."""
-    if record["kind"] in ("kafka", "redis"):
-        return 0
-    return record["port"] if record["kind"] == "api" else record.get("metrics_port", 0)
+    """Where a process serves Prometheus /metrics (its own port, never an API port); Kafka and Redis nowhere (0)."""
+    return 0 if record["kind"] in ("kafka", "redis") else record.get("metrics_port", 0)
 
 
 def _wait_gone(pid: int, marker: str, timeout_s: float) -> None:

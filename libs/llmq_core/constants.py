@@ -44,7 +44,9 @@ TOPIC_INGRESS_PREFIX: Final = "llmq.ingress."
 
 
 def ingress_topic(principal: str) -> str:
-    """The one topic a Kafka-direct producing principal may write (its identity is the topic, which ACLs enforce)."""
+    """Kafka topic one Kafka-direct producer (Kafka principal ``principal``) writes its GenerationRequests to, e.g.
+    ``llmq.ingress.acme``: only that principal may write it (ACLs), so its records speak for the tenant
+    Settings.kafka_ingress maps it to."""
     return f"{TOPIC_INGRESS_PREFIX}{principal}"
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import fsspec
 from fsspec.core import url_to_fs
 
 READ_CHUNK_BYTES = 1 << 20
+PRIVATE_FILE_MODE = 0o600  # on a local disk: tenants' uploads and results are readable by the service's user only
+PRIVATE_DIR_MODE = 0o700
 
 
 class FileStore:
@@ -24,6 +27,29 @@ class FileStore:
         self.fs: fsspec.AbstractFileSystem
         self.fs, root = url_to_fs(url)
         self.root = root.rstrip("/")
+        self._local = "file" in self.fs.protocol
+
+    def _makedirs(self, folder: str) -> None:
+        """Create ``folder`` and its missing parents (on a local disk: PRIVATE_DIR_MODE)."""
+        if not self._local:
+            self.fs.makedirs(folder, exist_ok=True)
+            return
+        missing = [folder]
+        while not os.path.isdir(parent := os.path.dirname(missing[-1])) and parent != missing[-1]:
+            missing.append(parent)
+        for path in reversed(missing):  # os.makedirs would give only the last one its mode
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, PRIVATE_DIR_MODE)
+
+    def _open_for_write(self, full: str):
+        """Open ``full`` to be written, its parents created; on a local disk PRIVATE_FILE_MODE before any byte."""
+        parent = full.rsplit("/", 1)[0]
+        if parent:
+            self._makedirs(parent)
+        handle = self.fs.open(full, "wb")
+        if self._local:
+            os.chmod(full, PRIVATE_FILE_MODE)
+        return handle
 
     def _full(self, path: str) -> str:
         return f"{self.root}/{path.lstrip('/')}"
@@ -33,11 +59,8 @@ class FileStore:
         return await asyncio.to_thread(self._write, self._full(path), chunks)
 
     def _write(self, full: str, chunks: Iterable[bytes]) -> int:
-        parent = full.rsplit("/", 1)[0]
-        if parent:
-            self.fs.makedirs(parent, exist_ok=True)
         size = 0
-        with self.fs.open(full, "wb") as out:
+        with self._open_for_write(full) as out:
             for chunk in chunks:
                 out.write(chunk)
                 size += len(chunk)
@@ -46,11 +69,7 @@ class FileStore:
     @contextlib.asynccontextmanager
     async def writer(self, path: str) -> AsyncIterator[Callable[[bytes], Awaitable[int]]]:
         """Write the object ``path`` (parents created) piece by piece: yields an async ``write(data)``."""
-        full = self._full(path)
-        parent = full.rsplit("/", 1)[0]
-        if parent:
-            await asyncio.to_thread(self.fs.makedirs, parent, exist_ok=True)
-        handle = await asyncio.to_thread(self.fs.open, full, "wb")
+        handle = await asyncio.to_thread(self._open_for_write, self._full(path))
         try:
             yield lambda data: asyncio.to_thread(handle.write, data)
         finally:

@@ -273,6 +273,11 @@ class JobStore:
     async def get_job(self, batch_id: str) -> JobView | None:
         return _view(await self.redis.hgetall(constants.job_key(batch_id)))
 
+    async def job_tenant(self, batch_id: str) -> str | None:
+        """The tenant a job was created for (fixed for its life); None when there is no such job."""
+        spec = await self.redis.hget(jobs.job_key(batch_id), "spec")
+        return msgspec.json.decode(spec, type=JobSpec).tenant_id if spec else None
+
     async def list_jobs(self, tenant_id: str, after: JobView | None, limit: int) -> tuple[list[JobView], bool]:
         """A tenant's jobs, newest first, starting after ``after``; returns (jobs, has_more)."""
         top = "+" if after is None else "(" + jobs.listing_member(after.spec.created_ms, after.spec.id)

@@ -43,8 +43,9 @@ from llmq_core.constants import (
     TOPIC_DEAD_LETTERS,
     TOPIC_PREFIX,
     TOPIC_RESULTS,
+    ingress_topic,
 )
-from llmq_core.settings import Settings, secret
+from llmq_core.settings import IngressGrant, Settings, secret
 
 log = logging.getLogger(__name__)
 
@@ -359,9 +360,14 @@ async def dead_letter(
     await producer.send_and_wait(topic, record.value, key=record.key, headers=letter_headers)
 
 
+def ingress_grants(settings: Settings) -> dict[str, IngressGrant]:
+    """Each configured Kafka-direct producer's ingress topic -> what its records speak for (Settings.kafka_ingress)."""
+    return {ingress_topic(principal): grant for principal, grant in settings.kafka_ingress.items()}
+
+
 def topic_layout(settings: Settings) -> dict[str, int]:
-    """Every llmq topic and its partition count."""
-    layout = {topic: settings.request_topic_partitions for topic in REQUEST_TOPICS}
+    """Every llmq topic and its partition count (the ingress topics of Kafka-direct producers included)."""
+    layout = {topic: settings.request_topic_partitions for topic in [*REQUEST_TOPICS, *ingress_grants(settings)]}
     layout[TOPIC_BATCHES] = settings.batch_topic_partitions
     layout[TOPIC_RESULTS] = settings.results_topic_partitions
     layout[TOPIC_DEAD_LETTERS] = 1

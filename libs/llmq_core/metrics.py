@@ -204,6 +204,12 @@ class BatcherMetrics(_Metrics):
         self.flushes = self.counter(
             "llmq_batcher_flushes", "Dispatched Batches by flush reason (size, wait, drain)", ("model", "reason")
         )
+        self.ingress_refused = self.counter(
+            "llmq_batcher_ingress_refused",
+            "Ingress records refused: tenant_not_allowed or class_not_allowed (answered errored), reply_not_kafka "
+            "(dead-lettered)",
+            ("reason",),
+        )
         self.lag = ConsumerLag(self.registry)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
@@ -338,6 +344,11 @@ class RouterMetrics(_Metrics):
         )
         self.log_lines_suppressed = self.counter(
             "llmq_router_log_lines_suppressed", "Dead-letter log lines left out (one per reply topic per window)"
+        )
+        self.forged_results = self.counter(
+            "llmq_router_forged_results",
+            "Batch-job line results dropped unstored: no such job, or another tenant's (a forgery on llmq.results)",
+            ("reason",),
         )
         self.lag = ConsumerLag(self.registry)
         self._results, self._duration = _Children(self.results), _Children(self.duration)

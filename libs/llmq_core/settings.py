@@ -5,12 +5,24 @@ README.md's configuration table lists them; keep the two together.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, PRIORITY_CLASSES, RECORD_HEADROOM_BYTES
+from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, PRIORITY_CLASSES, RECORD_HEADROOM_BYTES, TRAFFIC_CLASSES
+
+# A Kafka principal's name becomes a topic name (constants.ingress_topic): only what a topic name may hold
+_PRINCIPAL_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+class IngressGrant(BaseModel):
+    """What the records of one Kafka-direct producer's ingress topic speak for: one tenant and the classes it may use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tenant_id: str
+    classes: tuple[Literal["interactive", "near_interactive", "deferred"], ...] = TRAFFIC_CLASSES
 
 
 class Settings(BaseSettings):
@@ -41,6 +53,9 @@ class Settings(BaseSettings):
     results_topic_partitions: int = 4
     kafka_reply_topic_prefixes: str = ""  # comma-separated prefixes a Kafka reply topic must start with (empty: any)
     kafka_request_id_ttl_s: int = 86400  # a Kafka-direct request_id is known this long: copies get its answer again
+    # Kafka-direct producers (JSON): principal -> {"tenant_id": ..., "classes": [...]}; the batcher reads each one's
+    # topic constants.ingress_topic(principal) and answers a record claiming another tenant or class errored
+    kafka_ingress: dict[str, IngressGrant] = {}
 
     # api
     instance_id: str = ""  # empty: generated at start (hostname + random suffix)
@@ -81,6 +96,7 @@ class Settings(BaseSettings):
     api_keep_alive_timeout_ms: int = 5_000  # an idle kept-alive connection is closed after this
     api_max_connections_per_client: int = 1024  # connections per client address; past it 429 and closed (0: no cap)
     api_max_header_bytes: int = 64 * 1024  # a request's line and headers; past it 431 and closed
+    api_access_log: bool = True  # one log line per request: route, status, tenant, request id, latency (no bodies)
     api_trusted_proxies: str = ""  # comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used
     extra_models: list[str] = []  # models served besides the built-in catalogue (--model-path workers): metric labels
     # model -> tokenizer.json (or a checkpoint directory holding it) of a model outside the catalogue: API pods and
@@ -148,6 +164,15 @@ class Settings(BaseSettings):
         0  # batcher, worker, result-router: Prometheus /metrics on this port (0: off; flag --metrics-port)
     )
     metrics_host: str = "127.0.0.1"  # address the metrics server binds (0.0.0.0 where Prometheus scrapes pods)
+
+    @field_validator("kafka_ingress")
+    @classmethod
+    def _principals_name_topics(cls, value: dict[str, IngressGrant]) -> dict[str, IngressGrant]:
+        """Each principal names its ingress topic: refuse to start with one no topic could be named after."""
+        bad = [p for p in value if not _PRINCIPAL_RE.fullmatch(p)]
+        if bad:
+            raise ValueError(f"kafka_ingress principals {bad} must be 1-200 characters of A-Z a-z 0-9 . _ -")
+        return value
 
     @field_validator("api_max_body_bytes")
     @classmethod

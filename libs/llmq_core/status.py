@@ -59,6 +59,8 @@ class ErrorCode(enum.StrEnum):
     DISPATCH_FAILED = "dispatch_failed"  # the batch topic refused the request for good
     POISON = "poison"  # this request made the engine fail (found by bisection)
     STREAM_INTERRUPTED = "stream_interrupted"  # a stream's generation was lost after text of it reached the caller
+    TENANT_NOT_ALLOWED = "tenant_not_allowed"  # an ingress record claimed a tenant its producer does not speak for
+    CLASS_NOT_ALLOWED = "class_not_allowed"  # a traffic class the caller's key (or ingress grant) may not use
     DEADLINE_EXCEEDED = "deadline_exceeded"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # every 429 of admission control
     BATCH_CANCELLED = ErrorType.BATCH_CANCELLED.value

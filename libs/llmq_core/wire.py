@@ -180,7 +180,8 @@ class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
     """New text of one choice of a streaming request; ``seq`` counts chunks of the request's ``attempt`` from 0.
 
     ``attempt`` is the GenerationRequest's: an API pod streams the chunks of one attempt only, so a client never
-    receives text from two generations."""
+    receives text from two generations. ``tenant_id`` is the request's: an API pod takes a chunk only for the tenant
+    it holds the request for (a FinalResult carries its own)."""
 
     request_id: str
     index: Count = 0
@@ -188,6 +189,7 @@ class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
     seq: Count
     sent_ms: Int64
     attempt: Count = 0
+    tenant_id: str = ""
 
 
 class FinalResult(_Message, kw_only=True, tag="final_result"):

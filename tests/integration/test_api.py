@@ -122,12 +122,19 @@ class FakeWorker:
         channel = constants.replies_channel(self.instance_id)
         if request.stream:
             for seq, start in enumerate(range(0, len(text), 2)):
-                chunk = wire.TokenChunk(request_id=request.request_id, text=text[start : start + 2], seq=seq, sent_ms=0)
+                chunk = wire.TokenChunk(
+                    request_id=request.request_id,
+                    text=text[start : start + 2],
+                    seq=seq,
+                    sent_ms=0,
+                    tenant_id=request.tenant_id,
+                )
                 await self.redis.publish(channel, wire.encode(chunk))
                 if seq == 0 and source.startswith("trickle:"):
                     await asyncio.sleep(int(source.split()[0][8:]) / 1000)
         result = wire.FinalResult(
             request_id=request.request_id,
+            tenant_id=request.tenant_id,
             outcome=wire.Outcome.SUCCEEDED,
             model=request.model,
             endpoint=request.endpoint,
@@ -409,7 +416,7 @@ async def test_chat_errors_name_the_param(api):
 
 
 async def test_models_include_heartbeat_models_and_metrics_count(api):
-    base_url, _, _, redis = api
+    base_url, pod, _, redis = api
     announced = f"apitest-hb-{uuid.uuid4().hex[:6]}"
     async with httpx.AsyncClient(base_url=base_url, headers=DEV) as client:
         await redis.publish(constants.REDIS_HEARTBEATS_CHANNEL, wire.encode(heartbeat(announced)))
@@ -423,7 +430,8 @@ async def test_models_include_heartbeat_models_and_metrics_count(api):
             await asyncio.sleep(0.05)
         models = await listed()
         assert models[announced]["context_window"] == 512 and models["llmq-tiny"]["context_window"] == 8192
-        metrics = (await client.get("/metrics")).text
+        assert (await client.get("/metrics")).status_code == 404  # served apart (--metrics-port), never here
+        metrics = pod.metrics.render().decode()
     assert 'outcome="succeeded",status="200"' in metrics and "llmq_api_in_flight" in metrics
 
 

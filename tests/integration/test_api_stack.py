@@ -98,13 +98,22 @@ def stack(infra, tmp_path_factory):
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
 
 
+class PodClient(httpx.AsyncClient):
+    """A client of one API pod that also knows where the pod serves /metrics (never on its API port)."""
+
+    def __init__(self, metrics_url: str, **options) -> None:
+        super().__init__(**options)
+        self.metrics_url = metrics_url
+
+
 @pytest.fixture
 async def pods(stack):
     """(client of pod 0, client of pod 1, the stack's Redis); clients send llmq-dev-key unless told otherwise."""
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+    urls = stack.metrics_urls()
     clients = [
-        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=DEV, timeout=60, limits=limits)
-        for port in stack.cfg.api_ports
+        PodClient(urls[f"api-{i}"], base_url=f"http://127.0.0.1:{port}", headers=DEV, timeout=60, limits=limits)
+        for i, port in enumerate(stack.cfg.api_ports)
     ]
     redis = Redis.from_url(stack.cfg.redis_url)
     yield clients[0], clients[1], redis
@@ -117,8 +126,8 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
     return (prompt * max_tokens)[:max_tokens]
 
 
-async def in_flight(client: httpx.AsyncClient) -> float:
-    text = (await client.get("/metrics")).text
+async def in_flight(client: PodClient) -> float:
+    text = (await client.get(client.metrics_url)).text
     return float(re.search(r"^llmq_api_in_flight (\S+)$", text, flags=re.M).group(1))
 
 
@@ -335,7 +344,7 @@ async def test_queue_wait_sheds_deferred_with_retry_after_while_paid_gets_throug
     paid = await other.post("/v1/completions", json={"model": "llmq-sim", "prompt": "paid", "max_tokens": 4})
     assert paid.status_code == 200
     assert [r.status_code for r in await asyncio.gather(*burst)] == [200] * 40
-    metrics = (await other.get("/metrics")).text
+    metrics = (await other.get(other.metrics_url)).text
     assert 'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait"}' in metrics
 
 

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from llmq_api import health, idempotency, validation
+from llmq_api.access_log import AccessLog
 from llmq_api.auth import KeyStore
 from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.catalog import ModelCatalog
@@ -63,6 +64,8 @@ def create_app(pod: Pod) -> FastAPI:
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
     if tracing.enabled():  # configured before the app is built; off, requests skip the extra layer
         app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request
+    if pod.settings.api_access_log:
+        app.add_middleware(AccessLog, tenant_of=pod.keys.tenant_of)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -73,11 +76,13 @@ def create_app(pod: Pod) -> FastAPI:
         return await _generate(intake, generation, request, "chat.completions")
 
     @app.get("/v1/models")
-    async def list_models() -> dict:
+    async def list_models(request: Request) -> dict:
+        keys.authenticate(request.headers.get("authorization"))  # as on OpenAI: the catalogue is for callers
         return {"object": "list", "data": catalog.listing()}
 
     @app.get("/v1/models/{model:path}")
-    async def get_model(model: str) -> dict:
+    async def get_model(model: str, request: Request) -> dict:
+        keys.authenticate(request.headers.get("authorization"))
         for entry in catalog.listing():
             if entry["id"] == model:
                 return entry
@@ -109,10 +114,6 @@ def create_app(pod: Pod) -> FastAPI:
         """For a global load balancer that fails a region over: 503 while Kafka or Redis is not up."""
         healthy, body = health.dependencies_report(pod.dependencies)
         return JSONResponse(body, status_code=200 if healthy else 503)
-
-    @app.get("/metrics")
-    async def render_metrics() -> Response:
-        return Response(metrics.render(), media_type=metrics.content_type)
 
     _install_error_handlers(app, metrics)
     return app

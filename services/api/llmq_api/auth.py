@@ -21,7 +21,7 @@ from llmq_core import wire
 from llmq_core.constants import HTTP_TRAFFIC_CLASS, TIER_FREE, TIER_PAID, TRAFFIC_CLASSES
 from llmq_core.labels import DEV_FREE_TENANT, DEV_TENANT
 from llmq_core.settings import Settings
-from llmq_core.status import ErrorType
+from llmq_core.status import ErrorCode, ErrorType
 
 DEV_KEY = "llmq-dev-key"
 DEV_FREE_KEY = "llmq-dev-free-key"
@@ -56,7 +56,7 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
                 f"This API key may not use the {traffic_class} class (allowed: {', '.join(self.classes)})",
                 type=ErrorType.PERMISSION,
                 param=HTTP_TRAFFIC_CLASS,
-                code="class_not_allowed",
+                code=ErrorCode.CLASS_NOT_ALLOWED,
             )
         return traffic_class
 
@@ -90,19 +90,37 @@ class KeyStore:
 
     def __init__(self, principals: dict[str, Principal]) -> None:
         self._by_digest = {_digest(key): principal for key, principal in principals.items()}
+        self._source = dict.fromkeys(
+            self._by_digest, "the keys it started with (the dev keys, while LLMQ_API_DEV_KEYS is on)"
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyStore:
         """Dev keys (if ``api_dev_keys``) plus the ``api_keys_file`` entries. Raises ValueError for a bad file."""
         store = cls(DEV_KEYS if settings.api_dev_keys else {})
         if settings.api_keys_file:
-            store.add(load_keys_file(Path(settings.api_keys_file)))
+            store.add(load_keys_file(Path(settings.api_keys_file)), source=settings.api_keys_file)
         return store
 
-    def add(self, entries: Iterable[KeyEntry]) -> None:
-        for entry in entries:
+    def add(self, entries: Iterable[KeyEntry], source: str = "keys") -> None:
+        """Add ``entries`` (from ``source``, for errors). Raises ValueError for a key named twice (by its digest: a
+        ``key`` and a ``key_sha256`` of it are the same key): which entry should win is not ours to guess."""
+        for i, entry in enumerate(entries):
             digest = entry.key_sha256.lower() if entry.key_sha256 else _digest(entry.key or "")
+            if digest in self._by_digest:
+                raise ValueError(
+                    f"API keys file {source}: keys[{i}] (tenant {entry.tenant!r}) names a key already given by"
+                    f" {self._source[digest]} (same SHA-256 {digest[:12]}...); each key may appear once"
+                )
             self._by_digest[digest] = _principal(entry)
+            self._source[digest] = f"keys[{i}] (tenant {entry.tenant!r})"
+
+    def tenant_of(self, authorization: str | None) -> str | None:
+        """The tenant of a valid ``Authorization`` header value; None for anyone else (never raises)."""
+        try:
+            return self.authenticate(authorization).tenant_id
+        except ApiError:
+            return None
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an ``Authorization`` header value (``Bearer <key>``)."""

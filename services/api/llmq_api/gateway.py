@@ -107,7 +107,7 @@ class Gateway:
                 retry_after_s(self.breaker.retry_after_ms()),
                 code=KAFKA_UNAVAILABLE,
             )
-        waiter = self.registry.register(request.request_id, request.stream)
+        waiter = self.registry.register(request.request_id, request.stream, request.tenant_id)
         started_ms = self.clock.now_ms()
         try:
             await asyncio.wait_for(self.producer.produce(request), self.produce_timeout_s)

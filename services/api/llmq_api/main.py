@@ -1,6 +1,8 @@
 """API pod process: wires settings, logging, the pod and uvicorn (uvloop).
 
-Run: ``python -m llmq_api.main --host 127.0.0.1 --port 8000 [--instance-id api-0]``.
+Run: ``python -m llmq_api.main --host 127.0.0.1 --port 8000 [--instance-id api-0] [--metrics-port 9100]``.
+Prometheus ``/metrics`` is served apart from the API, on ``--metrics-port`` (LLMQ_METRICS_PORT) bound to
+LLMQ_METRICS_HOST (an internal address; loopback by default): never on the port clients reach.
 SIGTERM/SIGINT: readiness turns 503 and new generation requests get 503 at once; uvicorn stops accepting connections,
 lets in-flight requests finish for up to ~80% of ``shutdown_grace_s`` (less if closing the clients needs more of the
 rest), then exits within the grace.
@@ -23,7 +25,7 @@ from aiokafka.errors import KafkaConnectionError
 from llmq_api import connections
 from llmq_api.app import create_app
 from llmq_api.pod import CLOSE_TIMEOUT_S, REDIS_OP_TIMEOUT_S, Pod
-from llmq_core import kafka, tracing
+from llmq_core import kafka, metrics, tracing
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
 
@@ -76,6 +78,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--instance-id", default=None, help="default: LLMQ_INSTANCE_ID, else hostname + random")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="Prometheus /metrics (default: LLMQ_METRICS_PORT)"
+    )
     args = parser.parse_args()
     settings = load_settings()
     setup_logging("api", settings.log_level)
@@ -99,9 +104,13 @@ def main() -> None:
         timeout_graceful_shutdown=requests_grace_s(settings.shutdown_grace_s),
         **connection_options,
     )
+    port = settings.metrics_port if args.metrics_port is None else args.metrics_port
+    stop_metrics = metrics.serve(pod.metrics.registry, port, settings.metrics_host)
     try:
         DrainingServer(config, pod).run()
     finally:
+        if stop_metrics is not None:
+            stop_metrics()
         tracing.shutdown()  # export the spans still buffered
 
 

@@ -49,6 +49,11 @@ class ApiMetrics:
         self.dropped_replies = Counter(
             "llmq_api_dropped_replies", "Replies for unknown or finished requests", registry=self.registry
         )
+        self.forged_replies = Counter(
+            "llmq_api_forged_replies",
+            "Replies for a request this pod holds that name another tenant (forgeries, dropped)",
+            registry=self.registry,
+        )
         self.cancels = Counter(
             "llmq_api_cancels_published", "Cancels this pod published, by reason", ["reason"], registry=self.registry
         )

@@ -25,7 +25,7 @@ from llmq_api.idempotency import IdempotencyStore
 from llmq_api.metrics import ApiMetrics
 from llmq_api.ratelimit import RateLimiter
 from llmq_api.saturation import SaturationMonitor
-from llmq_api.waiters import WaiterRegistry
+from llmq_api.waiters import Dispatched, WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.filestore import FileStore
@@ -206,7 +206,11 @@ class ReplyListener:
             log.warning("undecodable message on %s: %s", channel, exc)
             return
         if channel == self._replies and isinstance(decoded, (wire.TokenChunk, wire.FinalResult)):
-            if not self._registry.dispatch(decoded):
+            dispatched = self._registry.dispatch(decoded)
+            if dispatched is Dispatched.FORGED:
+                log.warning("dropping a reply naming another tenant", extra={"request_id": decoded.request_id})
+                self._metrics.forged_replies.inc()
+            elif not dispatched:
                 self._metrics.dropped_replies.inc()
         elif isinstance(decoded, wire.WorkerHeartbeat):
             self._catalog.observe(decoded)

@@ -1,12 +1,15 @@
 """The pod's waiters: request_id -> the HTTP exchange waiting for that request's chunks and its one resolution.
 
 A waiter is resolved exactly once, by whichever comes first: the request's FinalResult, its deadline, or its client
-leaving (see :meth:`WaiterRegistry.resolve`). Messages for unknown or already resolved requests are dropped.
+leaving (see :meth:`WaiterRegistry.resolve`). Messages for unknown or already resolved requests are dropped; messages
+for a request held here that name another tenant are forgeries (only llmq's own services may publish on a pod's
+channel, so one that does is not one of them): dropped too, and counted apart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass
 
 from llmq_core import wire
@@ -28,6 +31,17 @@ Resolution = wire.FinalResult | DeadlineExceeded | Abandoned
 Event = wire.TokenChunk | Resolution
 
 
+class Dispatched(enum.Enum):
+    """What became of a reply handed to :meth:`WaiterRegistry.dispatch`; true only when it reached its waiter."""
+
+    DELIVERED = "delivered"
+    DROPPED = "dropped"  # an unknown or finished request, or a chunk out of order or of another attempt
+    FORGED = "forged"  # a request held here, but for another tenant than it names
+
+    def __bool__(self) -> bool:
+        return self is Dispatched.DELIVERED
+
+
 class DuplicateRequestError(Exception):
     """A waiter for this request_id is already registered."""
 
@@ -40,9 +54,11 @@ class Waiter:
     its start) stops all later chunks: the rest of the text may come only from the FinalResult, and only if it
     extends what the client got (see ``responses.StreamResponse``)."""
 
-    def __init__(self, request_id: str, stream: bool) -> None:
+    def __init__(self, request_id: str, stream: bool, tenant_id: str | None = None) -> None:
+        """``tenant_id``: whose request this is (replies naming another are forgeries); None: not checked."""
         self.request_id = request_id
         self.stream = stream
+        self.tenant_id = tenant_id
         self.resolution: Resolution | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._last_seq = -1
@@ -80,6 +96,7 @@ class WaiterRegistry:
         self.max_waiters = max_waiters
         self._waiters: dict[str, Waiter] = {}
         self.dropped = 0  # messages for unknown or finished requests
+        self.forged = 0  # messages for a request held here that name another tenant
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -94,27 +111,31 @@ class WaiterRegistry:
     def request_ids(self) -> list[str]:
         return list(self._waiters)
 
-    def register(self, request_id: str, stream: bool) -> Waiter:
-        """A new waiter; register it BEFORE the request is produced so no reply can outrun it.
+    def register(self, request_id: str, stream: bool, tenant_id: str | None = None) -> Waiter:
+        """A new waiter for ``tenant_id``'s request; register it BEFORE the request is produced so no reply can
+        outrun it.
 
         Raises :class:`DuplicateRequestError` for a request_id already waited for.
         """
         if request_id in self._waiters:
             raise DuplicateRequestError(request_id)
-        waiter = self._waiters[request_id] = Waiter(request_id, stream)
+        waiter = self._waiters[request_id] = Waiter(request_id, stream, tenant_id)
         return waiter
 
-    def dispatch(self, message: wire.TokenChunk | wire.FinalResult) -> bool:
-        """Route a reply to its waiter. Returns False (and counts it) when it was dropped."""
+    def dispatch(self, message: wire.TokenChunk | wire.FinalResult) -> Dispatched:
+        """Route a reply to its waiter; counts what it drops (see :class:`Dispatched`)."""
         waiter = self._waiters.get(message.request_id)
+        if waiter is not None and waiter.tenant_id is not None and message.tenant_id != waiter.tenant_id:
+            self.forged += 1
+            return Dispatched.FORGED
         if waiter is not None:
             if isinstance(message, wire.FinalResult):
                 self.resolve(waiter, message)
-                return True
+                return Dispatched.DELIVERED
             if waiter._push_chunk(message):
-                return True
+                return Dispatched.DELIVERED
         self.dropped += 1
-        return False
+        return Dispatched.DROPPED
 
     def resolve(self, waiter: Waiter, resolution: Resolution) -> Resolution:
         """Resolve ``waiter`` unless it already is; returns the resolution that holds (the first one)."""

@@ -12,12 +12,14 @@ import asyncio
 import dataclasses
 import logging
 from collections import Counter
+from collections.abc import Mapping
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerClosed
 from redis.asyncio import Redis
 
+from llmq_batcher import ingress
 from llmq_batcher.offsets import OffsetTracker
 from llmq_batcher.outcomes import (
     final_result,
@@ -36,6 +38,7 @@ from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.names import Names
+from llmq_core.settings import IngressGrant
 from llmq_core.status import ErrorCode, ErrorType, outcome_label
 from llmq_core.telemetry import request_fields
 
@@ -84,12 +87,14 @@ class BatcherLoop:
         catalogue: frozenset[str] = frozenset(BUILTIN_MODELS),
         rules: requests.Rules = requests.Rules(),
         request_id_ttl_ms: int = 86_400_000,
+        ingress_grants: Mapping[str, IngressGrant] = {},
     ) -> None:
         """Every ``pod_check_ms`` the pods of held requests are looked up; one missing for ``pod_grace_ms`` is gone.
         ``catalogue``: the models the saturation report always carries (others only while they have workers).
         ``producer``: a kafka.RenewableProducer in service (one refused record must not break every later send).
         ``rules``: what Kafka-direct requests are checked against; ``request_id_ttl_ms``: how long their ids stay
-        claimed (Settings.kafka_request_id_ttl_s)."""
+        claimed (Settings.kafka_request_id_ttl_s); ``ingress_grants``: Kafka-direct producers' ingress topics, also
+        consumed, and what each one's records speak for (kafka.ingress_grants)."""
         self.policy = policy
         self.consumer = consumer
         self.producer = producer
@@ -111,6 +116,7 @@ class BatcherLoop:
         self.catalogue = catalogue
         self.rules = rules
         self.request_id_ttl_ms = request_id_ttl_ms
+        self.ingress_grants = dict(ingress_grants)
         self.started_ms = clock.now_ms()
         self.drain = DrainMeter(self.started_ms)
         self.backlog_drain = BacklogDrain(self.started_ms)
@@ -118,8 +124,9 @@ class BatcherLoop:
         self._announced: dict[str, tuple[int, int]] = {}  # model a worker heartbeat named -> (context window, when)
 
     def subscribe(self) -> None:
-        """Join GROUP_BATCHER over the request topics; revoked partitions are committed and forgotten."""
-        self.consumer.subscribe(list(self.names.request_topics), listener=_Revocations(self))
+        """Join GROUP_BATCHER over the request and ingress topics; revoked partitions are committed and forgotten."""
+        topics = [*self.names.request_topics, *self.ingress_grants]
+        self.consumer.subscribe(topics, listener=_Revocations(self))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -202,22 +209,31 @@ class BatcherLoop:
         if not isinstance(message, wire.GenerationRequest):
             await self._dead_letter(tp, record, f"not a generation_request: {type(message).__name__}")
             return None
-        return await self._enter_direct(tp, record.offset, message)
+        grant = self.ingress_grants.get(tp.topic)
+        if grant is not None and (reason := ingress.reply_refusal(message)) is not None:
+            self._count_ingress_refused(ingress.REPLY_NOT_KAFKA)
+            await self._dead_letter(tp, record, reason)
+            return None
+        return await self._enter_direct(tp, record.offset, message, grant)
 
     async def _enter_direct(
-        self, tp: TopicPartition, offset: int, request: wire.GenerationRequest
+        self, tp: TopicPartition, offset: int, request: wire.GenerationRequest, grant: IngressGrant | None = None
     ) -> wire.GenerationRequest | None:
         """Where a request from Kafka enters, whatever its reply kind (an API pod's records pass too): the API's checks
         (``llmq_core.requests``) and its deadline clamped to its class's maximum (a batch-job line's: the longest
         batch window); a Kafka-direct one's reply topic and its id's claim first. Returns it to be queued, or None when
         it was answered here: errored for a fault, or, for a copy of a known id that is not held here, that id's stored
         result again (errored ``request_id_reused`` when there is none or its parameters differ). A true copy of an id
-        held here joins it (one answer, as before)."""
+        held here joins it (one answer, as before). An ingress record (``grant``) claiming another tenant or class
+        than its topic's is answered errored before its id is claimed."""
         now_ms = self.clock.now_ms()
         if isinstance(request.reply_to, wire.KafkaReply):
             reason = kafka.reply_topic_error(request.reply_to.topic, self.names.reply_topic_prefixes)
             if reason is not None:  # checked first: nothing, not even a replay, may be produced to that topic
                 await self._answer_at_entry(tp, offset, request, refused(request, reply_topic_refusal(reason), now_ms))
+                return None
+            if grant is not None and (error := ingress.refusal(request, grant)) is not None:
+                await self._refuse_ingress(tp, offset, request, grant, error)
                 return None
             position = f"{tp.topic}/{tp.partition}@{offset}"
             fingerprint = requests.fingerprint(request)
@@ -231,6 +247,24 @@ class BatcherLoop:
             return None
         max_timeout_ms = self.rules.max_timeout_of(request)
         return request if max_timeout_ms is None else requests.clamp_deadline(request, max_timeout_ms, now_ms)
+
+    async def _refuse_ingress(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        request: wire.GenerationRequest,
+        grant: IngressGrant,
+        error: wire.ErrorInfo,
+    ) -> None:
+        """Answer an ingress record errored as its producer's own tenant: the tenant it claimed gets nothing."""
+        self._count_ingress_refused(error.code or "")
+        log.warning("ingress %s refused: %s", tp.topic, error.message, extra=request_fields(request.request_id))
+        attributed = msgspec.structs.replace(request, tenant_id=grant.tenant_id)
+        await self._answer_at_entry(tp, offset, attributed, refused(attributed, error, self.clock.now_ms()))
+
+    def _count_ingress_refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.ingress_refused.labels(reason).inc()
 
     def _rules_now(self, now_ms: int) -> requests.Rules:
         """The rules, also accepting the models workers announced lately, as an API pod's catalogue does (its records

@@ -48,6 +48,7 @@ async def build(
         names=Names.from_settings(settings),
         rules=requests.Rules.from_settings(settings),
         request_id_ttl_ms=settings.kafka_request_id_ttl_s * 1000,
+        ingress_grants=kafka.ingress_grants(settings),
     )
     await runtime.start(stack, producer)
     loop.subscribe()

@@ -15,6 +15,26 @@ from llmq_core.jobs import JobView
 from llmq_core.jobstore import LineChange
 from llmq_core.status import ErrorCode, ErrorType
 
+UNKNOWN_JOB = "unknown_job"  # forged_results reason: no job has that batch id
+OTHER_TENANT = "other_tenant"  # ... the job is another tenant's
+NOT_A_LINE_ID = "not_a_line_id"  # ... the request id is no run of that line (llmq derives it from batch and line)
+
+
+def forgery(result: wire.FinalResult, job_tenant: str | None) -> str | None:
+    """Why a line result on llmq.results cannot be one llmq dispatched (a forgery: dropped unstored), given the tenant
+    of the job it names (None: no such job); None when it may be. Which round (attempt) it answers is
+    :func:`settle_result`'s check: a result of an older round changes nothing."""
+    reply = result.reply_to
+    if job_tenant is None:
+        return UNKNOWN_JOB
+    if result.tenant_id != job_tenant:
+        return OTHER_TENANT
+    base = jobs.line_request_id(reply.batch_id, reply.custom_id)
+    suffix = result.request_id.removeprefix(base)
+    if suffix and not (suffix[0] == ":" and suffix[1:].isdigit()):
+        return NOT_A_LINE_ID
+    return None
+
 
 def settle_result(
     result: wire.FinalResult, state: str | None, *, max_rounds: int, backoff_ms: int, now_ms: int

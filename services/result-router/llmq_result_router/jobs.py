@@ -37,6 +37,7 @@ CANCEL_REASON = "batch_cancelled"
 PRODUCE_CHUNK = 256  # lines produced (and acknowledged) per step
 SETTLE_CHUNK = 1000  # ledger writes per Redis round trip
 SWEEP_INTERVAL_MS = 60_000
+TENANTS_CACHED = 10_000  # jobs whose tenant a ledger remembers (a job's tenant never changes)
 LEDGER_RETRY_FIRST_S, LEDGER_RETRY_MAX_S = 0.1, 5.0  # backoff while Redis refuses a ledger write
 _json = msgspec.json.encode
 
@@ -57,6 +58,20 @@ class JobLedger:
         self.producer = producer
         self.clock = clock
         self.sleep = sleep
+        self._tenants: dict[str, str] = {}  # batch id -> its tenant
+
+    async def forgery(self, result: wire.FinalResult) -> str | None:
+        """Why ``result`` (a JobReply one) is not a line result llmq dispatched; None when it may be (see
+        :func:`jobpolicy.forgery`)."""
+        batch_id = result.reply_to.batch_id
+        tenant = self._tenants.get(batch_id)
+        if tenant is None:
+            tenant = await self.store.job_tenant(batch_id)
+            if tenant is not None:
+                if len(self._tenants) >= TENANTS_CACHED:
+                    self._tenants.clear()
+                self._tenants[batch_id] = tenant
+        return jobpolicy.forgery(result, tenant)
 
     async def on_result(self, result: wire.FinalResult) -> None:
         """Apply ``result`` to its line (at most once, whatever the redeliveries). A line out of retry rounds is also

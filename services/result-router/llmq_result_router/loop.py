@@ -148,11 +148,31 @@ class ResultRouter:
             await self._route(message, record)
 
     async def _route(self, message: wire.FinalResult, record) -> None:
+        if await self._forged(message):
+            return
         first = await self._deliver(plan_delivery(message, self.reply_prefixes), record)
         if self.metrics is not None:
             self.metrics.result(message, first)
         if self.ledger is not None and isinstance(message.reply_to, wire.JobReply):
             await self.ledger.on_result(message)
+
+    async def _forged(self, message: wire.FinalResult) -> bool:
+        """A batch-job line result that no job of its tenant dispatched is dropped before anything sees it: not stored
+        (its request id would answer GET /v1/requests), not settled, counted."""
+        if self.ledger is None or not isinstance(message.reply_to, wire.JobReply):
+            return False
+        reason = await self.ledger.forgery(message)
+        if reason is None:
+            return False
+        log.warning(
+            "dropping a forged line result (%s) for batch %s",
+            reason,
+            message.reply_to.batch_id,
+            extra={"request_id": message.request_id},
+        )
+        if self.metrics is not None:
+            self.metrics.forged_results.labels(reason).inc()
+        return True
 
     async def _deliver(self, delivery: Delivery, record) -> bool:
         """Store and reply (or dead-letter ``record`` when no reply can be produced); True when this is the first result

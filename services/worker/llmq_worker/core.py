@@ -294,6 +294,7 @@ class WorkerCore:
             seq=active.seq,
             sent_ms=self._clock.now_ms(),
             attempt=request.attempt,
+            tenant_id=request.tenant_id,
         )
         active.seq += 1
         return Outbox(replies=[(replies_channel(request.reply_to.instance_id), chunk)], marks=[self._mark(active)])

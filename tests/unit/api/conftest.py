@@ -43,7 +43,13 @@ class FakeWorker:
         if request.stream:
             for seq, start in enumerate(range(0, len(text), 2)):
                 self.pod.registry.dispatch(
-                    wire.TokenChunk(request_id=request.request_id, text=text[start : start + 2], seq=seq, sent_ms=0)
+                    wire.TokenChunk(
+                        request_id=request.request_id,
+                        text=text[start : start + 2],
+                        seq=seq,
+                        sent_ms=0,
+                        tenant_id=request.tenant_id,
+                    )
                 )
         outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
         result = fake_result(request, outcome, text, error=self.error)

@@ -5,6 +5,7 @@ import asyncio
 import msgspec
 
 from llmq_core import jobs, wire
+from llmq_core.labels import DEV_TENANT
 
 
 def final(
@@ -13,9 +14,11 @@ def final(
     outcome: wire.Outcome = wire.Outcome.SUCCEEDED,
     error: wire.ErrorInfo | None = None,
     finish_reason: str = "length",
+    tenant_id: str = DEV_TENANT,  # the tenant of llmq-dev-key, which the test clients send
 ) -> wire.FinalResult:
     return wire.FinalResult(
         request_id=request_id,
+        tenant_id=tenant_id,
         outcome=outcome,
         model="llmq-sim",
         reply_to=wire.HttpReply(instance_id="pod"),

@@ -152,10 +152,20 @@ async def test_models_health_readiness_metrics(setup):
     pod.draining = True
     assert (await client.get("/readyz")).status_code == 503
     await client.post("/v1/completions", json={"model": "nope", "prompt": "a"})
-    text = (await client.get("/metrics")).text
+    text = pod.metrics.render().decode()  # served apart from the API (--metrics-port)
     assert 'llmq_api_requests_total{endpoint="completions",outcome="rejected",status="404"} 1.0' in text
     assert 'llmq_api_requests_total{endpoint="completions",outcome="unavailable",status="503"} 1.0' in text
     assert "llmq_api_in_flight 0.0" in text
+    assert (await client.get("/metrics")).status_code == 404  # never on the port clients reach
+
+
+async def test_the_model_catalogue_needs_an_api_key(setup):
+    client, _, _, _ = setup
+    for path in ("/v1/models", "/v1/models/llmq-tiny"):
+        response = await client.get(path, headers={"authorization": ""})
+        assert (response.status_code, response.json()["error"]["code"]) == (401, "invalid_api_key"), path
+        response = await client.get(path, headers={"authorization": "Bearer nope"})
+        assert response.status_code == 401, path
 
 
 async def test_draining_pod_answers_503_with_retry_after(setup):

@@ -109,7 +109,7 @@ async def test_overload_sheds_the_lowest_classes_first_with_retry_after(setup):
             assert response.json()["error"]["code"] == "rate_limit_exceeded"
     assert statuses == {"deferred": 429, "near": 429, "free": 200, "paid": 200}
     assert len(worker.produced) == 2
-    text = (await client.get("/metrics")).text
+    text = pod.metrics.render().decode()  # served apart from the API (--metrics-port)
     assert 'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait"} 1.0' in text
 
 
@@ -145,7 +145,7 @@ async def test_a_model_without_workers_answers_people_503_at_once_and_queues_def
     assert statuses == {"interactive": 503, "near_interactive": 503, "deferred": 200}
     assert (await client.post("/v1/completions", json=BODY)).status_code == 429
     assert [(r.model, r.traffic_class) for r in worker.produced] == [("llmq-tiny", "deferred")]
-    text = (await client.get("/metrics")).text
+    text = pod.metrics.render().decode()  # served apart from the API (--metrics-port)
     assert (
         'llmq_api_admission_rejections_total{priority_class="interactive:paid",reason="model_unavailable"} 1.0' in text
     )

@@ -106,3 +106,18 @@ def test_entries_map_onto_principals():
     assert store.authenticate("Bearer k") == Principal(
         tenant_id="t", tier="free", classes=("deferred",), requests_per_min=5, tokens_per_min=7
     )
+
+
+def test_a_key_named_twice_by_digest_refuses_to_start(tmp_path):
+    path = tmp_path / "keys.yaml"
+    digest = hashlib.sha256(b"sk-shared").hexdigest()
+    path.write_text(f"keys: [{{tenant: a, key: sk-shared}}, {{tenant: b, key_sha256: '{digest.upper()}'}}]")
+    with pytest.raises(ValueError, match=r"keys\[1\] \(tenant 'b'\) names a key already given by keys\[0\]"):
+        KeyStore.from_settings(Settings(api_keys_file=str(path), api_dev_keys=False))
+    path.write_text(f"keys: [{{tenant: a, key: {DEV_KEY}}}]")  # the dev key, while the dev keys are on
+    with pytest.raises(ValueError, match="dev keys"):
+        KeyStore.from_settings(Settings(api_keys_file=str(path)))
+    assert (
+        KeyStore.from_settings(Settings(api_keys_file=str(path), api_dev_keys=False)).tenant_of(f"Bearer {DEV_KEY}")
+        == "a"
+    )

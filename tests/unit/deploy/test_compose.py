@@ -9,11 +9,75 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 
 
+LLMQ_SERVICES = [name for name, svc in SERVICES.items() if name not in ("kafka", "redis", "loadgen")]
+ROLE_OF = {"api-0": "api", "api-1": "api", "batcher": "batcher", "result-router": "router", "topics": "admin"}
+
+
 def test_infrastructure_from_official_images():
     assert SERVICES["kafka"]["image"].startswith("apache/kafka:4.")
     assert SERVICES["redis"]["image"].startswith("redis:")
-    assert "9092:9092" in SERVICES["kafka"]["ports"]
-    assert "6379:6379" in SERVICES["redis"]["ports"]
+
+
+def _published(ports: list[str]) -> list[str]:
+    """The host ports of ``ports`` not bound to loopback."""
+    return [p for p in ports if not str(p).startswith(("127.0.0.1:", "[::1]:"))]
+
+
+def test_kafka_and_redis_are_not_published_on_the_host():
+    for name in ("kafka", "redis"):
+        assert _published(SERVICES[name].get("ports", [])) == [], name
+
+
+def test_kafka_has_no_plaintext_listener_authorizes_and_never_auto_creates_topics():
+    env = SERVICES["kafka"]["environment"]
+    protocols = dict(pair.split(":") for pair in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    listeners = [entry.split("://")[0] for entry in env["KAFKA_LISTENERS"].split(",")]
+    assert "PLAINTEXT" not in protocols.values() and "PLAINTEXT" not in listeners
+    assert {protocols[name] for name in listeners} <= {"SASL_SSL", "SSL"}
+    assert env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    start = (ROOT / "deploy" / "kafka-secure-start.sh").read_text()
+    assert "--add-scram" in start and "SCRAM-SHA-512" in start
+    assert all(f"{role}.password" in SERVICES["kafka"]["secrets"] for role in ("api", "batcher", "worker", "router"))
+
+
+def test_redis_speaks_only_tls_with_acl_users():
+    command = SERVICES["redis"]["command"]
+    assert command[command.index("--port") + 1] == "0"  # no plaintext port
+    assert "--tls-port" in command and "--aclfile" in command
+
+
+def test_every_llmq_service_runs_secure_as_its_own_role():
+    for name in LLMQ_SERVICES:
+        env = SERVICES[name]["environment"]
+        role = ROLE_OF.get(name, "worker")
+        assert env["LLMQ_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
+        assert env["LLMQ_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        assert env["LLMQ_KAFKA_SASL_USERNAME"] == env["LLMQ_REDIS_USERNAME"] == role, name
+        assert env["LLMQ_KAFKA_SASL_PASSWORD_FILE"] == f"/run/secrets/{role}.password", name
+        assert env["LLMQ_REDIS_URL"].startswith("rediss://"), name
+        assert f"{role}.password" in SERVICES[name]["secrets"], name
+        assert env["LLMQ_KAFKA_SSL_CAFILE"] == env["LLMQ_REDIS_SSL_CAFILE"] == "/run/secrets/ca.pem", name
+
+
+def test_api_pods_take_keys_from_a_file_without_the_public_dev_keys_and_hide_metrics():
+    for name in ("api-0", "api-1"):
+        env = SERVICES[name]["environment"]
+        assert env["LLMQ_API_DEV_KEYS"] == "false"
+        assert (
+            env["LLMQ_API_KEYS_FILE"] == "/run/secrets/api-keys.yaml" and "api-keys.yaml" in SERVICES[name]["secrets"]
+        )
+        metrics_port = str(env["LLMQ_METRICS_PORT"])
+        assert not any(str(p).endswith(f":{metrics_port}") for p in SERVICES[name]["ports"]), name
+    assert COMPOSE["secrets"]["api-keys.yaml"]["file"].startswith("./deploy/secrets/")
+    assert "/deploy/secrets/" in (ROOT / ".gitignore").read_text()
+
+
+def test_the_image_runs_as_a_non_root_user():
+    users = [line.split()[1] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
 
 
 def test_every_llmq_service_is_composed_with_its_module():
@@ -40,7 +104,7 @@ def test_services_reach_kafka_and_redis_by_service_name():
             continue
         env = svc["environment"]
         assert env["LLMQ_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092", name
-        assert env["LLMQ_REDIS_URL"].startswith("redis://redis:6379"), name
+        assert env["LLMQ_REDIS_URL"].startswith("rediss://redis:6379"), name
 
 
 def test_modules_in_compose_exist_in_the_tree():

@@ -1,5 +1,6 @@
 """The fsspec file store: a local directory and an in-memory filesystem behave the same."""
 
+import stat
 import uuid
 
 import pytest
@@ -39,3 +40,14 @@ async def test_a_failing_writer_propagates(store):
 
     with pytest.raises(RuntimeError, match="source broke"):
         await store.write("broken", chunks())
+
+
+async def test_local_objects_and_the_folders_created_for_them_are_private(tmp_path):
+    store = FileStore(str(tmp_path / "files"))
+    await store.write("tenant/in.jsonl", [b"a\n"])
+    async with store.writer("tenant/out/results.jsonl") as write:
+        await write(b"b\n")
+    for path in (tmp_path / "files" / "tenant" / "in.jsonl", tmp_path / "files" / "tenant" / "out" / "results.jsonl"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for folder in (tmp_path / "files", tmp_path / "files" / "tenant", tmp_path / "files" / "tenant" / "out"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder

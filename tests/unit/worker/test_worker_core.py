@@ -50,8 +50,8 @@ def test_runs_a_batch_and_commits_after_delivery():
     )
     assert (final.timings.queued_ms, final.timings.ttft_ms, final.timings.total_ms) == (100, 105, 110)
     assert [m for _, m in out.replies if isinstance(m, TokenChunk)] == [
-        TokenChunk(request_id="a", index=0, text="hi", seq=0, sent_ms=clock.now_ms())
-    ]
+        TokenChunk(request_id="a", index=0, text="hi", seq=0, sent_ms=clock.now_ms(), tenant_id="default")
+    ]  # the request's tenant: the pod takes chunks only for the tenant it holds the request for
     assert {ch for ch, _ in out.replies} == {POD}
     assert sorted(out.offsets) == [41, 41]
     assert core.release(out.offsets[:1]) is None

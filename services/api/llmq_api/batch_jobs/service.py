@@ -32,7 +32,7 @@ from llmq_core.jobs import FileRecord, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
-from llmq_core.status import ErrorType
+from llmq_core.status import ErrorCode, ErrorType
 from llmq_core.token_counts import TokenCounter
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
@@ -542,7 +542,7 @@ def _check_deferred(principal: Principal, action: str) -> None:
             403,
             f"This API key may not use the deferred class that batches run in, so it may not {action}",
             type=ErrorType.PERMISSION,
-            code="class_not_allowed",
+            code=ErrorCode.CLASS_NOT_ALLOWED,
         )
 
 

@@ -1,0 +1,45 @@
+"""Kafka-direct producers' ingress topics: who a record speaks for is decided by the topic it arrived on, never by
+the record.
+
+Kafka does not tell a consumer who produced a record, but its ACLs decide who may write a topic: each Kafka-direct
+producer writes only its own ``constants.ingress_topic(principal)``, which Settings.kafka_ingress maps to one tenant
+and the classes it may use. A record there claiming another tenant or class is answered errored (attributed to the
+producer's own tenant, so nothing lands in the claimed tenant's results); one asking for a reply that is not a Kafka
+topic is dead-lettered: HTTP pods and batch jobs hold only what llmq itself produced.
+"""
+
+from __future__ import annotations
+
+from llmq_core import wire
+from llmq_core.settings import IngressGrant
+from llmq_core.status import ErrorCode, ErrorType
+
+REPLY_NOT_KAFKA = "reply_not_kafka"  # metric reason of an ingress record dead-lettered for its reply kind
+
+
+def refusal(request: wire.GenerationRequest, grant: IngressGrant) -> wire.ErrorInfo | None:
+    """Why the ingress record ``request`` may not run for the producer ``grant`` describes; None when it may."""
+    if request.tenant_id != grant.tenant_id:
+        return wire.ErrorInfo(
+            type=ErrorType.PERMISSION,
+            code=ErrorCode.TENANT_NOT_ALLOWED,
+            param="tenant_id",
+            message=f"This ingress topic speaks for tenant {grant.tenant_id!r} only; the record claimed "
+            f"{request.tenant_id!r}. Set tenant_id to {grant.tenant_id!r}.",
+        )
+    if request.traffic_class not in grant.classes:
+        return wire.ErrorInfo(
+            type=ErrorType.PERMISSION,
+            code=ErrorCode.CLASS_NOT_ALLOWED,
+            param="traffic_class",
+            message=f"This ingress topic may not use the {request.traffic_class} class (allowed: "
+            f"{', '.join(grant.classes)}).",
+        )
+    return None
+
+
+def reply_refusal(request: wire.GenerationRequest) -> str | None:
+    """Why the ingress record ``request`` cannot be answered at all (its dead letter's reason); None when it can."""
+    if isinstance(request.reply_to, wire.KafkaReply):
+        return None
+    return f"an ingress record must reply to a Kafka topic, not {type(request.reply_to).__name__}"

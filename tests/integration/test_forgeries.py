@@ -1,0 +1,166 @@
+"""Forgeries against a real stack (issue 16, items 2 and 3), by someone who can reach Kafka and Redis: a reply
+PUBLISHed on an API pod's channel naming another tenant is dropped and the real answer still arrives; a forged
+final_result on llmq.results for another tenant's batch line changes nothing; a record on a Kafka-direct producer's
+ingress topic claiming another tenant is answered errored. Each forgery is counted in /metrics. On a plaintext stack
+these are the application's own checks; on a secure one the ACLs refuse most of the attempts first."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+
+import httpx
+import msgspec
+import openai
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from llmq_core import constants, jobs, kafka, wire
+from llmq_core.redis_client import make_redis
+from llmq_core.settings import Settings
+from llmq_core.status import ErrorCode
+from tests.integration.stacks import private_stack
+from tests.integration.test_reply_topics import read_from
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+API_PORT = 18440  # metrics: result-router 18450, batcher 18451, worker 18452, API pod 18453
+BATCH_TIME_MS = 800  # long enough to forge a reply while the real one is still being generated
+PRINCIPAL = "acme-ingress"
+INGRESS = {PRINCIPAL: {"tenant_id": "acme", "classes": ["interactive"]}}
+DEV = {"authorization": "Bearer llmq-dev-key"}
+
+
+@pytest.fixture(scope="module")
+def stack(infra, tmp_path_factory):
+    env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("forgery-files")), "LLMQ_KAFKA_INGRESS": json.dumps(INGRESS)}
+    with private_stack(
+        infra,
+        api_ports=(API_PORT,),
+        tiny_workers=0,
+        sim_workers=1,
+        sim_batch_time_ms=BATCH_TIME_MS,
+        extra_env={**(infra.cfg.extra_env if infra is not None else {}), **env},
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def settings(stack) -> Settings:
+    return Settings(kafka_bootstrap_servers=stack.cfg.kafka_bootstrap, redis_url=stack.cfg.redis_url)
+
+
+async def metric(stack, service: str, name: str, labels: str = "") -> float:
+    async with httpx.AsyncClient(timeout=5) as client:
+        text = (await client.get(stack.metrics_urls()[service])).text
+    found = re.search(rf"^{name}{re.escape(labels)} (\S+)$", text, flags=re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arrives(stack, settings):
+    redis = make_redis(settings.redis_url)
+    body = {"model": "llmq-sim", "prompt": "real ", "max_tokens": 10, "stream": True}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}", headers=DEV, timeout=30) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                request_id = response.headers["x-request-id"]
+                channel = constants.replies_channel("api-0")
+                forged = wire.FinalResult(
+                    request_id=request_id,
+                    tenant_id="mallory",
+                    outcome=wire.Outcome.SUCCEEDED,
+                    model="llmq-sim",
+                    reply_to=wire.HttpReply(instance_id="api-0"),
+                    choices=[wire.Choice(index=0, text="FORGED", finish_reason="stop")],
+                )
+                chunk = wire.TokenChunk(request_id=request_id, text="FORGED", seq=0, sent_ms=0, tenant_id="mallory")
+                assert await redis.publish(channel, wire.encode(chunk)) == 1  # the pod is subscribed
+                assert await redis.publish(channel, wire.encode(forged)) == 1
+                frames = [line.removeprefix("data: ") async for line in response.aiter_lines() if line]
+    finally:
+        await redis.aclose()
+    assert frames[-1] == "[DONE]"
+    text = "".join(choice["text"] for frame in frames[:-1] for choice in json.loads(frame)["choices"])
+    assert text == "real real "  # llmq-sim repeats the prompt; nothing of the forgeries
+    assert await metric(stack, "api-0", "llmq_api_forged_replies_total") >= 2
+
+
+async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effect(stack, settings):
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{API_PORT}/v1", api_key="llmq-dev-key", max_retries=0)
+    line = {"custom_id": "c1", "method": "POST", "url": "/v1/completions"}
+    line["body"] = {"model": "llmq-sim", "prompt": "own ", "max_tokens": 8}
+    uploaded = await client.files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    forged = wire.FinalResult(
+        request_id=jobs.line_request_id(batch.id, "c1"),  # the id llmq derives: right batch, line and round
+        tenant_id="mallory",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        reply_to=wire.JobReply(batch_id=batch.id, custom_id="c1"),
+        choices=[wire.Choice(index=0, text="FORGED", finish_reason="stop")],
+    )
+    producer = kafka.make_producer(settings)
+    await producer.start()
+    try:  # long before the line's own result: it is queued as deferred work, then generated for BATCH_TIME_MS
+        await kafka.send_message(producer, constants.TOPIC_RESULTS, forged, key=forged.request_id)
+    finally:
+        await producer.stop()
+    deadline = time.monotonic() + 60
+    while (batch := await client.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
+        assert time.monotonic() < deadline, f"batch still {batch.status}"
+        await asyncio.sleep(0.25)
+    output = [json.loads(x) for x in (await client.files.content(batch.output_file_id)).text.splitlines()]
+    await client.close()
+    assert batch.status == "completed" and len(output) == 1
+    assert output[0]["response"]["body"]["choices"][0]["text"] == "own own "  # llmq-sim repeats the prompt
+    labels = '{reason="other_tenant"}'
+    assert await metric(stack, "result-router", "llmq_router_forged_results_total", labels) >= 1
+
+
+async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_tenant_runs(stack, settings):
+    reply_topic = f"acme.replies.{uuid.uuid4().hex[:8]}"
+    assert await kafka.create_topic(settings, reply_topic)
+    now_ms = int(time.time() * 1000)
+    base = wire.GenerationRequest(
+        request_id="",
+        tenant_id="acme",
+        model="llmq-sim",
+        prompt="ingress ",
+        sampling=wire.SamplingParams(max_tokens=4),
+        created_ms=now_ms,
+        deadline_ms=now_ms + 60_000,
+        reply_to=wire.KafkaReply(topic=reply_topic),
+    )
+    claims = msgspec.structs.replace(base, request_id=f"claim-{uuid.uuid4().hex}", tenant_id="victim")
+    own = msgspec.structs.replace(base, request_id=f"own-{uuid.uuid4().hex}")
+    producer = kafka.make_producer(settings)
+    reader = AIOKafkaConsumer(bootstrap_servers=stack.cfg.kafka_bootstrap, group_id=None, enable_auto_commit=False)
+    await producer.start()
+    await reader.start()
+    try:
+        for request in (claims, own):
+            await kafka.send_message(
+                producer,
+                constants.ingress_topic(PRINCIPAL),
+                request,
+                key=request.request_id,
+                content_type=constants.CONTENT_TYPE_JSON,
+            )
+        records = await read_from(reader, {TopicPartition(reply_topic, 0): 0}, lambda rs: len(rs) >= 2, 30)
+    finally:
+        await producer.stop()
+        await reader.stop()
+    results = {r["request_id"]: r for r in (msgspec.json.decode(record.value) for record in records)}
+    refused = results[claims.request_id]
+    assert (refused["outcome"], refused["error"]["code"], refused["tenant_id"]) == (
+        "errored",
+        ErrorCode.TENANT_NOT_ALLOWED,
+        "acme",
+    )
+    assert results[own.request_id]["outcome"] == "succeeded"
+    labels = f'{{reason="{ErrorCode.TENANT_NOT_ALLOWED}"}}'
+    assert await metric(stack, "batcher", "llmq_batcher_ingress_refused_total", labels) == 1
