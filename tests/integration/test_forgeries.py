@@ -61,7 +61,7 @@ async def metric(stack, service: str, name: str, labels: str = "") -> float:
 
 
 async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arrives(stack, settings):
-    redis = make_redis(settings.redis_url)
+    redis = make_redis(settings)
     body = {"model": "llmq-sim", "prompt": "real ", "max_tokens": 10, "stream": True}
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}", headers=DEV, timeout=30) as client:
