@@ -16,8 +16,14 @@ needs its pids and ports. Run: ``llmq bench pipeline`` (``--baseline DIR`` measu
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -265,16 +271,25 @@ async def closed_loop(
 
 
 def measure_point(
-    base_urls: Sequence[str], pids: Callable[[], dict[str, int]], cfg: PipelineConfig, concurrency: int, count: int
+    base_urls: Sequence[str],
+    pids: Callable[[], dict[str, int]],
+    cfg: PipelineConfig,
+    concurrency: int,
+    count: int,
+    profile_dir: Path | None = None,
 ) -> dict:
-    """One load point: warm-up, then ``count`` requests at ``concurrency`` with every process's CPU read around it."""
+    """One load point: warm-up, then ``count`` requests at ``concurrency`` with every process's CPU read around it;
+    ``profile_dir``: py-spy samples every Python process meanwhile, and a summary of each goes into the result."""
     asyncio.run(closed_loop(base_urls, cfg, concurrency, cfg.warmup))
     processes = pids()
+    spies = start_profiles(processes, profile_dir) if profile_dir else {}
     before = cpu_snapshot(processes)
     latencies, wall_s, failures = asyncio.run(closed_loop(base_urls, cfg, concurrency, count))
     after = cpu_snapshot(processes)
+    profiles = stop_profiles(spies)
     done = len(latencies) + failures
     return {
+        **({"profiles": profiles} if profiles else {}),
         "concurrency": concurrency,
         "requests": done,
         "failures": failures,
@@ -284,20 +299,76 @@ def measure_point(
     }
 
 
-def measure_system(base_urls: Sequence[str], pids: Callable[[], dict[str, int]], cfg: PipelineConfig, log) -> dict:
-    """Light load (1 in flight) then saturation (``cfg.concurrency`` in flight)."""
+def measure_system(
+    base_urls: Sequence[str], pids: Callable[[], dict[str, int]], cfg: PipelineConfig, log, profile_dir=None
+) -> dict:
+    """Light load (1 in flight) then saturation (``cfg.concurrency`` in flight, profiled into ``profile_dir``)."""
     light = measure_point(base_urls, pids, cfg, 1, cfg.light_requests)
     log(f"  1 in flight: p50 {light['e2e_p50_ms']} ms, p99 {light['e2e_p99_ms']} ms")
-    sat = measure_point(base_urls, pids, cfg, cfg.concurrency, cfg.requests)
+    sat = measure_point(base_urls, pids, cfg, cfg.concurrency, cfg.requests, profile_dir)
     log(f"  {cfg.concurrency} in flight: {sat['throughput_rps']} req/s, {sat['cpu']['total_ms']} CPU ms per request")
     return {"light": light, "saturation": sat}
 
 
-def measure_llmq(stack: Stack, cfg: PipelineConfig, log) -> dict:
+def measure_llmq(stack: Stack, cfg: PipelineConfig, log, profile_dir: Path | None = None) -> dict:
     """The floor and both points on one running llmq stack."""
     floor = measure_floor(stack, cfg)
     log(f"  floor: p50 {floor['p50_ms']} ms, p99 {floor['p99_ms']} ms")
-    return {"floor": floor, **measure_system(stack.base_urls, stack.pids, cfg, log)}
+    return {"floor": floor, **measure_system(stack.base_urls, stack.pids, cfg, log, profile_dir)}
+
+
+# --- profiles --------------------------------------------------------------------------------------------------------
+
+
+def start_profiles(pids: dict[str, int], folder: Path) -> dict[str, tuple[subprocess.Popen, Path]]:
+    """py-spy (the ``bench`` extra) sampling each process but Kafka and Redis, into ``folder/<name>.txt``."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    folder.mkdir(parents=True, exist_ok=True)
+    spies = {}
+    for name, pid in pids.items():
+        if name in ("kafka", "redis"):
+            continue
+        out = folder / f"{name}.txt"
+        argv = [spy, "record", "-r", "50", "-f", "raw", "-o", str(out), "-p", str(pid)]
+        spies[name] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out)
+    return spies
+
+
+def stop_profiles(spies: dict[str, tuple[subprocess.Popen, Path]]) -> dict:
+    """Stop the samplers (SIGINT: py-spy writes what it has) and summarize each profile."""
+    for proc, _ in spies.values():
+        proc.send_signal(signal.SIGINT)
+    summaries = {}
+    for name, (proc, out) in spies.items():
+        proc.wait(timeout=30)
+        if out.exists():
+            summaries[name] = profile_summary(out.read_text())
+    return summaries
+
+
+_FRAME_PATH = re.compile(r" \((?:[^)]*/)?([^/)]+?)(?::\d+)?\)")
+
+
+def profile_summary(raw: str, top: int = 12) -> dict:
+    """Of py-spy's raw (collapsed) stacks: the samples, and the functions with the largest shares of them, by their own
+    time (self) and with their callees (inclusive); frames named ``function (file)``."""
+    own: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [_FRAME_PATH.sub(r" (\1)", frame) for frame in stack.split(";")]
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            inclusive[frame] += int(count)
+
+    def shares(counter):
+        return [[frame, round(n / total, 3)] for frame, n in counter.most_common(top)] if total else []
+
+    return {"samples": total, "self": shares(own), "inclusive": shares(inclusive)}
 
 
 def ray_pids(own_pid: int) -> dict[str, int]:

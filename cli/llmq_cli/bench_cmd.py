@@ -300,6 +300,9 @@ def bench_pipeline(
     output: Path = typer.Option(Path("bench/results/pipeline.json"), help="JSON out."),
     state_dir: Path = typer.Option(Path("var/bench-pipeline"), help="The private stacks' state folders (under it)."),
     port_base: int = typer.Option(36000, help="Private ports: API +0/+1, Kafka +92 (+93), Redis +379, Ray Serve +500."),
+    profile_dir: Path = typer.Option(
+        None, help="py-spy profiles of every service at saturation here (summaries in JSON)."
+    ),
 ) -> None:
     """The Kafka + Redis floor, llmq at 1 and at --concurrency in flight, and Ray Serve at the same points: latency,
     overhead, throughput and CPU ms per request per process (broker included), side by side, as JSON and a table."""
@@ -330,7 +333,8 @@ def bench_pipeline(
         console.print(f"{name}: starting its stack ({checkout or 'this checkout'})")
         stack.up()
         try:
-            result["systems"][name] = pipeline.measure_llmq(stack, cfg, console.print)
+            profiles = profile_dir / name if profile_dir else None
+            result["systems"][name] = pipeline.measure_llmq(stack, cfg, console.print, profiles)
         finally:
             stack.down()
     if "ray" in chosen:

@@ -48,3 +48,20 @@ def test_goals_are_ratios_and_none_where_a_side_is_missing():
 def test_process_tree_cpu_counts_this_process():
     assert pipeline.process_tree_cpu_s(os.getpid()) > 0
     assert pipeline.process_tree_cpu_s(2**22 + 12345) == 0.0  # no such process
+
+
+def test_a_profile_summary_shares_samples_by_own_and_inclusive_time():
+    raw = (
+        "main (/x/app/main.py:3);handle (/x/app/api.py:10);encode (/x/lib/json.py:5) 6\n"
+        "main (/x/app/main.py:3);handle (/x/app/api.py:11) 2\n"
+        "main (/x/app/main.py:3);poll (/x/lib/sel.py:1) 2\n"
+    )
+    summary = pipeline.profile_summary(raw)
+    assert summary["samples"] == 10
+    assert summary["self"][0] == ["encode (json.py)", 0.6]
+    assert dict(summary["inclusive"]) == {
+        "main (main.py)": 1.0,
+        "handle (api.py)": 0.8,
+        "encode (json.py)": 0.6,
+        "poll (sel.py)": 0.2,
+    }
