@@ -196,7 +196,10 @@ class WorkerLoop:
         while True:
             await asyncio.sleep(self._heartbeat_interval_ms / 1000)
             await self._deliver(self._core.expire_overdue())
-            await self._commit()
+            try:
+                await self._commit()
+            except KafkaError as exc:  # the offset stays pending: the next heartbeat or delivery commits it
+                log.warning("committing offset %d failed (%r): again at the next heartbeat", self._to_commit, exc)
             await self._heartbeat_once()
 
     async def _heartbeat_once(self) -> None:
