@@ -1,4 +1,5 @@
-"""ResultRouter.run survives a Redis error: the batch is routed again from its first record, then committed."""
+"""ResultRouter.run survives a Redis error (the batch is routed again from its first record, then committed) and commits
+at most once per KAFKA_COMMIT_INTERVAL_MS."""
 
 from __future__ import annotations
 
@@ -50,3 +51,15 @@ async def test_a_redis_error_routes_the_batch_again_and_commits_once_it_went_thr
     await asyncio.wait_for(router.run(), 5)
     assert set(redis.data) == {constants.result_key("r0"), constants.result_key("r1")}
     assert consumer.commits == [None]
+
+
+async def test_fetches_inside_the_commit_window_share_one_commit_and_stopping_commits_the_rest():
+    from llmq_core.clock import FakeClock
+
+    fetches = [{TP: [record(i, f"r{i}")]} for i in range(3)]
+    consumer, redis = FakeConsumer(*fetches), FakeRedis()
+    router = ResultRouter(Settings(), consumer, producer=None, redis=redis, clock=FakeClock())
+    consumer.drained = router.stop
+    await asyncio.wait_for(router.run(), 5)
+    assert len(redis.data) == 3
+    assert consumer.commits == [None, None]  # the first fetch's, then at the stop the two the window held back
