@@ -31,6 +31,7 @@ from llmq_api.pod import Pod
 from llmq_core import constants, wire
 from llmq_core.names import Names
 from llmq_core.settings import Settings
+from tests import builders
 
 pytestmark = pytest.mark.integration
 
@@ -47,15 +48,10 @@ def free_port() -> int:
 
 def heartbeat(model: str) -> wire.WorkerHeartbeat:
     """A heartbeat with no slots: it teaches the catalog a model without inviting any batch."""
-    return wire.WorkerHeartbeat(
+    return builders.heartbeat(
+        model,
         worker_id=f"apitest-{uuid.uuid4().hex[:6]}",
-        partition=0,
-        model=model,
         max_slots=0,
-        running=0,
-        queued=0,
-        free_slots=0,
-        est_drain_ms=0,
         sent_ms=int(time.time() * 1000),
         context_window=512,
     )

@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from llmq_cli.batch import sample_lines
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core import constants, kafka, wire
+from tests.builders import heartbeat
 from tests.fake_results import fake_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -303,15 +304,12 @@ class FakeWorker:
 
     async def _beat(self) -> None:
         while True:
-            beat = wire.WorkerHeartbeat(
+            beat = heartbeat(
+                FAKE_MODEL,
                 worker_id=f"fake-{FAKE_MODEL}",
                 partition=FAKE_PARTITION,
-                model=FAKE_MODEL,
                 max_slots=64,
                 running=len(self.held),
-                queued=0,
-                free_slots=64 - len(self.held),
-                est_drain_ms=0,
                 sent_ms=int(time.time() * 1000),
                 context_window=8192,
                 last_batch_id=self.last_batch_id,

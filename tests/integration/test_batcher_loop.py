@@ -17,6 +17,7 @@ from llmq_core import constants, kafka, requests, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
 from llmq_core.settings import Settings
+from tests.builders import generation_request, heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -117,16 +118,8 @@ async def batcher():
 
 async def _heartbeats(redis: Redis, names: Names, slots: int = 8) -> None:
     while True:
-        hb = wire.WorkerHeartbeat(
-            worker_id="w-test",
-            partition=WORKER_PARTITION,
-            model=MODEL,
-            max_slots=slots,
-            running=0,
-            queued=0,
-            free_slots=slots,
-            est_drain_ms=0,
-            sent_ms=SYSTEM_CLOCK.now_ms(),
+        hb = heartbeat(
+            MODEL, worker_id="w-test", partition=WORKER_PARTITION, max_slots=slots, sent_ms=SYSTEM_CLOCK.now_ms()
         )
         await redis.publish(names.heartbeats_channel, wire.encode(hb))
         await asyncio.sleep(0.2)
@@ -135,15 +128,14 @@ async def _heartbeats(redis: Redis, names: Names, slots: int = 8) -> None:
 def _request(
     request_id: str, pod: str, deadline_in_ms: int = 30_000, *, prompt: str = "abc", tenant: str = "default"
 ) -> wire.GenerationRequest:
-    now = SYSTEM_CLOCK.now_ms()
-    return wire.GenerationRequest(
-        request_id=request_id,
+    return generation_request(
+        request_id,
+        now_ms=SYSTEM_CLOCK.now_ms(),
+        deadline_in_ms=deadline_in_ms,
+        instance_id=pod,
         tenant_id=tenant,
         model=MODEL,
         prompt=prompt,
-        created_ms=now,
-        deadline_ms=now + deadline_in_ms,
-        reply_to=wire.HttpReply(instance_id=pod),
     )
 
 

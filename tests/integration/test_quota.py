@@ -32,6 +32,7 @@ from llmq_core.clock import FakeClock
 from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
+from tests import builders
 from tests.integration.test_api import FakeWorker, free_port, serving, wait_ready
 
 pytestmark = pytest.mark.integration
@@ -52,17 +53,7 @@ NO_DEFERRED = KeyEntry(tenant=f"live-{RUN}", key=f"k-live-{RUN}", classes=["inte
 
 def heartbeat(model: str) -> wire.WorkerHeartbeat:
     """Teaches the catalog a model of unknown context window (0), without inviting any batch."""
-    return wire.WorkerHeartbeat(
-        worker_id=f"quotatest-{RUN}",
-        partition=0,
-        model=model,
-        max_slots=0,
-        running=0,
-        queued=0,
-        free_slots=0,
-        est_drain_ms=0,
-        sent_ms=int(time.time() * 1000),
-    )
+    return builders.heartbeat(model, worker_id=f"quotatest-{RUN}", max_slots=0, sent_ms=int(time.time() * 1000))
 
 
 @pytest.fixture(scope="module")

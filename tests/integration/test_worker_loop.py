@@ -24,6 +24,7 @@ from llmq_core.constants import (
 )
 from llmq_core.kafka import make_consumer, make_producer, send_message
 from llmq_core.settings import Settings
+from tests.builders import generation_request
 from tests.integration.stacks import simulated_worker
 
 pytestmark = pytest.mark.integration
@@ -43,16 +44,15 @@ def settings() -> Settings:
 def request(
     request_id: str, instance_id: str, prompt: str, *, stream: bool, deadline_s: float = 30
 ) -> wire.GenerationRequest:
-    now = SYSTEM_CLOCK.now_ms()
-    return wire.GenerationRequest(
-        request_id=request_id,
+    return generation_request(
+        request_id,
+        now_ms=SYSTEM_CLOCK.now_ms(),
+        deadline_in_ms=int(deadline_s * 1000),
+        instance_id=instance_id,
         model=MODEL,
         prompt=prompt,
         sampling=wire.SamplingParams(max_tokens=5),
         stream=stream,
-        created_ms=now,
-        deadline_ms=now + int(deadline_s * 1000),
-        reply_to=wire.HttpReply(instance_id=instance_id),
     )
 
 
