@@ -28,6 +28,7 @@ from llmq_core.jobstore import JobStore
 from llmq_core.redis_client import MEMORY_POLICY, check_memory_policy
 from llmq_core.settings import Settings
 from llmq_result_router.store import ResultStore
+from tests.builders import job_spec
 
 pytestmark = pytest.mark.integration
 
@@ -85,18 +86,8 @@ async def private_redis(tmp_path, maxmemory_bytes: int, policy: str):
 
 
 def _spec(batch_id: str, lines: int) -> JobSpec:
-    return JobSpec(
-        id=batch_id,
-        tenant_id="jobs-tenant",
-        endpoint="/v1/completions",
-        input_file_id="file-x",
-        completion_window="24h",
-        created_ms=1,
-        expires_ms=2**42,
-        output_file_id="file-o",
-        error_file_id="file-e",
-        total=lines,
-        runnable=lines,
+    return job_spec(
+        batch_id, tenant_id="jobs-tenant", input_file_id="file-x", expires_ms=2**42, total=lines, runnable=lines
     )
 
 
