@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import json
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from llmq_cli.devstack import DevStack
+from llmq_core import kafka
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
 from llmq_worker.core import WorkerCore
@@ -49,3 +53,27 @@ def simulated_worker(
         **clients,
     )
     return loop, engine
+
+
+async def kcat_request(stack: DevStack, topic: str, request: dict) -> dict:
+    """``request``, a GenerationRequest as JSON answered on a Kafka reply topic, produced to ``topic`` by kcat as a
+    non-Python client would (its reply topic created first: the broker does not auto-create topics); the first result
+    kcat then reads from that reply topic, decoded."""
+    bootstrap, reply_topic = stack.cfg.kafka_bootstrap, request["reply_to"]["topic"]
+    await kafka.create_topic(stack.cfg.settings(), reply_topic)
+    produce = [
+        "kcat",
+        "-P",
+        "-b",
+        bootstrap,
+        "-t",
+        topic,
+        "-k",
+        request["request_id"],
+        "-H",
+        "content-type=application/json",
+    ]
+    subprocess.run(produce, input=json.dumps(request).encode(), check=True, timeout=30)
+    consume = ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"]
+    consumed = await asyncio.to_thread(subprocess.run, consume, capture_output=True, check=True, timeout=90)
+    return json.loads(consumed.stdout.decode().splitlines()[0])

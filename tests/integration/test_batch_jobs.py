@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +24,6 @@ import httpx
 import openai
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
 from llmq_cli.batch import sample_lines
@@ -33,6 +31,7 @@ from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core import constants, kafka, wire
 from tests.builders import heartbeat
 from tests.fake_results import fake_result
+from tests.integration.stacks import kcat_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -449,47 +448,15 @@ async def test_a_result_router_killed_mid_job_loses_and_doubles_nothing(client, 
 async def test_the_documented_kafka_request_is_answered_on_its_reply_topic(stack):
     doc = (ROOT / "docs" / "kafka-producers.md").read_text()
     request = json.loads(re.search(r"<!-- example:generation_request -->\n```json\n(.*?)\n```", doc, re.S).group(1))
-    bootstrap = stack.cfg.kafka_bootstrap
     now_ms = int(time.time() * 1000)
     request_id = f"kcat-batch-{uuid.uuid4().hex[:10]}"
-    reply_topic = f"test.batch-replies.{request_id}"
     request.update(
         request_id=request_id,
         created_ms=now_ms,
         deadline_ms=now_ms + 60_000,
-        reply_to={**request["reply_to"], "topic": reply_topic},
+        reply_to={**request["reply_to"], "topic": f"test.batch-replies.{request_id}"},
     )
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(reply_topic, 1, 1)])
-    finally:
-        await admin.close()
-    subprocess.run(
-        [
-            "kcat",
-            "-P",
-            "-b",
-            bootstrap,
-            "-t",
-            constants.requests_topic(request["traffic_class"]),
-            "-k",
-            request_id,
-            "-H",
-            "content-type=application/json",
-        ],
-        input=json.dumps(request).encode(),
-        check=True,
-        timeout=30,
-    )
-    consumed = await asyncio.to_thread(
-        subprocess.run,
-        ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
-        capture_output=True,
-        check=True,
-        timeout=90,
-    )
-    result = json.loads(consumed.stdout.decode().splitlines()[0])
+    result = await kcat_request(stack, constants.requests_topic(request["traffic_class"]), request)
     assert (result["request_id"], result["outcome"]) == (request_id, "succeeded")
     user = request["messages"][-1]["content"]
     assert result["choices"][0]["text"] == sim_answer(user, request["sampling"]["max_tokens"])
