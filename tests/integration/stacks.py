@@ -8,10 +8,13 @@ import dataclasses
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from llmq_cli.devstack import DevStack
+from llmq_cli.main import app
 from llmq_core import kafka
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
@@ -77,3 +80,19 @@ async def kcat_request(stack: DevStack, topic: str, request: dict) -> dict:
     consume = ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"]
     consumed = await asyncio.to_thread(subprocess.run, consume, capture_output=True, check=True, timeout=90)
     return json.loads(consumed.stdout.decode().splitlines()[0])
+
+
+def run_bench(stack: DevStack, prompts_dir: Path, **options: object) -> dict:
+    """``llmq bench --json`` against every API pod of ``stack`` on ten short code prompts (written to ``prompts_dir``)
+    with ``options`` (``duration_s=3``: ``--duration-s 3``): its report, once it has exited 0."""
+    prompts = prompts_dir / "prompts.jsonl"
+    lines = (json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n    return", "max_tokens": 8}) for i in range(10))
+    prompts.write_text("".join(line + "\n" for line in lines))
+    args = ["bench", "--json", "--prompts", str(prompts), "--redis-url", stack.cfg.redis_url]
+    for name, value in options.items():
+        args += ["--" + name.replace("_", "-"), str(value)]
+    for port in stack.cfg.api_ports:
+        args += ["--base-url", f"http://127.0.0.1:{port}/v1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout[result.stdout.index("{") :])
