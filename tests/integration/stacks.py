@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,11 +15,10 @@ from typer.testing import CliRunner
 
 from llmq_cli.devstack import DevStack
 from llmq_cli.main import app
-from llmq_core import kafka
+from llmq_core import constants, kafka, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
 from llmq_worker.core import WorkerCore
-from llmq_worker.engine import Engine
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
 
@@ -38,11 +37,13 @@ def private_stack(infra: DevStack | None, timeout_s: float = 240, **config) -> I
         running.down(services_only=True)
 
 
-def simulated_worker(
+@contextlib.asynccontextmanager
+async def simulated_worker(
     worker_id: str, partition: int, model: str, *, batch_time_ms: int, names: Names = Names(), **clients
-) -> tuple[WorkerLoop, Engine]:
-    """A worker loop in-process on the simulated engine (8 per batch), heartbeating every 100 ms; ``clients``:
-    its ``consumer``, ``producer`` and ``redis``. Close the engine after the loop has run."""
+) -> AsyncIterator[asyncio.Task]:
+    """A worker loop in-process on the simulated engine (8 per batch), heartbeating every 100 ms, running for the
+    ``async with`` block: yields its task. ``clients``: its ``consumer``, ``producer`` and ``redis``. Stopped after,
+    and its engine closed."""
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=batch_time_ms)
     core = WorkerCore(worker_id=worker_id, partition=partition, model=model, engine=engine, clock=SYSTEM_CLOCK)
     loop = WorkerLoop(
@@ -55,7 +56,28 @@ def simulated_worker(
         names=names,
         **clients,
     )
-    return loop, engine
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)  # drains for up to shutdown_grace_s, on a loaded machine
+        await engine.close()
+
+
+async def send_batch(producer, batch_id: str, worker_id: str, partition: int, *requests: wire.GenerationRequest):
+    """A Batch of ``requests`` (of one model) for ``worker_id``, formed now, produced to ``partition`` of
+    llmq.batches; the record's metadata."""
+    batch = wire.Batch(
+        batch_id=batch_id,
+        worker_id=worker_id,
+        model=requests[0].model,
+        requests=list(requests),
+        formed_ms=SYSTEM_CLOCK.now_ms(),
+        flush_reason="size",
+    )
+    return await kafka.send_message(producer, constants.TOPIC_BATCHES, batch, key=batch_id, partition=partition)
 
 
 async def kcat_request(stack: DevStack, topic: str, request: dict) -> dict:
