@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import llmq_result_router.loop as router_loop
-from llmq_core import constants, wire
+from llmq_core import constants
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
+from tests.fake_results import result_record, succeeded
 from tests.fakes import FakeConsumer, FakeRedis
 
 TP = ("llmq.results", 0)
@@ -30,21 +30,12 @@ class FlakyRedis(FakeRedis):
         return await super().set(key, value, **options)
 
 
-def record(offset: int, request_id: str):
-    result = wire.FinalResult(
-        request_id=request_id,
-        outcome=wire.Outcome.SUCCEEDED,
-        model="llmq-sim",
-        reply_to=wire.HttpReply(instance_id="pod-1"),
-    )
-    return SimpleNamespace(
-        topic=TP[0], partition=TP[1], offset=offset, key=request_id.encode(), value=wire.encode(result), headers=[]
-    )
-
-
 async def test_a_redis_error_routes_the_batch_again_and_commits_once_it_went_through(monkeypatch):
     monkeypatch.setattr(router_loop, "RETRY_DELAY_S", 0)
-    consumer, redis = FakeConsumer({TP: [record(0, "r0"), record(1, "r1")]}), FlakyRedis()
+    consumer, redis = (
+        FakeConsumer({TP: [result_record(0, succeeded("r0")), result_record(1, succeeded("r1"))]}),
+        FlakyRedis(),
+    )
     router = ResultRouter(Settings(), consumer, producer=None, redis=redis)
     consumer.drained = router.stop
     await asyncio.wait_for(router.run(), 5)
