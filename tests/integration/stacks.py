@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from llmq_cli.main import app
 from llmq_core import constants, kafka, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
+from llmq_core.settings import Settings
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
@@ -35,6 +38,23 @@ def private_stack(infra: DevStack | None, timeout_s: float = 240, **config) -> I
         yield running
     finally:
         running.down(services_only=True)
+
+
+@contextlib.contextmanager
+def sim_stack(
+    infra: DevStack | None, api_ports: tuple[int, ...], *, batch_time_ms: int, sim_workers: int = 1, **config
+) -> Iterator[DevStack]:
+    """A :func:`private_stack` whose workers are all llmq-sim (``sim_workers`` of them, ``batch_time_ms`` a batch),
+    its API pods on ``api_ports``; ``config``: the rest of its StackConfig."""
+    with private_stack(
+        infra, api_ports=api_ports, tiny_workers=0, sim_workers=sim_workers, sim_batch_time_ms=batch_time_ms, **config
+    ) as running:
+        yield running
+
+
+def shed_wait_env(shed_wait_ms: dict[str, int]) -> dict[str, str]:
+    """The API pods' environment that sets their shed wait per priority class."""
+    return {"LLMQ_API_SHED_WAIT_MS": json.dumps(shed_wait_ms)}
 
 
 @contextlib.asynccontextmanager
@@ -118,3 +138,19 @@ def run_bench(stack: DevStack, prompts_dir: Path, **options: object) -> dict:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout[result.stdout.index("{") :])
+
+
+async def worker_process(
+    settings: Settings, worker_id: str, partition: int, model: str, *options: str, **popen
+) -> asyncio.subprocess.Process:
+    """``python -m llmq_worker.main`` on the simulated engine and ``settings``' Kafka and Redis; ``options``: the rest
+    of its command line, ``popen``: of ``asyncio.create_subprocess_exec`` (stdout, stderr)."""
+    env = {
+        **os.environ,
+        "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "LLMQ_REDIS_URL": settings.redis_url,
+    }
+    command = ["--worker-id", worker_id, "--partition", str(partition), "--model", model, "--engine", "simulated"]
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmq_worker.main", *command, *options, env=env, **popen
+    )

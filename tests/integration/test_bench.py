@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.stacks import private_stack, run_bench
+from tests.integration.stacks import run_bench, sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -14,9 +14,7 @@ BATCH_TIME_MS = 200
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(
-        infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=2, sim_batch_time_ms=BATCH_TIME_MS
-    ) as running:
+    with sim_stack(infra, API_PORTS, batch_time_ms=BATCH_TIME_MS, sim_workers=2) as running:
         yield running
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.integration.stacks import private_stack, run_bench
+from tests.integration.stacks import run_bench, shed_wait_env, sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,14 +26,8 @@ SHED_WAIT_MS = {"interactive:paid": 15000, "interactive:free": 5000, "near_inter
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(
-        infra,
-        api_ports=API_PORTS,
-        tiny_workers=0,
-        sim_workers=2,
-        sim_batch_time_ms=BATCH_TIME_MS,
-        extra_env={**infra.cfg.extra_env, "LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)},
-    ) as running:
+    env = {**infra.cfg.extra_env, **shed_wait_env(SHED_WAIT_MS)}
+    with sim_stack(infra, API_PORTS, batch_time_ms=BATCH_TIME_MS, sim_workers=2, extra_env=env) as running:
         yield running
 
 

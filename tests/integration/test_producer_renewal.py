@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the imported `settings` fixture is requested by parameters of the same name)
 """A record the broker refuses must not break the producer that sent it (real broker).
 
 aiokafka's idempotent producer never takes back the sequence number of a refused record: the next record of that
@@ -25,13 +24,7 @@ from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from tests.integration.stacks import send_batch, simulated_worker
-from tests.integration.test_result_limits import (  # noqa: F401 (settings: the fixture, shadowed by parameters)
-    MODEL,
-    SMALL_LIMIT_BYTES,
-    request,
-    set_topic_limit,
-    settings,
-)
+from tests.integration.test_result_limits import MODEL, SMALL_LIMIT_BYTES, request, set_topic_limit
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,6 @@ when an llmq topic's max.message.bytes is below KAFKA_MAX_MESSAGE_BYTES."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import uuid
 
 import pytest
@@ -31,21 +29,13 @@ from llmq_core.kafka import (
 )
 from llmq_core.names import Names
 from llmq_core.settings import Settings
-from tests.integration.stacks import send_batch, simulated_worker
+from tests.integration.stacks import send_batch, simulated_worker, worker_process
 
 pytestmark = pytest.mark.integration
 
 PARTITION = 14  # of llmq.batches: no stack worker and no other test's worker reads it
 MODEL = "llmq-sim-limits-itest"
 SMALL_LIMIT_BYTES = 64 << 10
-
-
-@pytest.fixture
-def settings() -> Settings:
-    return Settings(
-        kafka_bootstrap_servers=os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        redis_url=os.environ.get("LLMQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
-    )
 
 
 async def set_topic_limit(settings: Settings, topic: str, limit_bytes: int, *, create: bool = False) -> None:
@@ -138,24 +128,11 @@ async def test_services_refuse_to_start_when_a_topic_limit_is_too_small(settings
     await check_topic_limits(settings)  # the suite's broker: every llmq topic is large enough
     await set_topic_limit(settings, TOPIC_DEAD_LETTERS, SMALL_LIMIT_BYTES)
     try:
-        env = {
-            **os.environ,
-            "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-            "LLMQ_REDIS_URL": settings.redis_url,
-        }
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "llmq_worker.main",
-            "--worker-id",
+        process = await worker_process(
+            settings,
             "itest-refused",
-            "--partition",
-            str(PARTITION),
-            "--model",
+            PARTITION,
             MODEL,
-            "--engine",
-            "simulated",
-            env=env,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import uuid
 
 import pytest
@@ -23,22 +21,13 @@ from llmq_core.constants import (
     worker_group,
 )
 from llmq_core.kafka import make_consumer, make_producer
-from llmq_core.settings import Settings
 from tests.builders import generation_request
-from tests.integration.stacks import send_batch, simulated_worker
+from tests.integration.stacks import send_batch, simulated_worker, worker_process
 
 pytestmark = pytest.mark.integration
 
 PARTITION = 15
 MODEL = "llmq-sim-worker-itest"  # no batcher routes real traffic to this test worker
-
-
-@pytest.fixture
-def settings() -> Settings:
-    return Settings(
-        kafka_bootstrap_servers=os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        redis_url=os.environ.get("LLMQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
-    )
 
 
 def request(
@@ -143,33 +132,17 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
     """``python -m llmq_worker.main``: a poisoned request fails alone; SIGTERM finishes the running batch, then exits."""
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-proc-{run}", f"itest-pod-{run}"
-    env = {
-        **os.environ,
-        "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-        "LLMQ_REDIS_URL": settings.redis_url,
-    }
     redis = aioredis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
     producer = make_producer(settings)
     await producer.start()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "llmq_worker.main",
-        "--worker-id",
+    process = await worker_process(
+        settings,
         worker_id,
-        "--partition",
-        str(PARTITION),
-        "--model",
+        PARTITION,
         MODEL,
-        "--engine",
-        "simulated",
-        "--batch-time-ms",
-        "300",
-        "--poison-marker",
-        "POISON",
-        env=env,
+        *("--batch-time-ms", "300", "--poison-marker", "POISON"),
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
