@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmq_cli.devstack import DevStack
+from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.main import app
 from llmq_core import constants, kafka, wire
 from llmq_core.clock import SYSTEM_CLOCK
@@ -32,12 +33,33 @@ def private_stack(infra: DevStack | None, timeout_s: float = 240, **config) -> I
     (the suite's broker and Redis stay up). Skips when the suite runs on Kafka/Redis named by the environment."""
     if infra is None:
         pytest.skip("needs the suite's own Kafka/Redis (LLMQ_KAFKA_BOOTSTRAP_SERVERS is set)")
-    running = DevStack(dataclasses.replace(infra.cfg, **config))
-    try:
-        running.up(timeout_s=timeout_s, log=lambda *_: None)
+    with _up(DevStack(dataclasses.replace(infra.cfg, **config)), timeout_s, own_infra=False) as running:
         yield running
+
+
+@contextlib.contextmanager
+def standalone_stack(infra: DevStack | None, own: dict, subdir: str = "", **config) -> Iterator[DevStack]:
+    """A :func:`private_stack` that does not skip when the suite runs on Kafka/Redis the environment names (``infra``
+    is None): it brings up a broker and Redis of its own instead (``own``: their state_dir and ports), removed after.
+    ``subdir``: where under the suite's state dir its services keep their state."""
+    if infra is None:
+        cfg = StackConfig(**own, **config)
+    else:
+        cfg = dataclasses.replace(infra.cfg, state_dir=infra.cfg.state_dir / subdir, manage_infra=False, **config)
+    with _up(DevStack(cfg), 240, own_infra=infra is None) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _up(stack: DevStack, timeout_s: float, *, own_infra: bool) -> Iterator[DevStack]:
+    """``stack`` up for the ``with`` block; then its services down, and a broker and Redis of its own with its state."""
+    try:
+        stack.up(timeout_s=timeout_s, log=lambda *_: None)
+        yield stack
     finally:
-        running.down(services_only=True)
+        stack.down(services_only=not own_infra)
+        if own_infra:
+            shutil.rmtree(stack.cfg.state_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import socket
 import struct
 import time
@@ -23,8 +22,8 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
-from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core import constants, wire
+from tests.integration.stacks import shed_wait_env, standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,7 +61,7 @@ def _bindable(port: int) -> bool:
 def stack(infra, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys.write_text("keys:\n  - {tenant: limited, key: k-limited, requests_per_min: 3}\n")
-    env = {"LLMQ_API_KEYS_FILE": str(keys), "LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)}
+    env = {"LLMQ_API_KEYS_FILE": str(keys), **shed_wait_env(SHED_WAIT_MS)}
     api_ports = tuple(free_ports(2))
     shape = dict(
         api_ports=api_ports,
@@ -72,30 +71,12 @@ def stack(infra, tmp_path_factory):
         sim_max_batch_size=8,
         extra_env=env,
     )
-    if infra is not None:
-        cfg = StackConfig(
-            state_dir=infra.cfg.state_dir / "api-edge",
-            kafka_port=infra.cfg.kafka_port,
-            redis_port=infra.cfg.redis_port,
-            manage_infra=False,
-            **shape,
-        )
-    else:
-        (kafka_port,), (redis_port,) = free_ports(1, consecutive=2), free_ports(1)
-        cfg = StackConfig(
-            state_dir=ROOT / "var" / f"test-api-edge-{uuid.uuid4().hex[:6]}",
-            kafka_port=kafka_port,
-            redis_port=redis_port,
-            **shape,
-        )
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None, services=True)
+    (kafka_port,), (redis_port,) = free_ports(1, consecutive=2), free_ports(1)
+    own = dict(
+        state_dir=ROOT / "var" / f"test-api-edge-{uuid.uuid4().hex[:6]}", kafka_port=kafka_port, redis_port=redis_port
+    )
+    with standalone_stack(infra, own, "api-edge", **shape) as running:
         yield running
-    finally:
-        running.down(services_only=infra is not None)
-        if infra is None:
-            shutil.rmtree(cfg.state_dir, ignore_errors=True)
 
 
 @pytest.fixture

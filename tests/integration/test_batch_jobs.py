@@ -10,7 +10,6 @@ otherwise unused partition of llmq.batches: its prompts say how it answers (fail
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
@@ -27,11 +26,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.asyncio import Redis
 
 from llmq_cli.batch import sample_lines
-from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.devstack import StackConfig
 from llmq_core import constants, kafka, wire
 from tests.builders import heartbeat
 from tests.fake_results import fake_result
-from tests.integration.stacks import kcat_request
+from tests.integration.stacks import kcat_request, standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHARED_CLAIMS = ROOT.parent / "shared" / "data" / "claims-batch.jsonl"
 API_PORTS = (18100, 18101)
 # Below the kernel's ephemeral range (32768+), so no outgoing connection holds them by chance.
-PRIVATE = dict(state_dir=ROOT / "var" / "batch-test", kafka_port=24192, redis_port=24479, api_ports=(24100, 24101))
+PRIVATE = dict(state_dir=ROOT / "var" / "batch-test", kafka_port=24192, redis_port=24479)
 FAKE_MODEL = f"batch-fake-{uuid.uuid4().hex[:6]}"
 FAKE_PARTITION = 15  # the stack's workers take partitions 0 and 1
 ENDED = ("completed", "failed", "expired", "cancelled")
@@ -54,17 +53,9 @@ STACK_ENV = {
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
     env = {**STACK_ENV, "LLMQ_FILES_URL": str(tmp_path_factory.mktemp("batch-files"))}
-    shape = dict(tiny_workers=0, sim_workers=2, sim_batch_time_ms=300, extra_env=env)
-    if infra is not None:
-        cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, **shape)
-    else:
-        cfg = StackConfig(**PRIVATE, **shape)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    shape = dict(api_ports=API_PORTS, tiny_workers=0, sim_workers=2, sim_batch_time_ms=300, extra_env=env)
+    with standalone_stack(infra, PRIVATE, **shape) as running:
         yield running
-    finally:
-        running.down(services_only=infra is not None)
 
 
 @pytest.fixture(scope="module")
