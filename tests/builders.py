@@ -1,4 +1,5 @@
-"""Wire messages and job records as tests build them: a plain default for every field a test does not care about."""
+"""Wire messages, job records and API request bodies as tests build them: a plain default for every field a test does
+not care about."""
 
 from __future__ import annotations
 
@@ -42,3 +43,22 @@ def job_spec(batch_id: str = "batch_x", **fields) -> jobs.JobSpec:
         "error_file_id": "file-e",
     }
     return jobs.JobSpec(id=batch_id, **{**defaults, **fields})
+
+
+def chat_body(content: str, max_tokens: int, **fields) -> dict:
+    """A chat completion request body for llmq-sim with one user message; ``fields``: the rest (stream, ...)."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **fields}
+
+
+# (httpx request arguments, status, error param) of bodies no endpoint can read: refused before any request exists.
+UNREADABLE_BODIES = [
+    (
+        {"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}},
+        415,
+        "content-type",
+    ),
+    ({"content": b"{", "headers": {"content-type": "application/json"}}, 400, None),
+    ({"content": b'{"model": ', "headers": {"content-type": "application/json"}}, 400, None),
+    ({"content": b"[]", "headers": {"content-type": "application/json"}}, 400, None),
+    ({"json": ["not", "an", "object"]}, 400, None),
+]

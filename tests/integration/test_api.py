@@ -401,13 +401,7 @@ async def test_client_disconnect_publishes_cancel(api):
 @pytest.mark.parametrize(
     "kwargs, status, param",
     [
-        (
-            {"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}},
-            415,
-            "content-type",
-        ),
-        ({"content": b'{"model": ', "headers": {"content-type": "application/json"}}, 400, None),
-        ({"json": ["not", "an", "object"]}, 400, None),
+        *builders.UNREADABLE_BODIES,
         ({"json": {"model": "gpt-nope", "prompt": "a"}}, 404, "model"),
         ({"json": {"model": MODEL, "prompt": "a", "max_tokens": "many"}}, 400, "max_tokens"),
         ({"json": {"model": MODEL, "prompt": "a", "temperature": 9}}, 400, "temperature"),

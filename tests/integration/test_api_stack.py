@@ -23,6 +23,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq_core import constants, wire
+from tests.builders import chat_body
 from tests.integration.stacks import shed_wait_env, standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -156,13 +157,7 @@ async def test_chat_stream_with_usage_ends_with_the_usage_chunk_then_done(pods):
     _, client, _ = pods
     response = await client.post(
         "/v1/chat/completions",
-        json={
-            "model": "llmq-sim",
-            "messages": [{"role": "user", "content": "héllo"}],
-            "max_tokens": 12,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
+        json=chat_body("héllo", 12, stream=True, stream_options={"include_usage": True}),
     )
     frames = events(response.content)
     assert response.status_code == 200 and frames[-1] == b"[DONE]"
@@ -184,12 +179,7 @@ async def test_fifty_streams_reset_after_one_chunk_cancel_everything(pods):
     ids: list[str] = []
 
     async def open_read_reset(i: int) -> None:
-        body = {
-            "model": "llmq-sim",
-            "messages": [{"role": "user", "content": f"stream {i} "}],
-            "max_tokens": 200,
-            "stream": True,
-        }
+        body = chat_body(f"stream {i} ", 200, stream=True)
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
             ids.append(response.headers["x-request-id"])
