@@ -139,6 +139,15 @@ def _request(
     )
 
 
+async def _next_message(pubsub, timeout_s: float) -> dict | None:
+    """The next message of ``pubsub`` within ``timeout_s`` (None if none came); the subscription is closed after."""
+    deadline, message = time.monotonic() + timeout_s, None
+    while message is None and time.monotonic() < deadline:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+    await pubsub.aclose()
+    return message
+
+
 async def _read_one(settings: Settings, topic: str, match, timeout_s: float = 30):
     """The first record of ``topic`` (from its start) for which ``match(record)`` is true."""
     reader = kafka.make_consumer(settings, topic, group_id=None)
@@ -187,12 +196,7 @@ async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batche
     await pubsub.subscribe(constants.replies_channel(pod))
     request = _request(f"req-{uuid.uuid4().hex}", pod, deadline_in_ms=-1)
     await kafka.send_message(producer, names.request_topics[1], request, key=request.request_id)
-    message = None
-    for _ in range(100):
-        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3)
-        if message:
-            break
-    await pubsub.aclose()
+    message = await _next_message(pubsub, timeout_s=30)
     assert message is not None, "no reply on the pod channel"
     result = wire.decode(message["data"])
     assert result.request_id == request.request_id and result.outcome is wire.Outcome.EXPIRED
@@ -312,12 +316,7 @@ async def test_a_record_the_batches_topic_refuses_is_answered_errored_and_others
         wanted = {r.request_id for r in before + after}
         seen = await _read_until(names.batches_topic, lambda b: [r.request_id for r in b.requests], wanted)
         answers = await _read_until(names.results_topic, lambda r: [r.request_id], {refused.request_id})
-        reply = None
-        for _ in range(50):
-            reply = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
-            if reply:
-                break
-        await pubsub.aclose()
+        reply = await _next_message(pubsub, timeout_s=10)
     assert wanted <= seen.keys() and refused.request_id not in seen
     ((result, _),) = answers[refused.request_id]
     assert result.outcome is wire.Outcome.ERRORED and not result.error.retryable
