@@ -17,12 +17,6 @@ def breaker(clock: FakeClock) -> CircuitBreaker:
 
 # Each step: (ms to advance, event, expected allow() result or None, state after, retry_after_ms after).
 # Events: "allow" calls allow(); "ok" / "fail" report a produce.
-FIRST_FAILURE = (0, "fail", None, OPEN, 1000)  # opens it for the first backoff
-FIRST_PROBE = (1000, "allow", True, HALF_OPEN, 2000)  # once that has passed, one request probes
-SECOND_OUTAGE = [
-    (0, "fail", None, OPEN, 2000),
-    (2000, "allow", True, HALF_OPEN, 2000),
-]  # the probe failed: twice as long
 STEPS = {
     "closed passes and stays closed on success": [
         (0, "allow", True, CLOSED, 0),
@@ -30,50 +24,52 @@ STEPS = {
         (5000, "allow", True, CLOSED, 0),
     ],
     "a failure opens: refused at once until the backoff has passed": [
-        FIRST_FAILURE,
+        (0, "fail", None, OPEN, 1000),
         (0, "allow", False, OPEN, 1000),
         (400, "allow", False, OPEN, 600),
         (599, "allow", False, OPEN, 1),
     ],
     "past the backoff one request probes, the others are still refused": [
-        FIRST_FAILURE,
-        FIRST_PROBE,
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
         (10, "allow", False, HALF_OPEN, 1990),
     ],
     "a successful probe closes": [
-        FIRST_FAILURE,
-        FIRST_PROBE,
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
         (0, "ok", None, CLOSED, 0),
         (0, "allow", True, CLOSED, 0),
     ],
     "a failed probe reopens for twice the backoff, capped": [
-        FIRST_FAILURE,
-        FIRST_PROBE,
-        *SECOND_OUTAGE,
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
+        (0, "fail", None, OPEN, 2000),
+        (2000, "allow", True, HALF_OPEN, 2000),
         (0, "fail", None, OPEN, 3000),
         (3000, "allow", True, HALF_OPEN, 2000),
         (0, "fail", None, OPEN, 3000),
     ],
     "after closing, the next outage starts from the first backoff again": [
-        FIRST_FAILURE,
-        FIRST_PROBE,
-        *SECOND_OUTAGE,
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
+        (0, "fail", None, OPEN, 2000),
+        (2000, "allow", True, HALF_OPEN, 2000),
         (0, "ok", None, CLOSED, 0),
-        FIRST_FAILURE,
+        (0, "fail", None, OPEN, 1000),
     ],
     "stragglers failing while open do not extend the backoff": [
-        FIRST_FAILURE,
+        (0, "fail", None, OPEN, 1000),
         (500, "fail", None, OPEN, 500),
         (500, "allow", True, HALF_OPEN, 2000),
     ],
     "a probe that never reports is replaced after the probe timeout": [
-        FIRST_FAILURE,
-        FIRST_PROBE,
+        (0, "fail", None, OPEN, 1000),
+        (1000, "allow", True, HALF_OPEN, 2000),
         (1999, "allow", False, HALF_OPEN, 1),
         (1, "allow", True, HALF_OPEN, 2000),
     ],
     "an acknowledged produce closes it whatever the state (the producer recovered)": [
-        FIRST_FAILURE,
+        (0, "fail", None, OPEN, 1000),
         (100, "ok", None, CLOSED, 0),
         (0, "allow", True, CLOSED, 0),
     ],
