@@ -180,12 +180,9 @@ async def test_batcher_kill9_and_restart_consumes_what_it_held_again(stack):
 
 
 async def test_result_router_kill9_and_restart_delivers_every_reply_and_stored_result(stack):
-    reply_topic = f"faults.replies.{uuid.uuid4().hex[:8]}"
-    await kafka.create_topic(stack.cfg.settings(), reply_topic)
-    kafka_load = KafkaLoad(stack.cfg.kafka_bootstrap, reply_topic, rate_per_s=4)
-    http_load = HttpLoad(stack.api_ports, rate_per_s=4, timeout_ms=20_000, tag="router-kill")
-    await kafka_load.start()
-    http_load.start()
+    kafka_load, http_load = await mixed_load(
+        stack, kafka_rate_per_s=4, http_rate_per_s=4, timeout_ms=20_000, tag="router-kill"
+    )
     await asyncio.sleep(3)
     killed_s, healed_s = await stack.kill_and_heal("result-router", down_s=3)
     await asyncio.sleep(4)
@@ -205,6 +202,19 @@ async def test_result_router_kill9_and_restart_delivers_every_reply_and_stored_r
     all_answered(replies)
     all_answered(http)
     assert not missing, f"{len(missing)} results never stored, e.g. {missing[:3]}"
+
+
+async def mixed_load(
+    stack: FaultStack, *, kafka_rate_per_s: float, http_rate_per_s: float, timeout_ms: int, tag: str
+) -> tuple[KafkaLoad, HttpLoad]:
+    """Load over Kafka (its replies on a topic of their own) and over HTTP (``timeout_ms``, ``tag``), both started."""
+    reply_topic = f"faults.replies.{uuid.uuid4().hex[:8]}"
+    await kafka.create_topic(stack.cfg.settings(), reply_topic)
+    kafka_load = KafkaLoad(stack.cfg.kafka_bootstrap, reply_topic, rate_per_s=kafka_rate_per_s)
+    http_load = HttpLoad(stack.api_ports, rate_per_s=http_rate_per_s, timeout_ms=timeout_ms, tag=tag)
+    await kafka_load.start()
+    http_load.start()
+    return kafka_load, http_load
 
 
 async def unstored(stack: FaultStack, request_ids: list[str], wait_s: float) -> list[str]:
@@ -497,12 +507,9 @@ ROLLING_ORDER = ("worker-sim-0", "worker-sim-1", "batcher", "result-router", "ap
 
 
 async def test_sigterm_drains_each_service_within_its_bound_and_a_rolling_restart_loses_nothing(stack):
-    reply_topic = f"faults.replies.{uuid.uuid4().hex[:8]}"
-    await kafka.create_topic(stack.cfg.settings(), reply_topic)
-    kafka_load = KafkaLoad(stack.cfg.kafka_bootstrap, reply_topic, rate_per_s=2)
-    http_load = HttpLoad(stack.api_ports, rate_per_s=6, timeout_ms=30_000, tag="rolling")
-    await kafka_load.start()
-    http_load.start()
+    kafka_load, http_load = await mixed_load(
+        stack, kafka_rate_per_s=2, http_rate_per_s=6, timeout_ms=30_000, tag="rolling"
+    )
     await asyncio.sleep(3)
     started_s = time.monotonic()
     exits_s, restarts_s = {}, {}
