@@ -21,6 +21,7 @@ from llmq_api.app import create_app
 from llmq_api.auth import KeyStore, Principal
 from llmq_api.errors import STORE_FULL_RETRY_AFTER_S
 from llmq_api.pod import Pod
+from llmq_cli.devstack import redis_server_argv
 from llmq_core import constants, jobs, wire
 from llmq_core.clock import FakeClock
 from llmq_core.jobs import JobSpec
@@ -46,27 +47,8 @@ def _free_port() -> int:
 async def private_redis(tmp_path, maxmemory_bytes: int, policy: str):
     """A redis-server of our own on a free port (no persistence); yields a client, stops the server after."""
     port = _free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-            "--maxmemory",
-            str(maxmemory_bytes),
-            "--maxmemory-policy",
-            policy,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = redis_server_argv(port, tmp_path, maxmemory_bytes, policy)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = Redis(port=port, socket_timeout=5)
     try:
         deadline = time.monotonic() + 10
