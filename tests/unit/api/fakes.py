@@ -25,6 +25,12 @@ def final(
     )
 
 
+def refusal(rejection) -> tuple:
+    """An admission or rate-limit refusal as its caller learns it: (reason, status, type, code, param, headers)."""
+    error = rejection.error
+    return rejection.reason, error.status, error.type, error.code, error.param, error.headers
+
+
 def chunk(request_id: str, text: str, seq: int, index: int = 0, attempt: int = 0) -> wire.TokenChunk:
     return wire.TokenChunk(request_id=request_id, index=index, text=text, seq=seq, sent_ms=0, attempt=attempt)
 
