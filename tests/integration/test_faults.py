@@ -143,11 +143,11 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
         moved_ms.append(min(f.finished_ms for f in done) - killed_ms)
     # + the batch the other worker may be running (a fixed-time engine takes no work mid-batch), + CPU slack
     bound_ms = WORKER_HEARTBEAT_TIMEOUT_MS + 2 * BATCH_MS + 500
-    REPORT.record(
+    REPORT.record_split(
         "worker kill -9 mid-batch",
-        tally.where(since_s=killed_s - 1, until_s=killed_s + 4),
-        tally.where(since_s=killed_s + 4),
-        total=tally,
+        tally,
+        killed_s - 1,
+        killed_s + 4,
         note=f"{len(stranded)} stranded requests finished on the other worker {max(moved_ms)} ms after the kill",
     )
     all_answered(tally)
@@ -192,11 +192,11 @@ async def test_result_router_kill9_and_restart_delivers_every_reply_and_stored_r
     ids = [r.request_id for r in http.records if r.ending is Ending.ONCE] + list(kafka_load.sent)
     missing = await unstored(stack, ids, wait_s=15)
     both = Tally([*http.records, *replies.records])
-    REPORT.record(
+    REPORT.record_split(
         "result-router kill -9, restart",
-        both.where(since_s=killed_s, until_s=healed_s),
-        both.where(since_s=healed_s),
-        total=both,
+        both,
+        killed_s,
+        healed_s,
         note=f"{len(replies)} Kafka replies and {len(ids)} stored results checked",
     )
     all_answered(replies)
@@ -479,11 +479,11 @@ async def test_api_pod_kill9_cancels_the_work_it_left_and_spares_the_other_pods_
     ]
     canceled = [rid for rid, fs in finals.items() if any(f.outcome is wire.Outcome.CANCELED for f in fs)]
     unfinished = orphans - set(finals)
-    REPORT.record(
+    REPORT.record_split(
         "API pod kill -9",
-        tally.where(since_s=killed_s, until_s=killed_s + 5),
-        tally.where(since_s=killed_s + 5),
-        total=tally,
+        tally,
+        killed_s,
+        killed_s + 5,
         note=f"other pod's traffic; {len(canceled)} of the dead pod's {len(orphans)} requests cancelled",
     )
     all_answered(tally)
@@ -523,11 +523,11 @@ async def test_sigterm_drains_each_service_within_its_bound_and_a_rolling_restar
     http = await http_load.stop()
     replies = await kafka_load.stop(settle_s=30)
     both = Tally([*http.records, *replies.records])
-    REPORT.record(
+    REPORT.record_split(
         "SIGTERM rolling restart of every service",
-        both.where(since_s=started_s, until_s=rolled_s),
-        both.where(since_s=rolled_s),
-        total=both,
+        both,
+        started_s,
+        rolled_s,
         note=f"seconds to exit after SIGTERM: {exits_s}; to healthy again: {restarts_s}; "
         f"{http_load.rerouted} connections refused by a stopped pod went to the other one",
     )
