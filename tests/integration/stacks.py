@@ -1,4 +1,5 @@
-"""Private stacks of llmq services on the test suite's own Kafka broker and Redis (``infra`` in tests/conftest.py)."""
+"""Private stacks of llmq services on the test suite's own Kafka broker and Redis (``infra`` in tests/conftest.py), and
+what the integration tests drive them with: workers in-process and as processes, batches, kcat and ``llmq bench``."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def standalone_stack(infra: DevStack | None, own: dict, subdir: str = "", **conf
 
 @contextlib.contextmanager
 def _up(stack: DevStack, timeout_s: float, *, own_infra: bool) -> Iterator[DevStack]:
-    """``stack`` up for the ``with`` block; then its services down, and a broker and Redis of its own with its state."""
+    """``stack`` up for the ``with`` block; then its services down (``own_infra``: its broker and Redis too, and its
+    state dir removed)."""
     try:
         stack.up(timeout_s=timeout_s, log=lambda *_: None)
         yield stack
