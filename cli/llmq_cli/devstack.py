@@ -82,6 +82,27 @@ def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def redis_server_argv(port: int, state_dir: Path, maxmemory_bytes: int, policy: str = MEMORY_POLICY) -> list[str]:
+    """redis-server as a local stack runs it: on 127.0.0.1, without persistence, its memory bounded under ``policy``."""
+    return [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(state_dir),
+        "--maxmemory",
+        str(maxmemory_bytes),
+        "--maxmemory-policy",
+        policy,
+    ]
+
+
 def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     """The llmq services of the stack (Kafka and Redis excluded), in start order."""
     base = cfg.metrics_base_port
@@ -211,23 +232,7 @@ class DevStack:
             kind="redis",
             marker="redis-server",
             port=self.cfg.redis_port,
-            argv=[
-                "redis-server",
-                "--port",
-                str(self.cfg.redis_port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.state),
-                "--maxmemory",
-                str(self.cfg.redis_maxmemory_bytes),
-                "--maxmemory-policy",
-                MEMORY_POLICY,
-            ],
+            argv=redis_server_argv(self.cfg.redis_port, self.state, self.cfg.redis_maxmemory_bytes),
         )
         self._spawn(spec)
 

@@ -6,23 +6,20 @@ Clients are real: the official ``openai`` SDK over HTTP, and ``kcat`` producing 
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-import subprocess
 import uuid
 
 import httpx
 import openai
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.prompts import cut_prompts
 from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
 from llmq_core.kafka import make_consumer
 from llmq_core.tokenizer import count_tokens
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import kcat_request, private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,15 +37,6 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
 def stack(infra):
     with private_stack(infra, api_ports=API_PORTS, sim_batch_time_ms=300) as running:
         yield running
-
-
-async def create_topic(bootstrap: str, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
 
 
 def clients() -> list[openai.AsyncOpenAI]:
@@ -117,7 +105,6 @@ async def test_deadline_ends_in_504_with_an_openai_error(stack):
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
 async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
-    bootstrap = stack.cfg.kafka_bootstrap
     request_id = f"kcat-{uuid.uuid4().hex[:12]}"
     reply_topic = f"team.replies.{request_id}"
     now_ms = int(__import__("time").time() * 1000)
@@ -132,32 +119,7 @@ async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
         "deadline_ms": now_ms + 60_000,
         "reply_to": {"kind": "kafka", "topic": reply_topic},
     }
-    await create_topic(bootstrap, reply_topic)  # consumers do not auto-create topics
-    subprocess.run(
-        [
-            "kcat",
-            "-P",
-            "-b",
-            bootstrap,
-            "-t",
-            requests_topic("interactive"),
-            "-k",
-            request_id,
-            "-H",
-            "content-type=application/json",
-        ],
-        input=json.dumps(request).encode(),
-        check=True,
-        timeout=30,
-    )
-    consumed = await asyncio.to_thread(
-        subprocess.run,
-        ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
-        capture_output=True,
-        check=True,
-        timeout=90,
-    )
-    result = json.loads(consumed.stdout.decode().strip().splitlines()[0])
+    result = await kcat_request(stack, requests_topic("interactive"), request)
     assert result["request_id"] == request_id
     assert result["outcome"] == "succeeded"
     assert result["choices"][0]["text"] == sim_answer("kafka says hi", 20)
