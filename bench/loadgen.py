@@ -279,14 +279,15 @@ async def wait_ready(
     *,
     poll_s: float = 1.0,
     transport: httpx.AsyncBaseTransport | None = None,
+    path: str = "/models",
 ) -> None:
-    """Return once ``GET <base_url>/models`` answers 200 at every base URL. Raises TimeoutError after ``timeout_s``."""
+    """Return once ``GET <base_url><path>`` answers 200 at every base URL. Raises TimeoutError after ``timeout_s``."""
     async with httpx.AsyncClient(timeout=poll_s, transport=transport) as client:
         async with asyncio.timeout(timeout_s):
             for url in base_urls:
                 while True:
                     try:
-                        if (await client.get(f"{url}/models")).status_code == 200:
+                        if (await client.get(f"{url}{path}")).status_code == 200:
                             break
                     except httpx.HTTPError:
                         pass

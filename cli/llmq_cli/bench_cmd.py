@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import typer
@@ -239,3 +241,136 @@ def bench_admission(
         if stack is not None:
             stack.down()
     typer.echo(json.dumps(report, indent=2))
+
+
+# Starts or stops a DevStack of the checkout it runs in (its own python and code): ``python -c SCRIPT up|down CONFIG``.
+_CHECKOUT_STACK = """
+import json, sys
+from pathlib import Path
+from llmq_cli.devstack import DevStack, StackConfig
+cfg = json.loads(sys.argv[2])
+stack = DevStack(StackConfig(**{**cfg, "state_dir": Path(cfg["state_dir"]), "api_ports": tuple(cfg["api_ports"])}))
+stack.up(timeout_s=300, log=lambda *_: None) if sys.argv[1] == "up" else stack.down()
+"""
+
+
+class CheckoutStack:
+    """A private stack of ``llmq-sim`` workers run from ``checkout`` (its ``.venv``; default: this process's python
+    and code), so a run can measure another commit's services beside this one's."""
+
+    def __init__(self, checkout: Path | None, state_dir: Path, port_base: int, **shape) -> None:
+        self.python = str(checkout / ".venv/bin/python") if checkout else sys.executable
+        self.cwd = checkout
+        self.state_dir = state_dir.resolve()
+        self.config = dict(
+            state_dir=str(self.state_dir),
+            kafka_port=port_base + 92,
+            redis_port=port_base + 379,
+            api_ports=[port_base, port_base + 1],
+            tiny_workers=0,
+            **shape,
+        )
+        self.base_urls = [f"http://127.0.0.1:{p}/v1" for p in self.config["api_ports"]]
+        self.kafka_bootstrap = f"127.0.0.1:{port_base + 92}"
+        self.redis_url = f"redis://127.0.0.1:{port_base + 379}/0"
+
+    def _run(self, action: str) -> None:
+        subprocess.run([self.python, "-c", _CHECKOUT_STACK, action, json.dumps(self.config)], cwd=self.cwd, check=True)
+
+    def up(self) -> None:
+        self._run("up")
+
+    def down(self) -> None:
+        self._run("down")
+
+    def pids(self) -> dict[str, int]:
+        return {p.stem: json.loads(p.read_text())["pid"] for p in sorted((self.state_dir / "pids").glob("*.json"))}
+
+
+@bench.command("pipeline")
+def bench_pipeline(
+    systems: str = typer.Option("llmq,ray", help="Systems to measure: llmq (this checkout), ray."),
+    baseline: Path = typer.Option(None, help="Another checkout (with its own .venv) measured the same way, first."),
+    requests: int = typer.Option(2000, help="Requests measured at saturation (after --warmup more)."),
+    light_requests: int = typer.Option(500, help="Requests measured at 1 in flight."),
+    warmup: int = typer.Option(200, help="Unmeasured requests before each point."),
+    concurrency: int = typer.Option(64, help="In flight at saturation (closed loop)."),
+    floor_messages: int = typer.Option(500, help="Messages of each floor hop (Kafka, Redis)."),
+    batch_time_ms: int = typer.Option(5, help="The simulated engine's time per batch (llmq-sim and Ray's peer)."),
+    output: Path = typer.Option(Path("bench/results/pipeline.json"), help="JSON out."),
+    state_dir: Path = typer.Option(Path("var/bench-pipeline"), help="The private stacks' state folders (under it)."),
+    port_base: int = typer.Option(36000, help="Private ports: API +0/+1, Kafka +92 (+93), Redis +379, Ray Serve +500."),
+    profile_dir: Path = typer.Option(
+        None, help="py-spy profiles of every service at saturation here (summaries in JSON)."
+    ),
+) -> None:
+    """The Kafka + Redis floor, llmq at 1 and at --concurrency in flight, and Ray Serve at the same points: latency,
+    overhead, throughput and CPU ms per request per process (broker included), side by side, as JSON and a table."""
+    from bench import pipeline
+
+    cfg = pipeline.PipelineConfig(
+        requests=requests,
+        light_requests=light_requests,
+        warmup=warmup,
+        concurrency=concurrency,
+        floor_messages=floor_messages,
+        batch_time_ms=batch_time_ms,
+    )
+    console = Console(stderr=True)
+    chosen = [s.strip() for s in systems.split(",") if s.strip()]
+    runs = ([("baseline", baseline)] if baseline else []) + ([("llmq", None)] if "llmq" in chosen else [])
+    result: dict = {"config": {**cfg.__dict__, "baseline": str(baseline) if baseline else None}, "systems": {}}
+    for name, checkout in runs:
+        stack = CheckoutStack(
+            checkout,
+            state_dir / name,
+            port_base,
+            sim_workers=cfg.workers,
+            sim_batch_time_ms=cfg.batch_time_ms,
+            sim_max_batch_size=cfg.max_batch_size,
+            extra_env={"LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"},
+        )
+        console.print(f"{name}: starting its stack ({checkout or 'this checkout'})")
+        stack.up()
+        try:
+            profiles = profile_dir / name if profile_dir else None
+            result["systems"][name] = pipeline.measure_llmq(stack, cfg, console.print, profiles)
+        finally:
+            stack.down()
+    if "ray" in chosen:
+        console.print("ray: starting Ray Serve")
+        result["systems"]["ray"] = pipeline.measure_ray(cfg, port_base + 500, console.print)
+    if "llmq" in result["systems"]:
+        llmq = result["systems"]["llmq"]
+        result["goals"] = pipeline.goals(
+            llmq, llmq["floor"], result["systems"].get("baseline"), result["systems"].get("ray")
+        )
+    pipeline.write_result(result, output)
+    print_pipeline(result, Console())
+
+
+def print_pipeline(result: dict, console: Console) -> None:
+    """One row per system and point: latency, overhead, throughput, CPU per request (the broker's apart)."""
+    table = Table(
+        "system", "in flight", "p50 ms", "p99 ms", "overhead p50", "overhead p99", "req/s", "CPU ms/req", "broker"
+    )
+    for name, run in result["systems"].items():
+        if "floor" in run:
+            floor = run["floor"]
+            table.add_row(f"{name} floor", "1", f"{floor['p50_ms']:.2f}", f"{floor['p99_ms']:.2f}", "", "", "", "", "")
+        for point in (run["light"], run["saturation"]):
+            cpu = point["cpu"]
+            table.add_row(
+                name,
+                str(point["concurrency"]),
+                f"{point['e2e_p50_ms']:.2f}",
+                f"{point['e2e_p99_ms']:.2f}",
+                f"{point['overhead_p50_ms']:.2f}",
+                f"{point['overhead_p99_ms']:.2f}",
+                f"{point['throughput_rps']:.1f}",
+                f"{cpu['total_ms']:.2f}",
+                f"{cpu['per_process_ms'].get('kafka', 0):.2f}",
+            )
+    console.print(table)
+    for goal, value in result.get("goals", {}).items():
+        console.print(f"{goal}: {value}")

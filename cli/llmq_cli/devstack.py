@@ -115,6 +115,29 @@ def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def redis_server_argv(
+    port: int, state_dir: Path, maxmemory_bytes: int, policy: str = MEMORY_POLICY, listen: list[str] | None = None
+) -> list[str]:
+    """redis-server as a local stack runs it: on 127.0.0.1, without persistence, its memory bounded under ``policy``.
+    ``listen``: its port arguments instead of a plaintext ``--port`` (secure mode: TLS only, ACL users)."""
+    return [
+        "redis-server",
+        *(listen if listen is not None else ["--port", str(port)]),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(state_dir),
+        "--maxmemory",
+        str(maxmemory_bytes),
+        "--maxmemory-policy",
+        policy,
+    ]
+
+
 def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     """The llmq services of the stack (Kafka and Redis excluded), in start order."""
     base = cfg.metrics_base_port
@@ -258,28 +281,13 @@ class DevStack:
         ]  # fmt: skip
 
     def _start_redis(self) -> None:
-        port_args = ["--port", str(self.cfg.redis_port)] if not self.cfg.secure else self._redis_tls_args()
+        listen = self._redis_tls_args() if self.cfg.secure else None
         spec = ProcSpec(
             name="redis",
             kind="redis",
             marker="redis-server",
             port=self.cfg.redis_port,
-            argv=[
-                "redis-server",
-                *port_args,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.state),
-                "--maxmemory",
-                str(self.cfg.redis_maxmemory_bytes),
-                "--maxmemory-policy",
-                MEMORY_POLICY,
-            ],
+            argv=redis_server_argv(self.cfg.redis_port, self.state, self.cfg.redis_maxmemory_bytes, listen=listen),
         )
         self._spawn(spec)
 

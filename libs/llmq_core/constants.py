@@ -61,6 +61,21 @@ def worker_group(partition: int) -> str:
     return f"{GROUP_WORKER_PREFIX}{partition}"
 
 
+# --- Kafka client tuning (applied where the clients are built and where consumers commit) ---
+# linger 0: a record is sent at once, so no hop waits out a linger window at light load; under load aiokafka still
+# groups records, since each producer has one produce request in flight per broker and queues the rest behind it.
+KAFKA_PRODUCER_LINGER_MS: Final = 0
+# Consumers commit offsets at most this often (plus at shutdown and on revocation): a commit costs the broker several
+# times a produced record, so one per record or batch dominated its CPU. What a crash redoes is bounded by this window;
+# only delivered results are ever committed, and redelivered work is deduplicated by request_id.
+KAFKA_COMMIT_INTERVAL_MS: Final = 200
+# The result-router is off the answer's path (a held connection gets its result from the worker over Redis): the broker
+# holds its fetches until this many bytes or this long, so it fetches about 10 times a second at any load instead of
+# once or more per result. Kafka reply topics and stored results may lag by that much.
+KAFKA_ROUTER_FETCH_MAX_WAIT_MS: Final = 100
+KAFKA_ROUTER_FETCH_MIN_BYTES: Final = 64 * 1024
+
+
 # --- Kafka headers ---
 HEADER_CONTENT_TYPE: Final = "content-type"
 HEADER_TRACEPARENT: Final = "traceparent"

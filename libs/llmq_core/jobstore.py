@@ -275,7 +275,7 @@ class JobStore:
 
     async def job_tenant(self, batch_id: str) -> str | None:
         """The tenant a job was created for (fixed for its life); None when there is no such job."""
-        spec = await self.redis.hget(jobs.job_key(batch_id), "spec")
+        spec = await self.redis.hget(constants.job_key(batch_id), "spec")
         return msgspec.json.decode(spec, type=JobSpec).tenant_id if spec else None
 
     async def list_jobs(self, tenant_id: str, after: JobView | None, limit: int) -> tuple[list[JobView], bool]:

@@ -38,6 +38,7 @@ from llmq_core.constants import (
     HEADER_TRACEPARENT,
     KAFKA_INTERNAL_TOPIC_PREFIX,
     KAFKA_MAX_MESSAGE_BYTES,
+    KAFKA_PRODUCER_LINGER_MS,
     REQUEST_TOPICS,
     TOPIC_BATCHES,
     TOPIC_DEAD_LETTERS,
@@ -120,12 +121,12 @@ def make_admin(settings: Settings) -> AIOKafkaAdminClient:
 
 
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
-    """An idempotent producer (acks=all) that waits at most 2 ms to group records, of up to KAFKA_MAX_MESSAGE_BYTES."""
+    """An idempotent producer (acks=all) that lingers KAFKA_PRODUCER_LINGER_MS, of records up to KAFKA_MAX_MESSAGE_BYTES."""
     options = dict(
         **client_options(settings),
         acks="all",
         enable_idempotence=True,
-        linger_ms=2,
+        linger_ms=KAFKA_PRODUCER_LINGER_MS,
         request_timeout_ms=10_000,
         max_request_size=KAFKA_MAX_MESSAGE_BYTES,
     )

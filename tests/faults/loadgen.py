@@ -259,23 +259,26 @@ def _judge(text: str, expected: str) -> dict:
     return {"ending": Ending.WRONG, "detail": f"expected {expected!r}, got {text!r}"}
 
 
+@dataclass(eq=False)
 class KafkaLoad:
     """Produces GenerationRequests with ``reply_to=KafkaReply(reply_topic)`` at ``rate_per_s`` (an internal producer)
     and counts the replies per request_id on ``reply_topic``; :meth:`stop` waits for stragglers up to ``settle_s``."""
 
-    def __init__(
-        self, bootstrap: str, reply_topic: str, *, rate_per_s: float, timeout_ms: int = 60_000, max_tokens: int = 8
-    ) -> None:
-        self.bootstrap = bootstrap
-        self.reply_topic = reply_topic
-        self.rate_per_s = rate_per_s
-        self.timeout_ms = timeout_ms
-        self.max_tokens = max_tokens
-        self.sent: dict[str, tuple[float, str]] = {}  # request_id -> (monotonic sent, expected text)
-        self.replies: dict[str, list[tuple[float, dict]]] = {}  # request_id -> [(monotonic received, reply)]
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    bootstrap: str
+    reply_topic: str
+    _: dataclasses.KW_ONLY
+    rate_per_s: float
+    timeout_ms: int = 60_000
+    max_tokens: int = 8
+    # request_id -> (monotonic sent, expected text)
+    sent: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict, init=False)
+    # request_id -> [(monotonic received, reply)]
+    replies: dict[str, list[tuple[float, dict]]] = dataclasses.field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True)
         self._consumer = AIOKafkaConsumer(
-            reply_topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
+            self.reply_topic, bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest"
         )
         self._tasks: list[asyncio.Task] = []
 

@@ -19,6 +19,12 @@ class FaultReport:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def record_split(self, fault: str, total: Tally, start_s: float, end_s: float, note: str = "") -> dict:
+        """:meth:`record` of ``total`` split at the fault: during it from ``start_s`` to ``end_s``, after it from
+        ``end_s`` on."""
+        during, after = total.where(since_s=start_s, until_s=end_s), total.where(since_s=end_s)
+        return self.record(fault, during, after, note, total=total)
+
     def record(self, fault: str, during: Tally, after: Tally, note: str = "", total: Tally | None = None) -> dict:
         """Store one fault's row (``total`` defaults to during + after) and return it."""
         total = total or Tally([*during.records, *after.records])

@@ -67,6 +67,14 @@ class FaultStack:
         os.kill(self.pid(name), sig)
         return time.monotonic()
 
+    async def kill_and_heal(self, name: str, down_s: float) -> tuple[float, float]:
+        """SIGKILL ``name``, leave it down ``down_s``, start it again: time.monotonic() at the kill and once the stack
+        is healthy again."""
+        killed_s = self.send(name, signal.SIGKILL)
+        await asyncio.sleep(down_s)
+        await self.heal()
+        return killed_s, time.monotonic()
+
     async def wait_exit(self, name: str, timeout_s: float) -> float:
         """Seconds until ``name`` exited (raises TimeoutError after ``timeout_s``)."""
         pid, start = self.pid(name), time.monotonic()

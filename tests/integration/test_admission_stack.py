@@ -14,7 +14,6 @@ the backlog outlives all of them within seconds; the rule under test is the same
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections import Counter
@@ -27,7 +26,7 @@ from redis.asyncio import Redis
 
 from llmq_cli.devstack import DevStack
 from llmq_core import constants, kafka, wire
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import shed_wait_env, sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -42,14 +41,8 @@ METRICS_GROWTH_BOUND_BYTES = 16_384
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(
-        infra,
-        api_ports=(API_PORT,),
-        tiny_workers=0,
-        sim_workers=1,
-        sim_batch_time_ms=100,
-        sim_max_batch_size=16,
-        extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)},
+    with sim_stack(
+        infra, (API_PORT,), batch_time_ms=100, sim_max_batch_size=16, extra_env=shed_wait_env(SHED_WAIT_MS)
     ) as running:
         yield running
 

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -31,6 +33,7 @@ from llmq_api.pod import Pod
 from llmq_core import constants, wire
 from llmq_core.names import Names
 from llmq_core.settings import Settings
+from tests import builders
 
 pytestmark = pytest.mark.integration
 
@@ -47,15 +50,10 @@ def free_port() -> int:
 
 def heartbeat(model: str) -> wire.WorkerHeartbeat:
     """A heartbeat with no slots: it teaches the catalog a model without inviting any batch."""
-    return wire.WorkerHeartbeat(
+    return builders.heartbeat(
+        model,
         worker_id=f"apitest-{uuid.uuid4().hex[:6]}",
-        partition=0,
-        model=model,
         max_slots=0,
-        running=0,
-        queued=0,
-        free_slots=0,
-        est_drain_ms=0,
         sent_ms=int(time.time() * 1000),
         context_window=512,
     )
@@ -156,6 +154,39 @@ async def wait_ready(base_url: str) -> None:
                     return
             assert time.monotonic() < deadline, "the API pod did not become ready"
             await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def pod_process(instance_id: str, log_path: Path, **env: str) -> AsyncIterator[tuple[str, subprocess.Popen]]:
+    """A real API pod process (``python -m llmq_api.main``) on a free port, its environment this one's plus ``env``,
+    ready for the ``with`` block: yields its base URL and the process. Stopped after (killed if it lingers)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmq_api.main",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--instance-id",
+            instance_id,
+        ],
+        env={**os.environ, **env},
+        stderr=log_path.open("wb"),
+    )
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        await wait_ready(base_url)
+        yield base_url, process
+    finally:
+        process.terminate()
+        try:
+            await asyncio.to_thread(process.wait, 15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @contextlib.asynccontextmanager
@@ -377,13 +408,7 @@ async def test_client_disconnect_publishes_cancel(api):
 @pytest.mark.parametrize(
     "kwargs, status, param",
     [
-        (
-            {"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}},
-            415,
-            "content-type",
-        ),
-        ({"content": b'{"model": ', "headers": {"content-type": "application/json"}}, 400, None),
-        ({"json": ["not", "an", "object"]}, 400, None),
+        *builders.UNREADABLE_BODIES,
         ({"json": {"model": "gpt-nope", "prompt": "a"}}, 404, "model"),
         ({"json": {"model": MODEL, "prompt": "a", "max_tokens": "many"}}, 400, "max_tokens"),
         ({"json": {"model": MODEL, "prompt": "a", "temperature": 9}}, 400, "temperature"),
@@ -462,39 +487,20 @@ async def test_sigterm_lets_in_flight_requests_finish(tmp_path):
     instance_id = f"api-sigterm-{uuid.uuid4().hex[:6]}"
     worker = FakeWorker(settings, instance_id)
     await worker.start()
-    port = free_port()
-    env = {**os.environ, "LLMQ_SHUTDOWN_GRACE_S": "6"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmq_api.main",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--instance-id",
-            instance_id,
-        ],
-        env=env,
-        stderr=(tmp_path / "api.log").open("wb"),
-    )
     try:
-        base_url = f"http://127.0.0.1:{port}"
-        await wait_ready(base_url)
-        async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
+        async with (
+            pod_process(instance_id, tmp_path / "api.log", LLMQ_SHUTDOWN_GRACE_S="6") as (base_url, process),
+            httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client,
+        ):
             call = asyncio.create_task(
                 client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "slow:1500 abc", "max_tokens": 4})
             )
             await _eventually(lambda: bool(worker.seen))
             process.send_signal(signal.SIGTERM)
             response = await call
-        assert response.status_code == 200 and response.json()["choices"][0]["text"] == "slow"
-        assert await asyncio.to_thread(process.wait, 10) == 0
+            assert response.status_code == 200 and response.json()["choices"][0]["text"] == "slow"
+            assert await asyncio.to_thread(process.wait, 10) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
         await worker.stop()
 
 

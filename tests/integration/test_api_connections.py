@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import uuid
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -24,7 +22,7 @@ from redis.asyncio import Redis
 
 from llmq_core.constants import ACTIVE_JOBS_KEY, job_key, job_lines_key, job_offsets_key, job_results_key
 from llmq_core.settings import Settings
-from tests.integration.test_api import DEV, FakeWorker, free_port, wait_ready
+from tests.integration.test_api import DEV, FakeWorker, pod_process
 
 pytestmark = pytest.mark.integration
 
@@ -42,42 +40,18 @@ async def pod(tmp_path_factory):
     instance_id = f"api-conn-{uuid.uuid4().hex[:6]}"
     worker = FakeWorker(settings, instance_id)
     await worker.start()
-    port = free_port()
     state = tmp_path_factory.mktemp("api-connections")
-    env = {
-        **os.environ,
+    limits = {
         "LLMQ_API_HEADER_TIMEOUT_MS": str(int(HEADER_TIMEOUT_S * 1000)),
         "LLMQ_API_BODY_TIMEOUT_MS": str(int(BODY_TIMEOUT_S * 1000)),
         "LLMQ_API_KEEP_ALIVE_TIMEOUT_MS": str(int(KEEP_ALIVE_S * 1000)),
         "LLMQ_API_MAX_CONNECTIONS_PER_CLIENT": str(MAX_PER_CLIENT),
         "LLMQ_FILES_URL": str(state / "files"),
     }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmq_api.main",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--instance-id",
-            instance_id,
-        ],
-        env=env,
-        stderr=(state / "api.log").open("wb"),
-    )
     try:
-        base_url = f"http://127.0.0.1:{port}"
-        await wait_ready(base_url)
-        yield base_url, port, worker
+        async with pod_process(instance_id, state / "api.log", **limits) as (base_url, _):
+            yield base_url, urlsplit(base_url).port, worker
     finally:
-        process.terminate()
-        try:
-            await asyncio.to_thread(process.wait, 15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         await worker.stop()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import socket
 import struct
 import time
@@ -23,8 +22,9 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
-from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core import constants, wire
+from tests.builders import chat_body
+from tests.integration.stacks import shed_wait_env, standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,7 +62,7 @@ def _bindable(port: int) -> bool:
 def stack(infra, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys.write_text("keys:\n  - {tenant: limited, key: k-limited, requests_per_min: 3}\n")
-    env = {"LLMQ_API_KEYS_FILE": str(keys), "LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)}
+    env = {"LLMQ_API_KEYS_FILE": str(keys), **shed_wait_env(SHED_WAIT_MS)}
     api_ports = tuple(free_ports(2))
     shape = dict(
         api_ports=api_ports,
@@ -72,30 +72,12 @@ def stack(infra, tmp_path_factory):
         sim_max_batch_size=8,
         extra_env=env,
     )
-    if infra is not None:
-        cfg = StackConfig(
-            state_dir=infra.cfg.state_dir / "api-edge",
-            kafka_port=infra.cfg.kafka_port,
-            redis_port=infra.cfg.redis_port,
-            manage_infra=False,
-            **shape,
-        )
-    else:
-        (kafka_port,), (redis_port,) = free_ports(1, consecutive=2), free_ports(1)
-        cfg = StackConfig(
-            state_dir=ROOT / "var" / f"test-api-edge-{uuid.uuid4().hex[:6]}",
-            kafka_port=kafka_port,
-            redis_port=redis_port,
-            **shape,
-        )
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None, services=True)
+    (kafka_port,), (redis_port,) = free_ports(1, consecutive=2), free_ports(1)
+    own = dict(
+        state_dir=ROOT / "var" / f"test-api-edge-{uuid.uuid4().hex[:6]}", kafka_port=kafka_port, redis_port=redis_port
+    )
+    with standalone_stack(infra, own, "api-edge", **shape) as running:
         yield running
-    finally:
-        running.down(services_only=infra is not None)
-        if infra is None:
-            shutil.rmtree(cfg.state_dir, ignore_errors=True)
 
 
 class PodClient(httpx.AsyncClient):
@@ -184,13 +166,7 @@ async def test_chat_stream_with_usage_ends_with_the_usage_chunk_then_done(pods):
     _, client, _ = pods
     response = await client.post(
         "/v1/chat/completions",
-        json={
-            "model": "llmq-sim",
-            "messages": [{"role": "user", "content": "héllo"}],
-            "max_tokens": 12,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
+        json=chat_body("héllo", 12, stream=True, stream_options={"include_usage": True}),
     )
     frames = events(response.content)
     assert response.status_code == 200 and frames[-1] == b"[DONE]"
@@ -212,12 +188,7 @@ async def test_fifty_streams_reset_after_one_chunk_cancel_everything(pods):
     ids: list[str] = []
 
     async def open_read_reset(i: int) -> None:
-        body = {
-            "model": "llmq-sim",
-            "messages": [{"role": "user", "content": f"stream {i} "}],
-            "max_tokens": 200,
-            "stream": True,
-        }
+        body = chat_body(f"stream {i} ", 200, stream=True)
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
             ids.append(response.headers["x-request-id"])

@@ -10,13 +10,11 @@ otherwise unused partition of llmq.batches: its prompts say how it answers (fail
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -25,13 +23,14 @@ import httpx
 import openai
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
 from llmq_cli.batch import sample_lines
-from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.devstack import StackConfig
 from llmq_core import constants, kafka, wire
+from tests.builders import heartbeat
 from tests.fake_results import fake_result
+from tests.integration.stacks import kcat_request, standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHARED_CLAIMS = ROOT.parent / "shared" / "data" / "claims-batch.jsonl"
 API_PORTS = (18100, 18101)
 # Below the kernel's ephemeral range (32768+), so no outgoing connection holds them by chance.
-PRIVATE = dict(state_dir=ROOT / "var" / "batch-test", kafka_port=24192, redis_port=24479, api_ports=(24100, 24101))
+PRIVATE = dict(state_dir=ROOT / "var" / "batch-test", kafka_port=24192, redis_port=24479)
 FAKE_MODEL = f"batch-fake-{uuid.uuid4().hex[:6]}"
 FAKE_PARTITION = 15  # the stack's workers take partitions 0 and 1
 ENDED = ("completed", "failed", "expired", "cancelled")
@@ -54,17 +53,9 @@ STACK_ENV = {
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
     env = {**STACK_ENV, "LLMQ_FILES_URL": str(tmp_path_factory.mktemp("batch-files"))}
-    shape = dict(tiny_workers=0, sim_workers=2, sim_batch_time_ms=300, extra_env=env)
-    if infra is not None:
-        cfg = dataclasses.replace(infra.cfg, api_ports=API_PORTS, **shape)
-    else:
-        cfg = StackConfig(**PRIVATE, **shape)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    shape = dict(api_ports=API_PORTS, tiny_workers=0, sim_workers=2, sim_batch_time_ms=300, extra_env=env)
+    with standalone_stack(infra, PRIVATE, **shape) as running:
         yield running
-    finally:
-        running.down(services_only=infra is not None)
 
 
 @pytest.fixture(scope="module")
@@ -303,15 +294,12 @@ class FakeWorker:
 
     async def _beat(self) -> None:
         while True:
-            beat = wire.WorkerHeartbeat(
+            beat = heartbeat(
+                FAKE_MODEL,
                 worker_id=f"fake-{FAKE_MODEL}",
                 partition=FAKE_PARTITION,
-                model=FAKE_MODEL,
                 max_slots=64,
                 running=len(self.held),
-                queued=0,
-                free_slots=64 - len(self.held),
-                est_drain_ms=0,
                 sent_ms=int(time.time() * 1000),
                 context_window=8192,
                 last_batch_id=self.last_batch_id,
@@ -451,47 +439,15 @@ async def test_a_result_router_killed_mid_job_loses_and_doubles_nothing(client, 
 async def test_the_documented_kafka_request_is_answered_on_its_reply_topic(stack):
     doc = (ROOT / "docs" / "kafka-producers.md").read_text()
     request = json.loads(re.search(r"<!-- example:generation_request -->\n```json\n(.*?)\n```", doc, re.S).group(1))
-    bootstrap = stack.cfg.kafka_bootstrap
     now_ms = int(time.time() * 1000)
     request_id = f"kcat-batch-{uuid.uuid4().hex[:10]}"
-    reply_topic = f"test.batch-replies.{request_id}"
     request.update(
         request_id=request_id,
         created_ms=now_ms,
         deadline_ms=now_ms + 60_000,
-        reply_to={**request["reply_to"], "topic": reply_topic},
+        reply_to={**request["reply_to"], "topic": f"test.batch-replies.{request_id}"},
     )
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(reply_topic, 1, 1)])
-    finally:
-        await admin.close()
-    subprocess.run(
-        [
-            "kcat",
-            "-P",
-            "-b",
-            bootstrap,
-            "-t",
-            constants.requests_topic(request["traffic_class"]),
-            "-k",
-            request_id,
-            "-H",
-            "content-type=application/json",
-        ],
-        input=json.dumps(request).encode(),
-        check=True,
-        timeout=30,
-    )
-    consumed = await asyncio.to_thread(
-        subprocess.run,
-        ["kcat", "-C", "-b", bootstrap, "-t", reply_topic, "-o", "beginning", "-c", "1"],
-        capture_output=True,
-        check=True,
-        timeout=90,
-    )
-    result = json.loads(consumed.stdout.decode().splitlines()[0])
+    result = await kcat_request(stack, constants.requests_topic(request["traffic_class"]), request)
     assert (result["request_id"], result["outcome"]) == (request_id, "succeeded")
     user = request["messages"][-1]["content"]
     assert result["choices"][0]["text"] == sim_answer(user, request["sampling"]["max_tokens"])

@@ -17,6 +17,7 @@ from llmq_core import constants, kafka, requests, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
 from llmq_core.settings import Settings
+from tests.builders import generation_request, heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -117,16 +118,8 @@ async def batcher():
 
 async def _heartbeats(redis: Redis, names: Names, slots: int = 8) -> None:
     while True:
-        hb = wire.WorkerHeartbeat(
-            worker_id="w-test",
-            partition=WORKER_PARTITION,
-            model=MODEL,
-            max_slots=slots,
-            running=0,
-            queued=0,
-            free_slots=slots,
-            est_drain_ms=0,
-            sent_ms=SYSTEM_CLOCK.now_ms(),
+        hb = heartbeat(
+            MODEL, worker_id="w-test", partition=WORKER_PARTITION, max_slots=slots, sent_ms=SYSTEM_CLOCK.now_ms()
         )
         await redis.publish(names.heartbeats_channel, wire.encode(hb))
         await asyncio.sleep(0.2)
@@ -135,16 +128,24 @@ async def _heartbeats(redis: Redis, names: Names, slots: int = 8) -> None:
 def _request(
     request_id: str, pod: str, deadline_in_ms: int = 30_000, *, prompt: str = "abc", tenant: str = "default"
 ) -> wire.GenerationRequest:
-    now = SYSTEM_CLOCK.now_ms()
-    return wire.GenerationRequest(
-        request_id=request_id,
+    return generation_request(
+        request_id,
+        now_ms=SYSTEM_CLOCK.now_ms(),
+        deadline_in_ms=deadline_in_ms,
+        instance_id=pod,
         tenant_id=tenant,
         model=MODEL,
         prompt=prompt,
-        created_ms=now,
-        deadline_ms=now + deadline_in_ms,
-        reply_to=wire.HttpReply(instance_id=pod),
     )
+
+
+async def _next_message(pubsub, timeout_s: float) -> dict | None:
+    """The next message of ``pubsub`` within ``timeout_s`` (None if none came); the subscription is closed after."""
+    deadline, message = time.monotonic() + timeout_s, None
+    while message is None and time.monotonic() < deadline:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+    await pubsub.aclose()
+    return message
 
 
 async def _read_one(settings: Settings, topic: str, match, timeout_s: float = 30):
@@ -195,12 +196,7 @@ async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batche
     await pubsub.subscribe(constants.replies_channel(pod))
     request = _request(f"req-{uuid.uuid4().hex}", pod, deadline_in_ms=-1)
     await kafka.send_message(producer, names.request_topics[1], request, key=request.request_id)
-    message = None
-    for _ in range(100):
-        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3)
-        if message:
-            break
-    await pubsub.aclose()
+    message = await _next_message(pubsub, timeout_s=30)
     assert message is not None, "no reply on the pod channel"
     result = wire.decode(message["data"])
     assert result.request_id == request.request_id and result.outcome is wire.Outcome.EXPIRED
@@ -320,12 +316,7 @@ async def test_a_record_the_batches_topic_refuses_is_answered_errored_and_others
         wanted = {r.request_id for r in before + after}
         seen = await _read_until(names.batches_topic, lambda b: [r.request_id for r in b.requests], wanted)
         answers = await _read_until(names.results_topic, lambda r: [r.request_id], {refused.request_id})
-        reply = None
-        for _ in range(50):
-            reply = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
-            if reply:
-                break
-        await pubsub.aclose()
+        reply = await _next_message(pubsub, timeout_s=10)
     assert wanted <= seen.keys() and refused.request_id not in seen
     ((result, _),) = answers[refused.request_id]
     assert result.outcome is wire.Outcome.ERRORED and not result.error.retryable

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from typer.testing import CliRunner
 
-from llmq_cli.main import app
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import run_bench, sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -18,47 +14,22 @@ BATCH_TIME_MS = 200
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(
-        infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=2, sim_batch_time_ms=BATCH_TIME_MS
-    ) as running:
+    with sim_stack(infra, API_PORTS, batch_time_ms=BATCH_TIME_MS, sim_workers=2) as running:
         yield running
 
 
 def test_bench_reports_every_request_per_class_with_batch_stats(stack, tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n    return", "max_tokens": 8}) + "\n"
-            for i in range(10)
-        )
+    report = run_bench(
+        stack,
+        tmp_path,
+        rate=25,
+        duration_s=3,
+        count=60,
+        classes="interactive=0.7,near_interactive=0.3",
+        stream_share=0.5,
+        slo_ms=10000,
+        timeout_s=30,
     )
-    args = [
-        "bench",
-        "--json",
-        "--rate",
-        "25",
-        "--duration-s",
-        "3",
-        "--count",
-        "60",
-        "--prompts",
-        str(prompts),
-        "--classes",
-        "interactive=0.7,near_interactive=0.3",
-        "--stream-share",
-        "0.5",
-        "--slo-ms",
-        "10000",
-        "--redis-url",
-        stack.cfg.redis_url,
-        "--timeout-s",
-        "30",
-    ]
-    for port in API_PORTS:
-        args += ["--base-url", f"http://127.0.0.1:{port}/v1"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout[result.stdout.index("{") :])
 
     assert 20 <= report["requests"] <= 60
     assert report["status"] == {"ok": report["requests"]}, (report["status"], report["errors"])

@@ -12,7 +12,6 @@ the admitted free requests finish near the limit, and every paid request succeed
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 import time
@@ -21,7 +20,7 @@ import httpx
 import pytest
 
 from llmq_core import constants
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import shed_wait_env, sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,14 +39,8 @@ PREDICTED = re.compile(r"predicted queue wait (\d+) ms")
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(
-        infra,
-        api_ports=(API_PORT,),
-        tiny_workers=0,
-        sim_workers=1,
-        sim_batch_time_ms=BATCH_TIME_MS,
-        sim_max_batch_size=SLOTS,
-        extra_env={"LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)},
+    with sim_stack(
+        infra, (API_PORT,), batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=SLOTS, extra_env=shed_wait_env(SHED_WAIT_MS)
     ) as running:
         yield running
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from llmq_cli.main import app
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import run_bench, shed_wait_env, sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -28,54 +26,24 @@ SHED_WAIT_MS = {"interactive:paid": 15000, "interactive:free": 5000, "near_inter
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    with private_stack(
-        infra,
-        api_ports=API_PORTS,
-        tiny_workers=0,
-        sim_workers=2,
-        sim_batch_time_ms=BATCH_TIME_MS,
-        extra_env={**infra.cfg.extra_env, "LLMQ_API_SHED_WAIT_MS": json.dumps(SHED_WAIT_MS)},
-    ) as running:
+    env = {**infra.cfg.extra_env, **shed_wait_env(SHED_WAIT_MS)}
+    with sim_stack(infra, API_PORTS, batch_time_ms=BATCH_TIME_MS, sim_workers=2, extra_env=env) as running:
         yield running
 
 
 def test_deferred_requests_ride_along_at_a_steady_mixed_load(stack, tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n    return", "max_tokens": 8}) + "\n"
-            for i in range(10)
-        )
+    report = run_bench(
+        stack,
+        tmp_path,
+        rate=RATE_RPS,
+        duration_s=DURATION_S,
+        count=RATE_RPS * DURATION_S,
+        stream_share=0.3,
+        classes="interactive=0.75,near_interactive=0.15,deferred=0.1",
+        keys="llmq-dev-key=1",
+        timeout_s=60,
+        wait_ready_s=30,
     )
-    args = [
-        "bench",
-        "--json",
-        "--rate",
-        str(RATE_RPS),
-        "--duration-s",
-        str(DURATION_S),
-        "--count",
-        str(RATE_RPS * DURATION_S),
-        "--prompts",
-        str(prompts),
-        "--stream-share",
-        "0.3",
-        "--classes",
-        "interactive=0.75,near_interactive=0.15,deferred=0.1",
-        "--keys",
-        "llmq-dev-key=1",
-        "--redis-url",
-        stack.cfg.redis_url,
-        "--timeout-s",
-        "60",
-        "--wait-ready-s",
-        "30",
-    ]
-    for port in API_PORTS:
-        args += ["--base-url", f"http://127.0.0.1:{port}/v1"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout[result.stdout.index("{") :])
     (tmp_path / "report.json").write_text(json.dumps(report))
 
     classes = report["classes"]

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from llmq_core import constants, kafka, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import sim_stack
 from tests.integration.test_reply_topics import produce, read_from
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,9 +34,7 @@ def stack(infra, tmp_path_factory):
         "LLMQ_MAX_TIMEOUT_MS": str(MAX_TIMEOUT_MS),
         "LLMQ_RESULT_TTL_S": str(RESULT_TTL_S),
     }
-    with private_stack(
-        infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100, extra_env=env
-    ) as running:
+    with sim_stack(infra, (API_PORT,), batch_time_ms=100, extra_env=env) as running:
         yield running
 
 

@@ -221,5 +221,6 @@ def test_dev_status_names_every_process_port(stack):
     assert (rows["result-router"]["port"], rows["batcher"]["port"]) == (base, base + 1)
     workers = sorted(row["metrics_port"] for name, row in rows.items() if name.startswith("worker-"))
     assert workers == [base + 2, base + 3]
-    assert [rows[f"api-{i}"]["metrics_port"] for i in range(2)] == list(API_PORTS)
+    api_metrics = [base + 2 + len(workers) + i for i in range(2)]  # /metrics is off the API port, after the workers'
+    assert [rows[f"api-{i}"]["metrics_port"] for i in range(2)] == api_metrics
     assert all(row["port"] and row["health"] == "healthy" for row in rows.values()), rows

@@ -16,13 +16,12 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench.loadgen import wait_ready
 from llmq_cli.devstack import DevStack, StackConfig
-from llmq_core import constants, wire
+from llmq_core import constants, kafka, wire
 from tests.faults.loadgen import Ending, HttpLoad, KafkaLoad, Tally
 from tests.faults.report import FaultReport
 from tests.faults.stack import FaultStack, Tap
@@ -144,11 +143,11 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
         moved_ms.append(min(f.finished_ms for f in done) - killed_ms)
     # + the batch the other worker may be running (a fixed-time engine takes no work mid-batch), + CPU slack
     bound_ms = WORKER_HEARTBEAT_TIMEOUT_MS + 2 * BATCH_MS + 500
-    REPORT.record(
+    REPORT.record_split(
         "worker kill -9 mid-batch",
-        tally.where(since_s=killed_s - 1, until_s=killed_s + 4),
-        tally.where(since_s=killed_s + 4),
-        total=tally,
+        tally,
+        killed_s - 1,
+        killed_s + 4,
         note=f"{len(stranded)} stranded requests finished on the other worker {max(moved_ms)} ms after the kill",
     )
     all_answered(tally)
@@ -162,10 +161,7 @@ async def test_batcher_kill9_and_restart_consumes_what_it_held_again(stack):
     load = HttpLoad(stack.api_ports, rate_per_s=8, timeout_ms=60_000, tag="batcher-kill")
     load.start()
     await asyncio.sleep(3)
-    killed_s = stack.send("batcher", signal.SIGKILL)
-    await asyncio.sleep(2)
-    await stack.heal()
-    healed_s = time.monotonic()
+    killed_s, healed_s = await stack.kill_and_heal("batcher", down_s=2)
     await asyncio.sleep(6)
     tally = await load.stop()
     during = tally.where(since_s=killed_s - 1, until_s=healed_s)
@@ -184,17 +180,11 @@ async def test_batcher_kill9_and_restart_consumes_what_it_held_again(stack):
 
 
 async def test_result_router_kill9_and_restart_delivers_every_reply_and_stored_result(stack):
-    reply_topic = f"faults.replies.{uuid.uuid4().hex[:8]}"
-    await create_topic(stack.cfg.kafka_bootstrap, reply_topic)
-    kafka_load = KafkaLoad(stack.cfg.kafka_bootstrap, reply_topic, rate_per_s=4)
-    http_load = HttpLoad(stack.api_ports, rate_per_s=4, timeout_ms=20_000, tag="router-kill")
-    await kafka_load.start()
-    http_load.start()
+    kafka_load, http_load = await mixed_load(
+        stack, kafka_rate_per_s=4, http_rate_per_s=4, timeout_ms=20_000, tag="router-kill"
+    )
     await asyncio.sleep(3)
-    killed_s = stack.send("result-router", signal.SIGKILL)
-    await asyncio.sleep(3)
-    await stack.heal()
-    healed_s = time.monotonic()
+    killed_s, healed_s = await stack.kill_and_heal("result-router", down_s=3)
     await asyncio.sleep(4)
     http = await http_load.stop()
     replies = await kafka_load.stop(settle_s=30)
@@ -202,16 +192,29 @@ async def test_result_router_kill9_and_restart_delivers_every_reply_and_stored_r
     ids = [r.request_id for r in http.records if r.ending is Ending.ONCE] + list(kafka_load.sent)
     missing = await unstored(stack, ids, wait_s=15)
     both = Tally([*http.records, *replies.records])
-    REPORT.record(
+    REPORT.record_split(
         "result-router kill -9, restart",
-        both.where(since_s=killed_s, until_s=healed_s),
-        both.where(since_s=healed_s),
-        total=both,
+        both,
+        killed_s,
+        healed_s,
         note=f"{len(replies)} Kafka replies and {len(ids)} stored results checked",
     )
     all_answered(replies)
     all_answered(http)
     assert not missing, f"{len(missing)} results never stored, e.g. {missing[:3]}"
+
+
+async def mixed_load(
+    stack: FaultStack, *, kafka_rate_per_s: float, http_rate_per_s: float, timeout_ms: int, tag: str
+) -> tuple[KafkaLoad, HttpLoad]:
+    """Load over Kafka (its replies on a topic of their own) and over HTTP (``timeout_ms``, ``tag``), both started."""
+    reply_topic = f"faults.replies.{uuid.uuid4().hex[:8]}"
+    await kafka.create_topic(stack.cfg.settings(), reply_topic)
+    kafka_load = KafkaLoad(stack.cfg.kafka_bootstrap, reply_topic, rate_per_s=kafka_rate_per_s)
+    http_load = HttpLoad(stack.api_ports, rate_per_s=http_rate_per_s, timeout_ms=timeout_ms, tag=tag)
+    await kafka_load.start()
+    http_load.start()
+    return kafka_load, http_load
 
 
 async def unstored(stack: FaultStack, request_ids: list[str], wait_s: float) -> list[str]:
@@ -229,15 +232,6 @@ async def unstored(stack: FaultStack, request_ids: list[str], wait_s: float) -> 
         await redis.aclose()
 
 
-async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
-
-
 # --- 4. Redis restarts under streams ------------------------------------------------------------------------------------
 
 
@@ -253,7 +247,8 @@ async def test_redis_restart_during_streams_ends_every_stream_and_pods_resubscri
     await stack.heal()  # Redis starts again, empty; the services must find it on their own
     await asyncio.gather(*in_flight)
     during = await streams.stop()
-    await wait_ready(stack, timeout_s=20)
+    # every API pod answers /dependencies with 200 (Kafka and Redis up; /readyz stays 200 while degraded)
+    await wait_ready([f"http://127.0.0.1:{port}" for port in stack.api_ports], 20, path="/dependencies")
     healed_s = time.monotonic()
     after_load = HttpLoad(stack.api_ports, rate_per_s=1, timeout_ms=10_000, stream=True, tag="after-redis")
     plain = HttpLoad(stack.api_ports, rate_per_s=1, timeout_ms=10_000, tag="after-redis")
@@ -270,19 +265,6 @@ async def test_redis_restart_during_streams_ends_every_stream_and_pods_resubscri
     assert not hung, f"streams that outlived their deadline: {hung[:3]}"
     all_answered(after)
     assert stack.pids() == pids and all(stack.alive(name) for name in pids), "an llmq process died or restarted"
-
-
-async def wait_ready(stack: FaultStack, timeout_s: float) -> None:
-    """Until every API pod answers /dependencies with 200 (Kafka and Redis up; /readyz stays 200 while degraded)."""
-    async with httpx.AsyncClient(timeout=2) as client, asyncio.timeout(timeout_s):
-        for port in stack.api_ports:
-            while True:
-                try:
-                    if (await client.get(f"http://127.0.0.1:{port}/dependencies")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.2)
 
 
 # --- 5. the Kafka broker stops and starts again -------------------------------------------------------------------------
@@ -497,11 +479,11 @@ async def test_api_pod_kill9_cancels_the_work_it_left_and_spares_the_other_pods_
     ]
     canceled = [rid for rid, fs in finals.items() if any(f.outcome is wire.Outcome.CANCELED for f in fs)]
     unfinished = orphans - set(finals)
-    REPORT.record(
+    REPORT.record_split(
         "API pod kill -9",
-        tally.where(since_s=killed_s, until_s=killed_s + 5),
-        tally.where(since_s=killed_s + 5),
-        total=tally,
+        tally,
+        killed_s,
+        killed_s + 5,
         note=f"other pod's traffic; {len(canceled)} of the dead pod's {len(orphans)} requests cancelled",
     )
     all_answered(tally)
@@ -525,12 +507,9 @@ ROLLING_ORDER = ("worker-sim-0", "worker-sim-1", "batcher", "result-router", "ap
 
 
 async def test_sigterm_drains_each_service_within_its_bound_and_a_rolling_restart_loses_nothing(stack):
-    reply_topic = f"faults.replies.{uuid.uuid4().hex[:8]}"
-    await create_topic(stack.cfg.kafka_bootstrap, reply_topic)
-    kafka_load = KafkaLoad(stack.cfg.kafka_bootstrap, reply_topic, rate_per_s=2)
-    http_load = HttpLoad(stack.api_ports, rate_per_s=6, timeout_ms=30_000, tag="rolling")
-    await kafka_load.start()
-    http_load.start()
+    kafka_load, http_load = await mixed_load(
+        stack, kafka_rate_per_s=2, http_rate_per_s=6, timeout_ms=30_000, tag="rolling"
+    )
     await asyncio.sleep(3)
     started_s = time.monotonic()
     exits_s, restarts_s = {}, {}
@@ -544,11 +523,11 @@ async def test_sigterm_drains_each_service_within_its_bound_and_a_rolling_restar
     http = await http_load.stop()
     replies = await kafka_load.stop(settle_s=30)
     both = Tally([*http.records, *replies.records])
-    REPORT.record(
+    REPORT.record_split(
         "SIGTERM rolling restart of every service",
-        both.where(since_s=started_s, until_s=rolled_s),
-        both.where(since_s=rolled_s),
-        total=both,
+        both,
+        started_s,
+        rolled_s,
         note=f"seconds to exit after SIGTERM: {exits_s}; to healthy again: {restarts_s}; "
         f"{http_load.rerouted} connections refused by a stopped pod went to the other one",
     )

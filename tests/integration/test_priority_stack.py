@@ -10,7 +10,6 @@ this test; its deadlines end soon after the module so that a later stack on the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 import uuid
@@ -22,8 +21,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
-from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.devstack import StackConfig
 from llmq_core import constants, kafka, wire
+from tests.integration.stacks import standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,13 +44,8 @@ FLOOD_LEAD_S = 2.0  # the flood fills the workers before the first paid request
 
 @pytest.fixture(scope="module")
 def stack(infra):
-    cfg = dataclasses.replace(infra.cfg, **SHAPE) if infra is not None else StackConfig(**PRIVATE, **SHAPE)
-    running = DevStack(cfg)
-    try:
-        running.up(timeout_s=240, log=lambda *_: None)
+    with standalone_stack(infra, PRIVATE, **SHAPE) as running:
         yield running
-    finally:
-        running.down(services_only=infra is not None)
 
 
 def sim_answer(prompt: str, max_tokens: int) -> str:

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the imported `settings` fixture is requested by parameters of the same name)
 """A record the broker refuses must not break the producer that sent it (real broker).
 
 aiokafka's idempotent producer never takes back the sequence number of a refused record: the next record of that
@@ -21,18 +20,11 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from llmq_api.pod import KafkaRequestProducer
 from llmq_core import constants, kafka, wire
-from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
-from tests.integration.stacks import simulated_worker
-from tests.integration.test_result_limits import (  # noqa: F401 (settings: the fixture, shadowed by parameters)
-    MODEL,
-    SMALL_LIMIT_BYTES,
-    request,
-    set_topic_limit,
-    settings,
-)
+from tests.integration.stacks import send_batch, simulated_worker
+from tests.integration.test_result_limits import MODEL, SMALL_LIMIT_BYTES, request, set_topic_limit
 
 pytestmark = pytest.mark.integration
 
@@ -93,38 +85,20 @@ async def test_the_worker_keeps_producing_results_after_one_is_refused(settings)
     producer, worker_producer = kafka.make_producer(settings), kafka.make_renewable_producer(settings)
     worker_consumer = kafka.make_consumer(settings, group_id=constants.worker_group(PARTITION))
     await asyncio.gather(producer.start(), worker_producer.start(), worker_consumer.start())
-    loop, engine = simulated_worker(
-        worker_id,
-        PARTITION,
-        MODEL,
-        batch_time_ms=20,
-        names=Names(results_topic=results_topic),
-        consumer=worker_consumer,
-        producer=worker_producer,
-        redis=redis,
-    )
-    stop = asyncio.Event()
-    worker = asyncio.create_task(loop.run(stop))
+    clients = {"consumer": worker_consumer, "producer": worker_producer, "redis": redis}
     # before: accepted; big: 16 x 8000 bytes of text, over the topic's limit; after: accepted once more
     sizes = {"before": (1, 3), "big": (16, 8000), "after": (2, 3)}
     try:
-        for done, (name, (n, max_tokens)) in enumerate(sizes.items(), 1):  # in turn: the refusal lands between two
-            batch = wire.Batch(
-                batch_id=f"b-{name}-{run}",
-                worker_id=worker_id,
-                model=MODEL,
-                flush_reason="size",
-                requests=[request(f"{name}-{run}", instance_id, n=n, max_tokens=max_tokens)],
-                formed_ms=SYSTEM_CLOCK.now_ms(),
-            )
-            await kafka.send_message(producer, constants.TOPIC_BATCHES, batch, key=batch.batch_id, partition=PARTITION)
-            records = await read(settings, results_topic, done)
-        results = {(r := wire.decode(record.value)).request_id: r for record in records}
-        assert not worker.done()
+        async with simulated_worker(
+            worker_id, PARTITION, MODEL, batch_time_ms=20, names=Names(results_topic=results_topic), **clients
+        ) as worker:
+            for done, (name, (n, max_tokens)) in enumerate(sizes.items(), 1):  # in turn: the refusal lands between two
+                single = request(f"{name}-{run}", instance_id, n=n, max_tokens=max_tokens)
+                await send_batch(producer, f"b-{name}-{run}", worker_id, PARTITION, single)
+                records = await read(settings, results_topic, done)
+            results = {(r := wire.decode(record.value)).request_id: r for record in records}
+            assert not worker.done()
     finally:
-        stop.set()
-        await asyncio.wait_for(worker, 30)  # drains for up to shutdown_grace_s, on a loaded machine
-        await engine.close()
         await asyncio.gather(worker_consumer.stop(), producer.stop(), worker_producer.stop())
         await redis.aclose()
     outcomes = {rid.split("-")[0]: (r.outcome, r.error and r.error.code) for rid, r in results.items()}

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +29,8 @@ from llmq_core.clock import FakeClock
 from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
-from tests.integration.test_api import FakeWorker, free_port, serving, wait_ready
+from tests import builders
+from tests.integration.test_api import FakeWorker, pod_process, serving
 
 pytestmark = pytest.mark.integration
 
@@ -52,17 +50,7 @@ NO_DEFERRED = KeyEntry(tenant=f"live-{RUN}", key=f"k-live-{RUN}", classes=["inte
 
 def heartbeat(model: str) -> wire.WorkerHeartbeat:
     """Teaches the catalog a model of unknown context window (0), without inviting any batch."""
-    return wire.WorkerHeartbeat(
-        worker_id=f"quotatest-{RUN}",
-        partition=0,
-        model=model,
-        max_slots=0,
-        running=0,
-        queued=0,
-        free_slots=0,
-        est_drain_ms=0,
-        sent_ms=int(time.time() * 1000),
-    )
+    return builders.heartbeat(model, worker_id=f"quotatest-{RUN}", max_slots=0, sent_ms=int(time.time() * 1000))
 
 
 @pytest.fixture(scope="module")
@@ -217,38 +205,23 @@ async def test_uploads_need_a_key_that_may_use_the_deferred_class(stack):
 async def test_batch_create_streams_its_input_and_concurrent_creates_are_limited(tmp_path):
     """A real pod process: three concurrent creates of a 100 MB input keep its RSS within 50 MB of idle; a fourth
     gets 429 with Retry-After."""
-    port, tenant = free_port(), f"rss-{RUN}"
+    tenant = f"rss-{RUN}"
     keys = tmp_path / "keys.yaml"
     keys.write_text(json.dumps({"keys": [{"tenant": tenant, "key": f"k-{tenant}"}]}))
     env = {
-        **os.environ,
         "LLMQ_FILES_URL": str(tmp_path / "files"),
         "LLMQ_API_KEYS_FILE": str(keys),
         "LLMQ_BATCH_CREATE_MAX_PER_TENANT": "3",
         "LLMQ_BATCH_CREATE_MAX_PER_POD": "3",
     }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmq_api.main",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--instance-id",
-            f"api-rss-{RUN}",
-        ],
-        env=env,
-        stderr=(tmp_path / "api.log").open("wb"),
-    )
     redis = Redis.from_url(Settings().redis_url)
     try:
-        base_url = f"http://127.0.0.1:{port}"
-        await wait_ready(base_url)
-        async with httpx.AsyncClient(
-            base_url=base_url, timeout=120, headers={"authorization": f"Bearer k-{tenant}"}
-        ) as client:
+        async with (
+            pod_process(f"api-rss-{RUN}", tmp_path / "api.log", **env) as (base_url, process),
+            httpx.AsyncClient(
+                base_url=base_url, timeout=120, headers={"authorization": f"Bearer k-{tenant}"}
+            ) as client,
+        ):
             big = _input_file(tmp_path / "big.jsonl", 100 << 20)
             lines = sum(1 for _ in big.open("rb"))
             small, big_id = (
@@ -272,8 +245,6 @@ async def test_batch_create_streams_its_input_and_concurrent_creates_are_limited
             assert [b["request_counts"]["total"] for b in created] == [lines] * 3, created
             assert peak - idle < 50 << 20, f"RSS grew by {(peak - idle) >> 20} MB"
     finally:
-        process.terminate()
-        await asyncio.to_thread(process.wait, 10)
         await _forget_jobs(redis, [tenant])
         await redis.aclose()
         shutil.rmtree(tmp_path / "files", ignore_errors=True)  # ~400 MB: the upload and three prepared files

@@ -21,6 +21,7 @@ from llmq_api.app import create_app
 from llmq_api.auth import KeyStore, Principal
 from llmq_api.errors import STORE_FULL_RETRY_AFTER_S
 from llmq_api.pod import Pod
+from llmq_cli.devstack import redis_server_argv
 from llmq_core import constants, jobs, wire
 from llmq_core.clock import FakeClock
 from llmq_core.jobs import JobSpec
@@ -28,6 +29,7 @@ from llmq_core.jobstore import JobStore
 from llmq_core.redis_client import MEMORY_POLICY, check_memory_policy
 from llmq_core.settings import Settings
 from llmq_result_router.store import ResultStore
+from tests.builders import job_spec
 
 pytestmark = pytest.mark.integration
 
@@ -45,27 +47,8 @@ def _free_port() -> int:
 async def private_redis(tmp_path, maxmemory_bytes: int, policy: str):
     """A redis-server of our own on a free port (no persistence); yields a client, stops the server after."""
     port = _free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-            "--maxmemory",
-            str(maxmemory_bytes),
-            "--maxmemory-policy",
-            policy,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = redis_server_argv(port, tmp_path, maxmemory_bytes, policy)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = Redis(port=port, socket_timeout=5)
     try:
         deadline = time.monotonic() + 10
@@ -85,18 +68,8 @@ async def private_redis(tmp_path, maxmemory_bytes: int, policy: str):
 
 
 def _spec(batch_id: str, lines: int) -> JobSpec:
-    return JobSpec(
-        id=batch_id,
-        tenant_id="jobs-tenant",
-        endpoint="/v1/completions",
-        input_file_id="file-x",
-        completion_window="24h",
-        created_ms=1,
-        expires_ms=2**42,
-        output_file_id="file-o",
-        error_file_id="file-e",
-        total=lines,
-        runnable=lines,
+    return job_spec(
+        batch_id, tenant_id="jobs-tenant", input_file_id="file-x", expires_ms=2**42, total=lines, runnable=lines
     )
 
 

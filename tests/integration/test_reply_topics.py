@@ -22,7 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from llmq_core import constants, kafka, wire
 from llmq_core.settings import Settings
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,9 +36,7 @@ GUARDED = [constants.TOPIC_BATCHES, constants.TOPIC_RESULTS, *constants.REQUEST_
 @pytest.fixture(scope="module")
 def stack(infra, tmp_path_factory):
     env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("reply-files")), "LLMQ_ROUTER_REPLY_BACKOFF_MS": "200"}
-    with private_stack(
-        infra, api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=100, extra_env=env
-    ) as running:
+    with sim_stack(infra, (API_PORT,), batch_time_ms=100, extra_env=env) as running:
         yield running
 
 

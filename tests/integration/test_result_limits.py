@@ -5,8 +5,6 @@ when an llmq topic's max.message.bytes is below KAFKA_MAX_MESSAGE_BYTES."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import uuid
 
 import pytest
@@ -18,7 +16,6 @@ from llmq_core import wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import (
     KAFKA_MAX_MESSAGE_BYTES,
-    TOPIC_BATCHES,
     TOPIC_DEAD_LETTERS,
     replies_channel,
     worker_group,
@@ -29,25 +26,16 @@ from llmq_core.kafka import (
     ensure_topics,
     make_consumer,
     make_producer,
-    send_message,
 )
 from llmq_core.names import Names
 from llmq_core.settings import Settings
-from tests.integration.stacks import simulated_worker
+from tests.integration.stacks import send_batch, simulated_worker, worker_process
 
 pytestmark = pytest.mark.integration
 
 PARTITION = 14  # of llmq.batches: no stack worker and no other test's worker reads it
 MODEL = "llmq-sim-limits-itest"
 SMALL_LIMIT_BYTES = 64 << 10
-
-
-@pytest.fixture
-def settings() -> Settings:
-    return Settings(
-        kafka_bootstrap_servers=os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        redis_url=os.environ.get("LLMQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
-    )
 
 
 async def set_topic_limit(settings: Settings, topic: str, limit_bytes: int, *, create: bool = False) -> None:
@@ -86,18 +74,7 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
     producer, log_reader = make_producer(settings), make_consumer(settings, results_topic, group_id=None)
     worker_consumer = make_consumer(settings, group_id=worker_group(PARTITION))
     await asyncio.gather(producer.start(), log_reader.start(), worker_consumer.start())
-    loop, engine = simulated_worker(
-        worker_id,
-        PARTITION,
-        MODEL,
-        batch_time_ms=50,
-        names=Names(results_topic=results_topic),
-        consumer=worker_consumer,
-        producer=producer,
-        redis=redis,
-    )
-    stop = asyncio.Event()
-    worker = asyncio.create_task(loop.run(stop))
+    clients = {"consumer": worker_consumer, "producer": producer, "redis": redis}
 
     async def answers(count: int) -> dict[str, wire.FinalResult]:
         finals = {}
@@ -109,47 +86,39 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
         return finals
 
     async def send(batch_id: str, *requests: wire.GenerationRequest) -> None:
-        batch = wire.Batch(
-            batch_id=batch_id,
-            worker_id=worker_id,
-            model=MODEL,
-            requests=list(requests),
-            formed_ms=SYSTEM_CLOCK.now_ms(),
-            flush_reason="size",
-        )
-        await send_message(producer, TOPIC_BATCHES, batch, key=batch_id, partition=PARTITION)
+        await send_batch(producer, batch_id, worker_id, PARTITION, *requests)
 
     try:
-        async with asyncio.timeout(30):
-            # 16 x 8000 bytes of text: under MAX_RESULT_BYTES and the worker's own record check, over this topic's limit
-            await send(
-                f"b1-{run}",
-                request(f"big-{run}", instance_id, n=16, max_tokens=8000),
-                request(f"ok-{run}", instance_id, n=1, max_tokens=5),
+        async with simulated_worker(
+            worker_id, PARTITION, MODEL, batch_time_ms=50, names=Names(results_topic=results_topic), **clients
+        ) as worker:
+            async with asyncio.timeout(30):
+                # 16 x 8000 bytes of text: under MAX_RESULT_BYTES and the worker's own record check, over this topic's limit
+                await send(
+                    f"b1-{run}",
+                    request(f"big-{run}", instance_id, n=16, max_tokens=8000),
+                    request(f"ok-{run}", instance_id, n=1, max_tokens=5),
+                )
+                first = await answers(2)
+                await send(f"b2-{run}", request(f"after-{run}", instance_id, n=2, max_tokens=3))
+                second = await answers(1)
+                logged = {}
+                while len(logged) < 3:
+                    for records in (await log_reader.getmany(timeout_ms=500)).values():
+                        logged.update({(r := wire.decode(record.value)).request_id: r for record in records})
+            big, ok, after = first[f"big-{run}"], first[f"ok-{run}"], second[f"after-{run}"]
+            assert (big.outcome, big.error.code, big.error.retryable, big.choices) == (
+                wire.Outcome.ERRORED,
+                "result_too_large",
+                False,
+                [],
             )
-            first = await answers(2)
-            await send(f"b2-{run}", request(f"after-{run}", instance_id, n=2, max_tokens=3))
-            second = await answers(1)
-            logged = {}
-            while len(logged) < 3:
-                for records in (await log_reader.getmany(timeout_ms=500)).values():
-                    logged.update({(r := wire.decode(record.value)).request_id: r for record in records})
-        big, ok, after = first[f"big-{run}"], first[f"ok-{run}"], second[f"after-{run}"]
-        assert (big.outcome, big.error.code, big.error.retryable, big.choices) == (
-            wire.Outcome.ERRORED,
-            "result_too_large",
-            False,
-            [],
-        )
-        assert big.usage.completion_tokens == 16 * 8000  # the work done is still accounted
-        assert (ok.outcome, ok.choices[0].text) == (wire.Outcome.SUCCEEDED, "xxxxx")
-        assert (after.outcome, [c.text for c in after.choices]) == (wire.Outcome.SUCCEEDED, ["xxx", "xxx"])
-        assert logged == {**first, **second}  # each caller's answer is the durable record, nothing else was logged
-        assert not worker.done()
+            assert big.usage.completion_tokens == 16 * 8000  # the work done is still accounted
+            assert (ok.outcome, ok.choices[0].text) == (wire.Outcome.SUCCEEDED, "xxxxx")
+            assert (after.outcome, [c.text for c in after.choices]) == (wire.Outcome.SUCCEEDED, ["xxx", "xxx"])
+            assert logged == {**first, **second}  # each caller's answer is the durable record, nothing else was logged
+            assert not worker.done()
     finally:
-        stop.set()
-        await asyncio.wait_for(worker, 10)
-        await engine.close()
         await asyncio.gather(worker_consumer.stop(), log_reader.stop(), producer.stop())
         await pubsub.aclose()
         await redis.aclose()
@@ -159,24 +128,11 @@ async def test_services_refuse_to_start_when_a_topic_limit_is_too_small(settings
     await check_topic_limits(settings)  # the suite's broker: every llmq topic is large enough
     await set_topic_limit(settings, TOPIC_DEAD_LETTERS, SMALL_LIMIT_BYTES)
     try:
-        env = {
-            **os.environ,
-            "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-            "LLMQ_REDIS_URL": settings.redis_url,
-        }
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "llmq_worker.main",
-            "--worker-id",
+        process = await worker_process(
+            settings,
             "itest-refused",
-            "--partition",
-            str(PARTITION),
-            "--model",
+            PARTITION,
             MODEL,
-            "--engine",
-            "simulated",
-            env=env,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )

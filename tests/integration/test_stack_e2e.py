@@ -8,9 +8,7 @@ principal, over mTLS).
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-import subprocess
 import uuid
 
 import httpx
@@ -21,10 +19,9 @@ from aiokafka import TopicPartition
 from bench.prompts import cut_prompts
 from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
-from llmq_core.kafka import create_topic, make_consumer
-from llmq_core.security import ROLE_ADMIN
+from llmq_core.kafka import make_consumer
 from llmq_core.tokenizer import count_tokens
-from tests.integration.stacks import private_stack
+from tests.integration.stacks import kcat_request, private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -42,19 +39,6 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
 def stack(secure_infra):
     with private_stack(secure_infra, api_ports=API_PORTS, sim_batch_time_ms=300) as running:
         yield running
-
-
-def kcat(stack, *args: str) -> list[str]:
-    """kcat as the admin principal over mTLS (its certificate, CN=admin): Debian's librdkafka 2.0 fails SCRAM against
-    Kafka 4.x brokers (edenhill/kcat#462, fixed in librdkafka 2.6.1), so it uses the other secure listener."""
-    secrets = stack.cfg.secrets
-    return [
-        "kcat",
-        *("-b", f"127.0.0.1:{stack.cfg.kafka_tls_port}", "-X", "security.protocol=SSL"),
-        *("-X", f"ssl.ca.location={secrets.ca}", "-X", f"ssl.certificate.location={secrets.cert(ROLE_ADMIN)}"),
-        *("-X", f"ssl.key.location={secrets.key(ROLE_ADMIN)}"),
-        *args,
-    ]
 
 
 def clients() -> list[openai.AsyncOpenAI]:
@@ -137,21 +121,7 @@ async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
         "deadline_ms": now_ms + 60_000,
         "reply_to": {"kind": "kafka", "topic": reply_topic},
     }
-    await create_topic(stack.cfg.settings(), reply_topic)  # only the admin creates topics
-    subprocess.run(
-        kcat(stack, "-P", "-t", requests_topic("interactive"), "-k", request_id, "-H", "content-type=application/json"),
-        input=json.dumps(request).encode(),
-        check=True,
-        timeout=30,
-    )
-    consumed = await asyncio.to_thread(
-        subprocess.run,
-        kcat(stack, "-C", "-t", reply_topic, "-o", "beginning", "-c", "1"),
-        capture_output=True,
-        check=True,
-        timeout=90,
-    )
-    result = json.loads(consumed.stdout.decode().strip().splitlines()[0])
+    result = await kcat_request(stack, requests_topic("interactive"), request)
     assert result["request_id"] == request_id
     assert result["outcome"] == "succeeded"
     assert result["choices"][0]["text"] == sim_answer("kafka says hi", 20)

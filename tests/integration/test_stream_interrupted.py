@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 import time
 import uuid
@@ -18,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmq_cli.devstack import StackConfig
 from tests.faults.stack import FaultStack
+from tests.integration.stacks import standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,26 +37,9 @@ def stack(infra):
     shape = dict(
         api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=8
     )
-    if infra is not None:
-        cfg = StackConfig(
-            state_dir=infra.cfg.state_dir / "stream-interrupted",
-            kafka_port=infra.cfg.kafka_port,
-            redis_port=infra.cfg.redis_port,
-            manage_infra=False,
-            **shape,
-        )
-    else:
-        cfg = StackConfig(
-            state_dir=ROOT / "var" / f"test-stream-{uuid.uuid4().hex[:6]}", kafka_port=28392, redis_port=28379, **shape
-        )
-    running = FaultStack(cfg)
-    try:
-        running.dev.up(timeout_s=240, log=lambda *_: None)
-        yield running
-    finally:
-        running.dev.down(services_only=infra is not None)
-        if infra is None:
-            shutil.rmtree(cfg.state_dir, ignore_errors=True)
+    own = dict(state_dir=ROOT / "var" / f"test-stream-{uuid.uuid4().hex[:6]}", kafka_port=28392, redis_port=28379)
+    with standalone_stack(infra, own, "stream-interrupted", **shape) as running:
+        yield FaultStack(running.cfg)
 
 
 async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> tuple[str, str, dict, float]:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import uuid
 
 import pytest
@@ -22,9 +20,9 @@ from llmq_core.constants import (
     replies_channel,
     worker_group,
 )
-from llmq_core.kafka import make_consumer, make_producer, send_message
-from llmq_core.settings import Settings
-from tests.integration.stacks import simulated_worker
+from llmq_core.kafka import make_consumer, make_producer
+from tests.builders import generation_request
+from tests.integration.stacks import send_batch, simulated_worker, worker_process
 
 pytestmark = pytest.mark.integration
 
@@ -32,27 +30,18 @@ PARTITION = 15
 MODEL = "llmq-sim-worker-itest"  # no batcher routes real traffic to this test worker
 
 
-@pytest.fixture
-def settings() -> Settings:
-    return Settings(
-        kafka_bootstrap_servers=os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        redis_url=os.environ.get("LLMQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
-    )
-
-
 def request(
     request_id: str, instance_id: str, prompt: str, *, stream: bool, deadline_s: float = 30
 ) -> wire.GenerationRequest:
-    now = SYSTEM_CLOCK.now_ms()
-    return wire.GenerationRequest(
-        request_id=request_id,
+    return generation_request(
+        request_id,
+        now_ms=SYSTEM_CLOCK.now_ms(),
+        deadline_in_ms=int(deadline_s * 1000),
+        instance_id=instance_id,
         model=MODEL,
         prompt=prompt,
         sampling=wire.SamplingParams(max_tokens=5),
         stream=stream,
-        created_ms=now,
-        deadline_ms=now + int(deadline_s * 1000),
-        reply_to=wire.HttpReply(instance_id=instance_id),
     )
 
 
@@ -73,75 +62,67 @@ async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
 
     worker_consumer = make_consumer(settings, group_id=worker_group(PARTITION))
     await worker_consumer.start()
-    loop, engine = simulated_worker(
-        worker_id, PARTITION, MODEL, batch_time_ms=100, consumer=worker_consumer, producer=producer, redis=redis
-    )
-    stop = asyncio.Event()
-    worker = asyncio.create_task(loop.run(stop))
+    clients = {"consumer": worker_consumer, "producer": producer, "redis": redis}
     try:
-        batch = wire.Batch(
-            batch_id=f"b-{run}",
-            worker_id=worker_id,
-            model=MODEL,
-            formed_ms=SYSTEM_CLOCK.now_ms(),
-            flush_reason="size",
-            requests=[
+        async with simulated_worker(worker_id, PARTITION, MODEL, batch_time_ms=100, **clients):
+            batch_id = f"b-{run}"
+            meta = await send_batch(
+                producer,
+                batch_id,
+                worker_id,
+                PARTITION,
                 request(f"s-{run}", instance_id, "abc", stream=True),
                 request(f"p-{run}", instance_id, "xyz", stream=False),
                 request(f"x-{run}", instance_id, "old", stream=False, deadline_s=-1),
-            ],
-        )
-        meta = await send_message(producer, TOPIC_BATCHES, batch, key=batch.batch_id, partition=PARTITION)
+            )
 
-        chunks, finals, beats = [], {}, []
-        async with asyncio.timeout(20):
-            while len(finals) < 3 or not any(b.last_batch_id == batch.batch_id for b in beats):
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
-                if message is None:
-                    continue
-                decoded = wire.decode(message["data"])
-                if isinstance(decoded, wire.TokenChunk):
-                    chunks.append(decoded)
-                elif isinstance(decoded, wire.FinalResult):
-                    finals[decoded.request_id] = decoded
-                elif isinstance(decoded, wire.WorkerHeartbeat) and decoded.worker_id == worker_id:
-                    beats.append(decoded)
+            chunks, finals, beats = [], {}, []
+            async with asyncio.timeout(20):
+                while len(finals) < 3 or not any(b.last_batch_id == batch_id for b in beats):
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                    if message is None:
+                        continue
+                    decoded = wire.decode(message["data"])
+                    if isinstance(decoded, wire.TokenChunk):
+                        chunks.append(decoded)
+                    elif isinstance(decoded, wire.FinalResult):
+                        finals[decoded.request_id] = decoded
+                    elif isinstance(decoded, wire.WorkerHeartbeat) and decoded.worker_id == worker_id:
+                        beats.append(decoded)
 
-        streamed, plain, expired = finals[f"s-{run}"], finals[f"p-{run}"], finals[f"x-{run}"]
-        assert (streamed.outcome, streamed.choices[0].text, streamed.usage.total_tokens) == (
-            wire.Outcome.SUCCEEDED,
-            "abcab",
-            8,
-        )
-        assert "".join(c.text for c in chunks) == "abcab" and {c.request_id for c in chunks} == {f"s-{run}"}
-        assert [c.seq for c in chunks] == list(range(len(chunks)))
-        assert plain.choices[0].text == "xyzxy"
-        assert expired.outcome is wire.Outcome.EXPIRED
-        assert {f.batch_size for f in finals.values()} == {3} and {f.worker_id for f in finals.values()} == {worker_id}
-        assert streamed.timings.total_ms >= streamed.timings.ttft_ms >= streamed.timings.queued_ms
-        assert beats[-1].fixed_batch_time_ms == 100 and beats[-1].partition == PARTITION
-        assert await redis.pttl(alive_key("worker", worker_id)) > 0
+            streamed, plain, expired = finals[f"s-{run}"], finals[f"p-{run}"], finals[f"x-{run}"]
+            assert (streamed.outcome, streamed.choices[0].text, streamed.usage.total_tokens) == (
+                wire.Outcome.SUCCEEDED,
+                "abcab",
+                8,
+            )
+            assert "".join(c.text for c in chunks) == "abcab" and {c.request_id for c in chunks} == {f"s-{run}"}
+            assert [c.seq for c in chunks] == list(range(len(chunks)))
+            assert plain.choices[0].text == "xyzxy"
+            assert expired.outcome is wire.Outcome.EXPIRED
+            assert {f.batch_size for f in finals.values()} == {3}
+            assert {f.worker_id for f in finals.values()} == {worker_id}
+            assert streamed.timings.total_ms >= streamed.timings.ttft_ms >= streamed.timings.queued_ms
+            assert beats[-1].fixed_batch_time_ms == 100 and beats[-1].partition == PARTITION
+            assert await redis.pttl(alive_key("worker", worker_id)) > 0
 
-        logged = {}
-        async with asyncio.timeout(20):
-            while len(logged) < 3:
-                for records in (await results.getmany(timeout_ms=500)).values():
-                    for record in records:
-                        result = wire.decode(record.value)
-                        if result.request_id in finals:
-                            assert record.key.decode() == result.request_id
-                            logged[result.request_id] = result
-        assert logged == finals
+            logged = {}
+            async with asyncio.timeout(20):
+                while len(logged) < 3:
+                    for records in (await results.getmany(timeout_ms=500)).values():
+                        for record in records:
+                            result = wire.decode(record.value)
+                            if result.request_id in finals:
+                                assert record.key.decode() == result.request_id
+                                logged[result.request_id] = result
+            assert logged == finals
 
-        tp = TopicPartition(TOPIC_BATCHES, PARTITION)
-        async with asyncio.timeout(10):
-            while (await offsets.committed(tp) or 0) <= meta.offset:
-                await asyncio.sleep(0.1)
-    finally:
-        stop.set()
-        await asyncio.wait_for(worker, 10)
+            tp = TopicPartition(TOPIC_BATCHES, PARTITION)
+            async with asyncio.timeout(10):
+                while (await offsets.committed(tp) or 0) <= meta.offset:
+                    await asyncio.sleep(0.1)
         assert await redis.exists(alive_key("worker", worker_id)) == 0
-        await engine.close()
+    finally:
         await asyncio.gather(worker_consumer.stop(), offsets.stop(), results.stop(), producer.stop())
         await pubsub.aclose()
         await redis.aclose()
@@ -151,33 +132,17 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
     """``python -m llmq_worker.main``: a poisoned request fails alone; SIGTERM finishes the running batch, then exits."""
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-proc-{run}", f"itest-pod-{run}"
-    env = {
-        **os.environ,
-        "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-        "LLMQ_REDIS_URL": settings.redis_url,
-    }
     redis = aioredis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
     producer = make_producer(settings)
     await producer.start()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "llmq_worker.main",
-        "--worker-id",
+    process = await worker_process(
+        settings,
         worker_id,
-        "--partition",
-        str(PARTITION),
-        "--model",
+        PARTITION,
         MODEL,
-        "--engine",
-        "simulated",
-        "--batch-time-ms",
-        "300",
-        "--poison-marker",
-        "POISON",
-        env=env,
+        *("--batch-time-ms", "300", "--poison-marker", "POISON"),
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
@@ -190,15 +155,7 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
                     return decoded
 
         async def send(batch_id, *requests):
-            batch = wire.Batch(
-                batch_id=batch_id,
-                worker_id=worker_id,
-                model=MODEL,
-                requests=list(requests),
-                formed_ms=SYSTEM_CLOCK.now_ms(),
-                flush_reason="size",
-            )
-            return await send_message(producer, TOPIC_BATCHES, batch, key=batch_id, partition=PARTITION)
+            return await send_batch(producer, batch_id, worker_id, PARTITION, *requests)
 
         async with asyncio.timeout(30):
             await next_message(wire.WorkerHeartbeat)

@@ -44,7 +44,6 @@ from llmq_core.telemetry import request_fields
 
 log = logging.getLogger(__name__)
 
-COMMIT_INTERVAL_MS = 200
 LOAD_STATS_INTERVAL_MS = 1000
 IDLE_WAKE_S = 1.0
 RESTART_DELAY_S = 1.0
@@ -556,7 +555,7 @@ class BatcherLoop:
 
     async def _commit(self, force: bool = False) -> None:
         now_ms = self.clock.now_ms()
-        if not force and now_ms - self._last_commit_ms < COMMIT_INTERVAL_MS:
+        if not force and now_ms - self._last_commit_ms < constants.KAFKA_COMMIT_INTERVAL_MS:
             return
         positions = self.offsets.commit_positions()
         if not positions:

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from llmq_core import kafka, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS
 from llmq_core.metrics import RouterMetrics
 from llmq_core.names import Names
 from llmq_core.settings import Settings
@@ -80,6 +81,8 @@ class ResultRouter:
         self._received_ms = 0  # when the records being routed were fetched
         self.reply_prefixes = kafka.reply_topic_prefixes(settings)
         self._stopping = asyncio.Event()
+        self._uncommitted = False  # records routed since the last commit
+        self._last_commit_ms = 0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -90,8 +93,8 @@ class ResultRouter:
             self._received_ms = self.clock.now_ms()
             try:
                 await self._route_partitions(batches)
-                if batches:
-                    await self.consumer.commit()
+                self._uncommitted |= bool(batches)
+                await self._commit(force=self._stopping.is_set())
             except (RedisError, KafkaError, OSError) as exc:  # a Redis restart or a broker blip: route them again
                 log.warning(
                     "routing %d records failed (%r); again in %.0f s",
@@ -102,6 +105,15 @@ class ResultRouter:
                 await asyncio.sleep(RETRY_DELAY_S)
                 for tp, records in batches.items():
                     self.consumer.seek(tp, records[0].offset)
+
+    async def _commit(self, force: bool) -> None:
+        """Commit the positions past every routed record, at most every KAFKA_COMMIT_INTERVAL_MS unless ``force`` (an
+        idle poll returns within 200 ms, so what the interval held back is committed soon after)."""
+        now_ms = self.clock.now_ms()
+        if self._uncommitted and (force or now_ms - self._last_commit_ms >= KAFKA_COMMIT_INTERVAL_MS):
+            await self.consumer.commit()
+            self._uncommitted = False
+            self._last_commit_ms = now_ms
 
     async def _route_partitions(self, batches) -> None:
         """Each partition's records in order, the partitions side by side: a reply being retried on one partition holds

@@ -28,7 +28,13 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     redis = runtime.redis(stack, settings)
     await check_memory_policy(redis, "result-router")
     producer = kafka.make_renewable_producer(settings)  # a refused reply or dead letter does not break it
-    consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
+    consumer = kafka.make_consumer(
+        settings,
+        constants.TOPIC_RESULTS,
+        group_id=constants.GROUP_RESULT_ROUTER,
+        fetch_max_wait_ms=constants.KAFKA_ROUTER_FETCH_MAX_WAIT_MS,
+        fetch_min_bytes=constants.KAFKA_ROUTER_FETCH_MIN_BYTES,
+    )
     await runtime.start(stack, producer, consumer)
     store = JobStore(redis)
     router = ResultRouter(

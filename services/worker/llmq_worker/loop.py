@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import alive_key, streamed_key
+from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS, alive_key, streamed_key
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, dead_letter, headers
 from llmq_core.metrics import WorkerMetrics
 from llmq_core.names import Names
@@ -68,6 +68,8 @@ class WorkerLoop:
         self._progress = asyncio.Event()  # set whenever requests finish: wakes the fetcher and the drain
         self._commit_lock = asyncio.Lock()
         self._committed = -1
+        self._to_commit = -1  # the newest offset past fully delivered batches (committed within the interval)
+        self._last_commit_ms = 0
         self._metrics = metrics
         self._names = names
         self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
@@ -92,6 +94,7 @@ class WorkerLoop:
             log.info("draining: %d requests in flight", self._core.pending)
             await _cancel(takers)
             await self._drain()
+            await self._commit(force=True)
         finally:
             await _cancel([*workers, *takers, stopper])
             with contextlib.suppress(Exception):
@@ -194,6 +197,10 @@ class WorkerLoop:
         while True:
             await asyncio.sleep(self._heartbeat_interval_ms / 1000)
             await self._deliver(self._core.expire_overdue())
+            try:
+                await self._commit()
+            except KafkaError as exc:  # the offset stays pending: the next heartbeat or delivery commits it
+                log.warning("committing offset %d failed (%r): again at the next heartbeat", self._to_commit, exc)
             await self._heartbeat_once()
 
     async def _heartbeat_once(self) -> None:
@@ -287,11 +294,19 @@ class WorkerLoop:
                 )
                 await asyncio.sleep(PRODUCE_BACKOFF_S * 2**attempt)
 
-    async def _commit(self, offset: int) -> None:
+    async def _commit(self, offset: int | None = None, *, force: bool = False) -> None:
+        """Commit up to ``offset`` (None: what is known already): at most every KAFKA_COMMIT_INTERVAL_MS unless
+        ``force``; the heartbeat commits what the interval held back, the drain the rest."""
         async with self._commit_lock:
-            if offset > self._committed:
-                await self._consumer.commit({self._tp: offset})
-                self._committed = offset
+            if offset is not None:
+                self._to_commit = max(self._to_commit, offset)
+            now_ms = self._clock.now_ms()
+            if self._to_commit <= self._committed:
+                return
+            if force or now_ms - self._last_commit_ms >= KAFKA_COMMIT_INTERVAL_MS:
+                await self._consumer.commit({self._tp: self._to_commit})
+                self._committed = self._to_commit
+                self._last_commit_ms = now_ms
 
 
 async def _cancel(tasks: list[asyncio.Task]) -> None:

@@ -82,3 +82,17 @@ async def make_app():
 @pytest.fixture
 async def setup(make_app):
     return await make_app()
+
+
+@pytest.fixture
+async def unexpected_error(setup) -> httpx.Response:
+    """A completion's response from a pod whose code raises a bug (the app's own error handling, not the client's)."""
+    _, pod, _, _ = setup
+
+    def broken():
+        raise RuntimeError("bug")
+
+    pod.catalog.context_windows = broken
+    transport = httpx.ASGITransport(app=create_app(pod), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=DEV_AUTH) as client:
+        return await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "a"})

@@ -28,6 +28,12 @@ def final(
     )
 
 
+def refusal(rejection) -> tuple:
+    """An admission or rate-limit refusal as its caller learns it: (reason, status, type, code, param, headers)."""
+    error = rejection.error
+    return rejection.reason, error.status, error.type, error.code, error.param, error.headers
+
+
 def chunk(request_id: str, text: str, seq: int, index: int = 0, attempt: int = 0) -> wire.TokenChunk:
     return wire.TokenChunk(request_id=request_id, index=index, text=text, seq=seq, sent_ms=0, attempt=attempt)
 
@@ -76,27 +82,19 @@ class MemoryJobStore:
             await self.release_storage(record.tenant_id, record.bytes)
 
     async def reserve_storage(self, tenant_id: str, size: int, quota: int) -> int | None:
-        used = self.storage.get(tenant_id, 0)
-        if used + size > quota:
-            return None
-        self.storage[tenant_id] = used + size
-        return used
+        return _reserve(self.storage, tenant_id, size, quota)
 
     async def release_storage(self, tenant_id: str, size: int) -> None:
-        self.storage[tenant_id] = self.storage.get(tenant_id, 0) - size
+        _reserve(self.storage, tenant_id, -size)
 
     async def stored_bytes(self, tenant_id: str) -> int:
         return self.storage.get(tenant_id, 0)
 
     async def reserve_result_bytes(self, tenant_id: str, size: int, bound: int) -> int | None:
-        used = self.result_bytes.get(tenant_id, 0)
-        if used + size > bound:
-            return None
-        self.result_bytes[tenant_id] = used + size
-        return used
+        return _reserve(self.result_bytes, tenant_id, size, bound)
 
     async def unreserve_result_bytes(self, tenant_id: str, size: int) -> None:
-        self.result_bytes[tenant_id] = self.result_bytes.get(tenant_id, 0) - size
+        _reserve(self.result_bytes, tenant_id, -size)
 
     async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
         newest_first = [r for r in self.files.values() if r.tenant_id == tenant_id][::-1]
@@ -149,3 +147,12 @@ class MemoryJobStore:
     async def scan_results(self, batch_id: str):
         return
         yield
+
+
+def _reserve(used_by_tenant: dict[str, int], tenant_id: str, size: int, bound: float = float("inf")) -> int | None:
+    """Add ``size`` to the tenant's count unless that passes ``bound`` (then None); what it counted before."""
+    used = used_by_tenant.get(tenant_id, 0)
+    if used + size > bound:
+        return None
+    used_by_tenant[tenant_id] = used + size
+    return used

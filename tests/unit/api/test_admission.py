@@ -22,6 +22,7 @@ from llmq_core import wire
 from llmq_core.clock import FakeClock
 from llmq_core.constants import PRIORITY_CLASSES
 from llmq_core.settings import Settings
+from tests.unit.api.fakes import refusal
 
 PAID, FREE, NEAR, DEFERRED = PRIORITY_CLASSES
 SIM, TINY = "llmq-sim", "llmq-tiny"
@@ -133,6 +134,8 @@ def test_one_models_backlog_never_sheds_another_models_traffic(backlog, workers)
     assert POLICY.check(DEFERRED, TINY, sat, 0) is not None  # the backlog does shed its own model's lowest class
 
 
+# What people are told while no worker serves their model: retry once a worker could have come back (its timeout).
+UNAVAILABLE = ("model_unavailable", 503, "server_error", "model_unavailable", "model", {"retry-after": "2"})
 # (live workers, last worker heartbeat, batchers watching since) -> tiny's interactive, near, deferred admitted?
 AVAILABILITY = [
     pytest.param(1, NOW - 60_000, 0, (True, True, True), id="a-live-worker"),
@@ -149,14 +152,7 @@ def test_a_model_whose_workers_are_gone_answers_people_503_and_queues_deferred(w
     results = [POLICY.check(c, TINY, sat, 0) for c in (PAID, FREE, NEAR, DEFERRED)]
     assert [r is None for r in results] == [admitted[0], admitted[0], admitted[1], admitted[2]]
     for rejection in filter(None, results):
-        error = rejection.error
-        assert rejection.reason == "model_unavailable"
-        assert (error.status, error.code, error.param, error.headers) == (
-            503,
-            "model_unavailable",
-            "model",
-            {"retry-after": "2"},
-        )
+        assert refusal(rejection) == UNAVAILABLE
     assert all(POLICY.check(c, SIM, sat, 0) is None for c in PRIORITY_CLASSES)
 
 
@@ -217,19 +213,18 @@ def test_a_worker_heartbeat_the_pod_heard_itself_counts_before_the_batchers_repo
     assert POLICY.check(PAID, TINY, long_ago, 0).reason == "model_unavailable"
 
 
-# Prediction: (reported depth per class, backlog drain rate per class, capacity, slots, admitted here, unfinished in
-# all pods) -> (queued, ms)
+SLOTS, CAPACITY_PER_S = 128, 256.0  # two llmq-sim workers x 64 per 500 ms
+UNFINISHED = {(SIM, FREE): 300, (SIM, PAID): 78}  # llmq-sim requests the pods hold, per class
+
+# Prediction of two llmq-sim workers (SLOTS, CAPACITY_PER_S): (reported depth per class, backlog drain rate per class,
+# admitted here, unfinished in all pods) -> (queued, ms)
 PREDICTIONS = [
-    pytest.param({FREE: 300}, {}, 256.0, 128, {}, {}, FREE, (300, 2344), id="half-the-capacity-until-measured"),
-    pytest.param({FREE: 300}, {FREE: 60.0}, 256.0, 128, {}, {}, FREE, (300, 5000), id="measured-rate-wins"),
-    pytest.param(
-        {FREE: 300}, {FREE: 300.0}, 256.0, 128, {}, {}, FREE, (300, 1172), id="measured-rate-never-above-capacity"
-    ),
+    pytest.param({FREE: 300}, {}, {}, {}, FREE, (300, 2344), id="half-the-capacity-until-measured"),
+    pytest.param({FREE: 300}, {FREE: 60.0}, {}, {}, FREE, (300, 5000), id="measured-rate-wins"),
+    pytest.param({FREE: 300}, {FREE: 300.0}, {}, {}, FREE, (300, 1172), id="measured-rate-never-above-capacity"),
     pytest.param(
         {PAID: 100, FREE: 200},
         {PAID: 50.0, FREE: 50.0},
-        256.0,
-        128,
         {},
         {},
         PAID,
@@ -237,21 +232,11 @@ PREDICTIONS = [
         id="lower-classes-do-not-delay-paid",
     ),
     pytest.param(
-        {PAID: 100, FREE: 200},
-        {PAID: 50.0, FREE: 50.0},
-        256.0,
-        128,
-        {},
-        {},
-        FREE,
-        (300, 6000),
-        id="free-waits-behind-paid",
+        {PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, {}, {}, FREE, (300, 6000), id="free-waits-behind-paid"
     ),
     pytest.param(
         {FREE: 100},
         {FREE: 50.0},
-        256.0,
-        128,
         {(SIM, FREE): 150, (TINY, FREE): 99, (SIM, NEAR): 7},
         {},
         FREE,
@@ -262,38 +247,26 @@ PREDICTIONS = [
     pytest.param(
         {FREE: 10},
         {FREE: 50.0},
-        256.0,
-        128,
         {},
-        {(SIM, FREE): 300, (SIM, PAID): 78, (TINY, FREE): 999},
+        {**UNFINISHED, (TINY, FREE): 999},
         FREE,
         (250, 5000),
         id="unfinished-in-all-pods-less-the-slots-bound-it-from-below",
     ),
     pytest.param(
-        {PAID: 10},
-        {PAID: 50.0},
-        256.0,
-        128,
-        {},
-        {(SIM, FREE): 300, (SIM, PAID): 78},
-        PAID,
-        (10, 200),
-        id="unfinished-lower-classes-do-not-delay-paid",
+        {PAID: 10}, {PAID: 50.0}, {}, UNFINISHED, PAID, (10, 200), id="unfinished-lower-classes-do-not-delay-paid"
     ),
 ]
 
 
-@pytest.mark.parametrize("depth,drain,capacity,slots,admitted,unfinished,cls,expected", PREDICTIONS)
-def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(
-    depth, drain, capacity, slots, admitted, unfinished, cls, expected
-):
+@pytest.mark.parametrize("depth,drain,admitted,unfinished,cls,expected", PREDICTIONS)
+def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(depth, drain, admitted, unfinished, cls, expected):
     sat = Saturation(
-        {SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: slots}, {SIM: capacity}, admitted, unfinished
+        {SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS}, {SIM: CAPACITY_PER_S}, admitted, unfinished
     )
     predicted = sat.predict(SIM, cls)
     assert (predicted.queued, predicted.wait_ms) == expected
-    assert predicted.next_batch == (expected[0] < slots)
+    assert predicted.next_batch == (expected[0] < SLOTS)
 
 
 def test_an_idle_stack_never_refuses_for_a_wait_whatever_the_threshold():
@@ -411,7 +384,7 @@ def test_unfinished_counts_end_once_and_merge_with_the_fresh_reports_of_other_po
     assert all_unfinished(unfinished.counts, others, NOW, stale_ms=5000) == {(SIM, FREE): 9, (SIM, PAID): 1}
 
 
-PODS, PUBLISH_MS, SLOTS, CAPACITY_PER_S = 2, 100, 128, 256.0  # two llmq-sim workers x 64 per 500 ms
+PODS, PUBLISH_MS = 2, 100
 
 
 def two_pod_burst(arrivals_per_pod: int, kafka_lag_report_ms: int, share: bool) -> list[tuple[int, Prediction]]:

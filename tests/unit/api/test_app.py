@@ -1,14 +1,12 @@
 """The app end to end in-process (httpx ASGI transport), with a fake producer standing in for Kafka and the workers
 (fixtures in conftest.py)."""
 
-import httpx
 import msgspec
 import pytest
 
-from llmq_api.app import create_app
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
-from tests.unit.api.conftest import DEV_AUTH
+from tests.builders import UNREADABLE_BODIES, chat_body
 
 
 async def test_completion_200_with_usage_and_request_id(setup):
@@ -32,13 +30,7 @@ async def test_chat_stream_events(setup):
     client, _, _, _ = setup
     response = await client.post(
         "/v1/chat/completions",
-        json={
-            "model": "llmq-sim",
-            "messages": [{"role": "user", "content": "hey"}],
-            "max_tokens": 5,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
+        json=chat_body("hey", 5, stream=True, stream_options={"include_usage": True}),
     )
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     frames = [f[6:] for f in response.content.split(b"\n\n") if f]
@@ -93,13 +85,7 @@ async def test_streamed_deadline_ends_with_error_event_then_done(setup):
 @pytest.mark.parametrize(
     "kwargs, status, param",
     [
-        (
-            {"content": b'{"model": "llmq-sim", "prompt": "a"}', "headers": {"content-type": "text/plain"}},
-            415,
-            "content-type",
-        ),
-        ({"content": b"{", "headers": {"content-type": "application/json"}}, 400, None),
-        ({"content": b"[]", "headers": {"content-type": "application/json"}}, 400, None),
+        *UNREADABLE_BODIES,
         ({"json": {"model": "nope", "prompt": "a"}}, 404, "model"),
         ({"json": {"model": "llmq-sim", "prompt": "a", "n": "2"}}, 400, "n"),
         ({"json": {"model": "llmq-sim", "prompt": "x" * 3000}}, 413, None),
@@ -181,18 +167,9 @@ async def test_unknown_route_is_an_openai_style_404(setup):
     assert response.status_code == 404 and set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-async def test_unexpected_error_is_a_clean_500(setup):
-    _, pod, _, _ = setup
-
-    def broken():
-        raise RuntimeError("bug")
-
-    pod.catalog.context_windows = broken
-    transport = httpx.ASGITransport(app=create_app(pod), raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=DEV_AUTH) as client:
-        response = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "a"})
-    assert response.status_code == 500
-    assert response.json()["error"]["type"] == "server_error" and "bug" not in response.text
+async def test_unexpected_error_is_a_clean_500(unexpected_error):
+    assert unexpected_error.status_code == 500
+    assert unexpected_error.json()["error"]["type"] == "server_error" and "bug" not in unexpected_error.text
 
 
 async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queued_until_reported(setup):

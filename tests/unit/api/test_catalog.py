@@ -3,21 +3,11 @@
 from llmq_api.catalog import ModelCatalog
 from llmq_core import wire
 from llmq_core.clock import FakeClock
+from tests.builders import heartbeat
 
 
 def beat(model: str, context_window: int) -> wire.WorkerHeartbeat:
-    return wire.WorkerHeartbeat(
-        worker_id="w",
-        partition=0,
-        model=model,
-        max_slots=4,
-        running=0,
-        queued=0,
-        free_slots=4,
-        est_drain_ms=0,
-        sent_ms=0,
-        context_window=context_window,
-    )
+    return heartbeat(model, max_slots=4, context_window=context_window)
 
 
 def test_builtins_and_seen_models_with_context_windows():

@@ -15,7 +15,7 @@ from llmq_core import wire
 from llmq_core.clock import FakeClock
 from llmq_core.constants import MAX_RESULT_BYTES
 from tests.fakes import FakeRedis
-from tests.unit.api.fakes import final
+from tests.unit.api.fakes import final, refusal
 
 
 def completion(**params) -> ValidRequest:
@@ -123,15 +123,8 @@ async def test_refusal_names_the_bucket_and_rounds_the_wait_up():
     redis = FakeRedis()
     redis.take_reply = [0, 2_500, 2]
     rejection = await RateLimiter(redis, FakeClock()).acquire(Principal(tenant_id="t", tokens_per_min=100), 500)
-    error = rejection.error
-    assert rejection.reason == "tenant_tokens"
-    assert (error.status, error.type, error.code, error.headers) == (
-        429,
-        "tokens",
-        "rate_limit_exceeded",
-        {"retry-after": "3"},
-    )
-    assert "tokens per min: limit 100" in error.message
+    assert refusal(rejection) == ("tenant_tokens", 429, "tokens", "rate_limit_exceeded", None, {"retry-after": "3"})
+    assert "tokens per min: limit 100" in rejection.error.message
 
 
 async def test_redis_trouble_lets_requests_through():

@@ -6,6 +6,7 @@ from llmq_api.pod import ReplyListener
 from llmq_api.waiters import WaiterRegistry
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
+from tests.builders import heartbeat
 from tests.unit.api.fakes import final
 
 
@@ -38,18 +39,7 @@ async def test_replies_go_to_waiters_and_strays_are_counted():
 
 async def test_heartbeats_teach_the_catalog():
     listener, _, catalog, _ = make()
-    beat = wire.WorkerHeartbeat(
-        worker_id="w",
-        partition=3,
-        model="big-model",
-        max_slots=8,
-        running=0,
-        queued=0,
-        free_slots=8,
-        est_drain_ms=0,
-        sent_ms=0,
-        context_window=4096,
-    )
+    beat = heartbeat("big-model", partition=3, context_window=4096)
     listener.deliver(constants.REDIS_HEARTBEATS_CHANNEL, wire.encode(beat))
     assert catalog.context_windows()["big-model"] == 4096
 

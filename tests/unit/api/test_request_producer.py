@@ -8,19 +8,13 @@ from aiokafka.errors import OutOfOrderSequenceNumber
 
 from llmq_api.health import CircuitBreaker, Dependency
 from llmq_api.pod import KafkaRequestProducer
-from llmq_core import kafka, wire
+from llmq_core import kafka
 from llmq_core.clock import FakeClock
 from llmq_core.settings import Settings
+from tests.builders import generation_request
 from tests.unit.core.kafka_fakes import FakeKafkaProducer
 
-REQUEST = wire.GenerationRequest(
-    request_id="r1",
-    model="llmq-sim",
-    prompt="hi",
-    created_ms=0,
-    deadline_ms=1,
-    reply_to=wire.HttpReply(instance_id="pod"),
-)
+REQUEST = generation_request(prompt="hi", instance_id="pod")
 
 
 async def eventually(condition) -> None:

@@ -4,13 +4,11 @@ status rules): false for a passed deadline and for client mistakes, true with a 
 import httpx
 import pytest
 
-from llmq_api.app import create_app
 from llmq_api.connections import error_response, request_timeout, too_many_connections
 from llmq_api.errors import ApiError
 from llmq_api.openai_format import error_for
 from llmq_core import wire
 from llmq_core.settings import Settings
-from tests.unit.api.conftest import DEV_AUTH
 from tests.unit.api.fakes import final
 
 SIM = {"model": "llmq-sim", "prompt": "abc"}
@@ -69,18 +67,9 @@ async def test_overload_and_unavailability_say_retry_after(make_app):
     assert_says(response, retry=True)
 
 
-async def test_an_unexpected_error_says_do_not_retry(setup):
-    _, pod, _, _ = setup
-
-    def broken():
-        raise RuntimeError("bug")
-
-    pod.catalog.context_windows = broken
-    transport = httpx.ASGITransport(app=create_app(pod), raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=DEV_AUTH) as client:
-        response = await client.post("/v1/completions", json=SIM)
-    assert response.status_code == 500
-    assert_says(response, retry=False)
+async def test_an_unexpected_error_says_do_not_retry(unexpected_error):
+    assert unexpected_error.status_code == 500
+    assert_says(unexpected_error, retry=False)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from llmq_batcher.policy import ENTRY_SLACK_BYTES, BatchPolicy, PolicyConfig
 from llmq_core import wire
 from llmq_core.clock import FakeClock
 from llmq_core.names import Names
+from tests.builders import generation_request
 from tests.fakes import FakeConsumer, FakeProducer, FakeRedis
 
 MODEL = "llmq-sim"
@@ -43,17 +44,16 @@ def req(
     prompt: str = "x",
 ) -> wire.GenerationRequest:
     traffic_class, tier = CLASSES[cls]
-    return wire.GenerationRequest(
-        request_id=request_id,
+    return generation_request(
+        request_id,
+        now_ms=now_ms,
+        deadline_in_ms=deadline_in_ms,
         tenant_id=tenant,
         traffic_class=traffic_class,
         tier=tier,
         model=model,
         prompt=prompt,
         sampling=wire.SamplingParams(max_tokens=max_tokens),
-        created_ms=now_ms,
-        deadline_ms=now_ms + deadline_in_ms,
-        reply_to=wire.HttpReply(instance_id="pod-1"),
         prompt_tokens=prompt_tokens,
     )
 

@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from llmq_core import wire
+from tests.builders import heartbeat
 
 INT64_MAX = 2**63 - 1
 REQUEST = {
@@ -68,17 +69,7 @@ def test_every_int64_decodes_and_re_encodes(fields):
             choices=[wire.Choice(index=-1, text="x")],
         ),
         wire.TokenChunk(request_id="r", text="x", seq=-1, sent_ms=0),
-        wire.WorkerHeartbeat(
-            worker_id="w",
-            partition=0,
-            model="m",
-            max_slots=1,
-            running=0,
-            queued=0,
-            free_slots=0,
-            est_drain_ms=2**63,
-            sent_ms=0,
-        ),
+        heartbeat("m", max_slots=1, free_slots=0, est_drain_ms=2**63),
     ],
 )
 def test_results_chunks_and_heartbeats_are_bounded_too(message):

@@ -13,20 +13,9 @@ from llmq_api.batch_jobs.service import (
     _repeats,
     line_result_bytes,
 )
-from llmq_core import jobs
+from tests.builders import job_spec
 
-SPEC = jobs.JobSpec(
-    id="batch_x",
-    tenant_id="t",
-    endpoint="/v1/completions",
-    input_file_id="file-a",
-    completion_window="24h",
-    created_ms=1,
-    expires_ms=2,
-    metadata={"k": "v"},
-    output_file_id="o",
-    error_file_id="e",
-)
+SPEC = job_spec(input_file_id="file-a", metadata={"k": "v"}, output_file_id="o", error_file_id="e")
 
 
 def completion(**params) -> validation.ValidRequest:

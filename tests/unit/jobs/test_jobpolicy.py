@@ -4,10 +4,11 @@ import msgspec
 import pytest
 
 from llmq_core import jobs, wire
-from llmq_core.jobs import JobSpec, JobView
+from llmq_core.jobs import JobView
 from llmq_core.status import ErrorCode
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobpolicy import Step
+from tests.builders import job_spec
 
 BATCH = "batch_x"
 NOW_MS = 1_700_000_000_000
@@ -99,10 +100,8 @@ def test_end_line_makes_an_unbilled_result_with_the_batch_code():
 
 
 def job(status=jobs.IN_PROGRESS, total=10, runnable=8, end_ms=0, **counts):
-    spec = JobSpec(
-        id=BATCH,
-        tenant_id="t",
-        endpoint="/v1/completions",
+    spec = job_spec(
+        BATCH,
         input_file_id="f",
         completion_window="1h",
         created_ms=NOW_MS - 1000,

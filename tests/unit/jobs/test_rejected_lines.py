@@ -10,22 +10,12 @@ from llmq_api.auth import Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.batch_jobs.service import _rejected
 from llmq_api.errors import ApiError
-from llmq_core import jobs
 from llmq_core.models import BUILTIN_MODELS
+from tests.builders import job_spec
 
 MODELS = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
 ENDPOINT = "/v1/completions"
-SPEC = jobs.JobSpec(
-    id="batch_x",
-    tenant_id="t",
-    endpoint=ENDPOINT,
-    input_file_id="file-x",
-    completion_window="24h",
-    created_ms=1_000,
-    expires_ms=2_000,
-    output_file_id="file-o",
-    error_file_id="file-e",
-)
+SPEC = job_spec(endpoint=ENDPOINT, input_file_id="file-x", created_ms=1_000, expires_ms=2_000)
 GOOD = {"model": "llmq-sim", "prompt": "hi", "max_tokens": 4}
 BAD_BODIES = [
     {**GOOD, "temperature": 9},  # out of range

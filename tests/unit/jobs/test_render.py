@@ -4,7 +4,8 @@ import pytest
 
 from llmq_api.batch_jobs import render
 from llmq_core import jobs, wire
-from llmq_core.jobs import FileRecord, JobSpec, JobView, LineError
+from llmq_core.jobs import FileRecord, JobView, LineError
+from tests.builders import job_spec
 
 BATCH = "batch_r"
 
@@ -67,11 +68,9 @@ def test_cancelled_and_expired_lines_carry_an_error_and_no_response(outcome, cod
 
 
 def view(status, errors=(), **counts):
-    spec = JobSpec(
-        id=BATCH,
-        tenant_id="t",
+    spec = job_spec(
+        BATCH,
         endpoint="/v1/chat/completions",
-        input_file_id="file-in",
         completion_window="6h",
         created_ms=1_700_000_000_500,
         expires_ms=1_700_021_600_500,

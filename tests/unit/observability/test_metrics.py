@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmq_core import metrics, wire
 from llmq_core.labels import LabelSet
+from tests.builders import heartbeat
 from tests.fakes import FakeConsumer
 
 T0 = 1_700_000_000_000
@@ -98,19 +99,7 @@ def test_batcher_batches_waits_and_queue_gauges():
 
 def test_worker_slots_and_utilisation_from_its_heartbeat():
     m = metrics.WorkerMetrics("llmq-sim")
-    m.heartbeat(
-        wire.WorkerHeartbeat(
-            worker_id="w",
-            partition=0,
-            model="llmq-sim",
-            max_slots=8,
-            running=6,
-            queued=1,
-            free_slots=1,
-            est_drain_ms=0,
-            sent_ms=T0,
-        )
-    )
+    m.heartbeat(heartbeat(max_slots=8, running=6, queued=1, sent_ms=T0))
     assert value(m, "llmq_worker_utilization_ratio", model="llmq-sim") == 0.75
     assert value(m, "llmq_worker_slots", model="llmq-sim", state="free") == 1
     m.finished(result())

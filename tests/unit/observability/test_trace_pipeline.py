@@ -27,23 +27,29 @@ from llmq_result_router.loop import ResultRouter
 from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
-from tests.fakes import FakeConsumer, FakeRedis, Record
+from tests.builders import generation_request
+from tests.fakes import FakeConsumer, FakeProducer, FakeRedis, Record
+
+# The spans of one request's trace, from the API pod through every service and back (a request that waited for its
+# slot adds worker.queue).
+REQUEST_SPANS = frozenset(
+    {
+        "POST /v1/completions",
+        "kafka.produce",
+        "batcher.queue",
+        "batcher.flush",
+        "worker.request",
+        "worker.prefill",
+        "worker.decode",
+        "worker.publish",
+        "result_router.route",
+        "api.reply",
+    }
+)
 
 
-class KafkaBus:
-    """An aiokafka producer stand-in for every service: records what was sent, acks at once."""
-
-    def __init__(self) -> None:
-        self.sent: list[dict] = []
-
-    async def send_and_wait(self, topic, value, key=None, partition=None, headers=None):
-        self.sent.append(dict(topic=topic, value=value, key=key, partition=partition, headers=headers or []))
-
-    async def send(self, topic, value, key=None, partition=None, headers=None):
-        await self.send_and_wait(topic, value, key, partition, headers)
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
+class KafkaBus(FakeProducer):
+    """The producer of every service, and the worker's consumer too (it commits)."""
 
     async def commit(self, offsets) -> None:
         pass
@@ -64,7 +70,7 @@ def spans():
 
 def record(sent: dict, offset: int = 0) -> Record:
     return Record(
-        offset=offset, value=sent["value"], headers=tuple(sent["headers"]), key=sent["key"], topic=sent["topic"]
+        offset=offset, value=sent["value"], headers=tuple(sent["headers"] or ()), key=sent["key"], topic=sent["topic"]
     )
 
 
@@ -133,19 +139,7 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
     trace_ids = {s.context.trace_id for s in finished}
     assert len(trace_ids) == 1, [s.name for s in finished]
     names = {s.name for s in finished}
-    assert {
-        "POST /v1/completions",
-        "kafka.produce",
-        "batcher.queue",
-        "batcher.flush",
-        "worker.request",
-        "worker.queue",
-        "worker.prefill",
-        "worker.decode",
-        "worker.publish",
-        "result_router.route",
-        "api.reply",
-    } <= names
+    assert REQUEST_SPANS | {"worker.queue"} <= names
     by_id = {s.context.span_id: s for s in finished}
     (root,) = [s for s in finished if s.parent is None]
     assert root.name == "POST /v1/completions"
@@ -174,14 +168,7 @@ async def test_with_tracing_off_nothing_is_recorded_and_no_traceparent_travels()
     bus = KafkaBus()
     producer = KafkaRequestProducer(Settings())
     producer._producer, producer.ready = bus, True
-    request = wire.GenerationRequest(
-        request_id="r1",
-        model="llmq-sim",
-        prompt="x",
-        created_ms=1,
-        deadline_ms=2,
-        reply_to=wire.HttpReply(instance_id="p"),
-    )
+    request = generation_request(now_ms=1, instance_id="p")
     await producer.produce(request)
     (sent,) = bus.sent
     assert tracing.header_traceparent(sent["headers"]) is None

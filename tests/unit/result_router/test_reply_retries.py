@@ -4,12 +4,11 @@ behind them keep flowing (a missing or refused reply topic used to wedge its llm
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from aiokafka import errors
 
-from llmq_core import constants, wire
+from llmq_core import constants
 from llmq_core.clock import FakeClock
 from llmq_core.kafka import reply_topic_error
 from llmq_core.metrics import RouterMetrics
@@ -17,6 +16,7 @@ from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.replies import LogGate, Presence, ReplyRetry, TopicView, give_up
 from llmq_result_router.routing import plan_delivery
+from tests.fake_results import result_record, succeeded
 from tests.fakes import FakeConsumer, FakeRedis
 
 TP = ("llmq.results", 0)
@@ -44,7 +44,7 @@ TP = ("llmq.results", 0)
 )
 def test_reserved_internal_and_illegal_topics_are_refused(topic):
     assert reply_topic_error(topic) is not None
-    assert plan_delivery(_result("r", topic)).undeliverable == reply_topic_error(topic)
+    assert plan_delivery(succeeded("r", topic)).undeliverable == reply_topic_error(topic)
 
 
 @pytest.mark.parametrize("topic", ["my.replies", "claims-etl.replies", "_single", "llmq", "llmqx.replies"])
@@ -70,7 +70,7 @@ def test_transient_errors_back_off_exponentially_up_to_the_attempts():
     assert retry.wait_ms(errors.KafkaConnectionError(), 3, 0, 0) == 400
 
 
-def test_retries_end_within_the_budget_of_one_result():
+def test_retries_end_within_the_budget_of_onesucceeded():
     retry = ReplyRetry(attempts=10, backoff_ms=100, budget_ms=2000, max_streak=3)
     assert retry.wait_ms(errors.KafkaTimeoutError(), 2, 1799, 0) == 200
     assert retry.wait_ms(errors.KafkaTimeoutError(), 2, 1800, 0) is None  # the wait would end past the budget
@@ -155,23 +155,6 @@ def test_reply_failures_log_one_line_per_topic_per_window_and_a_bounded_number_i
 # --- the loop --------------------------------------------------------------------------------------------------------
 
 
-def _result(request_id: str, topic: str) -> wire.FinalResult:
-    return wire.FinalResult(
-        request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", reply_to=wire.KafkaReply(topic=topic)
-    )
-
-
-def _record(offset: int, result: wire.FinalResult, partition: int = 0):
-    return SimpleNamespace(
-        topic=TP[0],
-        partition=partition,
-        offset=offset,
-        key=result.request_id.encode(),
-        value=wire.encode(result),
-        headers=[],
-    )
-
-
 class Broker:
     """A producer whose topics are ``existing``; ``too_large`` ones refuse every record; ``hang`` ones never show up in
     metadata (aiokafka would wait its whole request timeout); ``flaky`` ones time out every send. All of them are
@@ -222,8 +205,14 @@ def _router(consumer, broker, redis, metrics=None, **settings) -> ResultRouter:
 
 
 async def test_replies_to_missing_topics_are_dead_lettered_at_once_whatever_their_names_and_the_next_results_flow():
-    fresh = [_record(i, _result(f"lost-{i}", f"gone.{i}.replies")) for i in range(16)]
-    batch = {TP: [*fresh, _record(16, _result("ok", "team.replies")), _record(17, _result("again", "gone.0.replies"))]}
+    fresh = [result_record(i, succeeded(f"lost-{i}", f"gone.{i}.replies")) for i in range(16)]
+    batch = {
+        TP: [
+            *fresh,
+            result_record(16, succeeded("ok", "team.replies")),
+            result_record(17, succeeded("again", "gone.0.replies")),
+        ]
+    }
     consumer, broker, redis, metrics = (
         FakeConsumer(batch),
         Broker(existing={"team.replies"}),
@@ -248,7 +237,7 @@ async def test_replies_to_missing_topics_are_dead_lettered_at_once_whatever_thei
 
 
 async def test_a_record_too_large_is_dead_lettered_after_one_try():
-    consumer = FakeConsumer({TP: [_record(0, _result("big", "team.replies"))]})
+    consumer = FakeConsumer({TP: [result_record(0, succeeded("big", "team.replies"))]})
     broker = Broker(too_large={"team.replies"})
     await asyncio.wait_for(_router(consumer, broker, FakeRedis()).run(), 5)
     [(topic, _, headers)] = broker.sent
@@ -258,8 +247,8 @@ async def test_a_record_too_large_is_dead_lettered_after_one_try():
 
 async def test_a_topic_stuck_in_metadata_holds_up_only_its_own_partition_and_only_for_its_tries():
     stuck, other = (
-        {TP: [_record(0, _result("stuck", "slow.replies"))]},
-        {("llmq.results", 1): [_record(0, _result("ok", "team.replies"), partition=1)]},
+        {TP: [result_record(0, succeeded("stuck", "slow.replies"))]},
+        {("llmq.results", 1): [result_record(0, succeeded("ok", "team.replies"), partition=1)]},
     )
     consumer = FakeConsumer({**stuck, **other})
     broker = Broker(existing={"team.replies"}, hang={"slow.replies"})
@@ -272,9 +261,15 @@ async def test_a_topic_stuck_in_metadata_holds_up_only_its_own_partition_and_onl
 
 
 async def test_a_partition_stops_retrying_once_results_in_a_row_ended_unsent_until_a_reply_goes_out():
-    flaky = [_record(i, _result(f"f{i}", "flaky.replies")) for i in range(4)]
+    flaky = [result_record(i, succeeded(f"f{i}", "flaky.replies")) for i in range(4)]
     consumer = FakeConsumer(
-        {TP: [*flaky, _record(4, _result("ok", "team.replies")), _record(5, _result("f5", "flaky.replies"))]}
+        {
+            TP: [
+                *flaky,
+                result_record(4, succeeded("ok", "team.replies")),
+                result_record(5, succeeded("f5", "flaky.replies")),
+            ]
+        }
     )
     broker, metrics = Broker(existing={"team.replies"}, flaky={"flaky.replies"}), RouterMetrics()
     await asyncio.wait_for(_router(consumer, broker, FakeRedis(), metrics, router_reply_retry_streak_max=2).run(), 5)
@@ -284,7 +279,9 @@ async def test_a_partition_stops_retrying_once_results_in_a_row_ended_unsent_unt
 
 @pytest.mark.parametrize("topic", ["__consumer_offsets", "llmq.batches", "llmq.results", "llmq.requests.deferred"])
 async def test_a_reserved_reply_topic_is_never_produced_to(topic):
-    consumer = FakeConsumer({TP: [_record(0, _result("r", topic)), _record(1, _result("ok", "team.replies"))]})
+    consumer = FakeConsumer(
+        {TP: [result_record(0, succeeded("r", topic)), result_record(1, succeeded("ok", "team.replies"))]}
+    )
     broker = Broker(existing={"team.replies", topic})
     await asyncio.wait_for(_router(consumer, broker, FakeRedis()).run(), 5)
     assert [(t, key) for t, key, _ in broker.sent] == [(constants.TOPIC_DEAD_LETTERS, b"r"), ("team.replies", b"ok")]

@@ -9,14 +9,20 @@ import asyncio
 import msgspec
 
 from llmq_core import constants, wire
+from tests.fake_results import result_record, succeeded
 from tests.fakes import FakeConsumer, FakeRedis
-from tests.unit.result_router.test_reply_retries import TP, Broker, _record, _result, _router
+from tests.unit.result_router.test_reply_retries import TP, Broker, _router
 
 
 async def test_each_copy_gets_its_answer_once_and_the_first_result_stays_stored():
-    first = _result("r1", "team.replies")
+    first = succeeded("r1", "team.replies")
     copy = msgspec.structs.replace(first, reply_to=wire.KafkaReply(topic="team.other"), request_copy="t/0@9")
-    records = [_record(0, first), _record(1, first), _record(2, copy), _record(3, copy)]  # each one redelivered
+    records = [
+        result_record(0, first),
+        result_record(1, first),
+        result_record(2, copy),
+        result_record(3, copy),
+    ]  # each one redelivered
     consumer, broker, redis = (
         FakeConsumer({TP: records}),
         Broker(existing={"team.replies", "team.other"}),

@@ -4,7 +4,6 @@ that copy and the partition keeps flowing; a refused batch-job ledger write is r
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 from redis.exceptions import OutOfMemoryError
 
@@ -14,6 +13,7 @@ from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.loop import ResultRouter
+from tests.fake_results import result_record, succeeded
 from tests.fakes import FakeConsumer, FakeProducer
 
 TP = ("llmq.results", 0)
@@ -36,20 +36,13 @@ class FullRedis:
         raise OutOfMemoryError(OOM)
 
 
-def _record(offset: int, request_id: str):
-    result = wire.FinalResult(
-        request_id=request_id,
-        outcome=wire.Outcome.SUCCEEDED,
-        model="llmq-sim",
-        reply_to=wire.KafkaReply(topic="my.replies"),
-    )
-    return SimpleNamespace(
-        topic=TP[0], partition=TP[1], offset=offset, key=request_id.encode(), value=wire.encode(result), headers=[]
-    )
-
-
 async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_out_once():
-    consumer, producer = FakeConsumer({TP: [_record(0, "r0"), _record(1, "r1")]}), FakeProducer({"my.replies"})
+    consumer, producer = (
+        FakeConsumer(
+            {TP: [result_record(0, succeeded("r0", "my.replies")), result_record(1, succeeded("r1", "my.replies"))]}
+        ),
+        FakeProducer({"my.replies"}),
+    )
     metrics = RouterMetrics()
     router = ResultRouter(
         Settings(), consumer, producer, FullRedis(), metrics=metrics, list_topics=producer.list_topics

@@ -13,6 +13,7 @@ from llmq_core.kafka import is_valid_topic_name
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.routing import plan_delivery
+from tests.fake_results import result_record, succeeded
 from tests.fakes import FakeConsumer, FakeProducer, FakeRedis
 
 TP = ("llmq.results", 0)
@@ -28,28 +29,11 @@ def test_legal_topic_names(name):
     assert is_valid_topic_name(name)
 
 
-def _result(request_id: str, topic: str) -> wire.FinalResult:
-    return wire.FinalResult(
-        request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", reply_to=wire.KafkaReply(topic=topic)
-    )
-
-
 def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
-    delivery = plan_delivery(_result("r1", "bad topic/ with spaces!!"))
+    delivery = plan_delivery(succeeded("r1", "bad topic/ with spaces!!"))
     assert delivery.reply_value is None and delivery.undeliverable
     assert wire.decode(delivery.store).request_id == "r1"
-    assert plan_delivery(_result("r2", "ok.replies")).undeliverable is None
-
-
-def _record(offset: int, result: wire.FinalResult):
-    return SimpleNamespace(
-        topic=TP[0],
-        partition=TP[1],
-        offset=offset,
-        key=result.request_id.encode(),
-        value=wire.encode(result),
-        headers=[],
-    )
+    assert plan_delivery(succeeded("r2", "ok.replies")).undeliverable is None
 
 
 async def route(*records) -> tuple[FakeConsumer, FakeProducer, FakeRedis]:
@@ -61,8 +45,10 @@ async def route(*records) -> tuple[FakeConsumer, FakeProducer, FakeRedis]:
     return consumer, producer, redis
 
 
-async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_next_result():
-    consumer, producer, redis = await route(_record(0, _result("bad", "")), _record(1, _result("good", "ok.replies")))
+async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_nextsucceeded():
+    consumer, producer, redis = await route(
+        result_record(0, succeeded("bad", "")), result_record(1, succeeded("good", "ok.replies"))
+    )
     assert producer.keys() == [(constants.TOPIC_DEAD_LETTERS, b"bad"), ("ok.replies", b"good")]
     assert constants.result_key("bad") in redis.data and consumer.commits == [None]
 
@@ -72,7 +58,7 @@ async def test_the_router_dead_letters_an_illegal_reply_topic_and_delivers_the_n
 )
 async def test_a_poison_result_record_is_dead_lettered_and_the_next_one_delivered(value):
     poison = SimpleNamespace(topic=TP[0], partition=TP[1], offset=0, key=b"poison", value=value, headers=[])
-    consumer, producer, redis = await route(poison, _record(1, _result("good", "ok.replies")))
+    consumer, producer, redis = await route(poison, result_record(1, succeeded("good", "ok.replies")))
     assert producer.keys() == [(constants.TOPIC_DEAD_LETTERS, b"poison"), ("ok.replies", b"good")]
 
 
@@ -90,7 +76,7 @@ async def test_a_result_whose_routing_raises_is_dead_lettered_and_the_next_one_d
 
     monkeypatch.setattr(router_loop, "plan_delivery", failing_plan)
     consumer, producer, redis = await route(
-        _record(0, _result("odd", "ok.replies")), _record(1, _result("good", "ok.replies"))
+        result_record(0, succeeded("odd", "ok.replies")), result_record(1, succeeded("good", "ok.replies"))
     )
     assert producer.keys() == [(constants.TOPIC_DEAD_LETTERS, b"odd"), ("ok.replies", b"good")]
     assert consumer.commits == [None]

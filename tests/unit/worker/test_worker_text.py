@@ -45,24 +45,17 @@ def test_the_stop_completed_first_wins():
 
 
 alphabet = st.sampled_from("abc é😀")
+texts, stop_lists = st.text(alphabet, max_size=30), st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3)
 
 
-@given(
-    st.text(alphabet, max_size=30),
-    st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3),
-    st.lists(st.integers(0, 40)),
-)
+@given(texts, stop_lists, st.lists(st.integers(0, 40)))
 def test_streamed_output_is_the_reference_cut_for_any_chunking(text, stops, cuts):
     matcher = StopMatcher(stops)
     out = "".join(matcher.push(chunk) for chunk in chunked(text, cuts)) + matcher.flush()
     assert out == reference_cut(text, stops)
 
 
-@given(
-    st.text(alphabet, max_size=30),
-    st.lists(st.text(alphabet, min_size=1, max_size=4), max_size=3),
-    st.lists(st.integers(0, 120)),
-)
+@given(texts, stop_lists, st.lists(st.integers(0, 120)))
 def test_choice_text_never_splits_characters_and_pieces_concatenate(text, stops, cuts):
     ids = encode(text)
     choice = ChoiceText(stops)
