@@ -279,15 +279,16 @@ async def wait_ready(
     *,
     poll_s: float = 1.0,
     transport: httpx.AsyncBaseTransport | None = None,
-    path: str = "/models",
+    path: str = "/readyz",
 ) -> None:
-    """Return once ``GET <base_url><path>`` answers 200 at every base URL. Raises TimeoutError after ``timeout_s``."""
+    """Return once ``GET <pod><path>`` answers 200 at every base URL's pod (the URL without its ``/v1``): the pod's
+    readiness probe, which needs no API key. Raises TimeoutError after ``timeout_s``."""
     async with httpx.AsyncClient(timeout=poll_s, transport=transport) as client:
         async with asyncio.timeout(timeout_s):
             for url in base_urls:
                 while True:
                     try:
-                        if (await client.get(f"{url}{path}")).status_code == 200:
+                        if (await client.get(f"{url.removesuffix('/v1')}{path}")).status_code == 200:
                             break
                     except httpx.HTTPError:
                         pass

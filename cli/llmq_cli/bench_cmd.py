@@ -71,7 +71,9 @@ def bench_load(
     redis_url: str = typer.Option("", help="Redis holding the batcher's stats (default LLMQ_REDIS_URL); 'none': skip."),
     stats_key: str = typer.Option(STATS_BATCHER, help="Stats hash with batches/requests counters."),
     max_batch_size: int = typer.Option(64, help="Workers' max batch size, for batch fill."),
-    wait_ready_s: float = typer.Option(0.0, help="First wait up to this long for every base URL's /models (0: no)."),
+    wait_ready_s: float = typer.Option(
+        0.0, help="First wait up to this long for every base URL's pod to be ready (/readyz; 0: no)."
+    ),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (progress goes to stderr)."),
 ) -> None:

@@ -145,7 +145,7 @@ async def test_a_cancel_mid_generation_frees_the_slot(stack):
                 async for line in response.aiter_lines():
                     if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                         break  # the first text: generation runs
-                await _running_after(pubsub, lambda n: n == 1)  # heartbeats from before it started are read past
+                await _running_after(pubsub, lambda n: n == 1, within_s=60)  # heartbeats from before it are read past
             # leaving the block closed the connection: the pod cancels, the worker aborts the sequence
             await _running_after(pubsub, lambda n: n == 0, within_s=60)
             reply = await client.post(

@@ -235,7 +235,7 @@ async def test_unreachable_server_is_an_error_sample_not_a_crash():
     assert loadgen.summarize(samples, window_s=1, slo_ms=1)["errors"] == {"ConnectError: refused": 2}
 
 
-async def test_wait_ready_polls_until_every_pod_lists_its_models():
+async def test_wait_ready_polls_until_every_pod_is_ready():
     calls: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -243,7 +243,7 @@ async def test_wait_ready_polls_until_every_pod_lists_its_models():
         return httpx.Response(503 if len(calls) < 3 else 200, json={})
 
     await loadgen.wait_ready(["http://a/v1", "http://b/v1"], 5, poll_s=0.001, transport=httpx.MockTransport(handler))
-    assert calls == ["http://a/v1/models"] * 3 + ["http://b/v1/models"]
+    assert calls == ["http://a/readyz"] * 3 + ["http://b/readyz"]
     with pytest.raises(TimeoutError):
         await loadgen.wait_ready(
             ["http://a/v1"], 0.05, poll_s=0.001, transport=httpx.MockTransport(lambda r: httpx.Response(503))
