@@ -38,7 +38,7 @@ class RequestProducer(Protocol):
     async def stop(self) -> None: ...
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, repr=False, kw_only=True)
 class Gateway:
     """Builds GenerationRequests for this pod and submits them: register the waiter, then produce (bounded).
 

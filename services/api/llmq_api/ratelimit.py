@@ -255,7 +255,7 @@ def check_batch_fits(estimate: int, principal: Principal) -> None:
         )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Charge:
     """One admitted request's charge of ``estimate`` tokens, settled once when it ends: what it did not use (by its
     result's usage; never more than the estimate is kept) goes back to the bucket."""

@@ -46,7 +46,7 @@ INTERRUPTED = unavailable(
 )
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, repr=False, kw_only=True)
 class PendingRequest:
     """Everything one held connection needs: the produced request, its waiter, and the pod's shared parts.
 

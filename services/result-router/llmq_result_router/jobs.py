@@ -43,7 +43,7 @@ LEDGER_RETRY_FIRST_S, LEDGER_RETRY_MAX_S = 0.1, 5.0  # backoff while Redis refus
 _json = msgspec.json.encode
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class JobLedger:
     """Settles the result of one batch-job line (a FinalResult whose ``reply_to`` is a JobReply)."""
 
@@ -108,7 +108,7 @@ class JobLedger:
             delay_s = min(2 * delay_s, LEDGER_RETRY_MAX_S)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class JobDriver:
     """Drives every active job whose lease this router holds, one step per tick."""
 
