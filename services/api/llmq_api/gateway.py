@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmq_api.admission import retry_after_s, too_many_requests
@@ -37,6 +38,7 @@ class RequestProducer(Protocol):
     async def stop(self) -> None: ...
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class Gateway:
     """Builds GenerationRequests for this pod and submits them: register the waiter, then produce (bounded).
 
@@ -44,27 +46,24 @@ class Gateway:
     its own, 1 s backoff) learns from every produce and refuses requests at once while Kafka is known to be failing.
     """
 
-    def __init__(
-        self,
-        *,
-        instance_id: str,
-        registry: WaiterRegistry,
-        producer: RequestProducer,
-        publish_cancel: CancelPublisher,
-        clock: Clock,
-        produce_timeout_ms: int,
-        accepting: Callable[[], bool] = lambda: True,
-        breaker: CircuitBreaker | None = None,
-    ) -> None:
-        self.instance_id = instance_id
-        self.registry = registry
-        self.producer = producer
-        self.publish_cancel = publish_cancel
-        self.clock = clock
-        self.produce_timeout_s = produce_timeout_ms / 1000
-        self.accepting = accepting
-        self.breaker = breaker or CircuitBreaker(
-            Dependency(KAFKA, clock), clock, backoff_ms=1000, max_backoff_ms=1000, probe_timeout_ms=produce_timeout_ms
+    instance_id: str
+    registry: WaiterRegistry
+    producer: RequestProducer
+    publish_cancel: CancelPublisher
+    clock: Clock
+    produce_timeout_ms: int
+    accepting: Callable[[], bool] = lambda: True
+    breaker: CircuitBreaker | None = None  # None: one of its own (see __post_init__)
+    produce_timeout_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.produce_timeout_s = self.produce_timeout_ms / 1000
+        self.breaker = self.breaker or CircuitBreaker(
+            Dependency(KAFKA, self.clock),
+            self.clock,
+            backoff_ms=1000,
+            max_backoff_ms=1000,
+            probe_timeout_ms=self.produce_timeout_ms,
         )
 
     def build(

@@ -250,7 +250,7 @@ class Generation:
             clock=self.clock,
             on_gave_up=on_gave_up,
             on_resolved=on_resolved,
-            headers=headers,
+            headers=headers or {},
         )
 
 

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from redis.asyncio import Redis
@@ -255,19 +255,16 @@ def check_batch_fits(estimate: int, principal: Principal) -> None:
         )
 
 
+@dataclass(eq=False, repr=False)
 class Charge:
     """One admitted request's charge of ``estimate`` tokens, settled once when it ends: what it did not use (by its
     result's usage; never more than the estimate is kept) goes back to the bucket."""
 
-    def __init__(
-        self, limiter: RateLimiter, principal: Principal, estimate: int, on_end: Callable[[], None] | None = None
-    ) -> None:
-        """``on_end``: called once when the charge is settled or cancelled (the request has ended or never queued)."""
-        self._limiter = limiter
-        self._principal = principal
-        self.estimate = estimate
-        self.settled = False
-        self._on_end = on_end
+    limiter: RateLimiter
+    principal: Principal
+    estimate: int
+    on_end: Callable[[], None] | None = None  # called once when settled or cancelled (ended or never queued)
+    settled: bool = field(init=False, default=False)
 
     def settle(self, resolution: Resolution) -> None:
         """Settle by the request's resolution (see :func:`used_tokens`)."""
@@ -282,9 +279,9 @@ class Charge:
         if self.settled:
             return
         self.settled = True
-        if self._on_end is not None:
-            self._on_end()
+        if self.on_end is not None:
+            self.on_end()
         unused = self.estimate - min(max(used, 0), self.estimate)
-        limited = self._principal.requests_per_min or self._principal.tokens_per_min
+        limited = self.principal.requests_per_min or self.principal.tokens_per_min
         if limited and (unused or requests):  # an unlimited tenant's requests cost the hot path no task
-            self._limiter.settle_later(self._principal, unused, requests)
+            self.limiter.settle_later(self.principal, unused, requests)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import msgspec
 from starlette.responses import Response
@@ -45,6 +46,7 @@ INTERRUPTED = unavailable(
 )
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class PendingRequest:
     """Everything one held connection needs: the produced request, its waiter, and the pod's shared parts.
 
@@ -53,32 +55,18 @@ class PendingRequest:
     the wait may be being cancelled); ``headers`` are added to the response.
     """
 
-    def __init__(
-        self,
-        *,
-        request: wire.GenerationRequest,
-        waiter: Waiter,
-        include_usage: bool,
-        registry: WaiterRegistry,
-        publish_cancel: CancelPublisher,
-        metrics: ApiMetrics,
-        clock: Clock,
-        on_gave_up: Callable[[], Awaitable[None]] | None = None,
-        on_resolved: Callable[[Resolution], None] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.request = request
-        self.waiter = waiter
-        self.include_usage = include_usage
-        self.registry = registry
-        self.publish_cancel = publish_cancel
-        self.metrics = metrics
-        self.clock = clock
-        self.on_gave_up = on_gave_up
-        self.on_resolved = on_resolved
-        self.headers = headers or {}
-        self.started_s = time.perf_counter()
-        self.first_text_s: float | None = None  # streaming: accepted (created_ms) to the first text written
+    request: wire.GenerationRequest
+    waiter: Waiter
+    include_usage: bool
+    registry: WaiterRegistry
+    publish_cancel: CancelPublisher
+    metrics: ApiMetrics
+    clock: Clock
+    on_gave_up: Callable[[], Awaitable[None]] | None = None
+    on_resolved: Callable[[Resolution], None] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    started_s: float = field(init=False, default_factory=time.perf_counter)
+    first_text_s: float | None = field(init=False, default=None)  # streaming: accepted (created_ms) to the first text
 
     @property
     def request_id(self) -> str:

@@ -20,22 +20,24 @@ REPLY_NOT_KAFKA = "reply_not_kafka"  # metric reason of an ingress record dead-l
 def refusal(request: wire.GenerationRequest, grant: IngressGrant) -> wire.ErrorInfo | None:
     """Why the ingress record ``request`` may not run for the producer ``grant`` describes; None when it may."""
     if request.tenant_id != grant.tenant_id:
-        return wire.ErrorInfo(
-            type=ErrorType.PERMISSION,
-            code=ErrorCode.TENANT_NOT_ALLOWED,
-            param="tenant_id",
-            message=f"This ingress topic speaks for tenant {grant.tenant_id!r} only; the record claimed "
+        return _not_allowed(
+            ErrorCode.TENANT_NOT_ALLOWED,
+            "tenant_id",
+            f"This ingress topic speaks for tenant {grant.tenant_id!r} only; the record claimed "
             f"{request.tenant_id!r}. Set tenant_id to {grant.tenant_id!r}.",
         )
     if request.traffic_class not in grant.classes:
-        return wire.ErrorInfo(
-            type=ErrorType.PERMISSION,
-            code=ErrorCode.CLASS_NOT_ALLOWED,
-            param="traffic_class",
-            message=f"This ingress topic may not use the {request.traffic_class} class (allowed: "
-            f"{', '.join(grant.classes)}).",
+        return _not_allowed(
+            ErrorCode.CLASS_NOT_ALLOWED,
+            "traffic_class",
+            f"This ingress topic may not use the {request.traffic_class} class (allowed: {', '.join(grant.classes)}).",
         )
     return None
+
+
+def _not_allowed(code: ErrorCode, param: str, message: str) -> wire.ErrorInfo:
+    """A permission error: the ingress topic's grant does not cover the record's ``param``."""
+    return wire.ErrorInfo(type=ErrorType.PERMISSION, code=code, param=param, message=message)
 
 
 def reply_refusal(request: wire.GenerationRequest) -> str | None:

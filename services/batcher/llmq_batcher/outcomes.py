@@ -33,26 +33,26 @@ def reply_topic_refusal(reason: str) -> wire.ErrorInfo:
 
 def reused_id(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose first request's result cannot be replayed to it."""
-    return wire.ErrorInfo(
-        type=ErrorType.INVALID_REQUEST,
-        param="request_id",
-        code=ErrorCode.REQUEST_ID_REUSED,
-        message=f"The request_id {request_id!r} was already used by another request, whose result is not stored (it "
+    return _request_id_reused(
+        f"The request_id {request_id!r} was already used by another request, whose result is not stored (it "
         f"is still running, its stored result is gone, or it was not a Kafka-direct request of this tenant). "
-        f"Use a new request_id to run this request.",
+        f"Use a new request_id to run this request."
     )
 
 
 def reused_id_other_parameters(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose parameters differ from its first request's: a producer reused
     the id for another request, which must not get the first one's result."""
-    return wire.ErrorInfo(
-        type=ErrorType.INVALID_REQUEST,
-        param="request_id",
-        code=ErrorCode.REQUEST_ID_REUSED,
-        message=f"The request_id {request_id!r} was already used by a request with different parameters (model, "
+    return _request_id_reused(
+        f"The request_id {request_id!r} was already used by a request with different parameters (model, "
         f"endpoint, prompt or messages, sampling); only an exact repeat gets its result. Use a new request_id "
-        f"to run this request.",
+        f"to run this request."
+    )
+
+
+def _request_id_reused(message: str) -> wire.ErrorInfo:
+    return wire.ErrorInfo(
+        type=ErrorType.INVALID_REQUEST, param="request_id", code=ErrorCode.REQUEST_ID_REUSED, message=message
     )
 
 

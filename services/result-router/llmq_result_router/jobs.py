@@ -16,6 +16,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 
 import msgspec
 from aiokafka import AIOKafkaProducer
@@ -42,23 +43,16 @@ LEDGER_RETRY_FIRST_S, LEDGER_RETRY_MAX_S = 0.1, 5.0  # backoff while Redis refus
 _json = msgspec.json.encode
 
 
+@dataclass(eq=False, repr=False)
 class JobLedger:
     """Settles the result of one batch-job line (a FinalResult whose ``reply_to`` is a JobReply)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        producer: AIOKafkaProducer,
-        clock: Clock,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.producer = producer
-        self.clock = clock
-        self.sleep = sleep
-        self._tenants: dict[str, str] = {}  # batch id -> its tenant
+    settings: Settings
+    store: JobStore
+    producer: AIOKafkaProducer
+    clock: Clock
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    _tenants: dict[str, str] = field(init=False, default_factory=dict)  # batch id -> its tenant
 
     async def forgery(self, result: wire.FinalResult) -> str | None:
         """Why ``result`` (a JobReply one) is not a line result llmq dispatched; None when it may be (see
@@ -114,29 +108,21 @@ class JobLedger:
             delay_s = min(2 * delay_s, LEDGER_RETRY_MAX_S)
 
 
+@dataclass(eq=False, repr=False)
 class JobDriver:
     """Drives every active job whose lease this router holds, one step per tick."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        files: FileStore,
-        producer: AIOKafkaProducer,
-        redis: Redis,
-        clock: Clock,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.files = files
-        self.producer = producer
-        self.redis = redis
-        self.clock = clock
-        self.token = secrets.token_hex(8)
-        self._wound_down: set[str] = set()  # jobs whose not-running lines this driver already ended
-        self._held: set[str] = set()  # jobs whose lease this driver holds
-        self._last_sweep_ms = 0
-        self._stopping = asyncio.Event()
+    settings: Settings
+    store: JobStore
+    files: FileStore
+    producer: AIOKafkaProducer
+    redis: Redis
+    clock: Clock
+    token: str = field(init=False, default_factory=lambda: secrets.token_hex(8))
+    _wound_down: set[str] = field(init=False, default_factory=set)  # jobs whose not-running lines it already ended
+    _held: set[str] = field(init=False, default_factory=set)  # jobs whose lease this driver holds
+    _last_sweep_ms: int = field(init=False, default=0)
+    _stopping: asyncio.Event = field(init=False, default_factory=asyncio.Event)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -78,7 +78,7 @@ def test_a_batch_over_the_quota_is_a_400_and_the_quota_defaults_to_a_day_of_toke
 async def settled(redis: FakeRedis, charge: Charge, resolution=None, cancel: bool = False) -> list:
     charge.cancel() if cancel else charge.settle(resolution)
     charge.settle(final("again"))  # a second ending changes nothing
-    await charge._limiter.drain()
+    await charge.limiter.drain()
     return [args[1:] for _, args in redis.gives]
 
 
