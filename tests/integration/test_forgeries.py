@@ -1,8 +1,9 @@
-"""Forgeries against a real stack (issue 16, items 2 and 3), by someone who can reach Kafka and Redis: a reply
-PUBLISHed on an API pod's channel naming another tenant is dropped and the real answer still arrives; a forged
-final_result on llmq.results for another tenant's batch line changes nothing; a record on a Kafka-direct producer's
-ingress topic claiming another tenant is answered errored. Each forgery is counted in /metrics. On a plaintext stack
-these are the application's own checks; on a secure one the ACLs refuse most of the attempts first."""
+"""Forgeries against a real secure stack (issue 16, items 2, 3 and 5), each by a principal the ACLs let do the
+transport-level act, so what refuses it is the application's own check: a reply PUBLISHed on an API pod's channel with
+the worker's Redis credentials, naming another tenant, is dropped and the real answer still arrives; a final_result for
+another tenant's batch line produced to llmq.results with the worker's Kafka credentials changes nothing; a record a
+Kafka-direct producer writes on its own ingress topic (as its own SCRAM user) claiming another tenant is answered
+errored. Each forgery is counted in /metrics."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ import httpx
 import msgspec
 import openai
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from llmq_core import constants, jobs, kafka, wire
 from llmq_core.redis_client import make_redis
+from llmq_core.security import ROLE_ADMIN, ROLE_WORKER
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode
+from tests.infra import SECURE_INGRESS_PRINCIPALS, SECURE_REPLY_TOPIC_PREFIXES
 from tests.integration.stacks import private_stack
 from tests.integration.test_reply_topics import read_from
 
@@ -29,28 +32,26 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 API_PORT = 18440  # metrics: result-router 18450, batcher 18451, worker 18452, API pod 18453
 BATCH_TIME_MS = 800  # long enough to forge a reply while the real one is still being generated
-PRINCIPAL = "acme-ingress"
+PRINCIPAL = SECURE_INGRESS_PRINCIPALS[0]  # the secure infra gives it a SCRAM user that writes its ingress topic only
 INGRESS = {PRINCIPAL: {"tenant_id": "acme", "classes": ["interactive"]}}
 DEV = {"authorization": "Bearer llmq-dev-key"}
 
 
 @pytest.fixture(scope="module")
-def stack(infra, tmp_path_factory):
+def stack(secure_infra, tmp_path_factory):
+    # Secure clusters: only the admin creates topics, the ingress principal's among them (the batcher reads it).
+    admin_env = {key.removeprefix("LLMQ_").lower(): value for key, value in secure_infra.cfg.env(ROLE_ADMIN).items()}
+    asyncio.run(kafka.ensure_topics(Settings(**admin_env, kafka_ingress=INGRESS)))
     env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("forgery-files")), "LLMQ_KAFKA_INGRESS": json.dumps(INGRESS)}
     with private_stack(
-        infra,
+        secure_infra,
         api_ports=(API_PORT,),
         tiny_workers=0,
         sim_workers=1,
         sim_batch_time_ms=BATCH_TIME_MS,
-        extra_env={**(infra.cfg.extra_env if infra is not None else {}), **env},
+        extra_env={**secure_infra.cfg.extra_env, **env},
     ) as running:
         yield running
-
-
-@pytest.fixture
-def settings(stack) -> Settings:
-    return Settings(kafka_bootstrap_servers=stack.cfg.kafka_bootstrap, redis_url=stack.cfg.redis_url)
 
 
 async def metric(stack, service: str, name: str, labels: str = "") -> float:
@@ -60,8 +61,8 @@ async def metric(stack, service: str, name: str, labels: str = "") -> float:
     return float(found.group(1)) if found else 0.0
 
 
-async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arrives(stack, settings):
-    redis = make_redis(settings)
+async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arrives(stack):
+    redis = make_redis(stack.cfg.settings(ROLE_WORKER))  # a worker may PUBLISH on every pod's replies channel
     body = {"model": "llmq-sim", "prompt": "real ", "max_tokens": 10, "stream": True}
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}", headers=DEV, timeout=30) as client:
@@ -89,7 +90,7 @@ async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arri
     assert await metric(stack, "api-0", "llmq_api_forged_replies_total") >= 2
 
 
-async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effect(stack, settings):
+async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effect(stack):
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{API_PORT}/v1", api_key="llmq-dev-key", max_retries=0)
     line = {"custom_id": "c1", "method": "POST", "url": "/v1/completions"}
     line["body"] = {"model": "llmq-sim", "prompt": "own ", "max_tokens": 8}
@@ -103,7 +104,7 @@ async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effec
         reply_to=wire.JobReply(batch_id=batch.id, custom_id="c1"),
         choices=[wire.Choice(index=0, text="FORGED", finish_reason="stop")],
     )
-    producer = kafka.make_producer(settings)
+    producer = kafka.make_producer(stack.cfg.settings(ROLE_WORKER))  # a worker may write llmq.results
     await producer.start()
     try:  # long before the line's own result: it is queued as deferred work, then generated for BATCH_TIME_MS
         await kafka.send_message(producer, constants.TOPIC_RESULTS, forged, key=forged.request_id)
@@ -121,9 +122,10 @@ async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effec
     assert await metric(stack, "result-router", "llmq_router_forged_results_total", labels) >= 1
 
 
-async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_tenant_runs(stack, settings):
-    reply_topic = f"acme.replies.{uuid.uuid4().hex[:8]}"
-    assert await kafka.create_topic(settings, reply_topic)
+async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_tenant_runs(stack):
+    admin = stack.cfg.settings(ROLE_ADMIN)
+    reply_topic = f"{SECURE_REPLY_TOPIC_PREFIXES[0]}{uuid.uuid4().hex[:8]}"  # where the router may write replies
+    assert await kafka.create_topic(admin, reply_topic)
     now_ms = int(time.time() * 1000)
     base = wire.GenerationRequest(
         request_id="",
@@ -137,8 +139,8 @@ async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_
     )
     claims = msgspec.structs.replace(base, request_id=f"claim-{uuid.uuid4().hex}", tenant_id="victim")
     own = msgspec.structs.replace(base, request_id=f"own-{uuid.uuid4().hex}")
-    producer = kafka.make_producer(settings)
-    reader = AIOKafkaConsumer(bootstrap_servers=stack.cfg.kafka_bootstrap, group_id=None, enable_auto_commit=False)
+    producer = kafka.make_producer(stack.cfg.settings(PRINCIPAL))  # the ingress principal's own SCRAM user
+    reader = kafka.make_consumer(admin, group_id=None)
     await producer.start()
     await reader.start()
     try:
