@@ -63,7 +63,7 @@ def stack(infra, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys.write_text("keys:\n  - {tenant: limited, key: k-limited, requests_per_min: 3}\n")
     env = {"LLMQ_API_KEYS_FILE": str(keys), **shed_wait_env(SHED_WAIT_MS)}
-    api_ports = tuple(free_ports(2))
+    api_ports = (18950, 18951)  # below the ephemeral range: the metrics ports derived from them are free too
     shape = dict(
         api_ports=api_ports,
         tiny_workers=0,

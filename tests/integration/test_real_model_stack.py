@@ -23,10 +23,12 @@ from llmq_core.settings import Settings
 from llmq_core.token_counts import TokenizerCounter
 from llmq_worker import checkpoints
 from tests.integration.stacks import private_stack
-from tests.integration.test_api_stack import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+# Below the kernel's ephemeral range: the stack's metrics ports are derived from these (API port + 10 and up), and a
+# random ephemeral base could meet a client socket there.
+API_PORTS = (18900, 18901)
 MODEL = SMOLLM2_135M_INSTRUCT.name
 TIMEOUT_MS = 180_000  # a loaded 2-core machine can be slow; no test waits this long when it works
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -43,7 +45,7 @@ def model_dir():
 @pytest.fixture(scope="module")
 def stack(infra, model_dir):
     with private_stack(
-        infra, api_ports=tuple(free_ports(2)), tiny_workers=0, sim_workers=0, smollm2_workers=1, timeout_s=240
+        infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=0, smollm2_workers=1, timeout_s=240
     ) as running:
         yield running
 
