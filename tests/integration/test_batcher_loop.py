@@ -244,8 +244,12 @@ async def test_stop_drains_a_request_held_for_its_window_and_commits_it():
             await asyncio.sleep(0.2)
         assert loop.policy.queued_total == 1, "the request never reached the policy"
         loop.stop()
-        await asyncio.sleep(1)  # the loop drains and returns; leaving the block waits for it
         tp = TopicPartition(meta.topic, meta.partition)
+        deadline = (
+            time.monotonic() + 30
+        )  # the loop drains, then commits; polled: a loaded machine takes longer than 1 s
+        while await consumer.committed(tp) != meta.offset + 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         assert await consumer.committed(tp) == meta.offset + 1
     record = await _read_one(Settings(), names.batches_topic, lambda r: True)
     batch = wire.decode(record.value)
