@@ -98,6 +98,7 @@ async def _running_batcher(
     await consumer.start()
     task = asyncio.create_task(loop.run())
     heartbeat = asyncio.create_task(_heartbeats(redis, names, slots))
+    await _assigned_everything(consumer, names)
     try:
         yield names, producer, redis, consumer, loop
     finally:
@@ -114,6 +115,17 @@ async def _running_batcher(
 async def batcher():
     async with _running_batcher() as (names, producer, redis, consumer, _):
         yield names, producer, redis, consumer
+
+
+async def _assigned_everything(consumer, names: Names, bound_s: float = 60) -> None:
+    """Wait until the group holds every partition of the private request topics: a topic whose metadata arrives after
+    the first assignment makes the group rebalance, and a request held across that rebalance is forgotten, uncommitted
+    (at least once, as designed), which a test about commits would misread."""
+    wanted = {TopicPartition(t, p) for t in names.request_topics for p in range(2)}
+    deadline = time.monotonic() + bound_s
+    while not wanted <= consumer.assignment():
+        assert time.monotonic() < deadline, f"the batcher's group never held {sorted(wanted - consumer.assignment())}"
+        await asyncio.sleep(0.05)
 
 
 async def _heartbeats(redis: Redis, names: Names, slots: int = 8) -> None:
