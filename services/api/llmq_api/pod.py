@@ -27,7 +27,7 @@ from llmq_api.ratelimit import RateLimiter
 from llmq_api.saturation import SaturationMonitor
 from llmq_api.waiters import Dispatched, WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
-from llmq_core.clock import SYSTEM_CLOCK, Clock
+from llmq_core.clock import SYSTEM_CLOCK, Clock, Sleep
 from llmq_core.filestore import FileStore
 from llmq_core.jobstore import JobStore
 from llmq_core.labels import LabelSet
@@ -52,12 +52,14 @@ class KafkaRequestProducer:
     Starts and failures to start are reported to ``breaker`` (the gateway reports each produce), and every
     ``api_kafka_check_interval_ms`` the client is asked to reach a broker: so the breaker opens without waiting for a
     request to fail, and closes within one interval of the broker's return, without waiting out its backoff or for a
-    request (an idle pod, say one a global load balancer failed over, recovers by itself).
+    request (an idle pod, say one a global load balancer failed over, recovers by itself). ``sleep`` waits between
+    start attempts and between checks (injected: tests step it).
     """
 
-    def __init__(self, settings: Settings, breaker: CircuitBreaker | None = None) -> None:
+    def __init__(self, settings: Settings, breaker: CircuitBreaker | None = None, sleep: Sleep = asyncio.sleep) -> None:
         self._settings = settings
         self._breaker = breaker
+        self._sleep = sleep
         self._producer = kafka.make_renewable_producer(settings)
         self.ready = False
 
@@ -73,7 +75,7 @@ class KafkaRequestProducer:
             except Exception as exc:
                 log.warning("Kafka producer not started (%r); retrying in %.0fs", exc, RETRY_CONNECT_S)
                 self._report(f"the Kafka producer could not start: {exc!r}"[:200])
-                await asyncio.sleep(RETRY_CONNECT_S)
+                await self._sleep(RETRY_CONNECT_S)
         self.ready = True
         log.info("Kafka producer ready")
         self._report(None)
@@ -83,7 +85,7 @@ class KafkaRequestProducer:
             return
         timeout_s = self._settings.api_produce_timeout_ms / 1000
         while True:  # a metadata request costs the broker nothing: check through the backoff too, so a pod
-            await asyncio.sleep(self._settings.api_kafka_check_interval_ms / 1000)  # closes within one interval
+            await self._sleep(self._settings.api_kafka_check_interval_ms / 1000)  # closes within one interval
             connected = await self.reachable(timeout_s)
             self._report(None if connected else "the Kafka client reaches no broker")
 

@@ -7,7 +7,7 @@ import pytest
 from aiokafka.errors import OutOfOrderSequenceNumber
 
 from llmq_api.health import CircuitBreaker, Dependency
-from llmq_api.pod import KafkaRequestProducer
+from llmq_api.pod import RETRY_CONNECT_S, KafkaRequestProducer
 from llmq_core import kafka
 from llmq_core.clock import FakeClock
 from llmq_core.settings import Settings
@@ -17,11 +17,30 @@ from tests.unit.core.kafka_fakes import FakeKafkaProducer
 REQUEST = generation_request(prompt="hi", instance_id="pod")
 
 
-async def eventually(condition) -> None:
-    """Wait until ``condition()`` holds; the bound only stops a hang (a loaded 2-core machine needed more than 2 s)."""
-    async with asyncio.timeout(10):
-        while not condition():
-            await asyncio.sleep(0.005)
+class Steps:
+    """The producer's injected sleep: each call waits until the test lets one go (no real time passes)."""
+
+    def __init__(self) -> None:
+        self.sleeping: asyncio.Queue[float] = asyncio.Queue()
+        self._go: asyncio.Queue[None] = asyncio.Queue()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeping.put_nowait(seconds)
+        await self._go.get()
+
+    async def asleep(self) -> float:
+        """Wait (bounded only against a hang) until the producer sleeps; the seconds it asked for."""
+        async with asyncio.timeout(10):
+            return await self.sleeping.get()
+
+    def release(self) -> None:
+        """Let the sleeping producer go on."""
+        self._go.put_nowait(None)
+
+    async def step(self) -> None:
+        """Let the sleeping producer go on, and wait until it sleeps again."""
+        self.release()
+        await self.asleep()
 
 
 async def test_a_producer_that_broke_for_good_is_replaced_and_sending_works_again(monkeypatch):
@@ -32,17 +51,16 @@ async def test_a_producer_that_broke_for_good_is_replaced_and_sending_works_agai
     ]
     pending = list(made)  # make_producer hands these out in order
     monkeypatch.setattr(kafka, "make_producer", lambda settings: pending.pop(0))
-    monkeypatch.setattr("llmq_api.pod.RETRY_CONNECT_S", 0)
-    producer = KafkaRequestProducer(Settings())
+    steps = Steps()
+    producer = KafkaRequestProducer(Settings(), sleep=steps.sleep)
     with pytest.raises(ConnectionError):  # not started yet
         await producer.produce(REQUEST)
     runner = asyncio.create_task(producer.run())  # the first start fails, the second succeeds
-    await eventually(lambda: producer.ready)
-    assert producer.ready
+    assert await steps.asleep() == RETRY_CONNECT_S and not producer.ready
+    steps.release()
+    await asyncio.wait_for(runner, 10)  # without a breaker to report to, run() ends once started (bound: a hang)
     await producer.produce(REQUEST)  # the broken producer never sent it: its replacement does, once
     assert producer.ready and len(made[1].sent) == 0 and len(made[2].sent) == 1
-    runner.cancel()
-    await asyncio.gather(runner, return_exceptions=True)
     await producer.stop()
     assert made[1].stopped and made[2].stopped
 
@@ -54,17 +72,20 @@ async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_b
     breaker = CircuitBreaker(
         Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=1000, probe_timeout_ms=2000
     )
-    producer = KafkaRequestProducer(Settings(api_kafka_check_interval_ms=1), breaker)
+    steps = Steps()
+    producer = KafkaRequestProducer(Settings(api_kafka_check_interval_ms=250), breaker, sleep=steps.sleep)
     runner = asyncio.create_task(producer.run())
     try:
-        await eventually(lambda: breaker.dependency.state == "up")  # the producer started
+        assert await steps.asleep() == 0.25  # started; it waits one interval before its first check
+        assert breaker.dependency.state == "up"
         fake.client.reachable = False  # the broker went away: no request has failed yet
-        await eventually(lambda: breaker.state == "open")
-        assert breaker.dependency.reason == "the Kafka client reaches no broker"
+        await steps.step()
+        assert breaker.state == "open" and breaker.dependency.reason == "the Kafka client reaches no broker"
         assert not breaker.allow()  # requests get their 503 at once while the backoff runs
         fake.client.reachable = True  # the broker is back: the next check closes it, the backoff not waited out
-        await eventually(lambda: breaker.state == "closed" and breaker.dependency.state == "up")
-        assert breaker.allow()
+        await steps.step()
+        assert breaker.state == "closed" and breaker.dependency.state == "up"
+        assert breaker.allow() and fake.client.checks == 2
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
