@@ -74,6 +74,11 @@ KAFKA_COMMIT_INTERVAL_MS: Final = 200
 # once or more per result. Kafka reply topics and stored results may lag by that much.
 KAFKA_ROUTER_FETCH_MAX_WAIT_MS: Final = 100
 KAFKA_ROUTER_FETCH_MIN_BYTES: Final = 64 * 1024
+# A consumer that subscribes while one of its topics has no leader yet (just created) or its ACL has not reached the
+# broker leaves that topic out of its group's assignment until its next metadata refresh (aiokafka: 5 min). Topic
+# creation and consumer services wait this long, at most, until their topics show a leader for every partition.
+KAFKA_TOPICS_READY_TIMEOUT_S: Final = 60
+KAFKA_TOPICS_READY_POLL_S: Final = 0.1
 
 
 # --- Kafka headers ---

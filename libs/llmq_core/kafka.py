@@ -39,6 +39,8 @@ from llmq_core.constants import (
     KAFKA_INTERNAL_TOPIC_PREFIX,
     KAFKA_MAX_MESSAGE_BYTES,
     KAFKA_PRODUCER_LINGER_MS,
+    KAFKA_TOPICS_READY_POLL_S,
+    KAFKA_TOPICS_READY_TIMEOUT_S,
     REQUEST_TOPICS,
     TOPIC_BATCHES,
     TOPIC_DEAD_LETTERS,
@@ -375,14 +377,13 @@ async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> b
     try:
         config = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
         response = await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=config)])
+        [(_, code, *_)] = response.topic_errors
+        if code and code != TopicAlreadyExistsError.errno:
+            raise errors.for_code(code)(f"creating topic {topic!r}")
+        await await_ready(admin, [topic], KAFKA_TOPICS_READY_TIMEOUT_S, raise_on_timeout=True)
     finally:
         await admin.close()
-    [(_, code, *_)] = response.topic_errors
-    if code == TopicAlreadyExistsError.errno:
-        return False
-    if code:
-        raise errors.for_code(code)(f"creating topic {topic!r}")
-    return True
+    return not code
 
 
 class TopicLimitError(RuntimeError):
@@ -414,8 +415,43 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
         if raise_limits and low:
             await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, limit) for t in low])
             log.info("raised %s of %s to %d", MAX_MESSAGE_BYTES_CONFIG, low, KAFKA_MAX_MESSAGE_BYTES)
+        await await_ready(admin, list(layout), KAFKA_TOPICS_READY_TIMEOUT_S, raise_on_timeout=True)
     finally:
         await admin.close()
+
+
+async def await_topics(settings: Settings, topics: list[str], timeout_s: float = KAFKA_TOPICS_READY_TIMEOUT_S) -> None:
+    """At a consumer's start: wait (at most ``timeout_s``) until ``settings``' principal sees a leader for every
+    partition of ``topics`` (see KAFKA_TOPICS_READY_TIMEOUT_S); past the bound, log which are not ready and go on (the
+    consumer takes them up at its next metadata refresh)."""
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        await await_ready(admin, topics, timeout_s, raise_on_timeout=False)
+    finally:
+        await admin.close()
+
+
+def topics_not_ready(described: list[dict]) -> list[str]:
+    """The topics of a metadata answer (``describe_topics``) that a consumer would leave out of its assignment: an
+    error (unknown, not authorized, no leader yet), no partitions, or a partition without a leader."""
+    return sorted(
+        t["topic"]
+        for t in described
+        if t["error_code"] or not t["partitions"] or any(p["leader"] < 0 for p in t["partitions"])
+    )
+
+
+async def await_ready(admin: AIOKafkaAdminClient, topics: list[str], timeout_s: float, *, raise_on_timeout: bool):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while pending := topics_not_ready(await admin.describe_topics(topics)):
+        if asyncio.get_running_loop().time() >= deadline:
+            message = f"Kafka topics without a leader or not authorized after {timeout_s:g} s: {', '.join(pending)}"
+            if raise_on_timeout:
+                raise TimeoutError(message)
+            log.warning("%s; consuming them from the next metadata refresh", message)
+            return
+        await asyncio.sleep(KAFKA_TOPICS_READY_POLL_S)
 
 
 async def check_topic_limits(settings: Settings, needed_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> None:

@@ -54,6 +54,7 @@ async def _create_topics(settings: Settings, names: Names, max_message_bytes: di
                 for t, n in layout.items()
             ]
         )
+        await kafka.await_ready(admin, list(layout), 60, raise_on_timeout=True)  # or the group's join misses one
     finally:
         await admin.close()
 

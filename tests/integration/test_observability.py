@@ -71,20 +71,26 @@ async def test_one_request_leaves_one_trace_with_spans_of_all_four_services(stac
     async with httpx.AsyncClient(timeout=60) as client:
         request_id = (await ask(client, API_PORTS[0], "trace me")).headers["x-request-id"]
     deadline = time.monotonic() + 30
-    while True:  # each process exports its spans within about a second
-        spans = spans_of(traces)
+    while True:  # each process exports its spans in batches about a second apart, each span once it has ended: the
+        spans = spans_of(traces)  # API pod's own ('POST /v1/completions', 'api.reply') end last, after the answer
         ours = [s for s in spans if s["attributes"].get("llmq.request_id") == request_id]
         trace_ids = {s["trace_id"] for s in ours}
         in_trace = [s for s in spans if s["trace_id"] in trace_ids]
-        if {s["service"] for s in in_trace} >= SERVICES or time.monotonic() > deadline:
+        if whole_trace(in_trace) or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.5)
     assert len(trace_ids) == 1, trace_ids
-    assert {s["service"] for s in in_trace} == SERVICES
-    names = {s["name"] for s in in_trace}
-    assert REQUEST_SPANS <= names
+    assert whole_trace(in_trace), sorted((s["service"], s["name"], s["span_id"], s["parent_id"]) for s in in_trace)
+
+
+def whole_trace(in_trace: list[dict]) -> bool:
+    """Spans of the four services and no other, every span of a request's path, each span's parent too."""
     ids = {s["span_id"] for s in in_trace}
-    assert all(s["parent_id"] in ids for s in in_trace if s["name"] != "POST /v1/completions")
+    return (
+        {s["service"] for s in in_trace} == SERVICES
+        and REQUEST_SPANS <= {s["name"] for s in in_trace}
+        and all(s["parent_id"] in ids for s in in_trace if s["name"] != "POST /v1/completions")
+    )
 
 
 async def test_metrics_exist_and_move_when_load_arrives(stack):

@@ -122,10 +122,13 @@ class BatcherLoop:
         self._produce_failures: Counter[str] = Counter()  # model -> transient batch produce failures in a row
         self._announced: dict[str, tuple[int, int]] = {}  # model a worker heartbeat named -> (context window, when)
 
+    def topics(self) -> list[str]:
+        """What it consumes: the request and ingress topics."""
+        return [*self.names.request_topics, *self.ingress_grants]
+
     def subscribe(self) -> None:
-        """Join GROUP_BATCHER over the request and ingress topics; revoked partitions are committed and forgotten."""
-        topics = [*self.names.request_topics, *self.ingress_grants]
-        self.consumer.subscribe(topics, listener=_Revocations(self))
+        """Join GROUP_BATCHER over :meth:`topics`; revoked partitions are committed and forgotten."""
+        self.consumer.subscribe(self.topics(), listener=_Revocations(self))
 
     def stop(self) -> None:
         self._stopping.set()

@@ -51,6 +51,7 @@ async def build(
         ingress_grants=kafka.ingress_grants(settings),
     )
     await runtime.start(stack, producer)
+    await kafka.await_topics(settings, loop.topics())  # a topic missing at the group's join stays unassigned for long
     loop.subscribe()
     await runtime.start(stack, consumer, results)
     return runtime.Work(

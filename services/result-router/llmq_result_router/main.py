@@ -28,6 +28,7 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     redis = runtime.redis(stack, settings)
     await check_memory_policy(redis, "result-router")
     producer = kafka.make_renewable_producer(settings)  # a refused reply or dead letter does not break it
+    await kafka.await_topics(settings, [constants.TOPIC_RESULTS])  # one missing at the join stays unassigned for long
     consumer = kafka.make_consumer(
         settings,
         constants.TOPIC_RESULTS,
