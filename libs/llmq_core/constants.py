@@ -111,6 +111,7 @@ REDIS_RESULT_INDEX_PREFIX: Final = "llmq:result-index:"
 REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
+REDIS_WORKER_LEASE_PREFIX: Final = "llmq:worker-lease:"  # + partition of llmq.batches: the worker that serves it
 # batch jobs and their files (llmq_core.jobs, llmq_core.jobstore)
 REDIS_FILES_PREFIX: Final = "llmq:files:"
 REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
@@ -165,6 +166,11 @@ def copy_delivered_key(request_id: str, request_copy: str) -> str:
 def alive_key(service: str, instance: str) -> str:
     """Redis key a running service process refreshes (PX ttl) with its latest heartbeat: ``llmq dev status`` reads it."""
     return f"{REDIS_ALIVE_PREFIX}{service}:{instance}"
+
+
+def worker_lease_key(partition: int) -> str:
+    """Redis key (PX ttl) naming the one worker that serves ``partition`` of llmq.batches (llmq_worker.lease)."""
+    return f"{REDIS_WORKER_LEASE_PREFIX}{partition}"
 
 
 def ratelimit_key(tenant_id: str, bucket: str) -> str:

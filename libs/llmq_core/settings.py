@@ -120,6 +120,7 @@ class Settings(BaseSettings):
 
     # worker
     heartbeat_interval_ms: int = 250
+    worker_lease_ttl_ms: int = 10_000  # a partition's lease lapses this long after its worker stopped renewing it
     torch_threads: int = 0  # transformers engine on CPU: torch intra-op threads (0: the measured default, see README)
 
     # result-router: producing to Kafka reply topics

@@ -179,14 +179,22 @@ def run_bench(stack: DevStack, prompts_dir: Path, **options: object) -> dict:
 
 
 async def worker_process(
-    settings: Settings, worker_id: str, partition: int, model: str, *options: str, **popen
+    settings: Settings,
+    worker_id: str,
+    partition: int,
+    model: str,
+    *options: str,
+    env: dict[str, str] | None = None,
+    **popen,
 ) -> asyncio.subprocess.Process:
     """``python -m llmq_worker.main`` on the simulated engine and ``settings``' Kafka and Redis; ``options``: the rest
-    of its command line, ``popen``: of ``asyncio.create_subprocess_exec`` (stdout, stderr)."""
+    of its command line, ``env``: more of its environment, ``popen``: of ``asyncio.create_subprocess_exec`` (stdout,
+    stderr)."""
     env = {
         **os.environ,
         "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
         "LLMQ_REDIS_URL": settings.redis_url,
+        **(env or {}),
     }
     command = ["--worker-id", worker_id, "--partition", str(partition), "--model", model, "--engine", "simulated"]
     return await asyncio.create_subprocess_exec(

@@ -20,6 +20,7 @@ from llmq_core.settings import Settings, load_settings
 from llmq_worker import checkpoints
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import Engine
+from llmq_worker.lease import PartitionLease, this_process
 from llmq_worker.loop import WorkerLoop
 
 log = logging.getLogger("llmq_worker")
@@ -129,6 +130,9 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     observed = metrics.WorkerMetrics(args.model)
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)
+    lease = PartitionLease(redis, args.partition, this_process(args.worker_id), settings.worker_lease_ttl_ms)
+    await lease.acquire()  # a second worker given this partition waits here as its standby
+    stack.push_async_callback(lease.release)  # after the consumer stopped (the stack closes in reverse)
     producer = make_renewable_producer(settings)  # a refused result does not break it
     consumer = make_consumer(settings, group_id=worker_group(args.partition))
     await runtime.start(stack, producer, consumer)
@@ -151,7 +155,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     stop = asyncio.Event()
     # The loop drains within shutdown_grace_s itself, and its heartbeat refreshes the alive key (with its load).
     return runtime.Work(
-        tasks=[worker.run(stop)],
+        tasks=[worker.run(stop), lease.hold(stop)],  # a lost lease ends the worker
         stop=stop.set,
         grace_s=None,
         helpers=[observed.lag.watch(consumer, worker_group(args.partition))],

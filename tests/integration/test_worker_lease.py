@@ -1,0 +1,148 @@
+"""One worker per partition of llmq.batches (llmq_worker.lease) on the real Redis and Kafka: a second worker process
+given a held partition waits as its standby, consuming nothing, and serves the partition once the first is killed with
+SIGKILL; a lease whose holder is on another host (not known to be gone) is taken only once it lapsed."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+from aiokafka import TopicPartition
+
+from llmq_core import wire
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.constants import TOPIC_RESULTS, alive_key, worker_lease_key
+from llmq_core.kafka import make_consumer, make_producer
+from llmq_worker.lease import Holder, PartitionLease, this_process
+from tests.builders import generation_request
+from tests.integration.stacks import send_batch, worker_process
+
+pytestmark = pytest.mark.integration
+
+PARTITION = 12  # of llmq.batches: no stack worker and no other test's worker reads it
+MODEL = "llmq-sim-lease-itest"  # no batcher routes real traffic here
+TTL_MS = 3000
+
+
+async def lines_until(stream: asyncio.StreamReader, text: str, bound_s: float = 60) -> None:
+    """Read ``stream`` (a worker's log) until a line holds ``text``."""
+    async with asyncio.timeout(bound_s):
+        while text not in (line := (await stream.readline()).decode()):
+            assert line, f"the worker exited before logging {text!r}"
+
+
+async def until(condition, bound_s: float = 60) -> None:
+    async with asyncio.timeout(bound_s):
+        while not await condition():
+            await asyncio.sleep(0.05)
+
+
+async def results_of(consumer, request_ids: set[str], bound_s: float = 60) -> list[wire.FinalResult]:
+    """Final results on llmq.results for ``request_ids``, read until each has one."""
+    found: list[wire.FinalResult] = []
+    async with asyncio.timeout(bound_s):
+        while not request_ids <= {r.request_id for r in found}:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                decoded = (wire.decode_record(record.value, record.headers) for record in records)
+                found += [m for m in decoded if isinstance(m, wire.FinalResult) and m.request_id in request_ids]
+    return found
+
+
+def one_request(request_id: str) -> wire.GenerationRequest:
+    return generation_request(
+        request_id,
+        now_ms=SYSTEM_CLOCK.now_ms(),
+        deadline_in_ms=60_000,
+        instance_id="lease-itest-pod",
+        model=MODEL,
+        prompt="lease",
+        sampling=wire.SamplingParams(max_tokens=3),
+    )
+
+
+async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_is_killed(settings):
+    run = uuid.uuid4().hex[:8]
+    first_id, second_id = f"lease-a-{run}", f"lease-b-{run}"
+    redis = aioredis.from_url(settings.redis_url)
+    producer, results = make_producer(settings), make_consumer(settings, group_id=None)
+    await asyncio.gather(producer.start(), results.start())
+    result_tps = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.results_topic_partitions)]
+    results.assign(result_tps)
+    await results.seek_to_end(*result_tps)
+    for tp in result_tps:
+        await results.position(tp)
+    workers = []
+    try:
+        for worker_id, log in ((first_id, asyncio.subprocess.DEVNULL), (second_id, asyncio.subprocess.PIPE)):
+            options = ("--batch-time-ms", "50", "--metrics-port", "0")
+            env = {"LLMQ_WORKER_LEASE_TTL_MS": str(TTL_MS)}
+            workers.append(
+                await worker_process(
+                    settings,
+                    worker_id,
+                    PARTITION,
+                    MODEL,
+                    *options,
+                    env=env,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                )
+            )
+            if worker_id == first_id:  # the first holds the partition and heartbeats before the second starts
+                await until(lambda: redis.exists(alive_key("worker", first_id)))
+        first, second = workers
+        await lines_until(second.stdout, f"partition {PARTITION} of llmq.batches is held by worker {first_id}")
+        await send_batch(producer, f"lease-1-{run}", first_id, PARTITION, one_request(f"r1-{run}"))
+        [served] = await results_of(results, {f"r1-{run}"})
+        assert served.worker_id == first_id and not await redis.exists(alive_key("worker", second_id))
+
+        first.send_signal(signal.SIGKILL)
+        killed_s = time.monotonic()
+        await first.wait()
+        await lines_until(second.stdout, f"holding partition {PARTITION}", bound_s=TTL_MS / 1000 + 30)
+        took_over_s = time.monotonic() - killed_s
+        await send_batch(producer, f"lease-2-{run}", second_id, PARTITION, one_request(f"r2-{run}"))
+        found = await results_of(results, {f"r2-{run}"})
+        assert [r.worker_id for r in found] == [second_id]
+        assert took_over_s < TTL_MS / 1000 + 30  # in fact at its next poll: the killed holder was of this host
+        holder = msgspec.json.decode(await redis.get(worker_lease_key(PARTITION)), type=Holder)
+        assert (holder.worker_id, holder.pid) == (second_id, second.pid)
+        second.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(second.wait(), 60) == 0
+        assert await redis.get(worker_lease_key(PARTITION)) is None  # let go on a clean stop
+    finally:
+        for process in workers:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        await producer.stop()
+        await results.stop()
+        await redis.aclose()
+
+
+async def test_a_lease_held_from_another_host_is_taken_only_once_it_lapsed(settings):
+    redis = aioredis.from_url(settings.redis_url)
+    key = worker_lease_key(PARTITION)
+    elsewhere = Holder(worker_id="remote", pid=1, host=f"elsewhere-{uuid.uuid4().hex[:6]}")
+    try:
+        await redis.set(key, msgspec.json.encode(elsewhere), px=1500)
+        lease = PartitionLease(redis, PARTITION, this_process("local"), ttl_ms=600)
+        started_s = time.monotonic()
+        await asyncio.wait_for(lease.acquire(), 30)
+        assert time.monotonic() - started_s >= 1.0  # not before the remote holder's lease lapsed (1.5 s, less a poll)
+        await redis.delete(key)  # Redis lost it (a restart): the holder takes it again at its next renewal
+        stop = asyncio.Event()
+        holding = asyncio.create_task(lease.hold(stop))
+        await until(lambda: redis.exists(key), bound_s=10)
+        await redis.set(key, msgspec.json.encode(elsewhere), px=10_000)  # someone else holds it now: the holder stops
+        await asyncio.wait_for(holding, 10)
+        await lease.release()
+        assert msgspec.json.decode(await redis.get(key), type=Holder) == elsewhere  # not ours: left alone
+    finally:
+        await redis.delete(key)
+        await redis.aclose()
