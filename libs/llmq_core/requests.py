@@ -63,8 +63,8 @@ class RequestError(Exception):
         return wire.ErrorInfo(type=self.type, message=self.message, code=self.code, param=self.param)
 
 
-def invalid(message: str, param: str | None = None, code: str | None = None) -> RequestError:
-    """A 400 ``invalid_request_error``."""
+def invalid(message: str, param: str | None = None, code: str = ErrorCode.INVALID_VALUE) -> RequestError:
+    """A 400 ``invalid_request_error`` (``invalid_value`` unless a closer code says more)."""
     return RequestError(400, message, param=param, code=code)
 
 
@@ -162,7 +162,7 @@ def check_model(model: str, windows: Mapping[str, int]) -> int:
 
 def check_prompt(prompt: str | None) -> str:
     if prompt is None:
-        raise invalid("'prompt' is required", param="prompt")
+        raise invalid("'prompt' is required", param="prompt", code=ErrorCode.MISSING_REQUIRED_PARAMETER)
     if not prompt:
         raise invalid("'prompt' must not be empty", param="prompt")
     return prompt
@@ -189,7 +189,7 @@ def check_sampling(
 ) -> None:
     """Ranges of every sampling value; ``max_param`` names ``max_tokens`` in errors (chat may call it
     ``max_completion_tokens``), ``max_tokens_given`` False when it holds the default rather than the caller's value."""
-    in_range(max_param, sampling.max_tokens, 1, INT64_MAX)
+    at_least(max_param, sampling.max_tokens, 1)  # its upper bound is the result cap's (check_result_size)
     in_range("temperature", sampling.temperature, 0.0, 2.0)
     in_range("top_p", sampling.top_p, 0.0, 1.0)
     in_range("n", sampling.n, 1, MAX_N)
@@ -204,6 +204,11 @@ def in_range(param: str, value: float | None, low: float, high: float) -> None:
         raise invalid(
             f"'{param}' must be between {low} and {high}, got {value}", param=param, code=ErrorCode.OUT_OF_RANGE
         )
+
+
+def at_least(param: str, value: int, low: int) -> None:
+    if value < low:
+        raise invalid(f"'{param}' must be at least {low}, got {value}", param=param, code=ErrorCode.OUT_OF_RANGE)
 
 
 def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given: bool) -> None:
@@ -223,7 +228,11 @@ def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given:
 
 def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
     if len(sequences) > MAX_STOP_SEQUENCES:
-        raise invalid(f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences", param="stop")
+        raise invalid(
+            f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences, got {len(sequences)}",
+            param="stop",
+            code=ErrorCode.TOO_MANY_VALUES,
+        )
     if any(not s for s in sequences):
         raise invalid("'stop' sequences must not be empty", param="stop")
     if any(len(s.encode()) > max_stop_bytes for s in sequences):
@@ -236,7 +245,11 @@ def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
 
 def check_logit_bias_size(entries: int) -> None:
     if entries > MAX_LOGIT_BIAS_TOKENS:
-        raise invalid(f"'logit_bias' allows at most {MAX_LOGIT_BIAS_TOKENS} tokens", param="logit_bias")
+        raise invalid(
+            f"'logit_bias' allows at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {entries}",
+            param="logit_bias",
+            code=ErrorCode.TOO_MANY_VALUES,
+        )
 
 
 def bad_token_id(token: str) -> RequestError:

@@ -63,6 +63,9 @@ class ErrorCode(enum.StrEnum):
     CLASS_NOT_ALLOWED = "class_not_allowed"  # a traffic class the caller's key (or ingress grant) may not use
     DEADLINE_EXCEEDED = "deadline_exceeded"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # every 429 of admission control
+    MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
+    INVALID_VALUE = "invalid_value"  # a value of the right type that is not allowed (any 400 without a closer code)
+    TOO_MANY_VALUES = "too_many_values"  # more stop sequences or logit_bias entries than allowed
     BATCH_CANCELLED = ErrorType.BATCH_CANCELLED.value
     BATCH_EXPIRED = ErrorType.BATCH_EXPIRED.value
 

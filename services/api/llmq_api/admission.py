@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from llmq_api.errors import ApiError
 from llmq_core import wire
-from llmq_core.constants import DEFERRED, HTTP_RETRY_AFTER, PRIORITY_CLASSES
+from llmq_core.constants import DEFERRED, HTTP_RETRY_AFTER, HTTP_TRAFFIC_CLASS, PRIORITY_CLASSES
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType
 
@@ -275,12 +275,14 @@ def too_many_requests(message: str, retry_after_s: int, type: str = ErrorType.RA
     )
 
 
-def model_unavailable(model: str, retry_after: int) -> ApiError:
-    """A 503 ``model_unavailable``: no worker serves ``model`` now."""
+def model_unavailable(model: str, retry_after: int, deferred_allowed: bool) -> ApiError:
+    """A 503 ``model_unavailable``: no worker serves ``model`` now. Sending it as deferred work is suggested only to
+    a caller whose key may use that class (``deferred_allowed``): to any other it would be a 403."""
+    deferred = f", or send the request as deferred work ({HTTP_TRAFFIC_CLASS}: {DEFERRED}), which waits for a worker"
     return ApiError(
         503,
-        f"The model '{model}' has no running worker right now; retry after the Retry-After delay, "
-        "or send the request as deferred work (x-llmq-class: deferred), which waits for a worker",
+        f"The model '{model}' has no running worker right now; retry after the Retry-After delay"
+        + (deferred if deferred_allowed else ""),
         type=ErrorType.SERVER,
         param="model",
         code=MODEL_UNAVAILABLE_CODE,
@@ -314,12 +316,16 @@ class ShedPolicy:
             worker_timeout_ms=settings.worker_heartbeat_timeout_ms,
         )
 
-    def check(self, priority_class: str, model: str, saturation: Saturation, in_flight: int) -> Rejection | None:
-        """None to admit a request of ``priority_class`` for ``model``; otherwise the Rejection (a 429 or a 503)."""
+    def check(
+        self, priority_class: str, model: str, saturation: Saturation, in_flight: int, deferred_allowed: bool = True
+    ) -> Rejection | None:
+        """None to admit a request of ``priority_class`` for ``model``; otherwise the Rejection (a 429 or a 503).
+        ``deferred_allowed``: whether the caller's key may send deferred work (a 503 suggests it only then)."""
         gone_ms = saturation.worker_gone_ms(model)
         gone = gone_ms is not None and gone_ms > self.worker_timeout_ms
         if gone and priority_class != DEFERRED:
-            return Rejection(MODEL_UNAVAILABLE_CODE, model_unavailable(model, retry_after_s(self.worker_timeout_ms)))
+            error = model_unavailable(model, retry_after_s(self.worker_timeout_ms), deferred_allowed)
+            return Rejection(MODEL_UNAVAILABLE_CODE, error)
         predicted = saturation.predict(model, priority_class)
         share = self.share.get(priority_class, 1.0)
         limit_ms = self.wait_ms.get(priority_class)

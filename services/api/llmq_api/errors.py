@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from redis.exceptions import ResponseError
 
 from llmq_core.constants import HTTP_RETRY_AFTER, HTTP_SHOULD_RETRY
-from llmq_core.status import ErrorType
+from llmq_core.status import ErrorCode, ErrorType
 
 RETRY_AFTER_S = 1  # what 429/503 answers tell clients to wait
 STORE_FULL_RETRY_AFTER_S = 5  # Redis refuses writes (maxmemory): TTLs and evictions free room in seconds, not ms
@@ -59,8 +59,8 @@ class ApiError(Exception):
         return f"ApiError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"
 
 
-def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    """A 400 ``invalid_request_error``."""
+def invalid(message: str, param: str | None = None, code: str = ErrorCode.INVALID_VALUE) -> ApiError:
+    """A 400 ``invalid_request_error`` (``invalid_value`` unless a closer code says more)."""
     return ApiError(400, message, param=param, code=code)
 
 

@@ -87,7 +87,8 @@ class Generation:
         estimate = token_cost(valid, self.catalog.context_windows().get(valid.model, 0))
         check_fits(estimate, principal.tokens_per_min, valid)
         saturation = self.saturation.current
-        rejection = self.shed.check(priority_class, valid.model, saturation, len(self.registry))
+        deferred_allowed = constants.DEFERRED in principal.classes
+        rejection = self.shed.check(priority_class, valid.model, saturation, len(self.registry), deferred_allowed)
         if rejection is None:
             end = self.saturation.admit(valid.model, priority_class)
             try:

@@ -159,6 +159,7 @@ def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
             f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds (at most {INT64_MAX}), "
             f"got {echo(value)}",
             param=HTTP_TIMEOUT_MS,
+            code=ErrorCode.INVALID_VALUE,
         )
     return min(timeout_ms, max_ms)
 
@@ -172,6 +173,7 @@ def parse_traffic_class(value: str | None) -> str:
         raise invalid(
             f"{HTTP_TRAFFIC_CLASS} must be one of {', '.join(TRAFFIC_CLASSES)}, got {echo(value)}",
             param=HTTP_TRAFFIC_CLASS,
+            code=ErrorCode.INVALID_VALUE,
         )
     return traffic_class
 
@@ -285,7 +287,7 @@ _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
 
 def _decode(body: bytes, kind: type) -> Any:
     if not body.strip():
-        raise invalid("Request body is empty; expected a JSON object")
+        raise invalid("Request body is empty; expected a JSON object", code="invalid_json")
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
@@ -328,6 +330,7 @@ def _single_prompt(prompt: str | list[Any] | None) -> str:
                 "'prompt' must be a string or a list of exactly one string (token arrays and batched "
                 "prompts are not supported)",
                 param="prompt",
+                code=ErrorCode.INVALID_VALUE,
             )
         prompt = prompt[0]
     return requests.check_prompt(prompt)
@@ -344,11 +347,17 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
         for j, part in enumerate(content):
             if part.type != "text" or part.text is None:
                 raise invalid(
-                    f"Only text content parts are supported, got {echo(part.type)}", param=f"messages[{i}].content[{j}]"
+                    f"Only text content parts are supported, got {echo(part.type)}",
+                    param=f"messages[{i}].content[{j}]",
+                    code=ErrorCode.INVALID_VALUE,
                 )
         content = "".join(part.text for part in content)
     if content is None:
-        raise invalid("Message content is required", param=f"messages[{i}].content")
+        raise invalid(
+            "Message content is required",
+            param=f"messages[{i}].content",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+        )
     return wire.ChatMessage(role=message.role, content=content)
 
 
@@ -389,5 +398,9 @@ def _include_usage(raw: _CommonBody) -> bool:
     if raw.stream_options is None:
         return False
     if not raw.stream:
-        raise invalid("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        raise invalid(
+            "'stream_options' is only allowed when 'stream' is true",
+            param="stream_options",
+            code=ErrorCode.INVALID_VALUE,
+        )
     return bool(raw.stream_options.include_usage)

@@ -266,7 +266,9 @@ class WorkerCore:
             self._engine.submit(request)
         except InvalidRequest as exc:
             return self._answer(
-                active, Outcome.ERRORED, error=ErrorInfo(type=ErrorType.INVALID_REQUEST, message=str(exc))
+                active,
+                Outcome.ERRORED,
+                error=ErrorInfo(type=ErrorType.INVALID_REQUEST, message=str(exc), param=exc.param, code=exc.code),
             )
         active.submitted = True
         return Outbox()

@@ -16,12 +16,19 @@ from typing import Protocol
 
 from llmq_core.clock import Clock
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
+from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import render_chat
 from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, Usage
 
 
 class InvalidRequest(ValueError):
-    """Raised by :meth:`Engine.submit` when a request can never run (e.g. longer than the context window)."""
+    """Raised by :meth:`Engine.submit` when a request can never run (e.g. longer than the context window): ``param``
+    and ``code`` of the client's error."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = ErrorCode.INVALID_VALUE) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,13 +257,16 @@ def check_request(request: GenerationRequest, prompt_ids: list[int], context_win
     max_tokens of at least 1, prompt + max_tokens within ``context_window`` tokens, and a valid logit_bias."""
     sampling = request.sampling
     if not prompt_ids:
-        raise InvalidRequest("the prompt is empty")
+        raise InvalidRequest("the prompt is empty", "messages" if request.messages is not None else "prompt")
     if sampling.n < 1 or sampling.max_tokens < 1:
-        raise InvalidRequest("n and max_tokens must be at least 1")
+        param = "n" if sampling.n < 1 else "max_tokens"
+        raise InvalidRequest("n and max_tokens must be at least 1", param, ErrorCode.OUT_OF_RANGE)
     if len(prompt_ids) + sampling.max_tokens > context_window:
         raise InvalidRequest(
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) exceed the context window of"
-            f" {context_window}"
+            f" {context_window}",
+            "max_tokens",
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         )
     check_logit_bias(request, vocab_size)
 
@@ -266,11 +276,15 @@ def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
     [-100, 100] (at most MAX_LOGIT_BIAS_TOKENS entries). Kafka-direct producers skip the API's checks, so engines check."""
     bias = request.sampling.logit_bias or {}
     if len(bias) > MAX_LOGIT_BIAS_TOKENS:
-        raise InvalidRequest(f"logit_bias has {len(bias)} tokens; at most {MAX_LOGIT_BIAS_TOKENS} are allowed")
+        raise InvalidRequest(
+            f"logit_bias has {len(bias)} tokens; at most {MAX_LOGIT_BIAS_TOKENS} are allowed",
+            "logit_bias",
+            ErrorCode.TOO_MANY_VALUES,
+        )
     unknown = sorted(t for t in bias if not 0 <= t < vocab_size)
     if unknown:
         raise InvalidRequest(
-            f"logit_bias names token ids outside this model's vocabulary of {vocab_size}: {unknown[:5]}"
+            f"logit_bias names token ids outside this model's vocabulary of {vocab_size}: {unknown[:5]}", "logit_bias"
         )
     if any(not -100 <= value <= 100 for value in bias.values()):
-        raise InvalidRequest("logit_bias values must be between -100 and 100")
+        raise InvalidRequest("logit_bias values must be between -100 and 100", "logit_bias", ErrorCode.OUT_OF_RANGE)

@@ -24,12 +24,13 @@ CASES = [  # (body fields beyond model and prompt, expected status, param, code)
     ({"max_tokens": 0}, 400, "max_tokens", "out_of_range"),
     ({"n": 2, "max_tokens": 600_000}, 400, "max_tokens", "result_too_large"),
     ({"max_tokens": 8192}, 400, "max_tokens", "context_length_exceeded"),
-    ({"stop": ["a"] * (requests.MAX_STOP_SEQUENCES + 1)}, 400, "stop", None),
-    ({"stop": [""]}, 400, "stop", None),
+    ({"stop": ["a"] * (requests.MAX_STOP_SEQUENCES + 1)}, 400, "stop", "too_many_values"),
+    ({"stop": [""]}, 400, "stop", "invalid_value"),
     ({"stop": ["x" * (requests.DEFAULT_MAX_STOP_BYTES + 1)]}, 400, "stop", "stop_too_long"),
-    ({"logit_bias": {str(i): 1 for i in range(MAX_LOGIT_BIAS_TOKENS + 1)}}, 400, "logit_bias", None),
+    ({"logit_bias": {str(i): 1 for i in range(MAX_LOGIT_BIAS_TOKENS + 1)}}, 400, "logit_bias", "too_many_values"),
     ({"logit_bias": {"65": 101}}, 400, "logit_bias[65]", "out_of_range"),
-    ({"prompt": ""}, 400, "prompt", None),
+    ({"prompt": ""}, 400, "prompt", "invalid_value"),
+    ({"max_tokens": 2**63 - 1}, 400, "max_tokens", "result_too_large"),
 ]
 
 

@@ -100,6 +100,8 @@ def test_expired_canceled_and_invalid_requests_are_answered_without_running():
         "big": (Outcome.ERRORED, "invalid_request_error"),
         "other": (Outcome.ERRORED, "model_mismatch"),
     }
+    big = results_of(out)["big"].error  # the engine's param and code reach the client's error
+    assert (big.message, big.param, big.code) == ("too long", "max_tokens", ErrorCode.CONTEXT_LENGTH_EXCEEDED)
     assert list(engine.submitted) == ["ok"]
     assert len(out.offsets) == 4 and core.release(out.offsets) is None
 

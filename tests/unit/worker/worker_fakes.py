@@ -8,6 +8,7 @@ import itertools
 from types import SimpleNamespace
 
 from llmq_core.clock import FakeClock
+from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import encode
 from llmq_core.wire import Batch, ChatMessage, Choice, GenerationRequest, HttpReply, Outcome, SamplingParams, Usage
 from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest, prompt_text
@@ -108,7 +109,7 @@ class StepEngine:
 
     def submit(self, request) -> None:
         if request.sampling.max_tokens > self.context_window:
-            raise InvalidRequest("too long")
+            raise InvalidRequest("too long", "max_tokens", ErrorCode.CONTEXT_LENGTH_EXCEEDED)
         self.submitted[request.request_id] = request
 
     def cancel(self, request_id: str) -> None:
