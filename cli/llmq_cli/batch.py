@@ -13,16 +13,16 @@ from pathlib import Path
 
 import openai
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from llmq_cli.console import make_console
 from llmq_core import jobs
 
 batch_app = typer.Typer(
     help="Batch jobs (OpenAI /v1/batches): submit, status, results, sample input.", no_args_is_help=True
 )
-console = Console()
+console = make_console()
 
 ENDED = jobs.TERMINAL_STATUSES
 POLL_S = 1.0

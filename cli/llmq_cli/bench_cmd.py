@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bench import prompts as prompts_mod
+from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core.constants import STATS_BATCHER
 from llmq_core.settings import load_settings
@@ -98,7 +99,7 @@ def bench_load(
     stats_url = None if redis_url == "none" else (redis_url or load_settings().redis_url)
     before = loadgen.batch_counts(stats_url, stats_key) if stats_url else None
     samples = run_with_progress(
-        plans, Console(stderr=True), model=model, timeout_s=timeout_s, server_timeout_ms=server_timeout_ms or None
+        plans, make_console(stderr=True), model=model, timeout_s=timeout_s, server_timeout_ms=server_timeout_ms or None
     )
     delta = None
     if before is not None:
@@ -114,7 +115,7 @@ def bench_load(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
-        print_report(report, Console())
+        print_report(report, make_console())
 
 
 def print_report(report: dict, console: Console) -> None:
@@ -204,8 +205,8 @@ def bench_curve(
         state_dir=state_dir,
         port_base=port_base,
     )
-    result = capacity_curve.run_curve(cfg, stack, log=Console(stderr=True).print)
-    capacity_curve.print_curve(result, Console())
+    result = capacity_curve.run_curve(cfg, stack, log=make_console(stderr=True).print)
+    capacity_curve.print_curve(result, make_console())
     if result.get("failed"):
         raise typer.Exit(1)
 
@@ -318,7 +319,7 @@ def bench_pipeline(
         floor_messages=floor_messages,
         batch_time_ms=batch_time_ms,
     )
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
     runs = ([("baseline", baseline)] if baseline else []) + ([("llmq", None)] if "llmq" in chosen else [])
     result: dict = {"config": {**cfg.__dict__, "baseline": str(baseline) if baseline else None}, "systems": {}}
@@ -348,7 +349,7 @@ def bench_pipeline(
             llmq, llmq["floor"], result["systems"].get("baseline"), result["systems"].get("ray")
         )
     pipeline.write_result(result, output)
-    print_pipeline(result, Console())
+    print_pipeline(result, make_console())
 
 
 def print_pipeline(result: dict, console: Console) -> None:

@@ -353,10 +353,11 @@ class DevStack:
             rows = self.status()
             if all(row["health"] == "healthy" for row in rows):
                 return rows
-            dead = [row["name"] for row in rows if row["health"] == "exited"]
+            dead = [row for row in rows if row["health"] == "exited"]
             if dead or time.monotonic() > deadline:
-                bad = dead or [row["name"] for row in rows if row["health"] != "healthy"]
-                raise RuntimeError(f"not healthy: {', '.join(bad)}; see logs in {self.logs}")
+                bad = dead or [row for row in rows if row["health"] != "healthy"]
+                causes = "".join(f"\n  {row['name']}: {last_error(Path(row['log']))}" for row in bad)
+                raise RuntimeError(f"not healthy: {', '.join(row['name'] for row in bad)}{causes}\nlogs in {self.logs}")
             time.sleep(0.5)
 
     # --- inspect -------------------------------------------------------------------------------------------------
@@ -441,6 +442,28 @@ def _is_ours(pid: int, marker: str) -> bool:
         return False
     # An empty command line is a child between fork and exec: still ours.
     return (not cmdline or marker in cmdline) and stat.split(")")[-1].split()[0] != "Z"
+
+
+LOG_TAIL_BYTES = 64 * 1024  # of a log, read for its last error
+
+
+def last_error(log: Path) -> str:
+    """The last error a process logged: the message of its last JSON line of level ERROR or CRITICAL, or its last
+    line that is not JSON (a traceback ends with the exception); says so when the log has neither."""
+    try:
+        with log.open("rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            lines = file.read().decode(errors="replace").splitlines()
+    except OSError:
+        return f"no log at {log}"
+    for line in reversed([line.strip() for line in lines if line.strip()]):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            return line
+        if isinstance(entry, dict) and entry.get("level") in ("ERROR", "CRITICAL"):
+            return str(entry.get("msg", line))
+    return f"no error logged (see {log})"
 
 
 def _metrics_port(record: dict) -> int:

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from bench import prompts
@@ -17,6 +16,7 @@ from llmq_cli import kafka_dist
 from llmq_cli.batch import batch_app
 from llmq_cli.batchrun.command import run as batch_run
 from llmq_cli.bench_cmd import bench
+from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.slo import slo
 from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, reply_topic_prefixes
@@ -33,7 +33,7 @@ app.add_typer(batch_app, name="batch")
 batch_app.command("run")(batch_run)
 app.add_typer(bench, name="bench")
 app.command("slo")(slo)
-console = Console()
+console = make_console()
 
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
 
@@ -133,6 +133,9 @@ def dev_status(
     rows = DevStack(StackConfig(state_dir=state_dir, redis_port=redis_port, secure=secure)).status()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        console.print(f"nothing runs: no process started by `llmq dev up` under {state_dir.resolve()}")
         return
     table = Table("process", "kind", "model", "pid", "port", "metrics port", "health")
     for row in rows:
@@ -396,7 +399,7 @@ def _print_demo(reports: list[demo_mod.ModelReport], wall_s: float, real_model: 
             f"{row['mean_batch_size']:.1f}",
             f"{row['mean_running']:.1f}",
         )
-    (console if console.is_terminal else Console(width=160)).print(table)  # a log or pipe gets the whole table
+    console.print(table)
     for report in reports:
         if report.model == real_model:
             for ask, answer in demo_mod.samples(report.answers, 3):

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import typer
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console
 from rich.table import Table
 
+from llmq_cli.console import make_console
 from llmq_core.constants import DEFERRED, INTERACTIVE, NEAR_INTERACTIVE
 from llmq_core.status import OutcomeLabel
 
@@ -140,7 +140,7 @@ def slo(
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
-    console = Console()
+    console = make_console()
     table = Table(
         "class",
         "requests",
