@@ -130,7 +130,8 @@ class ConsumerLag:
             if highwater is None:
                 continue
             with contextlib.suppress(Exception):  # position unknown yet (fetching or rebalancing): next round
-                position = await asyncio.wait_for(consumer.position(tp), 0.5)
+                async with asyncio.timeout(0.5):  # not wait_for: Python 3.11's can swallow the watch's own cancel
+                    position = await consumer.position(tp)
                 labels = (group, tp.topic, str(tp.partition))
                 self.gauge.labels(*labels).set(max(0, highwater - position))
                 shown.add(labels)

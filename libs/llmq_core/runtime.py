@@ -30,6 +30,8 @@ from llmq_core.telemetry import setup_logging
 
 log = logging.getLogger(__name__)
 
+HELPERS_STOP_TIMEOUT_S = 5.0  # a helper still running this long after its cancel is left behind (logged)
+
 
 @dataclass
 class Work:
@@ -76,9 +78,21 @@ async def _supervise(work: Work) -> None:
         work.stop()
         await asyncio.wait_for(asyncio.gather(*tasks), work.grace_s)
     finally:
-        for task in (stopped, *helpers):
-            task.cancel()
-        await asyncio.gather(stopped, *helpers, return_exceptions=True)  # before the clients they use are closed
+        await _cancel_helpers([stopped, *helpers])
+
+
+async def _cancel_helpers(helpers: list[asyncio.Task]) -> None:
+    """Cancel ``helpers`` and wait for them (before the clients they use are closed), at most
+    HELPERS_STOP_TIMEOUT_S: one that swallowed its cancel (Python 3.11's ``asyncio.wait_for`` can) must not keep the
+    process from exiting."""
+    for task in helpers:
+        task.cancel()
+    done, pending = await asyncio.wait(helpers, timeout=HELPERS_STOP_TIMEOUT_S)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s ended with %r", task.get_name(), task.exception())
+    if pending:
+        log.error("still running after their cancel, left behind: %s", ", ".join(t.get_name() for t in pending))
 
 
 class Client(Protocol):

@@ -8,6 +8,7 @@ import asyncio
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -29,11 +30,11 @@ MODEL = "llmq-sim-lease-itest"  # no batcher routes real traffic here
 TTL_MS = 3000
 
 
-async def lines_until(stream: asyncio.StreamReader, text: str, bound_s: float = 60) -> None:
-    """Read ``stream`` (a worker's log) until a line holds ``text``."""
+async def logged(log: Path, text: str, bound_s: float = 60) -> None:
+    """Wait until a worker's ``log`` holds ``text``."""
     async with asyncio.timeout(bound_s):
-        while text not in (line := (await stream.readline()).decode()):
-            assert line, f"the worker exited before logging {text!r}"
+        while text not in log.read_text():
+            await asyncio.sleep(0.05)
 
 
 async def until(condition, bound_s: float = 60) -> None:
@@ -65,7 +66,7 @@ def one_request(request_id: str) -> wire.GenerationRequest:
     )
 
 
-async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_is_killed(settings):
+async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_is_killed(settings, tmp_path):
     run = uuid.uuid4().hex[:8]
     first_id, second_id = f"lease-a-{run}", f"lease-b-{run}"
     redis = aioredis.from_url(settings.redis_url)
@@ -78,25 +79,20 @@ async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_
         await results.position(tp)
     workers = []
     try:
-        for worker_id, log in ((first_id, asyncio.subprocess.DEVNULL), (second_id, asyncio.subprocess.PIPE)):
+        for worker_id in (first_id, second_id):
             options = ("--batch-time-ms", "50", "--metrics-port", "0")
             env = {"LLMQ_WORKER_LEASE_TTL_MS": str(TTL_MS)}
-            workers.append(
-                await worker_process(
-                    settings,
-                    worker_id,
-                    PARTITION,
-                    MODEL,
-                    *options,
-                    env=env,
-                    stdout=log,
-                    stderr=asyncio.subprocess.STDOUT,
+            with (tmp_path / f"{worker_id}.log").open("wb") as log:
+                workers.append(
+                    await worker_process(
+                        settings, worker_id, PARTITION, MODEL, *options, env=env, stdout=log, stderr=log
+                    )
                 )
-            )
             if worker_id == first_id:  # the first holds the partition and heartbeats before the second starts
                 await until(lambda: redis.exists(alive_key("worker", first_id)))
         first, second = workers
-        await lines_until(second.stdout, f"partition {PARTITION} of llmq.batches is held by worker {first_id}")
+        second_log = tmp_path / f"{second_id}.log"
+        await logged(second_log, f"partition {PARTITION} of llmq.batches is held by worker {first_id}")
         await send_batch(producer, f"lease-1-{run}", first_id, PARTITION, one_request(f"r1-{run}"))
         [served] = await results_of(results, {f"r1-{run}"})
         assert served.worker_id == first_id and not await redis.exists(alive_key("worker", second_id))
@@ -104,7 +100,7 @@ async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_
         first.send_signal(signal.SIGKILL)
         killed_s = time.monotonic()
         await first.wait()
-        await lines_until(second.stdout, f"holding partition {PARTITION}", bound_s=TTL_MS / 1000 + 30)
+        await logged(second_log, f"holding partition {PARTITION}", bound_s=TTL_MS / 1000 + 30)
         took_over_s = time.monotonic() - killed_s
         await send_batch(producer, f"lease-2-{run}", second_id, PARTITION, one_request(f"r2-{run}"))
         found = await results_of(results, {f"r2-{run}"})
@@ -113,7 +109,11 @@ async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_
         holder = msgspec.json.decode(await redis.get(worker_lease_key(PARTITION)), type=Holder)
         assert (holder.worker_id, holder.pid) == (second_id, second.pid)
         second.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(second.wait(), 60) == 0
+        try:
+            exit_code = await asyncio.wait_for(second.wait(), 60)
+        except TimeoutError:
+            pytest.fail(f"the worker did not stop on SIGTERM; its log ends:\n{second_log.read_text()[-3000:]}")
+        assert exit_code == 0
         assert await redis.get(worker_lease_key(PARTITION)) is None  # let go on a clean stop
     finally:
         for process in workers:

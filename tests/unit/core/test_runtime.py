@@ -79,3 +79,20 @@ async def test_a_loop_past_its_grace_is_cancelled_and_everything_still_closes():
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(task, 5)
     assert service.events[-3:] == ["helper cancelled", "last closed", "first closed"]
+
+
+async def test_a_helper_that_swallows_its_cancel_does_not_keep_the_process_from_ending(monkeypatch, caplog):
+    monkeypatch.setattr(runtime, "HELPERS_STOP_TIMEOUT_S", 0.2)
+    service = Service()
+
+    async def deaf_helper() -> None:  # as a loop over Python 3.11's wait_for may: the cancel is lost once
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        await asyncio.Event().wait()
+
+    service.helper = deaf_helper
+    task = await _serve_until_serving(service)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(task, 5)
+    assert service.events[-2:] == ["last closed", "first closed"]
+    assert "still running after their cancel" in caplog.text
