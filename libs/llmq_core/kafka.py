@@ -191,7 +191,8 @@ class RenewableProducer:
         if producer is None:
             return False
         try:
-            return bool(await asyncio.wait_for(producer.client.force_metadata_update(), timeout_s))
+            async with asyncio.timeout(timeout_s):  # not wait_for: 3.11's can swallow a watching loop's cancel
+                return bool(await producer.client.force_metadata_update())
         except Exception:
             return False
 

@@ -236,7 +236,8 @@ async def pod_heartbeat(redis: Redis, instance_id: str, clock: Clock, interval_m
     while True:
         beat = wire.PodHeartbeat(instance_id=instance_id, sent_ms=clock.now_ms())
         try:
-            await asyncio.wait_for(redis.set(key, wire.encode(beat), px=ttl_ms), REDIS_OP_TIMEOUT_S)
+            async with asyncio.timeout(REDIS_OP_TIMEOUT_S):  # not wait_for: 3.11's can swallow this loop's cancel
+                await redis.set(key, wire.encode(beat), px=ttl_ms)
         except Exception as exc:  # Redis down: keep serving; the batcher may treat the pod as gone meanwhile
             log.warning("pod heartbeat failed: %r", exc)
         await asyncio.sleep(interval_ms / 1000)

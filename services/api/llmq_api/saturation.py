@@ -77,7 +77,8 @@ class SaturationMonitor:
     async def run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self.refresh(), READ_TIMEOUT_S)
+                async with asyncio.timeout(READ_TIMEOUT_S):  # not wait_for: 3.11's can swallow this loop's cancel
+                    await self.refresh()
             except Exception as exc:
                 log.warning("reading batcher saturation failed: %r", exc)
             await asyncio.sleep(self._poll_s)
