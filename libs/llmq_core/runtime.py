@@ -30,7 +30,8 @@ from llmq_core.telemetry import setup_logging
 
 log = logging.getLogger(__name__)
 
-HELPERS_STOP_TIMEOUT_S = 5.0  # a helper still running this long after its cancel is left behind (logged)
+CANCEL_BOUND_S = 5.0  # a task still running this long after its first cancel is left behind (logged)
+RECANCEL_S = 0.1  # how often a task that lived through its cancel is cancelled again
 
 
 @dataclass
@@ -78,19 +79,24 @@ async def _supervise(work: Work) -> None:
         work.stop()
         await asyncio.wait_for(asyncio.gather(*tasks), work.grace_s)
     finally:
-        await _cancel_helpers([stopped, *helpers])
+        await cancel_and_wait([stopped, *helpers])  # before the clients they use are closed
 
 
-async def _cancel_helpers(helpers: list[asyncio.Task]) -> None:
-    """Cancel ``helpers`` and wait for them (before the clients they use are closed), at most
-    HELPERS_STOP_TIMEOUT_S: one that swallowed its cancel (Python 3.11's ``asyncio.wait_for`` can) must not keep the
-    process from exiting."""
-    for task in helpers:
-        task.cancel()
-    done, pending = await asyncio.wait(helpers, timeout=HELPERS_STOP_TIMEOUT_S)
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("%s ended with %r", task.get_name(), task.exception())
+async def cancel_and_wait(tasks: list[asyncio.Task], bound_s: float | None = None) -> None:
+    """Cancel ``tasks`` and wait until they have ended, cancelling again every RECANCEL_S any that is still running: a
+    cancel can be lost (Python 3.11's ``asyncio.wait_for``, which redis-py uses too, returns a result that arrived with
+    the cancel), and a loop then runs on. After ``bound_s`` (default CANCEL_BOUND_S) the rest is left behind, named in
+    the log. Their errors are not raised (a stopping owner has no use for them)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (CANCEL_BOUND_S if bound_s is None else bound_s)
+    pending = {task for task in tasks if not task.done()}
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, max(0.0, deadline - loop.time())))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: not reported again when the task is collected
     if pending:
         log.error("still running after their cancel, left behind: %s", ", ".join(t.get_name() for t in pending))
 

@@ -373,9 +373,7 @@ class Pod:
     async def stop(self) -> None:
         """Stop the loops, drop the pod's keys and close the clients."""
         self.draining = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, self.generation.stop(), return_exceptions=True)
+        await asyncio.gather(runtime.cancel_and_wait(self._tasks), self.generation.stop(), return_exceptions=True)
         with contextlib.suppress(Exception):  # refunds of requests that just ended (each bounded)
             await self.limiter.drain()
         with contextlib.suppress(Exception):

@@ -33,7 +33,7 @@ from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from llmq_batcher.spans import RequestSpans
-from llmq_core import constants, kafka, requests, tracing, wire
+from llmq_core import constants, kafka, requests, runtime, tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.models import BUILTIN_MODELS
@@ -141,9 +141,7 @@ class BatcherLoop:
         try:
             await self._decide()
         finally:
-            for task in feeders:
-                task.cancel()
-            await asyncio.gather(*feeders, return_exceptions=True)
+            await runtime.cancel_and_wait(feeders)
 
     # --- inputs -------------------------------------------------------------------------------------------------------
 

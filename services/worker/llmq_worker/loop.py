@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
-from llmq_core import tracing, wire
+from llmq_core import runtime, tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS, alive_key, streamed_key
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, dead_letter, headers
@@ -310,6 +310,4 @@ class WorkerLoop:
 
 
 async def _cancel(tasks: list[asyncio.Task]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await runtime.cancel_and_wait(tasks)

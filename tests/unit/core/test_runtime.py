@@ -81,18 +81,38 @@ async def test_a_loop_past_its_grace_is_cancelled_and_everything_still_closes():
     assert service.events[-3:] == ["helper cancelled", "last closed", "first closed"]
 
 
-async def test_a_helper_that_swallows_its_cancel_does_not_keep_the_process_from_ending(monkeypatch, caplog):
-    monkeypatch.setattr(runtime, "HELPERS_STOP_TIMEOUT_S", 0.2)
+async def test_a_helper_that_lost_its_cancel_is_cancelled_again_and_the_process_ends():
     service = Service()
 
-    async def deaf_helper() -> None:  # as a loop over Python 3.11's wait_for may: the cancel is lost once
+    async def helper() -> None:  # as a loop over Python 3.11's wait_for may: one cancel is lost
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
-        await asyncio.Event().wait()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            service.events.append("helper cancelled again")
+            raise
 
-    service.helper = deaf_helper
+    service.helper = helper
     task = await _serve_until_serving(service)
     os.kill(os.getpid(), signal.SIGTERM)
     await asyncio.wait_for(task, 5)
-    assert service.events[-2:] == ["last closed", "first closed"]
-    assert "still running after their cancel" in caplog.text
+    assert service.events[-3:] == ["helper cancelled again", "last closed", "first closed"]
+
+
+async def test_a_task_deaf_to_every_cancel_is_left_behind_after_the_bound(caplog):
+    deaf = asyncio.Event()
+    deaf.set()
+
+    async def loop() -> None:
+        while deaf.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+
+    task = asyncio.create_task(loop(), name="deaf")
+    await asyncio.sleep(0)  # running, inside its suppress
+    await runtime.cancel_and_wait([task], bound_s=0.3)
+    assert not task.done() and "left behind: deaf" in caplog.text
+    deaf.clear()  # let it end with the test
+    task.cancel()
+    await task
