@@ -267,6 +267,8 @@ def _client_error() -> Iterator[None]:
     """The shared checks (``llmq_core.requests``) raise RequestError: answer it as the same OpenAI error object."""
     try:
         yield
+    except ApiError:
+        raise
     except RequestError as exc:
         raise ApiError(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code) from None
 
