@@ -38,34 +38,11 @@ console = Console()
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
 
 
-def _stack(
-    state_dir: Path,
-    tiny_workers: int = 1,
-    sim_workers: int = 2,
-    sim_batch_time_ms: int = 500,
-    kafka_port: int = 9092,
-    redis_port: int = 6379,
-    api_port: int = 8000,
-    keys_file: Path | None = None,
-    smollm2_workers: int = 0,
-    secure: bool = False,
-) -> DevStack:
+def _stack(state_dir: Path, api_port: int = 8000, keys_file: Path | None = None, **shape) -> DevStack:
+    """The stack of two API pods from ``api_port`` on; ``shape``: the rest of :class:`StackConfig` (its defaults)."""
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
     extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
-    return DevStack(
-        StackConfig(
-            state_dir=state_dir,
-            tiny_workers=tiny_workers,
-            sim_workers=sim_workers,
-            sim_batch_time_ms=sim_batch_time_ms,
-            kafka_port=kafka_port,
-            redis_port=redis_port,
-            api_ports=(api_port, api_port + 1),
-            extra_env=extra_env,
-            smollm2_workers=smollm2_workers,
-            secure=secure,
-        )
-    )
+    return DevStack(StackConfig(state_dir=state_dir, api_ports=(api_port, api_port + 1), extra_env=extra_env, **shape))
 
 
 @dev.command("install")
@@ -103,15 +80,15 @@ def dev_up(
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
     stack = _stack(
         state_dir,
-        tiny_workers,
-        sim_workers,
-        sim_batch_time_ms,
-        kafka_port,
-        redis_port,
         api_port,
         keys_file,
-        smollm2_workers,
-        secure,
+        tiny_workers=tiny_workers,
+        sim_workers=sim_workers,
+        sim_batch_time_ms=sim_batch_time_ms,
+        kafka_port=kafka_port,
+        redis_port=redis_port,
+        smollm2_workers=smollm2_workers,
+        secure=secure,
     )
     started = time.perf_counter()
     try:
