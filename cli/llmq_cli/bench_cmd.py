@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import typer
@@ -318,20 +319,20 @@ def bench_pipeline(
         warmup=warmup,
         concurrency=concurrency,
         floor_messages=floor_messages,
-        batch_time_ms=batch_time_ms,
+        peer=replace(pipeline.PipelineConfig.peer, batch_time_ms=batch_time_ms, port=port_base + 500),
     )
     console = Console(stderr=True)
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
     runs = ([("baseline", baseline)] if baseline else []) + ([("llmq", None)] if "llmq" in chosen else [])
-    result: dict = {"config": {**cfg.__dict__, "baseline": str(baseline) if baseline else None}, "systems": {}}
+    result: dict = {"config": {**asdict(cfg), "baseline": str(baseline) if baseline else None}, "systems": {}}
     for name, checkout in runs:
         stack = CheckoutStack(
             checkout,
             state_dir / name,
             port_base,
-            sim_workers=cfg.workers,
-            sim_batch_time_ms=cfg.batch_time_ms,
-            sim_max_batch_size=cfg.max_batch_size,
+            sim_workers=cfg.peer.replicas,
+            sim_batch_time_ms=cfg.peer.batch_time_ms,
+            sim_max_batch_size=cfg.peer.max_batch_size,
             extra_env={"LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"},
         )
         console.print(f"{name}: starting its stack ({checkout or 'this checkout'})")
@@ -343,7 +344,7 @@ def bench_pipeline(
             stack.down()
     if "ray" in chosen:
         console.print("ray: starting Ray Serve")
-        result["systems"]["ray"] = pipeline.measure_ray(cfg, port_base + 500, console.print)
+        result["systems"]["ray"] = pipeline.measure_ray(cfg, console.print)
     if "llmq" in result["systems"]:
         llmq = result["systems"]["llmq"]
         result["goals"] = pipeline.goals(
