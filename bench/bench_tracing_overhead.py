@@ -169,7 +169,6 @@ async def run_pipeline(requests: int, mode: str) -> float:
     from llmq_core.clock import SYSTEM_CLOCK
     from llmq_core.settings import Settings
     from llmq_result_router.loop import ResultRouter
-    from llmq_worker.core import WorkerCore
     from llmq_worker.loop import WorkerLoop
 
     metrics = {}
@@ -196,19 +195,19 @@ async def run_pipeline(requests: int, mode: str) -> float:
         policy, bus, bus, redis, SYSTEM_CLOCK, max_queued=10**7, **_kwargs(BatcherLoop, metrics=metrics.get("batcher"))
     )
     engine = InstantEngine(ROUND)
-    core = WorkerCore(worker_id="w0", partition=0, model="llmq-sim", engine=engine, clock=SYSTEM_CLOCK)
-    worker = WorkerLoop(
-        core=core,
-        engine=engine,
-        consumer=bus,
-        producer=bus,
-        redis=redis,
-        clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=250,
-        shutdown_grace_s=1,
+    worker = WorkerLoop.build(
+        engine,
+        bus,
+        bus,
+        redis,
+        Settings(heartbeat_interval_ms=250, shutdown_grace_s=1),
+        worker_id="w0",
+        partition=0,
+        model="llmq-sim",
         max_pending=10**6,
-        **_kwargs(WorkerLoop, metrics=metrics.get("worker")),
+        **_kwargs(WorkerLoop.build, metrics=metrics.get("worker")),
     )
+    core = worker.core
     router = ResultRouter(Settings(), bus, bus, redis, **_kwargs(ResultRouter, metrics=metrics.get("router")))
     topic = constants.requests_topic("interactive")
     tp = _TopicPartition(topic)

@@ -7,7 +7,7 @@ One run, on this machine, on private stacks:
 2. llmq (two ``llmq-sim`` workers, ``batch_time_ms`` per batch, batch window 0) at 1 in flight and closed loop at
    ``concurrency`` in flight: end to end p50/p99, overhead (end to end minus engine time), throughput, and CPU ms per
    request of every process of the stack, the broker included (utime + stime from /proc, children included).
-3. Ray Serve (``bench.ray_peer``, same model, batch time and replicas, ``ray_wait_ms`` batch wait) at the same points.
+3. Ray Serve (``bench.ray_peer``, same model, batch time and replicas, ``batch_wait_timeout_s``) at the same points.
 
 The stack comes from the caller (``llmq bench pipeline`` starts it, possibly from another checkout): this module only
 needs its pids and ports. Run: ``llmq bench pipeline`` (``--baseline DIR`` measures another checkout in the same run).
@@ -34,6 +34,7 @@ from typing import Protocol
 import httpx
 
 from bench.loadgen import percentile
+from bench.ray_peer import PeerConfig, RayPeer
 
 FLOOR_TOPIC = "bench.floor"
 FLOOR_CHANNEL = "bench:floor"
@@ -43,19 +44,16 @@ PROMPT = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibon
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """What to measure: request counts per point (after ``warmup`` unmeasured ones), the engine's shape and the floor's
-    message count."""
+    """What to measure: request counts per point (after ``warmup`` unmeasured ones), the floor's message count, and
+    ``peer``: the shape both systems run at (llmq-sim workers as Ray's replicas) and Ray Serve's port."""
 
     requests: int = 2000
     light_requests: int = 500
     warmup: int = 200
     concurrency: int = 64
     floor_messages: int = 500
-    workers: int = 2
-    batch_time_ms: int = 5
-    max_batch_size: int = 64
+    peer: PeerConfig = PeerConfig(replicas=2, max_batch_size=64, batch_time_ms=5, batch_wait_timeout_s=0.005)
     max_tokens: int = 8
-    ray_wait_ms: int = 5
     api_key: str = "llmq-dev-key"
     timeout_s: float = 30.0
 
@@ -294,7 +292,7 @@ def measure_point(
         "requests": done,
         "failures": failures,
         "throughput_rps": round(len(latencies) / wall_s, 2),
-        **latency_figures(latencies, cfg.batch_time_ms),
+        **latency_figures(latencies, cfg.peer.batch_time_ms),
         "cpu": cpu_per_request(before, after, max(done, 1)),
     }
 
@@ -381,20 +379,9 @@ def ray_pids(own_pid: int) -> dict[str, int]:
     return found
 
 
-def measure_ray(cfg: PipelineConfig, port: int, log) -> dict:
+def measure_ray(cfg: PipelineConfig, log) -> dict:
     """Ray Serve with llmq's replicas, batch size and batch time, at the same points."""
-    from bench.ray_peer import PeerConfig, RayPeer
-
-    peer = RayPeer(
-        PeerConfig(
-            replicas=cfg.workers,
-            max_batch_size=cfg.max_batch_size,
-            batch_time_ms=cfg.batch_time_ms,
-            batch_wait_timeout_s=cfg.ray_wait_ms / 1000,
-            port=port,
-        ),
-        temp_dir=f"/tmp/ray-llmq-pipeline-{uuid.uuid4().hex[:6]}",
-    )
+    peer = RayPeer(cfg.peer, temp_dir=f"/tmp/ray-llmq-pipeline-{uuid.uuid4().hex[:6]}")
     peer.start()
     try:
         return measure_system([peer.base_url], lambda: ray_pids(os.getpid()), cfg, log)

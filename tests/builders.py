@@ -3,6 +3,8 @@ not care about."""
 
 from __future__ import annotations
 
+import time
+
 from llmq_core import jobs, wire
 
 MODEL = "llmq-sim"
@@ -27,6 +29,15 @@ def generation_request(
     return wire.GenerationRequest(
         request_id=request_id, created_ms=now_ms, deadline_ms=now_ms + deadline_in_ms, **fields
     )
+
+
+def kafka_request(request_id: str, topic: str, **fields) -> wire.GenerationRequest:
+    """A request for llmq-sim as a client produces it straight to Kafka: tenant ``dev``, created now (wall clock), due
+    in 60 s, 4 tokens at most, its reply on ``topic``; ``fields``: the rest (tenant_id, prompt, ...)."""
+    fields = {"tenant_id": "dev", "prompt": "hello", "sampling": wire.SamplingParams(max_tokens=4), **fields}
+    now_ms = int(time.time() * 1000)
+    reply_to = wire.KafkaReply(topic=topic)
+    return generation_request(request_id, now_ms=now_ms, deadline_in_ms=60_000, reply_to=reply_to, **fields)
 
 
 def job_spec(batch_id: str = "batch_x", **fields) -> jobs.JobSpec:

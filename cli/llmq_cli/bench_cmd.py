@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import typer
@@ -19,6 +20,7 @@ from rich.table import Table
 from bench import prompts as prompts_mod
 from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.options import BatchTimeMs, MaxBatch, PortBase, Seed, Systems
 from llmq_core.constants import STATS_BATCHER
 from llmq_core.settings import load_settings
 
@@ -75,7 +77,7 @@ def bench_load(
     wait_ready_s: float = typer.Option(
         0.0, help="First wait up to this long for every base URL's pod to be ready (/readyz; 0: no)."
     ),
-    seed: int = typer.Option(0),
+    seed: Seed = 0,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (progress goes to stderr)."),
 ) -> None:
     """Open-loop Poisson load against running API pods, then goodput, latency and TTFT per class, 429/504, batching."""
@@ -167,17 +169,17 @@ def print_report(report: dict, console: Console) -> None:
 
 @bench.command("curve")
 def bench_curve(
-    systems: str = typer.Option("llmq,ray", help="Systems to measure, one after the other: llmq, ray."),
+    systems: Systems = "llmq,ray",
     batch_time_ms: int = typer.Option(0, help="Simulated batch time; 0: derived from the measured saturation."),
     saturation_rps: float = typer.Option(0.0, help="Pipeline saturation throughput; 0: measure it first."),
     workers: int = typer.Option(2, help="Simulated workers (Ray: replicas)."),
-    max_batch_size: int = typer.Option(16, help="Largest batch of a worker (Ray: @serve.batch max_batch_size)."),
+    max_batch_size: MaxBatch = 16,
     ray_wait_ms: int = typer.Option(0, help="Ray's batch_wait_timeout_s in ms; 0: the batch time."),
     point_s: float = typer.Option(25.0, help="Arrival window of each load point, seconds."),
     loads: str = typer.Option("0.25,0.5,0.8,0.95,1.1", help="Offered load points, fractions of ideal capacity."),
     output: Path = typer.Option(Path("bench/results/capacity_curve.json"), help="JSON out; the PNG goes beside it."),
     state_dir: Path = typer.Option(Path("var/bench"), help="The private llmq stack's state folder."),
-    port_base: int = typer.Option(35000, help="Private ports: API +0/+1, Kafka +92 (+93), Redis +379, Ray Serve +500."),
+    port_base: PortBase = 35000,
 ) -> None:
     """Capacity curve of llmq-sim (seed 003 scaled to this machine), llmq then Ray Serve, as JSON and a PNG."""
     from bench import capacity_curve
@@ -251,6 +253,7 @@ _CHECKOUT_STACK = """
 import json, sys
 from pathlib import Path
 from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.options import BatchTimeMs, MaxBatch, PortBase, Seed, Systems
 cfg = json.loads(sys.argv[2])
 stack = DevStack(StackConfig(**{**cfg, "state_dir": Path(cfg["state_dir"]), "api_ports": tuple(cfg["api_ports"])}))
 stack.up(timeout_s=300, log=lambda *_: None) if sys.argv[1] == "up" else stack.down()
@@ -292,17 +295,17 @@ class CheckoutStack:
 
 @bench.command("pipeline")
 def bench_pipeline(
-    systems: str = typer.Option("llmq,ray", help="Systems to measure: llmq (this checkout), ray."),
+    systems: Systems = "llmq,ray",
     baseline: Path = typer.Option(None, help="Another checkout (with its own .venv) measured the same way, first."),
     requests: int = typer.Option(2000, help="Requests measured at saturation (after --warmup more)."),
     light_requests: int = typer.Option(500, help="Requests measured at 1 in flight."),
     warmup: int = typer.Option(200, help="Unmeasured requests before each point."),
     concurrency: int = typer.Option(64, help="In flight at saturation (closed loop)."),
     floor_messages: int = typer.Option(500, help="Messages of each floor hop (Kafka, Redis)."),
-    batch_time_ms: int = typer.Option(5, help="The simulated engine's time per batch (llmq-sim and Ray's peer)."),
+    batch_time_ms: BatchTimeMs = 5,
     output: Path = typer.Option(Path("bench/results/pipeline.json"), help="JSON out."),
     state_dir: Path = typer.Option(Path("var/bench-pipeline"), help="The private stacks' state folders (under it)."),
-    port_base: int = typer.Option(36000, help="Private ports: API +0/+1, Kafka +92 (+93), Redis +379, Ray Serve +500."),
+    port_base: PortBase = 36000,
     profile_dir: Path = typer.Option(
         None, help="py-spy profiles of every service at saturation here (summaries in JSON)."
     ),
@@ -317,20 +320,20 @@ def bench_pipeline(
         warmup=warmup,
         concurrency=concurrency,
         floor_messages=floor_messages,
-        batch_time_ms=batch_time_ms,
+        peer=replace(pipeline.PipelineConfig.peer, batch_time_ms=batch_time_ms, port=port_base + 500),
     )
     console = make_console(stderr=True)
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
     runs = ([("baseline", baseline)] if baseline else []) + ([("llmq", None)] if "llmq" in chosen else [])
-    result: dict = {"config": {**cfg.__dict__, "baseline": str(baseline) if baseline else None}, "systems": {}}
+    result: dict = {"config": {**asdict(cfg), "baseline": str(baseline) if baseline else None}, "systems": {}}
     for name, checkout in runs:
         stack = CheckoutStack(
             checkout,
             state_dir / name,
             port_base,
-            sim_workers=cfg.workers,
-            sim_batch_time_ms=cfg.batch_time_ms,
-            sim_max_batch_size=cfg.max_batch_size,
+            sim_workers=cfg.peer.replicas,
+            sim_batch_time_ms=cfg.peer.batch_time_ms,
+            sim_max_batch_size=cfg.peer.max_batch_size,
             extra_env={"LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"},
         )
         console.print(f"{name}: starting its stack ({checkout or 'this checkout'})")
@@ -342,7 +345,7 @@ def bench_pipeline(
             stack.down()
     if "ray" in chosen:
         console.print("ray: starting Ray Serve")
-        result["systems"]["ray"] = pipeline.measure_ray(cfg, port_base + 500, console.print)
+        result["systems"]["ray"] = pipeline.measure_ray(cfg, console.print)
     if "llmq" in result["systems"]:
         llmq = result["systems"]["llmq"]
         result["goals"] = pipeline.goals(

@@ -18,6 +18,7 @@ from llmq_cli.batchrun.command import run as batch_run
 from llmq_cli.bench_cmd import bench
 from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.options import ApiPort, AsJson, BatchTimeMs, DurationS, KafkaPort, MaxBatch, RedisPort, Seed
 from llmq_cli.slo import slo
 from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, reply_topic_prefixes
 from llmq_core.models import SMOLLM2_135M_INSTRUCT
@@ -38,34 +39,11 @@ console = make_console()
 STATE_DIR = typer.Option(Path("var/dev"), help="Folder for pid files, logs and Kafka data.")
 
 
-def _stack(
-    state_dir: Path,
-    tiny_workers: int = 1,
-    sim_workers: int = 2,
-    sim_batch_time_ms: int = 500,
-    kafka_port: int = 9092,
-    redis_port: int = 6379,
-    api_port: int = 8000,
-    keys_file: Path | None = None,
-    smollm2_workers: int = 0,
-    secure: bool = False,
-) -> DevStack:
+def _stack(state_dir: Path, api_port: int = 8000, keys_file: Path | None = None, **shape) -> DevStack:
+    """The stack of two API pods from ``api_port`` on; ``shape``: the rest of :class:`StackConfig` (its defaults)."""
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
     extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
-    return DevStack(
-        StackConfig(
-            state_dir=state_dir,
-            tiny_workers=tiny_workers,
-            sim_workers=sim_workers,
-            sim_batch_time_ms=sim_batch_time_ms,
-            kafka_port=kafka_port,
-            redis_port=redis_port,
-            api_ports=(api_port, api_port + 1),
-            extra_env=extra_env,
-            smollm2_workers=smollm2_workers,
-            secure=secure,
-        )
-    )
+    return DevStack(StackConfig(state_dir=state_dir, api_ports=(api_port, api_port + 1), extra_env=extra_env, **shape))
 
 
 @dev.command("install")
@@ -83,9 +61,9 @@ def dev_up(
     smollm2_workers: int = typer.Option(
         1, help="Workers serving smollm2-135m-instruct, a real model (transformers engine; `make setup` installs it)."
     ),
-    kafka_port: int = typer.Option(9092, help="Kafka listener port (the controller takes the next one)."),
-    redis_port: int = typer.Option(6379),
-    api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
+    kafka_port: KafkaPort = 9092,
+    redis_port: RedisPort = 6379,
+    api_port: ApiPort = 8000,
     keys_file: Path | None = typer.Option(
         None,
         exists=True,
@@ -103,15 +81,15 @@ def dev_up(
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
     stack = _stack(
         state_dir,
-        tiny_workers,
-        sim_workers,
-        sim_batch_time_ms,
-        kafka_port,
-        redis_port,
         api_port,
         keys_file,
-        smollm2_workers,
-        secure,
+        tiny_workers=tiny_workers,
+        sim_workers=sim_workers,
+        sim_batch_time_ms=sim_batch_time_ms,
+        kafka_port=kafka_port,
+        redis_port=redis_port,
+        smollm2_workers=smollm2_workers,
+        secure=secure,
     )
     started = time.perf_counter()
     try:
@@ -125,8 +103,8 @@ def dev_up(
 @dev.command("status")
 def dev_status(
     state_dir: Path = STATE_DIR,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    redis_port: int = typer.Option(6379),
+    as_json: AsJson = False,
+    redis_port: RedisPort = 6379,
     secure: bool = typer.Option(False, help="The stack was started with --secure."),
 ) -> None:
     """Each process the stack started: name, model, pid, the port it listens on, its /metrics port and health."""
@@ -180,17 +158,17 @@ def dev_create_topic(
 def simulate(
     rps: float = typer.Option(40_000, help="Offered load, requests per second."),
     replicas: int = typer.Option(170, help="Fixed-time batch workers."),
-    max_batch: int = typer.Option(64, help="Largest batch a worker runs."),
-    batch_time_ms: int = typer.Option(250, help="Time of one batch, whatever its size."),
-    duration_s: float = typer.Option(60, help="Simulated seconds of arrivals."),
+    max_batch: MaxBatch = 64,
+    batch_time_ms: BatchTimeMs = 250,
+    duration_s: DurationS = 60,
     pattern: str = typer.Option("poisson", help="poisson | bursty (3x the rate for 20% of every 10 s)."),
     wait_ms: int = typer.Option(20, help="Batch wait window of a free fixed-time worker."),
     paid_share: float = typer.Option(1.0, help="Share of paid-tier requests (the rest is free tier)."),
     mix: str = typer.Option(
         "interactive=1", help="Share per traffic class, e.g. interactive=0.8,near_interactive=0.15,deferred=0.05."
     ),
-    seed: int = typer.Option(0),
-    as_json: bool = typer.Option(False, "--json"),
+    seed: Seed = 0,
+    as_json: AsJson = False,
 ) -> None:
     """Discrete-event simulation of the batcher's own policy in front of fixed-time batch workers."""
     from bench.simulate import parse_mix, run_simulation
@@ -251,13 +229,13 @@ def simulate(
 @app.command("capacity")
 def capacity(
     peak_rps: float = typer.Option(40_000, help="Peak offered load, requests per second."),
-    max_batch: int = typer.Option(64),
-    batch_time_ms: int = typer.Option(250),
+    max_batch: MaxBatch = 64,
+    batch_time_ms: BatchTimeMs = 250,
     p99_target_ms: float = typer.Option(600),
     headroom: float = typer.Option(0.3, help="Share of capacity kept free at peak."),
     spare_replicas: int = typer.Option(1, help="Replicas added so that losing one host stays invisible."),
-    duration_s: float = typer.Option(20, help="Simulated seconds for the p99 beside the math."),
-    as_json: bool = typer.Option(False, "--json"),
+    duration_s: DurationS = 20,
+    as_json: AsJson = False,
 ) -> None:
     """Closed-form capacity math for fixed-time batch engines, beside the simulated p99 at the planned replica count."""
     from bench.capacity import capacity_report
@@ -311,7 +289,7 @@ def create_topics() -> None:
 @app.command("prompts")
 def make_prompts(
     count: int = typer.Option(300),
-    seed: int = typer.Option(0),
+    seed: Seed = 0,
     output: Path = typer.Option(Path("var/demo/prompts-code.jsonl"), "-o"),
 ) -> None:
     """Write code-completion prompts cut from this machine's Python standard library as JSONL."""
@@ -329,9 +307,9 @@ def run_demo(
     real_concurrency: int = typer.Option(8, help="Real-model requests in flight at once."),
     up: bool = typer.Option(True, help="Start the local stack first (no-op for what already runs)."),
     state_dir: Path = STATE_DIR,
-    kafka_port: int = typer.Option(9092),
-    redis_port: int = typer.Option(6379),
-    api_port: int = typer.Option(8000, help="First API pod's port; the second pod takes the next one."),
+    kafka_port: KafkaPort = 9092,
+    redis_port: RedisPort = 6379,
+    api_port: ApiPort = 8000,
 ) -> None:
     """Send real code-completion prompts (and chat questions to the real model) through the openai SDK to both API
     pods; print a latency table and three of the real model's answers."""

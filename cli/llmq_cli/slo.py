@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.table import Table
 
 from llmq_cli.console import make_console
+from llmq_cli.options import AsJson
 from llmq_core.constants import DEFERRED, INTERACTIVE, NEAR_INTERACTIVE
 from llmq_core.status import OutcomeLabel
 
@@ -124,7 +125,7 @@ def slo(
         None, "--url", help="A /metrics URL (repeat); default: every service of the dev stack."
     ),
     state_dir: Path = typer.Option(Path("var/dev"), help="The dev stack whose services to read (without --url)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: AsJson = False,
 ) -> None:
     """Per traffic class: p95 TTFT and p95/p99 total latency (interactive classes), completion by deadline (deferred)."""
     from llmq_cli.devstack import DevStack, StackConfig

@@ -12,19 +12,6 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import (
-    CorruptRecordException,
-    InvalidTopicError,
-    MessageSizeTooLargeError,
-    OutOfOrderSequenceNumber,
-    PolicyViolationError,
-    ProducerClosed,
-    ProducerFenced,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-    TopicAlreadyExistsError,
-    TopicAuthorizationFailedError,
-)
 from aiokafka.helpers import create_ssl_context
 
 from llmq_core import wire
@@ -54,16 +41,16 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES_CONFIG = "max.message.bytes"  # a topic's record (batch) limit on the broker
 # The broker (or the client's own max_request_size check) refuses this one record for good: retrying cannot help.
-RECORD_TOO_LARGE_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+RECORD_TOO_LARGE_ERRORS = (errors.MessageSizeTooLargeError, errors.RecordTooLargeError, errors.RecordListTooLargeError)
 RECORD_REFUSED_ERRORS = (
     *RECORD_TOO_LARGE_ERRORS,
-    CorruptRecordException,
-    InvalidTopicError,
-    TopicAuthorizationFailedError,
-    PolicyViolationError,
+    errors.CorruptRecordException,
+    errors.InvalidTopicError,
+    errors.TopicAuthorizationFailedError,
+    errors.PolicyViolationError,
 )
 # aiokafka's sender task dies on these and every later send of that producer fails the same way: only a new one helps.
-BROKEN_PRODUCER_ERRORS = (OutOfOrderSequenceNumber, ProducerFenced)
+BROKEN_PRODUCER_ERRORS = (errors.OutOfOrderSequenceNumber, errors.ProducerFenced)
 PRODUCER_RENEW_RETRY_MS = 1000  # after a fresh producer failed to start (broker away), the next try waits this long
 PRODUCER_CLOSE_TIMEOUT_S = 5.0  # a replaced producer's flush of its other records, at most
 
@@ -203,7 +190,7 @@ class RenewableProducer:
     def client(self):
         """The current producer's AIOKafkaClient (cluster metadata)."""
         if self._producer is None:
-            raise ProducerClosed()
+            raise errors.ProducerClosed()
         return self._producer.client
 
     async def send(
@@ -245,7 +232,7 @@ class RenewableProducer:
         if self._stale:
             await self._renew()
         if self._producer is None:
-            raise ProducerClosed()
+            raise errors.ProducerClosed()
         return self._producer
 
     async def _broke(self, producer: AIOKafkaProducer) -> None:
@@ -379,7 +366,7 @@ async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> b
         config = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
         response = await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=config)])
         [(_, code, *_)] = response.topic_errors
-        if code and code != TopicAlreadyExistsError.errno:
+        if code and code != errors.TopicAlreadyExistsError.errno:
             raise errors.for_code(code)(f"creating topic {topic!r}")
         await await_ready(admin, [topic], KAFKA_TOPICS_READY_TIMEOUT_S, raise_on_timeout=True)
     finally:
@@ -405,7 +392,7 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
         if missing:
             try:
                 await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
+            except errors.TopicAlreadyExistsError:
                 pass
             log.info("created topics %s", [t.name for t in missing])
         low = [

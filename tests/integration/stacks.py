@@ -24,7 +24,6 @@ from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
 from llmq_core.security import ROLE_ADMIN
 from llmq_core.settings import Settings
-from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
 
@@ -90,13 +89,13 @@ async def simulated_worker(
     ``async with`` block: yields its task. ``clients``: its ``consumer``, ``producer`` and ``redis``. Stopped after,
     and its engine closed."""
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=batch_time_ms)
-    core = WorkerCore(worker_id=worker_id, partition=partition, model=model, engine=engine, clock=SYSTEM_CLOCK)
-    loop = WorkerLoop(
-        core=core,
-        engine=engine,
-        clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=100,
-        shutdown_grace_s=5,
+    settings = Settings(heartbeat_interval_ms=100, shutdown_grace_s=5)
+    loop = WorkerLoop.build(
+        engine,
+        settings=settings,
+        worker_id=worker_id,
+        partition=partition,
+        model=model,
         max_pending=32,
         names=names,
         **clients,

@@ -24,6 +24,7 @@ from llmq_core.redis_client import make_redis
 from llmq_core.security import ROLE_ADMIN, ROLE_WORKER
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode
+from tests.builders import kafka_request
 from tests.infra import SECURE_INGRESS_PRINCIPALS, SECURE_REPLY_TOPIC_PREFIXES
 from tests.integration.stacks import private_stack
 from tests.integration.test_reply_topics import read_from
@@ -126,17 +127,7 @@ async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_
     admin = stack.cfg.settings(ROLE_ADMIN)
     reply_topic = f"{SECURE_REPLY_TOPIC_PREFIXES[0]}{uuid.uuid4().hex[:8]}"  # where the router may write replies
     assert await kafka.create_topic(admin, reply_topic)
-    now_ms = int(time.time() * 1000)
-    base = wire.GenerationRequest(
-        request_id="",
-        tenant_id="acme",
-        model="llmq-sim",
-        prompt="ingress ",
-        sampling=wire.SamplingParams(max_tokens=4),
-        created_ms=now_ms,
-        deadline_ms=now_ms + 60_000,
-        reply_to=wire.KafkaReply(topic=reply_topic),
-    )
+    base = kafka_request("", reply_topic, tenant_id="acme", prompt="ingress ")
     claims = msgspec.structs.replace(base, request_id=f"claim-{uuid.uuid4().hex}", tenant_id="victim")
     own = msgspec.structs.replace(base, request_id=f"own-{uuid.uuid4().hex}")
     producer = kafka.make_producer(stack.cfg.settings(PRINCIPAL))  # the ingress principal's own SCRAM user

@@ -101,7 +101,7 @@ def test_the_pipeline_bench_measures_the_floor_and_both_points_with_cpu_per_proc
     assert floor["p50_ms"] == pytest.approx(2 * floor["kafka_hop_p50_ms"] + floor["redis_hop_p50_ms"], abs=0.01)
     for point, requests in ((result["light"], 10), (result["saturation"], 40)):
         assert point["requests"] == requests and point["failures"] == 0
-        assert point["e2e_p50_ms"] >= cfg.batch_time_ms and point["throughput_rps"] > 0
+        assert point["e2e_p50_ms"] >= cfg.peer.batch_time_ms and point["throughput_rps"] > 0
         per_process = point["cpu"]["per_process_ms"]
         assert {"batcher", "result-router", "api-0", "worker-sim-0"} <= set(per_process)
         assert point["cpu"]["total_ms"] == pytest.approx(sum(per_process.values()), abs=0.01)

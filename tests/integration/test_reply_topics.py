@@ -22,6 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from llmq_core import constants, kafka, wire
 from llmq_core.settings import Settings
+from tests.builders import kafka_request
 from tests.integration.stacks import sim_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -52,20 +53,6 @@ async def kafka_clients(stack):
     finally:
         await producer.stop()
         await reader.stop()
-
-
-def request(request_id: str, topic: str) -> wire.GenerationRequest:
-    now_ms = int(time.time() * 1000)
-    return wire.GenerationRequest(
-        request_id=request_id,
-        tenant_id="dev",
-        model="llmq-sim",
-        prompt="hello",
-        sampling=wire.SamplingParams(max_tokens=4),
-        created_ms=now_ms,
-        deadline_ms=now_ms + 60_000,
-        reply_to=wire.KafkaReply(topic=topic),
-    )
 
 
 async def produce(producer, req: wire.GenerationRequest) -> None:
@@ -130,8 +117,8 @@ async def test_reserved_reply_topics_are_refused_at_entry_and_the_next_request_i
     guarded = await ends(producer, reader, GUARDED)
     dead = await ends(producer, reader, [constants.TOPIC_DEAD_LETTERS])
     for request_id, topic in refused.items():
-        await produce(producer, request(request_id, topic))
-    await produce(producer, request(f"good-{tag}", good_topic))
+        await produce(producer, kafka_request(request_id, topic))
+    await produce(producer, kafka_request(f"good-{tag}", good_topic))
 
     [reply] = await read_from(reader, {TopicPartition(good_topic, 0): 0}, lambda records: records, 60)
     assert json.loads(reply.value)["request_id"] == f"good-{tag}"
@@ -181,8 +168,8 @@ async def test_a_missing_reply_topic_is_dead_lettered_and_the_results_behind_it_
     good = partition_id(f"good-{tag}", 0, partitions)
     started = time.monotonic()
     for request_id, topic in poison.items():
-        await produce(producer, request(request_id, topic))
-    await produce(producer, request(good, good_topic))
+        await produce(producer, kafka_request(request_id, topic))
+    await produce(producer, kafka_request(good, good_topic))
     batch = await client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
 
     [reply] = await read_from(reader, {TopicPartition(good_topic, 0): 0}, lambda records: records, 60)
@@ -208,16 +195,16 @@ async def test_fresh_missing_reply_topics_are_dead_lettered_at_once_and_hold_up_
     tag = uuid.uuid4().hex[:8]
     good_topic = f"test.replies.{tag}"
     await kafka.create_topic(settings, good_topic)
-    await produce(producer, request(f"warm-{tag}", good_topic))  # the stack answers Kafka replies at all
+    await produce(producer, kafka_request(f"warm-{tag}", good_topic))  # the stack answers Kafka replies at all
     await read_from(reader, {TopicPartition(good_topic, 0): 0}, lambda records: records, 60)
     dead = await ends(producer, reader, [constants.TOPIC_DEAD_LETTERS])
     partitions = sorted(await producer.partitions_for(constants.TOPIC_RESULTS))
     poison = {partition_id(f"fresh-{tag}-{i}", 0, partitions): f"test.missing.{tag}.{i}" for i in range(16)}
     for request_id, topic in poison.items():  # all on the good reply's llmq.results partition, ahead of it
-        await produce(producer, request(request_id, topic))
+        await produce(producer, kafka_request(request_id, topic))
     good = partition_id(f"good-{tag}", 0, partitions)
     started = time.monotonic()
-    await produce(producer, request(good, good_topic))
+    await produce(producer, kafka_request(good, good_topic))
 
     def answered(records):
         return any(json.loads(r.value)["request_id"] == good for r in records)

@@ -19,7 +19,7 @@ from llmq_cli.batchrun.jobfile import IdTemplate, Job, JobFileError, read_job
 from llmq_cli.batchrun.manifest import COLLECTED, Manifest, Shard
 from llmq_cli.batchrun.outcomes import OUTCOMES, Validator, schema_validator
 from llmq_cli.batchrun.pipeline import Pipeline, RunConfig
-from llmq_cli.batchrun.report import Prices, summary, write_outputs
+from llmq_cli.batchrun.report import Prices, conclude
 from llmq_cli.batchrun.shard import LineTooLarge, shard_limits
 from llmq_core.jobs import parse_window
 
@@ -107,19 +107,16 @@ def run(
     limits = shard_limits(api.limits(), shard_max_requests, shard_max_bytes)
     config = RunConfig(window, max_rounds, limits, max_active_shards, poll_interval_s)
     _run(Pipeline(api, manifest, job, config, template=template, validate=validate), as_json)
-    dead_letters = output.with_name(f"{output.stem}.dead-letter.jsonl")
-    written = write_outputs(job, manifest, output, dead_letters)
-    report = summary(
+    written, report = conclude(
         job,
         manifest,
-        written,
+        output,
         max_rounds=max_rounds,
         window_s=window_s,
         prices=Prices(price_input_per_m, price_output_per_m, batch_discount),
         started_s=started_s,
         now_s=time.time(),
         deadline_s=deadline_s,
-        files={"output": str(output), "dead_letter": str(dead_letters), "manifest": str(manifest.path)},
     )
     manifest.close()
     if as_json:

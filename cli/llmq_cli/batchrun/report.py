@@ -111,3 +111,12 @@ def summary(
         },
         "files": files,
     }
+
+
+def conclude(job: Job, manifest: Manifest, output: Path, **terms) -> tuple[Written, dict]:
+    """The run's end: ``output`` and its dead-letter file (``<output stem>.dead-letter.jsonl``) written, and the
+    :func:`summary` (``terms``: its keyword arguments but ``files``) naming both files and the manifest."""
+    dead_letters = output.with_name(f"{output.stem}.dead-letter.jsonl")
+    written = write_outputs(job, manifest, output, dead_letters)
+    files = {"output": str(output), "dead_letter": str(dead_letters), "manifest": str(manifest.path)}
+    return written, summary(job, manifest, written, files=files, **terms)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from redis.exceptions import ResponseError
 
 from llmq_core.constants import HTTP_RETRY_AFTER, HTTP_SHOULD_RETRY
+from llmq_core.requests import RequestError
 from llmq_core.status import ErrorCode, ErrorType
 
 RETRY_AFTER_S = 1  # what 429/503 answers tell clients to wait
@@ -15,12 +16,11 @@ STORE_UNAVAILABLE = "store_unavailable"
 RETRYABLE_STATUSES = frozenset({429, 503})  # overload and unavailability pass; a deadline, a client mistake do not
 
 
-class ApiError(Exception):
-    """A request's terminal error as the client sees it.
-
-    ``status`` is the HTTP status; ``param`` names the offending request field or header (``None`` when none does);
-    ``headers`` are extra response headers such as ``retry-after``; ``retryable`` says whether the same request may
-    succeed later (default: the status is 429 or 503).
+class ApiError(RequestError):
+    """A request's terminal error as the client sees it: a :class:`~llmq_core.requests.RequestError` (``status``,
+    message, type, ``param``: the offending request field or header, ``code``) with ``headers``, extra response headers
+    such as ``retry-after``, and ``retryable``, whether the same request may succeed later (default: the status is 429
+    or 503).
     """
 
     def __init__(
@@ -34,12 +34,7 @@ class ApiError(Exception):
         headers: Mapping[str, str] | None = None,
         retryable: bool | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
+        super().__init__(status, message, param=param, code=code, type=type)
         self.headers = dict(headers or {})
         self.retryable = status in RETRYABLE_STATUSES if retryable is None else retryable
 

@@ -4,110 +4,70 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
 from llmq_core.labels import LabelSet
-from llmq_core.metrics import LATENCY_BUCKETS_S
+from llmq_core.metrics import CLASS_MODEL, _Metrics
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-class ApiMetrics:
+class ApiMetrics(_Metrics):
     """Requests by endpoint/outcome/status, in-flight waiters, latencies, dropped replies, published cancels."""
-
-    content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, in_flight: Callable[[], int], labels: LabelSet = LabelSet()) -> None:
         """``labels``: the model names the ``model`` label may carry (others, e.g. announced by a worker but not in
         the catalogue, read ``other``)."""
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.labels = labels
-        self.requests = Counter(
-            "llmq_api_requests",
-            "Finished HTTP generation requests",
-            ["endpoint", "outcome", "status"],
-            registry=self.registry,
+        self.requests = self.counter(
+            "llmq_api_requests", "Finished HTTP generation requests", ("endpoint", "outcome", "status")
         )
-        self.in_flight = Gauge(
-            "llmq_api_in_flight", "Requests waiting for their result on this pod", registry=self.registry
-        )
+        self.in_flight = self.gauge("llmq_api_in_flight", "Requests waiting for their result on this pod")
         self.in_flight.set_function(in_flight)
-        self.latency = Histogram(
-            "llmq_api_request_duration_seconds",
-            "Accept to last byte, by endpoint",
-            ["endpoint"],
-            buckets=_LATENCY_BUCKETS_S,
-            registry=self.registry,
+        self.latency = self.histogram(
+            "llmq_api_request_duration_seconds", "Accept to last byte, by endpoint", ("endpoint",), _LATENCY_BUCKETS_S
         )
-        self.ttft = Histogram(
-            "llmq_api_time_to_first_token_seconds",
-            "Accept to first streamed text",
-            ["endpoint"],
-            buckets=_LATENCY_BUCKETS_S,
-            registry=self.registry,
+        self.ttft = self.histogram(
+            "llmq_api_time_to_first_token_seconds", "Accept to first streamed text", ("endpoint",), _LATENCY_BUCKETS_S
         )
-        self.dropped_replies = Counter(
-            "llmq_api_dropped_replies", "Replies for unknown or finished requests", registry=self.registry
-        )
-        self.forged_replies = Counter(
+        self.dropped_replies = self.counter("llmq_api_dropped_replies", "Replies for unknown or finished requests")
+        self.forged_replies = self.counter(
             "llmq_api_forged_replies",
             "Replies for a request this pod holds that name another tenant (forgeries, dropped)",
-            registry=self.registry,
         )
-        self.cancels = Counter(
-            "llmq_api_cancels_published", "Cancels this pod published, by reason", ["reason"], registry=self.registry
-        )
-        self.admission_rejections = Counter(
+        self.cancels = self.counter("llmq_api_cancels_published", "Cancels this pod published, by reason", ("reason",))
+        self.admission_rejections = self.counter(
             "llmq_api_admission_rejections",
             "429s before any work: overload (queue_wait, queue_depth, pod_in_flight) "
             "or tenant limits (tenant_requests, tenant_tokens), by priority class",
-            ["priority_class", "reason"],
-            registry=self.registry,
+            ("priority_class", "reason"),
         )
-        self.idempotent_replays = Counter(
-            "llmq_api_idempotent_replays",
-            "Retries answered from an earlier request (stored result or joined)",
-            registry=self.registry,
+        self.idempotent_replays = self.counter(
+            "llmq_api_idempotent_replays", "Retries answered from an earlier request (stored result or joined)"
         )
         # by traffic class and model (``unknown`` while not known yet): what the SLOs and autoscaling read
-        self.responses = Counter(
-            "llmq_api_responses",
-            "Generation responses by class, model and HTTP status",
-            ["traffic_class", "model", "code"],
-            registry=self.registry,
+        self.responses = self.counter(
+            "llmq_api_responses", "Generation responses by class, model and HTTP status", (*CLASS_MODEL, "code")
         )
-        self.throttled = Counter(
-            "llmq_api_throttled",
-            "429 answers (admission, tenant limits, full queues), by class",
-            ["traffic_class"],
-            registry=self.registry,
+        self.throttled = self.counter(
+            "llmq_api_throttled", "429 answers (admission, tenant limits, full queues), by class", ("traffic_class",)
         )
-        self.deadline_exceeded = Counter(
-            "llmq_api_deadline_exceeded",
-            "504 answers (deadline passed), by class",
-            ["traffic_class", "model"],
-            registry=self.registry,
+        self.deadline_exceeded = self.counter(
+            "llmq_api_deadline_exceeded", "504 answers (deadline passed), by class", CLASS_MODEL
         )
-        self.class_latency = Histogram(
+        self.class_latency = self.histogram(
             "llmq_api_request_latency_seconds",
             "Accept to last byte of an accepted request (what the client waited)",
-            ["traffic_class", "model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
+            CLASS_MODEL,
         )
-        self.class_ttft = Histogram(
+        self.class_ttft = self.histogram(
             "llmq_api_ttft_seconds",
             "Accept to first token: first streamed text, else the result's first token",
-            ["traffic_class", "model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
+            CLASS_MODEL,
         )
-
-        self.dependency_up = Gauge(
+        self.dependency_up = self.gauge(
             "llmq_api_dependency_up",
             "1 while a shared dependency (kafka, redis) is up for this pod, as /dependencies reports it",
-            ["dependency"],
-            registry=self.registry,
+            ("dependency",),
         )
 
     def track_dependencies(self, dependencies: list) -> None:
@@ -141,7 +101,3 @@ class ApiMetrics:
             self.class_latency.labels(cls, model).observe(duration_s)
         if ttft_s is not None:
             self.class_ttft.labels(cls, model).observe(ttft_s)
-
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)

@@ -6,6 +6,7 @@ tokens, 0 when unknown) and their token counters (model -> its tokenizer; others
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -181,72 +182,73 @@ def parse_traffic_class(value: str | None) -> str:
 # --- bodies ----------------------------------------------------------------------------------------------------------
 
 
-def parse_completion(
+def parse(
+    endpoint: wire.Endpoint,
     body: bytes,
     models: Mapping[str, int],
     *,
     max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES,
     counters: Mapping[str, TokenCounter] = {},
 ) -> ValidRequest:
-    """Validate a ``/v1/completions`` body. ``models`` maps served model names to context windows (0: unknown);
-    ``max_stop_bytes``: UTF-8 bytes of one stop sequence, at most (Settings.api_max_stop_bytes).
+    """Validate a body of ``endpoint`` (``/v1/completions``: :func:`parse_completion`, ``/v1/chat/completions``:
+    :func:`parse_chat`). ``models`` maps served model names to context windows (0: unknown); ``max_stop_bytes``: UTF-8
+    bytes of one stop sequence, at most (Settings.api_max_stop_bytes).
 
     Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
     """
-    raw = _decode(body, _CompletionBody)
+    chat = endpoint == "chat.completions"
+    raw = _decode(body, _ChatBody if chat else _CompletionBody)
     with _client_error():
         context_window = requests.check_model(raw.model, models)
-        _reject_unsupported(
-            raw,
-            echo=bool(raw.echo),
-            logprobs=raw.logprobs is not None,
-            best_of=raw.best_of not in (None, 1),
-            suffix=bool(raw.suffix),
-        )
-        prompt = _single_prompt(raw.prompt)
-        sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
-        prompt_tokens = requests.count_prompt(counters.get(raw.model, BYTES), prompt=prompt)
-        requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
-    return _valid(raw, "completions", sampling, prompt_tokens, prompt=prompt)
+        counter = counters.get(raw.model, BYTES)
+        sampling, prompt_tokens, text = (_chat if chat else _completion)(raw, context_window, max_stop_bytes, counter)
+    return _valid(raw, endpoint, sampling, prompt_tokens, **text)
 
 
-def parse_chat(
-    body: bytes,
-    models: Mapping[str, int],
-    *,
-    max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES,
-    counters: Mapping[str, TokenCounter] = {},
-) -> ValidRequest:
-    """Validate a ``/v1/chat/completions`` body; ``max_completion_tokens`` wins over ``max_tokens``. Without either
-    (absent or null) the completion is bounded only by the context window and the result cap (OpenAI's chat contract):
-    see :func:`chat_max_tokens`.
+parse_completion = functools.partial(parse, "completions")
+parse_chat = functools.partial(parse, "chat.completions")
+_Checked = tuple[wire.SamplingParams, int, dict[str, Any]]  # sampling, prompt tokens, the prompt or the messages
 
-    Raises :class:`ApiError` like :func:`parse_completion`.
-    """
-    raw = _decode(body, _ChatBody)
-    with _client_error():
-        context_window = requests.check_model(raw.model, models)
-        _reject_unsupported(
-            raw,
-            logprobs=bool(raw.logprobs),
-            top_logprobs=bool(raw.top_logprobs),
-            tools=bool(raw.tools),
-            functions=bool(raw.functions),
-            response_format=raw.response_format is not None and raw.response_format.type != "text",
+
+def _completion(raw: _CompletionBody, context_window: int, max_stop_bytes: int, counter: TokenCounter) -> _Checked:
+    _reject_unsupported(
+        raw,
+        echo=bool(raw.echo),
+        logprobs=raw.logprobs is not None,
+        best_of=raw.best_of not in (None, 1),
+        suffix=bool(raw.suffix),
+    )
+    prompt = _single_prompt(raw.prompt)
+    sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
+    prompt_tokens = requests.count_prompt(counter, prompt=prompt)
+    requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
+    return sampling, prompt_tokens, {"prompt": prompt}
+
+
+def _chat(raw: _ChatBody, context_window: int, max_stop_bytes: int, counter: TokenCounter) -> _Checked:
+    """``max_completion_tokens`` wins over ``max_tokens``. Without either (absent or null) the completion is bounded
+    only by the context window and the result cap (OpenAI's chat contract): see :func:`chat_max_tokens`."""
+    _reject_unsupported(
+        raw,
+        logprobs=bool(raw.logprobs),
+        top_logprobs=bool(raw.top_logprobs),
+        tools=bool(raw.tools),
+        functions=bool(raw.functions),
+        response_format=raw.response_format is not None and raw.response_format.type != "text",
+    )
+    messages = _chat_messages(raw.messages)
+    max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
+    max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
+    sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
+    prompt_tokens = requests.count_prompt(counter, messages=messages)
+    if max_tokens is None:
+        sampling = msgspec.structs.replace(
+            sampling, max_tokens=chat_max_tokens(prompt_tokens, context_window, sampling.n)
         )
-        messages = _chat_messages(raw.messages)
-        max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
-        max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
-        sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
-        prompt_tokens = requests.count_prompt(counters.get(raw.model, BYTES), messages=messages)
-        if max_tokens is None:
-            sampling = msgspec.structs.replace(
-                sampling, max_tokens=chat_max_tokens(prompt_tokens, context_window, sampling.n)
-            )
-        requests.check_context(
-            prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param
-        )
-    return _valid(raw, "chat.completions", sampling, prompt_tokens, messages=messages)
+    requests.check_context(
+        prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param
+    )
+    return sampling, prompt_tokens, {"messages": messages}
 
 
 def _valid(
@@ -269,6 +271,8 @@ def _client_error() -> Iterator[None]:
     """The shared checks (``llmq_core.requests``) raise RequestError: answer it as the same OpenAI error object."""
     try:
         yield
+    except ApiError:
+        raise
     except RequestError as exc:
         raise ApiError(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code) from None
 

@@ -16,11 +16,12 @@ from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from llmq_core import runtime, tracing, wire
-from llmq_core.clock import Clock
+from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS, alive_key, streamed_key
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, dead_letter, headers
 from llmq_core.metrics import WorkerMetrics
 from llmq_core.names import Names
+from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode
 from llmq_core.telemetry import request_fields
 from llmq_worker.core import Outbox, WorkerCore, refused_result, streams
@@ -73,6 +74,45 @@ class WorkerLoop:
         self._metrics = metrics
         self._names = names
         self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
+
+    @classmethod
+    def build(
+        cls,
+        engine: Engine,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        redis,
+        settings: Settings,
+        *,
+        worker_id: str,
+        partition: int,
+        model: str,
+        clock: Clock = SYSTEM_CLOCK,
+        max_pending: int | None = None,
+        metrics: WorkerMetrics | None = None,
+        names: Names = Names(),
+    ) -> WorkerLoop:
+        """A loop over a fresh :class:`WorkerCore` of ``engine``: worker ``worker_id`` serving ``model`` on
+        ``partition``, heartbeat and shutdown grace from ``settings``; ``max_pending`` None: four times the engine's
+        slots."""
+        core = WorkerCore(worker_id=worker_id, partition=partition, model=model, engine=engine, clock=clock)
+        return cls(
+            core=core,
+            engine=engine,
+            consumer=consumer,
+            producer=producer,
+            redis=redis,
+            clock=clock,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            shutdown_grace_s=settings.shutdown_grace_s,
+            max_pending=4 * engine.capacity().max_slots if max_pending is None else max_pending,
+            metrics=metrics,
+            names=names,
+        )
+
+    @property
+    def core(self) -> WorkerCore:
+        return self._core
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a task fails (re-raised after cleanup)."""

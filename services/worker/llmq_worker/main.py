@@ -12,13 +12,11 @@ import functools
 import logging
 
 from llmq_core import metrics, runtime
-from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import worker_group
 from llmq_core.kafka import make_consumer, make_renewable_producer, require_topic_limits
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings, load_settings
 from llmq_worker import checkpoints
-from llmq_worker.core import WorkerCore
 from llmq_worker.engine import Engine
 from llmq_worker.lease import PartitionLease, this_process
 from llmq_worker.loop import WorkerLoop
@@ -136,19 +134,15 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     producer = make_renewable_producer(settings)  # a refused result does not break it
     consumer = make_consumer(settings, group_id=worker_group(args.partition))
     await runtime.start(stack, producer, consumer)
-    core = WorkerCore(
-        worker_id=args.worker_id, partition=args.partition, model=args.model, engine=engine, clock=SYSTEM_CLOCK
-    )
-    worker = WorkerLoop(
-        core=core,
-        engine=engine,
-        consumer=consumer,
-        producer=producer,
-        redis=redis,
-        clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=settings.heartbeat_interval_ms,
-        shutdown_grace_s=settings.shutdown_grace_s,
-        max_pending=4 * engine.capacity().max_slots,
+    worker = WorkerLoop.build(
+        engine,
+        consumer,
+        producer,
+        redis,
+        settings,
+        worker_id=args.worker_id,
+        partition=args.partition,
+        model=args.model,
         metrics=observed,
     )
     log.info("worker %s serving %s on partition %d", args.worker_id, args.model, args.partition)

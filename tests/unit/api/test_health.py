@@ -16,62 +16,57 @@ def breaker(clock: FakeClock) -> CircuitBreaker:
 
 
 # Each step: (ms to advance, event, expected allow() result or None, state after, retry_after_ms after).
-# Events: "allow" calls allow(); "ok" / "fail" report a produce.
+# Events: "allow" calls allow(); "ok" / "fail" report a produce. Steps several cases begin or end with are named.
+PASSES = (0, "allow", True, CLOSED, 0)
+OPENED = (0, "fail", None, OPEN, 1000)  # for the first backoff
+PROBING = [OPENED, (1000, "allow", True, HALF_OPEN, 2000)]  # the backoff passed: one request probes
+REPROBING = [*PROBING, (0, "fail", None, OPEN, 2000), (2000, "allow", True, HALF_OPEN, 2000)]  # after a failed probe
 STEPS = {
     "closed passes and stays closed on success": [
-        (0, "allow", True, CLOSED, 0),
+        PASSES,
         (0, "ok", None, CLOSED, 0),
         (5000, "allow", True, CLOSED, 0),
     ],
     "a failure opens: refused at once until the backoff has passed": [
-        (0, "fail", None, OPEN, 1000),
+        OPENED,
         (0, "allow", False, OPEN, 1000),
         (400, "allow", False, OPEN, 600),
         (599, "allow", False, OPEN, 1),
     ],
     "past the backoff one request probes, the others are still refused": [
-        (0, "fail", None, OPEN, 1000),
-        (1000, "allow", True, HALF_OPEN, 2000),
+        *PROBING,
         (10, "allow", False, HALF_OPEN, 1990),
     ],
     "a successful probe closes": [
-        (0, "fail", None, OPEN, 1000),
-        (1000, "allow", True, HALF_OPEN, 2000),
+        *PROBING,
         (0, "ok", None, CLOSED, 0),
-        (0, "allow", True, CLOSED, 0),
+        PASSES,
     ],
     "a failed probe reopens for twice the backoff, capped": [
-        (0, "fail", None, OPEN, 1000),
-        (1000, "allow", True, HALF_OPEN, 2000),
-        (0, "fail", None, OPEN, 2000),
-        (2000, "allow", True, HALF_OPEN, 2000),
+        *REPROBING,
         (0, "fail", None, OPEN, 3000),
         (3000, "allow", True, HALF_OPEN, 2000),
         (0, "fail", None, OPEN, 3000),
     ],
     "after closing, the next outage starts from the first backoff again": [
-        (0, "fail", None, OPEN, 1000),
-        (1000, "allow", True, HALF_OPEN, 2000),
-        (0, "fail", None, OPEN, 2000),
-        (2000, "allow", True, HALF_OPEN, 2000),
+        *REPROBING,
         (0, "ok", None, CLOSED, 0),
-        (0, "fail", None, OPEN, 1000),
+        OPENED,
     ],
     "stragglers failing while open do not extend the backoff": [
-        (0, "fail", None, OPEN, 1000),
+        OPENED,
         (500, "fail", None, OPEN, 500),
         (500, "allow", True, HALF_OPEN, 2000),
     ],
     "a probe that never reports is replaced after the probe timeout": [
-        (0, "fail", None, OPEN, 1000),
-        (1000, "allow", True, HALF_OPEN, 2000),
+        *PROBING,
         (1999, "allow", False, HALF_OPEN, 1),
         (1, "allow", True, HALF_OPEN, 2000),
     ],
     "an acknowledged produce closes it whatever the state (the producer recovered)": [
-        (0, "fail", None, OPEN, 1000),
+        OPENED,
         (100, "ok", None, CLOSED, 0),
-        (0, "allow", True, CLOSED, 0),
+        PASSES,
     ],
 }
 

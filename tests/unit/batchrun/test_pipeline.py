@@ -9,7 +9,7 @@ from llmq_cli.batchrun.jobfile import read_job
 from llmq_cli.batchrun.manifest import Manifest
 from llmq_cli.batchrun.outcomes import schema_validator
 from llmq_cli.batchrun.pipeline import Pipeline, RunConfig
-from llmq_cli.batchrun.report import Prices, summary, write_outputs
+from llmq_cli.batchrun.report import Prices, conclude
 from llmq_cli.batchrun.shard import ShardLimits
 from tests.unit.batchrun.fakes import FakeBatchApi, ended, failed, ok
 
@@ -36,18 +36,16 @@ def run(api, job, tmp_path, config=CONFIG, **kwargs):
 
 def finish(job, manifest, tmp_path, max_rounds=2):
     out, dead = tmp_path / "out.jsonl", tmp_path / "out.dead-letter.jsonl"
-    written = write_outputs(job, manifest, out, dead)
-    report = summary(
+    _, report = conclude(
         job,
         manifest,
-        written,
+        out,
         max_rounds=max_rounds,
         window_s=86400,
         prices=Prices(2.0, 10.0, 0.5),
         started_s=0,
         now_s=60,
         deadline_s=86400 * 3,
-        files={},
     )
     return (
         [json.loads(x) for x in out.read_text().splitlines()],

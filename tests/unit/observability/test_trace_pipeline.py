@@ -24,7 +24,6 @@ from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.metrics import BatcherMetrics, RouterMetrics, WorkerMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
-from llmq_worker.core import WorkerCore
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
 from tests.builders import generation_request
@@ -92,20 +91,20 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
         policy, FakeConsumer(), bus, FakeRedis(), SYSTEM_CLOCK, max_queued=100, metrics=BatcherMetrics()
     )
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=20)
-    core = WorkerCore(worker_id="w0", partition=0, model="llmq-sim", engine=engine, clock=SYSTEM_CLOCK)
     worker_metrics = WorkerMetrics("llmq-sim")
-    worker = WorkerLoop(
-        core=core,
-        engine=engine,
-        consumer=bus,
-        producer=bus,
-        redis=FakeRedis(),
-        clock=SYSTEM_CLOCK,
-        heartbeat_interval_ms=250,
-        shutdown_grace_s=1,
+    worker = WorkerLoop.build(
+        engine,
+        bus,
+        bus,
+        FakeRedis(),
+        Settings(heartbeat_interval_ms=250, shutdown_grace_s=1),
+        worker_id="w0",
+        partition=0,
+        model="llmq-sim",
         max_pending=32,
         metrics=worker_metrics,
     )
+    core = worker.core
     router_metrics = RouterMetrics()
     router = ResultRouter(Settings(), FakeConsumer(), bus, FakeRedis(), metrics=router_metrics)
     policy.on_heartbeat(core.heartbeat(SYSTEM_CLOCK.now_ms(), engine.context_window), SYSTEM_CLOCK.now_ms())

@@ -210,11 +210,10 @@ def _check_line(
 def _check_body(
     body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int], limits: Limits
 ) -> InputLine:
-    parse = (
-        validation.parse_chat if jobs.BATCH_ENDPOINTS[endpoint] == "chat.completions" else validation.parse_completion
-    )
     try:
-        valid = parse(body, models, max_stop_bytes=limits.max_stop_bytes, counters=limits.counters)
+        valid = validation.parse(
+            jobs.BATCH_ENDPOINTS[endpoint], body, models, max_stop_bytes=limits.max_stop_bytes, counters=limits.counters
+        )
     except ApiError as exc:
         return InputLine(line=number, custom_id=custom_id, model=_model_of(body), error=exc)
     if valid.stream:

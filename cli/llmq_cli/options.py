@@ -1,0 +1,21 @@
+"""Options more than one ``llmq`` command takes, declared once so a flag reads and behaves alike in each; the command
+gives the default (``seed: Seed = 0``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+Seed = Annotated[int, typer.Option(help="Random seed: the same seed, the same run.")]
+KafkaPort = Annotated[int, typer.Option(help="Kafka listener port (the controller takes the next one).")]
+RedisPort = Annotated[int, typer.Option(help="Redis port.")]
+ApiPort = Annotated[int, typer.Option(help="First API pod's port; the second pod takes the next one.")]
+# the fixed-time batch engine that the simulator, the capacity math and the benchmarks model
+MaxBatch = Annotated[int, typer.Option(help="Largest batch a worker runs.")]
+BatchTimeMs = Annotated[int, typer.Option(help="Time of one batch, whatever its size.")]
+DurationS = Annotated[float, typer.Option(help="Simulated seconds of arrivals.")]
+# the benchmarks that compare llmq with Ray Serve on private stacks
+Systems = Annotated[str, typer.Option(help="Systems to measure, one after the other: llmq (this checkout), ray.")]
+PortBase = Annotated[int, typer.Option(help="Private ports: API +0/+1, Kafka +92 (+93), Redis +379, Ray Serve +500.")]
