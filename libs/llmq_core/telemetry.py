@@ -55,5 +55,9 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Our lines carry none of the caller's file and line, thread or process (logging HOWTO, "Optimization"): skip
+    # collecting them for every record (the API pod writes one access line per request).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     for noisy in ("aiokafka", "kafka", "httpx", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -112,6 +112,7 @@ class BatcherLoop:
         self._stopping = asyncio.Event()
         self._last_commit_ms = 0
         self._last_load_ms = 0
+        self._counts: Counter[str] = Counter()  # stats counted since they were last written
         self.catalogue = catalogue
         self.rules = rules
         self.request_id_ttl_ms = request_id_ttl_ms
@@ -412,6 +413,7 @@ class BatcherLoop:
         """One round: schedule, produce batches and answers, pause/resume deferred, commit (always when ``drain``)."""
         decision = self.policy.schedule(self.clock.now_ms(), drain=drain)
         await self._act(decision)
+        await self._record_stats(decision, force=drain)
         self._pause_deferred()
         await self._commit(force=drain)
         return decision
@@ -426,6 +428,7 @@ class BatcherLoop:
 
     async def _act(self, decision: Decision) -> None:
         sent = [b for out in await asyncio.gather(*(self._send_batch(b) for b in decision.batches)) for b in out]
+        self._count_sent(sent, decision)
         results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
         await self._publish_replies(results)
         await asyncio.gather(*(self._send_answer(a, r) for a, r in zip(decision.answers, results)))
@@ -433,7 +436,6 @@ class BatcherLoop:
             self._settle(request_id)
             if tracing.enabled():
                 self.spans.dropped(request_id)
-        await self._record_stats(sent, decision)
 
     async def _send_batch(self, batch: BatchDispatch) -> list[BatchDispatch]:
         """Produce ``batch``; returns the batches that went out (its parts, when the broker refused it as too large)."""
@@ -571,8 +573,8 @@ class BatcherLoop:
             log.warning("offset commit failed: %s", exc)
         self._last_commit_ms = now_ms
 
-    async def _record_stats(self, sent: list[BatchDispatch], decision: Decision) -> None:
-        counts: Counter[str] = Counter()
+    def _count_sent(self, sent: list[BatchDispatch], decision: Decision) -> None:
+        counts = self._counts
         for batch in sent:
             counts["batches"] += 1
             counts["requests"] += len(batch.requests)
@@ -583,39 +585,42 @@ class BatcherLoop:
         self.backlog_drain.dispatched(sent)
         for answer in decision.answers:
             counts[outcome_label(answer.outcome, answer.error_type)] += 1
+
+    async def _record_stats(self, decision: Decision, force: bool = False) -> None:
+        """Every LOAD_STATS_INTERVAL_MS (and when ``force``), in one Redis round trip: the counts since the last time,
+        the queues' load and the saturation report (once per round, it cost a round trip per dispatched batch)."""
         now_ms = self.clock.now_ms()
-        load = {}
-        if now_ms - self._last_load_ms >= LOAD_STATS_INTERVAL_MS:
-            self._last_load_ms = now_ms
-            for key in CLASS_KEYS:
-                load[f"queued_{key}"] = decision.load[key].depth
-                load[f"oldest_ms_{key}"] = decision.load[key].oldest_age_ms
-            models = self.policy.model_states(now_ms)
-            if self.metrics is not None:
-                self.metrics.queues(
-                    (key, name, c.depth, c.oldest_age_ms)
-                    for name, state in models.items()
-                    for key, c in state.classes.items()
-                )
-            report = saturation_report(
-                self.policy.config.batch_id_prefix,
-                self.started_ms,
-                now_ms,
-                decision.load,
-                models,
-                self.catalogue,
-                self.drain.rates(now_ms),
-                self.backlog_drain.rates(now_ms, models),
-            )
-        if not counts and not load:
+        if not force and now_ms - self._last_load_ms < LOAD_STATS_INTERVAL_MS:
             return
+        self._last_load_ms = now_ms
+        counts, self._counts = self._counts, Counter()
+        load = {}
+        for key in CLASS_KEYS:
+            load[f"queued_{key}"] = decision.load[key].depth
+            load[f"oldest_ms_{key}"] = decision.load[key].oldest_age_ms
+        models = self.policy.model_states(now_ms)
+        if self.metrics is not None:
+            self.metrics.queues(
+                (key, name, c.depth, c.oldest_age_ms)
+                for name, state in models.items()
+                for key, c in state.classes.items()
+            )
+        report = saturation_report(
+            self.policy.config.batch_id_prefix,
+            self.started_ms,
+            now_ms,
+            decision.load,
+            models,
+            self.catalogue,
+            self.drain.rates(now_ms),
+            self.backlog_drain.rates(now_ms, models),
+        )
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name, value in counts.items():
                     pipe.hincrby(self.names.stats_key, name, value)
-                if load:
-                    pipe.hset(self.names.stats_key, mapping=load)
-                    pipe.hset(self.names.saturation_key, report.batcher_id, wire.encode(report))
+                pipe.hset(self.names.stats_key, mapping=load)
+                pipe.hset(self.names.saturation_key, report.batcher_id, wire.encode(report))
                 await pipe.execute()
         except Exception as exc:  # stats are best effort
             log.warning("stats update failed: %s", exc)

@@ -30,7 +30,16 @@ async def build(
     redis = runtime.redis(stack, settings)
     producer = kafka.make_renewable_producer(settings)  # a refused record does not break it
     consumer = kafka.make_consumer(settings, group_id=constants.GROUP_BATCHER)
-    results = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=None, auto_offset_reset="latest")
+    # The results tail only ends in-flight counts (tenant caps; capacity comes from heartbeats and predicted batch ends),
+    # so it may lag as the result-router does: a fetch about 10 times a second instead of one per produced result.
+    results = kafka.make_consumer(
+        settings,
+        constants.TOPIC_RESULTS,
+        group_id=None,
+        auto_offset_reset="latest",
+        fetch_max_wait_ms=constants.KAFKA_ROUTER_FETCH_MAX_WAIT_MS,
+        fetch_min_bytes=constants.KAFKA_ROUTER_FETCH_MIN_BYTES,
+    )
     # Batch ids must be unique across restarts: workers report them back as last_batch_id.
     policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"))
     loop = BatcherLoop(

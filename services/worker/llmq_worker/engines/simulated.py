@@ -140,7 +140,10 @@ class SimulatedEngine:
             self._running[run.request.request_id] = run
         poisoned = self._poison_marker is not None and any(self._poison_marker in prompt_text(r.request) for r in runs)
         ticks = max(1, min(MAX_TICKS, max(len(r.tokens) for r in runs)))
+        streamed = any(r.request.stream for r in runs)
         for tick in range(1, ticks + 1):
+            if not streamed and 1 < tick < ticks:
+                continue  # no one receives a non-streamed request's chunks: the first tick times its first token
             await self._sleep_until(start_ms + self.fixed_batch_time_ms * tick // ticks)
             if poisoned:
                 self._fail_running()
