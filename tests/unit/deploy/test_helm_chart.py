@@ -138,7 +138,9 @@ def test_region_values_name_their_region_and_mirror_the_others():
 
 def worker_ranges(values: Path | None) -> dict[str, range]:
     """Worker StatefulSet -> the partitions its pods own, read from the rendered command and ScaledObject."""
-    largest = {o["spec"]["scaleTargetRef"]["name"]: o["spec"]["maxReplicaCount"] for o in of_kind(values, "ScaledObject")}
+    largest = {
+        o["spec"]["scaleTargetRef"]["name"]: o["spec"]["maxReplicaCount"] for o in of_kind(values, "ScaledObject")
+    }
     ranges = {}
     for workers in of_kind(values, "StatefulSet"):
         script = workers["spec"]["template"]["spec"]["containers"][0]["command"][2]
@@ -302,7 +304,10 @@ def test_network_policies_deny_all_but_the_flows_design_needs(values):
     policies = {p["metadata"]["name"].removeprefix("llmq-llmq-"): p["spec"] for p in of_kind(values, "NetworkPolicy")}
     deny = policies["default-deny"]
     assert deny["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in deny and "egress" not in deny
-    assert deny["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "llmq", "app.kubernetes.io/instance": "llmq"}
+    assert deny["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "llmq",
+        "app.kubernetes.io/instance": "llmq",
+    }
     assert [rule["ports"][0]["port"] for rule in policies["metrics"]["ingress"]] == [9100]
     (clients,) = policies["api-clients"]["ingress"]
     assert clients["ports"] == [{"protocol": "TCP", "port": 8000}]
