@@ -334,3 +334,16 @@ def test_accelerators_only_where_a_model_asks():
         gpus = {part: resources[part].get("nvidia.com/gpu") for part in ("requests", "limits")}
         simulated = "--engine simulated" in workers["spec"]["template"]["spec"]["containers"][0]["command"][2]
         assert gpus == ({"requests": None, "limits": None} if simulated else {"requests": 1, "limits": 1})
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("kafka.topicReplicationFactor=three", "/kafka/topicReplicationFactor': got string, want integer"),
+        ("kafka.securityProtocol=SSL", "/kafka/securityProtocol': value must be one of"),
+        ("redis.url=redis.internal:6379", "/redis/url': "),
+    ],
+)
+def test_values_of_the_wrong_shape_fail_before_rendering(setting, message):
+    result = template(None, setting)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
