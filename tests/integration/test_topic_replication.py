@@ -1,6 +1,7 @@
 """`llmq topics` creates llmq's topics with LLMQ_TOPIC_REPLICATION_FACTOR replicas (the Helm chart's install hook sets
 it to the cluster's), against the suite's single real broker."""
 
+import asyncio
 import uuid
 
 import pytest
@@ -14,14 +15,19 @@ from llmq_core.settings import IngressGrant, Settings
 pytestmark = pytest.mark.integration
 
 
-async def replicas_of(settings: Settings, topic: str) -> set[int]:
+async def replicas_of(settings: Settings, topic: str, timeout_s: float = 10.0) -> set[int]:
+    """Replica counts of ``topic``'s partitions, once the broker's metadata lists them (a new topic's may lag)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
+    deadline = asyncio.get_running_loop().time() + timeout_s
     try:
-        (described,) = await admin.describe_topics([topic])
+        while True:
+            (described,) = await admin.describe_topics([topic])
+            if described["partitions"] or asyncio.get_running_loop().time() > deadline:
+                return {len(partition["replicas"]) for partition in described["partitions"]}
+            await asyncio.sleep(0.1)
     finally:
         await admin.close()
-    return {len(partition["replicas"]) for partition in described["partitions"]}
 
 
 async def test_topics_take_the_configured_replication_factor(settings):
