@@ -206,8 +206,8 @@ def test_partition_message_says_how_to_grow_partitions():
 
 def readme_row(metric: str) -> tuple[str, str]:
     """(threshold, minutes) of the README autoscaling table's row whose query holds ``metric``."""
-    row = next(line for line in README.splitlines() if line.startswith("|") and metric in line)
-    found = re.search(r"\| > ([\d.]+)(?: s)? for (\d+) min", row)
+    rows = [line for line in README.splitlines() if line.startswith("| ") and metric in line]
+    (found,) = [m for row in rows if (m := re.search(r"\| > ([\d.]+)(?: s)? for (\d+) min", row))]
     return found[1], found[2]
 
 
@@ -239,12 +239,38 @@ def test_workers_scale_from_zero_and_in_slowly_enough_to_drain():
     assert scale_down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
 
 
+def scaled_object(name: str) -> dict:
+    (scaled,) = [o for o in of_kind(None, "ScaledObject") if o["metadata"]["name"] == f"llmq-llmq-{name}"]
+    return scaled
+
+
 def test_api_pods_scale_on_their_in_flight_share():
-    (scaled,) = [o for o in of_kind(None, "ScaledObject") if o["spec"]["scaleTargetRef"]["kind"] == "Deployment"]
+    scaled = scaled_object("api")
     (trigger,) = scaled["spec"]["triggers"]
     row = next(line for line in README.splitlines() if line.startswith("| API pods |"))
     assert f"> {trigger['metadata']['threshold']} |" in row
     assert f"* {Settings().api_max_in_flight})" in trigger["metadata"]["query"]
+
+
+@pytest.mark.parametrize(
+    ("name", "group", "partitions"),
+    [
+        ("batcher", "llmq-batcher", "LLMQ_REQUEST_TOPIC_PARTITIONS"),
+        ("result-router", "llmq-result-router", "LLMQ_RESULTS_TOPIC_PARTITIONS"),
+    ],
+)
+def test_batchers_and_routers_scale_on_their_groups_lag_up_to_one_per_partition(name, group, partitions):
+    scaled = scaled_object(name)
+    (trigger,) = scaled["spec"]["triggers"]
+    threshold, minutes = readme_row(f'llmq_kafka_consumer_lag{{group="{group}"}}')
+    assert trigger["metadata"]["threshold"] == threshold and f"[{minutes}m:" in trigger["metadata"]["query"]
+    assert f'group="{group}"' in trigger["metadata"]["query"]
+    assert scaled["spec"]["maxReplicaCount"] == int(settings_map(None)[partitions])
+
+
+def test_more_fixed_replicas_than_partitions_fail_to_render():
+    result = template(None, "batcher.replicas=5")
+    assert result.returncode != 0 and "batcher: replicas 5 exceed LLMQ_REQUEST_TOPIC_PARTITIONS=4" in result.stderr
 
 
 def shutdown_grace_s(values: Path | None, container: dict) -> float:

@@ -212,7 +212,9 @@ metadata:
   name: {{ $name }}
   labels: {{- include "llmq.metaLabels" . | nindent 4 }}
 spec:
+  {{- if not $v.autoscaling.enabled }}
   replicas: {{ .values.replicas }}
+  {{- end }}
   selector:
     matchLabels: {{- include "llmq.labels" . | nindent 6 }}
   template:
@@ -258,4 +260,39 @@ spec:
         {{- end }}
 ---
 {{ include "llmq.pdb" (dict "root" .root "component" .component "name" $name "budget" .values.podDisruptionBudget) }}
+{{- if $v.autoscaling.enabled }}
+{{- $a := .scaling }}
+{{- $partitions := int (index $v.settings .partitionsSetting) }}
+{{- if gt (int .values.replicas) $partitions }}
+{{- fail (printf "%s: replicas %d exceed %s=%d (a consumer group member beyond one per partition idles)" .component (int .values.replicas) .partitionsSetting $partitions) }}
+{{- end }}
+{{- $sel := $v.autoscaling.prometheus.labelSelector }}
+---
+# README "Autoscaling": consumer lag per replica above the row's threshold for its window; at most one per partition.
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata:
+  name: {{ $name }}
+  labels: {{- include "llmq.metaLabels" . | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ $name }}
+  minReplicaCount: {{ .values.replicas }}
+  maxReplicaCount: {{ $partitions }}
+  advanced:
+    horizontalPodAutoscalerConfig:
+      behavior:
+        scaleDown:
+          stabilizationWindowSeconds: {{ $a.scaleInWindowS }}
+  triggers:
+    - type: prometheus
+      name: consumer-lag
+      metricType: AverageValue
+      metadata:
+        serverAddress: {{ $v.autoscaling.prometheus.serverAddress }}
+        query: min_over_time(sum(llmq_kafka_consumer_lag{group="{{ .group }}"{{ with $sel }},{{ . }}{{ end }}})[{{ $a.windowMin }}m:15s])
+        threshold: {{ $a.consumerLag | quote }}
+{{- end }}
 {{- end -}}
