@@ -19,39 +19,21 @@ import pytest
 import yaml
 
 from llmq_core.settings import Settings
+from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, objects, template
 
-ROOT = Path(__file__).resolve().parents[3]
-CHART = ROOT / "deploy" / "helm" / "llmq"
 SCHEMAS = ROOT / "deploy" / "helm" / "schemas"
 REGION_VALUES = sorted((ROOT / "deploy" / "helm" / "values").glob("*.yaml"))
-HELM_VERSION = re.search(r"^HELM_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
-HELM = Path.home() / ".cache" / "llmq" / "helm" / HELM_VERSION / "bin" / "helm"
-KUBE_VERSION = "1.34.0"  # the cluster version the chart is validated for (kubernetes-validate ships its schemas)
 SETTINGS = {f"LLMQ_{name.upper()}" for name in Settings.model_fields}
 README = (ROOT / "README.md").read_text()
 
-pytestmark = pytest.mark.skipif(
-    not HELM.exists(), reason=f"helm {HELM_VERSION} is not installed at {HELM}: run `make helm` (make setup does)"
-)
+pytestmark = needs_helm
 VALUES = [None, *REGION_VALUES]
 VALUE_IDS = ["default", *(path.stem for path in REGION_VALUES)]
 
 
-def helm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
-
-
-def template(values: Path | None, *sets: str) -> subprocess.CompletedProcess:
-    files = ["-f", str(values)] if values else []
-    sets_args = [arg for item in sets for arg in ("--set", item)]
-    return helm("template", "llmq", str(CHART), "--kube-version", KUBE_VERSION, *files, *sets_args)
-
-
 @functools.cache
 def rendered(values: Path | None) -> tuple[dict, ...]:
-    result = template(values)
-    assert result.returncode == 0, result.stderr
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    return tuple(objects(*([values] if values else [])))
 
 
 def of_kind(values: Path | None, kind: str) -> list[dict]:
@@ -171,14 +153,14 @@ def test_a_worker_pod_takes_offset_plus_its_ordinal():
 MODELS_SET = "workers.models[{i}].{key}={value}"
 
 
-def two_models(first: tuple[int, int], second: tuple[int, int]) -> list[str]:
+def two_models(first: tuple[int, int], second: tuple[int, int]) -> tuple[str, ...]:
     """--set arguments for two simulated models, (offset, maxReplicas) each."""
     sets = []
     for i, (offset, largest) in enumerate((first, second)):
         fields = {"name": f"m{i}", "model": "llmq-sim", "engine": "simulated", "partitionOffset": offset}
         fields |= {"minReplicas": 0, "maxReplicas": largest, "shutdownGraceS": 10}
         sets += [MODELS_SET.format(i=i, key=key, value=value) for key, value in fields.items()]
-    return sets
+    return tuple(sets)
 
 
 @pytest.mark.parametrize(
@@ -190,17 +172,17 @@ def two_models(first: tuple[int, int], second: tuple[int, int]) -> list[str]:
     ],
 )
 def test_rendering_fails_on_partitions_that_do_not_fit(first, second, message):
-    result = template(None, *two_models(first, second))
+    result = template(sets=two_models(first, second))
     assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
 def test_partitions_that_fit_exactly_render():
-    result = template(None, *two_models((0, 10), (10, 6)))
+    result = template(sets=two_models((0, 10), (10, 6)))
     assert result.returncode == 0, result.stderr
 
 
 def test_partition_message_says_how_to_grow_partitions():
-    result = template(None, *two_models((0, 10), (10, 7)))
+    result = template(sets=two_models((0, 10), (10, 7)))
     assert 'README "Growing partitions"' in result.stderr and "Growing partitions" in README
 
 
@@ -269,7 +251,7 @@ def test_batchers_and_routers_scale_on_their_groups_lag_up_to_one_per_partition(
 
 
 def test_more_fixed_replicas_than_partitions_fail_to_render():
-    result = template(None, "batcher.replicas=5")
+    result = template(sets=("batcher.replicas=5",))
     assert result.returncode != 0 and "batcher: replicas 5 exceed LLMQ_REQUEST_TOPIC_PARTITIONS=4" in result.stderr
 
 
@@ -371,5 +353,5 @@ def test_accelerators_only_where_a_model_asks():
     ],
 )
 def test_values_of_the_wrong_shape_fail_before_rendering(setting, message):
-    result = template(None, setting)
+    result = template(sets=(setting,))
     assert result.returncode != 0 and message in result.stderr, result.stderr
