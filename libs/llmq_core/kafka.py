@@ -379,7 +379,7 @@ class TopicLimitError(RuntimeError):
 
 
 async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> None:
-    """Create the llmq topics that do not exist yet (replication factor 1: local and test stacks) with max.message.bytes
+    """Create the llmq topics that do not exist yet (``topic_replication_factor`` replicas) with max.message.bytes
     = KAFKA_MAX_MESSAGE_BYTES. ``raise_limits``: also raise that limit on existing topics below it (local stacks only:
     in production the topics' owners set it, and :func:`check_topic_limits` refuses to start without it)."""
     limit = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
@@ -388,12 +388,14 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
     try:
         existing = set(await admin.list_topics())
         layout = topic_layout(settings)
-        missing = [NewTopic(t, n, 1, topic_configs=limit) for t, n in layout.items() if t not in existing]
+        replicas = settings.topic_replication_factor
+        missing = [NewTopic(t, n, replicas, topic_configs=limit) for t, n in layout.items() if t not in existing]
         if missing:
-            try:
-                await admin.create_topics(missing)
-            except errors.TopicAlreadyExistsError:
-                pass
+            response = await admin.create_topics(missing)
+            # The broker answers per topic: a refusal (e.g. more replicas than brokers) must not pass for success
+            for topic, code, *_ in response.topic_errors:
+                if code and code != errors.TopicAlreadyExistsError.errno:
+                    raise errors.for_code(code)(f"creating topic {topic!r} with {replicas} replicas")
             log.info("created topics %s", [t.name for t in missing])
         low = [
             t

@@ -28,6 +28,7 @@ class IngressGrant(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore")
 
+    region: str = "local"  # this stack's region (each region runs its own stack)
     # connections
     kafka_bootstrap_servers: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -56,6 +57,7 @@ class Settings(BaseSettings):
     # Kafka-direct producers (JSON): principal -> {"tenant_id": ..., "classes": [...]}; the batcher reads each one's
     # topic constants.ingress_topic(principal) and answers a record claiming another tenant or class errored
     kafka_ingress: dict[str, IngressGrant] = {}
+    topic_replication_factor: int = 1  # replicas of each llmq topic `llmq topics` creates (1: local and test stacks)
 
     # api
     instance_id: str = ""  # empty: generated at start (hostname + random suffix)
