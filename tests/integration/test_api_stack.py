@@ -110,7 +110,7 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
 
 async def in_flight(client: PodClient) -> float:
     text = (await client.get(client.metrics_url)).text
-    return float(re.search(r"^llmq_api_in_flight (\S+)$", text, flags=re.M).group(1))
+    return float(re.search(r'^llmq_api_in_flight\{region="local"\} (\S+)$', text, flags=re.M).group(1))
 
 
 async def stored(redis: Redis, request_id: str, timeout_s: float = 15) -> wire.FinalResult:
