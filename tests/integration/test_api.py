@@ -457,7 +457,7 @@ async def test_models_include_heartbeat_models_and_metrics_count(api):
         assert models[announced]["context_window"] == 512 and models["llmq-tiny"]["context_window"] == 8192
         assert (await client.get("/metrics")).status_code == 404  # served apart (--metrics-port), never here
         metrics = pod.metrics.render().decode()
-    assert 'outcome="succeeded",status="200"' in metrics and "llmq_api_in_flight" in metrics
+    assert 'outcome="succeeded",region="local",status="200"' in metrics and "llmq_api_in_flight" in metrics
 
 
 async def test_pod_keys_are_kept_alive(api):

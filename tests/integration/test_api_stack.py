@@ -110,7 +110,7 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
 
 async def in_flight(client: PodClient) -> float:
     text = (await client.get(client.metrics_url)).text
-    return float(re.search(r"^llmq_api_in_flight (\S+)$", text, flags=re.M).group(1))
+    return float(re.search(r'^llmq_api_in_flight\{region="local"\} (\S+)$', text, flags=re.M).group(1))
 
 
 async def stored(redis: Redis, request_id: str, timeout_s: float = 15) -> wire.FinalResult:
@@ -316,7 +316,9 @@ async def test_queue_wait_sheds_deferred_with_retry_after_while_paid_gets_throug
     assert paid.status_code == 200
     assert [r.status_code for r in await asyncio.gather(*burst)] == [200] * 40
     metrics = (await other.get(other.metrics_url)).text
-    assert 'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait"}' in metrics
+    assert (
+        'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait",region="local"}' in metrics
+    )
 
 
 async def test_tenant_rate_limit_is_shared_by_both_pods(pods):

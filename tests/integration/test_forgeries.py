@@ -70,13 +70,13 @@ async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arri
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 assert response.status_code == 200
                 request_id = response.headers["x-request-id"]
-                channel = constants.replies_channel("api-0")
+                channel = constants.replies_channel(stack.cfg.instance_id("api-0"))
                 forged = wire.FinalResult(
                     request_id=request_id,
                     tenant_id="mallory",
                     outcome=wire.Outcome.SUCCEEDED,
                     model="llmq-sim",
-                    reply_to=wire.HttpReply(instance_id="api-0"),
+                    reply_to=wire.HttpReply(instance_id=stack.cfg.instance_id("api-0")),
                     choices=[wire.Choice(index=0, text="FORGED", finish_reason="stop")],
                 )
                 chunk = wire.TokenChunk(request_id=request_id, text="FORGED", seq=0, sent_ms=0, tenant_id="mallory")
@@ -88,7 +88,7 @@ async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arri
     assert frames[-1] == "[DONE]"
     text = "".join(choice["text"] for frame in frames[:-1] for choice in json.loads(frame)["choices"])
     assert text == "real real "  # llmq-sim repeats the prompt; nothing of the forgeries
-    assert await metric(stack, "api-0", "llmq_api_forged_replies_total") >= 2
+    assert await metric(stack, "api-0", "llmq_api_forged_replies_total", '{region="local"}') >= 2
 
 
 async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effect(stack):
@@ -119,7 +119,7 @@ async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effec
     await client.close()
     assert batch.status == "completed" and len(output) == 1
     assert output[0]["response"]["body"]["choices"][0]["text"] == "own own "  # llmq-sim repeats the prompt
-    labels = '{reason="other_tenant"}'
+    labels = '{reason="other_tenant",region="local"}'
     assert await metric(stack, "result-router", "llmq_router_forged_results_total", labels) >= 1
 
 
@@ -155,5 +155,5 @@ async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_
         "acme",
     )
     assert results[own.request_id]["outcome"] == "succeeded"
-    labels = f'{{reason="{ErrorCode.TENANT_NOT_ALLOWED}"}}'
+    labels = f'{{reason="{ErrorCode.TENANT_NOT_ALLOWED}",region="local"}}'
     assert await metric(stack, "batcher", "llmq_batcher_ingress_refused_total", labels) == 1

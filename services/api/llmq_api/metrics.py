@@ -16,7 +16,7 @@ class ApiMetrics(_Metrics):
     def __init__(self, in_flight: Callable[[], int], labels: LabelSet = LabelSet()) -> None:
         """``labels``: the model names the ``model`` label may carry (others, e.g. announced by a worker but not in
         the catalogue, read ``other``)."""
-        super().__init__()
+        super().__init__(labels.region)
         self.labels = labels
         self.requests = self.counter(
             "llmq_api_requests", "Finished HTTP generation requests", ("endpoint", "outcome", "status")

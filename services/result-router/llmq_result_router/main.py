@@ -17,6 +17,7 @@ from llmq_core.redis_client import check_memory_policy
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
+from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 
 
 async def build(metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
@@ -42,13 +43,20 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
         settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
     )
     driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK)
+    peer_consumer = kafka.make_consumer(
+        settings, group_id=constants.GROUP_PEER_RESULTS, metadata_max_age_ms=PEER_TOPICS_REFRESH_MS
+    )
+    peers = PeerResults(peer_consumer, router.results, redis, settings.kafka_request_id_ttl_s * 1000)
+    peers.subscribe()
+    await runtime.start(stack, peer_consumer)
 
     def stop() -> None:
         router.stop()
         driver.stop()
+        peers.stop()
 
     return runtime.Work(
-        tasks=[router.run(), driver.run()],
+        tasks=[router.run(), driver.run(), peers.run()],
         stop=stop,
         grace_s=settings.shutdown_grace_s,
         helpers=[observed.lag.watch(consumer, constants.GROUP_RESULT_ROUTER)],

@@ -125,7 +125,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     await require_topic_limits(settings)  # before loading a model: a result the broker refuses must not be computed
     engine = build_engine(args, settings)
     stack.push_async_callback(engine.close)
-    observed = metrics.WorkerMetrics(args.model)
+    observed = metrics.WorkerMetrics(args.model, settings.region)
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)
     lease = PartitionLease(redis, args.partition, this_process(args.worker_id), settings.worker_lease_ttl_ms)
@@ -158,6 +158,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    args.worker_id = runtime.regional(args.worker_id)
     runtime.run(lambda: runtime.serve("worker", args.worker_id, functools.partial(build, args)))
 
 
