@@ -62,7 +62,10 @@ class KafkaAcl:
 
 # role -> (topic, prefixed, operations); DescribeConfigs is added to every topic row
 _KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
-    ROLE_API: ((constants.TOPIC_REQUESTS_PREFIX, True, (WRITE,)),),
+    ROLE_API: (
+        (constants.TOPIC_REQUESTS_PREFIX, True, (WRITE,)),
+        (constants.TOPIC_JOBS_PREFIX, True, (WRITE,)),  # the batch-job log (llmq_core.joblog)
+    ),
     ROLE_BATCHER: (
         (constants.TOPIC_REQUESTS_PREFIX, True, (READ,)),
         (constants.TOPIC_INGRESS_PREFIX, True, (READ,)),
@@ -79,6 +82,7 @@ _KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
         (constants.TOPIC_RESULTS, False, (READ,)),
         (constants.requests_topic(constants.DEFERRED), False, (WRITE,)),
         (constants.TOPIC_DEAD_LETTERS, False, (WRITE,)),
+        (constants.TOPIC_JOBS_PREFIX, True, (READ, WRITE)),
     ),
 }
 # role -> (consumer group, prefixed)

@@ -69,11 +69,12 @@ def rows(acls, principal):
 def test_each_role_writes_only_its_own_topics():
     acls = kafka_acls(reply_topic_prefixes=("team.",), ingress_principals=("team-a",))
     writes = {p: {(n, pre) for r, n, op, pre in rows(acls, p) if op == WRITE} for p in {a.principal for a in acls}}
-    assert writes[security.ROLE_API] == {(constants.TOPIC_REQUESTS_PREFIX, True)}
+    assert writes[security.ROLE_API] == {(constants.TOPIC_REQUESTS_PREFIX, True), (constants.TOPIC_JOBS_PREFIX, True)}
     assert writes[security.ROLE_WORKER] == {(constants.TOPIC_RESULTS, False), (constants.TOPIC_DEAD_LETTERS, False)}
     assert writes[security.ROLE_ROUTER] == {
         (constants.requests_topic(constants.DEFERRED), False),
         (constants.TOPIC_DEAD_LETTERS, False),
+        (constants.TOPIC_JOBS_PREFIX, True),
         ("team.", True),
     }
     assert (constants.TOPIC_BATCHES, False) in writes[security.ROLE_BATCHER]

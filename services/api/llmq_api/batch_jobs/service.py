@@ -28,7 +28,7 @@ from llmq_core import jobs, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, HTTP_IDEMPOTENCY_KEY, MAX_RESULT_BYTES
 from llmq_core.filestore import FileStore
-from llmq_core.jobs import FileRecord, JobSpec, JobView
+from llmq_core.jobs import FileRecord, JobOwner, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
@@ -415,7 +415,7 @@ class BatchJobs:
         tally: _Tally,
     ) -> None:
         """Write one chunk's lines: the valid ones' requests to the prepared file, every line to the ledger."""
-        prepared, states, offsets, results = [], {}, {}, {}
+        prepared, states, offsets, results, requests = [], {}, {}, {}, {}
         windows = self.models()
         for line in lines:
             tally.total += 1
@@ -427,6 +427,7 @@ class BatchJobs:
                 continue
             encoded = wire.encode(_request(spec, principal, line), CONTENT_TYPE_JSON) + b"\n"
             prepared.append(encoded)
+            requests[line.custom_id] = encoded.rstrip(b"\n")
             offsets[line.custom_id] = f"{tally.position}:{tally.position + len(encoded)}"
             tally.position += len(encoded)
             tally.runnable += 1
@@ -437,7 +438,7 @@ class BatchJobs:
         if prepared:
             await write(b"".join(prepared))
         if states:
-            await self.store.add_lines(spec.id, states, offsets, results)
+            await self.store.add_lines(spec.id, states, offsets, results, requests)
 
     async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
         now_s = spec.created_ms // 1000
@@ -449,26 +450,13 @@ class BatchJobs:
     async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
         expires_at = spec.expires_ms // 1000 + self.settings.files_retention_s
-        outputs = [
-            FileRecord(
-                id=file_id,
-                tenant_id=spec.tenant_id,
-                filename=f"{spec.id}_{kind}.jsonl",
-                purpose=jobs.FILE_PURPOSE_OUTPUT,
-                created_at=now_s,
-                expires_at=expires_at,
-                path=spec.results_path,
-                batch_id=spec.id,
-                kind=kind,
-            )
-            for file_id, kind in ((spec.output_file_id, "output"), (spec.error_file_id, "error"))
-        ]
         await self.store.create_job(
             spec,
             jobs.IN_PROGRESS,
             {jobs.VALIDATING: spec.created_ms // 1000, jobs.IN_PROGRESS: now_s},
-            files=outputs,
+            files=jobs.output_files(spec, now_s, expires_at),
             errored=errored,
+            owner=JobOwner(batch_id=spec.id, region=self.settings.region, at_ms=self.clock.now_ms()),
         )
         return await self._read(spec.id)
 
