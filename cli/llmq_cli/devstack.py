@@ -1,4 +1,5 @@
-"""The local llmq stack as plain processes: Kafka, Redis, API pods, batcher, workers, result-router.
+"""The local llmq stack as plain processes: Kafka, Redis, API pods, batcher, workers, result-router; one per region
+(``StackConfig.region``), with MirrorMaker 2 copying the peer region's batch-job topics into it (:meth:`DevStack.mirror`).
 
 Each process started here gets a pid file (``<state>/pids/<name>.json``) and a log file (``<state>/logs/<name>.log``);
 ``down`` stops exactly those processes (it checks each pid's command line first) and nothing else.
@@ -21,9 +22,9 @@ from pathlib import Path
 import httpx
 import redis as redis_sync
 
-from llmq_cli import kafka_dist
+from llmq_cli import kafka_dist, mirror
 from llmq_cli.devsecrets import DevSecrets
-from llmq_core import constants, security
+from llmq_core import constants, ids, security
 from llmq_core.kafka import ensure_topics
 from llmq_core.models import SMOLLM2_135M_INSTRUCT
 from llmq_core.redis_client import MEMORY_POLICY, connection_options
@@ -66,6 +67,25 @@ class StackConfig:
     reply_topic_prefixes: tuple[str, ...] = ()  # where the router may write replies (secure: its ACLs)
     # Kafka-direct producers (LLMQ_KAFKA_INGRESS): secure mode gives each a SCRAM user that writes its ingress topic only
     ingress_principals: tuple[str, ...] = field(default_factory=lambda: tuple(Settings().kafka_ingress))
+    region: str = ids.DEFAULT_REGION  # LLMQ_REGION of every service: in their ids, metrics and log lines
+
+    @classmethod
+    def for_region(cls, region: str, port_base: int, state_dir: Path = Path("var/dev"), **config) -> StackConfig:
+        """A whole region's stack on ports from ``port_base`` (Kafka +0, its controller +1, secure mTLS +2, Redis +5,
+        API pods +10 and +11, /metrics from +20), its state in ``state_dir/<region>``: regions side by side on one
+        machine take bases at least 100 apart."""
+        return cls(
+            state_dir=state_dir / ids.check_region(region),
+            kafka_port=port_base,
+            redis_port=port_base + REGION_REDIS_OFFSET,
+            api_ports=(port_base + REGION_API_OFFSET, port_base + REGION_API_OFFSET + 1),
+            region=region,
+            **config,
+        )
+
+    def instance_id(self, name: str) -> str:
+        """A process's id in this stack's region (what the process itself makes of ``name``)."""
+        return ids.instance_id(self.region, name)
 
     @property
     def secrets(self) -> DevSecrets:
@@ -91,7 +111,11 @@ class StackConfig:
 
     def env(self, role: str = security.ROLE_ADMIN) -> dict[str, str]:
         """``LLMQ_*`` connection settings of ``role`` (an llmq service's, or the admin's: topics, ACLs, status)."""
-        env = {"LLMQ_KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap, "LLMQ_REDIS_URL": self.redis_url}
+        env = {
+            "LLMQ_KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
+            "LLMQ_REDIS_URL": self.redis_url,
+            "LLMQ_REGION": self.region,
+        }
         if self.reply_topic_prefixes:
             env["LLMQ_KAFKA_REPLY_TOPIC_PREFIXES"] = ",".join(self.reply_topic_prefixes)
         if self.secure:
@@ -109,6 +133,10 @@ class StackConfig:
 
     def settings(self, role: str = security.ROLE_ADMIN) -> Settings:
         return Settings(**{key.removeprefix("LLMQ_").lower(): value for key, value in self.env(role).items()})
+
+
+REGION_REDIS_OFFSET = 5
+REGION_API_OFFSET = 10
 
 
 def _python_module(module: str, *args: str) -> list[str]:
@@ -141,15 +169,14 @@ def redis_server_argv(
 def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     """The llmq services of the stack (Kafka and Redis excluded), in start order."""
     base = cfg.metrics_base_port
+    router_id, batcher_id = cfg.instance_id("result-router-0"), cfg.instance_id("batcher-0")
     specs = [
         ProcSpec(
             name="result-router",
             kind="result-router",
             marker="llmq_result_router.main",
-            argv=_python_module(
-                "llmq_result_router.main", "--instance-id", "result-router-0", "--metrics-port", str(base)
-            ),
-            alive=constants.alive_key("result-router", "result-router-0"),
+            argv=_python_module("llmq_result_router.main", "--instance-id", router_id, "--metrics-port", str(base)),
+            alive=constants.alive_key("result-router", router_id),
             metrics_port=base,
         ),
         ProcSpec(
@@ -157,9 +184,9 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
             kind="batcher",
             marker="llmq_batcher.main",
             argv=_python_module(
-                "llmq_batcher.main", "--instance-id", "batcher-0", "--metrics-port", str(base and base + 1)
+                "llmq_batcher.main", "--instance-id", batcher_id, "--metrics-port", str(base and base + 1)
             ),
-            alive=constants.alive_key("batcher", "batcher-0"),
+            alive=constants.alive_key("batcher", batcher_id),
             metrics_port=base and base + 1,
         ),
     ]
@@ -181,7 +208,7 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
         (SMOLLM2_135M_INSTRUCT.name, "transformers", cfg.smollm2_workers, []),
     ):
         for i in range(count):
-            worker_id = f"{model.removeprefix('llmq-')}-{i}"
+            worker_id = cfg.instance_id(f"{model.removeprefix('llmq-')}-{i}")
             metrics_port = base and base + 2 + partition
             specs.append(
                 ProcSpec(
@@ -218,7 +245,7 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
                 port=port,
                 argv=_python_module(
                     "llmq_api.main",
-                    *("--host", "127.0.0.1", "--port", str(port), "--instance-id", f"api-{i}"),
+                    *("--host", "127.0.0.1", "--port", str(port), "--instance-id", cfg.instance_id(f"api-{i}")),
                     *("--metrics-port", str(metrics_port)),
                 ),
                 metrics_port=metrics_port,
@@ -317,6 +344,27 @@ class DevStack:
         argv = kafka_dist.java_command(libs, f"-Dlog4j2.configurationFile={log4j}", "kafka.Kafka", str(config))
         self._spawn(ProcSpec(name="kafka", kind="kafka", marker="kafka.Kafka", argv=argv, port=self.cfg.kafka_port))
 
+    def mirror(self, source: StackConfig, options: mirror.MirrorOptions = mirror.MirrorOptions()) -> None:
+        """Start MirrorMaker 2 in this (the target) region for the flow ``source`` -> this region, unless it runs:
+        its properties (both flows, :func:`mirror.mirror_properties`) and log in this stack's state dir, its pid file
+        with this region's processes (``down`` and :meth:`kill` stop it with them)."""
+        libs = kafka_dist.ensure_mirror_installed()
+        properties = self.state / f"mirror-{source.region}.properties"
+        clusters = (self._mirror_cluster(source), self._mirror_cluster(self.cfg))
+        properties.write_text(mirror.mirror_properties(*clusters, options))
+        properties.chmod(0o600)
+        log4j = self.state / "mirror-log4j2.properties"
+        log4j.write_text(kafka_dist.MIRROR_LOG4J2_PROPERTIES)
+        argv = mirror.mirror_argv(libs, properties, log4j, self.cfg.region)
+        self._spawn(ProcSpec(name=f"mirror-{source.region}", kind="mirror", marker=mirror.MAIN_CLASS, argv=argv))
+
+    @staticmethod
+    def _mirror_cluster(cfg: StackConfig) -> mirror.MirrorCluster:
+        if not cfg.secure:
+            return mirror.MirrorCluster(cfg.region, cfg.kafka_bootstrap)
+        secrets = cfg.secrets
+        return mirror.MirrorCluster(cfg.region, cfg.kafka_bootstrap, secrets.password(security.ROLE_MM2), secrets.ca)
+
     def _spawn(self, spec: ProcSpec) -> None:
         if self._running_pid(spec.name):
             return
@@ -413,7 +461,7 @@ class DevStack:
 
         ``services_only`` leaves Kafka and Redis running.
         """
-        order = {"api": 0, "batcher": 1, "worker": 2, "result-router": 3, "kafka": 4, "redis": 5}
+        order = {"api": 0, "batcher": 1, "worker": 2, "result-router": 3, "mirror": 4, "kafka": 5, "redis": 6}
         stopped = []
         records = sorted(self._records(), key=lambda item: order.get(item[1]["kind"], 9))
         if services_only or not self.cfg.manage_infra:
@@ -428,6 +476,17 @@ class DevStack:
                 (self.pids / f"{name}.json").unlink(missing_ok=True)
                 stopped.append(name)
         return stopped
+
+    def kill(self) -> list[str]:
+        """SIGKILL every process started here at once (the loss of a whole region: Kafka, Redis, services, the
+        MirrorMaker 2 into it), and wait until they are gone. Their state (Kafka's data) stays on disk."""
+        records = [(name, r) for name, r in self._records() if _is_ours(r["pid"], r["marker"])]
+        for _name, record in records:
+            os.killpg(record["pid"], signal.SIGKILL)
+        for name, record in records:
+            _wait_gone(record["pid"], record["marker"], 10)
+            (self.pids / f"{name}.json").unlink(missing_ok=True)
+        return [name for name, _ in records]
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------
@@ -445,7 +504,7 @@ def _is_ours(pid: int, marker: str) -> bool:
 
 def _metrics_port(record: dict) -> int:
     """Where a process serves Prometheus /metrics (its own port, never an API port); Kafka and Redis nowhere (0)."""
-    return 0 if record["kind"] in ("kafka", "redis") else record.get("metrics_port", 0)
+    return 0 if record["kind"] in ("kafka", "redis", "mirror") else record.get("metrics_port", 0)
 
 
 def _wait_gone(pid: int, marker: str, timeout_s: float) -> None:
@@ -463,6 +522,8 @@ def _healthy(record: dict, cfg: StackConfig, client: redis_sync.Redis) -> bool:
         return _redis_ping(cfg.settings())
     if kind == "kafka":
         return _tcp_open(record["port"])
+    if kind == "mirror":  # nothing to ask it: it is up while it runs (the multi-region tests watch it replicate)
+        return True
     if kind == "api":
         return _try(lambda: httpx.get(f"http://127.0.0.1:{record['port']}/readyz", timeout=1).status_code == 200)
     return _try(lambda: bool(client.exists(record["alive"])))

@@ -1,7 +1,9 @@
-"""An Apache Kafka broker (KRaft) assembled from Maven Central jars, cached outside the clone.
+"""An Apache Kafka broker (KRaft) and MirrorMaker 2 assembled from Maven Central jars, cached outside the clone.
 
 apache.org downloads may be unreachable where Maven Central is not, so the broker's jars are resolved with Maven into
-``~/.cache/llmq/kafka-<version>-r<recipe>/libs`` once; every later clone reuses them.
+``~/.cache/llmq/kafka-<version>-r<recipe>/libs`` once, and MirrorMaker 2's (``org.apache.kafka:connect-mirror`` of the
+same version, with a log4j binding so that it logs) into ``~/.cache/llmq/connect-mirror-<version>-r<recipe>/libs``;
+every later clone reuses them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 </project>
 """
 
+MIRROR_RECIPE = 1  # bump when MirrorMaker 2's jar set changes
+MIRROR_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dev.llmq</groupId><artifactId>connect-mirror</artifactId><version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>connect-mirror</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
 LOG4J2_YAML = """Configuration:
   Appenders:
     Console:
@@ -47,6 +61,18 @@ LOG4J2_YAML = """Configuration:
 """
 
 
+# MirrorMaker 2's log4j2 configuration: its jars have no YAML parser. Its own progress at INFO, the clients' at WARN.
+MIRROR_LOG4J2_PROPERTIES = """appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = STDOUT
+logger.mirror.name = org.apache.kafka.connect.mirror
+logger.mirror.level = INFO
+"""
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("LLMQ_CACHE_DIR", Path.home() / ".cache" / "llmq"))
 
@@ -55,21 +81,33 @@ def libs_dir(version: str = KAFKA_VERSION) -> Path:
     return cache_dir() / f"kafka-{version}-r{RECIPE}" / "libs"
 
 
+def mirror_libs_dir(version: str = KAFKA_VERSION) -> Path:
+    return cache_dir() / f"connect-mirror-{version}-r{MIRROR_RECIPE}" / "libs"
+
+
 def ensure_installed(version: str = KAFKA_VERSION) -> Path:
     """Resolve the broker's jars with Maven unless cached. Returns the folder of jars.
 
     Raises RuntimeError when Maven is missing or the resolution fails.
     """
-    libs = libs_dir(version)
+    return _resolve(POM, libs_dir(version), version)
+
+
+def ensure_mirror_installed(version: str = KAFKA_VERSION) -> Path:
+    """Resolve MirrorMaker 2's jars (``connect-mirror``, the broker's version) unless cached; the folder of jars."""
+    return _resolve(MIRROR_POM, mirror_libs_dir(version), version)
+
+
+def _resolve(pom_template: str, libs: Path, version: str) -> Path:
     marker = libs.parent / ".complete"
     if marker.exists():
         return libs
     if shutil.which("mvn") is None:
-        raise RuntimeError("mvn (Apache Maven) is required to assemble the Kafka broker: apt-get install maven")
+        raise RuntimeError("mvn (Apache Maven) is required to assemble Kafka's jars: apt-get install maven")
     libs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         pom = Path(work) / "pom.xml"
-        pom.write_text(POM.format(kafka=version, log4j=LOG4J_VERSION))
+        pom.write_text(pom_template.format(kafka=version, log4j=LOG4J_VERSION))
         subprocess.run(
             [
                 "mvn",

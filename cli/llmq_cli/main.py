@@ -13,12 +13,13 @@ from rich.table import Table
 
 from bench import prompts
 from llmq_cli import demo as demo_mod
-from llmq_cli import kafka_dist
+from llmq_cli import kafka_dist, mirror
 from llmq_cli.batch import batch_app
 from llmq_cli.batchrun.command import run as batch_run
 from llmq_cli.bench_cmd import bench
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.slo import slo
+from llmq_core.ids import DEFAULT_REGION
 from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, reply_topic_prefixes
 from llmq_core.models import SMOLLM2_135M_INSTRUCT
 from llmq_core.settings import load_settings
@@ -49,29 +50,48 @@ def _stack(
     keys_file: Path | None = None,
     smollm2_workers: int = 0,
     secure: bool = False,
+    region: str | None = None,
+    port_base: int | None = None,
 ) -> DevStack:
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
     extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
-    return DevStack(
-        StackConfig(
-            state_dir=state_dir,
-            tiny_workers=tiny_workers,
-            sim_workers=sim_workers,
-            sim_batch_time_ms=sim_batch_time_ms,
-            kafka_port=kafka_port,
-            redis_port=redis_port,
-            api_ports=(api_port, api_port + 1),
-            extra_env=extra_env,
-            smollm2_workers=smollm2_workers,
-            secure=secure,
-        )
+    shape = dict(
+        tiny_workers=tiny_workers,
+        sim_workers=sim_workers,
+        sim_batch_time_ms=sim_batch_time_ms,
+        extra_env=extra_env,
+        smollm2_workers=smollm2_workers,
+        secure=secure,
     )
+    if region is not None or port_base is not None:
+        return DevStack(_region_config(state_dir, region, port_base, **shape))
+    ports = dict(kafka_port=kafka_port, redis_port=redis_port, api_ports=(api_port, api_port + 1))
+    return DevStack(StackConfig(state_dir=state_dir, **ports, **shape))
+
+
+def _region_config(state_dir: Path, region: str | None, port_base: int | None, **config) -> StackConfig:
+    """A region's stack (``--region``, ``--port-base``): its state in ``<state-dir>/<region>``."""
+    try:
+        return StackConfig.for_region(region or DEFAULT_REGION, port_base or 9092, state_dir, **config)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--region") from exc
+
+
+REGION = typer.Option(
+    None, help="Run a region's whole stack (LLMQ_REGION; a-z 0-9 -), its state in <state-dir>/<region>."
+)
+PORT_BASE = typer.Option(
+    None,
+    help="With --region: ports from N (Kafka N, Redis N+5, API pods N+10 and N+11, /metrics from N+20); regions side "
+    "by side take bases at least 100 apart.",
+)
 
 
 @dev.command("install")
 def dev_install() -> None:
-    """Assemble the Kafka broker from Maven Central (cached under ~/.cache/llmq)."""
+    """Assemble the Kafka broker and MirrorMaker 2 from Maven Central (cached under ~/.cache/llmq)."""
     console.print(f"kafka jars: {kafka_dist.ensure_installed()}")
+    console.print(f"mirrormaker 2 jars: {kafka_dist.ensure_mirror_installed()}")
 
 
 @dev.command("up")
@@ -99,6 +119,8 @@ def dev_up(
         help="Kafka SASL_SSL (SCRAM-SHA-512) with ACLs and Redis TLS with ACL users, one principal per service role; "
         "CA, certificates and passwords under <state-dir>/secrets (docs/security.md).",
     ),
+    region: str | None = REGION,
+    port_base: int | None = PORT_BASE,
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
     stack = _stack(
@@ -112,6 +134,8 @@ def dev_up(
         keys_file,
         smollm2_workers,
         secure,
+        region,
+        port_base,
     )
     started = time.perf_counter()
     try:
@@ -128,9 +152,15 @@ def dev_status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     redis_port: int = typer.Option(6379),
     secure: bool = typer.Option(False, help="The stack was started with --secure."),
+    region: str | None = REGION,
+    port_base: int | None = PORT_BASE,
 ) -> None:
     """Each process the stack started: name, model, pid, the port it listens on, its /metrics port and health."""
-    rows = DevStack(StackConfig(state_dir=state_dir, redis_port=redis_port, secure=secure)).status()
+    if region or port_base:
+        cfg = _region_config(state_dir, region, port_base, secure=secure)
+    else:
+        cfg = StackConfig(state_dir=state_dir, redis_port=redis_port, secure=secure)
+    rows = DevStack(cfg).status()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -150,10 +180,34 @@ def dev_status(
 
 
 @dev.command("down")
-def dev_down(state_dir: Path = STATE_DIR) -> None:
-    """Stop exactly the processes `llmq dev up` started (from their pid files)."""
-    stopped = DevStack(StackConfig(state_dir=state_dir)).down()
+def dev_down(state_dir: Path = STATE_DIR, region: str | None = REGION) -> None:
+    """Stop exactly the processes `llmq dev up` started (from their pid files); with --region, that region's (its
+    MirrorMaker 2 too)."""
+    cfg = _region_config(state_dir, region, None) if region else StackConfig(state_dir=state_dir)
+    stopped = DevStack(cfg).down()
     console.print(f"stopped: {', '.join(stopped) or 'nothing'}")
+
+
+@dev.command("mirror")
+def dev_mirror(
+    source: str = typer.Option(..., help="Region whose batch-job topics and results are copied."),
+    source_port_base: int = typer.Option(..., help="The source region's --port-base."),
+    target: str = typer.Option(..., help="Region that receives them, where MirrorMaker 2 runs."),
+    target_port_base: int = typer.Option(..., help="The target region's --port-base."),
+    state_dir: Path = STATE_DIR,
+    test_intervals: bool = typer.Option(
+        False,
+        help="Notice new topics and groups and emit checkpoints every 5 s (MirrorMaker 2's defaults: 600/600/60).",
+    ),
+    secure: bool = typer.Option(False, help="Both regions run --secure: MirrorMaker 2 signs in as principal mm2."),
+) -> None:
+    """Start MirrorMaker 2 in the target region for the flow source -> target (run it once per direction); `llmq dev
+    down --region <target>` stops it with the target's stack."""
+    source_cfg = _region_config(state_dir, source, source_port_base, secure=secure)
+    target_stack = DevStack(_region_config(state_dir, target, target_port_base, secure=secure))
+    intervals = mirror.TEST_INTERVALS_S if test_intervals else mirror.PRODUCTION_INTERVALS_S
+    target_stack.mirror(source_cfg, mirror.MirrorOptions(intervals_s=dict(intervals)))
+    console.print(f"mirrormaker 2 {source} -> {target} started; log in {target_stack.logs}/mirror-{source}.log")
 
 
 @dev.command("create-topic")

@@ -30,6 +30,7 @@ TOPIC_REQUESTS_PREFIX: Final = "llmq.requests."
 TOPIC_BATCHES: Final = "llmq.batches"
 TOPIC_RESULTS: Final = "llmq.results"
 TOPIC_DEAD_LETTERS: Final = "llmq.dead-letters"
+TOPIC_JOBS_PREFIX: Final = "llmq.jobs."  # batch-job state: mirrored to the peer region (README "Multi-region")
 TOPIC_PREFIX: Final = "llmq."  # every llmq topic: never a reply topic
 KAFKA_INTERNAL_TOPIC_PREFIX: Final = "__"  # Kafka's own topics (__consumer_offsets, __transaction_state)
 
@@ -40,6 +41,14 @@ def requests_topic(traffic_class: str) -> str:
 
 
 REQUEST_TOPICS: Final = tuple(requests_topic(c) for c in TRAFFIC_CLASSES)
+
+
+def remote_topic(source_region: str, topic: str) -> str:
+    """Where MirrorMaker 2 (DefaultReplicationPolicy) copies ``topic`` of region ``source_region`` in the peer
+    region, e.g. ``a.llmq.results``."""
+    return f"{source_region}.{topic}"
+
+
 TOPIC_INGRESS_PREFIX: Final = "llmq.ingress."
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from llmq_core.ids import DEFAULT_REGION
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
 
@@ -25,10 +26,12 @@ DEV_FREE_TENANT = "dev-free"  # tenant of the built-in llmq-dev-free-key
 
 @dataclass(frozen=True, slots=True)
 class LabelSet:
-    """The model and tenant names metrics may carry; anything else is :data:`OTHER`."""
+    """The model and tenant names metrics may carry; anything else is :data:`OTHER`. ``region``: the ``region`` label
+    of every metric (one value a process)."""
 
     models: frozenset[str] = frozenset(BUILTIN_MODELS)
     tenants: frozenset[str] = frozenset()
+    region: str = DEFAULT_REGION
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LabelSet:
@@ -36,6 +39,7 @@ class LabelSet:
         return cls(
             models=frozenset(BUILTIN_MODELS) | set(settings.extra_models),
             tenants=frozenset(configured_tenants(settings)),
+            region=settings.region,
         )
 
     def model(self, name: str) -> str:

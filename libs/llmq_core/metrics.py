@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -26,8 +26,10 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client.metrics_core import Metric
 
 from llmq_core import wire
+from llmq_core.ids import DEFAULT_REGION
 from llmq_core.labels import LabelSet
 
 log = logging.getLogger(__name__)
@@ -67,13 +69,32 @@ PRIORITY_MODEL = ("priority_class", "model")
 TENANT_MODEL = ("tenant", "model")
 
 
+class RegionRegistry(CollectorRegistry):
+    """A registry whose every sample carries the label ``region``: added here, where metrics are collected, so no
+    metric definition or call site names it (and none can forget it)."""
+
+    def __init__(self, region: str) -> None:
+        super().__init__()
+        self.region = region
+
+    def collect(self) -> Iterator[Metric]:
+        for family in super().collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [s._replace(labels={**s.labels, "region": self.region}) for s in family.samples]
+            yield labelled
+
+    def get_sample_value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        """A sample's value; ``labels`` need not name the region (one registry, one region)."""
+        return super().get_sample_value(name, {"region": self.region, **(labels or {})})
+
+
 class _Metrics:
     """A private registry and its text exposition."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, region: str) -> None:
+        self.registry = RegionRegistry(region)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
@@ -175,7 +196,7 @@ class BatcherMetrics(_Metrics):
     requests consumed and answered by the batcher itself, consumer lag."""
 
     def __init__(self, labels: LabelSet = LabelSet()) -> None:
-        super().__init__()
+        super().__init__(labels.region)
         self.labels = labels
         self.requests = self.counter("llmq_batcher_requests", "Requests consumed from llmq.requests.*", CLASS_MODEL)
         self.answered = self.counter(
@@ -257,8 +278,8 @@ class WorkerMetrics(_Metrics):
     """Slots (free, running, queued), utilisation, Batches taken, requests finished by outcome, tokens generated,
     consumer lag of the worker's partition."""
 
-    def __init__(self, model: str) -> None:
-        super().__init__()
+    def __init__(self, model: str, region: str = DEFAULT_REGION) -> None:
+        super().__init__(region)
         self.model = model
         self.slots = self.gauge(
             "llmq_worker_slots", "Engine slots by state (free, running, queued)", ("model", "state")
@@ -305,7 +326,7 @@ class RouterMetrics(_Metrics):
     """
 
     def __init__(self, labels: LabelSet = LabelSet()) -> None:
-        super().__init__()
+        super().__init__(labels.region)
         self.labels = labels
         self.results = self.counter("llmq_results", "Requests by final outcome", CLASS_MODEL_OUTCOME)
         self.ttft = self.histogram(

@@ -22,7 +22,7 @@ import msgspec
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
-from llmq_core import constants, metrics, tracing
+from llmq_core import constants, ids, metrics, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings, load_settings
@@ -54,7 +54,7 @@ async def serve(service: str, instance_id: str, build: Build) -> None:
     close them on ``stack``), then its :class:`Work` until it is done; what was built is closed in reverse order
     however it ends."""
     settings = load_settings()
-    setup_logging(service, settings.log_level)
+    setup_logging(service, settings.log_level, settings.region)
     tracing.configure(service, settings)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(tracing.shutdown)
@@ -120,13 +120,21 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
 
 
 def service_arguments(description: str) -> argparse.Namespace:
-    """The flags every consumer service takes: ``--instance-id`` (default hostname-pid) and ``--metrics-port``."""
+    """The flags every consumer service takes: ``--instance-id`` (default hostname-pid; qualified by the region) and
+    ``--metrics-port``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--instance-id", default=f"{socket.gethostname()}-{os.getpid()}")
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)"
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.instance_id = regional(args.instance_id)
+    return args
+
+
+def regional(name: str) -> str:
+    """A process's ``name`` qualified by this region (LLMQ_REGION): ``<region>-<name>``, see :func:`ids.instance_id`."""
+    return ids.instance_id(load_settings().region, name)
 
 
 def stop_event() -> asyncio.Event:

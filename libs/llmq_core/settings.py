@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from llmq_core import ids
 from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, PRIORITY_CLASSES, RECORD_HEADROOM_BYTES, TRAFFIC_CLASSES
 
 # A Kafka principal's name becomes a topic name (constants.ingress_topic): only what a topic name may hold
@@ -27,6 +28,12 @@ class IngressGrant(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore")
+
+    # region (README "Multi-region"): in every instance, request, batch and batch-job id, metric and log line
+    region: str = ids.DEFAULT_REGION
+    # share of a tenant's global rate limits this region enforces (its keys-file limits are global): no region asks
+    # another on the request path, so each holds its share; the shares of all regions should add up to 1
+    region_limit_share: float = 1.0
 
     # connections
     kafka_bootstrap_servers: str = "127.0.0.1:9092"
@@ -172,6 +179,18 @@ class Settings(BaseSettings):
         bad = [p for p in value if not _PRINCIPAL_RE.fullmatch(p)]
         if bad:
             raise ValueError(f"kafka_ingress principals {bad} must be 1-200 characters of A-Z a-z 0-9 . _ -")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region_name(cls, value: str) -> str:
+        return ids.check_region(value)
+
+    @field_validator("region_limit_share")
+    @classmethod
+    def _share(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError(f"region_limit_share {value} must be in (0, 1]")
         return value
 
     @field_validator("api_max_body_bytes")

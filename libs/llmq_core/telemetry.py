@@ -1,4 +1,4 @@
-"""Logging set-up shared by the services: one JSON object a line, with the service name.
+"""Logging set-up shared by the services: one JSON object a line, with the service name and region.
 
 Lines about a request carry ``request_id`` (pass it as ``extra``) and ``trace_id``: an explicit ``extra`` one (see
 :func:`request_fields`), else the current span's (with ``span_id``) while tracing is on.
@@ -12,21 +12,24 @@ import sys
 import msgspec
 from opentelemetry import trace
 
+from llmq_core.ids import DEFAULT_REGION
 from llmq_core.tracing import trace_id_of
 
 _encoder = msgspec.json.Encoder()
 
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, region: str = DEFAULT_REGION) -> None:
         super().__init__()
         self.service = service
+        self.region = region
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
             "level": record.levelname,
             "service": self.service,
+            "region": self.region,
             "logger": record.name,
             "msg": record.getMessage(),
         }
@@ -48,10 +51,10 @@ def request_fields(request_id: str, traceparent: str | None = None) -> dict:
     return {"request_id": request_id, "trace_id": trace_id} if trace_id else {"request_id": request_id}
 
 
-def setup_logging(service: str, level: str = "INFO") -> None:
+def setup_logging(service: str, level: str = "INFO", region: str = DEFAULT_REGION) -> None:
     """Send every log record to stderr as JSON; quiet the chatty client libraries."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service))
+    handler.setFormatter(JsonFormatter(service, region))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

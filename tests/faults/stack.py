@@ -91,10 +91,11 @@ class FaultStack:
         raise RuntimeError(f"{name} has no VmRSS")
 
     async def worker_heartbeat(self, worker_id: str) -> wire.WorkerHeartbeat | None:
-        """The worker's latest heartbeat from its liveness key, if any."""
+        """The worker's latest heartbeat from its liveness key, if any (``worker_id`` as DevStack names it, e.g.
+        ``sim-0``; the worker qualifies it by its region)."""
         redis = self.redis()
         try:
-            data = await redis.get(constants.alive_key("worker", worker_id))
+            data = await redis.get(constants.alive_key("worker", self.cfg.instance_id(worker_id)))
         finally:
             await redis.aclose()
         return wire.decode(data) if data else None

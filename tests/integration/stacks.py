@@ -1,5 +1,6 @@
-"""Private stacks of llmq services on the test suite's own Kafka broker and Redis (``infra`` in tests/conftest.py), and
-what the integration tests drive them with: workers in-process and as processes, batches, kcat and ``llmq bench``."""
+"""Private stacks of llmq services on the test suite's own Kafka broker and Redis (``infra`` in tests/conftest.py), two
+whole regions with MirrorMaker 2 both ways (:func:`two_regions`), and what the integration tests drive them with:
+workers in-process and as processes, batches, kcat and ``llmq bench``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from llmq_cli import mirror
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.main import app
 from llmq_core import constants, kafka, wire
@@ -75,6 +77,81 @@ def sim_stack(
         infra, api_ports=api_ports, tiny_workers=0, sim_workers=sim_workers, sim_batch_time_ms=batch_time_ms, **config
     ) as running:
         yield running
+
+
+# Two regions side by side (StackConfig.for_region: each takes ports base..base+40), away from the suite's other ports
+REGION_NAMES = ("a", "b")
+REGION_PORT_BASES = (26100, 26200)
+
+
+@dataclasses.dataclass
+class Regions:
+    """Two regions' stacks (``a``, ``b``), each with MirrorMaker 2 running in it for the flow from the other."""
+
+    a: DevStack
+    b: DevStack
+    options: mirror.MirrorOptions
+    services: bool = True
+
+    def peer(self, stack: DevStack) -> DevStack:
+        return self.b if stack is self.a else self.a
+
+    def kill(self, stack: DevStack) -> list[str]:
+        """The loss of ``stack``'s region: SIGKILL every process of it at once (Kafka, Redis, services, and the
+        MirrorMaker 2 that copies the peer's topics into it). Returns their names."""
+        return stack.kill()
+
+    def revive(self, stack: DevStack, timeout_s: float = 240) -> None:
+        """Bring a killed region back: its Kafka on the data it had (Redis comes back empty: it keeps nothing), its
+        services, and its inbound MirrorMaker 2."""
+        stack.up(timeout_s=timeout_s, log=lambda *_: None, services=self.services)
+        stack.mirror(self.peer(stack).cfg, self.options)
+
+
+@contextlib.contextmanager
+def two_regions(
+    state_dir: Path,
+    *,
+    services: bool = True,
+    options: mirror.MirrorOptions = mirror.MirrorOptions(intervals_s=dict(mirror.TEST_INTERVALS_S)),
+    timeout_s: float = 300,
+    **config,
+) -> Iterator[Regions]:
+    """Regions ``a`` and ``b`` (:data:`REGION_NAMES`) as whole stacks on this machine, each on its own Kafka, Redis
+    and ports (:data:`REGION_PORT_BASES`; ``services=False``: Kafka and Redis only), with MirrorMaker 2 both ways
+    under the test intervals (:data:`mirror.TEST_INTERVALS_S`); ``config``: the rest of both StackConfigs. Up for the
+    ``with`` block, then every process down and ``state_dir`` removed. MirrorMaker 2 takes tens of seconds to copy a
+    topic created after it started: wait for what you need (``wait_for_topic``)."""
+    shutil.rmtree(state_dir, ignore_errors=True)  # fresh clusters: no topic or offset of an earlier run
+    stacks = [
+        DevStack(StackConfig.for_region(name, base, state_dir, **config))
+        for name, base in zip(REGION_NAMES, REGION_PORT_BASES, strict=True)
+    ]
+    regions = Regions(*stacks, options=options, services=services)
+    try:
+        for stack in stacks:
+            stack.up(timeout_s=timeout_s, log=lambda *_: None, services=services)
+        for stack in stacks:
+            stack.mirror(regions.peer(stack).cfg, options)
+        yield regions
+    finally:
+        for stack in stacks:
+            stack.down()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+async def wait_for_topic(settings: Settings, topic: str, timeout_s: float = 120) -> float:
+    """Seconds until ``topic`` exists on ``settings``' cluster (polled; TimeoutError past ``timeout_s``)."""
+    admin = kafka.make_admin(settings)
+    await admin.start()
+    started = asyncio.get_running_loop().time()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while topic not in await admin.list_topics():
+                await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+    return asyncio.get_running_loop().time() - started
 
 
 def shed_wait_env(shed_wait_ms: dict[str, int]) -> dict[str, str]:

@@ -126,7 +126,9 @@ def check_batch_cli(runs: list[Run]) -> None:
         assert first["method"] == "POST" and first["url"] == "/v1/chat/completions" and first["custom_id"]
         assert re.search(r"status\W+completed", out), out  # the blocking submit's final status
         assert re.search(r"^\w+: \d+ lines -> out\.jsonl", out, re.M), out
-        assert len(set(re.findall(r"batch_[0-9a-f]{32}", out))) == 2, out  # two batches, each shown by its id
+        assert len(set(re.findall(r"batch_[a-z0-9-]+-[0-9a-f]{32}", out))) == 2, (
+            out
+        )  # two batches, each shown by its id
 
 
 def check_batch_input_file(runs: list[Run]) -> None:

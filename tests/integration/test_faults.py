@@ -129,16 +129,21 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
     finals: dict[str, list[wire.FinalResult]] = {}
     for result in results.messages(wire.FinalResult):
         finals.setdefault(result.request_id, []).append(result)
-    on_dead = {r.request_id for b in batches.messages(wire.Batch) if b.worker_id == "sim-0" for r in b.requests}
+    dead = stack.cfg.instance_id("sim-0")
+    on_dead = {r.request_id for b in batches.messages(wire.Batch) if b.worker_id == dead for r in b.requests}
     stranded = [
         rid
         for rid in on_dead
-        if not any(f.worker_id == "sim-0" and f.finished_ms <= killed_ms for f in finals.get(rid, []))
+        if not any(f.worker_id == dead and f.finished_ms <= killed_ms for f in finals.get(rid, []))
     ]
     assert stranded, "the kill found no request in flight on the worker"
     moved_ms = []
     for rid in stranded:
-        done = [f for f in finals.get(rid, []) if f.outcome is wire.Outcome.SUCCEEDED and f.worker_id == "sim-1"]
+        done = [
+            f
+            for f in finals.get(rid, [])
+            if f.outcome is wire.Outcome.SUCCEEDED and f.worker_id == stack.cfg.instance_id("sim-1")
+        ]
         assert done, f"{rid} was in flight on the killed worker and never finished elsewhere"
         moved_ms.append(min(f.finished_ms for f in done) - killed_ms)
     # + the batch the other worker may be running (a fixed-time engine takes no work mid-batch), + CPU slack
@@ -457,7 +462,7 @@ async def test_api_pod_kill9_cancels_the_work_it_left_and_spares_the_other_pods_
     await asyncio.sleep(2)
     left = doomed.burst(150)
     async with asyncio.timeout(30):  # ~6 s of work in Kafka: much of it is still queued when the pod dies
-        while len(pod_requests(requests, "api-0")) < 100:
+        while len(pod_requests(requests, stack.cfg.instance_id("api-0"))) < 100:
             await asyncio.sleep(0.05)
     killed_s = stack.send("api-0", signal.SIGKILL)
     killed_ms = int(time.time() * 1000)
@@ -468,7 +473,7 @@ async def test_api_pod_kill9_cancels_the_work_it_left_and_spares_the_other_pods_
     await requests.stop()
     await results.stop()
 
-    orphans = pod_requests(requests, "api-0")
+    orphans = pod_requests(requests, stack.cfg.instance_id("api-0"))
     finals: dict[str, list[wire.FinalResult]] = {}
     for result in results.messages(wire.FinalResult):
         if result.request_id in orphans:

@@ -69,13 +69,13 @@ async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arri
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 assert response.status_code == 200
                 request_id = response.headers["x-request-id"]
-                channel = constants.replies_channel("api-0")
+                channel = constants.replies_channel(stack.cfg.instance_id("api-0"))
                 forged = wire.FinalResult(
                     request_id=request_id,
                     tenant_id="mallory",
                     outcome=wire.Outcome.SUCCEEDED,
                     model="llmq-sim",
-                    reply_to=wire.HttpReply(instance_id="api-0"),
+                    reply_to=wire.HttpReply(instance_id=stack.cfg.instance_id("api-0")),
                     choices=[wire.Choice(index=0, text="FORGED", finish_reason="stop")],
                 )
                 chunk = wire.TokenChunk(request_id=request_id, text="FORGED", seq=0, sent_ms=0, tenant_id="mallory")

@@ -10,7 +10,6 @@ unexpected becomes a clean 500 JSON.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 
@@ -32,7 +31,7 @@ from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body, usage_dict
 from llmq_api.pod import Pod
 from llmq_api.responses import ResultResponse, StreamResponse
-from llmq_core import tracing, wire
+from llmq_core import ids, tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 from llmq_core.requests import timeouts_by_class
 from llmq_core.settings import Settings
@@ -133,9 +132,10 @@ class Intake:
         self._timeouts = timeouts_by_class(settings)
         self._max_body_bytes = settings.api_max_body_bytes
         self._max_stop_bytes = settings.api_max_stop_bytes
+        self._region = settings.region
 
     async def parse(self, request: Request, endpoint: wire.Endpoint) -> Ask:
-        request_id = f"{_ID_PREFIX[endpoint]}-{uuid.uuid4().hex}"
+        request_id = ids.request_id(self._region, _ID_PREFIX[endpoint])
         request.state.request_id = request_id
         request.state.endpoint = endpoint
         headers = request.headers

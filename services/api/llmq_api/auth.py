@@ -8,6 +8,7 @@ the key itself (``key``) or only its digest (``key_sha256``).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
@@ -88,7 +89,9 @@ class KeysFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class KeyStore:
     """SHA-256 of an API key -> its Principal; :meth:`authenticate` raises 401 ``invalid_api_key`` for anyone else."""
 
-    def __init__(self, principals: dict[str, Principal]) -> None:
+    def __init__(self, principals: dict[str, Principal], limit_share: float = 1.0) -> None:
+        """``limit_share``: the share of each keys-file entry's global limits this region enforces."""
+        self._limit_share = limit_share
         self._by_digest = {_digest(key): principal for key, principal in principals.items()}
         self._source = dict.fromkeys(
             self._by_digest, "the keys it started with (the dev keys, while LLMQ_API_DEV_KEYS is on)"
@@ -97,7 +100,7 @@ class KeyStore:
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyStore:
         """Dev keys (if ``api_dev_keys``) plus the ``api_keys_file`` entries. Raises ValueError for a bad file."""
-        store = cls(DEV_KEYS if settings.api_dev_keys else {})
+        store = cls(DEV_KEYS if settings.api_dev_keys else {}, settings.region_limit_share)
         if settings.api_keys_file:
             store.add(load_keys_file(Path(settings.api_keys_file)), source=settings.api_keys_file)
         return store
@@ -112,7 +115,7 @@ class KeyStore:
                     f"API keys file {source}: keys[{i}] (tenant {entry.tenant!r}) names a key already given by"
                     f" {self._source[digest]} (same SHA-256 {digest[:12]}...); each key may appear once"
                 )
-            self._by_digest[digest] = _principal(entry)
+            self._by_digest[digest] = _principal(entry, self._limit_share)
             self._source[digest] = f"keys[{i}] (tenant {entry.tenant!r})"
 
     def tenant_of(self, authorization: str | None) -> str | None:
@@ -154,15 +157,21 @@ def load_keys_file(path: Path) -> list[KeyEntry]:
     return entries
 
 
-def _principal(entry: KeyEntry) -> Principal:
+def regional_limit(global_limit: int, share: float) -> int:
+    """This region's part of a tenant's global limit (0: unlimited stays unlimited): ``share`` of it, rounded down,
+    never below 1 (a tenant with a limit can always send something)."""
+    return max(1, math.floor(global_limit * share)) if global_limit else 0
+
+
+def _principal(entry: KeyEntry, limit_share: float = 1.0) -> Principal:
     classes = tuple(sorted(set(entry.classes), key=TRAFFIC_CLASSES.index))
     return Principal(
         tenant_id=entry.tenant,
         tier=entry.tier,
         classes=classes,
-        requests_per_min=entry.requests_per_min,
-        tokens_per_min=entry.tokens_per_min,
-        batch_tokens_per_day=entry.batch_tokens_per_day,
+        requests_per_min=regional_limit(entry.requests_per_min, limit_share),
+        tokens_per_min=regional_limit(entry.tokens_per_min, limit_share),
+        batch_tokens_per_day=regional_limit(entry.batch_tokens_per_day, limit_share),
         file_storage_bytes=entry.file_storage_bytes,
     )
 

@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaConnectionError
 from llmq_api import connections
 from llmq_api.app import create_app
 from llmq_api.pod import CLOSE_TIMEOUT_S, REDIS_OP_TIMEOUT_S, Pod
-from llmq_core import kafka, metrics, tracing
+from llmq_core import ids, kafka, metrics, tracing
 from llmq_core.settings import load_settings
 from llmq_core.telemetry import setup_logging
 
@@ -83,9 +83,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = load_settings()
-    setup_logging("api", settings.log_level)
+    setup_logging("api", settings.log_level, settings.region)
     tracing.configure("api", settings)
-    instance_id = args.instance_id or settings.instance_id or default_instance_id()
+    instance_id = ids.instance_id(settings.region, args.instance_id or settings.instance_id or default_instance_id())
     check_topic_limits(settings)
     try:
         pod = Pod(settings, instance_id)

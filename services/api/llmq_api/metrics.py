@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from llmq_core.labels import LabelSet
-from llmq_core.metrics import LATENCY_BUCKETS_S
+from llmq_core.metrics import LATENCY_BUCKETS_S, RegionRegistry
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -20,7 +20,7 @@ class ApiMetrics:
     def __init__(self, in_flight: Callable[[], int], labels: LabelSet = LabelSet()) -> None:
         """``labels``: the model names the ``model`` label may carry (others, e.g. announced by a worker but not in
         the catalogue, read ``other``)."""
-        self.registry = CollectorRegistry()
+        self.registry = RegionRegistry(labels.region)
         self.labels = labels
         self.requests = Counter(
             "llmq_api_requests",

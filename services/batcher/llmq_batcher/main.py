@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import uuid
 
 from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
-from llmq_core import constants, kafka, metrics, requests, runtime
+from llmq_core import constants, ids, kafka, metrics, requests, runtime
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.labels import LabelSet
 from llmq_core.names import Names
@@ -31,8 +30,7 @@ async def build(
     producer = kafka.make_renewable_producer(settings)  # a refused record does not break it
     consumer = kafka.make_consumer(settings, group_id=constants.GROUP_BATCHER)
     results = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=None, auto_offset_reset="latest")
-    # Batch ids must be unique across restarts: workers report them back as last_batch_id.
-    policy = BatchPolicy(PolicyConfig.from_settings(settings, f"{instance_id}-{uuid.uuid4().hex[:6]}"))
+    policy = BatchPolicy(PolicyConfig.from_settings(settings, ids.batch_id_prefix(instance_id)))
     loop = BatcherLoop(
         policy,
         consumer,

@@ -126,7 +126,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     await require_topic_limits(settings)  # before loading a model: a result the broker refuses must not be computed
     engine = build_engine(args, settings)
     stack.push_async_callback(engine.close)
-    observed = metrics.WorkerMetrics(args.model)
+    observed = metrics.WorkerMetrics(args.model, settings.region)
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)
     producer = make_renewable_producer(settings)  # a refused result does not break it
@@ -160,6 +160,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    args.worker_id = runtime.regional(args.worker_id)
     runtime.run(lambda: runtime.serve("worker", args.worker_id, functools.partial(build, args)))
 
 

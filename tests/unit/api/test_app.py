@@ -139,9 +139,11 @@ async def test_models_health_readiness_metrics(setup):
     assert (await client.get("/readyz")).status_code == 503
     await client.post("/v1/completions", json={"model": "nope", "prompt": "a"})
     text = pod.metrics.render().decode()  # served apart from the API (--metrics-port)
-    assert 'llmq_api_requests_total{endpoint="completions",outcome="rejected",status="404"} 1.0' in text
-    assert 'llmq_api_requests_total{endpoint="completions",outcome="unavailable",status="503"} 1.0' in text
-    assert "llmq_api_in_flight 0.0" in text
+    assert 'llmq_api_requests_total{endpoint="completions",outcome="rejected",region="local",status="404"} 1.0' in text
+    assert (
+        'llmq_api_requests_total{endpoint="completions",outcome="unavailable",region="local",status="503"} 1.0' in text
+    )
+    assert 'llmq_api_in_flight{region="local"} 0.0' in text
     assert (await client.get("/metrics")).status_code == 404  # never on the port clients reach
 
 

@@ -110,7 +110,9 @@ async def test_overload_sheds_the_lowest_classes_first_with_retry_after(setup):
     assert statuses == {"deferred": 429, "near": 429, "free": 200, "paid": 200}
     assert len(worker.produced) == 2
     text = pod.metrics.render().decode()  # served apart from the API (--metrics-port)
-    assert 'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait"} 1.0' in text
+    assert (
+        'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait",region="local"} 1.0' in text
+    )
 
 
 async def test_a_model_without_workers_answers_people_503_at_once_and_queues_deferred(setup):
@@ -147,7 +149,8 @@ async def test_a_model_without_workers_answers_people_503_at_once_and_queues_def
     assert [(r.model, r.traffic_class) for r in worker.produced] == [("llmq-tiny", "deferred")]
     text = pod.metrics.render().decode()  # served apart from the API (--metrics-port)
     assert (
-        'llmq_api_admission_rejections_total{priority_class="interactive:paid",reason="model_unavailable"} 1.0' in text
+        'llmq_api_admission_rejections_total{priority_class="interactive:paid",reason="model_unavailable",region="local"} 1.0'
+        in text
     )
 
 

@@ -183,5 +183,5 @@ async def test_the_pod_reports_its_dependencies_and_refuses_at_once_while_kafka_
     assert kafka["state"] == "down" and kafka["reason"] == "producing a request took longer than 2 s"
     assert deps.json()["dependencies"]["redis"]["state"] == "up"
     metrics = pod.metrics.render().decode()  # served apart from the API (--metrics-port)
-    assert 'llmq_api_dependency_up{dependency="kafka"} 0.0' in metrics
-    assert 'llmq_api_dependency_up{dependency="redis"} 1.0' in metrics
+    assert 'llmq_api_dependency_up{dependency="kafka",region="local"} 0.0' in metrics
+    assert 'llmq_api_dependency_up{dependency="redis",region="local"} 1.0' in metrics

@@ -14,7 +14,7 @@ from llmq_core import runtime
 
 @pytest.fixture(autouse=True)
 def _keep_pytest_logging(monkeypatch):
-    monkeypatch.setattr(runtime, "setup_logging", lambda service, level: None)  # it replaces the root handlers
+    monkeypatch.setattr(runtime, "setup_logging", lambda *_: None)  # it replaces the root handlers
 
 
 class Service:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -24,7 +23,7 @@ from llmq_api.auth import Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
-from llmq_core import jobs, wire
+from llmq_core import ids, jobs, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, HTTP_IDEMPOTENCY_KEY, MAX_RESULT_BYTES
 from llmq_core.filestore import FileStore
@@ -118,7 +117,7 @@ class BatchJobs:
         tenant's storage quota (the bytes of its live uploads)."""
         if purpose != jobs.FILE_PURPOSE_BATCH:
             raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {echo(purpose)}", param="purpose")
-        file_id = f"file-{uuid.uuid4().hex}"
+        file_id = ids.file_id(self.settings.region)
         path = f"files/{file_id}"
         quota, used = await self._storage(principal)
         limit = min(self.settings.files_max_bytes, quota - used)
@@ -241,7 +240,7 @@ class BatchJobs:
         _check_deferred(principal, "create batches")
         await self._take_request(principal)
         request = _decode_create(body)
-        batch_id = f"batch_{uuid.uuid4().hex}"
+        batch_id = ids.batch_job_id(self.settings.region)
         if idempotency_key is None:
             return await self._create(principal, request, batch_id)
         earlier = await self.store.claim_batch_key(
@@ -335,8 +334,8 @@ class BatchJobs:
             created_ms=now_ms,
             expires_ms=now_ms + window_s * 1000,
             metadata=request.metadata,
-            output_file_id=f"file-{uuid.uuid4().hex}",
-            error_file_id=f"file-{uuid.uuid4().hex}",
+            output_file_id=ids.file_id(self.settings.region),
+            error_file_id=ids.file_id(self.settings.region),
             prepared_path=f"jobs/{batch_id}/requests.jsonl",
             results_path=f"jobs/{batch_id}/results.jsonl",
         )

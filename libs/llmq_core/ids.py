@@ -1,0 +1,47 @@
+"""Identifiers that say where they were born: every instance, request, batch and batch-job id carries the region
+(``Settings.region``), so ids stay unique across regions and a reader of a mirrored record knows its origin.
+
+Every builder lives here so that services and batch jobs build them alike.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+# A region names a Kafka cluster alias of MirrorMaker 2 and prefixes topics, ids and keys: short, lower-case, no dots
+REGION_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?")
+DEFAULT_REGION = "local"
+
+
+def check_region(region: str) -> str:
+    """``region`` when it is a valid region name, else ValueError."""
+    if not REGION_RE.fullmatch(region):
+        raise ValueError(f"region {region!r} must be 1-32 characters of a-z 0-9 and '-', not starting or ending in '-'")
+    return region
+
+
+def instance_id(region: str, name: str) -> str:
+    """A process's id in ``region``: ``<region>-<name>`` (``name`` as given when it already starts so)."""
+    return name if name.startswith(f"{region}-") else f"{region}-{name}"
+
+
+def request_id(region: str, prefix: str) -> str:
+    """A new HTTP request's id, e.g. ``chatcmpl-<region>-<32 hex>``."""
+    return f"{prefix}-{region}-{uuid.uuid4().hex}"
+
+
+def batch_id_prefix(instance: str) -> str:
+    """Prefix of a batcher's batch ids (``<prefix>-<n>``): its region-qualified instance id and a random suffix, so
+    ids stay unique across the batcher's restarts (workers report them back as last_batch_id)."""
+    return f"{instance}-{uuid.uuid4().hex[:6]}"
+
+
+def batch_job_id(region: str) -> str:
+    """A new batch job's id (``/v1/batches``), e.g. ``batch_<region>-<32 hex>``."""
+    return f"batch_{region}-{uuid.uuid4().hex}"
+
+
+def file_id(region: str) -> str:
+    """A new file's id (``/v1/files``, output and error files), e.g. ``file-<region>-<32 hex>``."""
+    return f"file-{region}-{uuid.uuid4().hex}"
