@@ -43,6 +43,10 @@ def requests_topic(traffic_class: str) -> str:
 REQUEST_TOPICS: Final = tuple(requests_topic(c) for c in TRAFFIC_CLASSES)
 
 
+# Every peer region's llmq.results as MirrorMaker 2 copies it here (``<region>.llmq.results``; see remote_topic)
+PEER_RESULTS_PATTERN: Final = r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.llmq\.results$"
+
+
 def remote_topic(source_region: str, topic: str) -> str:
     """Where MirrorMaker 2 (DefaultReplicationPolicy) copies ``topic`` of region ``source_region`` in the peer
     region, e.g. ``a.llmq.results``."""
@@ -70,6 +74,7 @@ JOB_TOPIC_KINDS: Final = ("specs", "lines", "ledger", "owners")
 # --- Kafka consumer groups ---
 GROUP_BATCHER: Final = "llmq-batcher"
 GROUP_RESULT_ROUTER: Final = "llmq-result-router"
+GROUP_PEER_RESULTS: Final = "llmq-result-router-peers"  # result-routers over the peers' mirrored results
 GROUP_WORKER_PREFIX: Final = "llmq-worker-"
 
 

@@ -89,7 +89,7 @@ _KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
 _KAFKA_GROUPS: dict[str, tuple[tuple[str, bool], ...]] = {
     ROLE_BATCHER: ((constants.GROUP_BATCHER, False),),
     ROLE_WORKER: ((constants.GROUP_WORKER_PREFIX, True),),
-    ROLE_ROUTER: ((constants.GROUP_RESULT_ROUTER, False),),
+    ROLE_ROUTER: ((constants.GROUP_RESULT_ROUTER, False), (constants.GROUP_PEER_RESULTS, False)),
 }
 
 

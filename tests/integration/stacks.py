@@ -122,11 +122,13 @@ def two_regions(
     under the test intervals (:data:`mirror.TEST_INTERVALS_S`); ``config``: the rest of both StackConfigs. Up for the
     ``with`` block, then every process down and ``state_dir`` removed. MirrorMaker 2 takes tens of seconds to copy a
     topic created after it started: wait for what you need (``wait_for_topic``)."""
-    shutil.rmtree(state_dir, ignore_errors=True)  # fresh clusters: no topic or offset of an earlier run
     stacks = [
         DevStack(StackConfig.for_region(name, base, state_dir, **config))
         for name, base in zip(REGION_NAMES, REGION_PORT_BASES, strict=True)
     ]
+    for stack in stacks:  # what an interrupted run left behind, then fresh clusters: no topic or offset of it
+        stack.down()
+    shutil.rmtree(state_dir, ignore_errors=True)
     regions = Regions(*stacks, options=options, services=services)
     try:
         for stack in stacks:

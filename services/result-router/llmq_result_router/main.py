@@ -19,6 +19,7 @@ from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.owners import OwnerWatcher
+from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 
 
 async def build(metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
@@ -47,14 +48,21 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
         settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
     )
     driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK, owners)
+    peer_consumer = kafka.make_consumer(
+        settings, group_id=constants.GROUP_PEER_RESULTS, metadata_max_age_ms=PEER_TOPICS_REFRESH_MS
+    )
+    peers = PeerResults(peer_consumer, router.results, redis, settings.kafka_request_id_ttl_s * 1000)
+    peers.subscribe()
+    await runtime.start(stack, peer_consumer)
 
     def stop() -> None:
         router.stop()
         driver.stop()
         owners.stop()
+        peers.stop()
 
     return runtime.Work(
-        tasks=[router.run(), driver.run(), owners.run()],
+        tasks=[router.run(), driver.run(), owners.run(), peers.run()],
         stop=stop,
         grace_s=settings.shutdown_grace_s,
         helpers=[observed.lag.watch(consumer, constants.GROUP_RESULT_ROUTER)],

@@ -94,6 +94,7 @@ def test_only_consumers_read_and_each_in_its_own_group():
         (security.ROLE_BATCHER, constants.GROUP_BATCHER),
         (security.ROLE_WORKER, constants.GROUP_WORKER_PREFIX),
         (security.ROLE_ROUTER, constants.GROUP_RESULT_ROUTER),
+        (security.ROLE_ROUTER, constants.GROUP_PEER_RESULTS),  # the peer regions' mirrored results
     }
     assert constants.worker_group(7).startswith(constants.GROUP_WORKER_PREFIX)
 
