@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from llmq_api.batch_jobs.service import BatchJobs
 from llmq_api.ratelimit import RateLimiter
-from llmq_core import jobs, kafka, regions
+from llmq_core import jobs, kafka, regions, wire
 from llmq_core.clock import FakeClock
 from llmq_core.filestore import FileStore
 from llmq_core.joblog import JobLog, JobTopics, read_topics
@@ -187,6 +187,15 @@ async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_p
     await a.driver.tick()
     assert a.requests.take() == []
     assert batch_id not in await a.store.active_jobs()
+    late = wire.FinalResult(
+        request_id=f"{batch_id}:line-9",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        tenant_id=TENANT.tenant_id,
+        reply_to=wire.JobReply(batch_id=batch_id, custom_id="line-9"),
+    )
+    await a.ledger.on_result(late)  # a result of A's that arrives late: A's ledger leaves the line alone
+    assert await a.store.line_states(batch_id, ["line-9"]) == [jobs.pending(0)]
 
     # B finishes the job: every custom_id exactly once across its output and error files
     rerun = []
