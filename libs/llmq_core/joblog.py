@@ -77,11 +77,15 @@ class JobLog:
         """Each line's prepared request (JSON ``GenerationRequest``), by custom_id."""
         await self._send("lines", [(line_key(batch_id, c), r) for c, r in requests.items()])
 
+    async def drop_lines(self, batch_id: str, custom_ids: Iterable[str]) -> None:
+        """Tombstones for lines an ended job no longer needs."""
+        await self._send("lines", [(line_key(batch_id, c), None) for c in custom_ids])
+
     async def put_results(self, batch_id: str, results: Mapping[str, wire.FinalResult]) -> None:
         """Terminal results of lines, by custom_id."""
         await self._send("ledger", [(line_key(batch_id, c), wire.encode(r)) for c, r in results.items()])
 
-    async def _send(self, kind: str, records: list[tuple[bytes, bytes]]) -> None:
+    async def _send(self, kind: str, records: list[tuple[bytes, bytes | None]]) -> None:
         topic = self.topics.topic(kind)
         await asyncio.gather(*(self.producer.send_and_wait(topic, value, key=key) for key, value in records))
 

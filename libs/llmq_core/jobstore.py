@@ -455,7 +455,11 @@ class JobStore:
     async def retire(self, batch_id: str, until_s: int) -> None:
         """After the results file is written: drop the ledger, keep the job's hash until epoch s ``until_s`` (then
         :meth:`delete_job`; the hash serves the output files, so it gets no TTL an eviction policy could act on).
-        The job's result-bytes reservation goes back to its tenant."""
+        The job's result-bytes reservation goes back to its tenant; its input lines leave the job log (tombstones:
+        compaction drops them; an ended job is served from its results)."""
+        if self.log is not None:
+            custom_ids = [c.decode() for c in await self.redis.hkeys(constants.job_offsets_key(batch_id))]
+            await self.log.drop_lines(batch_id, custom_ids)
         job = await self.get_job(batch_id)
         if job is not None:
             await self._release_result_bytes(

@@ -22,6 +22,9 @@ POLL_MS = 500
 
 
 class OwnerWatcher:
+    """Follows every owners topic on this cluster (this region's and each peer's mirrored one) into the Redis view;
+    ``caught_up`` is set once it read each one it found at start to the end it had then."""
+
     def __init__(self, store: JobStore, consumer: AIOKafkaConsumer) -> None:
         self.store = store
         self.consumer = consumer  # no group: every router reads every claim
@@ -48,12 +51,19 @@ class OwnerWatcher:
             if loop.time() - refreshed >= TOPICS_REFRESH_MS / 1000:
                 refreshed = loop.time()
                 await self._assign(owners_topics(await self.consumer.topics()))
-            for records in (await self.consumer.getmany(timeout_ms=POLL_MS)).values():
-                for record in records:
-                    if record.value is not None:
-                        await self.store.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
+            await self._poll()
             if not self.caught_up.is_set() and await self._reached_ends():
                 self.caught_up.set()
+
+    async def _poll(self) -> None:
+        """Apply the claims that arrived; with no owners topic yet (nothing claimed anywhere), wait one poll."""
+        if not self._topics:
+            await asyncio.sleep(POLL_MS / 1000)
+            return
+        for records in (await self.consumer.getmany(timeout_ms=POLL_MS)).values():
+            for record in records:
+                if record.value is not None:
+                    await self.store.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
 
     async def _assign(self, topics: list[str]) -> None:
         """Follow ``topics`` from their start (claims are few and applying one twice changes nothing)."""
