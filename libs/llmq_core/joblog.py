@@ -41,7 +41,7 @@ class JobTopics:
 
     @classmethod
     def mirrored(cls, region: str) -> JobTopics:
-        return cls(prefix=f"{region}.")
+        return cls(prefix=constants.remote_topic(region, ""))
 
     def topic(self, kind: str) -> str:
         return f"{self.prefix}{constants.TOPIC_JOBS_PREFIX}{kind}"
