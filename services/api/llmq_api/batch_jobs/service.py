@@ -442,7 +442,12 @@ class BatchJobs:
     async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
         now_s = spec.created_ms // 1000
         await self.store.create_job(
-            spec, jobs.FAILED, {jobs.VALIDATING: now_s, jobs.FAILED: now_s}, files=(), errors=checked.reported_errors()
+            spec,
+            jobs.FAILED,
+            {jobs.VALIDATING: now_s, jobs.FAILED: now_s},
+            files=(),
+            errors=checked.reported_errors(),
+            owner=self._claim(spec),
         )
         return await self._read(spec.id)
 
@@ -455,9 +460,13 @@ class BatchJobs:
             {jobs.VALIDATING: spec.created_ms // 1000, jobs.IN_PROGRESS: now_s},
             files=jobs.output_files(spec, now_s, expires_at),
             errored=errored,
-            owner=JobOwner(batch_id=spec.id, region=self.settings.region, at_ms=self.clock.now_ms()),
+            owner=self._claim(spec),
         )
         return await self._read(spec.id)
+
+    def _claim(self, spec: JobSpec) -> JobOwner:
+        """This region's claim on a job it creates (epoch 0): the job log's owner record and the fencing view."""
+        return JobOwner(batch_id=spec.id, region=self.settings.region, at_ms=self.clock.now_ms())
 
     async def _read(self, batch_id: str) -> JobView:
         job = await self.store.get_job(batch_id)
