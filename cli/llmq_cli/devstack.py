@@ -68,6 +68,7 @@ class StackConfig:
     # Kafka-direct producers (LLMQ_KAFKA_INGRESS): secure mode gives each a SCRAM user that writes its ingress topic only
     ingress_principals: tuple[str, ...] = field(default_factory=lambda: tuple(Settings().kafka_ingress))
     region: str = ids.DEFAULT_REGION  # LLMQ_REGION of every service: in their ids, metrics and log lines
+    peer_regions: tuple[str, ...] = ()  # regions mirrored to and from (secure mode: mm2's and the router's ACLs)
 
     @classmethod
     def for_region(cls, region: str, port_base: int, state_dir: Path = Path("var/dev"), **config) -> StackConfig:
@@ -290,7 +291,9 @@ class DevStack:
     async def _prepare_kafka(self, admin: Settings) -> None:
         """As the admin: the ACLs of every role (secure mode) and the llmq topics."""
         if self.cfg.secure and self.cfg.manage_infra:
-            acls = security.kafka_acls(self.cfg.reply_topic_prefixes, self.cfg.ingress_principals)
+            acls = security.kafka_acls(
+                self.cfg.reply_topic_prefixes, self.cfg.ingress_principals, self.cfg.peer_regions
+            )
             await security.apply_kafka_acls(admin, acls)
         await ensure_topics(admin, raise_limits=True)
 

@@ -54,6 +54,7 @@ def _stack(
     secure: bool = False,
     region: str | None = None,
     port_base: int | None = None,
+    peers: tuple[str, ...] = (),
 ) -> DevStack:
     # Every process reads the keys file: API pods authenticate with it, the batcher and router label metrics by tenant.
     extra_env = {"LLMQ_API_KEYS_FILE": str(keys_file.resolve())} if keys_file else {}
@@ -64,6 +65,7 @@ def _stack(
         extra_env=extra_env,
         smollm2_workers=smollm2_workers,
         secure=secure,
+        peer_regions=peers,
     )
     if region is not None or port_base is not None:
         return DevStack(_region_config(state_dir, region, port_base, **shape))
@@ -123,6 +125,9 @@ def dev_up(
     ),
     region: str | None = REGION,
     port_base: int | None = PORT_BASE,
+    peer: list[str] = typer.Option(
+        [], help="A region mirrored to and from this one (repeatable); with --secure: MirrorMaker 2's ACLs (mm2)."
+    ),
 ) -> None:
     """Start the stack (Kafka 127.0.0.1:9092, Redis :6379, API pods :8000 and :8001) and wait until it is healthy."""
     stack = _stack(
@@ -138,6 +143,7 @@ def dev_up(
         secure,
         region,
         port_base,
+        tuple(peer),
     )
     started = time.perf_counter()
     try:

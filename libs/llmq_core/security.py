@@ -11,8 +11,13 @@ The rules follow what the code reads and writes:
   dead letters; subscribes cancels, publishes heartbeats and replies.
 - router: consumes llmq.results (group llmq-result-router); produces reply topics (under the allowed prefixes),
   batch-job lines to llmq.requests.deferred, dead letters; publishes replies.
-- admin: super user, used only by ``llmq topics`` / ``llmq dev create-topic`` and operators. mm2: reserved for
-  MirrorMaker 2 (no rules yet).
+- router, multi-region: also consumes each peer region's mirrored ``<peer>.llmq.results`` (group
+  llmq-result-router-peers).
+- admin: super user, used only by ``llmq topics`` / ``llmq dev create-topic`` and operators.
+- mm2: MirrorMaker 2 (README "Multi-region"), on every cluster of a region with peers: as the source of a flow it
+  reads llmq.jobs.* and llmq.results and describes llmq's groups (checkpoints); as the target it creates and writes
+  the ``<peer>.``-prefixed remote topics (and their configs) and its own topics (``mm2-*``, heartbeats), in the
+  Connect group ``<peer>-mm2``. No other topic, no cluster-wide right.
 Every Kafka role may also read its topics' configuration (``kafka.require_topic_limits`` at start).
 """
 
@@ -38,9 +43,20 @@ KAFKA_BROKER_PRINCIPAL = "llmq-broker"  # the broker's own certificate (controll
 # Kafka protocol codes (org.apache.kafka.common.acl / resource)
 TOPIC, GROUP = 2, 3
 LITERAL, PREFIXED = 3, 4
-READ, WRITE, DESCRIBE_CONFIGS = 3, 4, 10
+READ, WRITE, CREATE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS = 3, 4, 5, 7, 8, 10, 11
 ALLOW = 3
-OPERATION_NAMES = {READ: "Read", WRITE: "Write", DESCRIBE_CONFIGS: "DescribeConfigs"}
+OPERATION_NAMES = {
+    READ: "Read",
+    WRITE: "Write",
+    CREATE: "Create",
+    ALTER: "Alter",
+    DESCRIBE: "Describe",
+    DESCRIBE_CONFIGS: "DescribeConfigs",
+    ALTER_CONFIGS: "AlterConfigs",
+}
+# MirrorMaker 2's own topics: Connect's mm2-offsets/-configs/-status.<source>.internal, mm2-offset-syncs.<target>.internal
+MM2_TOPIC_PREFIX = "mm2-"
+MM2_HEARTBEATS_TOPIC = "heartbeats"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +109,21 @@ _KAFKA_GROUPS: dict[str, tuple[tuple[str, bool], ...]] = {
 }
 
 
-def kafka_acls(reply_topic_prefixes: Iterable[str] = (), ingress_principals: Iterable[str] = ()) -> list[KafkaAcl]:
+def kafka_acls(
+    reply_topic_prefixes: Iterable[str] = (), ingress_principals: Iterable[str] = (), peer_regions: Iterable[str] = ()
+) -> list[KafkaAcl]:
     """Every ACL of a secure cluster (the admin is a super user and needs none). ``reply_topic_prefixes``: where the
     router may write replies (``Settings.kafka_reply_topic_prefixes``; none: no reply topics). ``ingress_principals``:
-    Kafka-direct producers, each writing its own ingress topic only."""
+    Kafka-direct producers, each writing its own ingress topic only. ``peer_regions``: the regions MirrorMaker 2
+    mirrors from and to (README "Multi-region"; none: no mm2 rules)."""
+    peers = tuple(peer_regions)
     topics = {role: list(rows) for role, rows in _KAFKA_TOPICS.items()}
     topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in reply_topic_prefixes]
+    topics[ROLE_ROUTER] += [(constants.remote_topic(peer, constants.TOPIC_RESULTS), False, (READ,)) for peer in peers]
     for principal in ingress_principals:
         topics[principal] = [(constants.ingress_topic(principal), False, (WRITE,))]
+    if peers:
+        topics[ROLE_MM2] = _mirror_topics(peers)
     acls = [
         KafkaAcl(role, TOPIC, name, operation, prefixed)
         for role, rows in topics.items()
@@ -110,7 +133,26 @@ def kafka_acls(reply_topic_prefixes: Iterable[str] = (), ingress_principals: Ite
     acls += [
         KafkaAcl(role, GROUP, name, READ, prefixed) for role, rows in _KAFKA_GROUPS.items() for name, prefixed in rows
     ]
+    if peers:  # checkpoints describe llmq's groups (source); Connect's worker group of each inbound flow (target)
+        acls.append(KafkaAcl(ROLE_MM2, GROUP, _LLMQ_GROUP_PREFIX, DESCRIBE, prefixed=True))
+        acls += [KafkaAcl(ROLE_MM2, GROUP, f"{peer}-mm2", READ) for peer in peers]
     return acls
+
+
+_LLMQ_GROUP_PREFIX = "llmq-"
+
+
+def _mirror_topics(peers: tuple[str, ...]) -> list[tuple[str, bool, tuple[int, ...]]]:
+    """MirrorMaker 2's topic rules on one region's cluster, for flows to and from ``peers``."""
+    own = (READ, WRITE, CREATE)
+    return [
+        (constants.TOPIC_JOBS_PREFIX, True, (READ,)),  # source of the outbound flows
+        (constants.TOPIC_RESULTS, False, (READ,)),
+        (MM2_TOPIC_PREFIX, True, own),
+        (MM2_HEARTBEATS_TOPIC, False, own),
+        # target of the inbound flows: remote topics and checkpoints, created, written, their configs kept in sync
+        *((f"{peer}.", True, (*own, ALTER, ALTER_CONFIGS)) for peer in peers),
+    ]
 
 
 async def apply_kafka_acls(admin_settings: Settings, acls: Iterable[KafkaAcl]) -> None:

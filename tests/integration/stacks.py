@@ -115,16 +115,17 @@ def two_regions(
     services: bool = True,
     options: mirror.MirrorOptions = mirror.MirrorOptions(intervals_s=dict(mirror.TEST_INTERVALS_S)),
     timeout_s: float = 300,
+    port_bases: tuple[int, int] = REGION_PORT_BASES,
     **config,
 ) -> Iterator[Regions]:
     """Regions ``a`` and ``b`` (:data:`REGION_NAMES`) as whole stacks on this machine, each on its own Kafka, Redis
-    and ports (:data:`REGION_PORT_BASES`; ``services=False``: Kafka and Redis only), with MirrorMaker 2 both ways
+    and ports (``port_bases``; ``services=False``: Kafka and Redis only), with MirrorMaker 2 both ways
     under the test intervals (:data:`mirror.TEST_INTERVALS_S`); ``config``: the rest of both StackConfigs. Up for the
     ``with`` block, then every process down and ``state_dir`` removed. MirrorMaker 2 takes tens of seconds to copy a
     topic created after it started: wait for what you need (``wait_for_topic``)."""
     stacks = [
-        DevStack(StackConfig.for_region(name, base, state_dir, **config))
-        for name, base in zip(REGION_NAMES, REGION_PORT_BASES, strict=True)
+        DevStack(StackConfig.for_region(name, base, state_dir, peer_regions=(peer,), **config))
+        for name, base, peer in zip(REGION_NAMES, port_bases, REGION_NAMES[::-1], strict=True)
     ]
     for stack in stacks:  # what an interrupted run left behind, then fresh clusters: no topic or offset of it
         stack.down()

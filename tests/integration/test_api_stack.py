@@ -316,7 +316,9 @@ async def test_queue_wait_sheds_deferred_with_retry_after_while_paid_gets_throug
     assert paid.status_code == 200
     assert [r.status_code for r in await asyncio.gather(*burst)] == [200] * 40
     metrics = (await other.get(other.metrics_url)).text
-    assert 'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait"}' in metrics
+    assert (
+        'llmq_api_admission_rejections_total{priority_class="deferred",reason="queue_wait",region="local"}' in metrics
+    )
 
 
 async def test_tenant_rate_limit_is_shared_by_both_pods(pods):

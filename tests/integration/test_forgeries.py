@@ -87,7 +87,7 @@ async def test_a_reply_naming_another_tenant_is_dropped_and_the_real_answer_arri
     assert frames[-1] == "[DONE]"
     text = "".join(choice["text"] for frame in frames[:-1] for choice in json.loads(frame)["choices"])
     assert text == "real real "  # llmq-sim repeats the prompt; nothing of the forgeries
-    assert await metric(stack, "api-0", "llmq_api_forged_replies_total") >= 2
+    assert await metric(stack, "api-0", "llmq_api_forged_replies_total", '{region="local"}') >= 2
 
 
 async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effect(stack):
@@ -118,7 +118,7 @@ async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effec
     await client.close()
     assert batch.status == "completed" and len(output) == 1
     assert output[0]["response"]["body"]["choices"][0]["text"] == "own own "  # llmq-sim repeats the prompt
-    labels = '{reason="other_tenant"}'
+    labels = '{reason="other_tenant",region="local"}'
     assert await metric(stack, "result-router", "llmq_router_forged_results_total", labels) >= 1
 
 
@@ -164,5 +164,5 @@ async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_
         "acme",
     )
     assert results[own.request_id]["outcome"] == "succeeded"
-    labels = f'{{reason="{ErrorCode.TENANT_NOT_ALLOWED}"}}'
+    labels = f'{{reason="{ErrorCode.TENANT_NOT_ALLOWED}",region="local"}}'
     assert await metric(stack, "batcher", "llmq_batcher_ingress_refused_total", labels) == 1

@@ -1,6 +1,7 @@
 """Two regions on this machine with MirrorMaker 2 both ways (``two_regions``): a batch-job topic's records reach the
-peer region within the replication lag (measured: README "Multi-region"), and a Kafka-direct request that finished in
-region a, re-sent to region b, gets a's stored answer once instead of running again."""
+peer region within the replication lag (measured: README "Multi-region"); a Kafka-direct request that finished in
+region a, re-sent to region b, gets a's stored answer once instead of running again; a region SIGKILLed whole leaves
+its peer serving and mirrors again once revived; between secure clusters MirrorMaker 2 signs in as ``mm2``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import TopicAuthorizationFailedError
 
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, kafka, security, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
 from tests.integration.stacks import kcat_request, two_regions, wait_for_topic
@@ -26,6 +29,9 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`"),
 ]
 STATE = Path(__file__).resolve().parents[2] / "var" / "test-region-mirror"
+SECURE_STATE = STATE.with_name("test-region-mirror-secure")
+SECURE_PORT_BASES = (26300, 26400)  # beside the plaintext regions (26100, 26200)
+DEV_KEY = {"authorization": "Bearer llmq-dev-key"}
 LAG_RECORDS = 200
 LAG_RATE_PER_S = 40
 RPO_P99_S = 5.0  # the issue's goal for the replication lag
@@ -57,6 +63,15 @@ async def read_all(settings: Settings, topic: str, timeout_s: float = 60) -> lis
         return records
     finally:
         await consumer.stop()
+
+
+async def mirrored_values(settings: Settings, topic: str, count: int, timeout_s: float = 60) -> list[bytes]:
+    """The values of ``topic`` once it holds ``count`` records (polled: MirrorMaker 2 creates a remote topic before it
+    copies records into it)."""
+    async with asyncio.timeout(timeout_s):
+        while len(records := await read_all(settings, topic)) < count:
+            await asyncio.sleep(0.5)
+    return [record.value for record in records]
 
 
 async def test_records_of_a_job_topic_reach_the_peer_region_within_the_lag_goal(regions):
@@ -132,3 +147,49 @@ async def test_a_direct_request_finished_in_a_and_resent_to_b_gets_as_stored_ans
     results = [wire.decode_record(r.value, r.headers) for r in await read_all(b, constants.TOPIC_RESULTS)]
     in_b = [r for r in results if r.request_id == request_id]
     assert len(in_b) == 1 and in_b[0].request_copy  # b answered the copy from a's result; nothing ran in b
+
+
+async def test_a_killed_region_leaves_its_peer_serving_and_mirrors_again_once_revived(regions):
+    killed = regions.kill(regions.a)
+    assert {"kafka", "redis", "batcher", "result-router", "api-0", "mirror-b"} <= set(killed)
+    assert regions.a.status() == []  # nothing of region a runs
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{regions.b.cfg.api_ports[0]}", timeout=60) as client:
+        body = {"model": "llmq-sim", "prompt": "b serves on", "max_tokens": 4}
+        response = await client.post("/v1/completions", json=body, headers=DEV_KEY)
+    assert response.status_code == 200 and response.json()["id"].startswith("cmpl-b-")
+    regions.revive(regions.a)
+    b, a = regions.b.cfg.settings(), regions.a.cfg.settings()
+    topic = constants.TOPIC_JOBS_PREFIX + "fail-back"
+    await kafka.create_topic(b, topic)
+    producer = kafka.make_producer(b)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"after revival", key=b"k")
+    finally:
+        await producer.stop()
+    await wait_for_topic(a, constants.remote_topic("b", topic), timeout_s=120)  # a's inbound mirror runs again
+    assert await mirrored_values(a, constants.remote_topic("b", topic), 1) == [b"after revival"]
+    # a's Kafka came back on its data: the topic created before the loss is still there
+    assert await read_all(a, constants.TOPIC_JOBS_PREFIX + "lag-probe")
+
+
+async def test_mirror_maker_2_mirrors_between_secure_clusters_as_mm2_and_no_more():
+    with two_regions(SECURE_STATE, services=False, secure=True, port_bases=SECURE_PORT_BASES) as regions:
+        a, b = regions.a.cfg.settings(), regions.b.cfg.settings()  # the admin principal (a super user)
+        topic = constants.TOPIC_JOBS_PREFIX + "secure-probe"
+        await kafka.create_topic(a, topic)
+        producer = kafka.make_producer(a)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, b"over SASL_SSL", key=b"k")
+        finally:
+            await producer.stop()
+        await wait_for_topic(b, constants.remote_topic("a", topic), timeout_s=120)
+        assert await mirrored_values(b, constants.remote_topic("a", topic), 1) == [b"over SASL_SSL"]
+        mm2 = kafka.make_producer(regions.a.cfg.settings(security.ROLE_MM2))
+        await mm2.start()
+        try:  # least privilege: mm2 may not write the request path
+            with pytest.raises(TopicAuthorizationFailedError):
+                await mm2.send_and_wait(constants.requests_topic(constants.INTERACTIVE), b"x")
+        finally:
+            await mm2.stop()

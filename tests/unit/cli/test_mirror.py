@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from llmq_cli import mirror
-from llmq_cli.devstack import DevStack, StackConfig, service_specs
+from llmq_cli.devstack import DevStack, ProcSpec, StackConfig, service_specs
 from llmq_cli.main import app
 from llmq_core import constants
 
@@ -89,3 +89,19 @@ def test_dev_up_with_a_region_runs_that_regions_stack(monkeypatch, tmp_path):
     assert (seen[0].region, seen[0].kafka_port, seen[0].state_dir) == ("b", 26200, tmp_path / "b")
     refused = CliRunner().invoke(app, ["dev", "up", "--state-dir", str(tmp_path), "--region", "B"])
     assert refused.exit_code == 2 and "region" in refused.output
+
+
+def test_losing_a_region_sigkills_every_process_it_started_and_only_those(tmp_path):
+    stack = DevStack(StackConfig.for_region("a", 26100, tmp_path))
+    for folder in (stack.pids, stack.logs):
+        folder.mkdir(parents=True)
+    for name in ("kafka", "mirror-b"):
+        stack._spawn(ProcSpec(name=name, kind=name.split("-")[0], argv=["sleep", "60"], marker="sleep"))
+    pids = [row["pid"] for row in stack.status()]
+    assert len(pids) == 2
+    assert sorted(stack.kill()) == ["kafka", "mirror-b"]
+    assert stack.status() == [] and stack.kill() == []
+    for pid in pids:  # gone (or a zombie until this test process reaps it): nothing runs
+        assert (
+            not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        )

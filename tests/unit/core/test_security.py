@@ -211,3 +211,17 @@ def test_dev_up_secure_flag_makes_a_secure_stack(monkeypatch, tmp_path):
         result = CliRunner().invoke(app, ["dev", "up", "--state-dir", str(tmp_path), *args])
         assert result.exit_code == 0, result.output
     assert seen == [True, False]
+
+
+def test_mirror_maker_2_reads_the_mirrored_topics_and_writes_only_its_own_and_the_peers_remote_ones():
+    acls = [a for a in kafka_acls(peer_regions=("b",)) if a.principal == security.ROLE_MM2]
+    topic = {(a.name, a.prefixed, a.operation) for a in acls if a.resource == TOPIC}
+    assert (constants.TOPIC_JOBS_PREFIX, True, READ) in topic and (constants.TOPIC_RESULTS, False, READ) in topic
+    writes = {(name, prefixed) for name, prefixed, op in topic if op == WRITE}
+    assert writes == {("b.", True), (security.MM2_TOPIC_PREFIX, True), (security.MM2_HEARTBEATS_TOPIC, False)}
+    assert not any(name.startswith(constants.TOPIC_PREFIX) for name, _ in writes)  # never llmq's own topics
+    groups = {(a.name, a.operation) for a in acls if a.resource == GROUP}
+    assert groups == {("llmq-", security.DESCRIBE), ("b-mm2", READ)}
+    router = {(a.name, a.operation) for a in kafka_acls(peer_regions=("b",)) if a.principal == security.ROLE_ROUTER}
+    assert ("b.llmq.results", READ) in router
+    assert not [a for a in kafka_acls() if a.principal == security.ROLE_MM2]  # no peers: no rights at all
