@@ -224,4 +224,5 @@ def test_mirror_maker_2_reads_the_mirrored_topics_and_writes_only_its_own_and_th
     assert groups == {("llmq-", security.DESCRIBE), ("b-mm2", READ)}
     router = {(a.name, a.operation) for a in kafka_acls(peer_regions=("b",)) if a.principal == security.ROLE_ROUTER}
     assert ("b.llmq.results", READ) in router
+    assert ("b.llmq.jobs.owners", READ) in router  # fencing of batch jobs
     assert not [a for a in kafka_acls() if a.principal == security.ROLE_MM2]  # no peers: no rights at all
