@@ -2,10 +2,14 @@
 topics, which claim on a job wins, and a job's counters as its results give them."""
 
 import msgspec
+import pytest
+from pydantic import ValidationError
 
 from llmq_core import jobs, wire
+from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES
 from llmq_core.joblog import JobSnapshot, JobTopics, line_key, mirrored_regions, owners_topics, split_line_key
 from llmq_core.jobs import JobOwner, JobRecord
+from llmq_core.settings import Settings
 from tests.builders import job_spec
 
 _json = msgspec.json.encode
@@ -84,3 +88,10 @@ def test_a_jobs_output_and_error_files_are_rendered_from_its_results():
     output, error = jobs.output_files(spec, created_at=10, expires_at=20)
     assert (output.id, output.kind, error.id, error.kind) == ("file-o", "output", "file-e", "error")
     assert output.path == error.path == spec.results_path and output.batch_id == "batch_x"
+
+
+def test_a_batch_line_limit_no_record_of_the_job_log_could_carry_is_refused_at_start():
+    most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
+    assert Settings(batch_max_line_bytes=most).batch_max_line_bytes == most
+    with pytest.raises(ValidationError, match="batch_max_line_bytes"):
+        Settings(batch_max_line_bytes=most + 1)
