@@ -119,9 +119,7 @@ class JobSnapshot:
             else:
                 self.records[batch_id] = msgspec.json.decode(value, type=JobRecord)
         elif value is not None:
-            claim = msgspec.json.decode(value, type=JobOwner)
-            if jobs.outranks(claim, self.owners.get(batch_id)):
-                self.owners[batch_id] = claim
+            self.owners[batch_id] = jobs.highest(msgspec.json.decode(value, type=JobOwner), self.owners.get(batch_id))
 
 
 async def read_topics(settings: Settings, topics: JobTopics, kinds: Iterable[str] = constants.JOB_TOPIC_KINDS):

@@ -272,6 +272,15 @@ def outranks(claim: JobOwner, other: JobOwner | None) -> bool:
     return other is None or (claim.epoch, claim.region) > (other.epoch, other.region)
 
 
+def highest(*claims: JobOwner | None) -> JobOwner | None:
+    """The claim that outranks the others (None among them: unknown; all None: None)."""
+    best = None
+    for claim in claims:
+        if claim is not None and outranks(claim, best):
+            best = claim
+    return best
+
+
 def result_counts(results: Iterable[wire.FinalResult]) -> dict[str, int]:
     """A job's counters as its terminal results give them (a rebuilt view): lines per outcome, the tokens of the
     succeeded ones, the dead letters (errored retryable: out of rounds). ``retried`` is not in the results: 0."""

@@ -71,8 +71,7 @@ async def rebuild(settings: Settings, store: JobStore, files: FileStore, own: Jo
     snapshot = await read_topics(settings, own)
     for region in mirrored_regions(await list_topics(settings)):
         for claim in (await read_topics(settings, JobTopics.mirrored(region), kinds=("owners",))).owners.values():
-            if jobs.outranks(claim, snapshot.owners.get(claim.batch_id)):
-                snapshot.owners[claim.batch_id] = claim
+            snapshot.owners[claim.batch_id] = jobs.highest(claim, snapshot.owners.get(claim.batch_id))
     for batch_id in snapshot.records:
         await restore(store, files, snapshot, batch_id, snapshot.owners.get(batch_id), settings.files_retention_s)
     return len(snapshot.records)
@@ -87,16 +86,15 @@ async def take_over(
     clock: Clock,
     *,
     failback: bool = False,
-    source_topics: JobTopics | None = None,
 ) -> list[Takeover]:
-    """Take over every job whose highest known claim is ``source_region``'s, from its topics mirrored here
-    (``source_topics``, by default as MirrorMaker 2 names them), under the same batch ids with the next epoch; this
-    region's own topics are ``log``'s. ``failback``: only the jobs this region claimed before (taking its own back)."""
-    source = await read_topics(settings, source_topics or JobTopics.mirrored(source_region))
+    """Take over every job whose highest known claim is ``source_region``'s, from its topics mirrored here, under the
+    same batch ids with the next epoch; this region's own topics are ``log``'s. ``failback``: only the jobs this
+    region claimed before (taking its own back)."""
+    source = await read_topics(settings, JobTopics.mirrored(source_region))
     own = (await read_topics(settings, log.topics, kinds=("owners",))).owners
     taken = []
     for batch_id, record in source.records.items():
-        known = max((c for c in (source.owners.get(batch_id), own.get(batch_id)) if c), key=_rank, default=None)
+        known = jobs.highest(source.owners.get(batch_id), own.get(batch_id))
         if known is None or known.region != source_region:
             continue
         if failback and (batch_id not in own or own[batch_id].region != settings.region):
@@ -133,7 +131,3 @@ async def count_reruns(
         for batch_id in batch_ids
         if batch_id in claims
     }
-
-
-def _rank(claim: JobOwner) -> tuple[int, str]:
-    return claim.epoch, claim.region

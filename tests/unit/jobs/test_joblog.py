@@ -43,6 +43,7 @@ def test_a_higher_epoch_wins_and_equal_epochs_go_to_the_greater_region():
     assert jobs.outranks(b1, a0) and not jobs.outranks(a0, b1)
     assert jobs.outranks(c1, b1) and not jobs.outranks(b1, c1)
     assert not jobs.outranks(b1, b1)
+    assert jobs.highest(None, a0, c1, b1) == c1 and jobs.highest(None, None) is None
 
 
 def test_a_snapshot_keeps_each_jobs_latest_record_highest_claim_lines_in_order_and_results():
