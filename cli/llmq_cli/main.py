@@ -19,6 +19,7 @@ from llmq_cli.bench_cmd import bench
 from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.options import ApiPort, AsJson, BatchTimeMs, DurationS, KafkaPort, MaxBatch, RedisPort, Seed
+from llmq_cli.region import region_app
 from llmq_cli.slo import slo
 from llmq_core.ids import DEFAULT_REGION
 from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, reply_topic_prefixes
@@ -34,6 +35,7 @@ app.add_typer(dev, name="dev")
 app.add_typer(batch_app, name="batch")
 batch_app.command("run")(batch_run)
 app.add_typer(bench, name="bench")
+app.add_typer(region_app, name="region")
 app.command("slo")(slo)
 console = make_console()
 

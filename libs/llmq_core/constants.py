@@ -63,6 +63,13 @@ def ingress_topic(principal: str) -> str:
     return f"{TOPIC_INGRESS_PREFIX}{principal}"
 
 
+# Batch-job state (llmq_core.joblog): the source of truth of every job, mirrored to the peer region by MirrorMaker 2
+# (DefaultReplicationPolicy: region A's llmq.jobs.specs is A.llmq.jobs.specs in region B); Redis holds a view of it.
+# Compacted, one partition each (the rebuild reads them in the order written). Keys: batch id (specs, owners),
+# "<batch id>:<custom_id>" (lines, ledger). Their prefix: TOPIC_JOBS_PREFIX.
+JOB_TOPIC_KINDS: Final = ("specs", "lines", "ledger", "owners")
+
+
 # --- Kafka consumer groups ---
 GROUP_BATCHER: Final = "llmq-batcher"
 GROUP_RESULT_ROUTER: Final = "llmq-result-router"
@@ -170,6 +177,7 @@ job_offsets_key = _keys(REDIS_JOBS_PREFIX, ":offsets")  # hash: custom_id -> "<s
 job_results_key = _keys(REDIS_JOBS_PREFIX, ":results")  # hash: custom_id -> terminal wire.FinalResult (msgpack)
 job_retries_key = _keys(REDIS_JOBS_PREFIX, ":retries")  # zset: custom_id by the epoch ms its retry round is due
 job_lease_key = _keys(REDIS_JOBS_PREFIX, ":lease")  # string: token of the result-router driving it (PX batch_lease_ms)
+# job hash fields owner_region, owner_epoch: the highest claim on the job known here (llmq_core.joblog.OwnerView)
 
 
 def copy_delivered_key(request_id: str, request_copy: str) -> str:

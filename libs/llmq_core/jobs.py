@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Final, Literal
 
 import msgspec
@@ -237,3 +238,76 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
 def listing_member(created_ms: int, object_id: str) -> str:
     """The member of a tenant listing zset: sorts by creation time, then id."""
     return f"{created_ms:015d}:{object_id}"
+
+
+# --- the job log (llmq_core.joblog): records of the llmq.jobs.* topics ---------------------------------------------
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's state as its llmq.jobs.specs record (key: batch id; the latest one wins): the spec, the status it
+    entered last with the times of every status, when its end began, its validation errors."""
+
+    spec: JobSpec
+    status: str
+    times: dict[str, int] = {}
+    end_ms: int = 0
+    errors: list[LineError] = []
+
+
+class JobOwner(msgspec.Struct, frozen=True, kw_only=True):
+    """A claim on a job (llmq.jobs.owners, key: batch id): the region that drives it, with an epoch that every
+    takeover raises. The highest claim known wins (:func:`outranks`); a region drives a job only while its own claim
+    is that one (fencing)."""
+
+    batch_id: str
+    region: str
+    epoch: int = 0
+    at_ms: int = 0
+    settled: int = 0  # a takeover's: the lines settled in the ledger it took over (the rest ran again here)
+
+
+def outranks(claim: JobOwner, other: JobOwner | None) -> bool:
+    """Whether ``claim`` beats ``other``: the higher epoch, then (two regions that took over at once) the greater
+    region name, so every region that knows both picks the same owner."""
+    return other is None or (claim.epoch, claim.region) > (other.epoch, other.region)
+
+
+def highest(*claims: JobOwner | None) -> JobOwner | None:
+    """The claim that outranks the others (None among them: unknown; all None: None)."""
+    best = None
+    for claim in claims:
+        if claim is not None and outranks(claim, best):
+            best = claim
+    return best
+
+
+def result_counts(results: Iterable[wire.FinalResult]) -> dict[str, int]:
+    """A job's counters as its terminal results give them (a rebuilt view): lines per outcome, the tokens of the
+    succeeded ones, the dead letters (errored retryable: out of rounds). ``retried`` is not in the results: 0."""
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
+        if result.outcome is wire.Outcome.SUCCEEDED and result.usage is not None:
+            counts["input_tokens"] = counts.get("input_tokens", 0) + result.usage.prompt_tokens
+            counts["output_tokens"] = counts.get("output_tokens", 0) + result.usage.completion_tokens
+        elif result.outcome is wire.Outcome.ERRORED and result.error is not None and result.error.retryable:
+            counts["dead_letters"] = counts.get("dead_letters", 0) + 1
+    return counts
+
+
+def output_files(spec: JobSpec, created_at: int, expires_at: int) -> list[FileRecord]:
+    """The records of a job's output and error files (rendered from its results)."""
+    return [
+        FileRecord(
+            id=file_id,
+            tenant_id=spec.tenant_id,
+            filename=f"{spec.id}_{kind}.jsonl",
+            purpose=FILE_PURPOSE_OUTPUT,
+            created_at=created_at,
+            expires_at=expires_at,
+            path=spec.results_path,
+            batch_id=spec.id,
+            kind=kind,
+        )
+        for file_id, kind in ((spec.output_file_id, "output"), (spec.error_file_id, "error"))
+    ]

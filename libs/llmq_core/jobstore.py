@@ -4,6 +4,10 @@ Shared by the API pod (creates files and jobs, reads them, asks for a cancel) an
 drives jobs). Every change of a line's state is a compare-and-set in one Lua script together with its counters, so a
 result delivered twice, a stale retry round, or a cancel racing a result changes the ledger at most once.
 Key names: :mod:`llmq_core.jobs`.
+
+With a :class:`~llmq_core.joblog.JobLog` (every service's store has one; tests of pure Redis behaviour may go
+without), Redis is a view of the job topics: a job, its lines and every terminal result are written to Kafka before
+Redis, a status move right after it applied, and :meth:`JobStore.restore_job` rebuilds the view from the topics.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import msgspec
 from redis.asyncio import Redis
 
 from llmq_core import constants, jobs, wire
-from llmq_core.jobs import FileRecord, JobSpec, JobView, LineError
+from llmq_core.joblog import JobLog
+from llmq_core.jobs import FileRecord, JobOwner, JobRecord, JobSpec, JobView, LineError
 
 _json = msgspec.json.encode
 
@@ -98,6 +103,19 @@ return redis.call('DECRBY', KEYS[2], reserved)
 """
 
 
+# KEYS: job. ARGV: region, epoch. Raise the job's known owner to this claim when it outranks the one known (the higher
+# epoch, then the greater region: jobs.outranks); a job not in this Redis is left alone. 1 when raised.
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local region = redis.call('HGET', KEYS[1], 'owner_region')
+local epoch = tonumber(redis.call('HGET', KEYS[1], 'owner_epoch') or '-1')
+local new = tonumber(ARGV[2])
+if region and (new < epoch or (new == epoch and ARGV[1] <= region)) then return 0 end
+redis.call('HSET', KEYS[1], 'owner_region', ARGV[1], 'owner_epoch', ARGV[2])
+return 1
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class LineChange:
     """One line's compare-and-set for :meth:`JobStore.settle_many` (fields as in :meth:`JobStore.settle`).
@@ -115,8 +133,10 @@ class LineChange:
 class JobStore:
     """Files, jobs and ledgers in one Redis. Methods raise redis errors as they come."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, log: JobLog | None = None) -> None:
         self.redis = redis
+        self.log = log
+        self._claim = redis.register_script(_CLAIM)
         self._settle = redis.register_script(_SETTLE)
         self._cas_line = redis.register_script(_CAS_LINE)
         self._unqueue_retry = redis.register_script(_UNQUEUE_RETRY)
@@ -205,19 +225,27 @@ class JobStore:
         results: Mapping[str, wire.FinalResult] = {},
         errors: Iterable[LineError] = (),
         errored: int = 0,
+        owner: JobOwner | None = None,
     ) -> None:
         """Write a new job in one transaction: its hash, ledger lines (custom_id -> state), prepared-file offsets,
         results settled already (lines that failed validation: counted as errored, with ``errored`` more written by
         :meth:`add_lines`), its output/error file records, its tenant listing entry, and (when it is ``in_progress``)
-        its place among the jobs the routers drive."""
+        its place among the jobs the routers drive. ``owner``: the creating region's claim (epoch 0). The job log gets
+        the claim and the job's record first."""
+        errors = list(errors)
+        if self.log is not None:
+            if owner is not None:
+                await self.log.put_owner(owner)
+            await self.log.put_record(JobRecord(spec=spec, status=status, times=dict(times), errors=errors))
         job = {
             "spec": _json(spec),
             "status": status,
             "cursor": 0,
-            "errors": _json(list(errors)),
+            "errors": _json(errors),
             **{f"at:{name}": at for name, at in times.items()},
             **{name: 0 for name in jobs.COUNTERS},
             jobs.STATE_COUNTER[jobs.ERRORED]: len(results) + errored,
+            **_owner_fields(owner),
         }
         if spec.result_bytes and status in jobs.ACTIVE_STATUSES:
             job["result_bytes"] = spec.result_bytes  # the reservation: released with the ledger (retire)
@@ -242,9 +270,14 @@ class JobStore:
         lines: Mapping[str, str],
         offsets: Mapping[str, str],
         results: Mapping[str, wire.FinalResult],
+        requests: Mapping[str, bytes] = {},
     ) -> None:
         """Write a slice of a job's ledger before the job itself exists (create_job makes it visible), so a large
-        input never sits in the API pod whole; :meth:`discard_ledger` drops it when the job is not created."""
+        input never sits in the API pod whole; :meth:`discard_ledger` drops it when the job is not created.
+        ``requests``: the runnable lines' prepared requests, for the job log (with the rejected lines' results)."""
+        if self.log is not None:
+            await self.log.put_lines(batch_id, requests)
+            await self.log.put_results(batch_id, results)
         async with self.redis.pipeline(transaction=False) as pipe:
             if lines:
                 pipe.hset(constants.job_lines_key(batch_id), mapping=dict(lines))
@@ -302,6 +335,10 @@ class JobStore:
         )
         if moved and status in jobs.TERMINAL_STATUSES:
             await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
+        if moved and self.log is not None and (job := await self.get_job(batch_id)) is not None:
+            await self.log.put_record(
+                JobRecord(spec=job.spec, status=job.status, times=job.times, end_ms=job.end_ms, errors=job.errors)
+            )
         return moved
 
     async def active_jobs(self) -> list[str]:
@@ -332,11 +369,21 @@ class JobStore:
         """Move a line from ``expected`` to ``new`` with its result and counters, atomically; False (and no change)
         when the line is not in ``expected`` (already settled, a stale round, unknown). ``retry_due_ms`` queues it
         for a retry round; otherwise it leaves the retry queue."""
-        keys, args = self._settle_call(batch_id, custom_id, expected, new, result, retry_due_ms, counters)
-        return bool(await self._settle(keys=keys, args=args))
+        return (
+            await self.settle_many(batch_id, [LineChange(custom_id, expected, new, result, retry_due_ms, counters)])
+            == 1
+        )
 
     async def settle_many(self, batch_id: str, changes: Iterable[LineChange]) -> int:
-        """:meth:`settle` for many lines in one round trip (each line atomically); returns how many applied."""
+        """:meth:`settle` for many lines in one round trip (each line atomically); returns how many applied. The
+        terminal results go to the job log first (a line a race settled otherwise keeps its Redis result here, and the
+        rebuild takes the one logged last: either way one result per line)."""
+        changes = list(changes)
+        if self.log is not None:
+            await self.log.put_results(
+                batch_id,
+                {c.custom_id: c.result for c in changes if c.result is not None and c.new in jobs.TERMINAL_LINE_STATES},
+            )
         async with self.redis.pipeline(transaction=False) as pipe:
             for c in changes:
                 keys, args = self._settle_call(
@@ -408,7 +455,11 @@ class JobStore:
     async def retire(self, batch_id: str, until_s: int) -> None:
         """After the results file is written: drop the ledger, keep the job's hash until epoch s ``until_s`` (then
         :meth:`delete_job`; the hash serves the output files, so it gets no TTL an eviction policy could act on).
-        The job's result-bytes reservation goes back to its tenant."""
+        The job's result-bytes reservation goes back to its tenant; its input lines leave the job log (tombstones:
+        compaction drops them; an ended job is served from its results)."""
+        if self.log is not None:
+            custom_ids = [c.decode() for c in await self.redis.hkeys(constants.job_offsets_key(batch_id))]
+            await self.log.drop_lines(batch_id, custom_ids)
         job = await self.get_job(batch_id)
         if job is not None:
             await self._release_result_bytes(
@@ -446,6 +497,75 @@ class JobStore:
 
     async def release_lease(self, batch_id: str, token: str) -> None:
         await self._release(keys=[constants.job_lease_key(batch_id)], args=[token])
+
+    # --- owners (fencing) and the view's rebuild ------------------------------------------------------------------
+
+    async def owner(self, batch_id: str) -> str | None:
+        """The region of the highest claim on the job known here; None when none is recorded (a job created before
+        claims existed: it is this region's)."""
+        region = await self.redis.hget(constants.job_key(batch_id), "owner_region")
+        return region.decode() if region else None
+
+    async def raise_owner(self, claim: JobOwner) -> bool:
+        """Record ``claim`` as the job's owner if it outranks the one known (the job must be in this Redis)."""
+        return bool(await self._claim(keys=[constants.job_key(claim.batch_id)], args=[claim.region, claim.epoch]))
+
+    async def restore_job(
+        self,
+        record: JobRecord,
+        owner: JobOwner | None,
+        *,
+        files: Iterable[FileRecord],
+        lines: Mapping[str, str] = {},
+        offsets: Mapping[str, str] = {},
+        results: Mapping[str, wire.FinalResult] = {},
+    ) -> None:
+        """Replace this Redis' view of a job with one rebuilt from the job log, in one transaction: the hash (counters
+        from ``results``; round 0 starts again from the prepared file's first byte, skipping lines settled already),
+        the ledger (lines, offsets, results: an active job's), the output/error file records, the tenant listing
+        entry, its place among the driven jobs."""
+        spec = record.spec
+        counts = jobs.result_counts(results.values())
+        job = {
+            "spec": _json(spec),
+            "status": record.status,
+            "cursor": 0,
+            "errors": _json(record.errors),
+            "end_ms": record.end_ms,
+            **{f"at:{name}": at for name, at in record.times.items()},
+            **{name: counts.get(name, 0) for name in jobs.COUNTERS},
+            **_owner_fields(owner),
+        }
+        key = constants.job_key(spec.id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key, *(k(spec.id) for k in _LEDGER_KEYS))
+            pipe.hset(key, mapping=job)
+            if lines:
+                pipe.hset(constants.job_lines_key(spec.id), mapping=dict(lines))
+            if offsets:
+                pipe.hset(constants.job_offsets_key(spec.id), mapping=dict(offsets))
+            if results:
+                pipe.hset(constants.job_results_key(spec.id), mapping={k: wire.encode(v) for k, v in results.items()})
+            for file in files:
+                self._put_file(pipe, file)
+            pipe.zadd(constants.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
+            if record.status in jobs.ACTIVE_STATUSES:
+                pipe.sadd(constants.ACTIVE_JOBS_KEY, spec.id)
+            else:
+                pipe.srem(constants.ACTIVE_JOBS_KEY, spec.id)
+            await pipe.execute()
+
+
+_LEDGER_KEYS = (
+    constants.job_lines_key,
+    constants.job_offsets_key,
+    constants.job_results_key,
+    constants.job_retries_key,
+)
+
+
+def _owner_fields(owner: JobOwner | None) -> dict[str, str | int]:
+    return {} if owner is None else {"owner_region": owner.region, "owner_epoch": owner.epoch}
 
 
 def _file_member(record: FileRecord) -> str:

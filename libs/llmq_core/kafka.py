@@ -23,6 +23,7 @@ from llmq_core.constants import (
     HEADER_ERROR_MAX_BYTES,
     HEADER_REPLY_TOPIC,
     HEADER_TRACEPARENT,
+    JOB_TOPIC_KINDS,
     KAFKA_INTERNAL_TOPIC_PREFIX,
     KAFKA_MAX_MESSAGE_BYTES,
     KAFKA_PRODUCER_LINGER_MS,
@@ -31,6 +32,7 @@ from llmq_core.constants import (
     REQUEST_TOPICS,
     TOPIC_BATCHES,
     TOPIC_DEAD_LETTERS,
+    TOPIC_JOBS_PREFIX,
     TOPIC_PREFIX,
     TOPIC_RESULTS,
     ingress_topic,
@@ -354,7 +356,17 @@ def topic_layout(settings: Settings) -> dict[str, int]:
     layout[TOPIC_BATCHES] = settings.batch_topic_partitions
     layout[TOPIC_RESULTS] = settings.results_topic_partitions
     layout[TOPIC_DEAD_LETTERS] = 1
+    layout.update({f"{TOPIC_JOBS_PREFIX}{kind}": 1 for kind in JOB_TOPIC_KINDS})  # read in order when rebuilt
     return layout
+
+
+def topic_config(topic: str) -> dict[str, str]:
+    """The configs llmq creates ``topic`` with: room for its largest record; the batch-job state topics compacted (the
+    latest record of each key is the state)."""
+    config = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
+    if topic.startswith(TOPIC_JOBS_PREFIX):
+        config["cleanup.policy"] = "compact"
+    return config
 
 
 async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> bool:
@@ -389,7 +401,9 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
         existing = set(await admin.list_topics())
         layout = topic_layout(settings)
         replicas = settings.topic_replication_factor
-        missing = [NewTopic(t, n, replicas, topic_configs=limit) for t, n in layout.items() if t not in existing]
+        missing = [
+            NewTopic(t, n, replicas, topic_configs=topic_config(t)) for t, n in layout.items() if t not in existing
+        ]
         if missing:
             response = await admin.create_topics(missing)
             # The broker answers per topic: a refusal (e.g. more replicas than brokers) must not pass for success

@@ -12,7 +12,7 @@ The rules follow what the code reads and writes:
 - router: consumes llmq.results (group llmq-result-router); produces reply topics (under the allowed prefixes),
   batch-job lines to llmq.requests.deferred, dead letters; publishes replies.
 - router, multi-region: also consumes each peer region's mirrored ``<peer>.llmq.results`` (group
-  llmq-result-router-peers).
+  llmq-result-router-peers) and reads ``<peer>.llmq.jobs.owners`` (no group: fencing of batch jobs).
 - admin: super user, used only by ``llmq topics`` / ``llmq dev create-topic`` and operators.
 - mm2: MirrorMaker 2 (README "Multi-region"), on every cluster of a region with peers: as the source of a flow it
   reads llmq.jobs.* and llmq.results and describes llmq's groups (checkpoints); as the target it creates and writes
@@ -78,7 +78,10 @@ class KafkaAcl:
 
 # role -> (topic, prefixed, operations); DescribeConfigs is added to every topic row
 _KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
-    ROLE_API: ((constants.TOPIC_REQUESTS_PREFIX, True, (WRITE,)),),
+    ROLE_API: (
+        (constants.TOPIC_REQUESTS_PREFIX, True, (WRITE,)),
+        (constants.TOPIC_JOBS_PREFIX, True, (WRITE,)),  # the batch-job log (llmq_core.joblog)
+    ),
     ROLE_BATCHER: (
         (constants.TOPIC_REQUESTS_PREFIX, True, (READ,)),
         (constants.TOPIC_INGRESS_PREFIX, True, (READ,)),
@@ -95,6 +98,7 @@ _KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
         (constants.TOPIC_RESULTS, False, (READ,)),
         (constants.requests_topic(constants.DEFERRED), False, (WRITE,)),
         (constants.TOPIC_DEAD_LETTERS, False, (WRITE,)),
+        (constants.TOPIC_JOBS_PREFIX, True, (READ, WRITE)),
     ),
 }
 # role -> (consumer group, prefixed)
@@ -116,6 +120,10 @@ def kafka_acls(
     topics = {role: list(rows) for role, rows in _KAFKA_TOPICS.items()}
     topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in reply_topic_prefixes]
     topics[ROLE_ROUTER] += [(constants.remote_topic(peer, constants.TOPIC_RESULTS), False, (READ,)) for peer in peers]
+    owners = (
+        constants.TOPIC_JOBS_PREFIX + "owners"
+    )  # fencing: the claims on jobs of each peer (llmq_result_router.owners)
+    topics[ROLE_ROUTER] += [(constants.remote_topic(peer, owners), False, (READ,)) for peer in peers]
     for principal in ingress_principals:
         topics[principal] = [(constants.ingress_topic(principal), False, (WRITE,))]
     if peers:

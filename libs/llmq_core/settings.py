@@ -195,6 +195,18 @@ class Settings(BaseSettings):
             raise ValueError(f"region_limit_share {value} must be in (0, 1]")
         return value
 
+    @field_validator("batch_max_line_bytes")
+    @classmethod
+    def _line_fits_one_record(cls, value: int) -> int:
+        """A batch line is one record of llmq.jobs.lines (its prepared request): never split, so it must fit one."""
+        most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
+        if value > most:
+            raise ValueError(
+                f"batch_max_line_bytes {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
+                f" RECORD_HEADROOM_BYTES): such a line could not be one record of the batch-job log"
+            )
+        return value
+
     @field_validator("api_max_body_bytes")
     @classmethod
     def _body_fits_one_record(cls, value: int) -> int:

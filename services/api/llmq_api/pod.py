@@ -29,6 +29,7 @@ from llmq_api.waiters import Dispatched, WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock, Sleep
 from llmq_core.filestore import FileStore
+from llmq_core.joblog import JobLog
 from llmq_core.jobstore import JobStore
 from llmq_core.labels import LabelSet
 from llmq_core.names import Names
@@ -62,6 +63,11 @@ class KafkaRequestProducer:
         self._sleep = sleep
         self._producer = kafka.make_renewable_producer(settings)
         self.ready = False
+
+    @property
+    def kafka(self) -> kafka.RenewableProducer:
+        """The producer itself (the batch-job log writes through it)."""
+        return self._producer
 
     async def run(self) -> None:
         await self._start()
@@ -295,7 +301,7 @@ class Pod:
         self.generation = self._generation()
         self.batch_jobs = BatchJobs(
             settings,
-            JobStore(self.redis),
+            JobStore(self.redis, log=self._job_log()),
             FileStore(settings.files_url),
             clock,
             self.catalog.context_windows,
@@ -304,6 +310,10 @@ class Pod:
         )
         self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []
+
+    def _job_log(self) -> JobLog | None:
+        """The batch-job log, through this pod's Kafka producer (a test's stand-in producer: none)."""
+        return JobLog(self.producer.kafka) if isinstance(self.producer, KafkaRequestProducer) else None
 
     def _generation(self) -> Generation:
         gateway = Gateway(

@@ -31,6 +31,7 @@ from llmq_core.jobstore import JobStore, LineChange
 from llmq_core.settings import Settings
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobpolicy import Plan, Step
+from llmq_result_router.owners import OwnerWatcher
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class JobLedger:
         """Apply ``result`` to its line (at most once, whatever the redeliveries). A line out of retry rounds is also
         produced to the dead-letter topic first (at least once)."""
         reply = result.reply_to
+        if not await _owned(self.store, reply.batch_id, self.settings.region):
+            return  # another region took the job over (fencing): its ledger settles the line
         [state] = await self.store.line_states(reply.batch_id, [reply.custom_id])
         change = jobpolicy.settle_result(
             result,
@@ -118,6 +121,7 @@ class JobDriver:
     producer: AIOKafkaProducer
     redis: Redis
     clock: Clock
+    owners: OwnerWatcher | None = None  # fencing across regions: no job is driven before its claims were read
     token: str = field(init=False, default_factory=lambda: secrets.token_hex(8))
     _wound_down: set[str] = field(init=False, default_factory=set)  # jobs whose not-running lines it already ended
     _held: set[str] = field(init=False, default_factory=set)  # jobs whose lease this driver holds
@@ -144,6 +148,8 @@ class JobDriver:
                 await self.store.release_lease(batch_id, self.token)
 
     async def tick(self) -> None:
+        if self.owners is not None and not self.owners.caught_up.is_set():
+            return
         active = await self.store.active_jobs()
         self._held &= set(active)
         for batch_id in active:
@@ -168,9 +174,14 @@ class JobDriver:
             await self.store.release_lease(batch_id, self.token)
 
     async def drive(self, batch_id: str) -> None:
-        """One step of one job (see :func:`jobpolicy.plan_job`)."""
+        """One step of one job (see :func:`jobpolicy.plan_job`), unless another region's claim outranks ours (checked
+        before every step: a takeover fences this region off from its next step on)."""
         job = await self.store.get_job(batch_id)
         if job is None:
+            await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
+            return
+        if not await _owned(self.store, batch_id, self.settings.region):
+            log.info("batch %s is driven by another region now; leaving it", batch_id, extra={"batch_id": batch_id})
             await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
             return
         plan = jobpolicy.plan_job(job, self.clock.now_ms(), self.settings.batch_end_grace_ms)
@@ -324,3 +335,8 @@ class JobDriver:
             if record.path:
                 await self.files.delete(record.path)
             await self.store.delete_file(record)
+
+
+async def _owned(store: JobStore, batch_id: str, region: str) -> bool:
+    """Whether this region holds the highest claim known on the job (a job without claims is this region's)."""
+    return await store.owner(batch_id) in (None, region)

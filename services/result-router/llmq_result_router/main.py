@@ -11,12 +11,14 @@ import functools
 from llmq_core import constants, kafka, metrics, runtime
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.filestore import FileStore
+from llmq_core.joblog import JobLog
 from llmq_core.jobstore import JobStore
 from llmq_core.labels import LabelSet
 from llmq_core.redis_client import check_memory_policy
 from llmq_core.settings import Settings
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
+from llmq_result_router.owners import OwnerWatcher
 from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 
 
@@ -37,12 +39,16 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
         fetch_max_wait_ms=constants.KAFKA_ROUTER_FETCH_MAX_WAIT_MS,
         fetch_min_bytes=constants.KAFKA_ROUTER_FETCH_MIN_BYTES,
     )
-    await runtime.start(stack, producer, consumer)
-    store = JobStore(redis)
+    owners_consumer = kafka.make_consumer(
+        settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+    )  # the claims on jobs (fencing across regions)
+    await runtime.start(stack, producer, consumer, owners_consumer)
+    store = JobStore(redis, log=JobLog(producer))
+    owners = OwnerWatcher(store, owners_consumer)
     router = ResultRouter(
         settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
     )
-    driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK)
+    driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK, owners)
     peer_consumer = kafka.make_consumer(
         settings, group_id=constants.GROUP_PEER_RESULTS, metadata_max_age_ms=PEER_TOPICS_REFRESH_MS
     )
@@ -53,10 +59,11 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     def stop() -> None:
         router.stop()
         driver.stop()
+        owners.stop()
         peers.stop()
 
     return runtime.Work(
-        tasks=[router.run(), driver.run(), peers.run()],
+        tasks=[router.run(), driver.run(), owners.run(), peers.run()],
         stop=stop,
         grace_s=settings.shutdown_grace_s,
         helpers=[observed.lag.watch(consumer, constants.GROUP_RESULT_ROUTER)],

@@ -103,7 +103,18 @@ class MemoryJobStore:
         return newest_first[:limit], len(newest_first) > limit
 
     async def create_job(
-        self, spec, status: str, times, *, files, lines=None, offsets=None, results=None, errors=(), errored: int = 0
+        self,
+        spec,
+        status: str,
+        times,
+        *,
+        files,
+        lines=None,
+        offsets=None,
+        results=None,
+        errors=(),
+        errored: int = 0,
+        owner=None,
     ) -> None:
         for record in files:
             self.files[record.id] = record
@@ -115,7 +126,7 @@ class MemoryJobStore:
             counts={"errored": len(results or ()) + errored},
         )
 
-    async def add_lines(self, batch_id: str, lines, offsets, results) -> None:
+    async def add_lines(self, batch_id: str, lines, offsets, results, requests=None) -> None:
         pass  # no ledger here: the routes never read it
 
     async def discard_ledger(self, batch_id: str) -> None:

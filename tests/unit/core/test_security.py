@@ -69,11 +69,12 @@ def rows(acls, principal):
 def test_each_role_writes_only_its_own_topics():
     acls = kafka_acls(reply_topic_prefixes=("team.",), ingress_principals=("team-a",))
     writes = {p: {(n, pre) for r, n, op, pre in rows(acls, p) if op == WRITE} for p in {a.principal for a in acls}}
-    assert writes[security.ROLE_API] == {(constants.TOPIC_REQUESTS_PREFIX, True)}
+    assert writes[security.ROLE_API] == {(constants.TOPIC_REQUESTS_PREFIX, True), (constants.TOPIC_JOBS_PREFIX, True)}
     assert writes[security.ROLE_WORKER] == {(constants.TOPIC_RESULTS, False), (constants.TOPIC_DEAD_LETTERS, False)}
     assert writes[security.ROLE_ROUTER] == {
         (constants.requests_topic(constants.DEFERRED), False),
         (constants.TOPIC_DEAD_LETTERS, False),
+        (constants.TOPIC_JOBS_PREFIX, True),
         ("team.", True),
     }
     assert (constants.TOPIC_BATCHES, False) in writes[security.ROLE_BATCHER]
@@ -223,4 +224,5 @@ def test_mirror_maker_2_reads_the_mirrored_topics_and_writes_only_its_own_and_th
     assert groups == {("llmq-", security.DESCRIBE), ("b-mm2", READ)}
     router = {(a.name, a.operation) for a in kafka_acls(peer_regions=("b",)) if a.principal == security.ROLE_ROUTER}
     assert ("b.llmq.results", READ) in router
+    assert ("b.llmq.jobs.owners", READ) in router  # fencing of batch jobs
     assert not [a for a in kafka_acls() if a.principal == security.ROLE_MM2]  # no peers: no rights at all

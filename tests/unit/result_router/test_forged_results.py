@@ -53,6 +53,9 @@ class TenantStore:
         self.lookups += 1
         return "acme" if batch_id == BATCH else None
 
+    async def owner(self, batch_id):
+        return None
+
     async def line_states(self, batch_id, custom_ids):
         return [jobs.pending(0) for _ in custom_ids]
 

@@ -60,6 +60,9 @@ class RefusingJobStore:
     def __init__(self, refusals: int) -> None:
         self.refusals, self.settled = refusals, []
 
+    async def owner(self, batch_id):
+        return None
+
     async def line_states(self, batch_id, custom_ids):
         return ["p0" for _ in custom_ids]
 

@@ -27,7 +27,7 @@ from llmq_core import ids, jobs, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, HTTP_IDEMPOTENCY_KEY, MAX_RESULT_BYTES
 from llmq_core.filestore import FileStore
-from llmq_core.jobs import FileRecord, JobSpec, JobView
+from llmq_core.jobs import FileRecord, JobOwner, JobSpec, JobView
 from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
@@ -414,7 +414,7 @@ class BatchJobs:
         tally: _Tally,
     ) -> None:
         """Write one chunk's lines: the valid ones' requests to the prepared file, every line to the ledger."""
-        prepared, states, offsets, results = [], {}, {}, {}
+        prepared, states, offsets, results, requests = [], {}, {}, {}, {}
         windows = self.models()
         for line in lines:
             tally.total += 1
@@ -426,6 +426,7 @@ class BatchJobs:
                 continue
             encoded = wire.encode(_request(spec, principal, line), CONTENT_TYPE_JSON) + b"\n"
             prepared.append(encoded)
+            requests[line.custom_id] = encoded.rstrip(b"\n")
             offsets[line.custom_id] = f"{tally.position}:{tally.position + len(encoded)}"
             tally.position += len(encoded)
             tally.runnable += 1
@@ -436,40 +437,36 @@ class BatchJobs:
         if prepared:
             await write(b"".join(prepared))
         if states:
-            await self.store.add_lines(spec.id, states, offsets, results)
+            await self.store.add_lines(spec.id, states, offsets, results, requests)
 
     async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
         now_s = spec.created_ms // 1000
         await self.store.create_job(
-            spec, jobs.FAILED, {jobs.VALIDATING: now_s, jobs.FAILED: now_s}, files=(), errors=checked.reported_errors()
+            spec,
+            jobs.FAILED,
+            {jobs.VALIDATING: now_s, jobs.FAILED: now_s},
+            files=(),
+            errors=checked.reported_errors(),
+            owner=self._claim(spec),
         )
         return await self._read(spec.id)
 
     async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
         expires_at = spec.expires_ms // 1000 + self.settings.files_retention_s
-        outputs = [
-            FileRecord(
-                id=file_id,
-                tenant_id=spec.tenant_id,
-                filename=f"{spec.id}_{kind}.jsonl",
-                purpose=jobs.FILE_PURPOSE_OUTPUT,
-                created_at=now_s,
-                expires_at=expires_at,
-                path=spec.results_path,
-                batch_id=spec.id,
-                kind=kind,
-            )
-            for file_id, kind in ((spec.output_file_id, "output"), (spec.error_file_id, "error"))
-        ]
         await self.store.create_job(
             spec,
             jobs.IN_PROGRESS,
             {jobs.VALIDATING: spec.created_ms // 1000, jobs.IN_PROGRESS: now_s},
-            files=outputs,
+            files=jobs.output_files(spec, now_s, expires_at),
             errored=errored,
+            owner=self._claim(spec),
         )
         return await self._read(spec.id)
+
+    def _claim(self, spec: JobSpec) -> JobOwner:
+        """This region's claim on a job it creates (epoch 0): the job log's owner record and the fencing view."""
+        return JobOwner(batch_id=spec.id, region=self.settings.region, at_ms=self.clock.now_ms())
 
     async def _read(self, batch_id: str) -> JobView:
         job = await self.store.get_job(batch_id)

@@ -1,0 +1,90 @@
+"""``llmq region``: batch jobs across regions (README "Multi-region"). Run against the region that acts (its
+``LLMQ_*`` settings: Kafka, Redis, file store, ``LLMQ_REGION``).
+
+- ``failover --from A``: take over region A's unfinished jobs from A's job topics mirrored here (an operator's
+  decision, not a detector's: a region cut off by a partition keeps running, and only a person who knows it is lost,
+  or fenced, should move its jobs);
+- ``failover --from B --failback``: in region A once it is back and its mirror of B has caught up: take back the jobs
+  B took over (the highest claim moves to A; B stops at its next step);
+- ``reruns --from A``: lines of the jobs taken over from A that ran in both regions;
+- ``rebuild``: rebuild this region's Redis view of its jobs from its own job topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import asdict
+
+import typer
+
+from llmq_core import kafka, regions
+from llmq_core.clock import SYSTEM_CLOCK
+from llmq_core.filestore import FileStore
+from llmq_core.joblog import JobLog, JobTopics, read_topics
+from llmq_core.jobstore import JobStore
+from llmq_core.redis_client import make_redis
+from llmq_core.settings import Settings, load_settings
+
+region_app = typer.Typer(help="Batch jobs across regions: failover, fail-back, reruns, rebuild.", no_args_is_help=True)
+
+
+@contextlib.asynccontextmanager
+async def _store(settings: Settings):
+    producer = kafka.make_producer(settings)
+    await producer.start()
+    redis = make_redis(settings)
+    try:
+        yield JobStore(redis, log=JobLog(producer)), FileStore(settings.files_url)
+    finally:
+        await redis.aclose()
+        await producer.stop()
+
+
+@region_app.command("failover")
+def failover(
+    source: str = typer.Option(..., "--from", help="The region whose jobs to take over (lost, or fenced)."),
+    failback: bool = typer.Option(False, help="Take back only the jobs this region owned before (fail-back)."),
+) -> None:
+    """Take over the jobs whose owner is region SOURCE, from its job topics mirrored here; prints one JSON line per job
+    (batch_id, status, epoch, settled, to_run) and the seconds it took."""
+
+    async def go() -> list[regions.Takeover]:
+        settings = load_settings()
+        await kafka.ensure_topics(settings)
+        async with _store(settings) as (store, files):
+            return await regions.take_over(settings, store, files, store.log, source, SYSTEM_CLOCK, failback=failback)
+
+    started = time.monotonic()
+    taken = asyncio.run(go())
+    for job in taken:
+        typer.echo(json.dumps(asdict(job)))
+    typer.echo(json.dumps({"taken_over": len(taken), "from": source, "seconds": round(time.monotonic() - started, 3)}))
+
+
+@region_app.command("reruns")
+def reruns(source: str = typer.Option(..., "--from", help="The region the jobs were taken over from.")) -> None:
+    """Per job taken over from SOURCE: the lines that ran in both regions (complete once SOURCE is back and its
+    mirror caught up); one JSON object."""
+
+    async def go() -> dict[str, int]:
+        settings = load_settings()
+        claims = (await read_topics(settings, JobTopics(), kinds=("owners",))).owners
+        taken = {b for b, claim in claims.items() if claim.region == settings.region and claim.epoch > 0}
+        return await regions.count_reruns(settings, JobTopics.mirrored(source), taken)
+
+    typer.echo(json.dumps(asyncio.run(go())))
+
+
+@region_app.command("rebuild")
+def rebuild() -> None:
+    """Rebuild this region's Redis view of its batch jobs from its own job topics (after Redis lost its data)."""
+
+    async def go() -> int:
+        settings = load_settings()
+        async with _store(settings) as (store, files):
+            return await regions.rebuild(settings, store, files)
+
+    typer.echo(json.dumps({"rebuilt": asyncio.run(go())}))

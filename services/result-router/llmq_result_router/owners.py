@@ -1,0 +1,84 @@
+"""Fencing of batch jobs across regions: every result-router follows the claims on jobs (this region's owners topic
+and every peer's mirrored here) into the Redis view, and drives or settles a job only while this region's claim is
+the highest known (:mod:`llmq_core.regions`). Until it has read every owners topic to the end it found at start,
+the driver waits: a region that comes back must learn of a takeover before it drives anything."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from llmq_core.joblog import owners_topics
+from llmq_core.jobs import JobOwner
+from llmq_core.jobstore import JobStore
+
+log = logging.getLogger(__name__)
+
+TOPICS_REFRESH_MS = 5000  # how often new mirrored owners topics are looked for
+POLL_MS = 500
+
+
+class OwnerWatcher:
+    """Follows every owners topic on this cluster (this region's and each peer's mirrored one) into the Redis view;
+    ``caught_up`` is set once it read each one it found at start to the end it had then."""
+
+    def __init__(self, store: JobStore, consumer: AIOKafkaConsumer) -> None:
+        self.store = store
+        self.consumer = consumer  # no group: every router reads every claim
+        self.caught_up = asyncio.Event()
+        self._topics: list[str] = []
+        self._ends: dict[TopicPartition, int] = {}
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self._follow()
+            except Exception:
+                log.exception("following the job owners topics failed; again")
+                await asyncio.sleep(POLL_MS / 1000)
+
+    async def _follow(self) -> None:
+        loop = asyncio.get_running_loop()
+        refreshed = 0.0
+        while not self._stopping.is_set():
+            if loop.time() - refreshed >= TOPICS_REFRESH_MS / 1000:
+                refreshed = loop.time()
+                await self._assign(owners_topics(await self.consumer.topics()))
+            await self._poll()
+            if not self.caught_up.is_set() and await self._reached_ends():
+                self.caught_up.set()
+
+    async def _poll(self) -> None:
+        """Apply the claims that arrived; with no owners topic yet (nothing claimed anywhere), wait one poll."""
+        if not self._topics:
+            await asyncio.sleep(POLL_MS / 1000)
+            return
+        for records in (await self.consumer.getmany(timeout_ms=POLL_MS)).values():
+            for record in records:
+                if record.value is not None:
+                    await self.store.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
+
+    async def _assign(self, topics: list[str]) -> None:
+        """Follow ``topics`` from their start (claims are few and applying one twice changes nothing)."""
+        if topics == self._topics:
+            return
+        self._topics = topics
+        partitions = [TopicPartition(t, 0) for t in topics]  # one partition each (llmq_core.joblog)
+        self.consumer.assign(partitions)
+        if partitions:
+            await self.consumer.seek_to_beginning(*partitions)
+        if not self.caught_up.is_set():
+            self._ends = await self.consumer.end_offsets(partitions) if partitions else {}
+
+    async def _reached_ends(self) -> bool:
+        for tp, end in self._ends.items():
+            if await self.consumer.position(tp) < end:
+                return False
+        return True

@@ -1,0 +1,98 @@
+"""The batch-job log's pure parts: topic names (own and mirrored), how a snapshot folds the records of the four
+topics, which claim on a job wins, and a job's counters as its results give them."""
+
+import msgspec
+import pytest
+from pydantic import ValidationError
+
+from llmq_core import jobs, wire
+from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES
+from llmq_core.joblog import JobSnapshot, JobTopics, line_key, mirrored_regions, owners_topics, split_line_key
+from llmq_core.jobs import JobOwner, JobRecord
+from llmq_core.settings import Settings
+from tests.builders import job_spec
+
+_json = msgspec.json.encode
+
+
+def result(custom_id: str, outcome=wire.Outcome.SUCCEEDED, **fields) -> wire.FinalResult:
+    return wire.FinalResult(
+        request_id=f"batch_x:{custom_id}",
+        outcome=outcome,
+        model="llmq-sim",
+        reply_to=wire.JobReply(batch_id="batch_x", custom_id=custom_id),
+        **fields,
+    )
+
+
+def test_own_topics_and_a_peers_as_mirrormaker_2_names_them():
+    assert JobTopics().all() == ("llmq.jobs.specs", "llmq.jobs.lines", "llmq.jobs.ledger", "llmq.jobs.owners")
+    assert JobTopics.mirrored("a").topic("ledger") == "a.llmq.jobs.ledger"
+    topics = {"llmq.jobs.owners", "a.llmq.jobs.owners", "b.llmq.jobs.owners", "a.llmq.jobs.ledger", "llmq.results"}
+    assert owners_topics(topics) == ["a.llmq.jobs.owners", "b.llmq.jobs.owners", "llmq.jobs.owners"]
+    assert mirrored_regions(topics) == ["a", "b"]
+
+
+def test_a_line_key_splits_back_into_batch_and_custom_id():
+    assert split_line_key(line_key("batch_a-1f", "claim-1")) == ("batch_a-1f", "claim-1")
+
+
+def test_a_higher_epoch_wins_and_equal_epochs_go_to_the_greater_region():
+    a0, b1, c1 = (JobOwner(batch_id="x", region=r, epoch=e) for r, e in (("a", 0), ("b", 1), ("c", 1)))
+    assert jobs.outranks(a0, None)
+    assert jobs.outranks(b1, a0) and not jobs.outranks(a0, b1)
+    assert jobs.outranks(c1, b1) and not jobs.outranks(b1, c1)
+    assert not jobs.outranks(b1, b1)
+    assert jobs.highest(None, a0, c1, b1) == c1 and jobs.highest(None, None) is None
+
+
+def test_a_snapshot_keeps_each_jobs_latest_record_highest_claim_lines_in_order_and_results():
+    snapshot = JobSnapshot()
+    spec = job_spec()
+    snapshot.apply("specs", b"batch_x", _json(JobRecord(spec=spec, status=jobs.IN_PROGRESS)))
+    snapshot.apply("specs", b"batch_x", _json(JobRecord(spec=spec, status=jobs.COMPLETED)))
+    for claim in (JobOwner(batch_id="batch_x", region="b", epoch=1), JobOwner(batch_id="batch_x", region="a")):
+        snapshot.apply("owners", b"batch_x", _json(claim))
+    for custom_id in ("c2", "c1", "c3"):
+        snapshot.apply("lines", line_key("batch_x", custom_id), custom_id.encode())
+    snapshot.apply("lines", line_key("batch_x", "c3"), None)  # a tombstone forgets
+    snapshot.apply("ledger", line_key("batch_x", "c1"), wire.encode(result("c1")))
+    assert snapshot.records["batch_x"].status == jobs.COMPLETED
+    assert (snapshot.owners["batch_x"].region, snapshot.owners["batch_x"].epoch) == ("b", 1)
+    assert list(snapshot.lines["batch_x"].items()) == [("c2", b"c2"), ("c1", b"c1")]
+    assert snapshot.results["batch_x"] == {"c1": result("c1")}
+
+
+def test_counters_from_results_count_outcomes_tokens_and_dead_letters():
+    retryable = wire.ErrorInfo(type="engine_error", message="lost", retryable=True)
+    counts = jobs.result_counts(
+        [
+            result("a", usage=wire.Usage.of(3, 5)),
+            result("b", usage=wire.Usage.of(2, 1)),
+            result("c", wire.Outcome.ERRORED, error=retryable),
+            result("d", wire.Outcome.ERRORED, error=wire.ErrorInfo(type="invalid_request_error", message="no")),
+            result("e", wire.Outcome.EXPIRED),
+        ]
+    )
+    assert counts == {
+        "succeeded": 2,
+        "input_tokens": 5,
+        "output_tokens": 6,
+        "errored": 2,
+        "dead_letters": 1,
+        "expired": 1,
+    }
+
+
+def test_a_jobs_output_and_error_files_are_rendered_from_its_results():
+    spec = job_spec(results_path="jobs/batch_x/results.jsonl")
+    output, error = jobs.output_files(spec, created_at=10, expires_at=20)
+    assert (output.id, output.kind, error.id, error.kind) == ("file-o", "output", "file-e", "error")
+    assert output.path == error.path == spec.results_path and output.batch_id == "batch_x"
+
+
+def test_a_batch_line_limit_no_record_of_the_job_log_could_carry_is_refused_at_start():
+    most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
+    assert Settings(batch_max_line_bytes=most).batch_max_line_bytes == most
+    with pytest.raises(ValidationError, match="batch_max_line_bytes"):
+        Settings(batch_max_line_bytes=most + 1)
