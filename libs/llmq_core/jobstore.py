@@ -250,18 +250,7 @@ class JobStore:
         if spec.result_bytes and status in jobs.ACTIVE_STATUSES:
             job["result_bytes"] = spec.result_bytes  # the reservation: released with the ledger (retire)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(constants.job_key(spec.id), mapping=job)
-            if lines:
-                pipe.hset(constants.job_lines_key(spec.id), mapping=dict(lines))
-            if offsets:
-                pipe.hset(constants.job_offsets_key(spec.id), mapping=dict(offsets))
-            if results:
-                pipe.hset(constants.job_results_key(spec.id), mapping={k: wire.encode(v) for k, v in results.items()})
-            for record in files:
-                self._put_file(pipe, record)
-            pipe.zadd(constants.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
-            if status in jobs.ACTIVE_STATUSES:
-                pipe.sadd(constants.ACTIVE_JOBS_KEY, spec.id)
+            self._put_job(pipe, spec, job, status, files=files, lines=lines, offsets=offsets, results=results)
             await pipe.execute()
 
     async def add_lines(
@@ -536,24 +525,39 @@ class JobStore:
             **{name: counts.get(name, 0) for name in jobs.COUNTERS},
             **_owner_fields(owner),
         }
-        key = constants.job_key(spec.id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key, *(k(spec.id) for k in _LEDGER_KEYS))
-            pipe.hset(key, mapping=job)
-            if lines:
-                pipe.hset(constants.job_lines_key(spec.id), mapping=dict(lines))
-            if offsets:
-                pipe.hset(constants.job_offsets_key(spec.id), mapping=dict(offsets))
-            if results:
-                pipe.hset(constants.job_results_key(spec.id), mapping={k: wire.encode(v) for k, v in results.items()})
-            for file in files:
-                self._put_file(pipe, file)
-            pipe.zadd(constants.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
-            if record.status in jobs.ACTIVE_STATUSES:
-                pipe.sadd(constants.ACTIVE_JOBS_KEY, spec.id)
-            else:
-                pipe.srem(constants.ACTIVE_JOBS_KEY, spec.id)
+            pipe.delete(constants.job_key(spec.id), *(k(spec.id) for k in _LEDGER_KEYS))
+            self._put_job(pipe, spec, job, record.status, files=files, lines=lines, offsets=offsets, results=results)
             await pipe.execute()
+
+    def _put_job(
+        self,
+        pipe,
+        spec: JobSpec,
+        job: Mapping[str, object],
+        status: str,
+        *,
+        files: Iterable[FileRecord],
+        lines: Mapping[str, str],
+        offsets: Mapping[str, str],
+        results: Mapping[str, wire.FinalResult],
+    ) -> None:
+        """Queue on ``pipe`` the writes of a job's whole view: its hash, ledger, file records, tenant listing entry and
+        its place among the driven jobs (in it exactly when ``status`` is active)."""
+        pipe.hset(constants.job_key(spec.id), mapping=job)
+        if lines:
+            pipe.hset(constants.job_lines_key(spec.id), mapping=dict(lines))
+        if offsets:
+            pipe.hset(constants.job_offsets_key(spec.id), mapping=dict(offsets))
+        if results:
+            pipe.hset(constants.job_results_key(spec.id), mapping={k: wire.encode(v) for k, v in results.items()})
+        for record in files:
+            self._put_file(pipe, record)
+        pipe.zadd(constants.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
+        if status in jobs.ACTIVE_STATUSES:
+            pipe.sadd(constants.ACTIVE_JOBS_KEY, spec.id)
+        else:
+            pipe.srem(constants.ACTIVE_JOBS_KEY, spec.id)
 
 
 _LEDGER_KEYS = (

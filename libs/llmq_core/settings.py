@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from llmq_core import ids
@@ -16,6 +16,10 @@ from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, PRIORITY_CLASSES, RECOR
 
 # A Kafka principal's name becomes a topic name (constants.ingress_topic): only what a topic name may hold
 _PRINCIPAL_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_ONE_RECORD = {  # what a limit past one Kafka record would break, by setting
+    "api_max_body_bytes": "such a request could not be produced to Kafka",
+    "batch_max_line_bytes": "such a line could not be one record of the batch-job log",
+}
 
 
 class IngressGrant(BaseModel):
@@ -195,27 +199,16 @@ class Settings(BaseSettings):
             raise ValueError(f"region_limit_share {value} must be in (0, 1]")
         return value
 
-    @field_validator("batch_max_line_bytes")
+    @field_validator("batch_max_line_bytes", "api_max_body_bytes")
     @classmethod
-    def _line_fits_one_record(cls, value: int) -> int:
-        """A batch line is one record of llmq.jobs.lines (its prepared request): never split, so it must fit one."""
+    def _fits_one_record(cls, value: int, info: ValidationInfo) -> int:
+        """A request body travels in one Kafka record, and a batch line is one record of llmq.jobs.lines (never
+        split): refuse to start with a limit no record could carry."""
         most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
         if value > most:
             raise ValueError(
-                f"batch_max_line_bytes {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
-                f" RECORD_HEADROOM_BYTES): such a line could not be one record of the batch-job log"
-            )
-        return value
-
-    @field_validator("api_max_body_bytes")
-    @classmethod
-    def _body_fits_one_record(cls, value: int) -> int:
-        """A request body travels in one Kafka record: refuse to start with a limit no record could carry."""
-        most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
-        if value > most:
-            raise ValueError(
-                f"api_max_body_bytes {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
-                f" RECORD_HEADROOM_BYTES): such a request could not be produced to Kafka"
+                f"{info.field_name} {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
+                f" RECORD_HEADROOM_BYTES): {_ONE_RECORD[info.field_name]}"
             )
         return value
 
