@@ -100,6 +100,7 @@ async def _running_batcher(
     task = asyncio.create_task(loop.run())
     heartbeat = asyncio.create_task(_heartbeats(redis, names, slots))
     await _assigned_everything(consumer, names)
+    await _heard_the_worker(loop)
     try:
         yield names, producer, redis, consumer, loop
     finally:
@@ -126,6 +127,15 @@ async def _assigned_everything(consumer, names: Names, bound_s: float = 60) -> N
     deadline = time.monotonic() + bound_s
     while not wanted <= consumer.assignment():
         assert time.monotonic() < deadline, f"the batcher's group never held {sorted(wanted - consumer.assignment())}"
+        await asyncio.sleep(0.05)
+
+
+async def _heard_the_worker(loop: BatcherLoop, bound_s: float = 60) -> None:
+    """Wait until the loop counts the fake worker live: its Redis subscription may start after the first heartbeats,
+    and a test that stops the loop before then finds nothing to dispatch (its held request stays uncommitted)."""
+    deadline = time.monotonic() + bound_s
+    while (state := loop.policy.model_states(SYSTEM_CLOCK.now_ms()).get(MODEL)) is None or not state.workers:
+        assert time.monotonic() < deadline, "the batcher never heard the fake worker's heartbeats"
         await asyncio.sleep(0.05)
 
 

@@ -394,8 +394,9 @@ class BatcherLoop:
             records = await self.results.getmany(timeout_ms=200, max_records=1000)
             for batch in records.values():
                 for record in batch:
-                    if record.key:
-                        self.policy.on_result(record.key.decode())
+                    request_id = record.key.decode(errors="replace") if record.key else ""
+                    if self.policy.holds(request_id) and (tenant_id := _result_tenant(record)) is not None:
+                        self.policy.on_result(request_id, tenant_id)
             if records:
                 self._wake.set()
 
@@ -636,6 +637,27 @@ class BatcherLoop:
             log.warning("commit on revocation failed: %s", exc)
         for tp in revoked:
             self.offsets.forget(tp)
+
+
+class _ResultTenant(msgspec.Struct):
+    """What the results tail reads of a FinalResult: its tenant (the rest, up to a MiB of text, is skipped)."""
+
+    tenant_id: str
+
+
+_TENANT_MSGPACK = msgspec.msgpack.Decoder(_ResultTenant)
+_TENANT_JSON = msgspec.json.Decoder(_ResultTenant)
+
+
+def _result_tenant(record) -> str | None:
+    """The tenant a record of llmq.results names (read as ``wire.decode`` reads it); None when it names none: such a
+    record settles nothing."""
+    try:
+        content_type, value = wire.content_type_of(record.headers), record.value or b""
+        is_json = content_type == constants.CONTENT_TYPE_JSON or (content_type is None and value[:1] == b"{")
+        return (_TENANT_JSON if is_json else _TENANT_MSGPACK).decode(value).tenant_id
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
 
 
 def _decoded_result(value: bytes | None) -> wire.FinalResult | None:

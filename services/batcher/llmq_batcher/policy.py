@@ -275,11 +275,13 @@ class BatchPolicy:
         model.worker_seen_ms = now_ms
         heapq.heappush(self._liveness, (now_ms + self.config.worker_heartbeat_timeout_ms + 1, hb.worker_id))
 
-    def on_result(self, request_id: str) -> None:
+    def on_result(self, request_id: str, tenant_id: str | None = None) -> None:
         """A final result for ``request_id`` exists (from llmq.results): free its in-flight slot; a queued copy of it
-        (re-queued or redelivered) is dropped and reported in ``Decision.dropped``."""
+        (re-queued or redelivered) is dropped and reported in ``Decision.dropped``. ``tenant_id`` given (the result's):
+        one of another tenant than the request's is no result of it (a principal that may write llmq.results, a
+        worker's, must not drop another tenant's queued request with a forged record)."""
         entry = self._entries.get(request_id)
-        if entry is None:
+        if entry is None or (tenant_id is not None and tenant_id != entry.tenant):
             return
         if entry.state is DISPATCHED:
             self._release(entry)

@@ -12,6 +12,7 @@ ends the worker, so two never consume one partition for longer than a renewal in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -106,7 +107,9 @@ class PartitionLease:
         """Renew the lease every third of its ttl until ``stop`` is set; returns early when it was lost (another
         worker holds it now). A failed renewal (Redis away) is retried at the next interval."""
         while True:
-            await self._sleep(self.renew_s)
+            with contextlib.suppress(TimeoutError):  # stop ends it at once: the worker's exit does not wait
+                async with asyncio.timeout(self.renew_s):
+                    await stop.wait()
             if stop.is_set():
                 return
             try:

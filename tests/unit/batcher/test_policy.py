@@ -573,3 +573,16 @@ def test_default_config_is_the_settings_defaults_whatever_the_environment(monkey
     monkeypatch.setenv("LLMQ_BATCHER_MAX_QUEUED", "5")
     assert PolicyConfig.from_settings(Settings(), "t").max_queued == 5
     assert PolicyConfig.defaults("t") == PolicyConfig.from_settings(Settings(batcher_max_queued=100_000), "t")
+
+
+def test_a_result_of_another_tenant_neither_drops_a_queued_request_nor_frees_a_dispatched_one():
+    policy, _ = make_policy(tenant_max_inflight=1)
+    policy.add(req("a0", tenant="a"), T0)
+    policy.add(req("a1", tenant="a"), T0)
+    policy.on_result("a1", "mallory")  # forged: a worker principal may write llmq.results
+    policy.on_heartbeat(hb("w1", free=8), T0)
+    assert dispatched_ids(policy.schedule(T0)) == [["a0"]] and policy.holds("a1")
+    policy.on_result("a0", "mallory")
+    assert policy.schedule(T0).batches == [] and policy.holds("a0")  # a0 still holds tenant a's one in-flight slot
+    policy.on_result("a0", "a")
+    assert dispatched_ids(policy.schedule(T0)) == [["a1"]]
