@@ -209,11 +209,12 @@ def service_specs(cfg: StackConfig) -> list[ProcSpec]:
         (SMOLLM2_135M_INSTRUCT.name, "transformers", cfg.smollm2_workers, []),
     ):
         for i in range(count):
-            worker_id = cfg.instance_id(f"{model.removeprefix('llmq-')}-{i}")
+            name = f"{model.removeprefix('llmq-')}-{i}"
+            worker_id = cfg.instance_id(name)
             metrics_port = base and base + 2 + partition
             specs.append(
                 ProcSpec(
-                    name=f"worker-{worker_id}",
+                    name=f"worker-{name}",
                     kind="worker",
                     marker="llmq_worker.main",
                     model=model,

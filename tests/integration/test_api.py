@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from llmq_api.app import create_app
 from llmq_api.pod import Pod
-from llmq_core import constants, wire
+from llmq_core import constants, ids, wire
 from llmq_core.names import Names
 from llmq_core.settings import Settings
 from tests import builders
@@ -485,7 +485,7 @@ async def test_sigterm_lets_in_flight_requests_finish(tmp_path):
     """The real process: SIGTERM while a request is held; it still gets its 200 and the process exits cleanly."""
     settings = Settings()
     instance_id = f"api-sigterm-{uuid.uuid4().hex[:6]}"
-    worker = FakeWorker(settings, instance_id)
+    worker = FakeWorker(settings, ids.instance_id(settings.region, instance_id))  # the process qualifies its id
     await worker.start()
     try:
         async with (

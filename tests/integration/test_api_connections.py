@@ -20,6 +20,7 @@ import psutil
 import pytest
 from redis.asyncio import Redis
 
+from llmq_core import ids
 from llmq_core.constants import ACTIVE_JOBS_KEY, job_key, job_lines_key, job_offsets_key, job_results_key
 from llmq_core.settings import Settings
 from tests.integration.test_api import DEV, FakeWorker, pod_process
@@ -38,7 +39,7 @@ async def pod(tmp_path_factory):
     """(base_url, port, fake worker) of a pod process with short connection limits."""
     settings = Settings()
     instance_id = f"api-conn-{uuid.uuid4().hex[:6]}"
-    worker = FakeWorker(settings, instance_id)
+    worker = FakeWorker(settings, ids.instance_id(settings.region, instance_id))  # the process qualifies its id
     await worker.start()
     state = tmp_path_factory.mktemp("api-connections")
     limits = {

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import TopicPartition
 
-from llmq_core import wire
+from llmq_core import ids, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import (
     REDIS_HEARTBEATS_CHANNEL,
@@ -132,6 +132,7 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
     """``python -m llmq_worker.main``: a poisoned request fails alone; SIGTERM finishes the running batch, then exits."""
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-proc-{run}", f"itest-pod-{run}"
+    qualified = ids.instance_id(settings.region, worker_id)  # what the process makes of its --worker-id
     redis = aioredis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
@@ -151,7 +152,7 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
                 decoded = wire.decode(message["data"]) if message else None
-                if isinstance(decoded, kind) and getattr(decoded, "worker_id", worker_id) == worker_id:
+                if isinstance(decoded, kind) and getattr(decoded, "worker_id", qualified) == qualified:
                     return decoded
 
         async def send(batch_id, *requests):

@@ -105,3 +105,9 @@ def test_losing_a_region_sigkills_every_process_it_started_and_only_those(tmp_pa
         assert (
             not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
         )
+
+
+def test_process_names_stay_the_same_in_every_region(tmp_path):
+    names = [spec.name for spec in service_specs(StackConfig.for_region("eu-1", 26100, tmp_path))]
+    assert names == [spec.name for spec in service_specs(StackConfig(state_dir=tmp_path))]
+    assert "worker-sim-0" in names and "api-0" in names
