@@ -19,7 +19,7 @@ import pytest
 import yaml
 from redis.asyncio import Redis
 
-from llmq_core import constants, wire
+from llmq_core import constants, ids, wire
 from tests.helm_chart import needs_helm, objects
 
 pytestmark = [pytest.mark.integration, needs_helm]
@@ -92,6 +92,7 @@ async def test_the_topics_hook_runs_llmq_topics(local_release):
 
 async def test_a_worker_pod_heartbeats_on_offset_plus_ordinal_and_drains_on_sigterm(local_release, settings):
     pod_name = f"llmq-llmq-worker-sim-{ORDINAL}"
+    worker_id = ids.instance_id("local", pod_name)  # the pod's name in the chart's default region
     redis = Redis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(constants.REDIS_HEARTBEATS_CHANNEL)
@@ -102,7 +103,7 @@ async def test_a_worker_pod_heartbeats_on_offset_plus_ordinal_and_drains_on_sigt
         while beat is None and time.monotonic() < deadline:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
             decoded = wire.decode(message["data"]) if message else None
-            if isinstance(decoded, wire.WorkerHeartbeat) and decoded.worker_id == pod_name:
+            if isinstance(decoded, wire.WorkerHeartbeat) and decoded.worker_id == worker_id:
                 beat = decoded
         assert beat is not None, "no heartbeat from the rendered worker within 60 s"
         assert (beat.partition, beat.model) == (OFFSET + ORDINAL, "llmq-sim")

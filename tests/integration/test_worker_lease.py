@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import TopicPartition
 
-from llmq_core import wire
+from llmq_core import ids, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import TOPIC_RESULTS, alive_key, worker_lease_key
 from llmq_core.kafka import make_consumer, make_producer
@@ -68,7 +68,8 @@ def one_request(request_id: str) -> wire.GenerationRequest:
 
 async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_is_killed(settings, tmp_path):
     run = uuid.uuid4().hex[:8]
-    first_id, second_id = f"lease-a-{run}", f"lease-b-{run}"
+    # the ids the workers run under: their region qualifies the names they are given
+    first_id, second_id = (ids.instance_id(settings.region, f"lease-{n}-{run}") for n in "ab")
     redis = aioredis.from_url(settings.redis_url)
     producer, results = make_producer(settings), make_consumer(settings, group_id=None)
     await asyncio.gather(producer.start(), results.start())
