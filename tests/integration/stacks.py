@@ -279,3 +279,11 @@ async def worker_process(
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "llmq_worker.main", *command, *options, env=env, **popen
     )
+
+
+async def reap(*processes: asyncio.subprocess.Process) -> None:
+    """At a test's end: SIGKILL whichever of ``processes`` still runs and wait for it (no orphan outlives the test)."""
+    for process in processes:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, ids, wire
 from tests.helm_chart import needs_helm, objects
+from tests.integration.stacks import reap
 
 pytestmark = [pytest.mark.integration, needs_helm]
 
@@ -110,8 +111,7 @@ async def test_a_worker_pod_heartbeats_on_offset_plus_ordinal_and_drains_on_sigt
         await stops_within(process, grace_s)
         assert process.returncode == 0
     finally:
-        if process.returncode is None:
-            process.kill()
+        await reap(process)
         await pubsub.aclose()
         await redis.aclose()
 
@@ -139,5 +139,4 @@ async def test_an_api_pod_answers_its_probes_and_drains_on_sigterm(local_release
             assert "llmq_api_in_flight" in metrics.text  # what the API ScaledObject's query reads
         await stops_within(process, grace_s)
     finally:
-        if process.returncode is None:
-            process.kill()
+        await reap(process)

@@ -74,6 +74,21 @@ async def mirrored_values(settings: Settings, topic: str, count: int, timeout_s:
     return [record.value for record in records]
 
 
+async def mirror_one(source: Settings, source_region: str, target: Settings, topic: str, value: bytes) -> list[bytes]:
+    """Create ``topic`` in the source region, produce ``value`` to it, and return what its mirror in the target
+    region (``<source_region>.<topic>``) holds once it appears (MirrorMaker 2 notices new topics at its refresh)."""
+    await kafka.create_topic(source, topic)
+    producer = kafka.make_producer(source)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value, key=b"k")
+    finally:
+        await producer.stop()
+    remote = constants.remote_topic(source_region, topic)
+    await wait_for_topic(target, remote, timeout_s=120)
+    return await mirrored_values(target, remote, 1)
+
+
 async def test_records_of_a_job_topic_reach_the_peer_region_within_the_lag_goal(regions):
     a, b = regions.a.cfg.settings(), regions.b.cfg.settings()
     topic = constants.TOPIC_JOBS_PREFIX + "lag-probe"
@@ -159,16 +174,10 @@ async def test_a_killed_region_leaves_its_peer_serving_and_mirrors_again_once_re
     assert response.status_code == 200 and response.json()["id"].startswith("cmpl-b-")
     regions.revive(regions.a)
     b, a = regions.b.cfg.settings(), regions.a.cfg.settings()
-    topic = constants.TOPIC_JOBS_PREFIX + "fail-back"
-    await kafka.create_topic(b, topic)
-    producer = kafka.make_producer(b)
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"after revival", key=b"k")
-    finally:
-        await producer.stop()
-    await wait_for_topic(a, constants.remote_topic("b", topic), timeout_s=120)  # a's inbound mirror runs again
-    assert await mirrored_values(a, constants.remote_topic("b", topic), 1) == [b"after revival"]
+    # a's inbound mirror runs again
+    assert await mirror_one(b, "b", a, constants.TOPIC_JOBS_PREFIX + "fail-back", b"after revival") == [
+        b"after revival"
+    ]
     # a's Kafka came back on its data: the topic created before the loss is still there
     assert await read_all(a, constants.TOPIC_JOBS_PREFIX + "lag-probe")
 
@@ -177,15 +186,7 @@ async def test_mirror_maker_2_mirrors_between_secure_clusters_as_mm2_and_no_more
     with two_regions(SECURE_STATE, services=False, secure=True, port_bases=SECURE_PORT_BASES) as regions:
         a, b = regions.a.cfg.settings(), regions.b.cfg.settings()  # the admin principal (a super user)
         topic = constants.TOPIC_JOBS_PREFIX + "secure-probe"
-        await kafka.create_topic(a, topic)
-        producer = kafka.make_producer(a)
-        await producer.start()
-        try:
-            await producer.send_and_wait(topic, b"over SASL_SSL", key=b"k")
-        finally:
-            await producer.stop()
-        await wait_for_topic(b, constants.remote_topic("a", topic), timeout_s=120)
-        assert await mirrored_values(b, constants.remote_topic("a", topic), 1) == [b"over SASL_SSL"]
+        assert await mirror_one(a, "a", b, topic, b"over SASL_SSL") == [b"over SASL_SSL"]
         mm2 = kafka.make_producer(regions.a.cfg.settings(security.ROLE_MM2))
         await mm2.start()
         try:  # least privilege: mm2 may not write the request path

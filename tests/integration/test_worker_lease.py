@@ -21,7 +21,7 @@ from llmq_core.constants import TOPIC_RESULTS, alive_key, worker_lease_key
 from llmq_core.kafka import make_consumer, make_producer
 from llmq_worker.lease import Holder, PartitionLease, this_process
 from tests.builders import generation_request
-from tests.integration.stacks import send_batch, worker_process
+from tests.integration.stacks import reap, send_batch, worker_process
 
 pytestmark = pytest.mark.integration
 
@@ -117,10 +117,7 @@ async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_
         assert exit_code == 0
         assert await redis.get(worker_lease_key(PARTITION)) is None  # let go on a clean stop
     finally:
-        for process in workers:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+        await reap(*workers)
         await producer.stop()
         await results.stop()
         await redis.aclose()

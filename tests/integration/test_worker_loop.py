@@ -22,7 +22,7 @@ from llmq_core.constants import (
 )
 from llmq_core.kafka import make_consumer, make_producer
 from tests.builders import generation_request
-from tests.integration.stacks import send_batch, simulated_worker, worker_process
+from tests.integration.stacks import reap, send_batch, simulated_worker, worker_process
 
 pytestmark = pytest.mark.integration
 
@@ -192,9 +192,7 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
         finally:
             await offsets.stop()
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await reap(process)
         await producer.stop()
         await pubsub.aclose()
         await redis.aclose()
