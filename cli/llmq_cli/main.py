@@ -72,7 +72,7 @@ def _region_config(state_dir: Path, region: str | None, port_base: int | None, *
 
 
 REGION = typer.Option(
-    None, help="Run a region's whole stack (LLMQ_REGION; a-z 0-9 -), its state in <state-dir>/<region>."
+    None, help="A region's whole stack (LLMQ_REGION: lower-case a-z 0-9 -), its state in <state-dir>/<region>."
 )
 PORT_BASE = typer.Option(
     None,

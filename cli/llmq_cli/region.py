@@ -1,12 +1,12 @@
 """``llmq region``: batch jobs across regions (README "Multi-region"). Run against the region that acts (its
 ``LLMQ_*`` settings: Kafka, Redis, file store, ``LLMQ_REGION``).
 
-- ``failover --from A``: take over region A's unfinished jobs from A's job topics mirrored here (an operator's
+- ``failover --from a``: take over region a's unfinished jobs from a's job topics mirrored here (an operator's
   decision, not a detector's: a region cut off by a partition keeps running, and only a person who knows it is lost,
   or fenced, should move its jobs);
-- ``failover --from B --failback``: in region A once it is back and its mirror of B has caught up: take back the jobs
-  B took over (the highest claim moves to A; B stops at its next step);
-- ``reruns --from A``: lines of the jobs taken over from A that ran in both regions;
+- ``failover --from b --failback``: in region a once it is back and its mirror of b has caught up: take back the jobs
+  b took over (the highest claim moves to a; b stops at its next step);
+- ``reruns --from a``: lines of the jobs taken over from a that ran in both regions;
 - ``rebuild``: rebuild this region's Redis view of its jobs from its own job topics.
 """
 
@@ -48,8 +48,8 @@ def failover(
     source: str = typer.Option(..., "--from", help="The region whose jobs to take over (lost, or fenced)."),
     failback: bool = typer.Option(False, help="Take back only the jobs this region owned before (fail-back)."),
 ) -> None:
-    """Take over the jobs whose owner is region SOURCE, from its job topics mirrored here; prints one JSON line per job
-    (batch_id, status, epoch, settled, to_run) and the seconds it took."""
+    """Take over the jobs whose owner is region --from, from its job topics mirrored here (<from>.llmq.jobs.*); prints
+    one JSON line per job (batch_id, status, epoch, settled, to_run), then taken_over, from and the seconds it took."""
 
     async def go() -> list[regions.Takeover]:
         settings = load_settings()
@@ -66,8 +66,8 @@ def failover(
 
 @region_app.command("reruns")
 def reruns(source: str = typer.Option(..., "--from", help="The region the jobs were taken over from.")) -> None:
-    """Per job taken over from SOURCE: the lines that ran in both regions (complete once SOURCE is back and its
-    mirror caught up); one JSON object."""
+    """Per job taken over from region --from: the lines that ran in both regions (complete once --from is back and
+    its mirror caught up); one JSON object, batch id -> lines."""
 
     async def go() -> dict[str, int]:
         settings = load_settings()

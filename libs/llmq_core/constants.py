@@ -64,7 +64,7 @@ def ingress_topic(principal: str) -> str:
 
 
 # Batch-job state (llmq_core.joblog): the source of truth of every job, mirrored to the peer region by MirrorMaker 2
-# (DefaultReplicationPolicy: region A's llmq.jobs.specs is A.llmq.jobs.specs in region B); Redis holds a view of it.
+# (DefaultReplicationPolicy: region a's llmq.jobs.specs is a.llmq.jobs.specs in region b); Redis holds a view of it.
 # Compacted, one partition each (the rebuild reads them in the order written). Keys: batch id (specs, owners),
 # "<batch id>:<custom_id>" (lines, ledger). Their prefix: TOPIC_JOBS_PREFIX.
 JOB_TOPIC_KINDS: Final = ("specs", "lines", "ledger", "owners")

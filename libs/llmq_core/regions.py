@@ -1,5 +1,5 @@
 """Batch jobs across regions: rebuild a region's Redis view from its job topics, take over a lost region's jobs from
-the topics MirrorMaker 2 mirrored here (``llmq region failover --from A``), take them back when it returns
+the topics MirrorMaker 2 mirrored here (``llmq region failover --from a``), take them back when it returns
 (``--failback``), and count the lines both regions ran.
 
 A takeover writes a claim with the next epoch to this region's own owners topic before anything else, then copies

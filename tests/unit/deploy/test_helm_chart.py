@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from llmq_core import constants
 from llmq_core.settings import Settings
 from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, objects, template
 
@@ -110,6 +111,9 @@ def test_region_values_name_their_region_and_mirror_the_others():
             line.split(" = ", 1) for line in config["data"]["mm2.properties"].splitlines() if " = " in line
         )
         assert properties["replication.policy.class"].endswith("DefaultReplicationPolicy")
+        assert properties["sync.topic.acls.enabled"] == properties["sync.group.offsets.enabled"] == "false"
+        for region in regions:  # every cluster's producer takes records up to llmq's record limit
+            assert properties[f"{region}.producer.max.request.size"] == str(constants.KAFKA_MAX_MESSAGE_BYTES)
         flows = {key.split(".")[0]: value for key, value in properties.items() if key.endswith(".topics")}
         assert set(flows) == {f"{other}->{path.stem}" for other in regions - {path.stem}}
         for topics in flows.values():
