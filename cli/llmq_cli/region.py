@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 import typer
 
-from llmq_core import kafka, regions
+from llmq_core import ids, kafka, regions
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.filestore import FileStore
 from llmq_core.joblog import JobLog, JobTopics, read_topics
@@ -43,16 +43,35 @@ async def _store(settings: Settings):
         await producer.stop()
 
 
+def _region_name(value: str) -> str:
+    """--from: a region's name (as LLMQ_REGION takes it), so a typo is refused instead of reading as no jobs."""
+    try:
+        return ids.check_region(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _settings_of_other_region(source: str) -> Settings:
+    """This region's settings; --from naming this region itself is refused (its jobs are already here)."""
+    settings = load_settings()
+    if source == settings.region:
+        raise typer.BadParameter(f"{source!r} is this region (LLMQ_REGION): name the region to take over from")
+    return settings
+
+
 @region_app.command("failover")
 def failover(
-    source: str = typer.Option(..., "--from", help="The region whose jobs to take over (lost, or fenced)."),
+    source: str = typer.Option(
+        ..., "--from", callback=_region_name, help="The region whose jobs to take over (lost, or fenced)."
+    ),
     failback: bool = typer.Option(False, help="Take back only the jobs this region owned before (fail-back)."),
 ) -> None:
     """Take over the jobs whose owner is region --from, from its job topics mirrored here (<from>.llmq.jobs.*); prints
     one JSON line per job (batch_id, status, epoch, settled, to_run), then taken_over, from and the seconds it took."""
 
+    settings = _settings_of_other_region(source)
+
     async def go() -> list[regions.Takeover]:
-        settings = load_settings()
         await kafka.ensure_topics(settings)
         async with _store(settings) as (store, files):
             return await regions.take_over(settings, store, files, store.log, source, SYSTEM_CLOCK, failback=failback)
@@ -65,12 +84,15 @@ def failover(
 
 
 @region_app.command("reruns")
-def reruns(source: str = typer.Option(..., "--from", help="The region the jobs were taken over from.")) -> None:
+def reruns(
+    source: str = typer.Option(..., "--from", callback=_region_name, help="The region the jobs were taken over from."),
+) -> None:
     """Per job taken over from region --from: the lines that ran in both regions (complete once --from is back and
     its mirror caught up); one JSON object, batch id -> lines."""
 
+    settings = _settings_of_other_region(source)
+
     async def go() -> dict[str, int]:
-        settings = load_settings()
         claims = (await read_topics(settings, JobTopics(), kinds=("owners",))).owners
         taken = {b for b, claim in claims.items() if claim.region == settings.region and claim.epoch > 0}
         return await regions.count_reruns(settings, JobTopics.mirrored(source), taken)
