@@ -193,8 +193,7 @@ class Runner:
         samples = asyncio.run(loadgen.run_load(self.plans(rate_rps, window_s), model="llmq-sim", timeout_s=60.0))
         delta = None
         if before is not None:
-            after = self.batch_counts()
-            delta = (after[0] - before[0], after[1] - before[1])
+            delta = loadgen.batch_delta(self.batch_counts, before, sum(s.status == "ok" for s in samples))
         report = loadgen.summarize(
             samples, window_s=window_s, slo_ms=slo_ms, batch_delta=delta, max_batch_size=self.cfg.max_batch_size
         )

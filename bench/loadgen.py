@@ -15,6 +15,7 @@ import json
 import math
 import random
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -227,6 +228,27 @@ def batch_counts(redis_url: str, key: str) -> tuple[int, int]:
     finally:
         client.close()
     return int(stats.get(b"batches", 0)), int(stats.get(b"requests", 0))
+
+
+def batch_delta(
+    read: Callable[[], tuple[int, int]],
+    before: tuple[int, int],
+    served: int,
+    *,
+    timeout_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int, int]:
+    """(batches, requests) counted by ``read`` since ``before``, read until the ``served`` requests are counted or
+    ``timeout_s`` passes: the batcher writes its counters once a second (its LOAD_STATS_INTERVAL_MS), so a read right
+    after the last answer can miss up to a second of them."""
+    deadline = clock() + timeout_s
+    while True:
+        after = read()
+        delta = (after[0] - before[0], after[1] - before[1])
+        if delta[1] >= served or clock() >= deadline:
+            return delta
+        sleep(0.1)
 
 
 # --- HTTP ----------------------------------------------------------------------------------------------------------

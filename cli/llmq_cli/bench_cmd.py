@@ -105,8 +105,8 @@ def bench_load(
     )
     delta = None
     if before is not None:
-        after = loadgen.batch_counts(stats_url, stats_key)
-        delta = (after[0] - before[0], after[1] - before[1])
+        served = sum(s.status == "ok" for s in samples)
+        delta = loadgen.batch_delta(lambda: loadgen.batch_counts(stats_url, stats_key), before, served)
     report = loadgen.summarize(
         samples,
         window_s=loadgen.arrival_window_s(arrivals, count, duration_s),
