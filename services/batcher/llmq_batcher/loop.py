@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from typing import Literal
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -302,27 +303,45 @@ class BatcherLoop:
     ) -> wire.GenerationRequest | None:
         """A record re-producing a claimed request_id: errored when its parameters ``differ`` from the first's (a
         producer's id reuse must not get another request's result), else it joins a twin held here, else the stored
-        result again."""
+        result again. A twin in flight whose result is stored already has finished (the results tail reads
+        llmq.results a fetch wait behind the router): the copy gets that result, not a join that nothing answers."""
         if differs:
             error = reused_id_other_parameters(request.request_id)
             await self._answer_at_entry(tp, offset, request, refused(request, error, self.clock.now_ms(), position))
             return None
         if self.policy.holds(request.request_id):
-            return request  # joins its twin: unchecked, so it cannot answer in the twin's place
-        await self._answer_copy(tp, offset, request, position)
+            if not self.policy.in_flight(request.request_id):
+                return request  # joins its queued twin: unchecked, so it cannot answer in the twin's place
+            stored = await self._stored_result(request)
+            if not isinstance(stored, wire.FinalResult):
+                return request  # joins its twin in flight (or Redis cannot tell: the twin's answer is the answer)
+            self.policy.on_result(request.request_id, stored.tenant_id)
+            await self._answer_copy(tp, offset, request, position, stored)
+            return None
+        stored = await self._stored_result(request)
+        if stored is not False:  # Redis unreadable: left unsettled, answered after a restart
+            await self._answer_copy(tp, offset, request, position, stored)
         return None
 
-    async def _answer_copy(
-        self, tp: TopicPartition, offset: int, request: wire.GenerationRequest, position: str
-    ) -> None:
-        """Answer a re-produced id with its stored result, or errored ``request_id_reused`` when there is none to give.
-        Left unsettled when Redis cannot be read (answered after a restart)."""
+    async def _stored_result(self, request: wire.GenerationRequest) -> wire.FinalResult | None | Literal[False]:
+        """The stored result of ``request``'s id; None when there is none; False when Redis cannot be read."""
         try:
             stored = await self.redis.get(constants.result_key(request.request_id))
         except Exception as exc:
             log.error("reading the stored result failed: %s", exc, extra=request_fields(request.request_id))
-            return
-        first = _decoded_result(stored)
+            return False
+        return _decoded_result(stored)
+
+    async def _answer_copy(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        request: wire.GenerationRequest,
+        position: str,
+        first: wire.FinalResult | None,
+    ) -> None:
+        """Answer a re-produced id with its stored result ``first``, or errored ``request_id_reused`` when there is
+        none to give."""
         result = replayed(first, request, position) if first is not None else None
         if result is None:
             result = refused(request, reused_id(request.request_id), self.clock.now_ms(), position)

@@ -293,6 +293,11 @@ class BatchPolicy:
         """Whether ``request_id`` is queued or in flight here."""
         return request_id in self._entries
 
+    def in_flight(self, request_id: str) -> bool:
+        """Whether ``request_id`` went out in a batch here and no result of it was seen yet."""
+        entry = self._entries.get(request_id)
+        return entry is not None and entry.state is DISPATCHED
+
     def undispatch(self, batch: BatchDispatch, now_ms: int, retry_in_ms: int = 0) -> None:
         """Producing ``batch`` failed for a transient reason: take it back from its worker's count, re-queue its requests
         in front and form no batch of its model for ``retry_in_ms`` after ``now_ms``."""

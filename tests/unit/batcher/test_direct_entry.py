@@ -166,3 +166,29 @@ async def test_a_model_a_worker_announced_passes_as_at_the_api_until_its_heartbe
     await put(loop, direct("j2", reply_to=job, model="fake-model", deadline_ms=T0 + 10**9), 1)
     (unknown,) = answers(producer)
     assert (unknown.request_id, unknown.error.code) == ("j2", "model_not_found")
+
+
+async def test_a_copy_of_an_id_in_flight_whose_result_is_stored_gets_that_result_and_one_without_joins():
+    """The results tail reads llmq.results a fetch wait behind the router, so a producer that got its answer may
+    re-send the id while the batcher still counts it in flight: a stored result says it finished (the copy used to
+    join a twin that nothing would answer again); with none stored, the copy joins its twin (one answer for both)."""
+    loop, policy, producer, redis = make_loop()
+    policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
+    for request_id in ("r1", "r2"):
+        await put(loop, direct(request_id), int(request_id[1]))
+    await loop.step()
+    assert policy.in_flight("r1") and policy.in_flight("r2")
+    finished = wire.FinalResult(
+        request_id="r1",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        tenant_id="acme",
+        reply_to=REPLIES,
+        choices=[wire.Choice(index=0, text="hi", finish_reason="stop")],
+    )
+    redis.data[constants.result_key("r1")] = wire.encode(finished)  # the router stored it; the tail has not read it
+    await put(loop, direct("r1"), 8)
+    await put(loop, direct("r2"), 9)
+    (replay,) = answers(producer)
+    assert (replay.request_id, replay.choices, replay.request_copy[-2:]) == ("r1", finished.choices, "@8")
+    assert not policy.holds("r1") and policy.in_flight("r2")
