@@ -18,6 +18,18 @@ def direct(request_id: str = "r1", **fields) -> wire.GenerationRequest:
     return msgspec.structs.replace(req(request_id), **{"reply_to": REPLIES, **fields})
 
 
+def stored_result() -> wire.FinalResult:
+    """What the result-router stored for ``r1``: its first answer, acme's, to REPLIES."""
+    return wire.FinalResult(
+        request_id="r1",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        tenant_id="acme",
+        reply_to=REPLIES,
+        choices=[wire.Choice(index=0, text="hi", finish_reason="stop")],
+    )
+
+
 def make_loop():
     loop, _, producer, redis = make_batcher(rules=requests.Rules(max_timeout_ms={"interactive": 60_000}))
     return loop, loop.policy, producer, redis
@@ -57,14 +69,7 @@ async def test_a_deadline_beyond_the_class_maximum_is_clamped():
 async def test_a_reproduced_finished_id_gets_its_stored_result_again_once_per_copy():
     loop, policy, producer, redis = make_loop()
     await put(loop, direct(), 3)
-    first = wire.FinalResult(
-        request_id="r1",
-        outcome=wire.Outcome.SUCCEEDED,
-        model="llmq-sim",
-        tenant_id="acme",
-        reply_to=REPLIES,
-        choices=[wire.Choice(index=0, text="hi", finish_reason="stop")],
-    )
+    first = stored_result()
     redis.data[constants.result_key("r1")] = wire.encode(first)
     policy.on_result("r1")
     policy.schedule(T0)  # the first copy is no longer held
@@ -178,14 +183,7 @@ async def test_a_copy_of_an_id_in_flight_whose_result_is_stored_gets_that_result
         await put(loop, direct(request_id), int(request_id[1]))
     await loop.step()
     assert policy.in_flight("r1") and policy.in_flight("r2")
-    finished = wire.FinalResult(
-        request_id="r1",
-        outcome=wire.Outcome.SUCCEEDED,
-        model="llmq-sim",
-        tenant_id="acme",
-        reply_to=REPLIES,
-        choices=[wire.Choice(index=0, text="hi", finish_reason="stop")],
-    )
+    finished = stored_result()
     redis.data[constants.result_key("r1")] = wire.encode(finished)  # the router stored it; the tail has not read it
     await put(loop, direct("r1"), 8)
     await put(loop, direct("r2"), 9)
