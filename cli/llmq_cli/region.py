@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 import typer
 
-from llmq_core import ids, kafka, regions
+from llmq_core import constants, ids, kafka, regions
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.filestore import FileStore
 from llmq_core.joblog import JobLog, JobTopics, read_topics
@@ -33,7 +33,7 @@ region_app = typer.Typer(help="Batch jobs across regions: failover, fail-back, r
 
 @contextlib.asynccontextmanager
 async def _store(settings: Settings):
-    producer = kafka.make_producer(settings)
+    producer = kafka.make_producer(settings, max_batch_size=constants.KAFKA_PRODUCER_MAX_BATCH_BYTES)  # job topics only
     await producer.start()
     redis = make_redis(settings)
     try:

@@ -86,9 +86,12 @@ def worker_group(partition: int) -> str:
 # linger 0: a record is sent at once, so no hop waits out a linger window at light load; under load aiokafka still
 # groups records, since each producer has one produce request in flight per broker and queues the rest behind it.
 KAFKA_PRODUCER_LINGER_MS: Final = 0
-# How many bytes of records one produce request may carry per partition. An idempotent aiokafka producer keeps one
-# request in flight per partition, so records queued behind it go out together, up to this: aiokafka's 16 KiB default
-# sent four 4 KiB batch-job lines a round trip (a 100 MB input took minutes to reach llmq.jobs.lines).
+# How many bytes of records one produce request may carry per partition, for producers that write only llmq's own
+# topics (max.message.bytes >= KAFKA_MAX_MESSAGE_BYTES, checked at start): the API pods (requests, the batch-job log)
+# and `llmq region`. An idempotent aiokafka producer keeps one request in flight per partition, so records queued
+# behind it go out together, up to this: aiokafka's 16 KiB default sent four 4 KiB batch-job lines a round trip (a
+# 100 MB input took minutes). Not for producers to topics of unknown limits (reply topics, a worker's results under a
+# test's small limit): the broker refuses a batch over a topic's max.message.bytes whole, good records with it.
 KAFKA_PRODUCER_MAX_BATCH_BYTES: Final = 1 << 20
 # Consumers commit offsets at most this often (plus at shutdown and on revocation): a commit costs the broker several
 # times a produced record, so one per record or batch dominated its CPU. What a crash redoes is bounded by this window;

@@ -27,7 +27,6 @@ from llmq_core.constants import (
     KAFKA_INTERNAL_TOPIC_PREFIX,
     KAFKA_MAX_MESSAGE_BYTES,
     KAFKA_PRODUCER_LINGER_MS,
-    KAFKA_PRODUCER_MAX_BATCH_BYTES,
     KAFKA_TOPICS_READY_POLL_S,
     KAFKA_TOPICS_READY_TIMEOUT_S,
     REQUEST_TOPICS,
@@ -113,14 +112,13 @@ def make_admin(settings: Settings) -> AIOKafkaAdminClient:
 
 
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
-    """An idempotent producer (acks=all) that lingers KAFKA_PRODUCER_LINGER_MS, of records up to KAFKA_MAX_MESSAGE_BYTES,
-    KAFKA_PRODUCER_MAX_BATCH_BYTES of them a partition in one request."""
+    """An idempotent producer (acks=all) that lingers KAFKA_PRODUCER_LINGER_MS, of records up to KAFKA_MAX_MESSAGE_BYTES.
+    ``overrides``: AIOKafkaProducer's options (e.g. ``max_batch_size=KAFKA_PRODUCER_MAX_BATCH_BYTES``)."""
     options = dict(
         **client_options(settings),
         acks="all",
         enable_idempotence=True,
         linger_ms=KAFKA_PRODUCER_LINGER_MS,
-        max_batch_size=KAFKA_PRODUCER_MAX_BATCH_BYTES,
         request_timeout_ms=10_000,
         max_request_size=KAFKA_MAX_MESSAGE_BYTES,
     )

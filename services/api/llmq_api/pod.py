@@ -61,7 +61,10 @@ class KafkaRequestProducer:
         self._settings = settings
         self._breaker = breaker
         self._sleep = sleep
-        self._producer = kafka.make_renewable_producer(settings)
+        # its topics (requests, the batch-job log) are llmq's own: records behind one in flight go out together
+        self._producer = kafka.make_renewable_producer(
+            settings, max_batch_size=constants.KAFKA_PRODUCER_MAX_BATCH_BYTES
+        )
         self.ready = False
 
     @property
