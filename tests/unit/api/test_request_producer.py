@@ -50,7 +50,7 @@ async def test_a_producer_that_broke_for_good_is_replaced_and_sending_works_agai
         FakeKafkaProducer(),
     ]
     pending = list(made)  # make_producer hands these out in order
-    monkeypatch.setattr(kafka, "make_producer", lambda settings: pending.pop(0))
+    monkeypatch.setattr(kafka, "make_producer", lambda settings, **options: pending.pop(0))
     steps = Steps()
     producer = KafkaRequestProducer(Settings(), sleep=steps.sleep)
     with pytest.raises(ConnectionError):  # not started yet
@@ -67,7 +67,7 @@ async def test_a_producer_that_broke_for_good_is_replaced_and_sending_works_agai
 
 async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_broker_is_back(monkeypatch):
     fake = FakeKafkaProducer()
-    monkeypatch.setattr(kafka, "make_producer", lambda settings: fake)
+    monkeypatch.setattr(kafka, "make_producer", lambda settings, **options: fake)
     clock = FakeClock()
     breaker = CircuitBreaker(
         Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=1000, probe_timeout_ms=2000
