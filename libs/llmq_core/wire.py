@@ -349,9 +349,12 @@ def decode(data: bytes, content_type: str | None = None) -> Message:
 
     Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` for undecodable or invalid payloads.
     """
-    if content_type == CONTENT_TYPE_JSON or (content_type is None and data[:1] == b"{"):
-        return _json_decoder.decode(data)
-    return _msgpack_decoder.decode(data)
+    return (_json_decoder if is_json(data, content_type) else _msgpack_decoder).decode(data)
+
+
+def is_json(data: bytes, content_type: str | None) -> bool:
+    """Whether a payload is JSON (else msgpack): its ``content_type`` says so, or it has none and starts with ``{``."""
+    return content_type == CONTENT_TYPE_JSON or (content_type is None and data[:1] == b"{")
 
 
 def content_type_of(headers: list[tuple[str, bytes]] | tuple | None) -> str | None:

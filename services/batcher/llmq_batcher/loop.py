@@ -672,9 +672,9 @@ def _result_tenant(record) -> str | None:
     """The tenant a record of llmq.results names (read as ``wire.decode`` reads it); None when it names none: such a
     record settles nothing."""
     try:
-        content_type, value = wire.content_type_of(record.headers), record.value or b""
-        is_json = content_type == constants.CONTENT_TYPE_JSON or (content_type is None and value[:1] == b"{")
-        return (_TENANT_JSON if is_json else _TENANT_MSGPACK).decode(value).tenant_id
+        value = record.value or b""
+        decoder = _TENANT_JSON if wire.is_json(value, wire.content_type_of(record.headers)) else _TENANT_MSGPACK
+        return decoder.decode(value).tenant_id
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
 
