@@ -376,15 +376,21 @@ async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> b
     admin = make_admin(settings)
     await admin.start()
     try:
-        config = {MAX_MESSAGE_BYTES_CONFIG: str(KAFKA_MAX_MESSAGE_BYTES)}
-        response = await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=config)])
-        [(_, code, *_)] = response.topic_errors
-        if code and code != errors.TopicAlreadyExistsError.errno:
-            raise errors.for_code(code)(f"creating topic {topic!r}")
+        response = await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=topic_config(topic))])
+        _raise_refusals(response)
         await await_ready(admin, [topic], KAFKA_TOPICS_READY_TIMEOUT_S, raise_on_timeout=True)
     finally:
         await admin.close()
+    [(_, code, *_)] = response.topic_errors
     return not code
+
+
+def _raise_refusals(response, detail: str = "") -> None:
+    """Raise the error of the first topic a CreateTopics ``response`` refuses; one that exists already is no refusal.
+    The broker answers per topic, so a refusal (e.g. more replicas than brokers) must not pass for success."""
+    for topic, code, *_ in response.topic_errors:
+        if code and code != errors.TopicAlreadyExistsError.errno:
+            raise errors.for_code(code)(f"creating topic {topic!r}{detail}")
 
 
 class TopicLimitError(RuntimeError):
@@ -406,11 +412,7 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
             NewTopic(t, n, replicas, topic_configs=topic_config(t)) for t, n in layout.items() if t not in existing
         ]
         if missing:
-            response = await admin.create_topics(missing)
-            # The broker answers per topic: a refusal (e.g. more replicas than brokers) must not pass for success
-            for topic, code, *_ in response.topic_errors:
-                if code and code != errors.TopicAlreadyExistsError.errno:
-                    raise errors.for_code(code)(f"creating topic {topic!r} with {replicas} replicas")
+            _raise_refusals(await admin.create_topics(missing), f" with {replicas} replicas")
             log.info("created topics %s", [t.name for t in missing])
         low = [
             t
