@@ -84,6 +84,12 @@ class Redis:
     def pipeline(self, transaction=False):
         return _Pipeline()
 
+    def register_script(self, source):  # the result-router's store: [stored (1), nothing dropped]
+        async def stored(keys=(), args=()):
+            return [1, 0]
+
+        return stored
+
 
 class _Pipeline:
     async def __aenter__(self):
