@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from llmq_cli import mirror as mirror_config
 from llmq_core import constants
 from llmq_core.settings import Settings
 from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, objects, template
@@ -120,6 +121,10 @@ def test_region_values_name_their_region_and_mirror_the_others():
             pattern = re.compile(topics.replace("\\\\", "\\"))  # a properties file escapes its backslashes
             assert pattern.fullmatch("llmq.jobs.lines") and pattern.fullmatch("llmq.results")
             assert not pattern.fullmatch("llmq.requests.interactive") and not pattern.fullmatch("llmqXresults")
+        groups = {key.split(".")[0]: value for key, value in properties.items() if key.endswith(".groups")}
+        assert set(groups.values()) == {mirror_config.CHECKPOINTED_GROUPS} and set(groups) == set(
+            flows
+        )  # as the dev mirror
 
 
 def worker_ranges(values: Path | None) -> dict[str, range]:
