@@ -105,3 +105,4 @@ def test_the_pipeline_bench_measures_the_floor_and_both_points_with_cpu_per_proc
         per_process = point["cpu"]["per_process_ms"]
         assert {"batcher", "result-router", "api-0", "worker-sim-0"} <= set(per_process)
         assert point["cpu"]["total_ms"] == pytest.approx(sum(per_process.values()), abs=0.01)
+        assert point["loadgen_cpu_ms_per_request"] > 0 and 0 < point["machine_busy_fraction"] <= 1
