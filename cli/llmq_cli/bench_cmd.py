@@ -356,14 +356,25 @@ def bench_pipeline(
 
 
 def print_pipeline(result: dict, console: Console) -> None:
-    """One row per system and point: latency, overhead, throughput, CPU per request (the broker's apart)."""
+    """One row per system and point: latency, overhead, throughput, CPU per request (the broker's apart), the load
+    generator's CPU per request and how busy the whole machine was."""
     table = Table(
-        "system", "in flight", "p50 ms", "p99 ms", "overhead p50", "overhead p99", "req/s", "CPU ms/req", "broker"
+        "system",
+        "in flight",
+        "p50 ms",
+        "p99 ms",
+        "overhead p50",
+        "overhead p99",
+        "req/s",
+        "CPU ms/req",
+        "broker",
+        "load gen",
+        "machine busy",
     )
     for name, run in result["systems"].items():
         if "floor" in run:
             floor = run["floor"]
-            table.add_row(f"{name} floor", "1", f"{floor['p50_ms']:.2f}", f"{floor['p99_ms']:.2f}", "", "", "", "", "")
+            table.add_row(f"{name} floor", "1", f"{floor['p50_ms']:.2f}", f"{floor['p99_ms']:.2f}", *[""] * 7)
         for point in (run["light"], run["saturation"]):
             cpu = point["cpu"]
             table.add_row(
@@ -376,6 +387,8 @@ def print_pipeline(result: dict, console: Console) -> None:
                 f"{point['throughput_rps']:.1f}",
                 f"{cpu['total_ms']:.2f}",
                 f"{cpu['per_process_ms'].get('kafka', 0):.2f}",
+                f"{point['loadgen_cpu_ms_per_request']:.2f}",
+                f"{point['machine_busy_fraction']:.0%}",
             )
     console.print(table)
     for goal, value in result.get("goals", {}).items():

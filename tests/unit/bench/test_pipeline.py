@@ -27,6 +27,15 @@ def test_the_floor_is_two_kafka_hops_and_one_redis_hop():
     assert floor["p99_ms"] == pytest.approx(2 * floor["kafka_hop_p99_ms"] + 0.2, abs=0.01)
 
 
+def test_the_machine_is_busy_but_for_idle_and_iowait_ticks():
+    before = pipeline.parse_machine_ticks("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    after = pipeline.parse_machine_ticks("cpu  250 0 100 850 100 0 0 0 0 0\n")
+    assert before == (150, 1000) and after == (350, 1300)
+    assert pipeline.busy_fraction(before, after) == pytest.approx(200 / 300, abs=0.001)
+    assert pipeline.busy_fraction(after, after) == 0.0
+    assert 0 <= pipeline.busy_fraction(before, pipeline.machine_ticks()) <= 1  # this machine's /proc/stat parses
+
+
 def point(overhead_p50, overhead_p99, cpu_ms, rps):
     return {
         "overhead_p50_ms": overhead_p50,
