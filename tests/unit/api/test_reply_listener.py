@@ -48,6 +48,6 @@ async def test_subscription_confirmation_recovers_results_stored_meanwhile():
     listener, registry, _, _ = make({constants.result_key("r1"): wire.encode(final("r1", "recovered"))})
     waiter = registry.register("r1", stream=False)
     other = registry.register("r2", stream=False)
-    await listener._handle({"type": "subscribe", "channel": constants.replies_channel("pod-1").encode(), "data": 1})
+    await listener._handle([b"subscribe", constants.replies_channel("pod-1").encode(), 1])
     assert listener.subscribed
     assert waiter.resolution.choices[0].text == "recovered" and other.resolution is None
