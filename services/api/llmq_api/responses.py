@@ -215,7 +215,9 @@ class StreamResponse(Response):
         async def on_chunk(chunk: wire.TokenChunk) -> None:
             if not sent:
                 pending.first_text_s = pending.since_accepted_s()
-                pending.metrics.ttft.labels(request.endpoint).observe(time.perf_counter() - pending.started_s)
+                pending.metrics.child(pending.metrics.ttft, request.endpoint).observe(
+                    time.perf_counter() - pending.started_s
+                )
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
             await write(fmt.text(chunk.index, chunk.text))
 
