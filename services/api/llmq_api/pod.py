@@ -51,9 +51,10 @@ class KafkaRequestProducer:
     :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on. A producer
     that broke (a refused record, a sequence gap left by a broker outage) replaces itself: see kafka.RenewableProducer.
     Starts and failures to start are reported to ``breaker`` (the gateway reports each produce), and every
-    ``api_kafka_check_interval_ms`` the client is asked to reach a broker: so the breaker opens without waiting for a
-    request to fail, and closes within one interval of the broker's return, without waiting out its backoff or for a
-    request (an idle pod, say one a global load balancer failed over, recovers by itself). ``sleep`` waits between
+    ``api_kafka_check_interval_ms`` the client is asked to reach a broker (unless requests were acked meanwhile): so the
+    breaker opens without waiting for a request to fail, and closes within one interval of the broker's return, without
+    waiting out its backoff or for a request (an idle pod, say one a global load balancer failed over, recovers by
+    itself). ``sleep`` waits between
     start attempts and between checks (injected: tests step it).
     """
 
@@ -66,6 +67,7 @@ class KafkaRequestProducer:
             settings, max_batch_size=constants.KAFKA_PRODUCER_MAX_BATCH_BYTES
         )
         self.ready = False
+        self._acked = 0  # requests the broker acknowledged: while they count up, the health check is not needed
 
     @property
     def kafka(self) -> kafka.RenewableProducer:
@@ -93,8 +95,12 @@ class KafkaRequestProducer:
         if self._breaker is None:
             return
         timeout_s = self._settings.api_produce_timeout_ms / 1000
-        while True:  # a metadata request costs the broker nothing: check through the backoff too, so a pod
+        acked = self._acked
+        while True:  # a metadata request costs the broker little: check through the backoff too, so a pod
             await self._sleep(self._settings.api_kafka_check_interval_ms / 1000)  # closes within one interval
+            if self._acked != acked:  # requests were acked meanwhile: a broker is reached, and the metadata (a
+                acked = self._acked  # decode of every topic's, once a second) would tell nothing more
+                continue
             connected = await self.reachable(timeout_s)
             self._report(None if connected else "the Kafka client reaches no broker")
 
@@ -114,6 +120,7 @@ class KafkaRequestProducer:
         if not self.ready:
             raise ConnectionError("Kafka producer is not started")
         await self._send(request)
+        self._acked += 1
 
     async def _send(self, request: wire.GenerationRequest) -> None:
         topic = constants.requests_topic(request.traffic_class)
