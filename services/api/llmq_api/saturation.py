@@ -85,7 +85,9 @@ class SaturationMonitor:
 
     async def refresh(self) -> None:
         """Publish this pod's unfinished requests, then read every report once (the other pods' too): one round trip
-        (at 10 a second per pod, three commands each were about half of a pod's Redis writes under load)."""
+        (at 10 a second per pod, three commands each were about half of a pod's Redis writes under load). Not a
+        transaction, and need not be: the report is rewritten whole every poll and the reads change nothing, so a crash
+        between them leaves at most the last report, which ages out as before."""
         async with self._redis.pipeline(transaction=False) as pipe:
             if self._instance_id:
                 own = self.unfinished.report(self._instance_id, self._clock.now_ms())
