@@ -91,6 +91,34 @@ def test_kafka_requests_commits_and_redis_round_trips_per_request_stay_bounded(c
     assert sent["kafka.OffsetCommitRequest"] <= COMMITTING_CONSUMERS * windows, per_request
 
 
+# An API pod's Redis round trips are its own background, none per request of an unlimited tenant (the dev key): the
+# saturation poll (one pipeline, 10 a second), its heartbeat and liveness key (one each a second), the replies
+# connection's SUBSCRIBE and PING (only when quiet). Three commands per poll would be 32 a second.
+MAX_POD_REDIS_ROUND_TRIPS_PER_S = 16
+
+
+def test_the_api_pods_send_redis_nothing_per_request_and_kafka_no_health_checks_under_load(counted_stack):
+    running, folder = counted_stack
+    pods = [f"{row['pid']}.json" for row in running.status() if row["name"].startswith("api-")]
+    assert len(pods) == len(API_PORTS)
+    urls = [f"http://127.0.0.1:{port}/v1" for port in API_PORTS]
+    asyncio.run(closed_loop(urls, PipelineConfig(), IN_FLIGHT, 50))
+    settled(folder)  # every process wrote what it sent before: the pods' files are their totals until now
+    started = time.monotonic()
+    before_pods = [json.loads((folder / pod).read_text()) for pod in pods]
+    latencies, _, failures = asyncio.run(closed_loop(urls, PipelineConfig(), IN_FLIGHT, REQUESTS))
+    settled(folder)
+    elapsed_s = time.monotonic() - started
+    sent = collections.Counter()
+    for pod, earlier in zip(pods, before_pods, strict=True):
+        sent.update(collections.Counter(json.loads((folder / pod).read_text())) - collections.Counter(earlier))
+    assert failures == 0 and len(latencies) == REQUESTS
+    print(f"API pods over {elapsed_s:.1f} s and {REQUESTS} requests: {dict(sent)}")
+    assert sent["redis.round_trips"] <= MAX_POD_REDIS_ROUND_TRIPS_PER_S * len(pods) * elapsed_s, dict(sent)
+    assert sent["kafka.MetadataRequest"] <= len(pods), dict(sent)  # acked requests stand in for the health check
+    assert sent["kafka.ProduceRequest"] <= REQUESTS, dict(sent)
+
+
 def test_the_pipeline_bench_measures_the_floor_and_both_points_with_cpu_per_process(counted_stack):
     """``llmq bench pipeline``'s measurements with tiny counts on this stack (the command itself starts its own)."""
     running, _ = counted_stack

@@ -89,3 +89,25 @@ async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_b
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_no_health_check_while_requests_are_acked(monkeypatch):
+    fake = FakeKafkaProducer()
+    monkeypatch.setattr(kafka, "make_producer", lambda settings, **options: fake)
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=1000, probe_timeout_ms=2000
+    )
+    steps = Steps()
+    producer = KafkaRequestProducer(Settings(api_kafka_check_interval_ms=250), breaker, sleep=steps.sleep)
+    runner = asyncio.create_task(producer.run())
+    try:
+        await steps.asleep()
+        await producer.produce(REQUEST)  # acked within the interval: it proved the broker reachable
+        await steps.step()
+        assert fake.client.checks == 0
+        await steps.step()  # a quiet interval: the client is asked again
+        assert fake.client.checks == 1
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
