@@ -454,9 +454,10 @@ class BatcherLoop:
     async def _act(self, decision: Decision) -> None:
         sent = [b for out in await _all(self._send_batch(b) for b in decision.batches) for b in out]
         self._count_sent(sent, decision)
-        results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
-        await self._publish_replies(results)
-        await _all(self._send_answer(a, r) for a, r in zip(decision.answers, results))
+        if decision.answers:
+            results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
+            await self._publish_replies(results)
+            await _all(self._send_answer(a, r) for a, r in zip(decision.answers, results))
         for request_id in decision.dropped:
             self._settle(request_id)
             if tracing.enabled():
