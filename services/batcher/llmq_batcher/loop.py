@@ -34,7 +34,6 @@ from llmq_batcher.pods import PodWatch
 from llmq_batcher.policy import CLASS_KEYS, AddStatus, Answer, BatchDispatch, BatchPolicy, Decision
 from llmq_batcher.saturation import BacklogDrain, DrainMeter, saturation_report
 from llmq_batcher.spans import RequestSpans
-from llmq_batcher.unfinished import unfinished_share
 from llmq_core import constants, kafka, requests, runtime, tracing, wire
 from llmq_core.clock import Clock
 from llmq_core.metrics import BatcherMetrics
@@ -47,7 +46,6 @@ from llmq_core.telemetry import request_fields
 log = logging.getLogger(__name__)
 
 LOAD_STATS_INTERVAL_MS = 1000
-UNFINISHED_READ_MS = 100  # as often as API pods report their unfinished requests
 IDLE_WAKE_S = 1.0
 RESTART_DELAY_S = 1.0
 POD_GONE_REASON = "pod_gone"
@@ -140,7 +138,7 @@ class BatcherLoop:
         self._wake.set()
 
     async def run(self) -> None:
-        inputs = [self._consume, self._signals, self._watch_pods, self._watch_unfinished]
+        inputs = [self._consume, self._signals, self._watch_pods]
         inputs += [self._tail_results] if self.results is not None else []
         feeders = [asyncio.create_task(self._supervised(read)) for read in inputs]
         try:
@@ -412,24 +410,6 @@ class BatcherLoop:
                         cancel = wire.Cancel(request_id=request_id, reason=POD_GONE_REASON)
                         pipe.publish(self.names.cancels_channel, wire.encode(cancel))
                     await pipe.execute()
-
-    async def _watch_unfinished(self) -> None:
-        while not self._stopping.is_set():
-            await asyncio.sleep(UNFINISHED_READ_MS / 1000)
-            await self.read_unfinished()
-
-    async def read_unfinished(self) -> None:
-        """Tell the policy its share of the requests API pods admitted and have not ended, per model, in one Redis
-        round trip. Unreadable: none (a fixed-time batch then waits only while another of its model runs; the signals
-        task reports the outage)."""
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(constants.REDIS_UNFINISHED_KEY)
-                pipe.hgetall(self.names.saturation_key)
-                pods, batchers = await pipe.execute()
-        except Exception:
-            pods, batchers = {}, {}
-        self.policy.on_unfinished(unfinished_share(pods, batchers, self.clock.now_ms()))
 
     async def _tail_results(self) -> None:
         while not self._stopping.is_set():

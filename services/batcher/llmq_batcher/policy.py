@@ -84,7 +84,7 @@ class PolicyConfig:
     )
     recent_cancels_max: int = 100_000
     max_batch_bytes: int = constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES  # encoded requests
-    fixed_engine_busy_wait_ms: int = 0  # see BatchPolicy._hold_ms
+    fixed_engine_busy_wait_ms: int = 0  # see BatchPolicy._busy_hold_ms
 
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
@@ -171,7 +171,7 @@ class Decision:
 
 
 class _Model:
-    __slots__ = ("name", "queues", "pool", "worker_seen_ms", "hold_until_ms", "busy_until_ms", "unfinished")
+    __slots__ = ("name", "queues", "pool", "worker_seen_ms", "hold_until_ms", "busy_until_ms")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -180,7 +180,6 @@ class _Model:
         self.worker_seen_ms = 0
         self.hold_until_ms = 0  # no batches before then: producing them failed for a transient reason
         self.busy_until_ms = 0  # when the last batch sent to one of its fixed-time workers ends, as predicted
-        self.unfinished = 0  # this batcher's share of its requests the API pods admitted and have not ended
 
     def depth(self) -> int:
         return sum(q.depth for q in self.queues)
@@ -292,12 +291,6 @@ class BatchPolicy:
         else:
             self._settle_queued(entry)
             self._dropped.append(request_id)
-
-    def on_unfinished(self, counts: Mapping[str, int]) -> None:
-        """Per model, this batcher's share of the requests API pods admitted and have not ended (their latest reports;
-        models not named: none): more of them than it holds means more are on their way."""
-        for model in self._models.values():
-            model.unfinished = counts.get(model.name, 0)
 
     def holds(self, request_id: str) -> bool:
         """Whether ``request_id`` is queued or in flight here."""
@@ -450,25 +443,18 @@ class BatchPolicy:
         if pending >= room or sum(queues[i].size_bytes for i in classes) > self.config.max_batch_bytes:
             return "size", None
         due_ms = min(queues[i].oldest_enqueued_ms() + self._wait_ms(i, fixed, room, pending) for i in classes)
-        hold_ms = self._hold_ms(model, classes, room, pending, now_ms) if fixed else None
-        if hold_ms is not None:
-            due_ms = max(due_ms, hold_ms)
+        if fixed and model.busy_until_ms > now_ms:
+            due_ms = max(due_ms, self._busy_hold_ms(model, classes, room, pending))
         return ("wait", None) if due_ms <= now_ms else (None, due_ms)
 
-    def _hold_ms(self, model: _Model, classes: list[int], room: int, pending: int, now_ms: int) -> int | None:
-        """Until when a fixed-time model's batch that is not full waits to fill (None: it need not): while more of the
-        model's requests are unfinished at the API pods than held here (they are on their way), or while another batch
-        of the model runs (until that one ends); at most ``fixed_engine_busy_wait_ms`` after its oldest request came,
-        shrinking as work piles up, as the window does. Under load the model then gets fewer, fuller batches (every
-        later hop pays per batch, not per request); a request alone in the pipeline (light load) finds neither and
-        goes at once."""
+    def _busy_hold_ms(self, model: _Model, classes: list[int], room: int, pending: int) -> int:
+        """Until when a batch that is not full waits while another batch of its fixed-time model runs: until that one
+        ends, at most ``fixed_engine_busy_wait_ms`` after its oldest request came (shrinking as work piles up, as the
+        window does). Under load the model then gets fewer, fuller batches (every later hop pays per batch, not per
+        request); a request that finds no batch of its model running (light load) goes at once."""
         oldest_ms = min(model.queues[i].oldest_enqueued_ms() for i in classes)
-        limit_ms = oldest_ms + self.config.fixed_engine_busy_wait_ms * room // (room + pending)
-        if model.unfinished > pending and model.unfinished > pending + model.pool.inflight():
-            return limit_ms
-        if model.busy_until_ms > now_ms:
-            return min(model.busy_until_ms, limit_ms)
-        return None
+        bound = self.config.fixed_engine_busy_wait_ms * room // (room + pending)
+        return min(model.busy_until_ms, oldest_ms + bound)
 
     def _wait_ms(self, cls: int, fixed: bool, room: int, pending: int) -> int:
         bound = self._max_wait_ms[cls]

@@ -89,10 +89,6 @@ class WorkerView:
         """``request_id`` is no longer in flight here (finished or handed back)."""
         self._inflight.pop(request_id, None)
 
-    def inflight(self) -> int:
-        """How many requests are in flight here."""
-        return len(self._inflight)
-
     def held(self) -> list[Entry]:
         """The entries in flight here, as a list the caller may release them from."""
         return list(self._inflight.values())
@@ -159,10 +155,6 @@ class WorkerPool:
     def remove(self, worker: WorkerView) -> None:
         self.workers.pop(worker.worker_id, None)
         worker.version += 1
-
-    def inflight(self) -> int:
-        """Requests in flight at its workers (dispatched here, no result seen yet)."""
-        return sum(worker.inflight() for worker in self.workers.values())
 
     def best(self, now_ms: int) -> WorkerView | None:
         """The worker with room now and the least outstanding work (most free slots, then least drain time)."""

@@ -19,7 +19,7 @@ from llmq_batcher.loop import LOAD_STATS_INTERVAL_MS, is_permanent, retry_delay_
 from llmq_core import constants, wire
 from llmq_core.status import ErrorCode
 from tests.fakes import Record
-from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, MODEL, NAMES, T0, hb, make_loop, req
+from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, NAMES, T0, hb, make_loop, req
 
 
 def _json(request: wire.GenerationRequest, header: bool) -> Record:
@@ -267,19 +267,3 @@ async def test_batch_refused_for_good_for_another_reason_is_answered_errored(bat
     }
     assert producer.on(NAMES.batches_topic) == [] and loop.policy.queued_total == 0
     assert consumer.commits[-1] == {INTERACTIVE: 3}
-
-
-async def test_a_fixed_time_batch_waits_while_the_api_pods_report_more_unfinished_requests_of_its_model():
-    loop, _, producer, redis = make_loop(policy_config=dict(fixed_engine_max_wait_ms=0, fixed_engine_busy_wait_ms=10))
-    for worker in ("w1", "w2"):
-        loop.policy.on_heartbeat(hb(worker, free=64, max_slots=64, fixed_ms=5), T0)
-    report = wire.PodUnfinished(instance_id="api-0", sent_ms=T0, models={MODEL: {"interactive:paid": 5}})
-    await redis.hset(constants.REDIS_UNFINISHED_KEY, "api-0", wire.encode(report))
-    await loop.read_unfinished()
-    await loop.ingest(INTERACTIVE, Record(offset=0, value=wire.encode(req("r1"))))
-    await loop.step()
-    assert producer.on(NAMES.batches_topic) == []  # four more are on their way
-    await redis.hdel(constants.REDIS_UNFINISHED_KEY, b"api-0")
-    await loop.read_unfinished()
-    await loop.step()
-    assert len(producer.on(NAMES.batches_topic)) == 1

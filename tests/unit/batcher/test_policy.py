@@ -249,35 +249,6 @@ def test_fixed_engine_busy_wait_is_bounded_and_off_at_zero():
     assert [b.worker_id for b in policy.schedule(clock.now_ms()).batches] == ["w2"]
 
 
-def test_fixed_engine_batch_waits_while_more_of_its_requests_are_unfinished_at_the_api_pods():
-    policy, clock = _two_fixed_workers(5, fixed_engine_busy_wait_ms=10)
-    policy.on_unfinished({MODEL: 10})
-    policy.add(req("a"), clock.now_ms())
-    decision = policy.schedule(clock.now_ms())
-    assert decision.batches == [] and decision.next_wake_ms == T0 + 10 * 64 // 65  # nothing runs, yet more are coming
-    clock.advance(3)
-    policy.add(req("b", now_ms=clock.now_ms()), clock.now_ms())
-    clock.set(decision.next_wake_ms)
-    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["a", "b"]]
-
-
-def test_fixed_engine_request_goes_at_once_when_the_unfinished_ones_are_all_held_here():
-    policy, clock = _two_fixed_workers(5, fixed_engine_busy_wait_ms=10)
-    policy.on_unfinished({MODEL: 1})  # light load: the one unfinished request is the one queued
-    policy.add(req("a"), clock.now_ms())
-    policy.add(req("b"), clock.now_ms())
-    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["a", "b"]]
-    clock.advance(6)  # their batch has ended; no result seen yet: they still count as in flight
-    policy.on_unfinished({MODEL: 3})
-    policy.add(req("c", now_ms=clock.now_ms()), clock.now_ms())
-    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["c"]]
-    policy.on_unfinished({MODEL: 9})
-    policy.on_unfinished({})  # the pods' reports went stale: none unfinished
-    clock.advance(6)
-    policy.add(req("d", now_ms=clock.now_ms()), clock.now_ms())
-    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["d"]]
-
-
 def test_fixed_engine_full_batch_goes_while_another_runs():
     policy, clock = _two_fixed_workers(250, fixed_engine_busy_wait_ms=10)
     policy.add(req("a"), clock.now_ms())
