@@ -141,9 +141,9 @@ class SimulatedEngine:
         poisoned = self._poison_marker is not None and any(self._poison_marker in prompt_text(r.request) for r in runs)
         ticks = max(1, min(MAX_TICKS, max(len(r.tokens) for r in runs)))
         streamed = any(streams(r.request) for r in runs)
-        for tick in range(1, ticks + 1):
-            if not streamed and 1 < tick < ticks:
-                continue  # no one receives a non-streamed request's chunks: the first tick times its first token
+        # A batch nobody streams sleeps once, to its end: no one receives its chunks (each tick costs the worker a
+        # wakeup), and each run's first token gets the time of the tick that would have emitted it.
+        for tick in range(1, ticks + 1) if streamed else (ticks,):
             await self._sleep_until(start_ms + self.fixed_batch_time_ms * tick // ticks)
             if poisoned:
                 self._fail_running()
@@ -153,6 +153,9 @@ class SimulatedEngine:
             for run in self._running.values():
                 self._advance(run, len(run.tokens) * tick // ticks)
         for run in list(self._running.values()):
+            if not streamed and run.tokens:
+                first_tick = -(-ticks // len(run.tokens))  # the first whose share of the tokens is at least one
+                run.first_token_ms = start_ms + self.fixed_batch_time_ms * first_tick // ticks
             self._finish(run)
         self._running.clear()
 
