@@ -263,7 +263,9 @@ class WorkerLoop:
 
         Produce first: a result the broker refuses is replaced by its errored stand-in before any waiter sees it, so the
         caller's answer is always the durable outcome (DESIGN invariant 1). The cost is one produce ack on the answer's
-        path (README "Limits"): one for all the Outbox's results, which are queued before any ack is awaited."""
+        path (README "Limits"): one for all the Outbox's results, which are queued before any ack is awaited. A crash
+        after some acks redoes nothing new: the batch is uncommitted, so it runs again and its results are produced
+        again, duplicates the pod (one waiter per request) and the router (first result stored) drop by request id."""
         if not out:
             return
         traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
