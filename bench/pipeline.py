@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import httpx
+import aiohttp
 
-from bench.loadgen import percentile
+from bench.loadgen import client_session, json_body, percentile
 from bench.ray_peer import PeerConfig, RayPeer
 
 FLOOR_TOPIC = "bench.floor"
@@ -253,25 +253,27 @@ async def closed_loop(
     base_urls: Sequence[str], cfg: PipelineConfig, concurrency: int, count: int, model: str = "llmq-sim"
 ) -> tuple[list[float], float, int]:
     """``count`` non-streaming completions, ``concurrency`` in flight, round robin over ``base_urls``: (latencies ms
-    of the successes, wall seconds, failures)."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    clients = [httpx.AsyncClient(base_url=url, timeout=cfg.timeout_s, limits=limits) for url in base_urls]
-    headers = {"authorization": f"Bearer {cfg.api_key}"}
-    body = {"model": model, "prompt": PROMPT, "max_tokens": cfg.max_tokens, "temperature": 0}
+    of the successes, wall seconds, failures). aiohttp, one keep-alive session per base URL (see
+    :func:`bench.loadgen.client_session` for why not httpx): every system of a run is driven by this same client."""
+    sessions = [client_session(concurrency, cfg.timeout_s) for _ in base_urls]
+    urls = [f"{url}/completions" for url in base_urls]
+    headers = {"authorization": f"Bearer {cfg.api_key}", "content-type": "application/json"}
+    body = json_body({"model": model, "prompt": PROMPT, "max_tokens": cfg.max_tokens, "temperature": 0})
     latencies: list[float] = []
     failures = 0
     issued = 0
 
     async def one_lane(lane: int) -> None:
         nonlocal failures, issued
-        client = clients[lane % len(clients)]
+        session, url = sessions[lane % len(sessions)], urls[lane % len(urls)]
         while issued < count:
             issued += 1
             start = time.perf_counter()
             try:
-                response = await client.post("/completions", json=body, headers=headers)
-                ok = response.status_code == 200
-            except httpx.HTTPError:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except (aiohttp.ClientError, TimeoutError):
                 ok = False
             if ok:
                 latencies.append((time.perf_counter() - start) * 1000)
@@ -282,7 +284,7 @@ async def closed_loop(
     try:
         await asyncio.gather(*(one_lane(i) for i in range(concurrency)))
     finally:
-        await asyncio.gather(*(c.aclose() for c in clients))
+        await asyncio.gather(*(s.close() for s in sessions))
     return latencies, time.perf_counter() - start, failures
 
 

@@ -1,12 +1,17 @@
-"""bench.pipeline's pure parts: latency and overhead figures, CPU per request, the floor and the goal ratios."""
+"""bench.pipeline's pure parts (latency and overhead figures, CPU per request, the floor and the goal ratios) and its
+closed-loop client against a real local server."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections import Counter
 
 import pytest
+from aiohttp import web
 
 from bench import pipeline
+from tests.unit.bench.local_http import refused_url, serve
 
 
 def test_overhead_is_end_to_end_minus_engine_time():
@@ -74,3 +79,30 @@ def test_a_profile_summary_shares_samples_by_own_and_inclusive_time():
         "encode (json.py)": 0.6,
         "poll (sel.py)": 0.2,
     }
+
+
+async def test_closed_loop_keeps_the_lanes_in_flight_round_robin_and_counts_failures():
+    cfg = pipeline.PipelineConfig(max_tokens=3, api_key="k")
+    served: Counter[str] = Counter()
+    in_flight = most_in_flight = 0
+
+    def pod(name: str):
+        async def handler(request: web.Request) -> web.Response:
+            nonlocal in_flight, most_in_flight
+            assert request.path == "/v1/completions" and request.headers["authorization"] == "Bearer k"
+            assert (await request.json())["max_tokens"] == 3
+            served[name] += 1
+            in_flight += 1
+            most_in_flight = max(most_in_flight, in_flight)
+            await asyncio.sleep(0)  # let the other lanes in
+            in_flight -= 1
+            return web.json_response({}, status=500 if sum(served.values()) % 3 == 0 else 200)
+
+        return handler
+
+    async with serve(pod("a")) as a, serve(pod("b")) as b:
+        latencies, wall_s, failures = await pipeline.closed_loop([f"{a}/v1", f"{b}/v1"], cfg, 4, 30)
+    assert (len(latencies), failures) == (20, 10) and all(0 < ms <= wall_s * 1000 for ms in latencies)
+    assert served["a"] > 0 and served["b"] > 0 and most_in_flight <= 4
+    _, _, refused = await pipeline.closed_loop([f"{refused_url()}/v1"], cfg, 2, 5)
+    assert refused == 5
