@@ -32,7 +32,7 @@ from llmq_worker.spans import RequestSpans
 
 log = logging.getLogger(__name__)
 
-FETCH_TIMEOUT_MS = 1000  # an idle wait for records (they end it at once): waking more often re-checks nothing
+FETCH_TIMEOUT_MS = 100
 RESUBSCRIBE_DELAY_S = 1.0
 PRODUCE_ATTEMPTS = 4  # tries of one result record on transient errors (each bounded by the producer's own timeout)
 PRODUCE_BACKOFF_S = 0.2  # before retry k: PRODUCE_BACKOFF_S * 2**k
