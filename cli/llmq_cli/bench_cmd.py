@@ -253,7 +253,6 @@ _CHECKOUT_STACK = """
 import json, sys
 from pathlib import Path
 from llmq_cli.devstack import DevStack, StackConfig
-from llmq_cli.options import BatchTimeMs, MaxBatch, PortBase, Seed, Systems
 cfg = json.loads(sys.argv[2])
 stack = DevStack(StackConfig(**{**cfg, "state_dir": Path(cfg["state_dir"]), "api_ports": tuple(cfg["api_ports"])}))
 stack.up(timeout_s=300, log=lambda *_: None) if sys.argv[1] == "up" else stack.down()
