@@ -38,7 +38,7 @@ from llmq_core.wire import (
     WorkerHeartbeat,
     queued_timings,
 )
-from llmq_worker.engine import ChunkEvent, Engine, EngineEvent, FinalEvent, InvalidRequest, streams
+from llmq_worker.engine import ChunkEvent, Engine, EngineEvent, FinalEvent, InvalidRequest
 from llmq_worker.isolation import Isolator
 from llmq_worker.offsets import OffsetTracker
 
@@ -49,6 +49,11 @@ REASON_SHUTDOWN = "shutdown"
 REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finished request ids (duplicate suppression)
 MAX_RESULT_RECORD_BYTES = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES  # an encoded FinalResult, at most
 STREAM_MARK_GRACE_MS = 30_000  # a stream mark outlives its request's deadline by this much (clock skew between hosts)
+
+
+def streams(request: GenerationRequest) -> bool:
+    """Whether ``request``'s text goes to its caller chunk by chunk (only HTTP callers stream)."""
+    return request.stream and isinstance(request.reply_to, HttpReply)
 
 
 def refused_result(result: FinalResult, code: str, message: str) -> FinalResult:

@@ -18,12 +18,7 @@ from llmq_core.clock import Clock
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import render_chat
-from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, HttpReply, Outcome, Usage
-
-
-def streams(request: GenerationRequest) -> bool:
-    """Whether ``request``'s text goes to its caller chunk by chunk (only HTTP callers stream)."""
-    return request.stream and isinstance(request.reply_to, HttpReply)
+from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, Usage
 
 
 class InvalidRequest(ValueError):
@@ -164,12 +159,6 @@ class EventQueue:
 
     def put(self, event: EngineEvent) -> None:
         self._queue.put_nowait(event)
-
-    def chunk(self, request: GenerationRequest, index: int, text: str) -> None:
-        """Put the ChunkEvent of new ``text`` of choice ``index``, only where someone receives it (:func:`streams`): a
-        chunk of a request nobody streams would cost the worker a wakeup and nothing else."""
-        if text and streams(request):
-            self.put(ChunkEvent(request.request_id, index, text))
 
     def final(
         self, run: EngineRun, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False

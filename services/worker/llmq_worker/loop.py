@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-from collections.abc import Awaitable
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -26,8 +24,8 @@ from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode
 from llmq_core.telemetry import request_fields
-from llmq_worker.core import Outbox, WorkerCore, refused_result
-from llmq_worker.engine import Engine, streams
+from llmq_worker.core import Outbox, WorkerCore, refused_result, streams
+from llmq_worker.engine import Engine
 from llmq_worker.spans import RequestSpans
 
 log = logging.getLogger(__name__)
@@ -263,30 +261,21 @@ class WorkerLoop:
 
         Produce first: a result the broker refuses is replaced by its errored stand-in before any waiter sees it, so the
         caller's answer is always the durable outcome (DESIGN invariant 1). The cost is one produce ack on the answer's
-        path (README "Limits"): one for all the Outbox's results, which are queued before any ack is awaited. A crash
-        after some acks redoes nothing new: the batch is uncommitted, so it runs again and its results are produced
-        again, duplicates the pod (one waiter per request) and the router (first result stored) drop by request id."""
+        path (README "Limits")."""
         if not out:
             return
         traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
-        values = {r.request_id: wire.encode(r) for r in out.results}  # each result encoded once: record and reply
-        acks = [await self._queue_result(r, values[r.request_id], traced) for r in out.results]
-        try:
-            produced = [
-                await self._produce_result(r, values, traced, ack) for r, ack in zip(out.results, acks, strict=True)
-            ]
-        finally:  # a failure or cancel ends the delivery: acks not awaited then are dropped quietly
-            for ack in acks:
-                if inspect.iscoroutine(ack):
-                    ack.close()
+        produced = await asyncio.gather(*(self._produce_result(r, traced) for r in out.results))
+        stand_ins = {r.request_id: r for r, original in zip(produced, out.results, strict=True) if r is not original}
         if out.replies or out.marks:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for request_id, mark, ttl_ms in out.marks:  # before its chunk: a mark never trails what was sent
                         pipe.set(streamed_key(request_id), wire.encode(mark), px=ttl_ms)
                     for channel, message in out.replies:
-                        final = isinstance(message, wire.FinalResult)  # published as produced (maybe its stand-in)
-                        pipe.publish(channel, values[message.request_id] if final else wire.encode(message))
+                        if isinstance(message, wire.FinalResult):
+                            message = stand_ins.get(message.request_id, message)
+                        pipe.publish(channel, wire.encode(message))
                     await pipe.execute()
             except Exception:  # noqa: BLE001 - llmq.results carries every result (the router stores it for the pod)
                 log.exception("publishing %d replies failed", len(out.replies))
@@ -301,23 +290,11 @@ class WorkerLoop:
         if offset is not None:
             await self._commit(offset)
 
-    async def _queue_result(self, result: wire.FinalResult, value: bytes, traced) -> Awaitable:
-        """The first try of ``result``'s record, queued in the producer: its ack (not awaited here: the records of one
-        delivery share produce requests and one wait, and need no task each), or the error that kept it from the
-        queue, raised where the ack is awaited (:meth:`_send_result` handles both alike)."""
+    async def _produce_result(self, result: wire.FinalResult, traced) -> wire.FinalResult:
+        """Produce ``result``; returns what llmq.results got: ``result``, or its errored stand-in when the broker refuses
+        the record for good (the worker keeps serving: one result never ends it)."""
         try:
-            return await self._send(result.request_id, value, traced)
-        except KafkaError as exc:
-            return _raise(exc)
-
-    async def _produce_result(
-        self, result: wire.FinalResult, values: dict[str, bytes], traced, ack: Awaitable | None = None
-    ) -> wire.FinalResult:
-        """Produce ``result`` (``ack``: of its record queued already); returns what llmq.results got: ``result``, or its
-        errored stand-in when the broker refuses the record for good (the worker keeps serving: one result never ends
-        it). ``values``: encoded results by request id, the stand-in's replacing the result's."""
-        try:
-            await self._send_result(result, values[result.request_id], traced, ack)
+            await self._send_result(result, traced)
             return result
         except RECORD_REFUSED_ERRORS as exc:
             code = ErrorCode.RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else ErrorCode.RESULT_REFUSED
@@ -329,16 +306,20 @@ class WorkerLoop:
                 extra=request_fields(result.request_id),
             )
             stand_in = refused_result(result, code, f"{self._names.results_topic} refused the result: {exc!r}"[:512])
-            values[result.request_id] = wire.encode(stand_in)
-            await self._send_result(stand_in, values[result.request_id], traced)
+            await self._send_result(stand_in, traced)
             return stand_in
 
-    async def _send_result(self, result: wire.FinalResult, value: bytes, traced, ack: Awaitable | None = None) -> None:
+    async def _send_result(self, result: wire.FinalResult, traced) -> None:
         """One record, retried with backoff on transient errors; after PRODUCE_ATTEMPTS the error ends the worker (the
-        broker is gone, not this result: its batch is redelivered to the next worker). ``ack``: of its first try."""
+        broker is gone, not this result: its batch is redelivered to the next worker)."""
+        value = wire.encode(result)
+        record_headers = headers() if traced is None else traced.headers(result.request_id)
         for attempt in range(PRODUCE_ATTEMPTS):
             try:
-                await (ack if attempt == 0 and ack is not None else await self._send(result.request_id, value, traced))
+                ack = await self._producer.send(
+                    self._names.results_topic, value, key=result.request_id.encode(), headers=record_headers
+                )
+                await ack
                 return
             except RECORD_REFUSED_ERRORS:
                 raise
@@ -353,12 +334,6 @@ class WorkerLoop:
                 )
                 await asyncio.sleep(PRODUCE_BACKOFF_S * 2**attempt)
 
-    async def _send(self, request_id: str, value: bytes, traced) -> Awaitable:
-        record_headers = headers() if traced is None else traced.headers(request_id)
-        return await self._producer.send(
-            self._names.results_topic, value, key=request_id.encode(), headers=record_headers
-        )
-
     async def _commit(self, offset: int | None = None, *, force: bool = False) -> None:
         """Commit up to ``offset`` (None: what is known already): at most every KAFKA_COMMIT_INTERVAL_MS unless
         ``force``; the heartbeat commits what the interval held back, the drain the rest."""
@@ -372,10 +347,6 @@ class WorkerLoop:
                 await self._consumer.commit({self._tp: self._to_commit})
                 self._committed = self._to_commit
                 self._last_commit_ms = now_ms
-
-
-async def _raise(exc: BaseException) -> None:
-    raise exc
 
 
 async def _cancel(tasks: list[asyncio.Task]) -> None:

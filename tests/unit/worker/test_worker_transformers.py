@@ -28,7 +28,6 @@ def request(request_id: str, prompt: str | None = "hello", *, messages=None, **s
         prompt=None if messages else prompt,
         messages=[ChatMessage(role=r, content=c) for r, c in messages] if messages else None,
         sampling=SamplingParams(**sampling),
-        stream=True,  # chunks are emitted only for streaming requests: the tests compare them with the final text
         created_ms=0,
         deadline_ms=1 << 60,
         reply_to=HttpReply(instance_id="pod"),

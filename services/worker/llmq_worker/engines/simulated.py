@@ -20,7 +20,7 @@ from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.status import ErrorType
 from llmq_core.tokenizer import VOCAB_SIZE, encode
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
-from llmq_worker.engine import Capacity, ChoiceEnd, EngineEvent, EventQueue, check_request, prompt_text, streams
+from llmq_worker.engine import Capacity, ChoiceEnd, ChunkEvent, EngineEvent, EventQueue, check_request, prompt_text
 from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -140,22 +140,19 @@ class SimulatedEngine:
             self._running[run.request.request_id] = run
         poisoned = self._poison_marker is not None and any(self._poison_marker in prompt_text(r.request) for r in runs)
         ticks = max(1, min(MAX_TICKS, max(len(r.tokens) for r in runs)))
-        streamed = any(streams(r.request) for r in runs)
-        # A batch nobody streams sleeps once, to its end: no one receives its chunks (each tick costs the worker a
-        # wakeup), and each run's first token gets the time of the tick that would have emitted it.
-        for tick in range(1, ticks + 1) if streamed else (ticks,):
+        streamed = any(r.request.stream for r in runs)
+        for tick in range(1, ticks + 1):
+            if not streamed and 1 < tick < ticks:
+                continue  # no one receives a non-streamed request's chunks: the first tick times its first token
             await self._sleep_until(start_ms + self.fixed_batch_time_ms * tick // ticks)
             if poisoned:
                 self._fail_running()
                 return
-            # The whole tick at once (a slice is microseconds): its chunks reach the worker in one wakeup and one
-            # Redis round trip, not one per request.
-            for run in self._running.values():
-                self._advance(run, len(run.tokens) * tick // ticks)
+            for run in list(self._running.values()):
+                if run.request.request_id in self._running:  # not canceled while this tick yielded
+                    self._advance(run, len(run.tokens) * tick // ticks)
+                    await asyncio.sleep(0)  # one request's slice at a time: heartbeats, cancels and results run between
         for run in list(self._running.values()):
-            if not streamed and run.tokens:
-                first_tick = -(-ticks // len(run.tokens))  # the first whose share of the tokens is at least one
-                run.first_token_ms = start_ms + self.fixed_batch_time_ms * first_tick // ticks
             self._finish(run)
         self._running.clear()
 
@@ -180,7 +177,8 @@ class SimulatedEngine:
         self._running.clear()
 
     def _chunk(self, run: _Run, index: int, text: str) -> None:
-        self._events.chunk(run.request, index, text)
+        if text:
+            self._events.put(ChunkEvent(run.request.request_id, index, text))
 
     async def _sleep_until(self, target_ms: int) -> None:
         delay_ms = target_ms - self._clock.now_ms()

@@ -30,7 +30,7 @@ from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker.checkpoints import load_gguf
-from llmq_worker.engine import ChoiceEnd, SequenceEngine, check_request
+from llmq_worker.engine import ChoiceEnd, ChunkEvent, SequenceEngine, check_request
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
@@ -255,7 +255,8 @@ class TransformersEngine(SequenceEngine):
                     self._manager.output_router.result_handlers.pop(sub_id, None)
 
     def _chunk(self, job: _Job, sub: _Sub, text: str) -> None:
-        self._events.chunk(job.request, sub.index, text)
+        if text:
+            self._events.put(ChunkEvent(job.request.request_id, sub.index, text))
 
     # --- helpers -----------------------------------------------------------------------------------------------------
 

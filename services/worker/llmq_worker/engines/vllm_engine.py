@@ -26,7 +26,7 @@ from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams
-from llmq_worker.engine import ChoiceEnd, EngineEvent, InvalidRequest, SequenceEngine, check_request
+from llmq_worker.engine import ChoiceEnd, ChunkEvent, EngineEvent, InvalidRequest, SequenceEngine, check_request
 from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ class VllmEngine(SequenceEngine):
             choice.capped, choice.reason = True, "length"
         if delta:
             choice.text += delta
-            self._events.chunk(job.request, choice.index, delta)
+            self._events.put(ChunkEvent(job.request.request_id, choice.index, delta))
 
     def _end_choice(self, job: _Job, choice: _Choice) -> None:
         if self._jobs.get(job.request.request_id) is not job:
