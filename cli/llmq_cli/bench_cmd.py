@@ -355,25 +355,14 @@ def bench_pipeline(
 
 
 def print_pipeline(result: dict, console: Console) -> None:
-    """One row per system and point: latency, overhead, throughput, CPU per request (the broker's apart), the load
-    generator's CPU per request and how busy the whole machine was."""
+    """One row per system and point: latency, overhead, throughput, CPU per request (the broker's apart)."""
     table = Table(
-        "system",
-        "in flight",
-        "p50 ms",
-        "p99 ms",
-        "overhead p50",
-        "overhead p99",
-        "req/s",
-        "CPU ms/req",
-        "broker",
-        "load gen",
-        "machine busy",
+        "system", "in flight", "p50 ms", "p99 ms", "overhead p50", "overhead p99", "req/s", "CPU ms/req", "broker"
     )
     for name, run in result["systems"].items():
         if "floor" in run:
             floor = run["floor"]
-            table.add_row(f"{name} floor", "1", f"{floor['p50_ms']:.2f}", f"{floor['p99_ms']:.2f}", *[""] * 7)
+            table.add_row(f"{name} floor", "1", f"{floor['p50_ms']:.2f}", f"{floor['p99_ms']:.2f}", "", "", "", "", "")
         for point in (run["light"], run["saturation"]):
             cpu = point["cpu"]
             table.add_row(
@@ -386,8 +375,6 @@ def print_pipeline(result: dict, console: Console) -> None:
                 f"{point['throughput_rps']:.1f}",
                 f"{cpu['total_ms']:.2f}",
                 f"{cpu['per_process_ms'].get('kafka', 0):.2f}",
-                f"{point['loadgen_cpu_ms_per_request']:.2f}",
-                f"{point['machine_busy_fraction']:.0%}",
             )
     console.print(table)
     for goal, value in result.get("goals", {}).items():

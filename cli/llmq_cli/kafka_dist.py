@@ -137,13 +137,6 @@ BROKER_TUNING = {
     "auto.create.topics.enable": "false",  # owners create their topics (reply topics: `llmq dev create-topic`)
     "message.max.bytes": str(KAFKA_MAX_MESSAGE_BYTES),  # default of topics without their own max.message.bytes
     "replica.fetch.max.bytes": str(KAFKA_MAX_MESSAGE_BYTES),
-    # A handful of clients on a few cores: fewer threads handing requests on (defaults 3 and 8) cost fewer wakeups.
-    "num.network.threads": "1",
-    "num.io.threads": "2",
-    # The group coordinator writes each offset commit at once instead of lingering 5 ms for more to batch: with a few
-    # consumers committing every KAFKA_COMMIT_INTERVAL_MS there is little to batch, and the linger's timer made a
-    # commit cost 1.0-1.2 ms of broker CPU and 6.5 ms until acknowledged; without it 0.3-0.4 ms and 0.6 ms.
-    "group.coordinator.append.linger.ms": "0",
 }
 
 
@@ -202,15 +195,8 @@ def secure_server_properties(
     )
 
 
-# The local JVMs' flags. C1 only (TieredStopAtLevel=1): a broker of a dev or test stack lives minutes, and C2's
-# compiler threads were 40% of its CPU during a benchmark's load (2.7 of 6.3 ms per pipeline request) and most of it
-# when idle; C1's code is a little slower but compiles in a fraction of the time. Production brokers keep the JVM's
-# defaults (README, Performance).
-JVM_FLAGS = ("-Xms256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
-
-
 def java_command(libs: Path, *args: str, heap: str = "-Xmx512m") -> list[str]:
-    return ["java", *JVM_FLAGS, heap, "-cp", f"{libs}/*", *args]
+    return ["java", "-Xms256m", heap, "-XX:+UseSerialGC", "-cp", f"{libs}/*", *args]
 
 
 def format_storage(libs: Path, config: Path, data_dir: Path, scram_users: dict[str, str] | None = None) -> None:
