@@ -11,7 +11,7 @@ import logging
 import os
 
 import msgspec
-from redis.asyncio import Redis
+from redis.asyncio import Connection, ConnectionPool, Redis
 
 from llmq_api import health
 from llmq_api.admission import ShedPolicy
@@ -151,6 +151,13 @@ class KafkaRequestProducer:
         await self._producer.stop()
 
 
+def replies_connection(pool: ConnectionPool) -> Connection:
+    """A new, unconnected RESP2 connection like ``pool``'s, without health checks or maintenance notifications (RESP3
+    pushes: redis-py refuses them on a RESP2 connection that parses without hiredis)."""
+    kwargs = {**pool.connection_kwargs, "protocol": 2, "health_check_interval": 0, "maint_notifications_config": None}
+    return pool.connection_class(**kwargs)
+
+
 class ReplyListener:
     """One Redis pub/sub connection: the pod's replies channel feeds the waiters, the heartbeats channel the catalog.
 
@@ -203,8 +210,7 @@ class ReplyListener:
         reply than the rest of its reply path. RESP2: a message is a plain array, no push handling. A quiet
         ``POLL_S`` sends a PING; a second one with nothing received (no PONG, no heartbeat) means the connection is
         dead: it is dropped and the subscription made again."""
-        pool = self._redis.connection_pool
-        connection = pool.connection_class(**{**pool.connection_kwargs, "protocol": 2, "health_check_interval": 0})
+        connection = replies_connection(self._redis.connection_pool)
         try:
             await connection.connect()
             await connection.send_command("SUBSCRIBE", self._replies, constants.REDIS_HEARTBEATS_CHANNEL)

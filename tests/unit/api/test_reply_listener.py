@@ -1,10 +1,12 @@
 """ReplyListener: replies reach waiters, heartbeats the catalog; a (re)subscription recovers stored results."""
 
 import pytest
+from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser
+from redis.asyncio import Redis
 
 from llmq_api.catalog import ModelCatalog
 from llmq_api.metrics import ApiMetrics
-from llmq_api.pod import ReplyListener
+from llmq_api.pod import ReplyListener, replies_connection
 from llmq_api.waiters import WaiterRegistry
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
@@ -107,3 +109,12 @@ async def test_the_replies_connection_is_pinged_when_quiet_and_dropped_when_a_pi
     # quiet -> PING; a heartbeat, quiet -> PING; the PONG, quiet -> PING; quiet again: dead
     assert connection.sent == [subscribe, ("PING",), ("PING",), ("PING",)]
     assert connection.disconnected and not listener.subscribed
+
+
+def test_the_replies_connection_is_resp2_without_health_checks_with_either_parser():
+    """redis-py refuses maintenance notifications on a RESP2 connection parsing in Python (no hiredis installed)."""
+    for parser in (_AsyncRESP2Parser, _AsyncHiredisParser):
+        client = Redis.from_url("redis://127.0.0.1:1/0", parser_class=parser, health_check_interval=5)
+        connection = replies_connection(client.connection_pool)  # as the pod builds its client: RESP3 by default
+        assert connection.protocol == 2 and connection.health_check_interval == 0
+        assert isinstance(connection._parser, parser)
