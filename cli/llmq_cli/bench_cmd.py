@@ -1,12 +1,14 @@
 """``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's;
-``llmq bench admission``: a burst of free-tier work and admission's predicted waits. The private stacks the benchmarks
-run on are made here: ``bench`` is a library the CLI imports, never the other way round."""
+``llmq bench admission``: a burst of free-tier work and admission's predicted waits; ``llmq bench pipeline``: CPU
+and latency beside the Kafka + Redis floor; ``llmq bench timeline``: where a light request's time goes. The private
+stacks the benchmarks run on are made here: ``bench`` is a library the CLI imports, never the other way round."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -392,3 +394,41 @@ def print_pipeline(result: dict, console: Console) -> None:
     console.print(table)
     for goal, value in result.get("goals", {}).items():
         console.print(f"{goal}: {value}")
+
+
+@bench.command("timeline")
+def bench_timeline(
+    requests: int = typer.Option(300, help="Requests measured, one at a time (after --warmup more)."),
+    warmup: int = typer.Option(50, help="Unmeasured requests first."),
+    batch_time_ms: BatchTimeMs = 5,
+    output: Path = typer.Option(Path("bench/results/light_timeline.json"), help="JSON out."),
+    state_dir: Path = typer.Option(Path("var/bench-timeline"), help="The private stack's state folder."),
+    port_base: PortBase = 37000,
+) -> None:
+    """Where a request's time goes at 1 in flight: median span starts and ends after the API pod's server span, from
+    a private stack (as ``llmq bench pipeline``'s) that traces to files."""
+    from bench import light_timeline, pipeline
+
+    cfg = replace(pipeline.PipelineConfig(), light_requests=requests, warmup=warmup)
+    trace_dir = state_dir.resolve() / "traces"
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    env = {**light_timeline.TRACING_ENV, "LLMQ_TRACING_FILE_DIR": str(trace_dir), "LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"}
+    stack = CheckoutStack(
+        None, state_dir, port_base, sim_workers=cfg.peer.replicas, sim_batch_time_ms=batch_time_ms, extra_env=env
+    )
+    stack.up()
+    try:
+        latencies, failures, since_ns = light_timeline.drive(stack.base_urls[0], cfg)
+    finally:
+        stack.down()  # its exporters flush at exit
+    spans = light_timeline.read_spans(trace_dir)
+    result = light_timeline.result(latencies, failures, spans, since_ns, engine_ms=batch_time_ms)
+    pipeline.write_result(result, output)
+    console = make_console()
+    console.print(
+        f"end to end p50 {result['e2e_p50_ms']:.2f} ms, p99 {result['e2e_p99_ms']:.2f} ms ({failures} failed)"
+    )
+    table = Table("span", "count", "start p50 ms", "end p50 ms")
+    for row in result["spans"]:
+        table.add_row(row["span"], str(row["count"]), f"{row['start_p50_ms']:.2f}", f"{row['end_p50_ms']:.2f}")
+    console.print(table)
