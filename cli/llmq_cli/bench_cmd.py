@@ -240,9 +240,10 @@ def bench_admission(
         stack = private_stack(
             Path("var/bench-admission"), sim_workers=2, extra_env=admission.LOAD_GENERATOR_ENV, **ports
         )
-        stack.up(timeout_s=300, log=lambda *_: None)
     urls = url or [f"http://127.0.0.1:{p}" for p in admission.STACK_PORTS["api_ports"]]
     try:
+        if stack is not None:
+            stack.up(timeout_s=300, log=lambda *_: None)
         report = asyncio.run(admission.run(urls, count, stream_share, max_tokens, key))
     finally:
         if stack is not None:
@@ -257,7 +258,10 @@ from pathlib import Path
 from llmq_cli.devstack import DevStack, StackConfig
 cfg = json.loads(sys.argv[2])
 stack = DevStack(StackConfig(**{**cfg, "state_dir": Path(cfg["state_dir"]), "api_ports": tuple(cfg["api_ports"])}))
-stack.up(timeout_s=300, log=lambda *_: None) if sys.argv[1] == "up" else stack.down()
+try:
+    stack.up(timeout_s=300, log=lambda *_: None) if sys.argv[1] == "up" else stack.down()
+except RuntimeError as exc:  # not healthy: which process, why, where its logs are
+    sys.exit(str(exc))
 """
 
 
@@ -285,7 +289,13 @@ class CheckoutStack:
         subprocess.run([self.python, "-c", _CHECKOUT_STACK, action, json.dumps(self.config)], cwd=self.cwd, check=True)
 
     def up(self) -> None:
-        self._run("up")
+        """Start it; one that does not come up healthy (the child printed why) is stopped again and the command ends
+        with exit code 1, leaving no process behind."""
+        try:
+            self._run("up")
+        except subprocess.CalledProcessError:
+            self.down()
+            raise typer.Exit(1) from None
 
     def down(self) -> None:
         self._run("down")
@@ -298,11 +308,11 @@ class CheckoutStack:
 def bench_pipeline(
     systems: Systems = "llmq,ray",
     baseline: Path = typer.Option(None, help="Another checkout (with its own .venv) measured the same way, first."),
-    requests: int = typer.Option(2000, help="Requests measured at saturation (after --warmup more)."),
-    light_requests: int = typer.Option(500, help="Requests measured at 1 in flight."),
-    warmup: int = typer.Option(200, help="Unmeasured requests before each point."),
-    concurrency: int = typer.Option(64, help="In flight at saturation (closed loop)."),
-    floor_messages: int = typer.Option(500, help="Messages of each floor hop (Kafka, Redis)."),
+    requests: int = typer.Option(2000, min=1, help="Requests measured at saturation (after --warmup more)."),
+    light_requests: int = typer.Option(500, min=1, help="Requests measured at 1 in flight."),
+    warmup: int = typer.Option(200, min=0, help="Unmeasured requests before each point."),
+    concurrency: int = typer.Option(64, min=1, help="In flight at saturation (closed loop)."),
+    floor_messages: int = typer.Option(500, min=1, help="Messages of each floor hop (Kafka, Redis)."),
     batch_time_ms: BatchTimeMs = 5,
     output: Path = typer.Option(Path("bench/results/pipeline.json"), help="JSON out."),
     state_dir: Path = typer.Option(Path("var/bench-pipeline"), help="The private stacks' state folders (under it)."),
@@ -398,8 +408,8 @@ def print_pipeline(result: dict, console: Console) -> None:
 
 @bench.command("timeline")
 def bench_timeline(
-    requests: int = typer.Option(300, help="Requests measured, one at a time (after --warmup more)."),
-    warmup: int = typer.Option(50, help="Unmeasured requests first."),
+    requests: int = typer.Option(300, min=1, help="Requests measured, one at a time (after --warmup more)."),
+    warmup: int = typer.Option(50, min=0, help="Unmeasured requests first."),
     batch_time_ms: BatchTimeMs = 5,
     output: Path = typer.Option(Path("bench/results/light_timeline.json"), help="JSON out."),
     state_dir: Path = typer.Option(Path("var/bench-timeline"), help="The private stack's state folder."),
@@ -425,6 +435,7 @@ def bench_timeline(
     result = light_timeline.result(latencies, failures, spans, since_ns, engine_ms=batch_time_ms)
     pipeline.write_result(result, output)
     console = make_console()
+    console.print(f"wrote {output}")
     console.print(
         f"end to end p50 {result['e2e_p50_ms']:.2f} ms, p99 {result['e2e_p99_ms']:.2f} ms ({failures} failed)"
     )
