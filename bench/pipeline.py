@@ -6,7 +6,8 @@ One run, on this machine, on private stacks:
    and one Redis pub/sub hop. llmq's critical path is two Kafka hops and one Redis hop: the floor is their sum.
 2. llmq (two ``llmq-sim`` workers, ``batch_time_ms`` per batch, batch window 0) at 1 in flight and closed loop at
    ``concurrency`` in flight: end to end p50/p99, overhead (end to end minus engine time), throughput, and CPU ms per
-   request of every process of the stack, the broker included (utime + stime from /proc, children included).
+   request of every process of the stack, the broker included (utime + stime from /proc, children included), the load
+   generator's own CPU per request and the machine's busy fraction (/proc/stat) meanwhile.
 3. Ray Serve (``bench.ray_peer``, same model, batch time and replicas, ``batch_wait_timeout_s``) at the same points.
 
 The stack comes from the caller (``llmq bench pipeline`` starts it, possibly from another checkout): this module only
@@ -31,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import httpx
+import aiohttp
 
-from bench.loadgen import percentile
+from bench.loadgen import client_session, json_body, percentile
 from bench.ray_peer import PeerConfig, RayPeer
 
 FLOOR_TOPIC = "bench.floor"
@@ -153,6 +154,23 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
     return {name: process_tree_cpu_s(pid) for name, pid in pids.items()}
 
 
+def parse_machine_ticks(proc_stat: str) -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from /proc/stat's ``cpu`` line: user nice system idle iowait irq softirq
+    steal (guest time is inside user); idle and iowait are not busy."""
+    ticks = [int(x) for x in proc_stat.split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def machine_ticks() -> tuple[int, int]:
+    return parse_machine_ticks(Path("/proc/stat").read_text())
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the machine's CPU time (all cores) that was busy between two :func:`machine_ticks` readings."""
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total, 3) if total else 0.0
+
+
 # --- the floor -----------------------------------------------------------------------------------------------------
 
 
@@ -235,25 +253,27 @@ async def closed_loop(
     base_urls: Sequence[str], cfg: PipelineConfig, concurrency: int, count: int, model: str = "llmq-sim"
 ) -> tuple[list[float], float, int]:
     """``count`` non-streaming completions, ``concurrency`` in flight, round robin over ``base_urls``: (latencies ms
-    of the successes, wall seconds, failures)."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    clients = [httpx.AsyncClient(base_url=url, timeout=cfg.timeout_s, limits=limits) for url in base_urls]
-    headers = {"authorization": f"Bearer {cfg.api_key}"}
-    body = {"model": model, "prompt": PROMPT, "max_tokens": cfg.max_tokens, "temperature": 0}
+    of the successes, wall seconds, failures). aiohttp, one keep-alive session per base URL (see
+    :func:`bench.loadgen.client_session` for why not httpx): every system of a run is driven by this same client."""
+    sessions = [client_session(concurrency, cfg.timeout_s) for _ in base_urls]
+    urls = [f"{url}/completions" for url in base_urls]
+    headers = {"authorization": f"Bearer {cfg.api_key}", "content-type": "application/json"}
+    body = json_body({"model": model, "prompt": PROMPT, "max_tokens": cfg.max_tokens, "temperature": 0})
     latencies: list[float] = []
     failures = 0
     issued = 0
 
     async def one_lane(lane: int) -> None:
         nonlocal failures, issued
-        client = clients[lane % len(clients)]
+        session, url = sessions[lane % len(sessions)], urls[lane % len(urls)]
         while issued < count:
             issued += 1
             start = time.perf_counter()
             try:
-                response = await client.post("/completions", json=body, headers=headers)
-                ok = response.status_code == 200
-            except httpx.HTTPError:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except (aiohttp.ClientError, TimeoutError):
                 ok = False
             if ok:
                 latencies.append((time.perf_counter() - start) * 1000)
@@ -264,7 +284,7 @@ async def closed_loop(
     try:
         await asyncio.gather(*(one_lane(i) for i in range(concurrency)))
     finally:
-        await asyncio.gather(*(c.aclose() for c in clients))
+        await asyncio.gather(*(s.close() for s in sessions))
     return latencies, time.perf_counter() - start, failures
 
 
@@ -281,9 +301,9 @@ def measure_point(
     asyncio.run(closed_loop(base_urls, cfg, concurrency, cfg.warmup))
     processes = pids()
     spies = start_profiles(processes, profile_dir) if profile_dir else {}
-    before = cpu_snapshot(processes)
+    before, machine_before, loadgen_before_s = cpu_snapshot(processes), machine_ticks(), time.process_time()
     latencies, wall_s, failures = asyncio.run(closed_loop(base_urls, cfg, concurrency, count))
-    after = cpu_snapshot(processes)
+    loadgen_s, machine_after, after = time.process_time() - loadgen_before_s, machine_ticks(), cpu_snapshot(processes)
     profiles = stop_profiles(spies)
     done = len(latencies) + failures
     return {
@@ -294,6 +314,9 @@ def measure_point(
         "throughput_rps": round(len(latencies) / wall_s, 2),
         **latency_figures(latencies, cfg.peer.batch_time_ms),
         "cpu": cpu_per_request(before, after, max(done, 1)),
+        # Whether the machine or the pipeline is the limit: the load generator (this process) shares the cores.
+        "loadgen_cpu_ms_per_request": round(loadgen_s * 1000 / max(done, 1), 4),
+        "machine_busy_fraction": busy_fraction(machine_before, machine_after),
     }
 
 
@@ -304,7 +327,10 @@ def measure_system(
     light = measure_point(base_urls, pids, cfg, 1, cfg.light_requests)
     log(f"  1 in flight: p50 {light['e2e_p50_ms']} ms, p99 {light['e2e_p99_ms']} ms")
     sat = measure_point(base_urls, pids, cfg, cfg.concurrency, cfg.requests, profile_dir)
-    log(f"  {cfg.concurrency} in flight: {sat['throughput_rps']} req/s, {sat['cpu']['total_ms']} CPU ms per request")
+    log(
+        f"  {cfg.concurrency} in flight: {sat['throughput_rps']} req/s, {sat['cpu']['total_ms']} CPU ms per request"
+        f" (load generator {sat['loadgen_cpu_ms_per_request']}), machine {sat['machine_busy_fraction']:.0%} busy"
+    )
     return {"light": light, "saturation": sat}
 
 

@@ -1,12 +1,14 @@
 """``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's;
-``llmq bench admission``: a burst of free-tier work and admission's predicted waits. The private stacks the benchmarks
-run on are made here: ``bench`` is a library the CLI imports, never the other way round."""
+``llmq bench admission``: a burst of free-tier work and admission's predicted waits; ``llmq bench pipeline``: CPU
+and latency beside the Kafka + Redis floor; ``llmq bench timeline``: where a light request's time goes. The private
+stacks the benchmarks run on are made here: ``bench`` is a library the CLI imports, never the other way round."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -238,9 +240,10 @@ def bench_admission(
         stack = private_stack(
             Path("var/bench-admission"), sim_workers=2, extra_env=admission.LOAD_GENERATOR_ENV, **ports
         )
-        stack.up(timeout_s=300, log=lambda *_: None)
     urls = url or [f"http://127.0.0.1:{p}" for p in admission.STACK_PORTS["api_ports"]]
     try:
+        if stack is not None:
+            stack.up(timeout_s=300, log=lambda *_: None)
         report = asyncio.run(admission.run(urls, count, stream_share, max_tokens, key))
     finally:
         if stack is not None:
@@ -255,7 +258,10 @@ from pathlib import Path
 from llmq_cli.devstack import DevStack, StackConfig
 cfg = json.loads(sys.argv[2])
 stack = DevStack(StackConfig(**{**cfg, "state_dir": Path(cfg["state_dir"]), "api_ports": tuple(cfg["api_ports"])}))
-stack.up(timeout_s=300, log=lambda *_: None) if sys.argv[1] == "up" else stack.down()
+try:
+    stack.up(timeout_s=300, log=lambda *_: None) if sys.argv[1] == "up" else stack.down()
+except RuntimeError as exc:  # not healthy: which process, why, where its logs are
+    sys.exit(str(exc))
 """
 
 
@@ -283,7 +289,13 @@ class CheckoutStack:
         subprocess.run([self.python, "-c", _CHECKOUT_STACK, action, json.dumps(self.config)], cwd=self.cwd, check=True)
 
     def up(self) -> None:
-        self._run("up")
+        """Start it; one that does not come up healthy (the child printed why) is stopped again and the command ends
+        with exit code 1, leaving no process behind."""
+        try:
+            self._run("up")
+        except subprocess.CalledProcessError:
+            self.down()
+            raise typer.Exit(1) from None
 
     def down(self) -> None:
         self._run("down")
@@ -296,11 +308,11 @@ class CheckoutStack:
 def bench_pipeline(
     systems: Systems = "llmq,ray",
     baseline: Path = typer.Option(None, help="Another checkout (with its own .venv) measured the same way, first."),
-    requests: int = typer.Option(2000, help="Requests measured at saturation (after --warmup more)."),
-    light_requests: int = typer.Option(500, help="Requests measured at 1 in flight."),
-    warmup: int = typer.Option(200, help="Unmeasured requests before each point."),
-    concurrency: int = typer.Option(64, help="In flight at saturation (closed loop)."),
-    floor_messages: int = typer.Option(500, help="Messages of each floor hop (Kafka, Redis)."),
+    requests: int = typer.Option(2000, min=1, help="Requests measured at saturation (after --warmup more)."),
+    light_requests: int = typer.Option(500, min=1, help="Requests measured at 1 in flight."),
+    warmup: int = typer.Option(200, min=0, help="Unmeasured requests before each point."),
+    concurrency: int = typer.Option(64, min=1, help="In flight at saturation (closed loop)."),
+    floor_messages: int = typer.Option(500, min=1, help="Messages of each floor hop (Kafka, Redis)."),
     batch_time_ms: BatchTimeMs = 5,
     output: Path = typer.Option(Path("bench/results/pipeline.json"), help="JSON out."),
     state_dir: Path = typer.Option(Path("var/bench-pipeline"), help="The private stacks' state folders (under it)."),
@@ -355,14 +367,25 @@ def bench_pipeline(
 
 
 def print_pipeline(result: dict, console: Console) -> None:
-    """One row per system and point: latency, overhead, throughput, CPU per request (the broker's apart)."""
+    """One row per system and point: latency, overhead, throughput, CPU per request (the broker's apart), the load
+    generator's CPU per request and how busy the whole machine was."""
     table = Table(
-        "system", "in flight", "p50 ms", "p99 ms", "overhead p50", "overhead p99", "req/s", "CPU ms/req", "broker"
+        "system",
+        "in flight",
+        "p50 ms",
+        "p99 ms",
+        "overhead p50",
+        "overhead p99",
+        "req/s",
+        "CPU ms/req",
+        "broker",
+        "load gen",
+        "machine busy",
     )
     for name, run in result["systems"].items():
         if "floor" in run:
             floor = run["floor"]
-            table.add_row(f"{name} floor", "1", f"{floor['p50_ms']:.2f}", f"{floor['p99_ms']:.2f}", "", "", "", "", "")
+            table.add_row(f"{name} floor", "1", f"{floor['p50_ms']:.2f}", f"{floor['p99_ms']:.2f}", *[""] * 7)
         for point in (run["light"], run["saturation"]):
             cpu = point["cpu"]
             table.add_row(
@@ -375,7 +398,48 @@ def print_pipeline(result: dict, console: Console) -> None:
                 f"{point['throughput_rps']:.1f}",
                 f"{cpu['total_ms']:.2f}",
                 f"{cpu['per_process_ms'].get('kafka', 0):.2f}",
+                f"{point['loadgen_cpu_ms_per_request']:.2f}",
+                f"{point['machine_busy_fraction']:.0%}",
             )
     console.print(table)
     for goal, value in result.get("goals", {}).items():
         console.print(f"{goal}: {value}")
+
+
+@bench.command("timeline")
+def bench_timeline(
+    requests: int = typer.Option(300, min=1, help="Requests measured, one at a time (after --warmup more)."),
+    warmup: int = typer.Option(50, min=0, help="Unmeasured requests first."),
+    batch_time_ms: BatchTimeMs = 5,
+    output: Path = typer.Option(Path("bench/results/light_timeline.json"), help="JSON out."),
+    state_dir: Path = typer.Option(Path("var/bench-timeline"), help="The private stack's state folder."),
+    port_base: PortBase = 37000,
+) -> None:
+    """Where a request's time goes at 1 in flight: median span starts and ends after the API pod's server span, from
+    a private stack (as ``llmq bench pipeline``'s) that traces to files."""
+    from bench import light_timeline, pipeline
+
+    cfg = replace(pipeline.PipelineConfig(), light_requests=requests, warmup=warmup)
+    trace_dir = state_dir.resolve() / "traces"
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    env = {**light_timeline.TRACING_ENV, "LLMQ_TRACING_FILE_DIR": str(trace_dir), "LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"}
+    stack = CheckoutStack(
+        None, state_dir, port_base, sim_workers=cfg.peer.replicas, sim_batch_time_ms=batch_time_ms, extra_env=env
+    )
+    stack.up()
+    try:
+        latencies, failures, since_ns = light_timeline.drive(stack.base_urls[0], cfg)
+    finally:
+        stack.down()  # its exporters flush at exit
+    spans = light_timeline.read_spans(trace_dir)
+    result = light_timeline.result(latencies, failures, spans, since_ns, engine_ms=batch_time_ms)
+    pipeline.write_result(result, output)
+    console = make_console()
+    console.print(f"wrote {output}")
+    console.print(
+        f"end to end p50 {result['e2e_p50_ms']:.2f} ms, p99 {result['e2e_p99_ms']:.2f} ms ({failures} failed)"
+    )
+    table = Table("span", "count", "start p50 ms", "end p50 ms")
+    for row in result["spans"]:
+        table.add_row(row["span"], str(row["count"]), f"{row['start_p50_ms']:.2f}", f"{row['end_p50_ms']:.2f}")
+    console.print(table)

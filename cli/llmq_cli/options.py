@@ -18,4 +18,9 @@ BatchTimeMs = Annotated[int, typer.Option(help="Time of one batch, whatever its 
 DurationS = Annotated[float, typer.Option(help="Simulated seconds of arrivals.")]
 # the benchmarks that compare llmq with Ray Serve on private stacks
 Systems = Annotated[str, typer.Option(help="Systems to measure, one after the other: llmq (this checkout), ray.")]
-PortBase = Annotated[int, typer.Option(help="Private ports: API +0/+1, Kafka +92 (+93), Redis +379, Ray Serve +500.")]
+PortBase = Annotated[
+    int,
+    typer.Option(
+        help="Private ports: API +0/+1, metrics +10 to +15, Kafka +92 (+93), Redis +379, Ray Serve +500 (pipeline)."
+    ),
+]

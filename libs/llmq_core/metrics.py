@@ -235,6 +235,11 @@ class BatcherMetrics(_Metrics):
         self.lag = ConsumerLag(self.registry)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
+        self._sizes, self._flushes, self._fills = (
+            _Children(self.batch_size),
+            _Children(self.flushes),
+            _Children(self.batch_fill),
+        )
 
     def consumed(self, request: wire.GenerationRequest) -> None:
         self._requests(request.traffic_class, self.labels.model(request.model)).inc()
@@ -244,10 +249,10 @@ class BatcherMetrics(_Metrics):
     ) -> None:
         """One Batch produced at ``now_ms`` (epoch ms); ``max_batch``: the model's largest batch (None: unknown)."""
         size, model = len(requests), self.labels.model(model)
-        self.batch_size.labels(model, flush_reason).observe(size)
-        self.flushes.labels(model, flush_reason).inc()
+        self._sizes(model, flush_reason).observe(size)
+        self._flushes(model, flush_reason).inc()
         if max_batch:
-            self.batch_fill.labels(model).observe(min(1.0, size / max_batch))
+            self._fills(model).observe(min(1.0, size / max_batch))
         for request in requests:
             self._waits(request.traffic_class, model).observe(max(0, now_ms - request.created_ms) / 1000)
 

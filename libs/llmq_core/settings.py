@@ -123,6 +123,7 @@ class Settings(BaseSettings):
     near_interactive_max_wait_ms: int = 50
     deferred_max_wait_ms: int = 500
     fixed_engine_max_wait_ms: int = 20
+    fixed_engine_busy_wait_ms: int = 10  # a batch waits at most this long for its model's running batch to end
     worker_heartbeat_timeout_ms: int = 2000
     batcher_max_queued: int = 100_000
     batcher_deferred_reserved_share: float = 0.25  # share of each worker's slots deferred work never fills

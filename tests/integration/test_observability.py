@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from bench.light_timeline import timeline
 from llmq_cli.devstack import DevStack
 from llmq_cli.slo import Samples, report, scrape
 from tests.unit.observability.test_trace_pipeline import REQUEST_SPANS
@@ -81,6 +82,11 @@ async def test_one_request_leaves_one_trace_with_spans_of_all_four_services(stac
         await asyncio.sleep(0.5)
     assert len(trace_ids) == 1, trace_ids
     assert whole_trace(in_trace), sorted((s["service"], s["name"], s["span_id"], s["parent_id"]) for s in in_trace)
+    # `llmq bench timeline`'s table of the same spans: offsets from the pod's server span, in the path's order
+    starts = {row["span"]: row["start_p50_ms"] for row in timeline(in_trace)}
+    assert starts["llmq-api:POST /v1/completions"] == 0
+    path = ["llmq-api:kafka.produce", "llmq-batcher:batcher.queue", "llmq-batcher:batcher.flush"]
+    assert 0 < starts[path[0]] <= starts[path[1]] <= starts[path[2]] < starts["llmq-worker:worker.publish"]
 
 
 def whole_trace(in_trace: list[dict]) -> bool:

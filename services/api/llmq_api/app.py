@@ -27,6 +27,7 @@ from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.catalog import ModelCatalog
 from llmq_api.errors import ApiError, store_unavailable
 from llmq_api.generation import Ask, Generation
+from llmq_api.hot_routes import HotRoutesApp
 from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body, usage_dict
 from llmq_api.pod import Pod
@@ -58,7 +59,7 @@ def create_app(pod: Pod) -> FastAPI:
         finally:
             await pod.stop()
 
-    app = FastAPI(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = HotRoutesApp(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.keys, app.state.batch_jobs = keys, pod.batch_jobs
     if tracing.enabled():  # configured before the app is built; off, requests skip the extra layer
         app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request
@@ -73,8 +74,12 @@ def create_app(pod: Pod) -> FastAPI:
 
     # The hot routes first, as plain Starlette routes: they take the Request and return a Response, so FastAPI's
     # parameter solving and response serialization only cost time (about a third of the app's CPU per request).
-    app.add_route("/v1/completions", completions, methods=["POST"])
-    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.hot_routes = {"/v1/completions": completions, "/v1/chat/completions": chat_completions}
+    for path, endpoint in app.hot_routes.items():
+        app.add_route(path, endpoint, methods=["POST"])
+    if not tracing.enabled():  # past Starlette's layers too (see llmq_api.hot_routes); traced, through them all
+        access_log = pod.settings.api_access_log
+        app.hot_stack = AccessLog(app.serve_hot, tenant_of=pod.keys.tenant_of) if access_log else app.serve_hot
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
 
     @app.get("/v1/models")

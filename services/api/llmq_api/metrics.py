@@ -64,6 +64,7 @@ class ApiMetrics(_Metrics):
             "Accept to first token: first streamed text, else the result's first token",
             CLASS_MODEL,
         )
+        self._children: dict[tuple, object] = {}  # (metric, label values) -> its child: see child
         self.dependency_up = self.gauge(
             "llmq_api_dependency_up",
             "1 while a shared dependency (kafka, redis) is up for this pod, as /dependencies reports it",
@@ -75,11 +76,20 @@ class ApiMetrics(_Metrics):
         for dependency in dependencies:
             self.dependency_up.labels(dependency.name).set_function(lambda d=dependency: float(d.up))
 
+    def child(self, metric, *values: str):
+        """``metric.labels(*values)``, looked up once: prometheus_client validates and locks on every ``labels``
+        call, which cost a request more than its counts (every label is of a bounded set, so is this cache)."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def finished(self, endpoint: str, outcome: str, status: int, duration_s: float | None = None) -> None:
         """Count one finished request; ``duration_s`` for requests that were accepted (not for rejections)."""
-        self.requests.labels(endpoint, outcome, str(status)).inc()
+        self.child(self.requests, endpoint, outcome, str(status)).inc()
         if duration_s is not None:
-            self.latency.labels(endpoint).observe(duration_s)
+            self.child(self.latency, endpoint).observe(duration_s)
 
     def answered(
         self,
@@ -92,12 +102,12 @@ class ApiMetrics(_Metrics):
         """One generation response by class and model: its status (429s and 504s also counted on their own) and, for
         accepted requests, the seconds the client waited and until its first token."""
         cls, model = traffic_class or "unknown", self.labels.model(model) if model else "unknown"
-        self.responses.labels(cls, model, str(status)).inc()
+        self.child(self.responses, cls, model, str(status)).inc()
         if status == 429:
-            self.throttled.labels(cls).inc()
+            self.child(self.throttled, cls).inc()
         elif status == 504:
-            self.deadline_exceeded.labels(cls, model).inc()
+            self.child(self.deadline_exceeded, cls, model).inc()
         if duration_s is not None:
-            self.class_latency.labels(cls, model).observe(duration_s)
+            self.child(self.class_latency, cls, model).observe(duration_s)
         if ttft_s is not None:
-            self.class_ttft.labels(cls, model).observe(ttft_s)
+            self.child(self.class_ttft, cls, model).observe(ttft_s)

@@ -11,7 +11,7 @@ import logging
 import os
 
 import msgspec
-from redis.asyncio import Redis
+from redis.asyncio import Connection, ConnectionPool, Redis
 
 from llmq_api import health
 from llmq_api.admission import ShedPolicy
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 RETRY_CONNECT_S = 1.0
 REDIS_OP_TIMEOUT_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
-POLL_S = 1.0  # pub/sub read timeout: lets health checks (PING) notice a dead connection
+POLL_S = 1.0  # a replies connection quiet this long is PINGed; quiet twice as long, it is dead
 
 
 class KafkaRequestProducer:
@@ -51,9 +51,10 @@ class KafkaRequestProducer:
     :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on. A producer
     that broke (a refused record, a sequence gap left by a broker outage) replaces itself: see kafka.RenewableProducer.
     Starts and failures to start are reported to ``breaker`` (the gateway reports each produce), and every
-    ``api_kafka_check_interval_ms`` the client is asked to reach a broker: so the breaker opens without waiting for a
-    request to fail, and closes within one interval of the broker's return, without waiting out its backoff or for a
-    request (an idle pod, say one a global load balancer failed over, recovers by itself). ``sleep`` waits between
+    ``api_kafka_check_interval_ms`` the client is asked to reach a broker (unless requests were acked meanwhile): so the
+    breaker opens without waiting for a request to fail, and closes within one interval of the broker's return, without
+    waiting out its backoff or for a request (an idle pod, say one a global load balancer failed over, recovers by
+    itself). ``sleep`` waits between
     start attempts and between checks (injected: tests step it).
     """
 
@@ -66,6 +67,7 @@ class KafkaRequestProducer:
             settings, max_batch_size=constants.KAFKA_PRODUCER_MAX_BATCH_BYTES
         )
         self.ready = False
+        self._acked = 0  # requests the broker acknowledged: while they count up, the health check is not needed
 
     @property
     def kafka(self) -> kafka.RenewableProducer:
@@ -93,8 +95,12 @@ class KafkaRequestProducer:
         if self._breaker is None:
             return
         timeout_s = self._settings.api_produce_timeout_ms / 1000
-        while True:  # a metadata request costs the broker nothing: check through the backoff too, so a pod
+        acked = self._acked
+        while True:  # a metadata request costs the broker little: check through the backoff too, so a pod
             await self._sleep(self._settings.api_kafka_check_interval_ms / 1000)  # closes within one interval
+            if self._acked != acked:  # requests were acked meanwhile: a broker is reached, and the metadata (a
+                acked = self._acked  # decode of every topic's, once a second) would tell nothing more
+                continue
             connected = await self.reachable(timeout_s)
             self._report(None if connected else "the Kafka client reaches no broker")
 
@@ -114,6 +120,7 @@ class KafkaRequestProducer:
         if not self.ready:
             raise ConnectionError("Kafka producer is not started")
         await self._send(request)
+        self._acked += 1
 
     async def _send(self, request: wire.GenerationRequest) -> None:
         topic = constants.requests_topic(request.traffic_class)
@@ -144,6 +151,13 @@ class KafkaRequestProducer:
         await self._producer.stop()
 
 
+def replies_connection(pool: ConnectionPool) -> Connection:
+    """A new, unconnected RESP2 connection like ``pool``'s, without health checks or maintenance notifications (RESP3
+    pushes: redis-py refuses them on a RESP2 connection that parses without hiredis)."""
+    kwargs = {**pool.connection_kwargs, "protocol": 2, "health_check_interval": 0, "maint_notifications_config": None}
+    return pool.connection_class(**kwargs)
+
+
 class ReplyListener:
     """One Redis pub/sub connection: the pod's replies channel feeds the waiters, the heartbeats channel the catalog.
 
@@ -164,6 +178,8 @@ class ReplyListener:
     ) -> None:
         self._redis = redis
         self._replies = constants.replies_channel(instance_id)
+        self._replies_bytes = self._replies.encode()
+        self._channels = {c.encode(): c for c in (self._replies, constants.REDIS_HEARTBEATS_CHANNEL)}
         self._registry = registry
         self._catalog = catalog
         self._metrics = metrics
@@ -189,25 +205,39 @@ class ReplyListener:
             await asyncio.sleep(RETRY_CONNECT_S)
 
     async def _listen(self) -> None:
-        pubsub = self._redis.pubsub()
+        """Subscribe on a connection of its own and read it directly: per message one parse (hiredis) and one
+        dispatch, without PubSub's layers (health check, retry wrapper, message dict) that cost a pod more CPU per
+        reply than the rest of its reply path. RESP2: a message is a plain array, no push handling. A quiet
+        ``POLL_S`` sends a PING; a second one with nothing received (no PONG, no heartbeat) means the connection is
+        dead: it is dropped and the subscription made again."""
+        connection = replies_connection(self._redis.connection_pool)
         try:
-            await pubsub.subscribe(self._replies, constants.REDIS_HEARTBEATS_CHANNEL)
+            await connection.connect()
+            await connection.send_command("SUBSCRIBE", self._replies, constants.REDIS_HEARTBEATS_CHANNEL)
+            pinged = False
             while True:
-                message = await pubsub.get_message(timeout=POLL_S)
-                if message is not None:
-                    await self._handle(message)
+                response = await connection.read_response(timeout=POLL_S, disconnect_on_error=False)
+                if response is not None:
+                    pinged = False
+                    await self._handle(response)
+                elif pinged:
+                    raise ConnectionError(f"Redis answered no PING within {POLL_S:g} s")
+                else:
+                    await connection.send_command("PING", check_health=False)
+                    pinged = True
         finally:
             self.subscribed = False
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await connection.disconnect()
 
-    async def _handle(self, message: dict) -> None:
-        channel = message["channel"].decode()
-        if message["type"] == "subscribe" and channel == self._replies:
+    async def _handle(self, response: list) -> None:
+        """One RESP2 pub/sub array: ``[b"message", channel, data]``, ``[b"subscribe", channel, count]`` or a PONG."""
+        kind, channel = response[0], response[1]
+        if kind == b"message":
+            self.deliver(self._channels.get(channel, ""), response[2])
+        elif kind == b"subscribe" and channel == self._replies_bytes:
             self.subscribed = True
             await self._recover()
-        elif message["type"] == "message":
-            self.deliver(channel, message["data"])
 
     def deliver(self, channel: str, data: bytes) -> None:
         """Decode one pub/sub payload and hand it to the waiters (replies) or the catalog (heartbeats)."""

@@ -83,7 +83,7 @@ class PendingRequest:
             resolution = await wait_for_resolution(
                 self.registry,
                 self.waiter,
-                deadline=asyncio.sleep(remaining_s),
+                deadline=_deadline(remaining_s),
                 client_gone=_disconnected(receive),
                 publish_cancel=self.publish_cancel,
                 on_chunk=on_chunk,
@@ -120,6 +120,21 @@ class PendingRequest:
             None if isinstance(resolution, Abandoned) else self.since_accepted_s(),
             ttft_s,
         )
+
+
+def _deadline(remaining_s: float) -> asyncio.Future:
+    """A future done ``remaining_s`` from now, by a timer that cancelling it cancels: unlike ``asyncio.sleep`` it
+    needs no task of its own per request (a task's start and cancel are loop callbacks too)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    timer = loop.call_later(remaining_s, _set_done, future)
+    future.add_done_callback(lambda _: timer.cancel())
+    return future
+
+
+def _set_done(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -200,7 +215,9 @@ class StreamResponse(Response):
         async def on_chunk(chunk: wire.TokenChunk) -> None:
             if not sent:
                 pending.first_text_s = pending.since_accepted_s()
-                pending.metrics.ttft.labels(request.endpoint).observe(time.perf_counter() - pending.started_s)
+                pending.metrics.child(pending.metrics.ttft, request.endpoint).observe(
+                    time.perf_counter() - pending.started_s
+                )
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
             await write(fmt.text(chunk.index, chunk.text))
 

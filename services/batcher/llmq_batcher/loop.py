@@ -112,6 +112,7 @@ class BatcherLoop:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._last_commit_ms = 0
+        self._deferred_blocked = False  # whether the last round paused the deferred partitions
         self._last_load_ms = 0
         self._counts: Counter[str] = Counter()  # stats counted since they were last written
         self.catalogue = catalogue
@@ -271,6 +272,8 @@ class BatcherLoop:
     def _rules_now(self, now_ms: int) -> requests.Rules:
         """The rules, also accepting the models workers announced lately, as an API pod's catalogue does (its records
         for such a model pass here too)."""
+        if self._announced.keys() <= self.rules.windows.keys():  # every request checks: the catalogue's models
+            return self.rules
         announced = {
             model: window
             for model, (window, seen_ms) in self._announced.items()
@@ -440,18 +443,21 @@ class BatcherLoop:
 
     async def _sleep_until(self, wake_ms: int | None) -> None:
         timeout_s = IDLE_WAKE_S if wake_ms is None else min(max(wake_ms - self.clock.now_ms(), 0) / 1000, IDLE_WAKE_S)
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout_s)
-        except TimeoutError:
-            pass
+        if not self._wake.is_set():  # about one round per fetch under load: no task, no timer when woken already
+            try:
+                async with asyncio.timeout(timeout_s):  # wait_for would wrap the wait in a task every round
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
         self._wake.clear()
 
     async def _act(self, decision: Decision) -> None:
-        sent = [b for out in await asyncio.gather(*(self._send_batch(b) for b in decision.batches)) for b in out]
+        sent = [b for out in await _all(self._send_batch(b) for b in decision.batches) for b in out]
         self._count_sent(sent, decision)
-        results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
-        await self._publish_replies(results)
-        await asyncio.gather(*(self._send_answer(a, r) for a, r in zip(decision.answers, results)))
+        if decision.answers:
+            results = [final_result(answer, self.clock.now_ms()) for answer in decision.answers]
+            await self._publish_replies(results)
+            await _all(self._send_answer(a, r) for a, r in zip(decision.answers, results))
         for request_id in decision.dropped:
             self._settle(request_id)
             if tracing.enabled():
@@ -565,6 +571,9 @@ class BatcherLoop:
     def _pause_deferred(self) -> None:
         """Deferred records stay in Kafka while deferred work queued here fills its buffer or the queue is half full."""
         blocked = self.policy.deferred_paused() or self.policy.queued_total * 2 >= self.max_queued
+        if not blocked and not self._deferred_blocked:
+            return  # nothing paused since the last resume (a partition assigned since starts unpaused)
+        self._deferred_blocked = blocked
         deferred = [tp for tp in self.consumer.assignment() if tp.topic == self.names.deferred_topic]
         paused = self.consumer.paused()
         if blocked:
@@ -656,6 +665,15 @@ class BatcherLoop:
             log.warning("commit on revocation failed: %s", exc)
         for tp in revoked:
             self.offsets.forget(tp)
+
+
+async def _all(coroutines) -> list:
+    """Await ``coroutines`` together, as ``asyncio.gather``; one alone is awaited in place (most rounds send one batch
+    and answer nothing: gather would wrap it in a task)."""
+    coroutines = list(coroutines)
+    if len(coroutines) == 1:
+        return [await coroutines[0]]
+    return await asyncio.gather(*coroutines) if coroutines else []
 
 
 class _ResultTenant(msgspec.Struct):

@@ -84,6 +84,7 @@ class PolicyConfig:
     )
     recent_cancels_max: int = 100_000
     max_batch_bytes: int = constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES  # encoded requests
+    fixed_engine_busy_wait_ms: int = 0  # see BatchPolicy._busy_hold_ms
 
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
@@ -103,6 +104,7 @@ class PolicyConfig:
 
 _FROM_SETTINGS = {  # PolicyConfig field -> the Settings field it is read from, as is
     "fixed_engine_max_wait_ms": "fixed_engine_max_wait_ms",
+    "fixed_engine_busy_wait_ms": "fixed_engine_busy_wait_ms",
     "worker_heartbeat_timeout_ms": "worker_heartbeat_timeout_ms",
     "max_queued": "batcher_max_queued",
     "deferred_reserved_share": "batcher_deferred_reserved_share",
@@ -169,7 +171,7 @@ class Decision:
 
 
 class _Model:
-    __slots__ = ("name", "queues", "pool", "worker_seen_ms", "hold_until_ms")
+    __slots__ = ("name", "queues", "pool", "worker_seen_ms", "hold_until_ms", "busy_until_ms")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -177,6 +179,7 @@ class _Model:
         self.pool = WorkerPool()
         self.worker_seen_ms = 0
         self.hold_until_ms = 0  # no batches before then: producing them failed for a transient reason
+        self.busy_until_ms = 0  # when the last batch sent to one of its fixed-time workers ends, as predicted
 
     def depth(self) -> int:
         return sum(q.depth for q in self.queues)
@@ -440,7 +443,18 @@ class BatchPolicy:
         if pending >= room or sum(queues[i].size_bytes for i in classes) > self.config.max_batch_bytes:
             return "size", None
         due_ms = min(queues[i].oldest_enqueued_ms() + self._wait_ms(i, fixed, room, pending) for i in classes)
+        if fixed and model.busy_until_ms > now_ms:
+            due_ms = max(due_ms, self._busy_hold_ms(model, classes, room, pending))
         return ("wait", None) if due_ms <= now_ms else (None, due_ms)
+
+    def _busy_hold_ms(self, model: _Model, classes: list[int], room: int, pending: int) -> int:
+        """Until when a batch that is not full waits while another batch of its fixed-time model runs: until that one
+        ends, at most ``fixed_engine_busy_wait_ms`` after its oldest request came (shrinking as work piles up, as the
+        window does). Under load the model then gets fewer, fuller batches (every later hop pays per batch, not per
+        request); a request that finds no batch of its model running (light load) goes at once."""
+        oldest_ms = min(model.queues[i].oldest_enqueued_ms() for i in classes)
+        bound = self.config.fixed_engine_busy_wait_ms * room // (room + pending)
+        return min(model.busy_until_ms, oldest_ms + bound)
 
     def _wait_ms(self, cls: int, fixed: bool, room: int, pending: int) -> int:
         bound = self._max_wait_ms[cls]
@@ -478,6 +492,8 @@ class BatchPolicy:
         heapq.heappush(self._releases, (release_ms, self._batches, flight))
         worker.record_dispatch(batch_id, flight.entries, now_ms)
         model.pool.touch(worker)
+        if worker.fixed:
+            model.busy_until_ms = max(model.busy_until_ms, worker.busy_until_ms)
         return BatchDispatch(batch_id, worker.worker_id, worker.partition, model.name, requests, reason, now_ms)
 
     def _redispatch(self, worker: WorkerView, batch: BatchDispatch, entries: list[Entry], now_ms: int) -> BatchDispatch:

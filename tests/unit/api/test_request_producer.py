@@ -65,7 +65,9 @@ async def test_a_producer_that_broke_for_good_is_replaced_and_sending_works_agai
     assert made[1].stopped and made[2].stopped
 
 
-async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_broker_is_back(monkeypatch):
+def checked_producer(monkeypatch):
+    """A running KafkaRequestProducer over a fake client, checking the broker every 250 ms of its stepped sleep:
+    (fake producer, breaker, steps, producer, its run task)."""
     fake = FakeKafkaProducer()
     monkeypatch.setattr(kafka, "make_producer", lambda settings, **options: fake)
     clock = FakeClock()
@@ -75,6 +77,11 @@ async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_b
     steps = Steps()
     producer = KafkaRequestProducer(Settings(api_kafka_check_interval_ms=250), breaker, sleep=steps.sleep)
     runner = asyncio.create_task(producer.run())
+    return fake, breaker, steps, producer, runner
+
+
+async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_broker_is_back(monkeypatch):
+    fake, breaker, steps, producer, runner = checked_producer(monkeypatch)
     try:
         assert await steps.asleep() == 0.25  # started; it waits one interval before its first check
         assert breaker.dependency.state == "up"
@@ -86,6 +93,20 @@ async def test_the_health_check_opens_the_breaker_and_closes_it_as_soon_as_the_b
         await steps.step()
         assert breaker.state == "closed" and breaker.dependency.state == "up"
         assert breaker.allow() and fake.client.checks == 2
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_no_health_check_while_requests_are_acked(monkeypatch):
+    fake, breaker, steps, producer, runner = checked_producer(monkeypatch)
+    try:
+        await steps.asleep()
+        await producer.produce(REQUEST)  # acked within the interval: it proved the broker reachable
+        await steps.step()
+        assert fake.client.checks == 0
+        await steps.step()  # a quiet interval: the client is asked again
+        assert fake.client.checks == 1
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)

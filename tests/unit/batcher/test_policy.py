@@ -197,6 +197,68 @@ def test_fixed_engine_full_batch_goes_without_waiting():
     assert [len(b) for b in dispatched_ids(policy.schedule(T0))] == [64]
 
 
+def _two_fixed_workers(batch_ms: int, **config):
+    """A policy with no fixed-engine window and two idle fixed-time workers of ``batch_ms`` per batch."""
+    policy, clock = make_policy(fixed_engine_max_wait_ms=0, **config)
+    for worker in ("w1", "w2"):
+        policy.on_heartbeat(hb(worker, free=64, max_slots=64, fixed_ms=batch_ms), clock.now_ms())
+    return policy, clock
+
+
+def test_fixed_engine_batch_fills_while_another_batch_of_its_model_runs_until_that_one_ends():
+    policy, clock = _two_fixed_workers(5, fixed_engine_busy_wait_ms=10)
+    policy.add(req("a"), clock.now_ms())
+    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["a"]]  # nothing running: at once
+    clock.advance(1)
+    policy.add(req("b", now_ms=clock.now_ms()), clock.now_ms())
+    decision = policy.schedule(clock.now_ms())
+    assert decision.batches == [] and decision.next_wake_ms == T0 + 5  # w2 is idle, yet b waits for a's batch
+    clock.advance(3)
+    policy.add(req("c", now_ms=clock.now_ms()), clock.now_ms())
+    assert policy.schedule(clock.now_ms()).batches == []
+    clock.set(T0 + 5)
+    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["b", "c"]]
+
+
+def test_fixed_engine_request_that_finds_no_batch_running_goes_at_once():
+    """Light load: the next request comes after the last batch ended, so the busy wait costs it nothing."""
+    policy, clock = _two_fixed_workers(5, fixed_engine_busy_wait_ms=10)
+    policy.add(req("a"), clock.now_ms())
+    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["a"]]
+    clock.advance(5)
+    policy.add(req("b", now_ms=clock.now_ms()), clock.now_ms())
+    assert dispatched_ids(policy.schedule(clock.now_ms())) == [["b"]]
+
+
+def test_fixed_engine_busy_wait_is_bounded_and_off_at_zero():
+    policy, clock = _two_fixed_workers(250, fixed_engine_busy_wait_ms=10)
+    policy.add(req("a"), clock.now_ms())
+    policy.schedule(clock.now_ms())
+    clock.advance(1)
+    policy.add(req("b", now_ms=clock.now_ms()), clock.now_ms())
+    decision = policy.schedule(clock.now_ms())
+    assert decision.batches == [] and decision.next_wake_ms == T0 + 1 + 10 * 64 // 65  # not a's end at T0 + 250
+    clock.set(decision.next_wake_ms)
+    assert [b.worker_id for b in policy.schedule(clock.now_ms()).batches] == ["w2"]
+
+    policy, clock = _two_fixed_workers(250, fixed_engine_busy_wait_ms=0)
+    policy.add(req("a"), clock.now_ms())
+    policy.add(req("b"), clock.now_ms())
+    policy.schedule(clock.now_ms())  # a and b in one batch to w1
+    policy.add(req("c"), clock.now_ms())
+    assert [b.worker_id for b in policy.schedule(clock.now_ms()).batches] == ["w2"]
+
+
+def test_fixed_engine_full_batch_goes_while_another_runs():
+    policy, clock = _two_fixed_workers(250, fixed_engine_busy_wait_ms=10)
+    policy.add(req("a"), clock.now_ms())
+    policy.schedule(clock.now_ms())
+    for i in range(64):
+        policy.add(req(f"r{i}"), clock.now_ms())
+    (batch,) = policy.schedule(clock.now_ms()).batches
+    assert (batch.worker_id, len(batch.requests), batch.flush_reason) == ("w2", 64, "size")
+
+
 def test_drain_flushes_regardless_of_windows():
     policy, _ = make_policy()
     policy.on_heartbeat(hb("w1", free=8), T0)
@@ -538,6 +600,7 @@ def test_undispatch_with_a_retry_delay_holds_the_model_until_then():
 
 READS = [  # (PolicyConfig field, the Settings field it comes from, a value unlike its default)
     ("fixed_engine_max_wait_ms", "fixed_engine_max_wait_ms", 4),
+    ("fixed_engine_busy_wait_ms", "fixed_engine_busy_wait_ms", 9),
     ("worker_heartbeat_timeout_ms", "worker_heartbeat_timeout_ms", 5),
     ("max_queued", "batcher_max_queued", 6),
     ("deferred_reserved_share", "batcher_deferred_reserved_share", 0.5),

@@ -1,4 +1,4 @@
-"""The load generator's pure parts (schedule, plan, summary) and its open-loop HTTP driver over a fake transport."""
+"""The load generator's pure parts (schedule, plan, summary) and its open-loop HTTP driver against a real local server."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import json
 import random
 import statistics
 
-import httpx
 import pytest
+from aiohttp import web
 
 from bench import loadgen
 from bench.loadgen import OK, Planned, Sample
 from bench.prompts import CodePrompt
+from tests.unit.bench.local_http import refused_url, serve
 
 PROMPTS = [CodePrompt(id=f"p{i}", prompt=f"def f{i}():", max_tokens=16 + i) for i in range(3)]
 
@@ -163,59 +164,65 @@ def sse(*events: dict) -> bytes:
 
 
 async def test_requests_are_launched_on_schedule_not_after_earlier_answers():
-    """The fake server answers nobody until every request has arrived: a closed loop would never finish."""
-    plans = [plan(at_s=i * 0.001, base_url=f"http://pod-{i % 2}/v1") for i in range(20)]
+    """The server answers nobody until every request has arrived: a closed loop would never finish."""
+    count = 20
     arrived = 0
     all_here = asyncio.Event()
 
-    async def handler(request: httpx.Request) -> httpx.Response:
+    async def handler(request: web.Request) -> web.Response:
         nonlocal arrived
         arrived += 1
-        if arrived == len(plans):
+        if arrived == count:
             all_here.set()
         await all_here.wait()
-        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+        return web.json_response({"choices": [{"text": "x"}]})
 
     done: list[Sample] = []
-    samples = await asyncio.wait_for(
-        loadgen.run_load(plans, model="llmq-sim", transport=httpx.MockTransport(handler), on_done=done.append), 10
-    )
-    assert [s.status for s in samples] == [OK] * 20 and len(done) == 20
+    async with serve(handler) as pod_0, serve(handler) as pod_1:
+        plans = [plan(at_s=i * 0.001, base_url=f"{(pod_0, pod_1)[i % 2]}/v1") for i in range(count)]
+        samples = await asyncio.wait_for(loadgen.run_load(plans, model="llmq-sim", on_done=done.append), 10)
+    assert [s.status for s in samples] == [OK] * count and len(done) == count
     assert [s.planned for s in samples] == plans
 
 
 async def test_request_shape_statuses_and_stream_ttft():
-    seen: list[httpx.Request] = []
+    seen: list[tuple[str, str, dict, bytes]] = []
 
-    async def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        body = json.loads(request.content)
+    async def handler(request: web.Request) -> web.Response:
+        content = await request.read()
+        seen.append((request.method, request.path, dict(request.headers), content))
+        body = json.loads(content)
         if body["prompt"] == "busy":
-            return httpx.Response(429, json={"error": {"type": "rate_limit_error"}})
+            return web.json_response({"error": {"type": "rate_limit_error"}}, status=429)
         if body["stream"]:
             events = [{"choices": [{"text": ""}]}, {"choices": [{"text": "ab"}]}]
             if body["prompt"] == "late":
                 events.append({"error": {"code": "deadline_exceeded", "type": "timeout_error"}})
-            return httpx.Response(200, content=sse(*events), headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={"choices": [{"text": "abca"}]})
+            text = sse(*events)
+            return web.Response(
+                body=text if body["prompt"] != "cut" else text[: text.index(b"data: [DONE]")],
+                content_type="text/event-stream",
+            )
+        return web.json_response({"choices": [{"text": "abca"}]})
 
-    base = dict(max_tokens=4, traffic_class="near_interactive", api_key="llmq-dev-free-key", base_url="http://p/v1")
-    plans = [
-        Planned(at_s=0, prompt="abc", stream=False, **base),
-        Planned(at_s=0, prompt="abc", stream=True, **base),
-        Planned(at_s=0, prompt="busy", stream=False, **base),
-        Planned(at_s=0, prompt="late", stream=True, **base),
-    ]
-    samples = await loadgen.run_load(
-        plans, model="llmq-sim", server_timeout_ms=1500, transport=httpx.MockTransport(handler)
-    )
-    assert [s.status for s in samples] == [OK, OK, "429", "504"]
+    async with serve(handler) as pod:
+        base = dict(max_tokens=4, traffic_class="near_interactive", api_key="llmq-dev-free-key", base_url=f"{pod}/v1")
+        plans = [
+            Planned(at_s=0, prompt="abc", stream=False, **base),
+            Planned(at_s=0, prompt="abc", stream=True, **base),
+            Planned(at_s=0, prompt="busy", stream=False, **base),
+            Planned(at_s=0, prompt="late", stream=True, **base),
+            Planned(at_s=0, prompt="cut", stream=True, **base),
+        ]
+        samples = await loadgen.run_load(plans, model="llmq-sim", server_timeout_ms=1500)
+    assert [s.status for s in samples] == [OK, OK, "429", "504", loadgen.ERROR]
     assert samples[0].ttft_ms is None and samples[1].ttft_ms is not None and samples[1].ttft_ms <= samples[1].e2e_ms
-    request = seen[0]
-    assert request.url == "http://p/v1/completions"
-    assert request.headers["authorization"] == "Bearer llmq-dev-free-key"
-    assert request.headers["x-llmq-class"] == "near_interactive" and request.headers["x-llmq-timeout-ms"] == "1500"
-    assert json.loads(request.content) == {
+    # the first plan's request (they arrive concurrently, in any order)
+    method, path, headers, content = next(r for r in seen if json.loads(r[3])["stream"] is False and b"abc" in r[3])
+    assert (method, path) == ("POST", "/v1/completions")
+    assert headers["Authorization"] == "Bearer llmq-dev-free-key" and headers["Content-Type"] == "application/json"
+    assert headers["x-llmq-class"] == "near_interactive" and headers["x-llmq-timeout-ms"] == "1500"
+    assert json.loads(content) == {
         "model": "llmq-sim",
         "prompt": "abc",
         "max_tokens": 4,
@@ -224,27 +231,55 @@ async def test_request_shape_statuses_and_stream_ttft():
     }
 
 
-async def test_unreachable_server_is_an_error_sample_not_a_crash():
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
+async def test_a_server_that_stalls_is_a_client_timeout_streaming_or_not():
+    """A real client timeout (0.2 s): the server stalls before answering, or after a stream's first event."""
+    release = asyncio.Event()
 
-    samples = await loadgen.run_load(
-        [plan(), plan(stream=True)], model="llmq-sim", transport=httpx.MockTransport(handler)
-    )
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if not (await request.json())["stream"]:
+            await release.wait()
+            return web.json_response({})
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+        await release.wait()
+        return response
+
+    async with serve(handler) as pod:
+        try:
+            plans = [plan(base_url=f"{pod}/v1"), plan(stream=True, base_url=f"{pod}/v1")]
+            samples = await loadgen.run_load(plans, model="llmq-sim", timeout_s=0.2)
+        finally:
+            release.set()
+    assert [s.status for s in samples] == [loadgen.TIMEOUT, loadgen.TIMEOUT]
+    assert all(s.detail and s.ttft_ms is None for s in samples)
+
+
+async def test_unreachable_server_is_an_error_sample_not_a_crash():
+    url = f"{refused_url()}/v1"
+    samples = await loadgen.run_load([plan(base_url=url), plan(stream=True, base_url=url)], model="llmq-sim")
     assert [s.status for s in samples] == [loadgen.ERROR, loadgen.ERROR]
-    assert loadgen.summarize(samples, window_s=1, slo_ms=1)["errors"] == {"ConnectError: refused": 2}
+    [(detail, count)] = loadgen.summarize(samples, window_s=1, slo_ms=1)["errors"].items()
+    assert detail.startswith("ClientConnectorError: Cannot connect") and count == 2
 
 
 async def test_wait_ready_polls_until_every_pod_is_ready():
-    calls: list[str] = []
+    calls: list[tuple[str, str]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(str(request.url))
-        return httpx.Response(503 if len(calls) < 3 else 200, json={})
+    def pod(name: str):
+        async def handler(request: web.Request) -> web.Response:
+            calls.append((name, request.path))
+            return web.json_response({}, status=503 if len(calls) < 3 else 200)
 
-    await loadgen.wait_ready(["http://a/v1", "http://b/v1"], 5, poll_s=0.001, transport=httpx.MockTransport(handler))
-    assert calls == ["http://a/readyz"] * 3 + ["http://b/readyz"]
-    with pytest.raises(TimeoutError):
-        await loadgen.wait_ready(
-            ["http://a/v1"], 0.05, poll_s=0.001, transport=httpx.MockTransport(lambda r: httpx.Response(503))
-        )
+        return handler
+
+    async with serve(pod("a")) as a, serve(pod("b")) as b:
+        await loadgen.wait_ready([f"{a}/v1", f"{b}/v1"], 5, poll_s=0.001)
+    assert calls == [("a", "/readyz")] * 3 + [("b", "/readyz")]
+
+    async def never(request: web.Request) -> web.Response:
+        return web.json_response({}, status=503)
+
+    async with serve(never) as down:
+        with pytest.raises(TimeoutError):
+            await loadgen.wait_ready([f"{down}/v1"], 0.05, poll_s=0.001)

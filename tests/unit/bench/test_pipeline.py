@@ -1,12 +1,17 @@
-"""bench.pipeline's pure parts: latency and overhead figures, CPU per request, the floor and the goal ratios."""
+"""bench.pipeline's pure parts (latency and overhead figures, CPU per request, the floor and the goal ratios) and its
+closed-loop client against a real local server."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections import Counter
 
 import pytest
+from aiohttp import web
 
 from bench import pipeline
+from tests.unit.bench.local_http import refused_url, serve
 
 
 def test_overhead_is_end_to_end_minus_engine_time():
@@ -25,6 +30,15 @@ def test_the_floor_is_two_kafka_hops_and_one_redis_hop():
     floor = pipeline.floor_figures([1.0] * 99 + [9.0], [0.2] * 100)
     assert (floor["p50_ms"], floor["kafka_hop_p50_ms"], floor["redis_hop_p50_ms"]) == (2.2, 1.0, 0.2)
     assert floor["p99_ms"] == pytest.approx(2 * floor["kafka_hop_p99_ms"] + 0.2, abs=0.01)
+
+
+def test_the_machine_is_busy_but_for_idle_and_iowait_ticks():
+    before = pipeline.parse_machine_ticks("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    after = pipeline.parse_machine_ticks("cpu  250 0 100 850 100 0 0 0 0 0\n")
+    assert before == (150, 1000) and after == (350, 1300)
+    assert pipeline.busy_fraction(before, after) == pytest.approx(200 / 300, abs=0.001)
+    assert pipeline.busy_fraction(after, after) == 0.0
+    assert 0 <= pipeline.busy_fraction(before, pipeline.machine_ticks()) <= 1  # this machine's /proc/stat parses
 
 
 def point(overhead_p50, overhead_p99, cpu_ms, rps):
@@ -65,3 +79,30 @@ def test_a_profile_summary_shares_samples_by_own_and_inclusive_time():
         "encode (json.py)": 0.6,
         "poll (sel.py)": 0.2,
     }
+
+
+async def test_closed_loop_keeps_the_lanes_in_flight_round_robin_and_counts_failures():
+    cfg = pipeline.PipelineConfig(max_tokens=3, api_key="k")
+    served: Counter[str] = Counter()
+    in_flight = most_in_flight = 0
+
+    def pod(name: str):
+        async def handler(request: web.Request) -> web.Response:
+            nonlocal in_flight, most_in_flight
+            assert request.path == "/v1/completions" and request.headers["authorization"] == "Bearer k"
+            assert (await request.json())["max_tokens"] == 3
+            served[name] += 1
+            in_flight += 1
+            most_in_flight = max(most_in_flight, in_flight)
+            await asyncio.sleep(0)  # let the other lanes in
+            in_flight -= 1
+            return web.json_response({}, status=500 if sum(served.values()) % 3 == 0 else 200)
+
+        return handler
+
+    async with serve(pod("a")) as a, serve(pod("b")) as b:
+        latencies, wall_s, failures = await pipeline.closed_loop([f"{a}/v1", f"{b}/v1"], cfg, 4, 30)
+    assert (len(latencies), failures) == (20, 10) and all(0 < ms <= wall_s * 1000 for ms in latencies)
+    assert served["a"] > 0 and served["b"] > 0 and most_in_flight <= 4
+    _, _, refused = await pipeline.closed_loop([f"{refused_url()}/v1"], cfg, 2, 5)
+    assert refused == 5
