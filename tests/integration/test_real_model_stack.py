@@ -144,7 +144,10 @@ async def test_a_cancel_mid_generation_frees_the_slot(stack):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 assert response.status_code == 200
-                async for line in response.aiter_lines():
+                # Held until the block ends: an iterator dropped after `break` closes the connection whenever Python
+                # collects it (sometimes at once), which the pod rightly takes for a client gone and cancels.
+                lines = response.aiter_lines()
+                async for line in lines:
                     if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                         break  # the first text: generation runs
                 await _running_after(pubsub, lambda n: n == 1, within_s=60)  # heartbeats from before it are read past
