@@ -305,10 +305,18 @@ async def run_load(
         await asyncio.gather(*(session.close() for session in sessions.values()))
 
 
-async def wait_ready(base_urls: Sequence[str], timeout_s: float, *, poll_s: float = 1.0, path: str = "/readyz") -> None:
+async def wait_ready(
+    base_urls: Sequence[str],
+    timeout_s: float,
+    *,
+    poll_s: float = 1.0,
+    probe_timeout_s: float = 5.0,
+    path: str = "/readyz",
+) -> None:
     """Return once ``GET <pod><path>`` answers 200 at every base URL's pod (the URL without its ``/v1``): the pod's
-    readiness probe, which needs no API key. Raises TimeoutError after ``timeout_s``."""
-    async with client_session(1, poll_s) as session, asyncio.timeout(timeout_s):
+    readiness probe, which needs no API key. A probe unanswered within ``probe_timeout_s`` counts as not ready (apart
+    from ``poll_s``: a short poll must not cut off a slow answer). Raises TimeoutError after ``timeout_s``."""
+    async with client_session(1, probe_timeout_s) as session, asyncio.timeout(timeout_s):
         for url in base_urls:
             while not await _ready(session, f"{url.removesuffix('/v1')}{path}"):
                 await asyncio.sleep(poll_s)
