@@ -19,7 +19,10 @@ from pathlib import Path
 
 from bench.pipeline import PipelineConfig, closed_loop, latency_figures
 
-TRACING_ENV = {"LLMQ_TRACING_EXPORTER": "file"}  # plus LLMQ_TRACING_FILE_DIR: the folder read_spans reads
+
+def tracing_env(trace_dir: Path) -> dict[str, str]:
+    """The services' environment for spans as JSON lines under ``trace_dir`` (what :func:`read_spans` reads)."""
+    return {"LLMQ_TRACING_EXPORTER": "file", "LLMQ_TRACING_FILE_DIR": str(trace_dir)}
 
 
 def drive(base_url: str, cfg: PipelineConfig) -> tuple[list[float], int, int]:

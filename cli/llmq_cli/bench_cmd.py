@@ -422,7 +422,7 @@ def bench_timeline(
     cfg = replace(pipeline.PipelineConfig(), light_requests=requests, warmup=warmup)
     trace_dir = state_dir.resolve() / "traces"
     shutil.rmtree(trace_dir, ignore_errors=True)
-    env = {**light_timeline.TRACING_ENV, "LLMQ_TRACING_FILE_DIR": str(trace_dir), "LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"}
+    env = {**light_timeline.tracing_env(trace_dir), "LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"}
     stack = CheckoutStack(
         None, state_dir, port_base, sim_workers=cfg.peer.replicas, sim_batch_time_ms=batch_time_ms, extra_env=env
     )
