@@ -399,6 +399,10 @@ def run_demo(
             redis_port=redis_port,
             api_port=api_port,
             keys_file=None,
+            secure=False,  # called as a function: every option needs its value, not its typer default
+            region=None,
+            port_base=None,
+            peer=[],
         )
     cut = prompts.cut_prompts(requests)
     prompts.write_jsonl(cut, Path("var/demo/prompts-code.jsonl"))
