@@ -102,6 +102,7 @@ class Settings(BaseSettings):
     # ... and the share of api_max_in_flight (this pod) and batcher_max_queued (the batchers) a class may fill
     api_shed_share: dict[str, float] = dict(zip(PRIORITY_CLASSES, (0.95, 0.85, 0.7, 0.5), strict=True))
     api_saturation_stale_ms: int = 5000  # batcher saturation reports older than this are ignored
+    api_rate_limit_timeout_ms: int = 250  # a tenant's rate-limit check waits this long on Redis, then lets through
     # connections (llmq_api.connections): meant for direct exposure; behind a proxy its own limits apply
     api_header_timeout_ms: int = 10_000  # a request's headers must arrive within this; past it 408, closed
     api_body_timeout_ms: int = 300_000  # a request's body must arrive within this after its headers; past it 408

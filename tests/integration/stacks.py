@@ -156,6 +156,11 @@ async def wait_for_topic(settings: Settings, topic: str, timeout_s: float = 120)
     return asyncio.get_running_loop().time() - started
 
 
+# A rate-limit check lets a request through when Redis answers slower than its timeout (fail open, 250 ms by default);
+# tests that check limits and their accounting give it this long, so a loaded machine's stall is not read as "no limit".
+RATE_LIMIT_TIMEOUT_MS = 30_000
+
+
 def shed_wait_env(shed_wait_ms: dict[str, int]) -> dict[str, str]:
     """The API pods' environment that sets their shed wait per priority class."""
     return {"LLMQ_API_SHED_WAIT_MS": json.dumps(shed_wait_ms)}

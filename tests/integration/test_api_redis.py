@@ -15,6 +15,7 @@ from llmq_api.saturation import SaturationMonitor
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
 from llmq_core.settings import Settings
+from tests.integration.stacks import RATE_LIMIT_TIMEOUT_MS
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ def tenant(**limits: int) -> Principal:
 
 async def test_request_bucket_holds_a_minute_and_refills_continuously(redis):
     clock, who = FakeClock(), tenant(requests_per_min=3)
-    limiter = RateLimiter(redis, clock)
+    limiter = RateLimiter(redis, clock, timeout_s=RATE_LIMIT_TIMEOUT_MS / 1000)
     assert [await limiter.acquire(who, 1) for _ in range(3)] == [None, None, None]
     refused = await limiter.acquire(who, 1)
     assert refused.reason == "tenant_requests" and refused.error.headers["retry-after"] == "20"  # 1 per 20 s
@@ -47,7 +48,7 @@ async def test_request_bucket_holds_a_minute_and_refills_continuously(redis):
 
 async def test_token_bucket_charges_the_estimate_and_a_refusal_takes_nothing(redis):
     clock, who = FakeClock(), tenant(requests_per_min=100, tokens_per_min=600)
-    limiter = RateLimiter(redis, clock)
+    limiter = RateLimiter(redis, clock, timeout_s=RATE_LIMIT_TIMEOUT_MS / 1000)
     assert await limiter.acquire(who, 500) is None
     refused = await limiter.acquire(who, 200)  # 100 left, 10 per second: 10 s to go
     assert refused.reason == "tenant_tokens" and refused.error.headers["retry-after"] == "10"
@@ -59,7 +60,10 @@ async def test_token_bucket_charges_the_estimate_and_a_refusal_takes_nothing(red
 
 async def test_pods_share_the_buckets(redis):
     clock, who = FakeClock(), tenant(requests_per_min=4)
-    pods = [RateLimiter(redis, clock), RateLimiter(redis, clock)]
+    pods = [
+        RateLimiter(redis, clock, timeout_s=RATE_LIMIT_TIMEOUT_MS / 1000),
+        RateLimiter(redis, clock, timeout_s=RATE_LIMIT_TIMEOUT_MS / 1000),
+    ]
     results = await asyncio.gather(*(pods[i % 2].acquire(who, 1) for i in range(10)))
     assert sum(r is None for r in results) == 4
 

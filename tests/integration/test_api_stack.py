@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from llmq_core import constants, wire
 from tests.builders import chat_body
-from tests.integration.stacks import shed_wait_env, standalone_stack
+from tests.integration.stacks import RATE_LIMIT_TIMEOUT_MS, shed_wait_env, standalone_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,7 +62,11 @@ def _bindable(port: int) -> bool:
 def stack(infra, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys.write_text("keys:\n  - {tenant: limited, key: k-limited, requests_per_min: 3}\n")
-    env = {"LLMQ_API_KEYS_FILE": str(keys), **shed_wait_env(SHED_WAIT_MS)}
+    env = {
+        "LLMQ_API_KEYS_FILE": str(keys),
+        "LLMQ_API_RATE_LIMIT_TIMEOUT_MS": str(RATE_LIMIT_TIMEOUT_MS),
+        **shed_wait_env(SHED_WAIT_MS),
+    }
     api_ports = (18950, 18951)  # below the ephemeral range: the metrics ports derived from them are free too
     shape = dict(
         api_ports=api_ports,

@@ -30,6 +30,7 @@ from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_core.tokenizer import count_tokens, render_chat
 from tests import builders
+from tests.integration.stacks import RATE_LIMIT_TIMEOUT_MS
 from tests.integration.test_api import FakeWorker, pod_process, serving
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,9 @@ def heartbeat(model: str) -> wire.WorkerHeartbeat:
 @pytest.fixture(scope="module")
 async def stack(tmp_path_factory):
     """(base_url, redis, pod): one pod with a frozen clock and the keys above, answered by test_api's fake worker."""
-    settings = Settings(files_url=str(tmp_path_factory.mktemp("quota-files")))
+    settings = Settings(
+        files_url=str(tmp_path_factory.mktemp("quota-files")), api_rate_limit_timeout_ms=RATE_LIMIT_TIMEOUT_MS
+    )
     instance_id = f"api-quota-{RUN}"
     keys = KeyStore({})
     keys.add([CAPPED, FEW_CALLS, NO_DEFERRED])

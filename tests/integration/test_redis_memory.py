@@ -30,6 +30,7 @@ from llmq_core.redis_client import MEMORY_POLICY, check_memory_policy
 from llmq_core.settings import Settings
 from llmq_result_router.store import ResultStore
 from tests.builders import job_spec
+from tests.integration.stacks import RATE_LIMIT_TIMEOUT_MS
 
 pytestmark = pytest.mark.integration
 
@@ -188,7 +189,8 @@ async def test_an_api_pod_whose_redis_refuses_writes_answers_503_and_queues_noth
                 "limited-key": Principal(tenant_id="limited", requests_per_min=1000),
             }
         )
-        pod = Pod(Settings(files_url=str(tmp_path / "files")), instance_id, producer=worker, keys=keys, redis=redis)
+        settings = Settings(files_url=str(tmp_path / "files"), api_rate_limit_timeout_ms=RATE_LIMIT_TIMEOUT_MS)
+        pod = Pod(settings, instance_id, producer=worker, keys=keys, redis=redis)
         await pod.start()
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=create_app(pod)),

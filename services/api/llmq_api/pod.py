@@ -319,7 +319,7 @@ class Pod:
             heard_ms=self.catalog.heard_ms,
             instance_id=instance_id,
         )
-        self.limiter = RateLimiter(self.redis, clock)
+        self.limiter = RateLimiter(self.redis, clock, settings.api_rate_limit_timeout_ms / 1000)
         self.breaker = CircuitBreaker(
             Dependency(KAFKA, clock),
             clock,

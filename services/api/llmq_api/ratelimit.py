@@ -144,12 +144,16 @@ def used_tokens(resolution: Resolution) -> int | None:
 
 
 class RateLimiter:
-    """Takes from a tenant's buckets (see the module doc); ``acquire`` answers None or a 429 Rejection."""
+    """Takes from a tenant's buckets (see the module doc); ``acquire`` answers None or a 429 Rejection.
 
-    def __init__(self, redis: Redis, clock: Clock) -> None:
+    ``timeout_s``: how long a take or a refund may wait on Redis before the request is let through unlimited (fail
+    open: a slow store must not stall admission)."""
+
+    def __init__(self, redis: Redis, clock: Clock, timeout_s: float = TIMEOUT_S) -> None:
         self._take = redis.register_script(_TAKE)
         self._give = redis.register_script(_GIVE)
         self._clock = clock
+        self._timeout_s = timeout_s
         self._settling: set[asyncio.Task] = set()
 
     async def acquire(self, principal: Principal, tokens: int) -> Rejection | None:
@@ -184,7 +188,7 @@ class RateLimiter:
         if not any(d.limit and d.amount for d in draws):
             return
         try:
-            await asyncio.wait_for(self._give(keys=_keys(principal, draws), args=self._args(draws)), TIMEOUT_S)
+            await asyncio.wait_for(self._give(keys=_keys(principal, draws), args=self._args(draws)), self._timeout_s)
         except Exception as exc:
             log.warning("rate limit refund to %s failed: %r", principal.tenant_id, exc)
 
@@ -202,7 +206,7 @@ class RateLimiter:
             return None
         try:
             taken, wait_ms, which = await asyncio.wait_for(
-                self._take(keys=_keys(principal, draws), args=self._args(draws)), TIMEOUT_S
+                self._take(keys=_keys(principal, draws), args=self._args(draws)), self._timeout_s
             )
         except ResponseError as exc:  # Redis refuses writes (maxmemory): limits cannot be kept, so refuse the request
             raise store_unavailable(exc) from None

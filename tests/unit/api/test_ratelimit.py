@@ -1,5 +1,6 @@
 """ratelimit.py around its Lua script (the script itself runs against real Redis in tests/integration)."""
 
+import asyncio
 import json
 
 import msgspec
@@ -165,3 +166,34 @@ async def test_a_short_daily_quota_says_when_it_resets_and_whether_a_quick_retry
     assert headers["x-should-retry"] == should_retry  # SDKs ignore a Retry-After past 60 s and retry at once
     reset = "2023-11-14T22:" if wait_ms < 60_000 else "2023-11-15T"
     assert f"(at {reset}" in rejection.error.message
+
+
+class StalledRedis(FakeRedis):
+    """Its scripts answer only once ``answer`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = asyncio.Event()
+
+    def register_script(self, script: str):
+        run = super().register_script(script)
+
+        async def stalled(keys: list, args: list):
+            await self.answer.wait()
+            return await run(keys, args)
+
+        return stalled
+
+
+async def test_a_check_slower_than_the_timeout_lets_the_request_through():
+    redis, principal = StalledRedis(), Principal(tenant_id="t", requests_per_min=1)
+    redis.take_reply = [0, 60_000, 1]  # a refusal, had it come in time
+    assert await RateLimiter(redis, FakeClock(), timeout_s=0.01).acquire(principal, 1) is None
+
+
+async def test_a_check_within_the_timeout_is_kept():
+    redis, principal = StalledRedis(), Principal(tenant_id="t", requests_per_min=1)
+    redis.take_reply = [0, 60_000, 1]
+    asyncio.get_running_loop().call_soon(redis.answer.set)
+    refused = await RateLimiter(redis, FakeClock(), timeout_s=30).acquire(principal, 1)
+    assert refused is not None and refused.reason == "tenant_requests"
