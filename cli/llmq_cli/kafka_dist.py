@@ -137,6 +137,10 @@ BROKER_TUNING = {
     "auto.create.topics.enable": "false",  # owners create their topics (reply topics: `llmq dev create-topic`)
     "message.max.bytes": str(KAFKA_MAX_MESSAGE_BYTES),  # default of topics without their own max.message.bytes
     "replica.fetch.max.bytes": str(KAFKA_MAX_MESSAGE_BYTES),
+    # The group coordinator writes each offset commit at once instead of lingering 5 ms for more to batch: with a few
+    # consumers committing every KAFKA_COMMIT_INTERVAL_MS there is little to batch, and the linger's timer made a
+    # commit cost 1.0-1.2 ms of broker CPU and 6.5 ms until acknowledged; without it 0.3-0.4 ms and 0.6 ms.
+    "group.coordinator.append.linger.ms": "0",
 }
 
 
