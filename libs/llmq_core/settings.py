@@ -201,6 +201,14 @@ class Settings(BaseSettings):
             raise ValueError(f"region_limit_share {value} must be in (0, 1]")
         return value
 
+    @field_validator("api_rate_limit_timeout_ms")
+    @classmethod
+    def _positive_timeout(cls, value: int, info: ValidationInfo) -> int:
+        """A zero or negative timeout would let every request through unlimited, silently: refuse to start."""
+        if value <= 0:
+            raise ValueError(f"{info.field_name} {value} must be > 0 (ms)")
+        return value
+
     @field_validator("batch_max_line_bytes", "api_max_body_bytes")
     @classmethod
     def _fits_one_record(cls, value: int, info: ValidationInfo) -> int:
