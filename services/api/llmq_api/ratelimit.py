@@ -33,10 +33,11 @@ from llmq_api.waiters import Abandoned, Resolution
 from llmq_core import wire
 from llmq_core.clock import Clock
 from llmq_core.constants import MAX_RESULT_BYTES, ratelimit_key
+from llmq_core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 0.25
+TIMEOUT_S = Settings.model_fields["api_rate_limit_timeout_ms"].default / 1000  # the setting's default
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
 BATCH_BUCKET = "batch_tokens"
