@@ -1,4 +1,5 @@
-# The two commands of README.md: `make demo` and `make test`. Each installs what is missing first (idempotent):
+# The two commands of README.md: `make demo` and `make test` (`make check`: its fast lane). Each installs what is
+# missing first (idempotent):
 # a .venv with exactly the Python packages uv.lock pins (uv, cached under ~/.cache/uv), redis-server and kcat (apt), the
 # Kafka broker's jars (Maven Central, cached under ~/.cache/llmq) and the real model's checkpoint (~/.cache/llmq/models).
 # `make lock` after changing pyproject's requirements; `make audit` checks the locked versions against advisories.
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 UV := UV_PYTHON_DOWNLOADS=never python3 -m uv
 APT_PACKAGES := redis-server kcat
 
-.PHONY: setup demo test down clean lock audit
+.PHONY: setup demo check test down clean lock audit
 
 setup: $(VENV)/.installed system-packages kafka models helm
 
@@ -65,8 +66,13 @@ models: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/llmq demo
 
-test: setup
-	$(VENV)/bin/pytest -q
+# Test lanes (tests/conftest.py): `check` is the fast one (unit tests, then the in-process tier on one broker and
+# Redis); `test` runs `check`, then the system tier (real processes: faults, regions, secure mode, the real model).
+check: setup
+	$(VENV)/bin/pytest -q tests/unit tests/inprocess
+
+test: check
+	$(VENV)/bin/pytest -q tests/system
 
 down:
 	$(VENV)/bin/llmq dev down

@@ -1,8 +1,12 @@
 """Test infrastructure: a real Kafka broker and a real Redis for every integration test.
 
 When ``LLMQ_KAFKA_BOOTSTRAP_SERVERS`` is set, the suite uses the Kafka and Redis the environment names. Otherwise it starts
-its own and stops them at the end: testcontainers' containers when a Docker engine answers, else a broker
-(127.0.0.1:19092) and Redis (127.0.0.1:16379) as processes under ``var/test`` (tests/infra.py).
+its own and stops them at the end: testcontainers' containers when a Docker engine answers, else a broker and Redis
+as processes under ``var/test`` on ports allocated for the run (tests/infra.py, tests/ports.py).
+
+Tiers (README "Two commands"): ``tests/unit`` pure logic; ``tests/inprocess`` services' loops in this process against
+that Kafka and Redis (``make check`` runs both); ``tests/system`` real processes, faults, regions, secure mode, the real
+model (``make test`` runs ``check``, then this).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from llmq_core.settings import Settings
 from tests.infra import secure_suite_infra, suite_infra
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,3 +45,12 @@ def secure_infra():
     take their role's connection settings from ``secure_infra.cfg.settings(role)`` / ``.env(role)``."""
     with secure_suite_infra(ROOT / "var" / "test-secure") as stack:
         yield stack
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """Settings for the suite's Kafka and Redis (the ``infra`` fixture exports where they are)."""
+    return Settings(
+        kafka_bootstrap_servers=os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+        redis_url=os.environ.get("LLMQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    )

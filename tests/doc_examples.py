@@ -1,4 +1,4 @@
-"""The fenced examples of README.md and docs/*.md, as tests/integration/test_docs_examples.py runs them.
+"""The fenced examples of README.md and docs/*.md, as tests/system/test_docs_examples.py runs them.
 
 Every ```bash and ```python block is an example meant to run verbatim on a fresh stack, twice in a row, unless the
 line right before its fence is ``<!-- example: skip (why) -->``. Other fences (```json, ```jsonl, plain ```) show

@@ -2,7 +2,8 @@
 
 A Docker engine that answers on this machine: testcontainers' Kafka (KRaft) and Redis containers, configured like the
 local processes. Otherwise those processes (``llmq_cli.devstack``: a Kafka broker from Maven jars and redis-server)
-on fixed ports under ``var/test``. The engine is probed on its API socket, not through the ``docker`` CLI: a machine can
+on ports allocated for the run (tests/ports.py) under ``var/test``, started afresh (a run's leftovers are stopped
+and its Kafka data removed first). The engine is probed on its API socket, not through the ``docker`` CLI: a machine can
 have the CLI and no engine.
 """
 
@@ -18,12 +19,13 @@ from urllib.parse import urlsplit
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.kafka_dist import BROKER_TUNING
 from llmq_core.redis_client import MEMORY_POLICY
+from tests import ports
 
-TEST_KAFKA_PORT = 19092
-TEST_REDIS_PORT = 16379
-# The secure broker (SASL_SSL; controller +1, mTLS listener +2) and Redis (TLS only) beside the plaintext pair.
-SECURE_KAFKA_PORT = 19192
-SECURE_REDIS_PORT = 16479
+# Where the suite's brokers and Redis sit in their allocated block: the broker (controller +1, the secure one's mTLS
+# listener +2) at its start, Redis after it.
+KAFKA_OFFSET = 0
+REDIS_OFFSET = 5
+INFRA_PORTS = 10
 SECURE_REPLY_TOPIC_PREFIXES = ("team.replies.",)
 SECURE_INGRESS_PRINCIPALS = ("team-a",)  # a Kafka-direct producer: writes llmq.ingress.team-a only
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
@@ -65,6 +67,22 @@ def infra_kind(docker_host: str | None) -> str:
     return "containers" if docker_engine_answers(docker_host) else "processes"
 
 
+def allocated_ports() -> dict[str, int]:
+    """A broker's and a Redis' ports for this run, from one allocated block."""
+    base = ports.block(INFRA_PORTS)
+    return {"kafka_port": base + KAFKA_OFFSET, "redis_port": base + REDIS_OFFSET}
+
+
+def fresh_infra(cfg: StackConfig) -> DevStack:
+    """``cfg``'s Kafka and Redis up as new: what an interrupted run left under its state dir stopped, and its Kafka
+    data removed (formatted again: a new cluster on this run's ports, SCRAM users of today's principals)."""
+    stack = DevStack(cfg)
+    stack.down()
+    shutil.rmtree(cfg.state_dir / "kafka-data", ignore_errors=True)
+    stack.up(services=False, log=lambda *_: None)
+    return stack
+
+
 @contextlib.contextmanager
 def suite_infra(state_dir: Path, docker_host: str | None) -> Iterator[DevStack]:
     """Kafka and Redis for the session, as the DevStack whose config private stacks of services copy."""
@@ -74,8 +92,7 @@ def suite_infra(state_dir: Path, docker_host: str | None) -> Iterator[DevStack]:
                 StackConfig(state_dir=state_dir, kafka_port=kafka_port, redis_port=redis_port, manage_infra=False)
             )
         return
-    stack = DevStack(StackConfig(state_dir=state_dir, kafka_port=TEST_KAFKA_PORT, redis_port=TEST_REDIS_PORT))
-    stack.up(services=False, log=lambda *_: None)
+    stack = fresh_infra(StackConfig(state_dir=state_dir, **allocated_ports()))
     try:
         yield stack
     finally:
@@ -88,16 +105,12 @@ def secure_suite_infra(state_dir: Path) -> Iterator[DevStack]:
     whatever the plaintext pair runs on: the stack whose config secure private stacks copy."""
     cfg = StackConfig(
         state_dir=state_dir,
-        kafka_port=SECURE_KAFKA_PORT,
-        redis_port=SECURE_REDIS_PORT,
+        **allocated_ports(),
         secure=True,
         reply_topic_prefixes=SECURE_REPLY_TOPIC_PREFIXES,
         ingress_principals=SECURE_INGRESS_PRINCIPALS,
     )
-    if not (state_dir / "pids" / "kafka.json").exists():  # formatted afresh: SCRAM users of today's principals
-        shutil.rmtree(state_dir / "kafka-data", ignore_errors=True)
-    stack = DevStack(cfg)
-    stack.up(services=False, log=lambda *_: None)
+    stack = fresh_infra(cfg)
     try:
         yield stack
     finally:

@@ -1,7 +1,7 @@
 """The request path of ``/v1/completions`` and ``/v1/chat/completions`` once HTTP is parsed.
 
 An :class:`Ask` is admitted (admission control, then the tenant's rate limits) and submitted: its waiter registered,
-then produced to ``requests_topic(class)``. With an Idempotency-Key, an earlier request holding the key answers
+then produced to ``names.request_topic(class)``. With an Idempotency-Key, an earlier request holding the key answers
 instead: its stored result, or its result once it has one (nothing runs again, nothing is charged twice). Either way
 the caller gets the :class:`~llmq_api.responses.PendingRequest` its response holds the connection on.
 """

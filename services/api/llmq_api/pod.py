@@ -46,7 +46,7 @@ POLL_S = 1.0  # a replies connection quiet this long is PINGed; quiet twice as l
 
 
 class KafkaRequestProducer:
-    """Produces GenerationRequests to ``requests_topic(traffic_class)`` (key = request_id, msgpack).
+    """Produces GenerationRequests to ``names.request_topic(traffic_class)`` (key = request_id, msgpack).
 
     :meth:`run` (re)tries starting the producer until the broker answers; ``ready`` is True from then on. A producer
     that broke (a refused record, a sequence gap left by a broker outage) replaces itself: see kafka.RenewableProducer.
@@ -58,8 +58,15 @@ class KafkaRequestProducer:
     start attempts and between checks (injected: tests step it).
     """
 
-    def __init__(self, settings: Settings, breaker: CircuitBreaker | None = None, sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        breaker: CircuitBreaker | None = None,
+        sleep: Sleep = asyncio.sleep,
+        names: Names = Names(),
+    ) -> None:
         self._settings = settings
+        self._names = names
         self._breaker = breaker
         self._sleep = sleep
         # its topics (requests, the batch-job log) are llmq's own: records behind one in flight go out together
@@ -123,7 +130,7 @@ class KafkaRequestProducer:
         self._acked += 1
 
     async def _send(self, request: wire.GenerationRequest) -> None:
-        topic = constants.requests_topic(request.traffic_class)
+        topic = self._names.request_topic(request.traffic_class)
         if not tracing.enabled():
             await kafka.send_message(self._producer, topic, request, key=request.request_id)
             return
@@ -175,11 +182,13 @@ class ReplyListener:
         catalog: ModelCatalog,
         metrics: ApiMetrics,
         health: Dependency | None = None,
+        heartbeats_channel: str = constants.REDIS_HEARTBEATS_CHANNEL,
     ) -> None:
         self._redis = redis
         self._replies = constants.replies_channel(instance_id)
         self._replies_bytes = self._replies.encode()
-        self._channels = {c.encode(): c for c in (self._replies, constants.REDIS_HEARTBEATS_CHANNEL)}
+        self._heartbeats = heartbeats_channel
+        self._channels = {c.encode(): c for c in (self._replies, heartbeats_channel)}
         self._registry = registry
         self._catalog = catalog
         self._metrics = metrics
@@ -213,7 +222,7 @@ class ReplyListener:
         connection = replies_connection(self._redis.connection_pool)
         try:
             await connection.connect()
-            await connection.send_command("SUBSCRIBE", self._replies, constants.REDIS_HEARTBEATS_CHANNEL)
+            await connection.send_command("SUBSCRIBE", self._replies, self._heartbeats)
             pinged = False
             while True:
                 response = await connection.read_response(timeout=POLL_S, disconnect_on_error=False)
@@ -327,9 +336,16 @@ class Pod:
             max_backoff_ms=settings.api_kafka_breaker_max_backoff_ms,
             probe_timeout_ms=settings.api_produce_timeout_ms,
         )
-        self.producer = producer or KafkaRequestProducer(settings, self.breaker)
+        self.names = names
+        self.producer = producer or KafkaRequestProducer(settings, self.breaker, names=names)
         self.listener = ReplyListener(
-            self.redis, instance_id, self.registry, self.catalog, self.metrics, Dependency(REDIS, clock)
+            self.redis,
+            instance_id,
+            self.registry,
+            self.catalog,
+            self.metrics,
+            Dependency(REDIS, clock),
+            heartbeats_channel=names.heartbeats_channel,
         )
         self.generation = self._generation()
         self.batch_jobs = BatchJobs(
@@ -429,11 +445,11 @@ class Pod:
         await self.redis.aclose()
 
     async def publish_cancel(self, request_id: str, reason: str) -> None:
-        """Publish a Cancel on REDIS_CANCELS_CHANNEL (best effort, bounded; never raises)."""
+        """Publish a Cancel on ``names.cancels_channel`` (best effort, bounded; never raises)."""
         cancel = wire.Cancel(request_id=request_id, reason=reason)
         try:
             await asyncio.wait_for(
-                self.redis.publish(constants.REDIS_CANCELS_CHANNEL, wire.encode(cancel)), REDIS_OP_TIMEOUT_S
+                self.redis.publish(self.names.cancels_channel, wire.encode(cancel)), REDIS_OP_TIMEOUT_S
             )
             self.metrics.cancels.labels(reason).inc()
         except Exception as exc:

@@ -1,6 +1,6 @@
 """The connection guard's decisions, driven by hand: a fake transport and a loop whose timers the test fires.
 
-The real sockets and real timeouts are in tests/integration/test_api_connections.py.
+The real sockets and real timeouts are in tests/system/test_api_connections.py.
 """
 
 import asyncio

@@ -1,5 +1,5 @@
 """The transport-security pieces that are pure: client options from settings, the role ACL tables, the secure broker's
-properties, the dev stack's secrets. Against real Kafka and Redis: tests/integration/test_security.py."""
+properties, the dev stack's secrets. Against real Kafka and Redis: tests/system/test_security.py."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_only_consumers_read_and_each_in_its_own_group():
 REQUESTS, DEFERRED = constants.TOPIC_REQUESTS_PREFIX, constants.requests_topic(constants.DEFERRED)
 RESULTS, BATCHES, DEAD = constants.TOPIC_RESULTS, constants.TOPIC_BATCHES, constants.TOPIC_DEAD_LETTERS
 SERVICE_TOPICS = {
-    "services/api": (security.ROLE_API, {"requests_topic": REQUESTS}),  # requests_topic(any class)
+    "services/api": (security.ROLE_API, {"request_topic": REQUESTS}),  # names.request_topic(any class)
     "services/worker": (
         security.ROLE_WORKER,
         {"batches_topic": BATCHES, "results_topic": RESULTS, "dead_letters_topic": DEAD, "TOPIC_RESULTS": RESULTS},

@@ -1,6 +1,6 @@
 """The docs' examples are all seen by the docs test: runnable ones parse, the rest say why they do not run.
 
-tests/integration/test_docs_examples.py runs every runnable block against a stack; these checks need none.
+tests/system/test_docs_examples.py runs every runnable block against a stack; these checks need none.
 """
 
 import json

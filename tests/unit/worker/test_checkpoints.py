@@ -1,7 +1,7 @@
 """Catalogue checkpoints: installed once (fetch, pinned hash, convert, manifest), verified before a worker loads one.
 
 The download and the conversion are replaced by fakes here; the real ones run in ``make setup`` and the real-model
-stack tests (tests/integration/test_real_model_stack.py)."""
+stack tests (tests/system/test_real_model_stack.py)."""
 
 import hashlib
 import io

@@ -1,0 +1,235 @@
+"""Batch-job state in Kafka, takeover and fencing across regions, on the suite's one broker and one Redis (no
+MirrorMaker 2: the test copies region A's job topics to the names MirrorMaker 2 gives them in region B itself).
+
+Region A and B are two Redis databases, two memory file stores and two sets of job topics (unique names per run); the
+API pod's BatchJobs creates the job in A, the result-router's JobDriver and JobLedger drive and settle it (their
+request producer records, the job log is the real broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
+
+from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.ratelimit import RateLimiter
+from llmq_core import jobs, kafka, regions, wire
+from llmq_core.clock import FakeClock
+from llmq_core.filestore import FileStore
+from llmq_core.joblog import JobLog, JobTopics, read_topics
+from llmq_core.jobs import JobOwner
+from llmq_core.jobstore import JobStore
+from llmq_core.models import BUILTIN_MODELS
+from llmq_core.settings import Settings
+from llmq_result_router.jobs import JobDriver, JobLedger
+from llmq_result_router.owners import OwnerWatcher
+from tests.inprocess.test_batch_jobs_ledger import TENANT, RecordingProducer, _Source, line, result_for
+
+pytestmark = pytest.mark.integration
+
+RUN = uuid.uuid4().hex[:6]
+A, B = f"ra{RUN}", f"rb{RUN}"
+A_DB, B_DB = 11, 12
+
+
+class Region:
+    """One region's Redis (a database of the suite's), file store, job topics, API and result-router parts."""
+
+    def __init__(self, settings: Settings, name: str, db: int, producer: AIOKafkaProducer) -> None:
+        base = settings.redis_url.rsplit("/", 1)[0]
+        self.settings = settings.model_copy(
+            update={
+                "region": name,
+                "redis_url": f"{base}/{db}",
+                "files_url": f"memory://takeover-{name}",
+                "batch_in_flight_lines": 4,
+                "batch_lease_ms": 60_000,
+            }
+        )
+        self.name = name
+        self.redis = Redis.from_url(self.settings.redis_url)
+        self.topics = JobTopics(prefix=f"{name}-own.")  # this region's own job topics (production: no prefix)
+        self.store = JobStore(self.redis, log=JobLog(producer, self.topics))
+        self.files = FileStore(self.settings.files_url)
+        self.clock = FakeClock()
+        self.requests = RecordingProducer()
+        models = {n: spec.context_window for n, spec in BUILTIN_MODELS.items()}
+        self.api = BatchJobs(
+            self.settings, self.store, self.files, self.clock, lambda: models, RateLimiter(self.redis, self.clock)
+        )
+        self.ledger = JobLedger(self.settings, self.store, self.requests, self.clock)
+        self.driver = JobDriver(self.settings, self.store, self.files, self.requests, self.redis, self.clock)
+
+    async def create(self, custom_ids: list[str]) -> str:
+        record = await self.api.upload(TENANT, "in.jsonl", "batch", _Source("\n".join(map(line, custom_ids)).encode()))
+        body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": "10m"})
+        return (await self.api.create(TENANT, body.encode())).spec.id
+
+    async def answer_all(self) -> list[str]:
+        """Settle every request the driver produced since the last call; their custom_ids."""
+        taken = self.requests.take()
+        for request in taken:
+            await self.ledger.on_result(result_for(request))
+        return [r.reply_to.custom_id for r in taken]
+
+    async def state(self, batch_id: str) -> tuple:
+        job = await self.store.get_job(batch_id)
+        lines = dict([item async for item in self.store.scan_lines(batch_id)])
+        results = {r.reply_to.custom_id: r async for r in self.store.scan_results(batch_id)}
+        return job.status, job.counts, lines, results, await self.store.owner(batch_id)
+
+    async def output_ids(self, batch_id: str) -> list[str]:
+        job = await self.store.get_job(batch_id)
+        ids = []
+        for file_id in (job.spec.output_file_id, job.spec.error_file_id):
+            data = b"".join([chunk async for chunk in await self.api.content(TENANT, file_id)])
+            ids += [json.loads(x)["custom_id"] for x in data.splitlines()]
+        return ids
+
+
+async def mirror(settings: Settings, source: Region, kinds=("specs", "lines", "ledger", "owners"), skip_last=0):
+    """What MirrorMaker 2 in the peer region does: copy ``source``'s own job topics to ``<source>.llmq.jobs.*``;
+    ``skip_last`` ledger records are left out (settled within the replication lag)."""
+    producer = kafka.make_producer(settings)
+    await producer.start()
+    try:
+        target = JobTopics.mirrored(source.name)
+        for kind in kinds:
+            await kafka.create_topic(settings, target.topic(kind))
+            records = await _records(settings, source.topics.topic(kind))
+            if kind == "ledger" and skip_last:
+                records = records[:-skip_last]
+            for key, value in records:
+                await producer.send_and_wait(target.topic(kind), value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def _records(settings: Settings, topic: str) -> list[tuple[bytes, bytes]]:
+    consumer = kafka.make_consumer(settings, topic, group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        out = []
+        end = sum((await consumer.end_offsets(list(consumer.assignment()))).values())
+        while len(out) < end:
+            for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                out += [(r.key, r.value) for r in batch]
+        return out
+    finally:
+        await consumer.stop()
+
+
+@pytest.fixture
+async def regions_pair(settings):
+    producer = kafka.make_producer(settings)
+    await producer.start()
+    pair = [Region(settings, A, A_DB, producer), Region(settings, B, B_DB, producer)]
+    for region in pair:
+        await region.redis.flushdb()
+        for topic in region.topics.all():
+            await kafka.create_topic(settings, topic)
+    yield pair
+    for region in pair:
+        await region.redis.flushdb()
+        await region.redis.aclose()
+    await producer.stop()
+
+
+async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_pair):
+    a, b = regions_pair
+    custom_ids = [f"line-{i}" for i in range(10)]
+    batch_id = await a.create(custom_ids)
+
+    # A drives: 4 lines in flight, all settled; the last settlement is not mirrored before A is lost
+    await a.driver.tick()
+    settled_in_a = await a.answer_all()
+    assert len(settled_in_a) == 4
+    logged = await read_topics(a.settings, a.topics)
+    assert logged.records[batch_id].status == jobs.IN_PROGRESS
+    assert list(logged.lines[batch_id]) == custom_ids
+    assert set(logged.results[batch_id]) == set(settled_in_a)
+    assert logged.owners[batch_id] == JobOwner(
+        batch_id=batch_id, region=A, epoch=0, at_ms=logged.owners[batch_id].at_ms
+    )
+    await mirror(settings, a, skip_last=1)
+
+    # B takes the job over under the same batch id, epoch 1; the 3 mirrored settlements are not run again
+    [taken] = await regions.take_over(b.settings, b.store, b.files, b.store.log, A, b.clock)
+    assert (taken.batch_id, taken.status, taken.epoch, taken.settled, taken.to_run) == (
+        batch_id,
+        jobs.IN_PROGRESS,
+        1,
+        3,
+        7,
+    )
+    status, _, lines, results, owner = await b.state(batch_id)
+    assert (status, owner) == (jobs.IN_PROGRESS, B)
+    assert set(results) == set(settled_in_a[:3])
+    assert sum(state == jobs.pending(0) for state in lines.values()) == 7
+
+    # fencing: A learns of B's claim (B's owners topic mirrored to A) and neither drives nor settles the job again
+    await mirror(settings, b, kinds=("owners",))
+    consumer = kafka.make_consumer(settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
+    watcher = OwnerWatcher(a.store, consumer)
+    await consumer.start()
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.caught_up.wait(), 30)
+    finally:
+        watcher.stop()
+        await task
+        await consumer.stop()
+    assert await a.store.owner(batch_id) == B
+    await a.driver.tick()
+    assert a.requests.take() == []
+    assert batch_id not in await a.store.active_jobs()
+    late = wire.FinalResult(
+        request_id=f"{batch_id}:line-9",
+        outcome=wire.Outcome.SUCCEEDED,
+        model="llmq-sim",
+        tenant_id=TENANT.tenant_id,
+        reply_to=wire.JobReply(batch_id=batch_id, custom_id="line-9"),
+    )
+    await a.ledger.on_result(late)  # a result of A's that arrives late: A's ledger leaves the line alone
+    assert await a.store.line_states(batch_id, ["line-9"]) == [jobs.pending(0)]
+
+    # B finishes the job: every custom_id exactly once across its output and error files
+    rerun = []
+    for _ in range(10):
+        await b.driver.tick()
+        rerun += await b.answer_all()
+        await b.driver.tick()
+    assert sorted(rerun) == sorted(set(custom_ids) - set(settled_in_a[:3]))
+    assert (await b.store.get_job(batch_id)).status == jobs.COMPLETED
+    assert sorted(await b.output_ids(batch_id)) == sorted(custom_ids)
+
+    # A's last settlement reaches B once A is back: one line ran in both regions, counted as a rerun
+    await mirror(settings, a, kinds=("ledger",))
+    reruns = await regions.count_reruns(b.settings, JobTopics.mirrored(A), {batch_id}, own=b.topics)
+    assert reruns == {batch_id: 1}
+
+    # B's Redis is lost: the view rebuilt from B's own topics serves the same job and files
+    before = (await b.store.get_job(batch_id)).status, sorted(await b.output_ids(batch_id))
+    await b.redis.flushdb()
+    assert await regions.rebuild(b.settings, b.store, b.files, own=b.topics) == 1
+    assert ((await b.store.get_job(batch_id)).status, sorted(await b.output_ids(batch_id))) == before
+    assert await b.store.owner(batch_id) == B
+
+
+async def test_a_rebuilt_view_of_a_running_job_is_the_same(settings, regions_pair):
+    a, _ = regions_pair
+    batch_id = await a.create([f"line-{i}" for i in range(6)])
+    await a.driver.tick()
+    await a.answer_all()
+    before = await a.state(batch_id)
+    await a.redis.flushdb()
+    await regions.rebuild(a.settings, a.store, a.files, own=a.topics)
+    status, counts, lines, results, owner = await a.state(batch_id)
+    assert (status, lines, results, owner) == before[:1] + before[2:]
+    assert {k: counts[k] for k in ("succeeded", "errored", "input_tokens", "output_tokens")} == {
+        k: before[1][k] for k in ("succeeded", "errored", "input_tokens", "output_tokens")
+    }

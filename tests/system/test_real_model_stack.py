@@ -1,0 +1,184 @@
+"""A real LLM through the whole pipeline: smollm2-135m-instruct (installed by ``make setup``) on one transformers worker
+behind two API pods, asked with the openai SDK and httpx.
+
+Each generating request is sent alone (batch composition changes floating-point results) with short ``max_tokens``:
+on this CPU the model makes about 13 tokens/s alone, far fewer on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import msgspec
+import openai
+import pytest
+from redis.asyncio import Redis
+
+from llmq_core import constants, wire
+from llmq_core.constants import HTTP_TIMEOUT_MS
+from llmq_core.models import SMOLLM2_135M_INSTRUCT
+from llmq_core.settings import Settings
+from llmq_core.token_counts import TokenizerCounter
+from llmq_worker import checkpoints
+from tests import ports
+from tests.stacks import private_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# the stack's metrics ports are derived from these (API port + 10 and up): the whole block is allocated
+BASE = ports.block()
+API_PORTS = (BASE, BASE + 1)
+MODEL = SMOLLM2_135M_INSTRUCT.name
+TIMEOUT_MS = 180_000  # a loaded 2-core machine can be slow; no test waits this long when it works
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    try:
+        return checkpoints.installed_path(SMOLLM2_135M_INSTRUCT, checkpoints.models_root(Settings().models_dir))
+    except checkpoints.CheckpointError as exc:
+        pytest.fail(f"{exc} (make setup installs it)")
+
+
+@pytest.fixture(scope="module")
+def stack(infra, model_dir):
+    with private_stack(
+        infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=0, smollm2_workers=1, timeout_s=240
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def clients(stack):
+    """An openai client per API pod."""
+    return [
+        openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1",
+            api_key="llmq-dev-key",
+            default_headers={HTTP_TIMEOUT_MS: str(TIMEOUT_MS)},
+            timeout=TIMEOUT_MS / 1000,
+            max_retries=0,
+        )
+        for port in stack.cfg.api_ports
+    ]
+
+
+def _chat(client, messages=FRANCE, **params):
+    return client.chat.completions.create(model=MODEL, messages=messages, **params)
+
+
+def test_greedy_answer_holds_the_fact_and_the_pod_counts_the_model_tokens(clients, model_dir):
+    answer = _chat(clients[0], temperature=0, max_tokens=16)
+    choice = answer.choices[0]
+    assert "Paris" in choice.message.content
+    assert choice.finish_reason == "stop"  # its end-of-turn token, well before max_tokens
+    messages = [wire.ChatMessage(role=m["role"], content=m["content"]) for m in FRANCE]
+    assert answer.usage.prompt_tokens == TokenizerCounter.from_path(model_dir).chat(messages)
+
+
+def test_a_stop_string_ends_the_answer_before_it(clients):
+    answer = _chat(clients[1], temperature=0, max_tokens=16, stop=["Paris"])
+    assert answer.choices[0].message.content.rstrip() == "The capital of France is"
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_stream_text_equals_the_plain_text_at_temperature_0(clients):
+    plain = _chat(clients[0], temperature=0, max_tokens=12).choices[0].message.content
+    stream = _chat(clients[1], temperature=0, max_tokens=12, stream=True)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert streamed == plain
+
+
+def test_a_seeded_sample_repeats(clients):
+    texts = {_chat(clients[i], temperature=1.0, seed=1234, max_tokens=8).choices[0].message.content for i in range(2)}
+    assert len(texts) == 1
+
+
+def test_n_2_at_temperature_1_gives_two_choices(clients):
+    answer = _chat(clients[0], temperature=1.0, n=2, max_tokens=8, seed=7)  # seeded: an EOS first draw would be ""
+    assert sorted(c.index for c in answer.choices) == [0, 1]
+    assert all(c.message.content for c in answer.choices)
+    assert answer.usage.completion_tokens > 0
+
+
+def test_a_code_completion_prompt_is_continued(clients):
+    answer = clients[1].completions.create(
+        model=MODEL, prompt="def reverse(s):\n    return", temperature=0, max_tokens=8
+    )
+    assert answer.choices[0].text.strip()
+
+
+def test_a_prompt_over_the_context_window_is_a_400_with_the_models_own_count(clients, model_dir):
+    content = "Paris is lovely. " * 2100  # about 8,400 tokens of this model (35,700 bytes)
+    counted = TokenizerCounter.from_path(model_dir).chat([wire.ChatMessage(role="user", content=content)])
+    assert counted > SMOLLM2_135M_INSTRUCT.context_window
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as raised:
+        _chat(clients[0], messages=[{"role": "user", "content": content}], max_tokens=8)
+    assert time.monotonic() - started < 5  # refused by the pod, not after a trip to a worker
+    error = raised.value.body
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert f"{counted + 8} tokens" in error["message"], error["message"]
+
+
+async def test_a_cancel_mid_generation_frees_the_slot(stack):
+    """A stream closed after its first chunk is aborted in the worker: its heartbeat shows no running sequence long
+    before 2,000 tokens could have been made (its end-of-turn token is banned, so it cannot end sooner), and the next
+    request is served."""
+    redis = Redis.from_url(stack.cfg.redis_url)
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(constants.REDIS_HEARTBEATS_CHANNEL)
+    port = stack.cfg.api_ports[0]
+    headers = {"authorization": "Bearer llmq-dev-key", HTTP_TIMEOUT_MS: str(TIMEOUT_MS)}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count from 1 to 5000, one number per line."}],
+        "max_tokens": 2000,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": {"2": -100},  # <|im_end|>: no natural end
+    }
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                # Held until the block ends: an iterator dropped after `break` closes the connection whenever Python
+                # collects it (sometimes at once), which the pod rightly takes for a client gone and cancels.
+                lines = response.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                        break  # the first text: generation runs
+                await _running_after(pubsub, lambda n: n == 1, within_s=60)  # heartbeats from before it are read past
+            # leaving the block closed the connection: the pod cancels, the worker aborts the sequence
+            await _running_after(pubsub, lambda n: n == 0, within_s=60)
+            reply = await client.post(
+                "/v1/chat/completions", json={"model": MODEL, "messages": FRANCE, "max_tokens": 4, "temperature": 0}
+            )
+            assert reply.status_code == 200, reply.text
+    finally:
+        await pubsub.aclose()
+        await redis.aclose()
+
+
+async def _running_after(pubsub, wanted, within_s: float = 30) -> int:
+    """The ``running`` of the model's next worker heartbeat that satisfies ``wanted``, polled until ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        if message is None:
+            continue
+        try:
+            beat = wire.decode(message["data"])
+        except msgspec.DecodeError:
+            continue
+        if isinstance(beat, wire.WorkerHeartbeat) and beat.model == MODEL and wanted(beat.running):
+            return beat.running
+    raise AssertionError(f"no heartbeat of {MODEL} with the wanted running count within {within_s} s")
+
+
+def test_models_lists_the_real_context_window(clients):
+    listed = {m.id: m for m in clients[0].models.list().data}
+    assert listed[MODEL].model_extra["context_window"] == 8192

@@ -1,0 +1,101 @@
+"""One generation per stream, on a real stack: a worker killed with SIGKILL mid-stream and started again.
+
+One API pod, the batcher, the result-router and one llmq-sim worker whose fixed 6 s batches stream their tokens over the
+whole batch time, so "mid-stream" is deterministic. llmq-sim replays the prompt's bytes, so every generation of a
+request is known in advance. With the suite's own Kafka/Redis the stack reuses them; otherwise it brings its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import ports
+from tests.stacks import standalone_stack
+from tests.system.faults.stack import FaultStack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+BATCH_TIME_MS = 6000
+API_PORT = ports.block()  # an allocated block: the restarted worker gets its metrics port (+12) back
+DEV = {"authorization": "Bearer llmq-dev-key", "x-llmq-timeout-ms": "60000"}
+PROMPT = "one generation per stream. "
+MAX_TOKENS = 64
+GENERATION = (PROMPT * 3)[:MAX_TOKENS]  # llmq-sim's completion: the prompt's bytes, cycled
+KILL_AFTER_CHARS = 12
+
+
+@pytest.fixture(scope="module")
+def stack(infra):
+    shape = dict(
+        api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=8
+    )
+    own = dict(
+        state_dir=ROOT / "var" / f"test-stream-{uuid.uuid4().hex[:6]}",
+        kafka_port=API_PORT + 30,
+        redis_port=API_PORT + 35,
+    )
+    with standalone_stack(infra, own, "stream-interrupted", **shape) as running:
+        yield FaultStack(running.cfg)
+
+
+async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> tuple[str, str, dict, float]:
+    """Stream a completion, SIGKILL the worker once KILL_AFTER_CHARS arrived, start it again; returns the request id,
+    the text the client got, the stream's last JSON event (the error event) and when the kill was sent (monotonic)."""
+    body = {"model": "llmq-sim", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}
+    text, events, killed = "", [], 0.0
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line.removeprefix("data: "))
+            if events[-1] == "[DONE]":
+                break
+            event = json.loads(events[-1])
+            text += "".join(choice["text"] for choice in event.get("choices", ()))
+            if not killed and len(text) >= KILL_AFTER_CHARS:
+                killed = stack.send("worker-sim-0", signal.SIGKILL)
+                await stack.heal()  # the same worker comes back and reads its uncommitted batches again
+    assert killed, f"the stream ended before {KILL_AFTER_CHARS} characters: {text!r}"
+    assert events[-1] == "[DONE]", events[-3:]
+    return request_id, text, json.loads(events[-2]), killed
+
+
+async def stored(client: httpx.AsyncClient, request_id: str) -> dict:
+    """GET /v1/requests/{id} once the result-router has stored the outcome (polled with a deadline)."""
+    async with asyncio.timeout(20):
+        while (response := await client.get(f"/v1/requests/{request_id}")).status_code == 404:
+            await asyncio.sleep(0.1)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_a_stream_whose_worker_dies_ends_interrupted_and_a_plain_request_runs_again(stack):
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{API_PORT}", headers=DEV, timeout=60) as client:
+        body = {"model": "llmq-sim", "prompt": PROMPT, "max_tokens": MAX_TOKENS}
+        plain = asyncio.create_task(client.post("/v1/completions", json=body))
+        plain_done: list[float] = []
+        plain.add_done_callback(lambda _: plain_done.append(time.monotonic()))
+        stream_id, text, last, killed_s = await stream_until_killed(client, stack)
+        assert KILL_AFTER_CHARS <= len(text) < MAX_TOKENS and GENERATION.startswith(text), text
+        assert last["error"]["code"] == "stream_interrupted" and last["error"]["type"] == "server_error"
+
+        outcome = await stored(client, stream_id)
+        assert (outcome["status"], outcome["error"]["code"]) == ("errored", "stream_interrupted")
+        assert outcome["usage"]["completion_tokens"] == len(text.encode())  # llmq-sim: a token a byte, as received
+
+        response = await plain
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["text"] == GENERATION
+        assert plain_done[0] - killed_s >= BATCH_TIME_MS / 1000  # a whole batch after the kill: it ran again
+        assert (await stored(client, response.headers["x-request-id"]))["status"] == "succeeded"
