@@ -40,7 +40,7 @@ def load(name: str):
         return build_llmq_tiny()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = checkpoints.installed_path(BUILTIN_MODELS[name], checkpoints.models_root(load_settings().models_dir))
+    path = checkpoints.installed_path(BUILTIN_MODELS[name], checkpoints.models_root(load_settings().models.dir))
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
 
 

@@ -24,7 +24,7 @@ class Names:
     cancels_channel: str = constants.REDIS_CANCELS_CHANNEL
     stats_key: str = constants.STATS_BATCHER
     saturation_key: str = constants.REDIS_SATURATION_KEY
-    reply_topic_prefixes: tuple[str, ...] = ()  # Settings.kafka_reply_topic_prefixes: see kafka.reply_topic_error
+    reply_topic_prefixes: tuple[str, ...] = ()  # Settings.kafka.reply_topic_prefixes: see kafka.reply_topic_error
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Names:

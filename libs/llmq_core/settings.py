@@ -135,15 +135,18 @@ class RegionSettings(Group):
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_REGION_")
     name: str = Field(
-        ids.DEFAULT_REGION, validation_alias="LLMQ_REGION", description="This region's name (lower-case DNS label)."
+        ids.DEFAULT_REGION,
+        validation_alias="LLMQ_REGION",
+        description="This stack's region (1-32 of `a-z 0-9 -`, lower case, not starting or ending in `-`; a service "
+        "refuses any other at start): in every instance, request, batch and batch-job id, metric (`region` "
+        'label) and log line; MirrorMaker 2\'s alias of its cluster ("Multi-region").',
     )
     limit_share: float = Field(
         1.0,
         gt=0,
         le=1,
-        description="Share of a tenant's global rate limits this region enforces (the keys file's limits are global):"
-        " no region asks another on the request path, so each holds its share; the shares of all regions should add"
-        " up to 1.",
+        description="Share (0-1] of each tenant's global rate limits (keys file) this region enforces, with no "
+        'cross-region call ("Multi-region").',
     )
 
     @field_validator("name")
@@ -156,45 +159,73 @@ class KafkaSettings(Group):
     """Kafka: connection, transport security (docs/security.md), topics, Kafka-direct producers, client tuning."""
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_KAFKA_")
-    bootstrap_servers: str = Field("127.0.0.1:9092", min_length=1, description="Brokers, comma-separated host:port.")
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers, comma-separated."
+    )
     security_protocol: Literal["PLAINTEXT", "SASL_SSL", "SSL"] = Field(
-        "PLAINTEXT", description="PLAINTEXT, SASL_SSL (SCRAM over TLS) or SSL (TLS; mTLS with a client certificate)."
+        "PLAINTEXT",
+        description="`PLAINTEXT`, `SASL_SSL` (SCRAM over TLS) or `SSL` (TLS; mTLS with a client certificate); see "
+        "docs/security.md.",
     )
     sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = Field(
-        "SCRAM-SHA-512", description="SASL mechanism (security protocol SASL_SSL)."
+        "SCRAM-SHA-512", description="SASL mechanism under `SASL_SSL` (`SCRAM-SHA-512`, `SCRAM-SHA-256`, `PLAIN`)."
     )
-    sasl_username: str = Field("", description="This service's principal (one per role: api, batcher, worker, ...).")
-    sasl_password: str = Field("", description="Its password.")
-    sasl_password_file: str = Field("", description="File holding the password, read at start; wins over the password.")
-    ssl_cafile: str = Field("", description="CA that signed the brokers' certificates (empty: the system's CAs).")
-    ssl_certfile: str = Field("", description="Client certificate (mTLS, security protocol SSL).")
-    ssl_keyfile: str = Field("", description="The client certificate's private key.")
+    sasl_username: str = Field(
+        "",
+        description="This service's Kafka principal (one per role: `api`, `batcher`, `worker`, `router`; `admin` for "
+        "`llmq topics`).",
+    )
+    sasl_password: str = Field("", description="Its password (prefer the file below).")
+    sasl_password_file: str = Field(
+        "", description="File holding the password (a mounted secret); wins over `LLMQ_KAFKA_SASL_PASSWORD`."
+    )
+    ssl_cafile: str = Field("", description="PEM CA that signed the brokers' certificates (empty: the system's CAs).")
+    ssl_certfile: str = Field("", description="PEM client certificate for mTLS (`SSL`): its CN is the principal.")
+    ssl_keyfile: str = Field("", description="Its private key.")
     request_topic_partitions: int = Field(
-        4, ge=1, description="Partitions of each llmq.requests.<class> topic.", json_schema_extra=was("LLMQ_REQUEST_TOPIC_PARTITIONS")
+        4,
+        ge=1,
+        description="Partitions of each `llmq.requests.<class>` topic (batcher parallelism).",
+        json_schema_extra=was("LLMQ_REQUEST_TOPIC_PARTITIONS"),
     )
     batch_topic_partitions: int = Field(
-        16, ge=1, description="Partitions of llmq.batches: one worker each.", json_schema_extra=was("LLMQ_BATCH_TOPIC_PARTITIONS")
+        16,
+        ge=1,
+        description="Partitions of `llmq.batches`: the most workers one stack can have.",
+        json_schema_extra=was("LLMQ_BATCH_TOPIC_PARTITIONS"),
     )
     results_topic_partitions: int = Field(
-        4, ge=1, description="Partitions of llmq.results.", json_schema_extra=was("LLMQ_RESULTS_TOPIC_PARTITIONS")
+        4,
+        ge=1,
+        description="Partitions of `llmq.results` (result-router parallelism).",
+        json_schema_extra=was("LLMQ_RESULTS_TOPIC_PARTITIONS"),
     )
     topic_replication_factor: int = Field(
         1,
         ge=1,
-        description="Replicas of each llmq topic `llmq topics` creates (1: local and test stacks).",
+        description="Replicas of each llmq topic that `llmq topics` (and a PLAINTEXT stack's batcher and result-router) "
+        "create: 1 for local and test stacks, 3 on a production cluster (the Helm chart's "
+        "`kafka.topicReplicationFactor`).",
         json_schema_extra=was("LLMQ_TOPIC_REPLICATION_FACTOR"),
     )
     reply_topic_prefixes: str = Field(
-        "", description="Comma-separated prefixes a Kafka reply topic must start with (empty: any)."
+        "",
+        description="Comma-separated prefixes a Kafka reply topic must start with (empty: any legal name but `llmq.*` and"
+        " `__*`); other requests are answered `errored` (`invalid_reply_topic`) and dead-lettered.",
     )
     request_id_ttl_s: int = Field(
-        86400, gt=0, description="A Kafka-direct request_id is known this long: copies get its answer again."
+        86400,
+        gt=0,
+        description="How long a Kafka-direct `request_id` stays known: a record re-produced with it gets the stored "
+        "result again (`request_copy` set), or, once that is gone, `errored` `request_id_reused` (see "
+        "docs/kafka-producers.md).",
     )
     ingress: dict[str, IngressGrant] = Field(
         {},
-        description='Kafka-direct producers (JSON): principal -> {"tenant_id": ..., "classes": [...]}. The batcher'
-        " reads each one's topic llmq.ingress.<principal> and answers a record claiming another tenant or class with"
-        " an error.",
+        description='Kafka-direct producers, JSON: principal -> `{"tenant_id": ..., "classes": [...]}`; the batcher reads'
+        " each one's topic `llmq.ingress.<principal>` (created by `llmq topics`) and answers a record "
+        "claiming another tenant or class `errored` `tenant_not_allowed` / `class_not_allowed` (see "
+        "docs/security.md).",
     )
     producer_linger_ms: int = Field(
         0,
@@ -212,10 +243,10 @@ class KafkaSettings(Group):
         100,
         ge=0,
         description="The result-router and the batcher's results tail (off the answer's path): the broker holds"
-        " their fetches up to this long, or until results_fetch_min_bytes; reply topics and stored results lag by"
+        " their fetches up to this long, or until `LLMQ_KAFKA_RESULTS_FETCH_MIN_BYTES`; reply topics and stored results lag by"
         " up to this.",
     )
-    results_fetch_min_bytes: int = Field(64 * 1024, ge=1, description="See results_fetch_max_wait_ms.")
+    results_fetch_min_bytes: int = Field(64 * 1024, ge=1, description="See `LLMQ_KAFKA_RESULTS_FETCH_MAX_WAIT_MS`.")
     topics_ready_timeout_s: float = Field(
         60,
         gt=0,
@@ -237,13 +268,17 @@ class RedisSettings(Group):
     """Redis: connection and transport security (docs/security.md)."""
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_REDIS_")
-    url: str = Field("redis://127.0.0.1:6379/0", min_length=1, description="redis:// or rediss:// (TLS) URL.")
-    username: str = Field("", description="Redis ACL user (one per role); empty: the URL's, else Redis' default user.")
-    password: str = Field("", description="Its password.")
-    password_file: str = Field("", description="File holding the password, read at start; wins over the password.")
-    ssl_cafile: str = Field("", description="CA of the Redis server's certificate (rediss:// URLs).")
-    ssl_certfile: str = Field("", description="Client certificate, where Redis asks for one (tls-auth-clients).")
-    ssl_keyfile: str = Field("", description="The client certificate's private key.")
+    url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        min_length=1,
+        description="Redis URL (replies pub/sub, heartbeats, cancels, stored results, ledgers).",
+    )
+    username: str = Field("", description="This service's Redis ACL user (one per role, like Kafka's principals).")
+    password: str = Field("", description="Its password (prefer the file below).")
+    password_file: str = Field("", description="File holding the Redis password; wins over `LLMQ_REDIS_PASSWORD`.")
+    ssl_cafile: str = Field("", description="PEM CA of the Redis server's certificate (with a `rediss://` URL).")
+    ssl_certfile: str = Field("", description="Client certificate, where Redis requires one (`tls-auth-clients yes`).")
+    ssl_keyfile: str = Field("", description="Its private key.")
 
 
 _MS = {"ge": 1}
@@ -254,75 +289,81 @@ class ApiSettings(Group):
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_API_")
     instance_id: str = Field(
-        "", description="This pod's id (empty: hostname + random suffix).", json_schema_extra=was("LLMQ_INSTANCE_ID")
+        "",
+        description="API pod instance id; `--instance-id` wins; empty: generated at start (hostname + random suffix).",
+        json_schema_extra=was("LLMQ_INSTANCE_ID"),
     )
     interactive_default_timeout_ms: int = Field(
         30_000,
         **_MS,
-        description="Deadline of an interactive request without x-llmq-timeout-ms.",
+        description="Interactive: deadline of a request without `x-llmq-timeout-ms`.",
         json_schema_extra=was("LLMQ_DEFAULT_TIMEOUT_MS"),
     )
     interactive_max_timeout_ms: int = Field(
         600_000,
         **_MS,
-        description="Longest x-llmq-timeout-ms an interactive request may ask for.",
+        description="Interactive: the most `x-llmq-timeout-ms` may ask (larger values are clamped).",
         json_schema_extra=was("LLMQ_MAX_TIMEOUT_MS"),
     )
     near_interactive_default_timeout_ms: int = Field(
         60_000,
         **_MS,
-        description="Deadline of a near_interactive request without x-llmq-timeout-ms.",
+        description="Near_interactive: default deadline.",
         json_schema_extra=was("LLMQ_NEAR_INTERACTIVE_DEFAULT_TIMEOUT_MS"),
     )
     near_interactive_max_timeout_ms: int = Field(
         600_000,
         **_MS,
-        description="Longest x-llmq-timeout-ms a near_interactive request may ask for.",
+        description="Near_interactive: largest deadline.",
         json_schema_extra=was("LLMQ_NEAR_INTERACTIVE_MAX_TIMEOUT_MS"),
     )
     deferred_default_timeout_ms: int = Field(
         3_600_000,
         **_MS,
-        description="Deadline of a deferred request without x-llmq-timeout-ms.",
+        description="Deferred: default deadline.",
         json_schema_extra=was("LLMQ_DEFERRED_DEFAULT_TIMEOUT_MS"),
     )
     deferred_max_timeout_ms: int = Field(
         86_400_000,
         **_MS,
-        description="Longest x-llmq-timeout-ms a deferred request may ask for.",
+        description="Deferred: largest deadline.",
         json_schema_extra=was("LLMQ_DEFERRED_MAX_TIMEOUT_MS"),
     )
     pod_heartbeat_interval_ms: int = Field(
         1000,
         **_MS,
-        description="How often a pod refreshes its liveness key (the batchers check pods this often).",
+        description="How often an API pod refreshes its liveness key.",
         json_schema_extra=was("LLMQ_POD_HEARTBEAT_INTERVAL_MS"),
     )
     pod_heartbeat_ttl_ms: int = Field(
         5000,
         **_MS,
-        description="A pod's liveness key lapses this long after its last heartbeat.",
+        description="An API pod whose key is this old is dead: its work is cancelled.",
         json_schema_extra=was("LLMQ_POD_HEARTBEAT_TTL_MS"),
     )
-    max_body_bytes: int = Field(
-        4 * 1024 * 1024, ge=1, description="Larger request bodies get 413 (at most one Kafka record's payload)."
-    )
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="Larger request bodies get 413.")
     produce_timeout_ms: int = Field(
         2000, **_MS, description="Bound on producing one request to Kafka; past it the client gets 503."
     )
     max_in_flight: int = Field(10_000, ge=0, description="Waiters per pod; past it new requests get 429.")
     max_stop_bytes: int = Field(
-        256, ge=1, description="UTF-8 bytes of one stop sequence; longer ones get 400 (param stop)."
+        256, ge=1, description="UTF-8 bytes of one stop sequence; longer ones get 400 (param `stop`)."
     )
     kafka_breaker_backoff_ms: int = Field(
         1000,
         **_MS,
-        description="Kafka circuit breaker: after a failed produce, requests get 503 at once for this long, then one"
-        " probes; each failed probe doubles the wait up to kafka_breaker_max_backoff_ms.",
+        description="After a failed or timed-out produce, new requests get 503 + `Retry-After` at once for this long; "
+        "then one request probes Kafka.",
     )
-    kafka_breaker_max_backoff_ms: int = Field(5000, **_MS, description="The breaker's longest wait.")
+    kafka_breaker_max_backoff_ms: int = Field(
+        5000, **_MS, description="Each failed probe doubles the backoff, up to this."
+    )
     kafka_check_interval_ms: int = Field(
-        1000, **_MS, description="How often the pod checks that its Kafka client reaches a broker."
+        1000,
+        **_MS,
+        description="How often a pod checks that its Kafka client reaches a broker (a metadata request): opens the "
+        "breaker without a failed request, and closes it within one interval of the broker's return, also on "
+        "an idle pod.",
     )
     keys_file: str = Field(
         "", description="YAML/JSON: API key -> tenant, tier, classes, limits (see deploy/keys.example.yaml)."
@@ -332,36 +373,53 @@ class ApiSettings(Group):
     )
     shed_wait_ms: dict[str, int] = Field(
         dict(zip(PRIORITY_CLASSES, (15_000, 5_000, 2_000, 1_000), strict=True)),
-        description="Admission, per priority class (JSON): predicted queue wait (ms) past which new requests get 429.",
+        description="Admission: predicted queue wait (ms) per priority class past which new requests get 429.",
     )
     shed_share: dict[str, float] = Field(
         dict(zip(PRIORITY_CLASSES, (0.95, 0.85, 0.7, 0.5), strict=True)),
-        description="Admission, per priority class (JSON): the share of max_in_flight (this pod) and the batchers'"
-        " max_queued a class may fill.",
+        description="Admission: share of the pod's in-flight cap and the batcher's queue a priority class may fill.",
     )
     saturation_stale_ms: int = Field(5000, **_MS, description="Batcher saturation reports older than this are ignored.")
     rate_limit_timeout_ms: int = Field(
         250,
         gt=0,
-        description="A tenant's rate-limit check waits this long on Redis, then lets the request through (> 0: zero"
-        " would let every request through unlimited, silently).",
+        description="A tenant's rate-limit check waits this long on Redis; past it the request goes through unlimited "
+        "(fail open); must be > 0.",
     )
     header_timeout_ms: int = Field(
-        10_000, **_MS, description="A request's headers must arrive within this; past it 408, closed."
+        10_000,
+        **_MS,
+        description="A request's headers must arrive within this, counted from the connection's start (or the next "
+        "request's first byte on a kept-alive one); past it 408 and the connection closes.",
     )
     body_timeout_ms: int = Field(
-        300_000, **_MS, description="A request's body must arrive within this after its headers; past it 408."
+        300_000,
+        **_MS,
+        description="A request's whole body must arrive within this after its headers; past it 408 and the connection "
+        "closes (responses, streams included, are never timed).",
     )
     keep_alive_timeout_ms: int = Field(5_000, **_MS, description="An idle kept-alive connection is closed after this.")
     max_connections_per_client: int = Field(
-        1024, ge=0, description="Connections per client address; past it 429 and closed (0: no cap)."
+        1024,
+        ge=0,
+        description="Open connections per client address (the socket peer); past it a new connection gets 429 "
+        "`too_many_connections` and is closed (0: no cap).",
     )
-    max_header_bytes: int = Field(64 * 1024, ge=1, description="A request's line and headers; past it 431 and closed.")
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1,
+        description="Bytes of a request's line and headers, counted as they arrive; past it 431 `headers_too_large` and "
+        "the connection closes.",
+    )
     access_log: bool = Field(
-        True, description="One log line per request: route, status, tenant, request id, latency (no bodies)."
+        True,
+        description="One log line per request (logger `llmq_api.access`): method, route, status, tenant, request id, "
+        "latency; never a prompt or answer.",
     )
     trusted_proxies: str = Field(
-        "", description="Comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used."
+        "",
+        description="Comma-separated addresses or CIDR networks of proxies in front of the pods: their connections are "
+        "not capped, and only their `X-Forwarded-For` names the client (empty: no header is trusted).",
     )
 
     @field_validator("max_body_bytes")
@@ -374,12 +432,19 @@ class ResultStoreSettings(Group):
     """Stored results (retrieval copies), written by the result-router and read by the API pods."""
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_RESULT_STORE_")
-    ttl_s: int = Field(3600, ge=1, description="A stored result is kept this long.", json_schema_extra=was("LLMQ_RESULT_TTL_S"))
+    ttl_s: int = Field(
+        3600,
+        ge=1,
+        description="How long final results stay retrievable (`GET /v1/requests/{id}`, idempotent replays).",
+        json_schema_extra=was("LLMQ_RESULT_TTL_S"),
+    )
     tenant_max_bytes: int = Field(
-        64 * 1024 * 1024, ge=1, description="Stored result bytes of one tenant; past it its oldest are dropped first."
+        64 * 1024 * 1024,
+        ge=1,
+        description="Stored results one tenant keeps at most (bytes); past it its oldest are dropped (see Redis memory).",
     )
     tenant_max_results: int = Field(
-        100_000, ge=1, description="Stored results of one tenant; past it its oldest are dropped first."
+        100_000, ge=1, description="Stored results one tenant keeps at most (count); past it its oldest are dropped."
     )
 
 
@@ -389,16 +454,22 @@ class ModelsSettings(Group):
     model_config = SettingsConfigDict(env_prefix="LLMQ_MODELS_")
     extra: list[str] = Field(
         [],
-        description="Models served besides the built-in catalogue (--model-path workers), JSON list: metric labels.",
+        description="JSON list of model names served besides the built-in catalogue (`--model-path` workers): every other"
+        " model name a request carries is labelled `other` in metrics.",
         json_schema_extra=was("LLMQ_EXTRA_MODELS"),
     )
     tokenizers: dict[str, str] = Field(
         {},
-        description="Model -> tokenizer.json (or a checkpoint directory holding it) of a model outside the catalogue"
-        " (JSON): API pods and batchers count its tokens with it (others: the byte count, an upper bound).",
+        description="JSON: model -> its `tokenizer.json` (or a checkpoint directory holding it and its chat template), "
+        "for models outside the catalogue (`--model-path` workers): API pods and batchers count their prompt "
+        "tokens with it; any other model counts UTF-8 bytes, an upper bound.",
         json_schema_extra=was("LLMQ_MODEL_TOKENIZERS"),
     )
-    dir: str = Field("~/.cache/llmq/models", description="Converted catalogue checkpoints: <dir>/<model>/.")
+    dir: str = Field(
+        "~/.cache/llmq/models",
+        description="Converted catalogue checkpoints, `<dir>/<model>/` with `llmq-manifest.json` (`make setup` installs "
+        "them); workers load them, API pods and batchers read their tokenizers.",
+    )
 
 
 class BatcherSettings(Group):
@@ -406,42 +477,57 @@ class BatcherSettings(Group):
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_BATCHER_")
     interactive_max_wait_ms: int = Field(
-        0, ge=0, description="Longest an interactive request waits for its batch to fill.",
+        0,
+        ge=0,
+        description="Batch window of interactive work (0: dispatch at once to continuous-batching workers).",
         json_schema_extra=was("LLMQ_INTERACTIVE_MAX_WAIT_MS"),
     )
     near_interactive_max_wait_ms: int = Field(
-        50, ge=0, description="Longest a near_interactive request waits for its batch to fill.",
+        50,
+        ge=0,
+        description="Batch window bound of near_interactive work (adaptive below it).",
         json_schema_extra=was("LLMQ_NEAR_INTERACTIVE_MAX_WAIT_MS"),
     )
     deferred_max_wait_ms: int = Field(
-        500, ge=0, description="Longest a deferred request waits for its batch to fill.",
+        500,
+        ge=0,
+        description="Batch window bound of deferred work (adaptive below it).",
         json_schema_extra=was("LLMQ_DEFERRED_MAX_WAIT_MS"),
     )
     fixed_engine_max_wait_ms: int = Field(
-        20, ge=0, description="Longest a batch for a fixed-batch engine waits to fill.",
+        20,
+        ge=0,
+        description="Wait window for fixed-time batch engines (part of the latency budget).",
         json_schema_extra=was("LLMQ_FIXED_ENGINE_MAX_WAIT_MS"),
     )
     fixed_engine_busy_wait_ms: int = Field(
-        10, ge=0, description="A batch waits at most this long for its model's running batch to end.",
+        10,
+        ge=0,
+        description="While a batch of a fixed-time model runs, the next one fills until it ends, at most this long (0: "
+        "off; with no batch running nothing waits).",
         json_schema_extra=was("LLMQ_FIXED_ENGINE_BUSY_WAIT_MS"),
     )
     worker_heartbeat_timeout_ms: int = Field(
         2000,
         **_MS,
-        description="A worker silent this long is gone (the batchers stop dispatching to it; admission stops counting"
-        " it).",
+        description="A worker silent this long is removed and its in-flight work dispatched again.",
         json_schema_extra=was("LLMQ_WORKER_HEARTBEAT_TIMEOUT_MS"),
     )
-    max_queued: int = Field(100_000, ge=0, description="Requests queued in one batcher, at most.")
+    max_queued: int = Field(
+        100_000, ge=0, description="Requests one batcher holds at most; beyond, new ones are answered overloaded."
+    )
     deferred_reserved_share: float = Field(
         0.25, ge=0, lt=1, description="Share of each worker's slots deferred work never fills."
     )
     deferred_buffer_rounds: int = Field(
-        2, ge=1, description="Deferred work read ahead: rounds of every live worker's unreserved slots."
+        2,
+        ge=1,
+        description="Deferred work a batcher reads ahead of the slots: this many times every live worker's unreserved "
+        "slots.",
     )
     tenant_max_inflight: int = Field(4096, ge=1, description="Dispatched, not yet finished requests per tenant.")
     tenant_weights: dict[str, float] = Field(
-        {}, description="Fair-share weight per tenant_id (JSON); others weigh 1."
+        {}, description="Fair-share weight per tenant_id (JSON in env); others weigh 1."
     )
 
     def max_wait_ms(self) -> dict[str, int]:
@@ -454,19 +540,28 @@ class BatcherSettings(Group):
 
 
 class WorkerSettings(Group):
-    """A worker process. Its flags (``python -m llmq_worker.main --help``) win over these."""
+    """A worker process. Each of its flags (`python -m llmq_worker.main --help`) wins over its setting."""
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_WORKER_")
     heartbeat_interval_ms: int = Field(
-        250, **_MS, description="How often a worker announces its load.", json_schema_extra=was("LLMQ_HEARTBEAT_INTERVAL_MS")
+        250,
+        **_MS,
+        description="Worker heartbeat interval (capacity for routing).",
+        json_schema_extra=was("LLMQ_HEARTBEAT_INTERVAL_MS"),
     )
     lease_ttl_ms: int = Field(
-        10_000, **_MS, description="A partition's lease lapses this long after its worker stopped renewing it."
+        10_000,
+        **_MS,
+        description="A worker holds its partition of llmq.batches by a Redis lease renewed every third of this; a second "
+        "worker given that partition waits as a standby, and takes over within this long plus one renewal "
+        "interval (a third of it) after the holder died (SIGKILL; at once when the holder was a process of "
+        "its own host that is gone).",
     )
     torch_threads: int = Field(
         0,
         ge=0,
-        description="transformers engine on CPU: torch intra-op threads (0: the measured default).",
+        description="Transformers engine on CPU: torch's intra-op threads (0: 1, measured on a shared 2-core machine, see"
+        ' "Engine benchmark").',
         json_schema_extra=was("LLMQ_TORCH_THREADS"),
     )
     id: str = Field("", description="--worker-id: this worker's id (qualified by the region).")
@@ -512,20 +607,35 @@ class RouterSettings(Group):
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_ROUTER_")
     reply_attempts: int = Field(
-        4, ge=1, description="Tries of one reply before it is dead-lettered (permanent errors: one)."
+        4,
+        ge=1,
+        description="Result-router: tries of one Kafka reply before it is dead-lettered (a permanent error: one try).",
     )
-    reply_backoff_ms: int = Field(250, ge=0, description="Wait before retry r: backoff * 2**(r-1).")
+    reply_backoff_ms: int = Field(
+        250, ge=0, description="Result-router: wait before reply retry r: backoff * 2**(r-1)."
+    )
     reply_metadata_timeout_ms: int = Field(
-        1000, **_MS, description="Per try: how long a reply topic may take to show up in metadata."
+        1000,
+        **_MS,
+        description="Result-router: per try, how long a reply topic may take to appear in the broker's metadata.",
     )
     reply_retry_budget_ms: int = Field(
-        2000, **_MS, description="Tries of one reply (waits and metadata) end within this much."
+        2000,
+        **_MS,
+        description="Result-router: the tries of one Kafka reply (backoff waits and metadata waits) end within this much,"
+        " then it is dead-lettered.",
     )
     reply_retry_streak_max: int = Field(
-        3, ge=1, description="After this many results in a row ended unsent, a partition retries none."
+        3,
+        ge=1,
+        description="Result-router: after this many results in a row on an `llmq.results` partition ended unsent after "
+        "retries, that partition tries each reply once until one goes out.",
     )
     topic_refresh_ms: int = Field(
-        1000, **_MS, description="The cluster's topics are listed at most this often (missing reply topics)."
+        1000,
+        **_MS,
+        description="Result-router: the cluster's topics are listed at most this often; a reply topic missing from a "
+        "listing newer than its result is dead-lettered at once.",
     )
 
 
@@ -534,44 +644,51 @@ class JobsSettings(Group):
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_")
     files_url: str = Field(
-        "var/files", description="File store: a local directory or any fsspec URL (s3://bucket/prefix, memory://...)."
+        "var/files",
+        description="File store: a local directory or an fsspec URL (`s3://bucket/prefix` needs `s3fs`); API pods and "
+        "result-routers must share it.",
     )
-    files_max_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Larger uploads get 413.")
+    files_max_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Largest upload (413 past it).")
     files_retention_s: int = Field(
-        30 * 86_400, ge=1, description="Uploads, output and error files (and a finished job's ledger) live this long."
+        30 * 86_400, ge=1, description="How long uploads, output/error files and a finished job are kept."
     )
     files_tenant_max_bytes: int = Field(
-        1024 * 1024 * 1024, ge=0, description="A tenant's live uploads, unless its key sets file_storage_bytes."
+        1024 * 1024 * 1024,
+        ge=0,
+        description="A tenant's live uploads (its key's `file_storage_bytes` wins); past it 400 `storage_quota_exceeded`.",
     )
     batch_max_lines: int = Field(50_000, ge=1, description="Requests per input file.")
-    batch_max_line_bytes: int = Field(
-        1024 * 1024, ge=1, description="Bytes per input line (at most one Kafka record's payload)."
+    batch_max_line_bytes: int = Field(1024 * 1024, ge=1, description="Bytes per input line.")
+    batch_max_window_s: int = Field(7 * 86_400, ge=1, description="Longest `completion_window`.")
+    batch_max_rounds: int = Field(3, ge=0, description="Retry rounds of a line whose error is retryable.")
+    batch_retry_backoff_ms: int = Field(1000, ge=0, description="Wait before retry round r: backoff × 2^(r-1).")
+    batch_in_flight_lines: int = Field(
+        1024, ge=1, description="Lines of one job produced and not yet settled, at most."
     )
-    batch_max_window_s: int = Field(7 * 86_400, ge=1, description="Longest completion_window accepted.")
-    batch_max_rounds: int = Field(
-        3, ge=0, description="Retries of a line whose error is retryable, after its first run."
-    )
-    batch_retry_backoff_ms: int = Field(1000, ge=0, description="Wait before retry round r: backoff * 2**(r-1).")
-    batch_in_flight_lines: int = Field(1024, ge=1, description="Lines of one job produced and not yet settled, at most.")
     batch_lease_ms: int = Field(
         5000, **_MS, description="A result-router's hold on a job it drives; another takes over once it lapses."
     )
-    batch_tick_ms: int = Field(250, **_MS, description="How often the job driver looks at its jobs.")
+    batch_tick_ms: int = Field(250, **_MS, description="How often the job driver steps its jobs.")
     batch_end_grace_ms: int = Field(
-        5000, ge=0, description="After a cancel or the window's end: wait this long for in-flight lines."
+        5000, ge=0, description="After a cancel or the window's end, how long running lines may still finish."
     )
     batch_create_max_per_pod: int = Field(
-        4, ge=1, description="Batch creates validating at once on one API pod; past it 429."
+        4, ge=1, description="Batch creates validating at once on one API pod; past it 429 with Retry-After."
     )
-    batch_create_max_per_tenant: int = Field(2, ge=1, description="... of one tenant on one API pod.")
+    batch_create_max_per_tenant: int = Field(
+        2, ge=1, description="Batch creates of one tenant validating at once on one API pod; past it 429."
+    )
     batch_job_max_result_bytes: int = Field(
         128 * 1024 * 1024,
         ge=1,
-        description="Result bytes one job's ledger may hold in Redis (never evicted while it runs); past it 400"
-        " batch_results_too_large.",
+        description="Result bytes one job's lines may leave in Redis (each line's largest result); past it 400 "
+        "`batch_results_too_large`.",
     )
     batch_tenant_max_result_bytes: int = Field(
-        256 * 1024 * 1024, ge=1, description="Result bytes a tenant's running jobs may hold together; past it 429."
+        256 * 1024 * 1024,
+        ge=1,
+        description="The same, for all of a tenant's running jobs together; past it 429 `batch_results_quota_exceeded` "
+        "(400 `batch_results_too_large` for a job that could never fit).",
     )
 
     @field_validator("batch_max_line_bytes")
@@ -584,9 +701,11 @@ class ObservabilitySettings(Group):
     """Logging, tracing (llmq_core.tracing) and metrics (llmq_core.metrics) of every service."""
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="Log level.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", description="Log level of every service (JSON lines on stderr)."
+    )
     tracing_exporter: Literal["none", "console", "otlp", "file"] = Field(
-        "none", description="none (no SDK: the hot path pays about nothing), console, otlp or file."
+        "none", description="None: no SDK, the hot path pays ~nothing."
     )
     tracing_otlp_endpoint: str = Field(
         "", description="Empty: the exporter's default (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317)."
@@ -598,7 +717,11 @@ class ObservabilitySettings(Group):
         1.0, ge=0, le=1, description="Share of new traces recorded (a request's later hops follow its first)."
     )
     metrics_port: int = Field(
-        0, ge=0, le=65535, description="Prometheus /metrics on this port (0: off; flag --metrics-port wins)."
+        0,
+        ge=0,
+        le=65535,
+        description="Every service (API pods too: never on their API port): Prometheus /metrics on this port (0: off; "
+        "flag --metrics-port).",
     )
     metrics_host: str = Field(
         "127.0.0.1", description="Address the metrics server binds (0.0.0.0 where Prometheus scrapes pods)."
@@ -614,7 +737,7 @@ class RuntimeSettings(Group):
     """Every service process."""
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_")
-    shutdown_grace_s: float = Field(10.0, gt=0, description="On SIGTERM, a service drains within this long.")
+    shutdown_grace_s: float = Field(10.0, gt=0, description="SIGTERM drain bound of every service.")
 
 
 class DevSettings(Group):
@@ -622,7 +745,10 @@ class DevSettings(Group):
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_DEV_")
     redis_maxmemory_bytes: int = Field(
-        512 * 1024 * 1024, ge=1, description="The stack's redis-server maxmemory (volatile-lru past it)."
+        512 * 1024 * 1024,
+        ge=1,
+        description="`llmq dev up` / `make test`: the redis-server's `maxmemory` (policy `volatile-lru`); production "
+        "Redis is configured by its operator.",
     )
 
 
@@ -689,6 +815,17 @@ class Settings:
         return attr.group
 
     @classmethod
+    def variables(cls) -> dict[str, tuple[str, str]]:
+        """Every environment variable read, in group order: name -> (group, field), e.g. ``LLMQ_API_MAX_BODY_BYTES``
+        -> ("api", "max_body_bytes"). Old names (:func:`old_names`) are not listed."""
+        return {
+            env_name(group, field): (name, field)
+            for name in cls.GROUPS
+            for group in [cls.group_class(name)]
+            for field in group.model_fields
+        }
+
+    @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
         """Settings whose groups are read from ``environ`` instead of ``os.environ``."""
         settings = cls()
@@ -739,4 +876,3 @@ def load_settings(*groups: str) -> Settings:
     for name in groups or Settings.GROUPS:
         getattr(settings, name)
     return settings
-

@@ -42,7 +42,7 @@ DEV = {"authorization": "Bearer llmq-dev-key"}
 def stack(secure_infra, tmp_path_factory):
     # Secure clusters: only the admin creates topics, the ingress principal's among them (the batcher reads it).
     admin_env = {key.removeprefix("LLMQ_").lower(): value for key, value in secure_infra.cfg.env(ROLE_ADMIN).items()}
-    asyncio.run(kafka.ensure_topics(Settings(**admin_env, kafka_ingress=INGRESS)))
+    asyncio.run(kafka.ensure_topics(Settings(**admin_env, kafka={"ingress": INGRESS})))
     env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("forgery-files")), "LLMQ_KAFKA_INGRESS": json.dumps(INGRESS)}
     with private_stack(
         secure_infra,

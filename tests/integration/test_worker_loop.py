@@ -48,11 +48,11 @@ def request(
 async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-worker-{run}", f"itest-pod-{run}"
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     producer, results = make_producer(settings), make_consumer(settings, group_id=None)
     offsets = make_consumer(settings, group_id=worker_group(PARTITION))
     await asyncio.gather(producer.start(), results.start(), offsets.start())
-    result_tps = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.results_topic_partitions)]
+    result_tps = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.kafka.results_topic_partitions)]
     results.assign(result_tps)
     await results.seek_to_end(*result_tps)
     for tp in result_tps:
@@ -132,8 +132,8 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
     """``python -m llmq_worker.main``: a poisoned request fails alone; SIGTERM finishes the running batch, then exits."""
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-proc-{run}", f"itest-pod-{run}"
-    qualified = ids.instance_id(settings.region, worker_id)  # what the process makes of its --worker-id
-    redis = aioredis.from_url(settings.redis_url)
+    qualified = ids.instance_id(settings.region.name, worker_id)  # what the process makes of its --worker-id
+    redis = aioredis.from_url(settings.redis.url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
     producer = make_producer(settings)

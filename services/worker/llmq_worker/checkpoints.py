@@ -38,7 +38,7 @@ class CheckpointError(Exception):
 
 def models_root(models_dir: str | None = None) -> Path:
     """The directory of converted checkpoints (``LLMQ_MODELS_DIR`` unless given)."""
-    return Path(models_dir or load_settings().models_dir).expanduser()
+    return Path(models_dir or load_settings().models.dir).expanduser()
 
 
 def installed_path(spec: ModelSpec, root: Path) -> Path:

@@ -635,7 +635,7 @@ def test_each_priority_class_has_its_own_queue_and_both_interactive_tiers_share_
 def test_default_config_is_the_settings_defaults_whatever_the_environment(monkeypatch):
     monkeypatch.setenv("LLMQ_BATCHER_MAX_QUEUED", "5")
     assert PolicyConfig.from_settings(Settings(), "t").max_queued == 5
-    assert PolicyConfig.defaults("t") == PolicyConfig.from_settings(Settings(batcher_max_queued=100_000), "t")
+    assert PolicyConfig.defaults("t") == PolicyConfig.from_settings(Settings(batcher={"max_queued": 100_000}), "t")
 
 
 def test_a_result_of_another_tenant_neither_drops_a_queued_request_nor_frees_a_dispatched_one():
