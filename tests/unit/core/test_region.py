@@ -73,5 +73,5 @@ def test_the_keys_files_limits_are_shared_by_the_regions():
 
 @pytest.mark.parametrize("share", [0, -0.5, 1.5])
 def test_a_share_outside_0_to_1_is_refused(share):
-    with pytest.raises(ValidationError, match="region_limit_share"):
+    with pytest.raises(ValidationError, match="limit_share"):
         Settings(region={"limit_share": share})

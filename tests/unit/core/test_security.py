@@ -147,7 +147,7 @@ def test_no_service_creates_topics_or_acls_outside_plaintext_mode(folder):
         text = path.read_text()
         for match in re.finditer(r"ensure_topics\(|create_topic\(|apply_kafka_acls\(", text):
             before = text[max(0, match.start() - 200) : match.start()]
-            assert 'kafka_security_protocol == "PLAINTEXT"' in before, f"{path}: {match.group()}"
+            assert 'kafka.security_protocol == "PLAINTEXT"' in before, f"{path}: {match.group()}"
 
 
 def test_every_operation_has_describe_configs_for_the_start_check():
