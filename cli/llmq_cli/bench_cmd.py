@@ -24,7 +24,7 @@ from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.options import BatchTimeMs, MaxBatch, PortBase, Seed, Systems
 from llmq_core.constants import STATS_BATCHER
-from llmq_core.settings import load_settings
+from llmq_core.settings import Settings
 
 bench = typer.Typer(help="Load generator, capacity curve and burst admission.", invoke_without_command=True)
 DEFAULT_PROMPTS = Path("var/demo/prompts-code.jsonl")
@@ -100,7 +100,7 @@ def bench_load(
         base_urls=base_url,
         rng=rng,
     )
-    stats_url = None if redis_url == "none" else (redis_url or load_settings().redis.url)
+    stats_url = None if redis_url == "none" else (redis_url or Settings().redis.url)
     before = loadgen.batch_counts(stats_url, stats_key) if stats_url else None
     samples = run_with_progress(
         plans, make_console(stderr=True), model=model, timeout_s=timeout_s, server_timeout_ms=server_timeout_ms or None

@@ -31,7 +31,8 @@ CONNECT_TIMEOUT_S = 20
 
 
 def role(secure_infra, name: str, **changes) -> Settings:
-    return secure_infra.cfg.settings(name).model_copy(update=changes)
+    """``name``'s settings, with ``changes`` (group -> field -> value)."""
+    return secure_infra.cfg.settings(name).replace(**changes)
 
 
 async def bootstraps(settings: Settings) -> bool:
@@ -56,8 +57,8 @@ async def produce(settings: Settings, topic: str) -> None:
 
 async def test_kafka_refuses_unauthenticated_and_wrong_password_clients(secure_infra):
     assert await bootstraps(role(secure_infra, "api"))
-    assert not await bootstraps(role(secure_infra, "api", kafka_security_protocol="PLAINTEXT"))
-    assert not await bootstraps(role(secure_infra, "api", kafka_sasl_password_file="", kafka_sasl_password="guess"))
+    assert not await bootstraps(role(secure_infra, "api", kafka={"security_protocol": "PLAINTEXT"}))
+    assert not await bootstraps(role(secure_infra, "api", kafka={"sasl_password_file": "", "sasl_password": "guess"}))
 
 
 async def test_a_principal_cannot_produce_to_another_roles_topic(secure_infra):
@@ -111,7 +112,7 @@ async def test_mtls_client_certificate_is_its_principal(secure_infra):
     await produce(mtls, constants.TOPIC_DEAD_LETTERS)  # User:worker may
     with pytest.raises(TopicAuthorizationFailedError):
         await produce(mtls, constants.requests_topic(constants.DEFERRED))
-    assert not await bootstraps(mtls.model_copy(update={"kafka_ssl_certfile": "", "kafka_ssl_keyfile": ""}))
+    assert not await bootstraps(mtls.replace(kafka={"ssl_certfile": "", "ssl_keyfile": ""}))
 
 
 async def test_redis_refuses_no_password_and_plaintext(secure_infra):

@@ -15,7 +15,7 @@ from llmq_core import metrics, runtime
 from llmq_core.constants import worker_group
 from llmq_core.kafka import make_consumer, make_renewable_producer, require_topic_limits
 from llmq_core.models import BUILTIN_MODELS
-from llmq_core.settings import Settings, WorkerSettings, env_name, load_settings
+from llmq_core.settings import Settings, WorkerSettings, env_name
 from llmq_worker import checkpoints
 from llmq_worker.engine import Engine
 from llmq_worker.lease import PartitionLease, this_process
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None, worker: WorkerSettings | None = No
 def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> Engine:
     """The engine the arguments select; transformers and vllm are imported only when chosen. A catalogue model with a
     packaged checkpoint is served from its installed directory, verified first (SystemExit saying what is wrong)."""
-    settings = settings or load_settings()
+    settings = settings or Settings()
     spec = BUILTIN_MODELS.get(args.model)
     if args.gguf_file is not None and (args.model_path is None or args.engine != "transformers"):
         raise SystemExit("--gguf-file needs --engine transformers and --model-path (the directory holding it)")
