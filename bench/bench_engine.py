@@ -22,7 +22,7 @@ from transformers import GenerationConfig
 
 from bench.prompts import cut_prompts
 from llmq_core.models import BUILTIN_MODELS, LLMQ_TINY
-from llmq_core.settings import load_settings
+from llmq_core.settings import Settings
 from llmq_core.wire import GenerationRequest, HttpReply, SamplingParams
 from llmq_worker import checkpoints
 from llmq_worker.engine import FinalEvent
@@ -40,7 +40,7 @@ def load(name: str):
         return build_llmq_tiny()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = checkpoints.installed_path(BUILTIN_MODELS[name], checkpoints.models_root(load_settings().models_dir))
+    path = checkpoints.installed_path(BUILTIN_MODELS[name], checkpoints.models_root(Settings().models.dir))
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
 
 

@@ -206,7 +206,7 @@ async def run_pipeline(requests: int, mode: str) -> float:
         bus,
         bus,
         redis,
-        Settings(heartbeat_interval_ms=250, shutdown_grace_s=1),
+        Settings(worker={"heartbeat_interval_ms": 250}, runtime={"shutdown_grace_s": 1}),
         worker_id="w0",
         partition=0,
         model="llmq-sim",

@@ -51,6 +51,6 @@ def secure_infra():
 def settings() -> Settings:
     """Settings for the suite's Kafka and Redis (the ``infra`` fixture exports where they are)."""
     return Settings(
-        kafka_bootstrap_servers=os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        redis_url=os.environ.get("LLMQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        kafka={"bootstrap_servers": os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")},
+        redis={"url": os.environ.get("LLMQ_REDIS_URL", "redis://127.0.0.1:6379/0")},
     )

@@ -175,7 +175,7 @@ async def simulated_worker(
     ``async with`` block: yields its task. ``clients``: its ``consumer``, ``producer`` and ``redis``. Stopped after,
     and its engine closed."""
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=batch_time_ms)
-    settings = Settings(heartbeat_interval_ms=100, shutdown_grace_s=5)
+    settings = Settings(worker={"heartbeat_interval_ms": 100}, runtime={"shutdown_grace_s": 5})
     loop = WorkerLoop.build(
         engine,
         settings=settings,
@@ -277,8 +277,8 @@ async def worker_process(
     stderr)."""
     env = {
         **os.environ,
-        "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-        "LLMQ_REDIS_URL": settings.redis_url,
+        "LLMQ_KAFKA_BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "LLMQ_REDIS_URL": settings.redis.url,
         **(env or {}),
     }
     command = ["--worker-id", worker_id, "--partition", str(partition), "--model", model, "--engine", "simulated"]

@@ -24,7 +24,7 @@ from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.options import BatchTimeMs, MaxBatch, PortBase, Seed, Systems
 from llmq_core.constants import STATS_BATCHER
-from llmq_core.settings import load_settings
+from llmq_core.settings import Settings
 
 bench = typer.Typer(help="Load generator, capacity curve and burst admission.", invoke_without_command=True)
 DEFAULT_PROMPTS = Path("var/demo/prompts-code.jsonl")
@@ -100,7 +100,7 @@ def bench_load(
         base_urls=base_url,
         rng=rng,
     )
-    stats_url = None if redis_url == "none" else (redis_url or load_settings().redis_url)
+    stats_url = None if redis_url == "none" else (redis_url or Settings().redis.url)
     before = loadgen.batch_counts(stats_url, stats_key) if stats_url else None
     samples = run_with_progress(
         plans, make_console(stderr=True), model=model, timeout_s=timeout_s, server_timeout_ms=server_timeout_ms or None
@@ -345,7 +345,7 @@ def bench_pipeline(
             sim_workers=cfg.peer.replicas,
             sim_batch_time_ms=cfg.peer.batch_time_ms,
             sim_max_batch_size=cfg.peer.max_batch_size,
-            extra_env={"LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"},
+            extra_env={"LLMQ_BATCHER_FIXED_ENGINE_MAX_WAIT_MS": "0"},
         )
         console.print(f"{name}: starting its stack ({checkout or 'this checkout'})")
         stack.up()
@@ -422,7 +422,7 @@ def bench_timeline(
     cfg = replace(pipeline.PipelineConfig(), light_requests=requests, warmup=warmup)
     trace_dir = state_dir.resolve() / "traces"
     shutil.rmtree(trace_dir, ignore_errors=True)
-    env = {**light_timeline.tracing_env(trace_dir), "LLMQ_FIXED_ENGINE_MAX_WAIT_MS": "0"}
+    env = {**light_timeline.tracing_env(trace_dir), "LLMQ_BATCHER_FIXED_ENGINE_MAX_WAIT_MS": "0"}
     stack = CheckoutStack(
         None, state_dir, port_base, sim_workers=cfg.peer.replicas, sim_batch_time_ms=batch_time_ms, extra_env=env
     )

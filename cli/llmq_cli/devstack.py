@@ -61,12 +61,12 @@ class StackConfig:
     smollm2_workers: int = 0  # real-model workers (smollm2-135m-instruct): only stacks that ask get one (`dev up` does)
     extra_env: dict[str, str] = field(default_factory=dict)
     manage_infra: bool = True  # False: Kafka and Redis at these ports are someone else's; start and stop only services
-    redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev_redis_maxmemory_bytes)
+    redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev.redis_maxmemory_bytes)
     # secure mode (docs/security.md): Kafka SASL_SSL + ACLs, Redis TLS + ACL users, one principal per role
     secure: bool = False
     reply_topic_prefixes: tuple[str, ...] = ()  # where the router may write replies (secure: its ACLs)
     # Kafka-direct producers (LLMQ_KAFKA_INGRESS): secure mode gives each a SCRAM user that writes its ingress topic only
-    ingress_principals: tuple[str, ...] = field(default_factory=lambda: tuple(Settings().kafka_ingress))
+    ingress_principals: tuple[str, ...] = field(default_factory=lambda: tuple(Settings().kafka.ingress))
     region: str = ids.DEFAULT_REGION  # LLMQ_REGION of every service: in their ids, metrics and log lines
     peer_regions: tuple[str, ...] = ()  # regions mirrored to and from (secure mode: mm2's and the router's ACLs)
 
@@ -133,7 +133,8 @@ class StackConfig:
         return env
 
     def settings(self, role: str = security.ROLE_ADMIN) -> Settings:
-        return Settings(**{key.removeprefix("LLMQ_").lower(): value for key, value in self.env(role).items()})
+        """The settings ``role``'s processes read: this environment, with :meth:`env` over it."""
+        return Settings.from_environ({**os.environ, **self.env(role)})
 
 
 REGION_REDIS_OFFSET = 5
@@ -557,7 +558,7 @@ def _healthy(record: dict, cfg: StackConfig, client: redis_sync.Redis) -> bool:
 
 
 def _sync_redis(settings: Settings) -> redis_sync.Redis:
-    return redis_sync.Redis.from_url(settings.redis_url, socket_timeout=1, **connection_options(settings))
+    return redis_sync.Redis.from_url(settings.redis.url, socket_timeout=1, **connection_options(settings))
 
 
 def _redis_ping(settings: Settings) -> bool:

@@ -225,7 +225,7 @@ def dev_create_topic(
         console.print(f"[red]refused:[/red] {refused}")
         raise typer.Exit(2)
     created = asyncio.run(create_topic(settings, name, partitions))
-    console.print(f"{'created' if created else 'exists already:'} {name} on {settings.kafka_bootstrap_servers}")
+    console.print(f"{'created' if created else 'exists already:'} {name} on {settings.kafka.bootstrap_servers}")
 
 
 @app.command("simulate")
@@ -357,7 +357,7 @@ def create_topics() -> None:
     max.message.bytes of existing ones to what llmq needs)."""
     settings = load_settings()
     asyncio.run(ensure_topics(settings, raise_limits=True))
-    console.print(f"topics ready on {settings.kafka_bootstrap_servers}")
+    console.print(f"topics ready on {settings.kafka.bootstrap_servers}")
 
 
 @app.command("prompts")

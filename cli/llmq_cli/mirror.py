@@ -3,7 +3,7 @@
 Decisions (README "Multi-region"):
 - ``DefaultReplicationPolicy``: a remote topic is named ``<source region>.<topic>`` (region a's ``llmq.jobs.ledger`` is
   ``a.llmq.jobs.ledger`` in region b). Flows run both ways, and the prefix keeps them from looping and tells a reader
-  where each record was born. Cluster aliases are the regions (``Settings.region``).
+  where each record was born. Cluster aliases are the regions (``Settings.region.name``).
 - MirrorMaker 2 runs in the TARGET region (``--clusters <target>`` runs only the flows into it), so losing a region
   does not lose the peer's inbound mirror.
 - Mirrored: the batch-job topics ``llmq.jobs.*`` and ``llmq.results``; nothing of the interactive request path.

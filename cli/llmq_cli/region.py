@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 import typer
 
-from llmq_core import constants, ids, kafka, regions
+from llmq_core import ids, kafka, regions
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.filestore import FileStore
 from llmq_core.joblog import JobLog, JobTopics, read_topics
@@ -33,11 +33,11 @@ region_app = typer.Typer(help="Batch jobs across regions: failover, fail-back, r
 
 @contextlib.asynccontextmanager
 async def _store(settings: Settings):
-    producer = kafka.make_producer(settings, max_batch_size=constants.KAFKA_PRODUCER_MAX_BATCH_BYTES)  # job topics only
+    producer = kafka.make_producer(settings, max_batch_size=settings.kafka.producer_max_batch_bytes)  # job topics only
     await producer.start()
     redis = make_redis(settings)
     try:
-        yield JobStore(redis, log=JobLog(producer)), FileStore(settings.files_url)
+        yield JobStore(redis, log=JobLog(producer)), FileStore(settings.jobs.files_url)
     finally:
         await redis.aclose()
         await producer.stop()
@@ -54,7 +54,7 @@ def _region_name(value: str) -> str:
 def _settings_of_other_region(source: str) -> Settings:
     """This region's settings; --from naming this region itself is refused (its jobs are already here)."""
     settings = load_settings()
-    if source == settings.region:
+    if source == settings.region.name:
         raise typer.BadParameter(f"{source!r} is this region (LLMQ_REGION): name the region to take over from")
     return settings
 
@@ -94,7 +94,7 @@ def reruns(
 
     async def go() -> dict[str, int]:
         claims = (await read_topics(settings, JobTopics(), kinds=("owners",))).owners
-        taken = {b for b, claim in claims.items() if claim.region == settings.region and claim.epoch > 0}
+        taken = {b for b, claim in claims.items() if claim.region == settings.region.name and claim.epoch > 0}
         return await regions.count_reruns(settings, JobTopics.mirrored(source), taken)
 
     typer.echo(json.dumps(asyncio.run(go())))

@@ -59,7 +59,7 @@ TOPIC_INGRESS_PREFIX: Final = "llmq.ingress."
 def ingress_topic(principal: str) -> str:
     """Kafka topic one Kafka-direct producer (Kafka principal ``principal``) writes its GenerationRequests to, e.g.
     ``llmq.ingress.acme``: only that principal may write it (ACLs), so its records speak for the tenant
-    Settings.kafka_ingress maps it to."""
+    Settings.kafka.ingress maps it to."""
     return f"{TOPIC_INGRESS_PREFIX}{principal}"
 
 
@@ -82,30 +82,12 @@ def worker_group(partition: int) -> str:
     return f"{GROUP_WORKER_PREFIX}{partition}"
 
 
-# --- Kafka client tuning (applied where the clients are built and where consumers commit) ---
-# linger 0: a record is sent at once, so no hop waits out a linger window at light load; under load aiokafka still
-# groups records, since each producer has one produce request in flight per broker and queues the rest behind it.
-KAFKA_PRODUCER_LINGER_MS: Final = 0
-# How many bytes of records one produce request may carry per partition, for producers that write only llmq's own
-# topics (max.message.bytes >= KAFKA_MAX_MESSAGE_BYTES, checked at start): the API pods (requests, the batch-job log)
-# and `llmq region`. An idempotent aiokafka producer keeps one request in flight per partition, so records queued
-# behind it go out together, up to this: aiokafka's 16 KiB default sent four 4 KiB batch-job lines a round trip (a
-# 100 MB input took minutes). Not for producers to topics of unknown limits (reply topics, a worker's results under a
-# test's small limit): the broker refuses a batch over a topic's max.message.bytes whole, good records with it.
-KAFKA_PRODUCER_MAX_BATCH_BYTES: Final = 1 << 20
+# --- Kafka client tuning: the deployment knobs are settings (llmq_core.settings.KafkaSettings: linger, batch bytes,
+# the results consumers' fetch wait, the topics-ready bound).
 # Consumers commit offsets at most this often (plus at shutdown and on revocation): a commit costs the broker several
 # times a produced record, so one per record or batch dominated its CPU. What a crash redoes is bounded by this window;
 # only delivered results are ever committed, and redelivered work is deduplicated by request_id.
 KAFKA_COMMIT_INTERVAL_MS: Final = 200
-# The result-router is off the answer's path (a held connection gets its result from the worker over Redis): the broker
-# holds its fetches until this many bytes or this long, so it fetches about 10 times a second at any load instead of
-# once or more per result. Kafka reply topics and stored results may lag by that much.
-KAFKA_ROUTER_FETCH_MAX_WAIT_MS: Final = 100
-KAFKA_ROUTER_FETCH_MIN_BYTES: Final = 64 * 1024
-# A consumer that subscribes while one of its topics has no leader yet (just created) or its ACL has not reached the
-# broker leaves that topic out of its group's assignment until its next metadata refresh (aiokafka: 5 min). Topic
-# creation and consumer services wait this long, at most, until their topics show a leader for every partition.
-KAFKA_TOPICS_READY_TIMEOUT_S: Final = 60
 KAFKA_TOPICS_READY_POLL_S: Final = 0.1
 
 
@@ -238,7 +220,7 @@ MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as Op
 MAX_RESULT_BYTES: Final = 1 << 20  # UTF-8 bytes of all choices' text of one result; workers stop generating there
 RECORD_HEADROOM_BYTES: Final = 64 << 10  # a record's envelope beyond its payload (ids, usage, timings, error, headers)
 # Kafka max.message.bytes of every llmq topic and max_request_size of every producer: a request body of the largest
-# allowed size (see Settings.api_max_body_bytes) or a result of MAX_RESULT_BYTES, each with headroom, fits in one record.
+# allowed size (see Settings.api.max_body_bytes) or a result of MAX_RESULT_BYTES, each with headroom, fits in one record.
 KAFKA_MAX_MESSAGE_BYTES: Final = 8 << 20
 
 # A model no worker heartbeat announced for this long is no longer accepted (built-in and configured models always are):

@@ -1,5 +1,5 @@
 """Identifiers that say where they were born: every instance, request, batch and batch-job id carries the region
-(``Settings.region``), so ids stay unique across regions and a reader of a mirrored record knows its origin.
+(``Settings.region.name``), so ids stay unique across regions and a reader of a mirrored record knows its origin.
 
 Every builder lives here so that services and batch jobs build them alike.
 """

@@ -26,9 +26,7 @@ from llmq_core.constants import (
     JOB_TOPIC_KINDS,
     KAFKA_INTERNAL_TOPIC_PREFIX,
     KAFKA_MAX_MESSAGE_BYTES,
-    KAFKA_PRODUCER_LINGER_MS,
     KAFKA_TOPICS_READY_POLL_S,
-    KAFKA_TOPICS_READY_TIMEOUT_S,
     REQUEST_TOPICS,
     TOPIC_BATCHES,
     TOPIC_DEAD_LETTERS,
@@ -68,7 +66,7 @@ def is_valid_topic_name(name: str) -> bool:
 
 def reply_topic_prefixes(settings: Settings) -> tuple[str, ...]:
     """``kafka_reply_topic_prefixes`` as a tuple; empty: any topic :func:`reply_topic_error` does not refuse."""
-    return tuple(p for p in (x.strip() for x in settings.kafka_reply_topic_prefixes.split(",")) if p)
+    return tuple(p for p in (x.strip() for x in settings.kafka.reply_topic_prefixes.split(",")) if p)
 
 
 def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str | None:
@@ -89,20 +87,20 @@ def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str
 def client_options(settings: Settings) -> dict:
     """The connection options of every Kafka client llmq makes (producer, consumer, admin): bootstrap servers and,
     past PLAINTEXT, TLS (CA, client certificate for mTLS) and SASL credentials. The one place they are built."""
-    options: dict = {"bootstrap_servers": settings.kafka_bootstrap_servers}
-    protocol = settings.kafka_security_protocol
+    options: dict = {"bootstrap_servers": settings.kafka.bootstrap_servers}
+    protocol = settings.kafka.security_protocol
     if protocol == "PLAINTEXT":
         return options
     options["security_protocol"] = protocol
     options["ssl_context"] = create_ssl_context(
-        cafile=settings.kafka_ssl_cafile or None,
-        certfile=settings.kafka_ssl_certfile or None,
-        keyfile=settings.kafka_ssl_keyfile or None,
+        cafile=settings.kafka.ssl_cafile or None,
+        certfile=settings.kafka.ssl_certfile or None,
+        keyfile=settings.kafka.ssl_keyfile or None,
     )
     if protocol == "SASL_SSL":
-        options["sasl_mechanism"] = settings.kafka_sasl_mechanism
-        options["sasl_plain_username"] = settings.kafka_sasl_username
-        options["sasl_plain_password"] = secret(settings.kafka_sasl_password, settings.kafka_sasl_password_file)
+        options["sasl_mechanism"] = settings.kafka.sasl_mechanism
+        options["sasl_plain_username"] = settings.kafka.sasl_username
+        options["sasl_plain_password"] = secret(settings.kafka.sasl_password, settings.kafka.sasl_password_file)
     return options
 
 
@@ -112,13 +110,13 @@ def make_admin(settings: Settings) -> AIOKafkaAdminClient:
 
 
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
-    """An idempotent producer (acks=all) that lingers KAFKA_PRODUCER_LINGER_MS, of records up to KAFKA_MAX_MESSAGE_BYTES.
-    ``overrides``: AIOKafkaProducer's options (e.g. ``max_batch_size=KAFKA_PRODUCER_MAX_BATCH_BYTES``)."""
+    """An idempotent producer (acks=all) that lingers ``kafka.producer_linger_ms``, of records up to
+    KAFKA_MAX_MESSAGE_BYTES. ``overrides``: AIOKafkaProducer's options (e.g. ``max_batch_size``)."""
     options = dict(
         **client_options(settings),
         acks="all",
         enable_idempotence=True,
-        linger_ms=KAFKA_PRODUCER_LINGER_MS,
+        linger_ms=settings.kafka.producer_linger_ms,
         request_timeout_ms=10_000,
         max_request_size=KAFKA_MAX_MESSAGE_BYTES,
     )
@@ -347,15 +345,15 @@ async def dead_letter(
 
 
 def ingress_grants(settings: Settings) -> dict[str, IngressGrant]:
-    """Each configured Kafka-direct producer's ingress topic -> what its records speak for (Settings.kafka_ingress)."""
-    return {ingress_topic(principal): grant for principal, grant in settings.kafka_ingress.items()}
+    """Each configured Kafka-direct producer's ingress topic -> what its records speak for (Settings.kafka.ingress)."""
+    return {ingress_topic(principal): grant for principal, grant in settings.kafka.ingress.items()}
 
 
 def topic_layout(settings: Settings) -> dict[str, int]:
     """Every llmq topic and its partition count (the ingress topics of Kafka-direct producers included)."""
-    layout = {topic: settings.request_topic_partitions for topic in [*REQUEST_TOPICS, *ingress_grants(settings)]}
-    layout[TOPIC_BATCHES] = settings.batch_topic_partitions
-    layout[TOPIC_RESULTS] = settings.results_topic_partitions
+    layout = {topic: settings.kafka.request_topic_partitions for topic in [*REQUEST_TOPICS, *ingress_grants(settings)]}
+    layout[TOPIC_BATCHES] = settings.kafka.batch_topic_partitions
+    layout[TOPIC_RESULTS] = settings.kafka.results_topic_partitions
     layout[TOPIC_DEAD_LETTERS] = 1
     layout.update({f"{TOPIC_JOBS_PREFIX}{kind}": 1 for kind in JOB_TOPIC_KINDS})  # read in order when rebuilt
     return layout
@@ -378,7 +376,7 @@ async def create_topic(settings: Settings, topic: str, partitions: int = 1) -> b
     try:
         response = await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=topic_config(topic))])
         _raise_refusals(response)
-        await await_ready(admin, [topic], KAFKA_TOPICS_READY_TIMEOUT_S, raise_on_timeout=True)
+        await await_ready(admin, [topic], settings.kafka.topics_ready_timeout_s, raise_on_timeout=True)
     finally:
         await admin.close()
     [(_, code, *_)] = response.topic_errors
@@ -407,7 +405,7 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
     try:
         existing = set(await admin.list_topics())
         layout = topic_layout(settings)
-        replicas = settings.topic_replication_factor
+        replicas = settings.kafka.topic_replication_factor
         missing = [
             NewTopic(t, n, replicas, topic_configs=topic_config(t)) for t, n in layout.items() if t not in existing
         ]
@@ -422,19 +420,20 @@ async def ensure_topics(settings: Settings, *, raise_limits: bool = False) -> No
         if raise_limits and low:
             await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, limit) for t in low])
             log.info("raised %s of %s to %d", MAX_MESSAGE_BYTES_CONFIG, low, KAFKA_MAX_MESSAGE_BYTES)
-        await await_ready(admin, list(layout), KAFKA_TOPICS_READY_TIMEOUT_S, raise_on_timeout=True)
+        await await_ready(admin, list(layout), settings.kafka.topics_ready_timeout_s, raise_on_timeout=True)
     finally:
         await admin.close()
 
 
-async def await_topics(settings: Settings, topics: list[str], timeout_s: float = KAFKA_TOPICS_READY_TIMEOUT_S) -> None:
-    """At a consumer's start: wait (at most ``timeout_s``) until ``settings``' principal sees a leader for every
-    partition of ``topics`` (see KAFKA_TOPICS_READY_TIMEOUT_S); past the bound, log which are not ready and go on (the
-    consumer takes them up at its next metadata refresh)."""
+async def await_topics(settings: Settings, topics: list[str], timeout_s: float | None = None) -> None:
+    """At a consumer's start: wait (at most ``timeout_s``, default ``kafka.topics_ready_timeout_s``) until
+    ``settings``' principal sees a leader for every partition of ``topics``; past the bound, log which are not ready
+    and go on (the consumer takes them up at its next metadata refresh)."""
     admin = make_admin(settings)
     await admin.start()
     try:
-        await await_ready(admin, topics, timeout_s, raise_on_timeout=False)
+        bound_s = settings.kafka.topics_ready_timeout_s if timeout_s is None else timeout_s
+        await await_ready(admin, topics, bound_s, raise_on_timeout=False)
     finally:
         await admin.close()
 

@@ -37,9 +37,9 @@ class LabelSet:
     def from_settings(cls, settings: Settings) -> LabelSet:
         """The catalogue and configured tenants. Raises ValueError when the keys file cannot be read."""
         return cls(
-            models=frozenset(BUILTIN_MODELS) | set(settings.extra_models),
+            models=frozenset(BUILTIN_MODELS) | set(settings.models.extra),
             tenants=frozenset(configured_tenants(settings)),
-            region=settings.region,
+            region=settings.region.name,
         )
 
     def model(self, name: str) -> str:
@@ -51,9 +51,9 @@ class LabelSet:
 
 def configured_tenants(settings: Settings) -> set[str]:
     """Tenant ids of the API keys file (``settings.api_keys_file``), plus the dev tenants when dev keys are on."""
-    tenants = {DEV_TENANT, DEV_FREE_TENANT} if settings.api_dev_keys else set()
-    if settings.api_keys_file:
-        tenants.update(_file_tenants(Path(settings.api_keys_file)))
+    tenants = {DEV_TENANT, DEV_FREE_TENANT} if settings.api.dev_keys else set()
+    if settings.api.keys_file:
+        tenants.update(_file_tenants(Path(settings.api.keys_file)))
     return tenants
 
 

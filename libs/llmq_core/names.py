@@ -24,7 +24,7 @@ class Names:
     cancels_channel: str = constants.REDIS_CANCELS_CHANNEL
     stats_key: str = constants.STATS_BATCHER
     saturation_key: str = constants.REDIS_SATURATION_KEY
-    reply_topic_prefixes: tuple[str, ...] = ()  # Settings.kafka_reply_topic_prefixes: see kafka.reply_topic_error
+    reply_topic_prefixes: tuple[str, ...] = ()  # Settings.kafka.reply_topic_prefixes: see kafka.reply_topic_error
 
     def request_topic(self, traffic_class: str) -> str:
         """The request topic of ``traffic_class`` (``request_topics`` are in ``constants.TRAFFIC_CLASSES``' order)."""

@@ -22,15 +22,15 @@ def connection_options(settings: Settings) -> dict:
     """``Redis.from_url`` options for this service's ACL user and TLS (``rediss://`` URLs); empty when none is set.
     The one place they are built: services through :func:`make_redis`, the CLI's synchronous clients directly."""
     options: dict = {}
-    if settings.redis_username:
-        options["username"] = settings.redis_username
-    password = secret(settings.redis_password, settings.redis_password_file)
+    if settings.redis.username:
+        options["username"] = settings.redis.username
+    password = secret(settings.redis.password, settings.redis.password_file)
     if password:
         options["password"] = password
     for option, path in (
-        ("ssl_ca_certs", settings.redis_ssl_cafile),
-        ("ssl_certfile", settings.redis_ssl_certfile),
-        ("ssl_keyfile", settings.redis_ssl_keyfile),
+        ("ssl_ca_certs", settings.redis.ssl_cafile),
+        ("ssl_certfile", settings.redis.ssl_certfile),
+        ("ssl_keyfile", settings.redis.ssl_keyfile),
     ):
         if path:
             options[option] = path
@@ -45,7 +45,7 @@ def make_redis(settings: Settings, **options) -> Redis:
     heartbeat) is lost although Redis is back. ``options`` go to ``Redis.from_url``.
     """
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), COMMAND_RETRIES)
-    return Redis.from_url(settings.redis_url, retry=retry, **connection_options(settings), **options)
+    return Redis.from_url(settings.redis.url, retry=retry, **connection_options(settings), **options)
 
 
 def memory_policy_warning(maxmemory_bytes: int, policy: str) -> str | None:

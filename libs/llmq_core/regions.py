@@ -73,7 +73,7 @@ async def rebuild(settings: Settings, store: JobStore, files: FileStore, own: Jo
         for claim in (await read_topics(settings, JobTopics.mirrored(region), kinds=("owners",))).owners.values():
             snapshot.owners[claim.batch_id] = jobs.highest(claim, snapshot.owners.get(claim.batch_id))
     for batch_id in snapshot.records:
-        await restore(store, files, snapshot, batch_id, snapshot.owners.get(batch_id), settings.files_retention_s)
+        await restore(store, files, snapshot, batch_id, snapshot.owners.get(batch_id), settings.jobs.files_retention_s)
     return len(snapshot.records)
 
 
@@ -97,12 +97,12 @@ async def take_over(
         known = jobs.highest(source.owners.get(batch_id), own.get(batch_id))
         if known is None or known.region != source_region:
             continue
-        if failback and (batch_id not in own or own[batch_id].region != settings.region):
+        if failback and (batch_id not in own or own[batch_id].region != settings.region.name):
             continue
         lines, results = source.lines.get(batch_id, {}), source.results.get(batch_id, {})
         claim = JobOwner(
             batch_id=batch_id,
-            region=settings.region,
+            region=settings.region.name,
             epoch=known.epoch + 1,
             at_ms=clock.now_ms(),
             settled=len(results),
@@ -112,7 +112,7 @@ async def take_over(
         if record.status in jobs.ACTIVE_STATUSES:
             await log.put_lines(batch_id, lines)
         await log.put_results(batch_id, results)
-        await restore(store, files, source, batch_id, claim, settings.files_retention_s)
+        await restore(store, files, source, batch_id, claim, settings.jobs.files_retention_s)
         to_run = sum(1 for custom_id in lines if custom_id not in results)
         taken.append(Takeover(batch_id, record.status, claim.epoch, len(results), to_run))
     return taken

@@ -16,13 +16,13 @@ import msgspec
 from llmq_core import wire
 from llmq_core.constants import DEFERRED, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MAX_RESULT_BYTES, NEAR_INTERACTIVE
 from llmq_core.models import BUILTIN_MODELS
-from llmq_core.settings import Settings
+from llmq_core.settings import ApiSettings, JobsSettings, Settings
 from llmq_core.status import ErrorCode, ErrorType
 from llmq_core.token_counts import BYTES, TokenCounter, load_counters
 
 MAX_N = 128
 MAX_STOP_SEQUENCES = 4
-DEFAULT_MAX_STOP_BYTES = Settings.model_fields["api_max_stop_bytes"].default
+DEFAULT_MAX_STOP_BYTES = ApiSettings.model_fields["max_stop_bytes"].default
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ECHOED_CHARS = 40  # of a bad value quoted back in an error message
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
@@ -71,9 +71,12 @@ def invalid(message: str, param: str | None = None, code: str = ErrorCode.INVALI
 def timeouts_by_class(settings: Settings) -> dict[str, tuple[int, int]]:
     """Traffic class -> (default, maximum) request timeout in ms, from the settings."""
     return {
-        INTERACTIVE: (settings.default_timeout_ms, settings.max_timeout_ms),
-        NEAR_INTERACTIVE: (settings.near_interactive_default_timeout_ms, settings.near_interactive_max_timeout_ms),
-        DEFERRED: (settings.deferred_default_timeout_ms, settings.deferred_max_timeout_ms),
+        INTERACTIVE: (settings.api.interactive_default_timeout_ms, settings.api.interactive_max_timeout_ms),
+        NEAR_INTERACTIVE: (
+            settings.api.near_interactive_default_timeout_ms,
+            settings.api.near_interactive_max_timeout_ms,
+        ),
+        DEFERRED: (settings.api.deferred_default_timeout_ms, settings.api.deferred_max_timeout_ms),
     }
 
 
@@ -87,22 +90,20 @@ class Rules:
     )
     max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
     max_timeout_ms: Mapping[str, int] = field(
-        default_factory=lambda: {
-            cls: bounds[1] for cls, bounds in timeouts_by_class(Settings.model_construct()).items()
-        }
+        default_factory=lambda: {cls: bounds[1] for cls, bounds in timeouts_by_class(Settings.defaults()).items()}
     )
-    max_job_timeout_ms: int = Settings.model_fields["batch_max_window_s"].default * 1000  # a batch-job line's
+    max_job_timeout_ms: int = JobsSettings.model_fields["batch_max_window_s"].default * 1000  # a batch-job line's
     counters: Mapping[str, TokenCounter] = field(default_factory=dict)  # model -> its tokenizer (others: bytes)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
-        windows = dict.fromkeys(settings.extra_models, 0)
+        windows = dict.fromkeys(settings.models.extra, 0)
         windows.update({m.name: m.context_window for m in BUILTIN_MODELS.values()})
         return cls(
             windows=windows,
-            max_stop_bytes=settings.api_max_stop_bytes,
+            max_stop_bytes=settings.api.max_stop_bytes,
             max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()},
-            max_job_timeout_ms=settings.batch_max_window_s * 1000,
+            max_job_timeout_ms=settings.jobs.batch_max_window_s * 1000,
             counters=load_counters(settings),
         )
 

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from llmq_core import constants, ids, metrics, tracing
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.redis_client import make_redis
-from llmq_core.settings import Settings, load_settings
+from llmq_core.settings import Settings, SettingsError, load_settings
 from llmq_core.telemetry import setup_logging
 
 log = logging.getLogger(__name__)
@@ -52,12 +52,20 @@ class Build(Protocol):
     def __call__(self, settings: Settings, stack: contextlib.AsyncExitStack) -> Awaitable[Work]: ...
 
 
-async def serve(service: str, instance_id: str, build: Build) -> None:
-    """Run one service process: settings, logging, tracing, then ``build`` (which starts its clients and pushes how to
-    close them on ``stack``), then its :class:`Work` until it is done; what was built is closed in reverse order
-    however it ends."""
-    settings = load_settings()
-    setup_logging(service, settings.log_level, settings.region)
+def service_settings(*groups: str) -> Settings:
+    """The settings a service reads, ``groups`` validated now: a bad value in one of them ends the process at start
+    (SystemExit naming each refused variable); one in a group the service does not read is no concern of it."""
+    try:
+        return load_settings(*groups)
+    except SettingsError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+async def serve(service: str, instance_id: str, build: Build, settings: Settings) -> None:
+    """Run one service process: logging, tracing, then ``build`` (which starts its clients and pushes how to close them
+    on ``stack``), then its :class:`Work` until it is done; what was built is closed in reverse order however it
+    ends. ``settings``: from :func:`service_settings`."""
+    setup_logging(service, settings.observability.log_level, settings.region.name)
     tracing.configure(service, settings)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(tracing.shutdown)
@@ -123,8 +131,10 @@ def redis(stack: contextlib.AsyncExitStack, settings: Settings) -> Redis:
 def serve_metrics(
     stack: contextlib.AsyncExitStack, registry: CollectorRegistry, settings: Settings, port: int | None
 ) -> None:
-    """Serve ``registry`` on ``/metrics`` (``port`` None: Settings.metrics_port; 0: off) until ``stack`` closes."""
-    stop = metrics.serve(registry, settings.metrics_port if port is None else port, settings.metrics_host)
+    """Serve ``registry`` on ``/metrics`` (``port`` None: Settings.observability.metrics_port; 0: off) until ``stack`` closes."""
+    stop = metrics.serve(
+        registry, settings.observability.metrics_port if port is None else port, settings.observability.metrics_host
+    )
     if stop is not None:
         stack.callback(stop)
 
@@ -139,7 +149,7 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
         asyncio.run(main())
 
 
-def service_arguments(description: str) -> argparse.Namespace:
+def service_arguments(description: str, settings: Settings) -> argparse.Namespace:
     """The flags every consumer service takes: ``--instance-id`` (default hostname-pid; qualified by the region) and
     ``--metrics-port``."""
     parser = argparse.ArgumentParser(description=description)
@@ -148,13 +158,13 @@ def service_arguments(description: str) -> argparse.Namespace:
         "--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)"
     )
     args = parser.parse_args()
-    args.instance_id = regional(args.instance_id)
+    args.instance_id = regional(args.instance_id, settings)
     return args
 
 
-def regional(name: str) -> str:
+def regional(name: str, settings: Settings) -> str:
     """A process's ``name`` qualified by this region (LLMQ_REGION): ``<region>-<name>``, see :func:`ids.instance_id`."""
-    return ids.instance_id(load_settings().region, name)
+    return ids.instance_id(settings.region.name, name)
 
 
 def stop_event() -> asyncio.Event:

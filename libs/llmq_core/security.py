@@ -113,7 +113,7 @@ def kafka_acls(
     reply_topic_prefixes: Iterable[str] = (), ingress_principals: Iterable[str] = (), peer_regions: Iterable[str] = ()
 ) -> list[KafkaAcl]:
     """Every ACL of a secure cluster (the admin is a super user and needs none). ``reply_topic_prefixes``: where the
-    router may write replies (``Settings.kafka_reply_topic_prefixes``; none: no reply topics). ``ingress_principals``:
+    router may write replies (``Settings.kafka.reply_topic_prefixes``; none: no reply topics). ``ingress_principals``:
     Kafka-direct producers, each writing its own ingress topic only. ``peer_regions``: the regions MirrorMaker 2
     mirrors from and to (README "Multi-region"; none: no mm2 rules)."""
     peers = tuple(peer_regions)

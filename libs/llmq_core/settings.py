@@ -1,25 +1,114 @@
-"""Settings of every llmq service, from environment variables ``LLMQ_<NAME>`` (e.g. ``LLMQ_REDIS_URL``).
+"""Settings of the llmq services, grouped by owner: ``settings.api.max_body_bytes`` is read from ``LLMQ_API_MAX_BODY_BYTES``.
 
-README.md's configuration table lists them; keep the two together.
+Each group is a ``pydantic_settings.BaseSettings`` with its own environment prefix (:func:`env_name` gives a field's
+variable). A :class:`Settings` reads a group from the environment the first time it is used, so a service validates
+only the groups it reads; its main names them to :func:`load_settings`, which validates them at start and refuses a bad
+value naming its variable (:class:`SettingsError`). Renamed variables are still read under their old name (the new one
+wins), with one warning per process and old name. docs/configuration.md is generated from the fields' descriptions
+(``python -m llmq_core.settings_doc``).
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from llmq_core import ids
 from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, PRIORITY_CLASSES, RECORD_HEADROOM_BYTES, TRAFFIC_CLASSES
 
+log = logging.getLogger(__name__)
+
 # A Kafka principal's name becomes a topic name (constants.ingress_topic): only what a topic name may hold
 _PRINCIPAL_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
-_ONE_RECORD = {  # what a limit past one Kafka record would break, by setting
-    "api_max_body_bytes": "such a request could not be produced to Kafka",
-    "batch_max_line_bytes": "such a line could not be one record of the batch-job log",
-}
+_ONE_RECORD_MOST = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
+# The environment a group is read from: os.environ unless Settings.from_environ gives one
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("llmq_settings_environ", default=None)
+_WARNED: set[str] = set()  # old variable names already warned about in this process
+
+
+class SettingsError(ValueError):
+    """A settings group could not be read from the environment; the message names each bad variable."""
+
+
+def was(*old_names: str) -> dict[str, Any]:
+    """A field's ``json_schema_extra``: the environment variables it was read from before it moved (still read)."""
+    return {"old_env": old_names}
+
+
+def old_names(field: FieldInfo) -> tuple[str, ...]:
+    extra = field.json_schema_extra
+    return tuple(extra.get("old_env", ())) if isinstance(extra, dict) else ()  # type: ignore[arg-type]
+
+
+class _Environ(EnvSettingsSource):
+    """The environment source, reading Settings.from_environ's mapping where one is given."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        environ = _ENVIRON.get()
+        if environ is None:
+            return super()._load_env_vars()
+        return {k.lower(): v for k, v in environ.items()}
+
+
+class _OldNames(_Environ):
+    """A field's old variable names (``was``), below its own: each one used is warned about once per process."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        for old in old_names(field):
+            value = self.env_vars.get(old.lower())
+            if value is not None:
+                if old not in _WARNED:
+                    _WARNED.add(old)
+                    log.warning("%s is deprecated: set %s instead", old, env_name(self.settings_cls, field_name))
+                return value, field_name, False
+        return None, field_name, False
+
+
+class Group(BaseSettings):
+    """One owner's settings, from ``<env_prefix><FIELD>`` (or the field's ``validation_alias``)."""
+
+    model_config = SettingsConfigDict(extra="ignore", validate_by_name=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _Environ(settings_cls), _OldNames(settings_cls)
+
+    @classmethod
+    def from_env(cls) -> Group:
+        """The group from the environment; SettingsError naming each variable whose value is refused."""
+        try:
+            return cls()
+        except ValidationError as exc:
+            problems = "; ".join(_problem(cls, error) for error in exc.errors())
+            raise SettingsError(f"invalid settings: {problems}") from None
+
+
+def env_name(group: type[BaseSettings], field_name: str) -> str:
+    """The environment variable of ``group``'s field ``field_name``, e.g. ``LLMQ_API_MAX_BODY_BYTES``."""
+    alias = group.model_fields[field_name].validation_alias
+    if isinstance(alias, str):
+        return alias
+    return f"{group.model_config.get('env_prefix', '')}{field_name}".upper()
+
+
+def _problem(group: type[BaseSettings], error: Any) -> str:
+    field = str(error["loc"][0]) if error["loc"] else ""
+    where = env_name(group, field) if field in group.model_fields else group.__name__
+    return f"{where}: {error['msg']}"
 
 
 class IngressGrant(BaseModel):
@@ -30,197 +119,746 @@ class IngressGrant(BaseModel):
     classes: tuple[Literal["interactive", "near_interactive", "deferred"], ...] = TRAFFIC_CLASSES
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore")
+def _fits_one_record(value: int, info: ValidationInfo, what: str) -> int:
+    """Refuse to start with a limit no Kafka record could carry."""
+    if value > _ONE_RECORD_MOST:
+        raise ValueError(
+            f"{info.field_name} {value} exceeds {_ONE_RECORD_MOST} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
+            f" RECORD_HEADROOM_BYTES): {what}"
+        )
+    return value
 
-    # region (README "Multi-region"): in every instance, request, batch and batch-job id, metric and log line
-    region: str = ids.DEFAULT_REGION
-    # share of a tenant's global rate limits this region enforces (its keys-file limits are global): no region asks
-    # another on the request path, so each holds its share; the shares of all regions should add up to 1
-    region_limit_share: float = 1.0
 
-    # connections
-    kafka_bootstrap_servers: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    # transport security (docs/security.md): PLAINTEXT | SASL_SSL (SCRAM over TLS) | SSL (TLS, mTLS with a client cert)
-    kafka_security_protocol: Literal["PLAINTEXT", "SASL_SSL", "SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
-    kafka_sasl_username: str = ""  # this service's principal (one per role: api, batcher, worker, router, admin)
-    kafka_sasl_password: str = ""
-    kafka_sasl_password_file: str = ""  # read at start when set (a mounted secret); wins over kafka_sasl_password
-    kafka_ssl_cafile: str = ""  # CA that signed the brokers' certificates (empty: the system's CAs)
-    kafka_ssl_certfile: str = ""  # client certificate (mTLS, security protocol SSL)
-    kafka_ssl_keyfile: str = ""  # its private key
-    redis_username: str = ""  # Redis ACL user (one per role); empty: the URL's, else Redis' default user
-    redis_password: str = ""
-    redis_password_file: str = ""  # read at start when set; wins over redis_password
-    redis_ssl_cafile: str = ""  # CA of the Redis server's certificate (rediss:// URLs)
-    redis_ssl_certfile: str = ""  # client certificate, where Redis asks for one (tls-auth-clients)
-    redis_ssl_keyfile: str = ""
+class RegionSettings(Group):
+    """This deployment's region (docs "Multi-region"): in every instance, request, batch and batch-job id, metric and
+    log line."""
 
-    # topics
-    request_topic_partitions: int = 4
-    batch_topic_partitions: int = 16
-    results_topic_partitions: int = 4
-    kafka_reply_topic_prefixes: str = ""  # comma-separated prefixes a Kafka reply topic must start with (empty: any)
-    kafka_request_id_ttl_s: int = 86400  # a Kafka-direct request_id is known this long: copies get its answer again
-    # Kafka-direct producers (JSON): principal -> {"tenant_id": ..., "classes": [...]}; the batcher reads each one's
-    # topic constants.ingress_topic(principal) and answers a record claiming another tenant or class errored
-    kafka_ingress: dict[str, IngressGrant] = {}
-    topic_replication_factor: int = 1  # replicas of each llmq topic `llmq topics` creates (1: local and test stacks)
-
-    # api
-    instance_id: str = ""  # empty: generated at start (hostname + random suffix)
-    default_timeout_ms: int = 30_000
-    max_timeout_ms: int = 600_000
-    result_ttl_s: int = 3600
-    # stored results of one tenant (retrieval copies); past either bound the tenant's oldest are dropped first
-    result_store_tenant_max_bytes: int = 64 * 1024 * 1024
-    result_store_tenant_max_results: int = 100_000
-    pod_heartbeat_interval_ms: int = 1000
-    pod_heartbeat_ttl_ms: int = 5000
-    api_max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
-    api_produce_timeout_ms: int = 2000  # bound on producing one request to Kafka; past it the client gets 503
-    api_max_in_flight: int = 10_000  # waiters per pod; past it new requests get 429
-    api_max_stop_bytes: int = 256  # UTF-8 bytes of one stop sequence; longer ones get 400 (param stop)
-    # Kafka circuit breaker (llmq_api.health): after a failed produce, requests get 503 at once for this long, then one
-    # probes; each failed probe doubles the wait up to the maximum
-    api_kafka_breaker_backoff_ms: int = 1000
-    api_kafka_breaker_max_backoff_ms: int = 5000
-    api_kafka_check_interval_ms: int = 1000  # how often the pod checks that its Kafka client reaches a broker
-    # per-class deadlines (x-llmq-timeout-ms); interactive uses default_timeout_ms / max_timeout_ms above
-    near_interactive_default_timeout_ms: int = 60_000
-    near_interactive_max_timeout_ms: int = 600_000
-    deferred_default_timeout_ms: int = 3_600_000
-    deferred_max_timeout_ms: int = 86_400_000
-    api_keys_file: str = ""  # YAML/JSON: API key -> tenant, tier, classes, limits (see deploy/keys.example.yaml)
-    api_dev_keys: bool = (
-        True  # also accept llmq-dev-key (tenant dev, paid) and llmq-dev-free-key (tenant dev-free, free)
+    model_config = SettingsConfigDict(env_prefix="LLMQ_REGION_")
+    name: str = Field(
+        ids.DEFAULT_REGION,
+        validation_alias="LLMQ_REGION",
+        description="This stack's region (1-32 of `a-z 0-9 -`, lower case, not starting or ending in `-`; a service "
+        "refuses any other at start): in every instance, request, batch and batch-job id, metric (`region` "
+        'label) and log line; MirrorMaker 2\'s alias of its cluster ("Multi-region").',
     )
-    # admission, per PRIORITY_CLASSES entry: predicted queue wait (ms) past which new requests get 429 ...
-    api_shed_wait_ms: dict[str, int] = dict(zip(PRIORITY_CLASSES, (15_000, 5_000, 2_000, 1_000), strict=True))
-    # ... and the share of api_max_in_flight (this pod) and batcher_max_queued (the batchers) a class may fill
-    api_shed_share: dict[str, float] = dict(zip(PRIORITY_CLASSES, (0.95, 0.85, 0.7, 0.5), strict=True))
-    api_saturation_stale_ms: int = 5000  # batcher saturation reports older than this are ignored
-    api_rate_limit_timeout_ms: int = 250  # a tenant's rate-limit check waits this long on Redis, then lets through
-    # connections (llmq_api.connections): meant for direct exposure; behind a proxy its own limits apply
-    api_header_timeout_ms: int = 10_000  # a request's headers must arrive within this; past it 408, closed
-    api_body_timeout_ms: int = 300_000  # a request's body must arrive within this after its headers; past it 408
-    api_keep_alive_timeout_ms: int = 5_000  # an idle kept-alive connection is closed after this
-    api_max_connections_per_client: int = 1024  # connections per client address; past it 429 and closed (0: no cap)
-    api_max_header_bytes: int = 64 * 1024  # a request's line and headers; past it 431 and closed
-    api_access_log: bool = True  # one log line per request: route, status, tenant, request id, latency (no bodies)
-    api_trusted_proxies: str = ""  # comma-separated proxy addresses/networks: not capped; their X-Forwarded-For is used
-    extra_models: list[str] = []  # models served besides the built-in catalogue (--model-path workers): metric labels
-    # model -> tokenizer.json (or a checkpoint directory holding it) of a model outside the catalogue: API pods and
-    # batchers count its tokens with it (others: the byte count, an upper bound)
-    model_tokenizers: dict[str, str] = {}
-    models_dir: str = (
-        "~/.cache/llmq/models"  # converted catalogue checkpoints: <dir>/<model>/ (llmq_worker.checkpoints)
+    limit_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share (0-1] of each tenant's global rate limits (keys file) this region enforces, with no "
+        'cross-region call ("Multi-region").',
     )
 
-    # batcher
-    interactive_max_wait_ms: int = 0
-    near_interactive_max_wait_ms: int = 50
-    deferred_max_wait_ms: int = 500
-    fixed_engine_max_wait_ms: int = 20
-    fixed_engine_busy_wait_ms: int = 10  # a batch waits at most this long for its model's running batch to end
-    worker_heartbeat_timeout_ms: int = 2000
-    batcher_max_queued: int = 100_000
-    batcher_deferred_reserved_share: float = 0.25  # share of each worker's slots deferred work never fills
-    batcher_deferred_buffer_rounds: int = 2  # deferred work read ahead: rounds of every live worker's unreserved slots
-    batcher_tenant_max_inflight: int = 4096  # dispatched, not yet finished requests per tenant
-    batcher_tenant_weights: dict[str, float] = {}  # fair-share weight per tenant_id (JSON in env); others weigh 1
+    @field_validator("name")
+    @classmethod
+    def _region_name(cls, value: str) -> str:
+        return ids.check_region(value)
 
-    # worker
-    heartbeat_interval_ms: int = 250
-    worker_lease_ttl_ms: int = 10_000  # a partition's lease lapses this long after its worker stopped renewing it
-    torch_threads: int = 0  # transformers engine on CPU: torch intra-op threads (0: the measured default, see README)
 
-    # result-router: producing to Kafka reply topics
-    router_reply_attempts: int = 4  # tries of one reply before it is dead-lettered (permanent errors: one)
-    router_reply_backoff_ms: int = 250  # wait before retry r: backoff * 2**(r-1)
-    router_reply_metadata_timeout_ms: int = 1000  # per try: how long a reply topic may take to show up in metadata
-    router_reply_retry_budget_ms: int = 2000  # tries of one reply (waits and metadata) end within this much
-    router_reply_retry_streak_max: int = 3  # after this many results in a row ended unsent, a partition retries none
-    router_topic_refresh_ms: int = 1000  # the cluster's topics are listed at most this often (missing reply topics)
+class KafkaSettings(Group):
+    """Kafka: connection, transport security (docs/security.md), topics, Kafka-direct producers, client tuning."""
 
-    # batch jobs (/v1/files, /v1/batches; the ledger and driver run in the result-router)
-    files_url: str = "var/files"  # file store: a local directory or any fsspec URL (s3://bucket/prefix, memory://...)
-    files_max_bytes: int = 200 * 1024 * 1024  # larger uploads get 413
-    files_retention_s: int = 30 * 86_400  # uploads, output and error files (and a finished job's ledger) live this long
-    batch_max_lines: int = 50_000  # requests per input file
-    batch_max_line_bytes: int = 1024 * 1024  # bytes per input line
-    batch_max_window_s: int = 7 * 86_400  # longest completion_window accepted
-    batch_max_rounds: int = 3  # retries of a line whose error is retryable, after its first run
-    batch_retry_backoff_ms: int = 1000  # wait before retry round r: backoff * 2**(r-1)
-    batch_in_flight_lines: int = 1024  # lines of one job produced and not yet settled, at most
-    batch_lease_ms: int = 5000  # a result-router's hold on a job it drives; another takes over once it lapses
-    batch_tick_ms: int = 250  # how often the job driver looks at its jobs
-    batch_end_grace_ms: int = 5000  # after a cancel or the window's end: wait this long for in-flight lines
-    files_tenant_max_bytes: int = 1024 * 1024 * 1024  # a tenant's live uploads, unless its key sets file_storage_bytes
-    batch_create_max_per_pod: int = 4  # batch creates validating at once on one API pod; past it 429
-    batch_create_max_per_tenant: int = 2  # ... of one tenant on one API pod
-    # Result bytes a job's ledger may hold in Redis (never evicted while the job runs), from each line's largest result
-    batch_job_max_result_bytes: int = 128 * 1024 * 1024  # one job; past it 400 batch_results_too_large
-    batch_tenant_max_result_bytes: int = 256 * 1024 * 1024  # a tenant's running jobs together; past it 429
-
-    # ops
-    dev_redis_maxmemory_bytes: int = 512 * 1024 * 1024  # the dev/test stack's redis-server (volatile-lru past it)
-    log_level: str = "INFO"
-    shutdown_grace_s: float = 10.0
-
-    # observability (llmq_core.tracing, llmq_core.metrics)
-    tracing_exporter: Literal["none", "console", "otlp", "file"] = "none"  # none: no SDK, the hot path pays ~nothing
-    tracing_otlp_endpoint: str = ""  # empty: the exporter's default (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317)
-    tracing_file_dir: str = "var/traces"  # exporter "file": one JSON line per span in <dir>/<service>-<pid>.jsonl
-    tracing_sample_ratio: float = 1.0  # share of new traces recorded (a request's later hops follow its first)
-    metrics_port: int = (
-        0  # batcher, worker, result-router: Prometheus /metrics on this port (0: off; flag --metrics-port)
+    model_config = SettingsConfigDict(env_prefix="LLMQ_KAFKA_")
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers, comma-separated."
     )
-    metrics_host: str = "127.0.0.1"  # address the metrics server binds (0.0.0.0 where Prometheus scrapes pods)
+    security_protocol: Literal["PLAINTEXT", "SASL_SSL", "SSL"] = Field(
+        "PLAINTEXT",
+        description="`PLAINTEXT`, `SASL_SSL` (SCRAM over TLS) or `SSL` (TLS; mTLS with a client certificate); see "
+        "docs/security.md.",
+    )
+    sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = Field(
+        "SCRAM-SHA-512", description="SASL mechanism under `SASL_SSL` (`SCRAM-SHA-512`, `SCRAM-SHA-256`, `PLAIN`)."
+    )
+    sasl_username: str = Field(
+        "",
+        description="This service's Kafka principal (one per role: `api`, `batcher`, `worker`, `router`; `admin` for "
+        "`llmq topics`).",
+    )
+    sasl_password: str = Field("", description="Its password (prefer the file below).")
+    sasl_password_file: str = Field(
+        "", description="File holding the password (a mounted secret); wins over `LLMQ_KAFKA_SASL_PASSWORD`."
+    )
+    ssl_cafile: str = Field("", description="PEM CA that signed the brokers' certificates (empty: the system's CAs).")
+    ssl_certfile: str = Field("", description="PEM client certificate for mTLS (`SSL`): its CN is the principal.")
+    ssl_keyfile: str = Field("", description="Its private key.")
+    request_topic_partitions: int = Field(
+        4,
+        ge=1,
+        description="Partitions of each `llmq.requests.<class>` topic (batcher parallelism).",
+        json_schema_extra=was("LLMQ_REQUEST_TOPIC_PARTITIONS"),
+    )
+    batch_topic_partitions: int = Field(
+        16,
+        ge=1,
+        description="Partitions of `llmq.batches`: the most workers one stack can have.",
+        json_schema_extra=was("LLMQ_BATCH_TOPIC_PARTITIONS"),
+    )
+    results_topic_partitions: int = Field(
+        4,
+        ge=1,
+        description="Partitions of `llmq.results` (result-router parallelism).",
+        json_schema_extra=was("LLMQ_RESULTS_TOPIC_PARTITIONS"),
+    )
+    topic_replication_factor: int = Field(
+        1,
+        ge=1,
+        description="Replicas of each llmq topic that `llmq topics` (and a PLAINTEXT stack's batcher and result-router) "
+        "create: 1 for local and test stacks, 3 on a production cluster (the Helm chart's "
+        "`kafka.topicReplicationFactor`).",
+        json_schema_extra=was("LLMQ_TOPIC_REPLICATION_FACTOR"),
+    )
+    reply_topic_prefixes: str = Field(
+        "",
+        description="Comma-separated prefixes a Kafka reply topic must start with (empty: any legal name but `llmq.*` and"
+        " `__*`); other requests are answered `errored` (`invalid_reply_topic`) and dead-lettered.",
+    )
+    request_id_ttl_s: int = Field(
+        86400,
+        gt=0,
+        description="How long a Kafka-direct `request_id` stays known: a record re-produced with it gets the stored "
+        "result again (`request_copy` set), or, once that is gone, `errored` `request_id_reused` (see "
+        "docs/kafka-producers.md).",
+    )
+    ingress: dict[str, IngressGrant] = Field(
+        {},
+        description='Kafka-direct producers, JSON: principal -> `{"tenant_id": ..., "classes": [...]}`; the batcher reads'
+        " each one's topic `llmq.ingress.<principal>` (created by `llmq topics`) and answers a record "
+        "claiming another tenant or class `errored` `tenant_not_allowed` / `class_not_allowed` (see "
+        "docs/security.md).",
+    )
+    producer_linger_ms: int = Field(
+        0,
+        ge=0,
+        description="How long a producer waits to group records (0: sent at once, so no hop waits out a linger at"
+        " light load; under load records still group behind the one request in flight per broker).",
+    )
+    producer_max_batch_bytes: int = Field(
+        1 << 20,
+        gt=0,
+        description="Bytes of records one produce request may carry per partition, for the producers that write only"
+        " llmq's own topics (API pods, `llmq region`): larger batches move batch-job input faster.",
+    )
+    results_fetch_max_wait_ms: int = Field(
+        100,
+        ge=0,
+        description="The result-router and the batcher's results tail (off the answer's path): the broker holds"
+        " their fetches up to this long, or until `LLMQ_KAFKA_RESULTS_FETCH_MIN_BYTES`; reply topics and stored results lag by"
+        " up to this.",
+    )
+    results_fetch_min_bytes: int = Field(64 * 1024, ge=1, description="See `LLMQ_KAFKA_RESULTS_FETCH_MAX_WAIT_MS`.")
+    topics_ready_timeout_s: float = Field(
+        60,
+        gt=0,
+        description="Topic creation and consumer services wait at most this long for their topics to show a leader"
+        " for every partition (a consumer subscribing before leaves the topic out for minutes).",
+    )
 
-    @field_validator("kafka_ingress")
+    @field_validator("ingress")
     @classmethod
     def _principals_name_topics(cls, value: dict[str, IngressGrant]) -> dict[str, IngressGrant]:
         """Each principal names its ingress topic: refuse to start with one no topic could be named after."""
         bad = [p for p in value if not _PRINCIPAL_RE.fullmatch(p)]
         if bad:
-            raise ValueError(f"kafka_ingress principals {bad} must be 1-200 characters of A-Z a-z 0-9 . _ -")
+            raise ValueError(f"kafka ingress principals {bad} must be 1-200 characters of A-Z a-z 0-9 . _ -")
         return value
 
-    @field_validator("region")
-    @classmethod
-    def _region_name(cls, value: str) -> str:
-        return ids.check_region(value)
 
-    @field_validator("region_limit_share")
-    @classmethod
-    def _share(cls, value: float) -> float:
-        if not 0 < value <= 1:
-            raise ValueError(f"region_limit_share {value} must be in (0, 1]")
-        return value
+class RedisSettings(Group):
+    """Redis: connection and transport security (docs/security.md)."""
 
-    @field_validator("api_rate_limit_timeout_ms")
-    @classmethod
-    def _positive_timeout(cls, value: int, info: ValidationInfo) -> int:
-        """A zero or negative timeout would let every request through unlimited, silently: refuse to start."""
-        if value <= 0:
-            raise ValueError(f"{info.field_name} {value} must be > 0 (ms)")
-        return value
+    model_config = SettingsConfigDict(env_prefix="LLMQ_REDIS_")
+    url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        min_length=1,
+        description="Redis URL (replies pub/sub, heartbeats, cancels, stored results, ledgers).",
+    )
+    username: str = Field("", description="This service's Redis ACL user (one per role, like Kafka's principals).")
+    password: str = Field("", description="Its password (prefer the file below).")
+    password_file: str = Field("", description="File holding the Redis password; wins over `LLMQ_REDIS_PASSWORD`.")
+    ssl_cafile: str = Field("", description="PEM CA of the Redis server's certificate (with a `rediss://` URL).")
+    ssl_certfile: str = Field("", description="Client certificate, where Redis requires one (`tls-auth-clients yes`).")
+    ssl_keyfile: str = Field("", description="Its private key.")
 
-    @field_validator("batch_max_line_bytes", "api_max_body_bytes")
+
+_MS = {"ge": 1}
+
+
+class ApiSettings(Group):
+    """The API pods: the HTTP edge, admission, deadlines per class, API keys, pod heartbeats."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_API_")
+    instance_id: str = Field(
+        "",
+        description="API pod instance id; `--instance-id` wins; empty: generated at start (hostname + random suffix).",
+        json_schema_extra=was("LLMQ_INSTANCE_ID"),
+    )
+    interactive_default_timeout_ms: int = Field(
+        30_000,
+        **_MS,
+        description="Interactive: deadline of a request without `x-llmq-timeout-ms`.",
+        json_schema_extra=was("LLMQ_DEFAULT_TIMEOUT_MS"),
+    )
+    interactive_max_timeout_ms: int = Field(
+        600_000,
+        **_MS,
+        description="Interactive: the most `x-llmq-timeout-ms` may ask (larger values are clamped).",
+        json_schema_extra=was("LLMQ_MAX_TIMEOUT_MS"),
+    )
+    near_interactive_default_timeout_ms: int = Field(
+        60_000,
+        **_MS,
+        description="Near_interactive: default deadline.",
+        json_schema_extra=was("LLMQ_NEAR_INTERACTIVE_DEFAULT_TIMEOUT_MS"),
+    )
+    near_interactive_max_timeout_ms: int = Field(
+        600_000,
+        **_MS,
+        description="Near_interactive: largest deadline.",
+        json_schema_extra=was("LLMQ_NEAR_INTERACTIVE_MAX_TIMEOUT_MS"),
+    )
+    deferred_default_timeout_ms: int = Field(
+        3_600_000,
+        **_MS,
+        description="Deferred: default deadline.",
+        json_schema_extra=was("LLMQ_DEFERRED_DEFAULT_TIMEOUT_MS"),
+    )
+    deferred_max_timeout_ms: int = Field(
+        86_400_000,
+        **_MS,
+        description="Deferred: largest deadline.",
+        json_schema_extra=was("LLMQ_DEFERRED_MAX_TIMEOUT_MS"),
+    )
+    pod_heartbeat_interval_ms: int = Field(
+        1000,
+        **_MS,
+        description="How often an API pod refreshes its liveness key.",
+        json_schema_extra=was("LLMQ_POD_HEARTBEAT_INTERVAL_MS"),
+    )
+    pod_heartbeat_ttl_ms: int = Field(
+        5000,
+        **_MS,
+        description="An API pod whose key is this old is dead: its work is cancelled.",
+        json_schema_extra=was("LLMQ_POD_HEARTBEAT_TTL_MS"),
+    )
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="Larger request bodies get 413.")
+    produce_timeout_ms: int = Field(
+        2000, **_MS, description="Bound on producing one request to Kafka; past it the client gets 503."
+    )
+    max_in_flight: int = Field(10_000, ge=0, description="Waiters per pod; past it new requests get 429.")
+    max_stop_bytes: int = Field(
+        256, ge=1, description="UTF-8 bytes of one stop sequence; longer ones get 400 (param `stop`)."
+    )
+    kafka_breaker_backoff_ms: int = Field(
+        1000,
+        **_MS,
+        description="After a failed or timed-out produce, new requests get 503 + `Retry-After` at once for this long; "
+        "then one request probes Kafka.",
+    )
+    kafka_breaker_max_backoff_ms: int = Field(
+        5000, **_MS, description="Each failed probe doubles the backoff, up to this."
+    )
+    kafka_check_interval_ms: int = Field(
+        1000,
+        **_MS,
+        description="How often a pod checks that its Kafka client reaches a broker (a metadata request): opens the "
+        "breaker without a failed request, and closes it within one interval of the broker's return, also on "
+        "an idle pod.",
+    )
+    keys_file: str = Field(
+        "", description="YAML/JSON: API key -> tenant, tier, classes, limits (see deploy/keys.example.yaml)."
+    )
+    dev_keys: bool = Field(
+        True, description="Also accept llmq-dev-key (tenant dev, paid) and llmq-dev-free-key (tenant dev-free, free)."
+    )
+    shed_wait_ms: dict[str, int] = Field(
+        dict(zip(PRIORITY_CLASSES, (15_000, 5_000, 2_000, 1_000), strict=True)),
+        description="Admission: predicted queue wait (ms) per priority class past which new requests get 429.",
+    )
+    shed_share: dict[str, float] = Field(
+        dict(zip(PRIORITY_CLASSES, (0.95, 0.85, 0.7, 0.5), strict=True)),
+        description="Admission: share of the pod's in-flight cap and the batcher's queue a priority class may fill.",
+    )
+    saturation_stale_ms: int = Field(5000, **_MS, description="Batcher saturation reports older than this are ignored.")
+    rate_limit_timeout_ms: int = Field(
+        250,
+        gt=0,
+        description="A tenant's rate-limit check waits this long on Redis; past it the request goes through unlimited "
+        "(fail open); must be > 0.",
+    )
+    header_timeout_ms: int = Field(
+        10_000,
+        **_MS,
+        description="A request's headers must arrive within this, counted from the connection's start (or the next "
+        "request's first byte on a kept-alive one); past it 408 and the connection closes.",
+    )
+    body_timeout_ms: int = Field(
+        300_000,
+        **_MS,
+        description="A request's whole body must arrive within this after its headers; past it 408 and the connection "
+        "closes (responses, streams included, are never timed).",
+    )
+    keep_alive_timeout_ms: int = Field(5_000, **_MS, description="An idle kept-alive connection is closed after this.")
+    max_connections_per_client: int = Field(
+        1024,
+        ge=0,
+        description="Open connections per client address (the socket peer); past it a new connection gets 429 "
+        "`too_many_connections` and is closed (0: no cap).",
+    )
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1,
+        description="Bytes of a request's line and headers, counted as they arrive; past it 431 `headers_too_large` and "
+        "the connection closes.",
+    )
+    access_log: bool = Field(
+        True,
+        description="One log line per request (logger `llmq_api.access`): method, route, status, tenant, request id, "
+        "latency; never a prompt or answer.",
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="Comma-separated addresses or CIDR networks of proxies in front of the pods: their connections are "
+        "not capped, and only their `X-Forwarded-For` names the client (empty: no header is trusted).",
+    )
+
+    @field_validator("max_body_bytes")
     @classmethod
-    def _fits_one_record(cls, value: int, info: ValidationInfo) -> int:
-        """A request body travels in one Kafka record, and a batch line is one record of llmq.jobs.lines (never
-        split): refuse to start with a limit no record could carry."""
-        most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
-        if value > most:
-            raise ValueError(
-                f"{info.field_name} {value} exceeds {most} bytes (KAFKA_MAX_MESSAGE_BYTES minus"
-                f" RECORD_HEADROOM_BYTES): {_ONE_RECORD[info.field_name]}"
-            )
-        return value
+    def _body_fits_one_record(cls, value: int, info: ValidationInfo) -> int:
+        return _fits_one_record(value, info, "such a request could not be produced to Kafka")
+
+
+class ResultStoreSettings(Group):
+    """Stored results (retrieval copies), written by the result-router and read by the API pods."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_RESULT_STORE_")
+    ttl_s: int = Field(
+        3600,
+        ge=1,
+        description="How long final results stay retrievable (`GET /v1/requests/{id}`, idempotent replays).",
+        json_schema_extra=was("LLMQ_RESULT_TTL_S"),
+    )
+    tenant_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Stored results one tenant keeps at most (bytes); past it its oldest are dropped (see Redis memory).",
+    )
+    tenant_max_results: int = Field(
+        100_000, ge=1, description="Stored results one tenant keeps at most (count); past it its oldest are dropped."
+    )
+
+
+class ModelsSettings(Group):
+    """Models beyond the built-in catalogue, and where catalogue checkpoints live."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_MODELS_")
+    extra: list[str] = Field(
+        [],
+        description="JSON list of model names served besides the built-in catalogue (`--model-path` workers): every other"
+        " model name a request carries is labelled `other` in metrics.",
+        json_schema_extra=was("LLMQ_EXTRA_MODELS"),
+    )
+    tokenizers: dict[str, str] = Field(
+        {},
+        description="JSON: model -> its `tokenizer.json` (or a checkpoint directory holding it and its chat template), "
+        "for models outside the catalogue (`--model-path` workers): API pods and batchers count their prompt "
+        "tokens with it; any other model counts UTF-8 bytes, an upper bound.",
+        json_schema_extra=was("LLMQ_MODEL_TOKENIZERS"),
+    )
+    dir: str = Field(
+        "~/.cache/llmq/models",
+        description="Converted catalogue checkpoints, `<dir>/<model>/` with `llmq-manifest.json` (`make setup` installs "
+        "them); workers load them, API pods and batchers read their tokenizers.",
+    )
+
+
+class BatcherSettings(Group):
+    """The batcher: how long batches wait per class, queue bounds, fair share, worker liveness."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_BATCHER_")
+    interactive_max_wait_ms: int = Field(
+        0,
+        ge=0,
+        description="Batch window of interactive work (0: dispatch at once to continuous-batching workers).",
+        json_schema_extra=was("LLMQ_INTERACTIVE_MAX_WAIT_MS"),
+    )
+    near_interactive_max_wait_ms: int = Field(
+        50,
+        ge=0,
+        description="Batch window bound of near_interactive work (adaptive below it).",
+        json_schema_extra=was("LLMQ_NEAR_INTERACTIVE_MAX_WAIT_MS"),
+    )
+    deferred_max_wait_ms: int = Field(
+        500,
+        ge=0,
+        description="Batch window bound of deferred work (adaptive below it).",
+        json_schema_extra=was("LLMQ_DEFERRED_MAX_WAIT_MS"),
+    )
+    fixed_engine_max_wait_ms: int = Field(
+        20,
+        ge=0,
+        description="Wait window for fixed-time batch engines (part of the latency budget).",
+        json_schema_extra=was("LLMQ_FIXED_ENGINE_MAX_WAIT_MS"),
+    )
+    fixed_engine_busy_wait_ms: int = Field(
+        10,
+        ge=0,
+        description="While a batch of a fixed-time model runs, the next one fills until it ends, at most this long (0: "
+        "off; with no batch running nothing waits).",
+        json_schema_extra=was("LLMQ_FIXED_ENGINE_BUSY_WAIT_MS"),
+    )
+    worker_heartbeat_timeout_ms: int = Field(
+        2000,
+        **_MS,
+        description="A worker silent this long is removed and its in-flight work dispatched again.",
+        json_schema_extra=was("LLMQ_WORKER_HEARTBEAT_TIMEOUT_MS"),
+    )
+    max_queued: int = Field(
+        100_000, ge=0, description="Requests one batcher holds at most; beyond, new ones are answered overloaded."
+    )
+    deferred_reserved_share: float = Field(
+        0.25, ge=0, lt=1, description="Share of each worker's slots deferred work never fills."
+    )
+    deferred_buffer_rounds: int = Field(
+        2,
+        ge=1,
+        description="Deferred work a batcher reads ahead of the slots: this many times every live worker's unreserved "
+        "slots.",
+    )
+    tenant_max_inflight: int = Field(4096, ge=1, description="Dispatched, not yet finished requests per tenant.")
+    tenant_weights: dict[str, float] = Field(
+        {}, description="Fair-share weight per tenant_id (JSON in env); others weigh 1."
+    )
+
+    def max_wait_ms(self) -> dict[str, int]:
+        """Traffic class -> its max wait (ms)."""
+        return {
+            "interactive": self.interactive_max_wait_ms,
+            "near_interactive": self.near_interactive_max_wait_ms,
+            "deferred": self.deferred_max_wait_ms,
+        }
+
+
+class WorkerSettings(Group):
+    """A worker process. Each of its flags (`python -m llmq_worker.main --help`) wins over its setting."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_WORKER_")
+    heartbeat_interval_ms: int = Field(
+        250,
+        **_MS,
+        description="Worker heartbeat interval (capacity for routing).",
+        json_schema_extra=was("LLMQ_HEARTBEAT_INTERVAL_MS"),
+    )
+    lease_ttl_ms: int = Field(
+        10_000,
+        **_MS,
+        description="A worker holds its partition of llmq.batches by a Redis lease renewed every third of this; a second "
+        "worker given that partition waits as a standby, and takes over within this long plus one renewal "
+        "interval (a third of it) after the holder died (SIGKILL; at once when the holder was a process of "
+        "its own host that is gone).",
+    )
+    torch_threads: int = Field(
+        0,
+        ge=0,
+        description="Transformers engine on CPU: torch's intra-op threads (0: 1, measured on a shared 2-core machine, see"
+        ' "Engine benchmark").',
+        json_schema_extra=was("LLMQ_TORCH_THREADS"),
+    )
+    id: str = Field("", description="--worker-id: this worker's id (qualified by the region).")
+    partition: int | None = Field(None, ge=0, description="--partition: the partition of llmq.batches it serves.")
+    model: str = Field("", description="--model: the model served, e.g. llmq-sim or llmq-tiny.")
+    engine: Literal["", "simulated", "transformers", "vllm"] = Field(
+        "", description="--engine: simulated, transformers or vllm."
+    )
+    batch_time_ms: int = Field(500, ge=0, description="--batch-time-ms: simulated: time of any batch.")
+    max_batch_size: int | None = Field(
+        None, ge=1, description="--max-batch-size: simulated: requests per batch (default: the model's)."
+    )
+    poison_marker: str | None = Field(
+        None, description="--poison-marker: simulated, for tests: a batch whose prompt holds it fails."
+    )
+    model_path: str | None = Field(
+        None,
+        description="--model-path: transformers, vllm: HF causal-LM checkpoint dir (transformers default: the"
+        " catalogue model's installed checkpoint, or llmq-tiny built in code).",
+    )
+    gguf_file: str | None = Field(
+        None, description="--gguf-file: transformers: a GGUF file in the model path to serve."
+    )
+    max_concurrent_sequences: int | None = Field(
+        None, ge=1, description="--max-concurrent-sequences: transformers, vllm: running sequences, at most."
+    )
+    max_batched_tokens: int | None = Field(
+        None, ge=1, description="--max-batched-tokens: transformers, vllm: tokens per forward step, at most."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="--gpu-memory-utilization: vllm: share of GPU memory it may take."
+    )
+    device: str | None = Field(
+        None, description="--device: transformers: torch device (default: cuda if available, else cpu)."
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="--metrics-port: Prometheus /metrics port (default: LLMQ_METRICS_PORT)."
+    )
+
+
+class RouterSettings(Group):
+    """The result-router: producing results to Kafka reply topics."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_ROUTER_")
+    reply_attempts: int = Field(
+        4,
+        ge=1,
+        description="Result-router: tries of one Kafka reply before it is dead-lettered (a permanent error: one try).",
+    )
+    reply_backoff_ms: int = Field(
+        250, ge=0, description="Result-router: wait before reply retry r: backoff * 2**(r-1)."
+    )
+    reply_metadata_timeout_ms: int = Field(
+        1000,
+        **_MS,
+        description="Result-router: per try, how long a reply topic may take to appear in the broker's metadata.",
+    )
+    reply_retry_budget_ms: int = Field(
+        2000,
+        **_MS,
+        description="Result-router: the tries of one Kafka reply (backoff waits and metadata waits) end within this much,"
+        " then it is dead-lettered.",
+    )
+    reply_retry_streak_max: int = Field(
+        3,
+        ge=1,
+        description="Result-router: after this many results in a row on an `llmq.results` partition ended unsent after "
+        "retries, that partition tries each reply once until one goes out.",
+    )
+    topic_refresh_ms: int = Field(
+        1000,
+        **_MS,
+        description="Result-router: the cluster's topics are listed at most this often; a reply topic missing from a "
+        "listing newer than its result is dead-lettered at once.",
+    )
+
+
+class JobsSettings(Group):
+    """Files and batch jobs (/v1/files, /v1/batches): the API pods take them, the result-routers drive them."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_")
+    files_url: str = Field(
+        "var/files",
+        description="File store: a local directory or an fsspec URL (`s3://bucket/prefix` needs `s3fs`); API pods and "
+        "result-routers must share it.",
+    )
+    files_max_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Largest upload (413 past it).")
+    files_retention_s: int = Field(
+        30 * 86_400, ge=1, description="How long uploads, output/error files and a finished job are kept."
+    )
+    files_tenant_max_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=0,
+        description="A tenant's live uploads (its key's `file_storage_bytes` wins); past it 400 `storage_quota_exceeded`.",
+    )
+    batch_max_lines: int = Field(50_000, ge=1, description="Requests per input file.")
+    batch_max_line_bytes: int = Field(1024 * 1024, ge=1, description="Bytes per input line.")
+    batch_max_window_s: int = Field(7 * 86_400, ge=1, description="Longest `completion_window`.")
+    batch_max_rounds: int = Field(3, ge=0, description="Retry rounds of a line whose error is retryable.")
+    batch_retry_backoff_ms: int = Field(1000, ge=0, description="Wait before retry round r: backoff × 2^(r-1).")
+    batch_in_flight_lines: int = Field(
+        1024, ge=1, description="Lines of one job produced and not yet settled, at most."
+    )
+    batch_lease_ms: int = Field(
+        5000, **_MS, description="A result-router's hold on a job it drives; another takes over once it lapses."
+    )
+    batch_tick_ms: int = Field(250, **_MS, description="How often the job driver steps its jobs.")
+    batch_end_grace_ms: int = Field(
+        5000, ge=0, description="After a cancel or the window's end, how long running lines may still finish."
+    )
+    batch_create_max_per_pod: int = Field(
+        4, ge=1, description="Batch creates validating at once on one API pod; past it 429 with Retry-After."
+    )
+    batch_create_max_per_tenant: int = Field(
+        2, ge=1, description="Batch creates of one tenant validating at once on one API pod; past it 429."
+    )
+    batch_job_max_result_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=1,
+        description="Result bytes one job's lines may leave in Redis (each line's largest result); past it 400 "
+        "`batch_results_too_large`.",
+    )
+    batch_tenant_max_result_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="The same, for all of a tenant's running jobs together; past it 429 `batch_results_quota_exceeded` "
+        "(400 `batch_results_too_large` for a job that could never fit).",
+    )
+
+    @field_validator("batch_max_line_bytes")
+    @classmethod
+    def _line_fits_one_record(cls, value: int, info: ValidationInfo) -> int:
+        return _fits_one_record(value, info, "such a line could not be one record of the batch-job log")
+
+
+class ObservabilitySettings(Group):
+    """Logging, tracing (llmq_core.tracing) and metrics (llmq_core.metrics) of every service."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", description="Log level of every service (JSON lines on stderr)."
+    )
+    tracing_exporter: Literal["none", "console", "otlp", "file"] = Field(
+        "none", description="None: no SDK, the hot path pays ~nothing."
+    )
+    tracing_otlp_endpoint: str = Field(
+        "", description="Empty: the exporter's default (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317)."
+    )
+    tracing_file_dir: str = Field(
+        "var/traces", description='Exporter "file": one JSON line per span in <dir>/<service>-<pid>.jsonl.'
+    )
+    tracing_sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="Share of new traces recorded (a request's later hops follow its first)."
+    )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Every service (API pods too: never on their API port): Prometheus /metrics on this port (0: off; "
+        "flag --metrics-port).",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address the metrics server binds (0.0.0.0 where Prometheus scrapes pods)."
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+class RuntimeSettings(Group):
+    """Every service process."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_")
+    shutdown_grace_s: float = Field(10.0, gt=0, description="SIGTERM drain bound of every service.")
+
+
+class DevSettings(Group):
+    """Local dev and test stacks (`llmq dev up`)."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_DEV_")
+    redis_maxmemory_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1,
+        description="`llmq dev up` / `make test`: the redis-server's `maxmemory` (policy `volatile-lru`); production "
+        "Redis is configured by its operator.",
+    )
+
+
+G = TypeVar("G", bound=Group)
+
+
+class _Group(Generic[G]):
+    """A Settings attribute holding one group, read from the environment on first use (then kept)."""
+
+    def __init__(self, group: type[G]) -> None:
+        self.group = group
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Group[G]: ...
+    @overload
+    def __get__(self, obj: Settings, owner: type) -> G: ...
+    def __get__(self, obj: Settings | None, owner: type) -> G | _Group[G]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = obj._read(self.group)  # kept: later reads find it in __dict__
+        return value  # type: ignore[return-value]
+
+
+class Settings:
+    """Every group of settings, each read from the environment the first time it is used (see the module docstring).
+
+    ``Settings(api={"max_body_bytes": 2000})``: groups given as field values (the rest of the group from the
+    environment) or as group instances."""
+
+    region = _Group(RegionSettings)
+    kafka = _Group(KafkaSettings)
+    redis = _Group(RedisSettings)
+    api = _Group(ApiSettings)
+    result_store = _Group(ResultStoreSettings)
+    models = _Group(ModelsSettings)
+    batcher = _Group(BatcherSettings)
+    worker = _Group(WorkerSettings)
+    router = _Group(RouterSettings)
+    jobs = _Group(JobsSettings)
+    observability = _Group(ObservabilitySettings)
+    runtime = _Group(RuntimeSettings)
+    dev = _Group(DevSettings)
+
+    GROUPS: ClassVar[tuple[str, ...]] = (
+        "region", "kafka", "redis", "api", "result_store", "models", "batcher", "worker", "router", "jobs",
+        "observability", "runtime", "dev",
+    )  # fmt: skip
+
+    def __init__(self, **groups: Group | Mapping[str, Any]) -> None:
+        self._environ: Mapping[str, str] | None = None
+        for name, value in groups.items():
+            cls = self.group_class(name)
+            self.__dict__[name] = value if isinstance(value, cls) else cls(**value)
+
+    @classmethod
+    def group_class(cls, name: str) -> type[Group]:
+        """The group class of attribute ``name``; TypeError for a name that is no group."""
+        attr = cls.__dict__.get(name)
+        if not isinstance(attr, _Group):
+            raise TypeError(f"Settings has no group {name!r} (groups: {', '.join(cls.GROUPS)})")
+        return attr.group
+
+    @classmethod
+    def variables(cls) -> dict[str, tuple[str, str]]:
+        """Every environment variable read, in group order: name -> (group, field), e.g. ``LLMQ_API_MAX_BODY_BYTES``
+        -> ("api", "max_body_bytes"). Old names (:func:`old_names`) are not listed."""
+        return {
+            env_name(group, field): (name, field)
+            for name in cls.GROUPS
+            for group in [cls.group_class(name)]
+            for field in group.model_fields
+        }
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Settings:
+        """Settings whose groups are read from ``environ`` instead of ``os.environ``."""
+        settings = cls()
+        settings._environ = dict(environ)
+        return settings
+
+    @classmethod
+    def defaults(cls) -> Settings:
+        """Every group at its defaults, the environment unread."""
+        return cls(**{name: cls.group_class(name).model_construct() for name in cls.GROUPS})
+
+    def _read(self, group: type[G]) -> G:
+        token = _ENVIRON.set(self._environ)
+        try:
+            return group.from_env()  # type: ignore[return-value]
+        finally:
+            _ENVIRON.reset(token)
+
+    def replace(self, **changes: Mapping[str, Any]) -> Settings:
+        """A copy whose named groups have ``changes`` (field -> value) applied, validated."""
+        copy = Settings(**{name: self.__dict__[name] for name in self.GROUPS if name in self.__dict__})
+        copy._environ = self._environ
+        for name, update in changes.items():
+            current = getattr(self, name)
+            copy.__dict__[name] = type(current)(**{**dict(current), **update})
+        return copy
+
+    def loaded(self) -> Iterator[str]:
+        """The groups read so far."""
+        return (name for name in self.GROUPS if name in self.__dict__)
+
+    def __repr__(self) -> str:
+        return f"Settings({', '.join(f'{name}={self.__dict__[name]!r}' for name in self.loaded())})"
 
 
 def secret(value: str, path: str) -> str:
@@ -231,6 +869,10 @@ def secret(value: str, path: str) -> str:
     return value
 
 
-def load_settings() -> Settings:
-    """Settings from the environment (``LLMQ_*``), with the defaults above."""
-    return Settings()
+def load_settings(*groups: str) -> Settings:
+    """Settings from the environment with ``groups`` (default: all) read and validated now, the others when first used.
+    Raises SettingsError naming each refused variable."""
+    settings = Settings()
+    for name in groups or Settings.GROUPS:
+        getattr(settings, name)
+    return settings

@@ -96,9 +96,9 @@ class TokenizerCounter:
 def load_counters(settings: Settings) -> dict[str, TokenCounter]:
     """Model -> its counter: the catalogue's checkpoint models (from ``settings.models_dir``) and the models of
     ``settings.model_tokenizers``; any other model (and one whose tokenizer is unreadable, logged) counts bytes."""
-    root = Path(settings.models_dir).expanduser()
+    root = Path(settings.models.dir).expanduser()
     paths = {name: root / name for name, spec in BUILTIN_MODELS.items() if spec.source is not None}
-    paths.update({name: Path(path) for name, path in settings.model_tokenizers.items()})
+    paths.update({name: Path(path) for name, path in settings.models.tokenizers.items()})
     counters: dict[str, TokenCounter] = {}
     for name, path in paths.items():
         try:

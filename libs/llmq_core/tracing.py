@@ -80,7 +80,7 @@ def configure(service: str, settings: Settings, *, exporter: SpanExporter | None
     """
     global _tracer, _provider
     shutdown()
-    if exporter is None and settings.tracing_exporter == "none":
+    if exporter is None and settings.observability.tracing_exporter == "none":
         return False
     resource = Resource.create(
         {
@@ -90,7 +90,9 @@ def configure(service: str, settings: Settings, *, exporter: SpanExporter | None
             "process.pid": os.getpid(),
         }
     )
-    provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.tracing_sample_ratio)))
+    provider = TracerProvider(
+        resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.observability.tracing_sample_ratio))
+    )
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
@@ -100,14 +102,14 @@ def configure(service: str, settings: Settings, *, exporter: SpanExporter | None
 
 
 def _exporter(service: str, settings: Settings) -> SpanExporter:
-    kind = settings.tracing_exporter
+    kind = settings.observability.tracing_exporter
     if kind == "console":
         return ConsoleSpanExporter(service_name=f"llmq-{service}")
     if kind == "file":
-        return JsonFileExporter(Path(settings.tracing_file_dir) / f"{service}-{os.getpid()}.jsonl")
+        return JsonFileExporter(Path(settings.observability.tracing_file_dir) / f"{service}-{os.getpid()}.jsonl")
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(endpoint=settings.tracing_otlp_endpoint or None)
+    return OTLPSpanExporter(endpoint=settings.observability.tracing_otlp_endpoint or None)
 
 
 def shutdown() -> None:

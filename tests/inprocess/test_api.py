@@ -65,9 +65,9 @@ class FakeWorker:
     def __init__(self, settings: Settings, instance_id: str) -> None:
         self.settings = settings
         self.instance_id = instance_id
-        self.redis = Redis.from_url(settings.redis_url)
+        self.redis = Redis.from_url(settings.redis.url)
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.kafka_bootstrap_servers, group_id=None, enable_auto_commit=False
+            bootstrap_servers=settings.kafka.bootstrap_servers, group_id=None, enable_auto_commit=False
         )
         self.seen: dict[str, tuple[wire.GenerationRequest, object]] = {}
         self._task: asyncio.Task | None = None
@@ -78,7 +78,7 @@ class FakeWorker:
         partitions = [
             TopicPartition(topic, p)
             for topic in constants.REQUEST_TOPICS
-            for p in range(self.settings.request_topic_partitions)
+            for p in range(self.settings.kafka.request_topic_partitions)
         ]
         self.consumer.assign(partitions)
         await self.consumer.seek_to_end(*partitions)
@@ -221,7 +221,7 @@ async def stack():
     )  # no batcher's load here
     worker = FakeWorker(settings, instance_id)
     await worker.start()
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(settings.redis.url)
     async with serving(pod) as base_url:
         yield base_url, pod, worker, redis
     await worker.stop()
@@ -253,7 +253,7 @@ async def test_completion_through_the_openai_sdk(api):
     assert record.topic == constants.requests_topic("interactive") and record.key == completion.id.encode()
     assert dict(record.headers)["content-type"] == constants.CONTENT_TYPE_MSGPACK.encode()
     assert request.sampling == wire.SamplingParams(max_tokens=5, temperature=0.0, seed=3)
-    assert request.deadline_ms - request.created_ms == pod.settings.default_timeout_ms
+    assert request.deadline_ms - request.created_ms == pod.settings.api.interactive_default_timeout_ms
     assert completion.id not in pod.registry
 
 
@@ -463,12 +463,12 @@ async def test_pod_keys_are_kept_alive(api):
     _, pod, _, redis = api
     beat = wire.decode(await redis.get(constants.pod_key(pod.instance_id)))
     assert isinstance(beat, wire.PodHeartbeat) and beat.instance_id == pod.instance_id
-    assert 0 < await redis.pttl(constants.pod_key(pod.instance_id)) <= pod.settings.pod_heartbeat_ttl_ms
+    assert 0 < await redis.pttl(constants.pod_key(pod.instance_id)) <= pod.settings.api.pod_heartbeat_ttl_ms
     assert await redis.exists(constants.alive_key("api", pod.instance_id))
 
 
 async def test_kafka_unavailable_is_a_fast_503():
-    pod = Pod(Settings(kafka_bootstrap_servers="127.0.0.1:1"), f"api-nokafka-{uuid.uuid4().hex[:6]}")
+    pod = Pod(Settings(kafka={"bootstrap_servers": "127.0.0.1:1"}), f"api-nokafka-{uuid.uuid4().hex[:6]}")
     pod.catalog.observe(heartbeat(MODEL))
     async with serving(pod, wait=False) as base_url:
         async with httpx.AsyncClient(base_url=base_url, timeout=10, headers=DEV) as client:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def redis():
-    client = Redis.from_url(Settings().redis_url)
+    client = Redis.from_url(Settings().redis.url)
     yield client
     await client.aclose()
 

@@ -52,18 +52,20 @@ class RecordingProducer:
 class Harness:
     def __init__(self, redis: Redis, **overrides) -> None:
         self.settings = Settings(
-            files_url=f"memory://ledger-{uuid.uuid4().hex}",
-            batch_in_flight_lines=4,
-            batch_max_rounds=2,
-            batch_retry_backoff_ms=1000,
-            batch_end_grace_ms=1000,
-            batch_lease_ms=60_000,
+            jobs={
+                "files_url": f"memory://ledger-{uuid.uuid4().hex}",
+                "batch_in_flight_lines": 4,
+                "batch_max_rounds": 2,
+                "batch_retry_backoff_ms": 1000,
+                "batch_end_grace_ms": 1000,
+                "batch_lease_ms": 60_000,
+            },
             **overrides,
         )
         self.clock = FakeClock()
         self.redis = redis
         self.store = JobStore(redis)
-        self.files = FileStore(self.settings.files_url)
+        self.files = FileStore(self.settings.jobs.files_url)
         self.producer = RecordingProducer()
         models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
         self.api = BatchJobs(
@@ -143,7 +145,7 @@ RETRYABLE = wire.ErrorInfo(type="engine_error", message="worker lost", retryable
 
 @pytest.fixture
 async def harness():
-    redis = Redis.from_url(Settings().redis_url)
+    redis = Redis.from_url(Settings().redis.url)
     harness = Harness(redis)
     yield harness
     await harness.cleanup()
@@ -405,7 +407,7 @@ async def test_a_router_that_cannot_drive_a_job_hands_it_over(harness):
 
 
 async def test_result_bytes_are_bounded_per_job_and_per_tenant_and_come_back_when_a_job_ends():
-    redis = Redis.from_url(Settings().redis_url)
+    redis = Redis.from_url(Settings().redis.url)
     per_line = line_result_bytes(
         validation.parse_completion(json.dumps(json.loads(line("x"))["body"]).encode(), {"llmq-sim": 0}), 0
     )

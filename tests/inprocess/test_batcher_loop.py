@@ -42,7 +42,7 @@ def _names(tag: str) -> Names:
 
 async def _create_topics(settings: Settings, names: Names, max_message_bytes: dict[str, int] | None = None) -> None:
     """The private topics; ``max_message_bytes`` sets max.message.bytes of some of them (else the broker's default)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await admin.start()
     try:
         layout = {t: 2 for t in names.request_topics}
@@ -73,7 +73,7 @@ async def _running_batcher(
     tag = uuid.uuid4().hex[:8]
     names = _names(tag)
     await _create_topics(settings, names, max_message_bytes(names) if max_message_bytes else None)
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(settings.redis.url)
 
     def make_producer():
         return kafka.make_producer(settings, max_request_size=constants.KAFKA_MAX_MESSAGE_BYTES)
@@ -81,7 +81,7 @@ async def _running_batcher(
     producer = make_producer()  # the test's own
     consumer = kafka.make_consumer(settings, group_id=f"test-batcher-{tag}")
     policy = BatchPolicy(config or PolicyConfig.defaults(tag))
-    # the checks of requests from Kafka with the fake worker's context window unknown (as for LLMQ_EXTRA_MODELS): the
+    # the checks of requests from Kafka with the fake worker's context window unknown (as for LLMQ_MODELS_EXTRA): the
     # tests' multi-MiB prompts are about record sizes, not the model's window
     loop = BatcherLoop(
         policy,

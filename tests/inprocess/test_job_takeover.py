@@ -40,21 +40,17 @@ class Region:
     """One region's Redis (a database of the suite's), file store, job topics, API and result-router parts."""
 
     def __init__(self, settings: Settings, name: str, db: int, producer: AIOKafkaProducer) -> None:
-        base = settings.redis_url.rsplit("/", 1)[0]
-        self.settings = settings.model_copy(
-            update={
-                "region": name,
-                "redis_url": f"{base}/{db}",
-                "files_url": f"memory://takeover-{name}",
-                "batch_in_flight_lines": 4,
-                "batch_lease_ms": 60_000,
-            }
+        base = settings.redis.url.rsplit("/", 1)[0]
+        self.settings = settings.replace(
+            region={"name": name},
+            redis={"url": f"{base}/{db}"},
+            jobs={"files_url": f"memory://takeover-{name}", "batch_in_flight_lines": 4, "batch_lease_ms": 60_000},
         )
         self.name = name
-        self.redis = Redis.from_url(self.settings.redis_url)
+        self.redis = Redis.from_url(self.settings.redis.url)
         self.topics = JobTopics(prefix=f"{name}-own.")  # this region's own job topics (production: no prefix)
         self.store = JobStore(self.redis, log=JobLog(producer, self.topics))
-        self.files = FileStore(self.settings.files_url)
+        self.files = FileStore(self.settings.jobs.files_url)
         self.clock = FakeClock()
         self.requests = RecordingProducer()
         models = {n: spec.context_window for n, spec in BUILTIN_MODELS.items()}

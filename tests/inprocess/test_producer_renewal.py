@@ -81,7 +81,7 @@ async def test_the_worker_keeps_producing_results_after_one_is_refused(settings)
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-renewal-{run}", f"itest-pod-{run}"
     results_topic = await small_topic(settings, "results")
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     producer, worker_producer = kafka.make_producer(settings), kafka.make_renewable_producer(settings)
     worker_consumer = kafka.make_consumer(settings, group_id=constants.worker_group(PARTITION))
     await asyncio.gather(producer.start(), worker_producer.start(), worker_consumer.start())
@@ -115,7 +115,7 @@ async def test_the_result_router_keeps_replying_after_a_reply_is_refused(setting
     results_topic, reply_topic = f"itest-router-results-{run}", await small_topic(settings, "replies")
     await kafka.create_topic(settings, results_topic)
     dead_letters = TopicPartition(constants.TOPIC_DEAD_LETTERS, 0)
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     producer, router_producer = kafka.make_producer(settings), kafka.make_renewable_producer(settings)
     consumer = kafka.make_consumer(settings, results_topic, group_id=f"itest-router-{run}")
     dead_reader = kafka.make_consumer(settings, group_id=None)

@@ -58,7 +58,8 @@ def heartbeat(model: str) -> wire.WorkerHeartbeat:
 async def stack(tmp_path_factory):
     """(base_url, redis, pod): one pod with a frozen clock and the keys above, answered by test_api's fake worker."""
     settings = Settings(
-        files_url=str(tmp_path_factory.mktemp("quota-files")), api_rate_limit_timeout_ms=RATE_LIMIT_TIMEOUT_MS
+        jobs={"files_url": str(tmp_path_factory.mktemp("quota-files"))},
+        api={"rate_limit_timeout_ms": RATE_LIMIT_TIMEOUT_MS},
     )
     instance_id = f"api-quota-{RUN}"
     keys = KeyStore({})
@@ -73,7 +74,7 @@ async def stack(tmp_path_factory):
     pod.catalog.observe(heartbeat(MODEL))
     worker = FakeWorker(settings, instance_id)
     await worker.start()
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(settings.redis.url)
     try:
         async with serving(pod) as base_url:
             yield base_url, redis, pod
@@ -217,7 +218,7 @@ async def test_batch_create_streams_its_input_and_concurrent_creates_are_limited
         "LLMQ_BATCH_CREATE_MAX_PER_TENANT": "3",
         "LLMQ_BATCH_CREATE_MAX_PER_POD": "3",
     }
-    redis = Redis.from_url(Settings().redis_url)
+    redis = Redis.from_url(Settings().redis.url)
     try:
         async with (
             pod_process(f"api-rss-{RUN}", tmp_path / "api.log", **env) as (base_url, process),

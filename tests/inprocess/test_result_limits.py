@@ -35,7 +35,7 @@ SMALL_LIMIT_BYTES = 64 << 10
 
 
 async def set_topic_limit(settings: Settings, topic: str, limit_bytes: int, *, create: bool = False) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await admin.start()
     try:
         config = {MAX_MESSAGE_BYTES_CONFIG: str(limit_bytes)}
@@ -64,7 +64,7 @@ async def test_a_result_the_broker_refuses_ends_errored_alone_and_the_worker_kee
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id, results_topic = f"itest-limits-{run}", f"itest-pod-{run}", f"itest-results-small-{run}"
     await set_topic_limit(settings, results_topic, SMALL_LIMIT_BYTES, create=True)
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id))
     producer, log_reader = make_producer(settings), make_consumer(settings, results_topic, group_id=None)

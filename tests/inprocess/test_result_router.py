@@ -27,7 +27,7 @@ async def test_stores_and_replies_once_despite_redelivery():
         reply_to=wire.KafkaReply(topic=reply_topic),
         choices=[wire.Choice(index=0, text="hello", finish_reason="length")],
     )
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(settings.redis.url)
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
     replies = kafka.make_consumer(settings, reply_topic, group_id=None)

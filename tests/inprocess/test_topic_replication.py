@@ -1,4 +1,4 @@
-"""`llmq topics` creates llmq's topics with LLMQ_TOPIC_REPLICATION_FACTOR replicas (the Helm chart's install hook sets
+"""`llmq topics` creates llmq's topics with LLMQ_KAFKA_TOPIC_REPLICATION_FACTOR replicas (the Helm chart's install hook sets
 it to the cluster's), against the suite's single real broker."""
 
 import asyncio
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 async def replicas_of(settings: Settings, topic: str, timeout_s: float = 10.0) -> set[int]:
     """Replica counts of ``topic``'s partitions, once the broker's metadata lists them (a new topic's may lag)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await admin.start()
     deadline = asyncio.get_running_loop().time() + timeout_s
     try:
@@ -33,8 +33,8 @@ async def replicas_of(settings: Settings, topic: str, timeout_s: float = 10.0) -
 async def test_topics_take_the_configured_replication_factor(settings):
     principal = f"rf-{uuid.uuid4().hex[:8]}"  # its ingress topic is the one topic missing on the broker
     grant = {principal: IngressGrant(tenant_id="rf-tenant")}
-    one_broker_too_few = settings.model_copy(update={"kafka_ingress": grant, "topic_replication_factor": 2})
+    one_broker_too_few = settings.replace(kafka={"ingress": grant, "topic_replication_factor": 2})
     with pytest.raises(InvalidReplicationFactorError):  # the broker was asked for 2 replicas: it has one
         await ensure_topics(one_broker_too_few)
-    await ensure_topics(settings.model_copy(update={"kafka_ingress": grant, "topic_replication_factor": 1}))
+    await ensure_topics(settings.replace(kafka={"ingress": grant, "topic_replication_factor": 1}))
     assert await replicas_of(settings, ingress_topic(principal)) == {1}

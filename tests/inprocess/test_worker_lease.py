@@ -63,7 +63,7 @@ def one_request(request_id: str) -> wire.GenerationRequest:
 
 
 async def test_a_lease_held_from_another_host_is_taken_only_once_it_lapsed(settings):
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     key = worker_lease_key(PARTITION)
     elsewhere = Holder(worker_id="remote", pid=1, host=f"elsewhere-{uuid.uuid4().hex[:6]}")
     try:

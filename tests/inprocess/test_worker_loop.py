@@ -47,11 +47,11 @@ def request(
 async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-worker-{run}", f"itest-pod-{run}"
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     producer, results = make_producer(settings), make_consumer(settings, group_id=None)
     offsets = make_consumer(settings, group_id=worker_group(PARTITION))
     await asyncio.gather(producer.start(), results.start(), offsets.start())
-    result_tps = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.results_topic_partitions)]
+    result_tps = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.kafka.results_topic_partitions)]
     results.assign(result_tps)
     await results.seek_to_end(*result_tps)
     for tp in result_tps:

@@ -144,7 +144,9 @@ async def past_the_heartbeat_timeout_since_the_batcher_started(stack: DevStack) 
     while not (fresh := [r for r in await saturation_reports(stack) if r.sent_ms > time.time() * 1000 - 2000]):
         assert time.monotonic() < deadline, "no saturation report from the stack's batcher"
         await asyncio.sleep(0.2)
-    wait_s = (max(r.started_ms for r in fresh) + stack.cfg.settings().worker_heartbeat_timeout_ms) / 1000 - time.time()
+    wait_s = (
+        max(r.started_ms for r in fresh) + stack.cfg.settings().batcher.worker_heartbeat_timeout_ms
+    ) / 1000 - time.time()
     await asyncio.sleep(max(wait_s, 0) + 0.2)
 
 

@@ -39,7 +39,7 @@ async def pod(tmp_path_factory):
     """(base_url, port, fake worker) of a pod process with short connection limits."""
     settings = Settings()
     instance_id = f"api-conn-{uuid.uuid4().hex[:6]}"
-    worker = FakeWorker(settings, ids.instance_id(settings.region, instance_id))  # the process qualifies its id
+    worker = FakeWorker(settings, ids.instance_id(settings.region.name, instance_id))  # the process qualifies its id
     await worker.start()
     state = tmp_path_factory.mktemp("api-connections")
     limits = {
@@ -221,7 +221,7 @@ async def test_a_batch_line_with_a_5000_digit_logit_bias_key_is_its_own_error(po
 
 async def _forget_job(batch_id: str) -> None:
     """No result-router sharing this Redis may ever drive the job (its files live in this module's directory)."""
-    redis = Redis.from_url(Settings().redis_url)
+    redis = Redis.from_url(Settings().redis.url)
     try:
         await redis.srem(ACTIVE_JOBS_KEY, batch_id)
         await redis.delete(*(key(batch_id) for key in (job_key, job_lines_key, job_offsets_key, job_results_key)))

@@ -81,9 +81,8 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
     try:
         await broker.start()
         settings = Settings(
-            kafka_bootstrap_servers=broker.bootstrap,
-            api_kafka_breaker_backoff_ms=BACKOFF_MS,
-            api_kafka_breaker_max_backoff_ms=BACKOFF_MS,
+            kafka={"bootstrap_servers": broker.bootstrap},
+            api={"kafka_breaker_backoff_ms": BACKOFF_MS, "kafka_breaker_max_backoff_ms": BACKOFF_MS},
         )
         await ensure_topics(settings)
         instance_id = f"api-outage-{uuid.uuid4().hex[:6]}"
@@ -104,7 +103,7 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
                 await until(lambda: not _tcp_open(broker.stack.cfg.kafka_port), 10, "the broker's exit")
                 first, first_s = await post(client)
                 # at most the produce timeout (plus HTTP on a loaded machine); at once if the pod's check saw it first
-                assert first.status_code == 503 and first_s <= settings.api_produce_timeout_ms / 1000 + 1
+                assert first.status_code == 503 and first_s <= settings.api.produce_timeout_ms / 1000 + 1
                 for _ in range(5):  # Kafka is known to be failing: refused at once (not after the 2 s timeout)
                     later, later_s = await post(client)
                     assert later.status_code == 503 and later_s < 1, (later_s, later.text)

@@ -20,7 +20,7 @@ async def test_sigterm_lets_in_flight_requests_finish(tmp_path):
     """The real process: SIGTERM while a request is held; it still gets its 200 and the process exits cleanly."""
     settings = Settings()
     instance_id = f"api-sigterm-{uuid.uuid4().hex[:6]}"
-    worker = FakeWorker(settings, ids.instance_id(settings.region, instance_id))  # the process qualifies its id
+    worker = FakeWorker(settings, ids.instance_id(settings.region.name, instance_id))  # the process qualifies its id
     await worker.start()
     try:
         async with (

@@ -32,8 +32,8 @@ RESULT_TTL_S = 2  # stored results expire within the test; request ids stay clai
 def stack(infra, tmp_path_factory):
     env = {
         "LLMQ_FILES_URL": str(tmp_path_factory.mktemp("direct-files")),
-        "LLMQ_MAX_TIMEOUT_MS": str(MAX_TIMEOUT_MS),
-        "LLMQ_RESULT_TTL_S": str(RESULT_TTL_S),
+        "LLMQ_API_INTERACTIVE_MAX_TIMEOUT_MS": str(MAX_TIMEOUT_MS),
+        "LLMQ_RESULT_STORE_TTL_S": str(RESULT_TTL_S),
     }
     with sim_stack(infra, (API_PORT,), batch_time_ms=100, extra_env=env) as running:
         yield running
@@ -41,7 +41,7 @@ def stack(infra, tmp_path_factory):
 
 @pytest.fixture
 async def clients(stack):
-    settings = Settings(kafka_bootstrap_servers=stack.cfg.kafka_bootstrap, redis_url=stack.cfg.redis_url)
+    settings = Settings(kafka={"bootstrap_servers": stack.cfg.kafka_bootstrap}, redis={"url": stack.cfg.redis_url})
     topic = f"test.direct.{uuid.uuid4().hex[:8]}"
     assert await kafka.create_topic(settings, topic)
     producer = kafka.make_producer(settings)

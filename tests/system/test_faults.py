@@ -48,9 +48,9 @@ REPORT = FaultReport(STATE / "report.json")
 def config() -> StackConfig:
     env = {
         "LLMQ_API_KEYS_FILE": str(STATE / "keys.yaml"),
-        "LLMQ_POD_HEARTBEAT_INTERVAL_MS": "500",
-        "LLMQ_POD_HEARTBEAT_TTL_MS": str(POD_HEARTBEAT_TTL_MS),
-        "LLMQ_WORKER_HEARTBEAT_TIMEOUT_MS": str(WORKER_HEARTBEAT_TIMEOUT_MS),
+        "LLMQ_API_POD_HEARTBEAT_INTERVAL_MS": "500",
+        "LLMQ_API_POD_HEARTBEAT_TTL_MS": str(POD_HEARTBEAT_TTL_MS),
+        "LLMQ_BATCHER_WORKER_HEARTBEAT_TIMEOUT_MS": str(WORKER_HEARTBEAT_TIMEOUT_MS),
         "LLMQ_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S),
         # The faults need work queued when they strike (the API pod kill: ~6 s of a dead pod's near_interactive
         # burst): admission predicts waits from the queue ahead, so it must not shed these classes here.

@@ -22,7 +22,6 @@ from aiokafka import TopicPartition
 from llmq_core import constants, jobs, kafka, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.security import ROLE_ADMIN, ROLE_WORKER
-from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode
 from tests import ports
 from tests.builders import kafka_request
@@ -42,8 +41,7 @@ DEV = {"authorization": "Bearer llmq-dev-key"}
 @pytest.fixture(scope="module")
 def stack(secure_infra, tmp_path_factory):
     # Secure clusters: only the admin creates topics, the ingress principal's among them (the batcher reads it).
-    admin_env = {key.removeprefix("LLMQ_").lower(): value for key, value in secure_infra.cfg.env(ROLE_ADMIN).items()}
-    asyncio.run(kafka.ensure_topics(Settings(**admin_env, kafka_ingress=INGRESS)))
+    asyncio.run(kafka.ensure_topics(secure_infra.cfg.settings(ROLE_ADMIN).replace(kafka={"ingress": INGRESS})))
     env = {"LLMQ_FILES_URL": str(tmp_path_factory.mktemp("forgery-files")), "LLMQ_KAFKA_INGRESS": json.dumps(INGRESS)}
     with private_stack(
         secure_infra,

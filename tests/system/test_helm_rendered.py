@@ -38,8 +38,8 @@ def free_port() -> int:
 def local_release(settings, tmp_path) -> list[dict]:
     """The chart rendered for the suite's Kafka and Redis, with one simulated worker model."""
     values = {
-        "kafka": {"bootstrapServers": settings.kafka_bootstrap_servers, "securityProtocol": "PLAINTEXT"},
-        "redis": {"url": settings.redis_url, "credentialsSecret": "", "caSecret": ""},
+        "kafka": {"bootstrapServers": settings.kafka.bootstrap_servers, "securityProtocol": "PLAINTEXT"},
+        "redis": {"url": settings.redis.url, "credentialsSecret": "", "caSecret": ""},
         "apiKeysSecret": "",
         "files": {"url": str(tmp_path / "files")},
         "metricsPort": free_port(),
@@ -94,7 +94,7 @@ async def test_the_topics_hook_runs_llmq_topics(local_release):
 async def test_a_worker_pod_heartbeats_on_offset_plus_ordinal_and_drains_on_sigterm(local_release, settings):
     pod_name = f"llmq-llmq-worker-sim-{ORDINAL}"
     worker_id = ids.instance_id("local", pod_name)  # the pod's name in the chart's default region
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(settings.redis.url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(constants.REDIS_HEARTBEATS_CHANNEL)
     process, grace_s = await start(local_release, "StatefulSet", "-worker-sim", pod_name)

@@ -33,7 +33,9 @@ BIG_COUNT = 12
 BIG_BODY = {"model": "llmq-sim", "prompt": "x", "max_tokens": 8190, "n": 128}
 SMALL_COUNT = 20
 SMALL_BOUND_S = 10.0  # each small request, end to end (idle: one 500 ms batch)
-HEARTBEAT_GAP_BOUND_MS = Settings().worker_heartbeat_timeout_ms // 2  # half the time after which a worker is gone
+HEARTBEAT_GAP_BOUND_MS = (
+    Settings().batcher.worker_heartbeat_timeout_ms // 2
+)  # half the time after which a worker is gone
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def model_dir():
     try:
-        return checkpoints.installed_path(SMOLLM2_135M_INSTRUCT, checkpoints.models_root(Settings().models_dir))
+        return checkpoints.installed_path(SMOLLM2_135M_INSTRUCT, checkpoints.models_root(Settings().models.dir))
     except checkpoints.CheckpointError as exc:
         pytest.fail(f"{exc} (make setup installs it)")
 

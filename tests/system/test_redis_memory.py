@@ -189,7 +189,9 @@ async def test_an_api_pod_whose_redis_refuses_writes_answers_503_and_queues_noth
                 "limited-key": Principal(tenant_id="limited", requests_per_min=1000),
             }
         )
-        settings = Settings(files_url=str(tmp_path / "files"), api_rate_limit_timeout_ms=RATE_LIMIT_TIMEOUT_MS)
+        settings = Settings(
+            jobs={"files_url": str(tmp_path / "files")}, api={"rate_limit_timeout_ms": RATE_LIMIT_TIMEOUT_MS}
+        )
         pod = Pod(settings, instance_id, producer=worker, keys=keys, redis=redis)
         await pod.start()
         client = httpx.AsyncClient(

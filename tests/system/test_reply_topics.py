@@ -44,7 +44,7 @@ def stack(infra, tmp_path_factory):
 
 @pytest.fixture
 async def kafka_clients(stack):
-    settings = Settings(kafka_bootstrap_servers=stack.cfg.kafka_bootstrap)
+    settings = Settings(kafka={"bootstrap_servers": stack.cfg.kafka_bootstrap})
     producer = kafka.make_producer(settings)
     reader = AIOKafkaConsumer(bootstrap_servers=stack.cfg.kafka_bootstrap, group_id=None, enable_auto_commit=False)
     await producer.start()

@@ -31,7 +31,8 @@ CONNECT_TIMEOUT_S = 20
 
 
 def role(secure_infra, name: str, **changes) -> Settings:
-    return secure_infra.cfg.settings(name).model_copy(update=changes)
+    """``name``'s settings, with ``changes`` (group -> field -> value)."""
+    return secure_infra.cfg.settings(name).replace(**changes)
 
 
 async def bootstraps(settings: Settings) -> bool:
@@ -56,8 +57,8 @@ async def produce(settings: Settings, topic: str) -> None:
 
 async def test_kafka_refuses_unauthenticated_and_wrong_password_clients(secure_infra):
     assert await bootstraps(role(secure_infra, "api"))
-    assert not await bootstraps(role(secure_infra, "api", kafka_security_protocol="PLAINTEXT"))
-    assert not await bootstraps(role(secure_infra, "api", kafka_sasl_password_file="", kafka_sasl_password="guess"))
+    assert not await bootstraps(role(secure_infra, "api", kafka={"security_protocol": "PLAINTEXT"}))
+    assert not await bootstraps(role(secure_infra, "api", kafka={"sasl_password_file": "", "sasl_password": "guess"}))
 
 
 async def test_a_principal_cannot_produce_to_another_roles_topic(secure_infra):
@@ -100,24 +101,26 @@ async def test_only_the_admin_creates_topics(secure_infra):
 async def test_mtls_client_certificate_is_its_principal(secure_infra):
     secrets, cfg = secure_infra.cfg.secrets, secure_infra.cfg
     mtls = Settings(
-        kafka_bootstrap_servers=f"127.0.0.1:{cfg.kafka_tls_port}",
-        kafka_security_protocol="SSL",
-        kafka_ssl_cafile=str(secrets.ca),
-        kafka_ssl_certfile=str(secrets.cert(security.ROLE_WORKER)),
-        kafka_ssl_keyfile=str(secrets.key(security.ROLE_WORKER)),
+        kafka={
+            "bootstrap_servers": f"127.0.0.1:{cfg.kafka_tls_port}",
+            "security_protocol": "SSL",
+            "ssl_cafile": str(secrets.ca),
+            "ssl_certfile": str(secrets.cert(security.ROLE_WORKER)),
+            "ssl_keyfile": str(secrets.key(security.ROLE_WORKER)),
+        },
     )
     await produce(mtls, constants.TOPIC_DEAD_LETTERS)  # User:worker may
     with pytest.raises(TopicAuthorizationFailedError):
         await produce(mtls, constants.requests_topic(constants.DEFERRED))
-    assert not await bootstraps(mtls.model_copy(update={"kafka_ssl_certfile": "", "kafka_ssl_keyfile": ""}))
+    assert not await bootstraps(mtls.replace(kafka={"ssl_certfile": "", "ssl_keyfile": ""}))
 
 
 async def test_redis_refuses_no_password_and_plaintext(secure_infra):
     settings = role(secure_infra, security.ROLE_API)
-    no_password = aioredis.Redis.from_url(settings.redis_url, ssl_ca_certs=settings.redis_ssl_cafile)
+    no_password = aioredis.Redis.from_url(settings.redis.url, ssl_ca_certs=settings.redis.ssl_cafile)
     with pytest.raises(AuthenticationError):
         await no_password.ping()
-    plaintext = aioredis.Redis.from_url(settings.redis_url.replace("rediss://", "redis://"), socket_timeout=5)
+    plaintext = aioredis.Redis.from_url(settings.redis.url.replace("rediss://", "redis://"), socket_timeout=5)
     with pytest.raises((ConnectionError, TimeoutError)):
         await plaintext.ping()
     await no_password.aclose()

@@ -139,7 +139,7 @@ async def test_the_issue_12_oversized_request_is_one_outcome_and_kills_no_worker
     log_reader = make_consumer(settings, group_id=None)
     await log_reader.start()
     try:
-        partitions = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.results_topic_partitions)]
+        partitions = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.kafka.results_topic_partitions)]
         log_reader.assign(partitions)
         await log_reader.seek_to_end(*partitions)
         for tp in partitions:

@@ -29,8 +29,8 @@ async def test_worker_process_isolates_poison_and_drains_on_sigterm(settings):
     """``python -m llmq_worker.main``: a poisoned request fails alone; SIGTERM finishes the running batch, then exits."""
     run = uuid.uuid4().hex[:8]
     worker_id, instance_id = f"itest-proc-{run}", f"itest-pod-{run}"
-    qualified = ids.instance_id(settings.region, worker_id)  # what the process makes of its --worker-id
-    redis = aioredis.from_url(settings.redis_url)
+    qualified = ids.instance_id(settings.region.name, worker_id)  # what the process makes of its --worker-id
+    redis = aioredis.from_url(settings.redis.url)
     pubsub = redis.pubsub()
     await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
     producer = make_producer(settings)

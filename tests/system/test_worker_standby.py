@@ -26,11 +26,11 @@ pytestmark = pytest.mark.integration
 async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_is_killed(settings, tmp_path):
     run = uuid.uuid4().hex[:8]
     # the ids the workers run under: their region qualifies the names they are given
-    first_id, second_id = (ids.instance_id(settings.region, f"lease-{n}-{run}") for n in "ab")
-    redis = aioredis.from_url(settings.redis_url)
+    first_id, second_id = (ids.instance_id(settings.region.name, f"lease-{n}-{run}") for n in "ab")
+    redis = aioredis.from_url(settings.redis.url)
     producer, results = make_producer(settings), make_consumer(settings, group_id=None)
     await asyncio.gather(producer.start(), results.start())
-    result_tps = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.results_topic_partitions)]
+    result_tps = [TopicPartition(TOPIC_RESULTS, p) for p in range(settings.kafka.results_topic_partitions)]
     results.assign(result_tps)
     await results.seek_to_end(*result_tps)
     for tp in result_tps:

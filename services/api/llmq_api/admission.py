@@ -309,11 +309,11 @@ class ShedPolicy:
     @classmethod
     def from_settings(cls, settings: Settings) -> ShedPolicy:
         return cls(
-            wait_ms=dict(settings.api_shed_wait_ms),
-            share=dict(settings.api_shed_share),
-            max_in_flight=settings.api_max_in_flight,
-            max_queued=settings.batcher_max_queued,
-            worker_timeout_ms=settings.worker_heartbeat_timeout_ms,
+            wait_ms=dict(settings.api.shed_wait_ms),
+            share=dict(settings.api.shed_share),
+            max_in_flight=settings.api.max_in_flight,
+            max_queued=settings.batcher.max_queued,
+            worker_timeout_ms=settings.batcher.worker_heartbeat_timeout_ms,
         )
 
     def check(

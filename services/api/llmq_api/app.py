@@ -63,7 +63,7 @@ def create_app(pod: Pod) -> FastAPI:
     app.state.keys, app.state.batch_jobs = keys, pod.batch_jobs
     if tracing.enabled():  # configured before the app is built; off, requests skip the extra layer
         app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request
-    if pod.settings.api_access_log:
+    if pod.settings.api.access_log:
         app.add_middleware(AccessLog, tenant_of=pod.keys.tenant_of)
 
     async def completions(request: Request) -> Response:
@@ -78,7 +78,7 @@ def create_app(pod: Pod) -> FastAPI:
     for path, endpoint in app.hot_routes.items():
         app.add_route(path, endpoint, methods=["POST"])
     if not tracing.enabled():  # past Starlette's layers too (see llmq_api.hot_routes); traced, through them all
-        access_log = pod.settings.api_access_log
+        access_log = pod.settings.api.access_log
         app.hot_stack = AccessLog(app.serve_hot, tenant_of=pod.keys.tenant_of) if access_log else app.serve_hot
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
 
@@ -138,9 +138,9 @@ class Intake:
         self._counters = counters
         self._catalog = catalog
         self._timeouts = timeouts_by_class(settings)
-        self._max_body_bytes = settings.api_max_body_bytes
-        self._max_stop_bytes = settings.api_max_stop_bytes
-        self._region = settings.region
+        self._max_body_bytes = settings.api.max_body_bytes
+        self._max_stop_bytes = settings.api.max_stop_bytes
+        self._region = settings.region.name
 
     async def parse(self, request: Request, endpoint: wire.Endpoint) -> Ask:
         request_id = ids.request_id(self._region, _ID_PREFIX[endpoint])

@@ -100,9 +100,9 @@ class KeyStore:
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyStore:
         """Dev keys (if ``api_dev_keys``) plus the ``api_keys_file`` entries. Raises ValueError for a bad file."""
-        store = cls(DEV_KEYS if settings.api_dev_keys else {}, settings.region_limit_share)
-        if settings.api_keys_file:
-            store.add(load_keys_file(Path(settings.api_keys_file)), source=settings.api_keys_file)
+        store = cls(DEV_KEYS if settings.api.dev_keys else {}, settings.region.limit_share)
+        if settings.api.keys_file:
+            store.add(load_keys_file(Path(settings.api.keys_file)), source=settings.api.keys_file)
         return store
 
     def add(self, entries: Iterable[KeyEntry], source: str = "keys") -> None:

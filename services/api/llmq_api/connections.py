@@ -35,7 +35,7 @@ import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from llmq_api.errors import RETRY_AFTER_S, ApiError
-from llmq_core.settings import Settings
+from llmq_core.settings import ApiSettings, Settings
 from llmq_core.status import ErrorType
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -46,7 +46,7 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_per_client: int  # 0: no cap
-    max_header_bytes: int = Settings.model_fields["api_max_header_bytes"].default
+    max_header_bytes: int = ApiSettings.model_fields["max_header_bytes"].default
     trusted_proxies: tuple[Network, ...] = ()
 
     def trusts(self, address: str) -> bool:
@@ -61,11 +61,11 @@ class ConnectionLimits:
 def limits_from(settings: Settings) -> ConnectionLimits:
     """The limits the settings ask for; ValueError for a trusted proxy that is no address or network."""
     return ConnectionLimits(
-        header_timeout_s=settings.api_header_timeout_ms / 1000,
-        body_timeout_s=settings.api_body_timeout_ms / 1000,
-        max_per_client=settings.api_max_connections_per_client,
-        max_header_bytes=settings.api_max_header_bytes,
-        trusted_proxies=parse_networks(settings.api_trusted_proxies),
+        header_timeout_s=settings.api.header_timeout_ms / 1000,
+        body_timeout_s=settings.api.body_timeout_ms / 1000,
+        max_per_client=settings.api.max_connections_per_client,
+        max_header_bytes=settings.api.max_header_bytes,
+        trusted_proxies=parse_networks(settings.api.trusted_proxies),
     )
 
 
@@ -259,7 +259,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "http": guarded_protocol(limits),
         "ws": "none",
-        "timeout_keep_alive": settings.api_keep_alive_timeout_ms / 1000,
+        "timeout_keep_alive": settings.api.keep_alive_timeout_ms / 1000,
         "proxy_headers": bool(limits.trusted_proxies),
         "forwarded_allow_ips": [str(network) for network in limits.trusted_proxies],
     }

@@ -25,9 +25,11 @@ from aiokafka.errors import KafkaConnectionError
 from llmq_api import connections
 from llmq_api.app import create_app
 from llmq_api.pod import CLOSE_TIMEOUT_S, REDIS_OP_TIMEOUT_S, Pod
-from llmq_core import ids, kafka, metrics, tracing
-from llmq_core.settings import load_settings
+from llmq_core import ids, kafka, metrics, runtime, tracing
 from llmq_core.telemetry import setup_logging
+
+# The settings groups an API pod reads (validated at start; a bad value elsewhere is no concern of it)
+GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "result_store", "batcher", "observability", "runtime")
 
 GRACE_SHARE_FOR_REQUESTS = 0.8
 CLOSE_BUDGET_S = REDIS_OP_TIMEOUT_S + CLOSE_TIMEOUT_S  # Pod.stop's bounded steps, after the requests' share
@@ -77,15 +79,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="llmq API pod")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--instance-id", default=None, help="default: LLMQ_INSTANCE_ID, else hostname + random")
+    parser.add_argument("--instance-id", default=None, help="default: LLMQ_API_INSTANCE_ID, else hostname + random")
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="Prometheus /metrics (default: LLMQ_METRICS_PORT)"
     )
     args = parser.parse_args()
-    settings = load_settings()
-    setup_logging("api", settings.log_level, settings.region)
+    settings = runtime.service_settings(*GROUPS)
+    setup_logging("api", settings.observability.log_level, settings.region.name)
     tracing.configure("api", settings)
-    instance_id = ids.instance_id(settings.region, args.instance_id or settings.instance_id or default_instance_id())
+    instance_id = ids.instance_id(
+        settings.region.name, args.instance_id or settings.api.instance_id or default_instance_id()
+    )
     check_topic_limits(settings)
     try:
         pod = Pod(settings, instance_id)
@@ -101,11 +105,11 @@ def main() -> None:
         log_config=None,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=requests_grace_s(settings.shutdown_grace_s),
+        timeout_graceful_shutdown=requests_grace_s(settings.runtime.shutdown_grace_s),
         **connection_options,
     )
-    port = settings.metrics_port if args.metrics_port is None else args.metrics_port
-    stop_metrics = metrics.serve(pod.metrics.registry, port, settings.metrics_host)
+    port = settings.observability.metrics_port if args.metrics_port is None else args.metrics_port
+    stop_metrics = metrics.serve(pod.metrics.registry, port, settings.observability.metrics_host)
     try:
         DrainingServer(config, pod).run()
     finally:

@@ -70,9 +70,7 @@ class KafkaRequestProducer:
         self._breaker = breaker
         self._sleep = sleep
         # its topics (requests, the batch-job log) are llmq's own: records behind one in flight go out together
-        self._producer = kafka.make_renewable_producer(
-            settings, max_batch_size=constants.KAFKA_PRODUCER_MAX_BATCH_BYTES
-        )
+        self._producer = kafka.make_renewable_producer(settings, max_batch_size=settings.kafka.producer_max_batch_bytes)
         self.ready = False
         self._acked = 0  # requests the broker acknowledged: while they count up, the health check is not needed
 
@@ -101,10 +99,10 @@ class KafkaRequestProducer:
     async def _watch(self) -> None:
         if self._breaker is None:
             return
-        timeout_s = self._settings.api_produce_timeout_ms / 1000
+        timeout_s = self._settings.api.produce_timeout_ms / 1000
         acked = self._acked
         while True:  # a metadata request costs the broker little: check through the backoff too, so a pod
-            await self._sleep(self._settings.api_kafka_check_interval_ms / 1000)  # closes within one interval
+            await self._sleep(self._settings.api.kafka_check_interval_ms / 1000)  # closes within one interval
             if self._acked != acked:  # requests were acked meanwhile: a broker is reached, and the metadata (a
                 acked = self._acked  # decode of every topic's, once a second) would tell nothing more
                 continue
@@ -314,7 +312,7 @@ class Pod:
         self.instance_id = instance_id
         self.clock = clock
         self.draining = False
-        self.registry = WaiterRegistry(settings.api_max_in_flight)
+        self.registry = WaiterRegistry(settings.api.max_in_flight)
         self.catalog = ModelCatalog(clock)
         self.token_counters = load_counters(settings)  # each model's tokenizer: prompt tokens, context checks, cost
         self.metrics = ApiMetrics(lambda: len(self.registry), LabelSet.from_settings(settings))
@@ -323,18 +321,18 @@ class Pod:
         self.saturation = SaturationMonitor(
             self.redis,
             clock,
-            settings.api_saturation_stale_ms,
+            settings.api.saturation_stale_ms,
             key=names.saturation_key,
             heard_ms=self.catalog.heard_ms,
             instance_id=instance_id,
         )
-        self.limiter = RateLimiter(self.redis, clock, settings.api_rate_limit_timeout_ms / 1000)
+        self.limiter = RateLimiter(self.redis, clock, settings.api.rate_limit_timeout_ms / 1000)
         self.breaker = CircuitBreaker(
             Dependency(KAFKA, clock),
             clock,
-            backoff_ms=settings.api_kafka_breaker_backoff_ms,
-            max_backoff_ms=settings.api_kafka_breaker_max_backoff_ms,
-            probe_timeout_ms=settings.api_produce_timeout_ms,
+            backoff_ms=settings.api.kafka_breaker_backoff_ms,
+            max_backoff_ms=settings.api.kafka_breaker_max_backoff_ms,
+            probe_timeout_ms=settings.api.produce_timeout_ms,
         )
         self.names = names
         self.producer = producer or KafkaRequestProducer(settings, self.breaker, names=names)
@@ -351,7 +349,7 @@ class Pod:
         self.batch_jobs = BatchJobs(
             settings,
             JobStore(self.redis, log=self._job_log()),
-            FileStore(settings.files_url),
+            FileStore(settings.jobs.files_url),
             clock,
             self.catalog.context_windows,
             self.limiter,
@@ -371,13 +369,13 @@ class Pod:
             producer=self.producer,
             publish_cancel=self.publish_cancel,
             clock=self.clock,
-            produce_timeout_ms=self.settings.api_produce_timeout_ms,
+            produce_timeout_ms=self.settings.api.produce_timeout_ms,
             accepting=lambda: self.accepting,
             breaker=self.breaker,
         )
         return Generation(
             gateway=gateway,
-            store=IdempotencyStore(self.redis, self.clock, self.settings.result_ttl_s * 1000),
+            store=IdempotencyStore(self.redis, self.clock, self.settings.result_store.ttl_s * 1000),
             registry=self.registry,
             shed=ShedPolicy.from_settings(self.settings),
             saturation=self.saturation,
@@ -417,11 +415,11 @@ class Pod:
                 self.redis,
                 self.instance_id,
                 self.clock,
-                settings.pod_heartbeat_interval_ms,
-                settings.pod_heartbeat_ttl_ms,
+                settings.api.pod_heartbeat_interval_ms,
+                settings.api.pod_heartbeat_ttl_ms,
             ),
             runtime.keep_alive(
-                self.redis, "api", self.instance_id, {"pid": os.getpid()}, settings.pod_heartbeat_interval_ms
+                self.redis, "api", self.instance_id, {"pid": os.getpid()}, settings.api.pod_heartbeat_interval_ms
             ),
             self.producer.run(),
             self.saturation.run(),

@@ -33,11 +33,11 @@ from llmq_api.waiters import Abandoned, Resolution
 from llmq_core import wire
 from llmq_core.clock import Clock
 from llmq_core.constants import MAX_RESULT_BYTES, ratelimit_key
-from llmq_core.settings import Settings
+from llmq_core.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = Settings.model_fields["api_rate_limit_timeout_ms"].default / 1000  # the setting's default
+TIMEOUT_S = ApiSettings.model_fields["rate_limit_timeout_ms"].default / 1000  # the setting's default
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
 BATCH_BUCKET = "batch_tokens"

@@ -192,7 +192,7 @@ def parse(
 ) -> ValidRequest:
     """Validate a body of ``endpoint`` (``/v1/completions``: :func:`parse_completion`, ``/v1/chat/completions``:
     :func:`parse_chat`). ``models`` maps served model names to context windows (0: unknown); ``max_stop_bytes``: UTF-8
-    bytes of one stop sequence, at most (Settings.api_max_stop_bytes).
+    bytes of one stop sequence, at most (Settings.api.max_stop_bytes).
 
     Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
     """

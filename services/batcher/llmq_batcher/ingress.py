@@ -2,7 +2,7 @@
 the record.
 
 Kafka does not tell a consumer who produced a record, but its ACLs decide who may write a topic: each Kafka-direct
-producer writes only its own ``constants.ingress_topic(principal)``, which Settings.kafka_ingress maps to one tenant
+producer writes only its own ``constants.ingress_topic(principal)``, which Settings.kafka.ingress maps to one tenant
 and the classes it may use. A record there claiming another tenant or class is answered errored (attributed to the
 producer's own tenant, so nothing lands in the claimed tenant's results); one asking for a reply that is not a Kafka
 topic is dead-lettered: HTTP pods and batch jobs hold only what llmq itself produced.

@@ -93,7 +93,7 @@ class BatcherLoop:
         ``catalogue``: the models the saturation report always carries (others only while they have workers).
         ``producer``: a kafka.RenewableProducer in service (one refused record must not break every later send).
         ``rules``: what Kafka-direct requests are checked against; ``request_id_ttl_ms``: how long their ids stay
-        claimed (Settings.kafka_request_id_ttl_s); ``ingress_grants``: Kafka-direct producers' ingress topics, also
+        claimed (Settings.kafka.request_id_ttl_s); ``ingress_grants``: Kafka-direct producers' ingress topics, also
         consumed, and what each one's records speak for (kafka.ingress_grants)."""
         self.policy = policy
         self.consumer = consumer

@@ -16,6 +16,9 @@ from llmq_core.labels import LabelSet
 from llmq_core.names import Names
 from llmq_core.settings import Settings
 
+# The settings groups the batcher reads (validated at start; a bad value elsewhere is no concern of it)
+GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "batcher", "observability", "runtime")
+
 
 async def build(
     instance_id: str, metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack
@@ -23,7 +26,7 @@ async def build(
     labels = LabelSet.from_settings(settings)
     observed = metrics.BatcherMetrics(labels)
     runtime.serve_metrics(stack, observed.registry, settings, metrics_port)
-    if settings.kafka_security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
+    if settings.kafka.security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
         await kafka.ensure_topics(settings)
     await kafka.require_topic_limits(settings)
     redis = runtime.redis(stack, settings)
@@ -36,8 +39,8 @@ async def build(
         constants.TOPIC_RESULTS,
         group_id=None,
         auto_offset_reset="latest",
-        fetch_max_wait_ms=constants.KAFKA_ROUTER_FETCH_MAX_WAIT_MS,
-        fetch_min_bytes=constants.KAFKA_ROUTER_FETCH_MIN_BYTES,
+        fetch_max_wait_ms=settings.kafka.results_fetch_max_wait_ms,
+        fetch_min_bytes=settings.kafka.results_fetch_min_bytes,
     )
     policy = BatchPolicy(PolicyConfig.from_settings(settings, ids.batch_id_prefix(instance_id)))
     loop = BatcherLoop(
@@ -46,15 +49,15 @@ async def build(
         producer,
         redis,
         SYSTEM_CLOCK,
-        max_queued=settings.batcher_max_queued,
+        max_queued=settings.batcher.max_queued,
         results=results,
         metrics=observed,
-        pod_check_ms=settings.pod_heartbeat_interval_ms,
-        pod_grace_ms=2 * settings.pod_heartbeat_interval_ms,
+        pod_check_ms=settings.api.pod_heartbeat_interval_ms,
+        pod_grace_ms=2 * settings.api.pod_heartbeat_interval_ms,
         catalogue=labels.models,
         names=Names.from_settings(settings),
         rules=requests.Rules.from_settings(settings),
-        request_id_ttl_ms=settings.kafka_request_id_ttl_s * 1000,
+        request_id_ttl_ms=settings.kafka.request_id_ttl_s * 1000,
         ingress_grants=kafka.ingress_grants(settings),
     )
     await runtime.start(stack, producer)
@@ -64,17 +67,18 @@ async def build(
     return runtime.Work(
         tasks=[loop.run()],
         stop=loop.stop,
-        grace_s=settings.shutdown_grace_s,
+        grace_s=settings.runtime.shutdown_grace_s,
         helpers=[observed.lag.watch(consumer, constants.GROUP_BATCHER)],
         liveness=redis,
     )
 
 
 def main() -> None:
-    args = runtime.service_arguments("llmq batcher")
+    settings = runtime.service_settings(*GROUPS)
+    args = runtime.service_arguments("llmq batcher", settings)
     runtime.run(
         lambda: runtime.serve(
-            "batcher", args.instance_id, functools.partial(build, args.instance_id, args.metrics_port)
+            "batcher", args.instance_id, functools.partial(build, args.instance_id, args.metrics_port), settings
         )
     )
 

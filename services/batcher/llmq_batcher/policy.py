@@ -89,28 +89,24 @@ class PolicyConfig:
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
         """The policy's configuration from service settings; batch ids are ``<batch_id_prefix>-<n>``."""
+        batcher = settings.batcher
         return cls(
-            max_wait_ms={c: getattr(settings, f"{c}_max_wait_ms") for c in constants.TRAFFIC_CLASSES},
-            tenant_weights=dict(settings.batcher_tenant_weights),
+            max_wait_ms=batcher.max_wait_ms(),
+            fixed_engine_max_wait_ms=batcher.fixed_engine_max_wait_ms,
+            fixed_engine_busy_wait_ms=batcher.fixed_engine_busy_wait_ms,
+            worker_heartbeat_timeout_ms=batcher.worker_heartbeat_timeout_ms,
+            max_queued=batcher.max_queued,
+            deferred_reserved_share=batcher.deferred_reserved_share,
+            deferred_buffer_rounds=batcher.deferred_buffer_rounds,
+            tenant_max_inflight=batcher.tenant_max_inflight,
+            tenant_weights=dict(batcher.tenant_weights),
             batch_id_prefix=batch_id_prefix,
-            **{name: getattr(settings, setting) for name, setting in _FROM_SETTINGS.items()},
         )
 
     @classmethod
     def defaults(cls, batch_id_prefix: str, **overrides) -> PolicyConfig:
         """The configuration of the settings' defaults (the environment unread), then ``overrides`` (fields)."""
-        return dataclasses.replace(cls.from_settings(Settings.model_construct(), batch_id_prefix), **overrides)
-
-
-_FROM_SETTINGS = {  # PolicyConfig field -> the Settings field it is read from, as is
-    "fixed_engine_max_wait_ms": "fixed_engine_max_wait_ms",
-    "fixed_engine_busy_wait_ms": "fixed_engine_busy_wait_ms",
-    "worker_heartbeat_timeout_ms": "worker_heartbeat_timeout_ms",
-    "max_queued": "batcher_max_queued",
-    "deferred_reserved_share": "batcher_deferred_reserved_share",
-    "deferred_buffer_rounds": "batcher_deferred_buffer_rounds",
-    "tenant_max_inflight": "batcher_tenant_max_inflight",
-}
+        return dataclasses.replace(cls.from_settings(Settings.defaults(), batch_id_prefix), **overrides)
 
 
 class AddStatus(enum.Enum):

@@ -72,14 +72,14 @@ class JobLedger:
         """Apply ``result`` to its line (at most once, whatever the redeliveries). A line out of retry rounds is also
         produced to the dead-letter topic first (at least once)."""
         reply = result.reply_to
-        if not await _owned(self.store, reply.batch_id, self.settings.region):
+        if not await _owned(self.store, reply.batch_id, self.settings.region.name):
             return  # another region took the job over (fencing): its ledger settles the line
         [state] = await self.store.line_states(reply.batch_id, [reply.custom_id])
         change = jobpolicy.settle_result(
             result,
             state,
-            max_rounds=self.settings.batch_max_rounds,
-            backoff_ms=self.settings.batch_retry_backoff_ms,
+            max_rounds=self.settings.jobs.batch_max_rounds,
+            backoff_ms=self.settings.jobs.batch_retry_backoff_ms,
             now_ms=self.clock.now_ms(),
         )
         if change is None:
@@ -140,7 +140,7 @@ class JobDriver:
             except Exception:
                 log.exception("job driver tick failed")
             try:
-                await asyncio.wait_for(self._stopping.wait(), self.settings.batch_tick_ms / 1000)
+                await asyncio.wait_for(self._stopping.wait(), self.settings.jobs.batch_tick_ms / 1000)
             except TimeoutError:
                 pass
         with contextlib.suppress(Exception):  # Redis gone: the leases simply lapse
@@ -161,7 +161,7 @@ class JobDriver:
 
     async def step(self, batch_id: str) -> None:
         """Drive one job if its lease is ours (taking a free one); a job that fails is handed over."""
-        if not await self.store.hold_lease(batch_id, self.token, self.settings.batch_lease_ms):
+        if not await self.store.hold_lease(batch_id, self.token, self.settings.jobs.batch_lease_ms):
             self._held.discard(batch_id)
             return
         self._held.add(batch_id)
@@ -180,11 +180,11 @@ class JobDriver:
         if job is None:
             await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
             return
-        if not await _owned(self.store, batch_id, self.settings.region):
+        if not await _owned(self.store, batch_id, self.settings.region.name):
             log.info("batch %s is driven by another region now; leaving it", batch_id, extra={"batch_id": batch_id})
             await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
             return
-        plan = jobpolicy.plan_job(job, self.clock.now_ms(), self.settings.batch_end_grace_ms)
+        plan = jobpolicy.plan_job(job, self.clock.now_ms(), self.settings.jobs.batch_end_grace_ms)
         if plan.step is Step.RUN:
             await self._run(job)
         elif plan.step is Step.WIND_DOWN:
@@ -199,7 +199,7 @@ class JobDriver:
     async def _run(self, job: JobView) -> None:
         batch_id = job.spec.id
         waiting = await self.store.waiting_retries(batch_id)
-        room = self.settings.batch_in_flight_lines - jobpolicy.in_flight(job, waiting)
+        room = self.settings.jobs.batch_in_flight_lines - jobpolicy.in_flight(job, waiting)
         if room <= 0:
             return
         room -= await self._produce_retries(job, min(room, PRODUCE_CHUNK))
@@ -315,7 +315,7 @@ class JobDriver:
         await self.files.write(spec.results_path, results)
         allowed = [jobs.FINALIZING] if plan.final_status == jobs.COMPLETED else [job.status]
         if await self.store.move_status(spec.id, allowed, plan.final_status, now_s):
-            await self.store.retire(spec.id, now_s + self.settings.files_retention_s)
+            await self.store.retire(spec.id, now_s + self.settings.jobs.files_retention_s)
             await self.files.delete(spec.prepared_path)
             self._wound_down.discard(spec.id)
             log.info("batch %s ended %s: %s", spec.id, plan.final_status, job.counts, extra={"batch_id": spec.id})

@@ -64,15 +64,15 @@ class ResultRouter:
         self.redis = redis
         self.results = results or ResultStore(
             redis,
-            settings.result_ttl_s * 1000,
-            settings.result_store_tenant_max_bytes,
-            settings.result_store_tenant_max_results,
+            settings.result_store.ttl_s * 1000,
+            settings.result_store.tenant_max_bytes,
+            settings.result_store.tenant_max_results,
         )
         self.ledger = ledger
         self.metrics = metrics
         self.clock = clock
         self.retry = ReplyRetry.from_settings(settings)
-        self.topics = TopicView(clock, settings.router_topic_refresh_ms)
+        self.topics = TopicView(clock, settings.router.topic_refresh_ms)
         self.list_topics = list_topics or (lambda: cluster_topics(producer))
         self.names = names
         self.log_gate = LogGate(clock)
@@ -189,7 +189,7 @@ class ResultRouter:
     async def _deliver(self, delivery: Delivery, record) -> bool:
         """Store and reply (or dead-letter ``record`` when no reply can be produced); True when this is the first result
         stored for the request (metrics count it once)."""
-        ttl_ms = self.settings.result_ttl_s * 1000
+        ttl_ms = self.settings.result_store.ttl_s * 1000
         first = await self._store(delivery)
         if delivery.undeliverable is not None:
             self._count_reply_dead_letter("invalid_topic")
@@ -248,7 +248,7 @@ class ResultRouter:
 
     async def _produce_reply(self, delivery: Delivery, elapsed_ms: int) -> None:
         topic = delivery.reply_topic
-        timeout_ms = self.retry.try_timeout_ms(elapsed_ms, self.settings.router_reply_metadata_timeout_ms)
+        timeout_ms = self.retry.try_timeout_ms(elapsed_ms, self.settings.router.reply_metadata_timeout_ms)
         try:  # aiokafka alone would wait its whole request timeout for a topic without metadata
             await asyncio.wait_for(self.producer.partitions_for(topic), timeout_ms / 1000)
         except TimeoutError:

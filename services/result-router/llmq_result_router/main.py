@@ -21,11 +21,14 @@ from llmq_result_router.loop import ResultRouter
 from llmq_result_router.owners import OwnerWatcher
 from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 
+# The settings groups the result-router reads (validated at start; a bad value elsewhere is no concern of it)
+GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "result_store", "router", "observability", "runtime")
+
 
 async def build(metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
     observed = metrics.RouterMetrics(LabelSet.from_settings(settings))
     runtime.serve_metrics(stack, observed.registry, settings, metrics_port)
-    if settings.kafka_security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
+    if settings.kafka.security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
         await kafka.ensure_topics(settings)
     await kafka.require_topic_limits(settings)
     redis = runtime.redis(stack, settings)
@@ -36,8 +39,8 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
         settings,
         constants.TOPIC_RESULTS,
         group_id=constants.GROUP_RESULT_ROUTER,
-        fetch_max_wait_ms=constants.KAFKA_ROUTER_FETCH_MAX_WAIT_MS,
-        fetch_min_bytes=constants.KAFKA_ROUTER_FETCH_MIN_BYTES,
+        fetch_max_wait_ms=settings.kafka.results_fetch_max_wait_ms,
+        fetch_min_bytes=settings.kafka.results_fetch_min_bytes,
     )
     owners_consumer = kafka.make_consumer(
         settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
@@ -48,11 +51,11 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     router = ResultRouter(
         settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
     )
-    driver = JobDriver(settings, store, FileStore(settings.files_url), producer, redis, SYSTEM_CLOCK, owners)
+    driver = JobDriver(settings, store, FileStore(settings.jobs.files_url), producer, redis, SYSTEM_CLOCK, owners)
     peer_consumer = kafka.make_consumer(
         settings, group_id=constants.GROUP_PEER_RESULTS, metadata_max_age_ms=PEER_TOPICS_REFRESH_MS
     )
-    peers = PeerResults(peer_consumer, router.results, redis, settings.kafka_request_id_ttl_s * 1000)
+    peers = PeerResults(peer_consumer, router.results, redis, settings.kafka.request_id_ttl_s * 1000)
     peers.subscribe()
     await runtime.start(stack, peer_consumer)
 
@@ -65,15 +68,18 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     return runtime.Work(
         tasks=[router.run(), driver.run(), owners.run(), peers.run()],
         stop=stop,
-        grace_s=settings.shutdown_grace_s,
+        grace_s=settings.runtime.shutdown_grace_s,
         helpers=[observed.lag.watch(consumer, constants.GROUP_RESULT_ROUTER)],
         liveness=redis,
     )
 
 
 def main() -> None:
-    args = runtime.service_arguments("llmq result-router")
-    runtime.run(lambda: runtime.serve("result-router", args.instance_id, functools.partial(build, args.metrics_port)))
+    settings = runtime.service_settings(*GROUPS)
+    args = runtime.service_arguments("llmq result-router", settings)
+    runtime.run(
+        lambda: runtime.serve("result-router", args.instance_id, functools.partial(build, args.metrics_port), settings)
+    )
 
 
 if __name__ == "__main__":

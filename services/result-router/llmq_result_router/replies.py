@@ -104,10 +104,10 @@ class ReplyRetry:
     @classmethod
     def from_settings(cls, settings: Settings) -> ReplyRetry:
         return cls(
-            attempts=settings.router_reply_attempts,
-            backoff_ms=settings.router_reply_backoff_ms,
-            budget_ms=settings.router_reply_retry_budget_ms,
-            max_streak=settings.router_reply_retry_streak_max,
+            attempts=settings.router.reply_attempts,
+            backoff_ms=settings.router.reply_backoff_ms,
+            budget_ms=settings.router.reply_retry_budget_ms,
+            max_streak=settings.router.reply_retry_streak_max,
         )
 
     def wait_ms(self, error: Exception, failures: int, elapsed_ms: int, streak: int) -> int | None:

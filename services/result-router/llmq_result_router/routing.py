@@ -25,7 +25,7 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
 def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = ()) -> Delivery:
     """Every result is stored (msgpack) but the answer to a re-produced copy; a KafkaReply result is also encoded for its topic in the producer's format,
     unless results may not go to that topic (``undeliverable``, see :func:`reply_topic_error`; ``allowed_prefixes``:
-    Settings.kafka_reply_topic_prefixes)."""
+    Settings.kafka.reply_topic_prefixes)."""
     stored = None if result.request_copy else wire.encode(result)
     reply = result.reply_to
     refused = reply_topic_error(reply.topic, allowed_prefixes) if isinstance(reply, wire.KafkaReply) else None

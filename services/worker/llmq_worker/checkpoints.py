@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 from llmq_core.models import BUILTIN_MODELS, ModelSpec, PackagedGguf
-from llmq_core.settings import load_settings
+from llmq_core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class CheckpointError(Exception):
 
 def models_root(models_dir: str | None = None) -> Path:
     """The directory of converted checkpoints (``LLMQ_MODELS_DIR`` unless given)."""
-    return Path(models_dir or load_settings().models_dir).expanduser()
+    return Path(models_dir or Settings().models.dir).expanduser()
 
 
 def installed_path(spec: ModelSpec, root: Path) -> Path:

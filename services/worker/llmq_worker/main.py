@@ -15,7 +15,7 @@ from llmq_core import metrics, runtime
 from llmq_core.constants import worker_group
 from llmq_core.kafka import make_consumer, make_renewable_producer, require_topic_limits
 from llmq_core.models import BUILTIN_MODELS
-from llmq_core.settings import Settings, load_settings
+from llmq_core.settings import Settings, WorkerSettings, env_name
 from llmq_worker import checkpoints
 from llmq_worker.engine import Engine
 from llmq_worker.lease import PartitionLease, this_process
@@ -24,60 +24,61 @@ from llmq_worker.loop import WorkerLoop
 log = logging.getLogger("llmq_worker")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+# The settings groups a worker reads (validated at start; a bad value elsewhere is no concern of it)
+GROUPS = ("region", "kafka", "redis", "models", "worker", "observability", "runtime")
+
+# flag -> (WorkerSettings field, argparse options); each flag's default is its setting (env LLMQ_WORKER_<FIELD>)
+_FLAGS: dict[str, tuple[str, dict]] = {
+    "--worker-id": ("id", {}),
+    "--partition": ("partition", {"type": int}),
+    "--model": ("model", {}),
+    "--engine": ("engine", {"choices": ["simulated", "transformers", "vllm"]}),
+    "--batch-time-ms": ("batch_time_ms", {"type": int}),
+    "--max-batch-size": ("max_batch_size", {"type": int}),
+    "--poison-marker": ("poison_marker", {}),
+    "--model-path": ("model_path", {}),
+    "--gguf-file": ("gguf_file", {}),
+    "--max-concurrent-sequences": ("max_concurrent_sequences", {"type": int}),
+    "--max-batched-tokens": ("max_batched_tokens", {"type": int}),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", {"type": float}),
+    "--device": ("device", {}),
+    "--metrics-port": ("metrics_port", {"type": int}),
+}
+_REQUIRED = ("--worker-id", "--partition", "--model", "--engine")
+
+
+def parse_args(argv: list[str] | None = None, worker: WorkerSettings | None = None) -> argparse.Namespace:
+    """The worker's flags; each one not given is its field of ``worker`` (default: WorkerSettings from the
+    environment). ``--worker-id``, ``--partition``, ``--model`` and ``--engine`` are required unless set there."""
+    worker = worker if worker is not None else WorkerSettings.from_env()
     parser = argparse.ArgumentParser(
         prog="llmq_worker", description="Run one llmq worker on one partition of llmq.batches"
     )
-    parser.add_argument("--worker-id", required=True)
-    parser.add_argument("--partition", type=int, required=True)
-    parser.add_argument("--model", required=True, help="model name served, e.g. llmq-sim or llmq-tiny")
-    parser.add_argument("--engine", choices=["simulated", "transformers", "vllm"], required=True)
-    parser.add_argument("--batch-time-ms", type=int, default=500, help="simulated: time of any batch")
-    parser.add_argument(
-        "--max-batch-size", type=int, default=None, help="simulated: requests per batch (default: model's)"
-    )
-    parser.add_argument(
-        "--poison-marker", default=None, help="simulated, for tests: a batch whose prompt holds it fails"
-    )
-    parser.add_argument(
-        "--model-path",
-        default=None,
-        help="transformers, vllm: HF causal-LM checkpoint dir (transformers default: the catalogue model's installed"
-        " checkpoint, or llmq-tiny built in code)",
-    )
-    parser.add_argument(
-        "--gguf-file",
-        default=None,
-        help="transformers: a GGUF file in --model-path to serve (any architecture transformers reads from GGUF)",
-    )
-    parser.add_argument(
-        "--max-concurrent-sequences", type=int, default=None, help="transformers, vllm: running sequences, at most"
-    )
-    parser.add_argument(
-        "--max-batched-tokens", type=int, default=None, help="transformers, vllm: tokens per forward step, at most"
-    )
-    parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may take"
-    )
-    parser.add_argument(
-        "--device", default=None, help="transformers: torch device (default: cuda if available, else cpu)"
-    )
-    parser.add_argument(
-        "--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off; default LLMQ_METRICS_PORT)"
-    )
+    fields = WorkerSettings.model_fields
+    for flag, (name, options) in _FLAGS.items():
+        default = getattr(worker, name)
+        missing = default is None or default == ""
+        parser.add_argument(
+            flag,
+            dest=name if name != "id" else "worker_id",
+            default=None if missing else default,
+            required=flag in _REQUIRED and missing,
+            help=f"{fields[name].description.removeprefix(f'{flag}: ')} (env {env_name(WorkerSettings, name)})",
+            **options,
+        )
     return parser.parse_args(argv)
 
 
 def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> Engine:
     """The engine the arguments select; transformers and vllm are imported only when chosen. A catalogue model with a
     packaged checkpoint is served from its installed directory, verified first (SystemExit saying what is wrong)."""
-    settings = settings or load_settings()
+    settings = settings or Settings()
     spec = BUILTIN_MODELS.get(args.model)
     if args.gguf_file is not None and (args.model_path is None or args.engine != "transformers"):
         raise SystemExit("--gguf-file needs --engine transformers and --model-path (the directory holding it)")
     if args.model_path is None and args.engine != "simulated" and spec is not None and spec.source is not None:
         try:
-            args.model_path = str(checkpoints.installed_path(spec, checkpoints.models_root(settings.models_dir)))
+            args.model_path = str(checkpoints.installed_path(spec, checkpoints.models_root(settings.models.dir)))
         except checkpoints.CheckpointError as exc:
             raise SystemExit(str(exc)) from None
     if args.engine == "simulated":
@@ -93,7 +94,7 @@ def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> 
         max_batched_tokens=args.max_batched_tokens,
         device=args.device,
         gguf_file=args.gguf_file,
-        torch_threads=settings.torch_threads,
+        torch_threads=settings.worker.torch_threads,
     )
 
 
@@ -125,10 +126,10 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     await require_topic_limits(settings)  # before loading a model: a result the broker refuses must not be computed
     engine = build_engine(args, settings)
     stack.push_async_callback(engine.close)
-    observed = metrics.WorkerMetrics(args.model, settings.region)
+    observed = metrics.WorkerMetrics(args.model, settings.region.name)
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)
-    lease = PartitionLease(redis, args.partition, this_process(args.worker_id), settings.worker_lease_ttl_ms)
+    lease = PartitionLease(redis, args.partition, this_process(args.worker_id), settings.worker.lease_ttl_ms)
     await lease.acquire()  # a second worker given this partition waits here as its standby
     stack.push_async_callback(lease.release)  # after the consumer stopped (the stack closes in reverse)
     producer = make_renewable_producer(settings)  # a refused result does not break it
@@ -157,9 +158,10 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    args.worker_id = runtime.regional(args.worker_id)
-    runtime.run(lambda: runtime.serve("worker", args.worker_id, functools.partial(build, args)))
+    settings = runtime.service_settings(*GROUPS)
+    args = parse_args(argv, settings.worker)
+    args.worker_id = runtime.regional(args.worker_id, settings)
+    runtime.run(lambda: runtime.serve("worker", args.worker_id, functools.partial(build, args), settings))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ async def make_app():
 
     async def make(settings: Settings | None = None, keys: KeyStore | None = None):
         worker, redis = FakeWorker(), FakeRedis()
-        pod = Pod(settings or Settings(api_max_body_bytes=2000), "pod-test", producer=worker, redis=redis, keys=keys)
+        pod = Pod(
+            settings or Settings(api={"max_body_bytes": 2000}), "pod-test", producer=worker, redis=redis, keys=keys
+        )
         worker.pod = pod
         pod.listener.subscribed = True  # stands in for the Redis subscription, which these tests never open
         pod.breaker.succeeded()  # and for the Kafka producer's start

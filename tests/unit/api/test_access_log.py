@@ -29,7 +29,7 @@ async def test_one_line_per_request_with_tenant_status_request_id_and_latency_bu
 
 
 async def test_the_access_log_can_be_switched_off(make_app, caplog):
-    client, _, _, _ = await make_app(Settings(api_access_log=False))
+    client, _, _, _ = await make_app(Settings(api={"access_log": False}))
     caplog.set_level(logging.INFO, logger="llmq_api.access")
     assert (await client.get("/healthz")).status_code == 200
     assert access_lines(caplog) == []

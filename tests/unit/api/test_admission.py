@@ -28,7 +28,7 @@ PAID, FREE, NEAR, DEFERRED = PRIORITY_CLASSES
 SIM, TINY = "llmq-sim", "llmq-tiny"
 NOW = 1_000_000
 POLICY = ShedPolicy.from_settings(
-    Settings(api_max_in_flight=100, batcher_max_queued=1000, worker_heartbeat_timeout_ms=2000)
+    Settings(api={"max_in_flight": 100}, batcher={"max_queued": 1000, "worker_heartbeat_timeout_ms": 2000})
 )
 
 

@@ -197,4 +197,4 @@ async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queu
 
 async def test_a_pod_whose_files_url_names_no_known_filesystem_is_refused_before_it_serves(make_app):
     with pytest.raises(ValueError, match="nosuch"):  # main turns it into exit status 2
-        await make_app(Settings(files_url="nosuch://files"))
+        await make_app(Settings(jobs={"files_url": "nosuch://files"}))

@@ -167,7 +167,7 @@ async def test_overloaded_stream_is_a_plain_429_before_any_sse_byte(setup):
 
 
 async def test_pod_in_flight_cap_sheds_by_class(make_app):
-    client, pod, worker, _ = await make_app(Settings(api_max_in_flight=4))
+    client, pod, worker, _ = await make_app(Settings(api={"max_in_flight": 4}))
     worker.silent = True
     held = [asyncio.create_task(client.post("/v1/completions", json=BODY)) for _ in range(2)]
     while len(pod.registry) < 2:

@@ -40,11 +40,11 @@ def test_missing_or_unknown_keys_are_401(authorization):
 
 
 def test_dev_keys_can_be_switched_off():
-    assert refused(KeyStore.from_settings(Settings(api_dev_keys=False)), f"Bearer {DEV_KEY}").status == 401
+    assert refused(KeyStore.from_settings(Settings(api={"dev_keys": False})), f"Bearer {DEV_KEY}").status == 401
 
 
 def test_example_keys_file_loads_with_plain_and_hashed_keys():
-    store = KeyStore.from_settings(Settings(api_keys_file=str(EXAMPLE), api_dev_keys=False))
+    store = KeyStore.from_settings(Settings(api={"keys_file": str(EXAMPLE), "dev_keys": False}))
     acme = store.authenticate("Bearer sk-acme-example-change-me")
     assert (acme.tenant_id, acme.requests_per_min, acme.tokens_per_min) == ("acme", 600, 2_000_000)
     batch = store.authenticate("Bearer sk-acme-batch-example-change-me")  # listed by its SHA-256 only
@@ -84,7 +84,7 @@ def test_json_keys_file_and_missing_file(tmp_path):
     store.add(load_keys_file(path))
     assert store.authenticate("Bearer secret").classes == ("interactive", "deferred")  # priority order
     with pytest.raises(ValueError, match="nope.yaml"):
-        KeyStore.from_settings(Settings(api_keys_file=str(tmp_path / "nope.yaml")))
+        KeyStore.from_settings(Settings(api={"keys_file": str(tmp_path / "nope.yaml")}))
 
 
 def test_pick_class_defaults_to_the_first_allowed_and_refuses_others():
@@ -113,11 +113,11 @@ def test_a_key_named_twice_by_digest_refuses_to_start(tmp_path):
     digest = hashlib.sha256(b"sk-shared").hexdigest()
     path.write_text(f"keys: [{{tenant: a, key: sk-shared}}, {{tenant: b, key_sha256: '{digest.upper()}'}}]")
     with pytest.raises(ValueError, match=r"keys\[1\] \(tenant 'b'\) names a key already given by keys\[0\]"):
-        KeyStore.from_settings(Settings(api_keys_file=str(path), api_dev_keys=False))
+        KeyStore.from_settings(Settings(api={"keys_file": str(path), "dev_keys": False}))
     path.write_text(f"keys: [{{tenant: a, key: {DEV_KEY}}}]")  # the dev key, while the dev keys are on
     with pytest.raises(ValueError, match="dev keys"):
-        KeyStore.from_settings(Settings(api_keys_file=str(path)))
+        KeyStore.from_settings(Settings(api={"keys_file": str(path)}))
     assert (
-        KeyStore.from_settings(Settings(api_keys_file=str(path), api_dev_keys=False)).tenant_of(f"Bearer {DEV_KEY}")
+        KeyStore.from_settings(Settings(api={"keys_file": str(path), "dev_keys": False})).tenant_of(f"Bearer {DEV_KEY}")
         == "a"
     )

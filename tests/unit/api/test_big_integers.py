@@ -52,7 +52,7 @@ async def test_a_huge_timeout_header_is_a_400_naming_it(setup):
 
 
 async def test_a_huge_logit_bias_key_is_a_400_naming_it(make_app):
-    client, _, worker, _ = await make_app(Settings(api_max_body_bytes=64_000))
+    client, _, worker, _ = await make_app(Settings(api={"max_body_bytes": 64_000}))
     for key in (HUGE, str(INT64_MAX + 1)):
         response = await client.post(
             "/v1/chat/completions",
@@ -63,7 +63,7 @@ async def test_a_huge_logit_bias_key_is_a_400_naming_it(make_app):
 
 
 async def test_a_logit_bias_key_with_leading_zeros_names_the_token_id(make_app):
-    client, _, _, _ = await make_app(Settings(api_max_body_bytes=64_000))
+    client, _, _, _ = await make_app(Settings(api={"max_body_bytes": 64_000}))
     response = await client.post(
         "/v1/completions", json={"model": "llmq-sim", "prompt": "x", "logit_bias": {"0" * 5000 + "5": 101}}
     )

@@ -176,16 +176,18 @@ def test_trusted_proxies_setting_is_checked_at_start():
 
 def test_uvicorn_options_follow_the_settings():
     settings = Settings(
-        api_header_timeout_ms=300,
-        api_body_timeout_ms=400,
-        api_keep_alive_timeout_ms=1500,
-        api_max_connections_per_client=7,
+        api={
+            "header_timeout_ms": 300,
+            "body_timeout_ms": 400,
+            "keep_alive_timeout_ms": 1500,
+            "max_connections_per_client": 7,
+        },
     )
     options = uvicorn_options(settings)
     assert options["timeout_keep_alive"] == 1.5 and options["ws"] == "none" and options["proxy_headers"] is False
     assert limits_from(settings) == ConnectionLimits(header_timeout_s=0.3, body_timeout_s=0.4, max_per_client=7)
     assert options["http"].clients.limit == 7
-    behind_proxy = uvicorn_options(Settings(api_trusted_proxies="10.0.0.0/8"))
+    behind_proxy = uvicorn_options(Settings(api={"trusted_proxies": "10.0.0.0/8"}))
     assert behind_proxy["proxy_headers"] is True and behind_proxy["forwarded_allow_ips"] == ["10.0.0.0/8"]
 
 

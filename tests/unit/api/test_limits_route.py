@@ -4,7 +4,7 @@ from llmq_core.settings import Settings
 
 
 async def test_limits_name_the_batch_caps_of_the_settings(make_app):
-    client, *_ = await make_app(Settings(batch_max_lines=1000, files_max_bytes=5_000_000))
+    client, *_ = await make_app(Settings(jobs={"batch_max_lines": 1000, "files_max_bytes": 5_000_000}))
     response = await client.get("/v1/limits")
     assert response.status_code == 200
     assert response.json() == {
@@ -12,8 +12,8 @@ async def test_limits_name_the_batch_caps_of_the_settings(make_app):
         "batch": {
             "max_requests": 1000,
             "max_file_bytes": 5_000_000,
-            "max_line_bytes": Settings().batch_max_line_bytes,
-            "max_completion_window_s": Settings().batch_max_window_s,
+            "max_line_bytes": Settings().jobs.batch_max_line_bytes,
+            "max_completion_window_s": Settings().jobs.batch_max_window_s,
         },
     }
 

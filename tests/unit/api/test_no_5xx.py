@@ -74,7 +74,9 @@ def with_big_values(draw, body: bytes) -> bytes:
 async def app(make_app, monkeypatch):
     store = MemoryJobStore()
     monkeypatch.setattr(pod, "JobStore", lambda redis, log=None: store)
-    client, *_ = await make_app(Settings(api_max_body_bytes=64_000, files_url=f"memory://no5xx-{uuid.uuid4().hex}"))
+    client, *_ = await make_app(
+        Settings(api={"max_body_bytes": 64_000}, jobs={"files_url": f"memory://no5xx-{uuid.uuid4().hex}"})
+    )
     return client
 
 

@@ -75,7 +75,7 @@ def checked_producer(monkeypatch):
         Dependency("kafka", clock), clock, backoff_ms=1000, max_backoff_ms=1000, probe_timeout_ms=2000
     )
     steps = Steps()
-    producer = KafkaRequestProducer(Settings(api_kafka_check_interval_ms=250), breaker, sleep=steps.sleep)
+    producer = KafkaRequestProducer(Settings(api={"kafka_check_interval_ms": 250}), breaker, sleep=steps.sleep)
     runner = asyncio.create_task(producer.run())
     return fake, breaker, steps, producer, runner
 

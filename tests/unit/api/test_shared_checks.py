@@ -99,7 +99,7 @@ def test_a_valid_request_passes():
 def test_extra_models_join_the_catalogue_with_an_unknown_window():
     from llmq_core.settings import Settings
 
-    rules = requests.Rules.from_settings(Settings(extra_models=["my-model"]))
+    rules = requests.Rules.from_settings(Settings(models={"extra": ["my-model"]}))
     assert rules.windows["my-model"] == 0 and rules.windows["llmq-sim"] == 8192
     requests.check_request(wire_request({"model": "my-model", "prompt": "x" * 100_000}), rules)
 

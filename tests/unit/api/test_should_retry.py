@@ -56,7 +56,7 @@ async def test_a_passed_deadline_says_do_not_retry(setup):
 
 
 async def test_overload_and_unavailability_say_retry_after(make_app):
-    client, pod, _, _ = await make_app(Settings(api_max_in_flight=0))
+    client, pod, _, _ = await make_app(Settings(api={"max_in_flight": 0}))
     response = await client.post("/v1/completions", json=SIM)
     assert response.status_code == 429
     assert_says(response, retry=True)

@@ -86,7 +86,7 @@ def test_the_stop_byte_limit_is_configurable():
 
 
 async def test_the_pod_applies_its_stop_byte_setting(make_app):
-    client, _, worker, _ = await make_app(Settings(api_max_stop_bytes=8))
+    client, _, worker, _ = await make_app(Settings(api={"max_stop_bytes": 8}))
     ok = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "x", "stop": "12345678"})
     refused = await client.post("/v1/completions", json={"model": "llmq-sim", "prompt": "x", "stop": "123456789"})
     assert ok.status_code == 200

@@ -41,18 +41,18 @@ def refused(metrics: BatcherMetrics, reason: str) -> float:
 
 
 def test_settings_map_principals_to_ingress_topics_that_llmq_topics_creates():
-    settings = Settings(kafka_ingress={"acme-svc": {"tenant_id": "acme", "classes": ["deferred"]}})
+    settings = Settings(kafka={"ingress": {"acme-svc": {"tenant_id": "acme", "classes": ["deferred"]}}})
     assert kafka.ingress_grants(settings) == {
         "llmq.ingress.acme-svc": IngressGrant(tenant_id="acme", classes=("deferred",))
     }
-    assert kafka.topic_layout(settings)["llmq.ingress.acme-svc"] == settings.request_topic_partitions
+    assert kafka.topic_layout(settings)["llmq.ingress.acme-svc"] == settings.kafka.request_topic_partitions
 
 
 def test_a_principal_that_cannot_name_a_topic_refuses_to_start():
     try:
-        Settings(kafka_ingress={"acme/../x": {"tenant_id": "acme"}})
+        Settings(kafka={"ingress": {"acme/../x": {"tenant_id": "acme"}}})
     except ValueError as exc:
-        assert "kafka_ingress principals" in str(exc)
+        assert "kafka ingress principals" in str(exc)
     else:
         raise AssertionError("accepted a principal no topic can be named after")
 

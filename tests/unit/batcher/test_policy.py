@@ -598,23 +598,22 @@ def test_undispatch_with_a_retry_delay_holds_the_model_until_then():
 # --- configuration -----------------------------------------------------------------------------------------------------
 
 
-READS = [  # (PolicyConfig field, the Settings field it comes from, a value unlike its default)
+READS = [  # (PolicyConfig field, the batcher setting it comes from, a value unlike its default)
     ("fixed_engine_max_wait_ms", "fixed_engine_max_wait_ms", 4),
     ("fixed_engine_busy_wait_ms", "fixed_engine_busy_wait_ms", 9),
     ("worker_heartbeat_timeout_ms", "worker_heartbeat_timeout_ms", 5),
-    ("max_queued", "batcher_max_queued", 6),
-    ("deferred_reserved_share", "batcher_deferred_reserved_share", 0.5),
-    ("deferred_buffer_rounds", "batcher_deferred_buffer_rounds", 7),
-    ("tenant_max_inflight", "batcher_tenant_max_inflight", 8),
-    ("tenant_weights", "batcher_tenant_weights", {"acme": 2.0}),
+    ("max_queued", "max_queued", 6),
+    ("deferred_reserved_share", "deferred_reserved_share", 0.5),
+    ("deferred_buffer_rounds", "deferred_buffer_rounds", 7),
+    ("tenant_max_inflight", "tenant_max_inflight", 8),
+    ("tenant_weights", "tenant_weights", {"acme": 2.0}),
 ]
 
 
 def test_config_from_settings_reads_every_batcher_setting():
     waits_ms = {"interactive": 1, "near_interactive": 2, "deferred": 3}
-    settings = Settings(
-        **{setting: value for _, setting, value in READS}, **{f"{c}_max_wait_ms": ms for c, ms in waits_ms.items()}
-    )
+    batcher = {setting: value for _, setting, value in READS} | {f"{c}_max_wait_ms": ms for c, ms in waits_ms.items()}
+    settings = Settings(batcher=batcher)
     config = PolicyConfig.from_settings(settings, "b-1")
     assert [getattr(config, name) for name, _, _ in READS] == [value for _, _, value in READS]
     assert (config.max_wait_ms, config.batch_id_prefix) == (waits_ms, "b-1")
@@ -635,7 +634,7 @@ def test_each_priority_class_has_its_own_queue_and_both_interactive_tiers_share_
 def test_default_config_is_the_settings_defaults_whatever_the_environment(monkeypatch):
     monkeypatch.setenv("LLMQ_BATCHER_MAX_QUEUED", "5")
     assert PolicyConfig.from_settings(Settings(), "t").max_queued == 5
-    assert PolicyConfig.defaults("t") == PolicyConfig.from_settings(Settings(batcher_max_queued=100_000), "t")
+    assert PolicyConfig.defaults("t") == PolicyConfig.from_settings(Settings(batcher={"max_queued": 100_000}), "t")
 
 
 def test_a_result_of_another_tenant_neither_drops_a_queued_request_nor_frees_a_dispatched_one():

@@ -28,7 +28,7 @@ def test_ids_say_where_they_were_born_and_do_not_repeat():
 @pytest.mark.parametrize("bad", ["", "A", "eu_1", "eu.1", "-eu", "eu-", "x" * 33])
 def test_a_region_name_that_cannot_prefix_topics_and_ids_is_refused(bad):
     with pytest.raises(ValidationError, match="region"):
-        Settings(region=bad)
+        Settings(region={"name": bad})
 
 
 def test_every_metric_carries_the_region_label():
@@ -73,5 +73,5 @@ def test_the_keys_files_limits_are_shared_by_the_regions():
 
 @pytest.mark.parametrize("share", [0, -0.5, 1.5])
 def test_a_share_outside_0_to_1_is_refused(share):
-    with pytest.raises(ValidationError, match="region_limit_share"):
-        Settings(region_limit_share=share)
+    with pytest.raises(ValidationError, match="limit_share"):
+        Settings(region={"limit_share": share})

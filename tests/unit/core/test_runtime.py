@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from llmq_core import runtime
+from llmq_core.settings import Settings
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +52,7 @@ class Service:
 
 
 async def _serve_until_serving(service: Service) -> asyncio.Task:
-    task = asyncio.create_task(runtime.serve("test", "t-0", service.build))
+    task = asyncio.create_task(runtime.serve("test", "t-0", service.build, Settings()))
     async with asyncio.timeout(5):
         while "serving" not in service.events:
             await asyncio.sleep(0)
@@ -68,7 +69,7 @@ async def test_sigterm_stops_the_loops_then_closes_what_was_built_in_reverse():
 
 async def test_a_loop_that_ends_by_itself_ends_the_process():
     service = Service(ends=True)
-    await asyncio.wait_for(runtime.serve("test", "t-0", service.build), 5)
+    await asyncio.wait_for(runtime.serve("test", "t-0", service.build, Settings()), 5)
     assert service.events == ["serving", "loop done", "stop", "helper cancelled", "last closed", "first closed"]
 
 

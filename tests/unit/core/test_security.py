@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_plaintext_client_options_are_only_the_bootstrap_servers():
-    assert client_options(Settings(kafka_bootstrap_servers="k:1")) == {"bootstrap_servers": "k:1"}
+    assert client_options(Settings(kafka={"bootstrap_servers": "k:1"})) == {"bootstrap_servers": "k:1"}
 
 
 def test_sasl_ssl_options_read_the_password_file(tmp_path):
@@ -33,10 +33,12 @@ def test_sasl_ssl_options_read_the_password_file(tmp_path):
     secret.write_text("from-file\n")
     options = client_options(
         Settings(
-            kafka_security_protocol="SASL_SSL",
-            kafka_sasl_username="api",
-            kafka_sasl_password="inline",
-            kafka_sasl_password_file=str(secret),
+            kafka={
+                "security_protocol": "SASL_SSL",
+                "sasl_username": "api",
+                "sasl_password": "inline",
+                "sasl_password_file": str(secret),
+            },
         )
     )
     assert options["security_protocol"] == "SASL_SSL"
@@ -47,7 +49,7 @@ def test_sasl_ssl_options_read_the_password_file(tmp_path):
 
 
 def test_ssl_options_carry_no_sasl_credentials():
-    options = client_options(Settings(kafka_security_protocol="SSL", kafka_sasl_password="unused"))
+    options = client_options(Settings(kafka={"security_protocol": "SSL", "sasl_password": "unused"}))
     assert options["security_protocol"] == "SSL"
     assert not any(key.startswith("sasl") for key in options)
 
@@ -57,7 +59,7 @@ def test_redis_options_from_settings(tmp_path):
     secret.write_text("s3cret")
     assert connection_options(Settings()) == {}
     options = connection_options(
-        Settings(redis_username="worker", redis_password_file=str(secret), redis_ssl_cafile="/ca.pem")
+        Settings(redis={"username": "worker", "password_file": str(secret), "ssl_cafile": "/ca.pem"})
     )
     assert options == {"username": "worker", "password": "s3cret", "ssl_ca_certs": "/ca.pem"}
 
@@ -145,7 +147,7 @@ def test_no_service_creates_topics_or_acls_outside_plaintext_mode(folder):
         text = path.read_text()
         for match in re.finditer(r"ensure_topics\(|create_topic\(|apply_kafka_acls\(", text):
             before = text[max(0, match.start() - 200) : match.start()]
-            assert 'kafka_security_protocol == "PLAINTEXT"' in before, f"{path}: {match.group()}"
+            assert 'kafka.security_protocol == "PLAINTEXT"' in before, f"{path}: {match.group()}"
 
 
 def test_every_operation_has_describe_configs_for_the_start_check():

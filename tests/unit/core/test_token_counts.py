@@ -71,8 +71,10 @@ def test_load_counters_takes_settings_paths_and_leaves_unreadable_ones_to_bytes(
     word_tokenizer().save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "broken.json").write_text("{not json")
     settings = Settings(
-        models_dir=str(tmp_path / "none"),
-        model_tokenizers={"mine": str(tmp_path / "tokenizer.json"), "broken": str(tmp_path / "broken.json")},
+        models={
+            "dir": str(tmp_path / "none"),
+            "tokenizers": {"mine": str(tmp_path / "tokenizer.json"), "broken": str(tmp_path / "broken.json")},
+        },
     )
     counters = load_counters(settings)
     assert counter_of(counters, "mine").prompt("hello world") == 2

@@ -20,12 +20,12 @@ import yaml
 
 from llmq_cli import mirror as mirror_config
 from llmq_core import constants
-from llmq_core.settings import Settings
+from llmq_core.settings import Settings, load_settings
 from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, objects, template
 
 SCHEMAS = ROOT / "deploy" / "helm" / "schemas"
 REGION_VALUES = sorted((ROOT / "deploy" / "helm" / "values").glob("*.yaml"))
-SETTINGS = {f"LLMQ_{name.upper()}" for name in Settings.model_fields}
+SETTINGS = set(Settings.variables())
 README = (ROOT / "README.md").read_text()
 
 pytestmark = needs_helm
@@ -94,9 +94,9 @@ def test_every_environment_variable_is_a_setting_and_parses(values, monkeypatch)
     assert names and names <= SETTINGS, sorted(names - SETTINGS)
     for name, value in configured.items():
         monkeypatch.setenv(name, value)
-    settings = Settings()
-    assert settings.region == configured["LLMQ_REGION"]
-    assert settings.metrics_host == "0.0.0.0"
+    settings = load_settings()  # every group validated
+    assert settings.region.name == configured["LLMQ_REGION"]
+    assert settings.observability.metrics_host == "0.0.0.0"
 
 
 def test_region_values_name_their_region_and_mirror_the_others():
@@ -141,7 +141,7 @@ def worker_ranges(values: Path | None) -> dict[str, range]:
 
 @pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
 def test_worker_partition_ranges_fit_and_do_not_overlap(values):
-    partitions = int(settings_map(values)["LLMQ_BATCH_TOPIC_PARTITIONS"])
+    partitions = int(settings_map(values)["LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS"])
     owned = [p for r in worker_ranges(values).values() for p in r]
     assert owned and len(owned) == len(set(owned)) and max(owned) < partitions
 
@@ -174,9 +174,9 @@ def two_models(first: tuple[int, int], second: tuple[int, int]) -> tuple[str, ..
 @pytest.mark.parametrize(
     ("first", "second", "message"),
     [
-        ((0, 10), (10, 7), "maxReplicas add up to 17, more than LLMQ_BATCH_TOPIC_PARTITIONS=16"),
+        ((0, 10), (10, 7), "maxReplicas add up to 17, more than LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS=16"),
         ((0, 6), (4, 6), "m0 and m1: partition ranges 0..5 and 4..9 overlap"),
-        ((0, 2), (15, 2), "m1: partitions 15..16 pass the end of llmq.batches (LLMQ_BATCH_TOPIC_PARTITIONS=16)"),
+        ((0, 2), (15, 2), "m1: partitions 15..16 pass the end of llmq.batches (LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS=16)"),
     ],
 )
 def test_rendering_fails_on_partitions_that_do_not_fit(first, second, message):
@@ -239,14 +239,14 @@ def test_api_pods_scale_on_their_in_flight_share():
     (trigger,) = scaled["spec"]["triggers"]
     row = next(line for line in README.splitlines() if line.startswith("| API pods |"))
     assert f"> {trigger['metadata']['threshold']} |" in row
-    assert f"* {Settings().api_max_in_flight})" in trigger["metadata"]["query"]
+    assert f"* {Settings().api.max_in_flight})" in trigger["metadata"]["query"]
 
 
 @pytest.mark.parametrize(
     ("name", "group", "partitions"),
     [
-        ("batcher", "llmq-batcher", "LLMQ_REQUEST_TOPIC_PARTITIONS"),
-        ("result-router", "llmq-result-router", "LLMQ_RESULTS_TOPIC_PARTITIONS"),
+        ("batcher", "llmq-batcher", "LLMQ_KAFKA_REQUEST_TOPIC_PARTITIONS"),
+        ("result-router", "llmq-result-router", "LLMQ_KAFKA_RESULTS_TOPIC_PARTITIONS"),
     ],
 )
 def test_batchers_and_routers_scale_on_their_groups_lag_up_to_one_per_partition(name, group, partitions):
@@ -260,7 +260,9 @@ def test_batchers_and_routers_scale_on_their_groups_lag_up_to_one_per_partition(
 
 def test_more_fixed_replicas_than_partitions_fail_to_render():
     result = template(sets=("batcher.replicas=5",))
-    assert result.returncode != 0 and "batcher: replicas 5 exceed LLMQ_REQUEST_TOPIC_PARTITIONS=4" in result.stderr
+    assert (
+        result.returncode != 0 and "batcher: replicas 5 exceed LLMQ_KAFKA_REQUEST_TOPIC_PARTITIONS=4" in result.stderr
+    )
 
 
 def shutdown_grace_s(values: Path | None, container: dict) -> float:
@@ -340,7 +342,7 @@ def test_topics_are_created_by_a_hook_with_the_replication_factor(values):
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["LLMQ_KAFKA_SASL_USERNAME"] == "admin"
     wanted = yaml.safe_load(values.read_text())["kafka"]["topicReplicationFactor"] if values else 3
-    assert env["LLMQ_TOPIC_REPLICATION_FACTOR"] == str(wanted)
+    assert env["LLMQ_KAFKA_TOPIC_REPLICATION_FACTOR"] == str(wanted)
     assert {k: v for k, v in env.items() if k in settings_map(values)} == settings_map(values)
 
 

@@ -1,33 +1,8 @@
-"""README.md stays true: its configuration table names every setting with its default."""
+"""README.md stays true (its configuration table moved to docs/configuration.md: tests/unit/core/test_settings_doc.py)."""
 
-import json
-import re
 from pathlib import Path
 
-from llmq_core.settings import Settings
-
 README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-
-
-def _table_rows() -> dict[str, str]:
-    rows = re.findall(r"^\| `(LLMQ_[A-Z0-9_]+)` \| `([^`]*)` \|", README, flags=re.M)
-    return dict(rows)
-
-
-def test_every_setting_is_in_the_configuration_table_with_its_default():
-    rows = _table_rows()
-    for name, field in Settings.model_fields.items():
-        env = f"LLMQ_{name.upper()}"
-        assert env in rows, f"{env} is missing from README's configuration table"
-        default = field.default
-        shown = rows[env]
-        expected = json.dumps(default) if isinstance(default, (dict, bool)) else str(default)
-        assert shown == expected, f"{env}: README says {shown!r}, the code says {expected!r}"
-
-
-def test_the_table_names_no_setting_that_does_not_exist():
-    names = {f"LLMQ_{n.upper()}" for n in Settings.model_fields}
-    assert set(_table_rows()) <= names
 
 
 def test_readme_shows_the_two_commands():

@@ -93,6 +93,6 @@ def test_a_jobs_output_and_error_files_are_rendered_from_its_results():
 
 def test_a_batch_line_limit_no_record_of_the_job_log_could_carry_is_refused_at_start():
     most = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES
-    assert Settings(batch_max_line_bytes=most).batch_max_line_bytes == most
+    assert Settings(jobs={"batch_max_line_bytes": most}).jobs.batch_max_line_bytes == most
     with pytest.raises(ValidationError, match="batch_max_line_bytes"):
-        Settings(batch_max_line_bytes=most + 1)
+        Settings(jobs={"batch_max_line_bytes": most + 1})

@@ -47,7 +47,7 @@ def result(model: str, tenant: str) -> wire.FinalResult:
 def test_catalogue_and_configured_tenants_pass_anything_else_is_other(tmp_path):
     keys = tmp_path / "keys.yaml"
     keys.write_text("keys:\n  - {tenant: acme, key: k1}\n  - {tenant: hobby, key_sha256: " + "a" * 64 + "}\n")
-    labels = LabelSet.from_settings(Settings(api_keys_file=str(keys), extra_models=["my-llama"]))
+    labels = LabelSet.from_settings(Settings(api={"keys_file": str(keys)}, models={"extra": ["my-llama"]}))
     assert [labels.model(m) for m in ("llmq-sim", "llmq-tiny", "my-llama", "gpt-4")] == [
         "llmq-sim",
         "llmq-tiny",
@@ -61,12 +61,12 @@ def test_catalogue_and_configured_tenants_pass_anything_else_is_other(tmp_path):
         "dev-free",
         OTHER,
     ]
-    assert configured_tenants(Settings(api_keys_file=str(keys), api_dev_keys=False)) == {"acme", "hobby"}
+    assert configured_tenants(Settings(api={"keys_file": str(keys), "dev_keys": False})) == {"acme", "hobby"}
 
 
 def test_an_unreadable_keys_file_is_a_start_error(tmp_path):
     with pytest.raises(ValueError, match="API keys file"):
-        configured_tenants(Settings(api_keys_file=str(tmp_path / "missing.yaml")))
+        configured_tenants(Settings(api={"keys_file": str(tmp_path / "missing.yaml")}))
 
 
 def test_batcher_metrics_fold_500_made_up_models_into_other():

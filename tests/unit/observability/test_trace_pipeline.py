@@ -97,7 +97,7 @@ async def test_one_request_is_one_trace_across_api_batcher_worker_and_router(spa
         bus,
         bus,
         FakeRedis(),
-        Settings(heartbeat_interval_ms=250, shutdown_grace_s=1),
+        Settings(worker={"heartbeat_interval_ms": 250}, runtime={"shutdown_grace_s": 1}),
         worker_id="w0",
         partition=0,
         model="llmq-sim",

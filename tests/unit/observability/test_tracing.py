@@ -90,7 +90,7 @@ async def test_asgi_server_span_continues_the_client_trace_and_records_status(sp
 
 
 def test_file_exporter_writes_one_json_line_per_span(tmp_path):
-    settings = Settings(tracing_exporter="file", tracing_file_dir=str(tmp_path))
+    settings = Settings(observability={"tracing_exporter": "file", "tracing_file_dir": str(tmp_path)})
     assert tracing.configure("batcher", settings)
     tracing.end(tracing.start_span("a", parent=TP))
     tracing.shutdown()

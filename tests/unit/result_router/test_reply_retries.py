@@ -189,10 +189,10 @@ class Broker:
         self.sent.append((topic, key, dict(headers or ())))
 
 
-def _router(consumer, broker, redis, metrics=None, **settings) -> ResultRouter:
-    base = dict(router_reply_attempts=3, router_reply_backoff_ms=1, router_reply_metadata_timeout_ms=20)
+def _router(consumer, broker, redis, metrics=None, **router) -> ResultRouter:
+    base = dict(reply_attempts=3, reply_backoff_ms=1, reply_metadata_timeout_ms=20)
     router = ResultRouter(
-        Settings(**{**base, **settings}),
+        Settings(router={**base, **router}),
         consumer,
         broker,
         redis,
@@ -272,7 +272,7 @@ async def test_a_partition_stops_retrying_once_results_in_a_row_ended_unsent_unt
         }
     )
     broker, metrics = Broker(existing={"team.replies"}, flaky={"flaky.replies"}), RouterMetrics()
-    await asyncio.wait_for(_router(consumer, broker, FakeRedis(), metrics, router_reply_retry_streak_max=2).run(), 5)
+    await asyncio.wait_for(_router(consumer, broker, FakeRedis(), metrics, reply_retry_streak_max=2).run(), 5)
     assert broker.lookups.count("flaky.replies") == 3 + 3 + 1 + 1 + 3  # 2 in a row with retries, then one try each
     assert metrics.reply_dead_letters.labels("retries")._value.get() == 5
 

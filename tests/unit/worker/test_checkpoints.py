@@ -113,7 +113,7 @@ def test_another_source_in_the_directory_is_installed_again(tmp_path, fake_pip, 
 def test_a_worker_of_an_uninstalled_catalogue_model_exits_with_the_reason_before_loading(tmp_path):
     args = main.parse_args(["--worker-id", "w", "--partition", "0", "--model", "smollm2-135m-instruct"] + ENGINE)
     with pytest.raises(SystemExit, match="is not installed at .*: run `make setup`"):
-        main.build_engine(args, Settings(models_dir=str(tmp_path)))
+        main.build_engine(args, Settings(models={"dir": str(tmp_path)}))
 
 
 def test_gguf_file_needs_a_model_path():

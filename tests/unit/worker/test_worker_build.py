@@ -9,7 +9,7 @@ from tests.fakes import FakeConsumer, FakeProducer, FakeRedis
 
 def build(**options) -> WorkerLoop:
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=10)
-    settings = Settings(heartbeat_interval_ms=100, shutdown_grace_s=3)
+    settings = Settings(worker={"heartbeat_interval_ms": 100}, runtime={"shutdown_grace_s": 3})
     clients = FakeConsumer(), FakeProducer(log=[]), FakeRedis(log=[])
     return WorkerLoop.build(engine, *clients, settings, worker_id="w1", partition=2, model="llmq-sim", **options)
 

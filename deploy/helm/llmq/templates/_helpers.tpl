@@ -23,7 +23,7 @@ ConfigMap and the topics hook's inline env (the hook runs before the ConfigMap e
 {{- $_ := set $s "LLMQ_KAFKA_BOOTSTRAP_SERVERS" $v.kafka.bootstrapServers -}}
 {{- $_ := set $s "LLMQ_KAFKA_SECURITY_PROTOCOL" $v.kafka.securityProtocol -}}
 {{- $_ := set $s "LLMQ_KAFKA_SASL_MECHANISM" $v.kafka.saslMechanism -}}
-{{- $_ := set $s "LLMQ_TOPIC_REPLICATION_FACTOR" (toString $v.kafka.topicReplicationFactor) -}}
+{{- $_ := set $s "LLMQ_KAFKA_TOPIC_REPLICATION_FACTOR" (toString $v.kafka.topicReplicationFactor) -}}
 {{- if $v.kafka.caSecret }}{{ $_ := set $s "LLMQ_KAFKA_SSL_CAFILE" "/etc/llmq/kafka-ca/ca.crt" }}{{ end -}}
 {{- $_ := set $s "LLMQ_REDIS_URL" $v.redis.url -}}
 {{- if $v.redis.caSecret }}{{ $_ := set $s "LLMQ_REDIS_SSL_CAFILE" "/etc/llmq/redis-ca/ca.crt" }}{{ end -}}
@@ -144,12 +144,12 @@ livenessProbe:
 {{/* Partition checks (README "Deploying to Kubernetes"): rendering fails unless every model's worker partitions,
 offset .. offset + maxReplicas - 1, fit in llmq.batches and no two models' ranges overlap. */}}
 {{- define "llmq.checkPartitions" -}}
-{{- $partitions := int (index .Values.settings "LLMQ_BATCH_TOPIC_PARTITIONS") -}}
+{{- $partitions := int (index .Values.settings "LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS") -}}
 {{- $models := .Values.workers.models -}}
 {{- $total := 0 -}}
 {{- range $models }}{{ $total = add $total (int .maxReplicas) }}{{ end -}}
 {{- if gt $total $partitions -}}
-{{- fail (printf "workers: the models' maxReplicas add up to %d, more than LLMQ_BATCH_TOPIC_PARTITIONS=%d partitions of llmq.batches (one per worker): raise the partitions (README \"Growing partitions\") or lower maxReplicas" $total $partitions) -}}
+{{- fail (printf "workers: the models' maxReplicas add up to %d, more than LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS=%d partitions of llmq.batches (one per worker): raise the partitions (README \"Growing partitions\") or lower maxReplicas" $total $partitions) -}}
 {{- end -}}
 {{- range $i, $a := $models -}}
 {{- if or (lt (int $a.maxReplicas) 1) (lt (int $a.partitionOffset) 0) (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
@@ -157,7 +157,7 @@ offset .. offset + maxReplicas - 1, fit in llmq.batches and no two models' range
 {{- end -}}
 {{- $aEnd := add $a.partitionOffset $a.maxReplicas -}}
 {{- if gt (int $aEnd) $partitions -}}
-{{- fail (printf "workers model %s: partitions %d..%d pass the end of llmq.batches (LLMQ_BATCH_TOPIC_PARTITIONS=%d)" $a.name (int $a.partitionOffset) (sub $aEnd 1) $partitions) -}}
+{{- fail (printf "workers model %s: partitions %d..%d pass the end of llmq.batches (LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS=%d)" $a.name (int $a.partitionOffset) (sub $aEnd 1) $partitions) -}}
 {{- end -}}
 {{- range $j, $b := $models -}}
 {{- $bEnd := add $b.partitionOffset $b.maxReplicas -}}
@@ -229,12 +229,12 @@ spec:
         - name: {{ .component }}
           image: "{{ $v.image.repository }}:{{ $v.image.tag }}"
           imagePullPolicy: {{ $v.image.pullPolicy }}
-          command: [python, -m, {{ .module }}, --instance-id, $(LLMQ_INSTANCE_ID)]
+          command: [python, -m, {{ .module }}, --instance-id, $(LLMQ_API_INSTANCE_ID)]
           envFrom:
             - configMapRef:
                 name: {{ include "llmq.fullname" .root }}-settings
           env:
-            - name: LLMQ_INSTANCE_ID
+            - name: LLMQ_API_INSTANCE_ID
               valueFrom:
                 fieldRef: {fieldPath: metadata.name}
             {{- include "llmq.roleEnv" . | trim | nindent 12 }}

@@ -52,10 +52,10 @@ async def limits(request: Request) -> dict:
     return {
         "object": "limits",
         "batch": {
-            "max_requests": settings.batch_max_lines,
-            "max_file_bytes": settings.files_max_bytes,
-            "max_line_bytes": settings.batch_max_line_bytes,
-            "max_completion_window_s": settings.batch_max_window_s,
+            "max_requests": settings.jobs.batch_max_lines,
+            "max_file_bytes": settings.jobs.files_max_bytes,
+            "max_line_bytes": settings.jobs.batch_max_line_bytes,
+            "max_completion_window_s": settings.jobs.batch_max_window_s,
         },
     }
 
@@ -78,12 +78,12 @@ def _page(data: list[dict], has_more: bool) -> dict:
 async def create_file(request: Request) -> dict:
     principal = _principal(request)
     service = _jobs(request)
-    limit_bytes = service.settings.files_max_bytes + MULTIPART_OVERHEAD_BYTES
+    limit_bytes = service.settings.jobs.files_max_bytes + MULTIPART_OVERHEAD_BYTES
     declared = validation.bounded_int(request.headers.get("content-length", "").strip(), limit_bytes + 1)
     if declared is not None and declared > limit_bytes:
         raise ApiError(
             413,
-            f"File is larger than the limit of {service.settings.files_max_bytes} bytes",
+            f"File is larger than the limit of {service.settings.jobs.files_max_bytes} bytes",
             param="file",
             code="file_too_large",
         )

@@ -117,15 +117,15 @@ class BatchJobs:
         tenant's storage quota (the bytes of its live uploads)."""
         if purpose != jobs.FILE_PURPOSE_BATCH:
             raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {echo(purpose)}", param="purpose")
-        file_id = ids.file_id(self.settings.region)
+        file_id = ids.file_id(self.settings.region.name)
         path = f"files/{file_id}"
         quota, used = await self._storage(principal)
-        limit = min(self.settings.files_max_bytes, quota - used)
+        limit = min(self.settings.jobs.files_max_bytes, quota - used)
         try:
             size = await self.files.write(path, _chunks(source, limit))
         except _TooLarge:
             await self.files.delete(path)
-            if limit < self.settings.files_max_bytes:
+            if limit < self.settings.jobs.files_max_bytes:
                 raise self._over_quota(quota, used) from None
             raise ApiError(
                 413, f"File is larger than the limit of {limit} bytes", param="file", code="file_too_large"
@@ -146,7 +146,7 @@ class BatchJobs:
             purpose=purpose,
             bytes=size,
             created_at=now_s,
-            expires_at=now_s + self.settings.files_retention_s,
+            expires_at=now_s + self.settings.jobs.files_retention_s,
             path=path,
         )
         try:
@@ -161,7 +161,7 @@ class BatchJobs:
 
     async def _storage(self, principal: Principal) -> tuple[int, int]:
         """(the tenant's storage quota, the bytes its live uploads take now)."""
-        quota = principal.file_storage_bytes or self.settings.files_tenant_max_bytes
+        quota = principal.file_storage_bytes or self.settings.jobs.files_tenant_max_bytes
         return quota, await self.store.stored_bytes(principal.tenant_id)
 
     @staticmethod
@@ -240,11 +240,11 @@ class BatchJobs:
         _check_deferred(principal, "create batches")
         await self._take_request(principal)
         request = _decode_create(body)
-        batch_id = ids.batch_job_id(self.settings.region)
+        batch_id = ids.batch_job_id(self.settings.region.name)
         if idempotency_key is None:
             return await self._create(principal, request, batch_id)
         earlier = await self.store.claim_batch_key(
-            principal.tenant_id, idempotency_key, batch_id, self.settings.files_retention_s
+            principal.tenant_id, idempotency_key, batch_id, self.settings.jobs.files_retention_s
         )
         if earlier is not None:
             job = await self.store.get_job(earlier)
@@ -279,7 +279,7 @@ class BatchJobs:
                 code="invalid_endpoint",
             )
         try:
-            window_s = jobs.parse_window(request.completion_window, self.settings.batch_max_window_s)
+            window_s = jobs.parse_window(request.completion_window, self.settings.jobs.batch_max_window_s)
         except ValueError as exc:
             raise invalid(str(exc), param="completion_window", code="invalid_completion_window") from None
         _check_metadata(request.metadata)
@@ -307,13 +307,13 @@ class BatchJobs:
         """One of the pod's and the tenant's concurrent creates; 429 with Retry-After when none is free."""
         settings = self.settings
         if (
-            len(self._creating) >= settings.batch_create_max_per_pod
-            or self._creating.count(tenant_id) >= settings.batch_create_max_per_tenant
+            len(self._creating) >= settings.jobs.batch_create_max_per_pod
+            or self._creating.count(tenant_id) >= settings.jobs.batch_create_max_per_tenant
         ):
             raise too_many_requests(
                 f"Too many batches are being created at once (at most "
-                f"{settings.batch_create_max_per_tenant} per tenant and "
-                f"{settings.batch_create_max_per_pod} per API pod); retry shortly",
+                f"{settings.jobs.batch_create_max_per_tenant} per tenant and "
+                f"{settings.jobs.batch_create_max_per_pod} per API pod); retry shortly",
                 CREATE_RETRY_AFTER_S,
             )
         self._creating.append(tenant_id)
@@ -334,8 +334,8 @@ class BatchJobs:
             created_ms=now_ms,
             expires_ms=now_ms + window_s * 1000,
             metadata=request.metadata,
-            output_file_id=ids.file_id(self.settings.region),
-            error_file_id=ids.file_id(self.settings.region),
+            output_file_id=ids.file_id(self.settings.region.name),
+            error_file_id=ids.file_id(self.settings.region.name),
             prepared_path=f"jobs/{batch_id}/requests.jsonl",
             results_path=f"jobs/{batch_id}/results.jsonl",
         )
@@ -345,9 +345,9 @@ class BatchJobs:
         job's ledger (written ahead of the job, a slice per chunk read), so the pod holds one chunk at a time.
         Then fail the job (structural errors), refuse it (its estimate does not fit the batch quota), or start it."""
         limits = inputs.Limits(
-            self.settings.batch_max_lines,
-            self.settings.batch_max_line_bytes,
-            self.settings.api_max_stop_bytes,
+            self.settings.jobs.batch_max_lines,
+            self.settings.jobs.batch_max_line_bytes,
+            self.settings.api.max_stop_bytes,
             self.counters,
         )
         checker = inputs.InputChecker(spec.endpoint, self.models(), limits)
@@ -383,7 +383,7 @@ class BatchJobs:
         """Bound what the job's ledger may hold in Redis (never evicted while it runs): 400 past the job's bound or
         one the tenant's could never fit, 429 while the tenant's running jobs hold too much of theirs."""
         settings = self.settings
-        bound = min(settings.batch_job_max_result_bytes, settings.batch_tenant_max_result_bytes)
+        bound = min(settings.jobs.batch_job_max_result_bytes, settings.jobs.batch_tenant_max_result_bytes)
         if spec.result_bytes > bound:
             raise invalid(
                 f"This batch's results could take {spec.result_bytes} bytes (each line's largest result: "
@@ -393,7 +393,7 @@ class BatchJobs:
                 param="input_file_id",
                 code="batch_results_too_large",
             )
-        limit = settings.batch_tenant_max_result_bytes
+        limit = settings.jobs.batch_tenant_max_result_bytes
         if await self.store.reserve_result_bytes(spec.tenant_id, spec.result_bytes, limit) is None:
             raise ApiError(
                 429,
@@ -453,7 +453,7 @@ class BatchJobs:
 
     async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
-        expires_at = spec.expires_ms // 1000 + self.settings.files_retention_s
+        expires_at = spec.expires_ms // 1000 + self.settings.jobs.files_retention_s
         await self.store.create_job(
             spec,
             jobs.IN_PROGRESS,
@@ -466,7 +466,7 @@ class BatchJobs:
 
     def _claim(self, spec: JobSpec) -> JobOwner:
         """This region's claim on a job it creates (epoch 0): the job log's owner record and the fencing view."""
-        return JobOwner(batch_id=spec.id, region=self.settings.region, at_ms=self.clock.now_ms())
+        return JobOwner(batch_id=spec.id, region=self.settings.region.name, at_ms=self.clock.now_ms())
 
     async def _read(self, batch_id: str) -> JobView:
         job = await self.store.get_job(batch_id)
