@@ -50,7 +50,7 @@ class RecordingProducer:
 
 
 class Harness:
-    def __init__(self, redis: Redis, **overrides) -> None:
+    def __init__(self, redis: Redis, **jobs) -> None:
         self.settings = Settings(
             jobs={
                 "files_url": f"memory://ledger-{uuid.uuid4().hex}",
@@ -59,8 +59,8 @@ class Harness:
                 "batch_retry_backoff_ms": 1000,
                 "batch_end_grace_ms": 1000,
                 "batch_lease_ms": 60_000,
-            },
-            **overrides,
+                **jobs,
+            }
         )
         self.clock = FakeClock()
         self.redis = redis
