@@ -1,4 +1,4 @@
-"""The fenced examples of README.md and docs/*.md, as tests/system/test_docs_examples.py runs them.
+"""The fenced examples of README.md and every docs/**/*.md page, as tests/system/test_docs_examples.py runs them.
 
 Every ```bash and ```python block is an example meant to run verbatim on a fresh stack, twice in a row, unless the
 line right before its fence is ``<!-- example: skip (why) -->``. Other fences (```json, ```jsonl, plain ```) show
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 RUNNABLE = ("bash", "python")
 SKIP = re.compile(r"<!-- example: skip \((?P<reason>.*)\) -->")
 FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<code>.*?)^```$", re.M | re.S)

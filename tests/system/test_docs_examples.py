@@ -1,4 +1,4 @@
-"""Every runnable example of README.md and docs/*.md, verbatim, twice in a row, against a running stack.
+"""Every runnable example of README.md and docs/**/*.md, verbatim, twice in a row, against a running stack.
 
 Which blocks run is said by tests/doc_examples.py (every ```bash and ```python block without a skip mark). The blocks
 of one document run in order in one scratch folder (with a `.venv` link to this checkout's), then all again in the same

@@ -1,7 +1,7 @@
 """The Helm chart (deploy/helm/llmq) checked without a cluster: `helm lint` and `helm template` for the default values
 and every region's values file; every rendered object against the JSON schemas of a pinned Kubernetes version
 (kubernetes-validate, offline, strict) or of its operator's CRD (deploy/helm/schemas); every environment variable a
-real setting; the render-time partition checks; drain, probes, security and autoscaling as README says.
+real setting; the render-time partition checks; drain, probes, security and autoscaling as the docs say.
 
 Needs the pinned helm that `make helm` (part of `make setup`) builds; skipped, saying so, without it."""
 
@@ -26,7 +26,8 @@ from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, object
 SCHEMAS = ROOT / "deploy" / "helm" / "schemas"
 REGION_VALUES = sorted((ROOT / "deploy" / "helm" / "values").glob("*.yaml"))
 SETTINGS = set(Settings.variables())
-README = (ROOT / "README.md").read_text()
+KUBERNETES_DOC = (ROOT / "docs" / "operations" / "kubernetes.md").read_text()
+AUTOSCALING_DOC = (ROOT / "docs" / "operations" / "observability.md").read_text()  # the autoscaling table
 
 pytestmark = needs_helm
 VALUES = [None, *REGION_VALUES]
@@ -191,12 +192,13 @@ def test_partitions_that_fit_exactly_render():
 
 def test_partition_message_says_how_to_grow_partitions():
     result = template(sets=two_models((0, 10), (10, 7)))
-    assert 'README "Growing partitions"' in result.stderr and "Growing partitions" in README
+    assert 'docs/operations/kubernetes.md "Growing partitions"' in result.stderr
+    assert "## Growing partitions" in KUBERNETES_DOC
 
 
-def readme_row(metric: str) -> tuple[str, str]:
-    """(threshold, minutes) of the README autoscaling table's row whose query holds ``metric``."""
-    rows = [line for line in README.splitlines() if line.startswith("| ") and metric in line]
+def autoscaling_row(metric: str) -> tuple[str, str]:
+    """(threshold, minutes) of the docs' autoscaling table's row whose query holds ``metric``."""
+    rows = [line for line in AUTOSCALING_DOC.splitlines() if line.startswith("| ") and metric in line]
     (found,) = [m for row in rows if (m := re.search(r"\| > ([\d.]+)(?: s)? for (\d+) min", row))]
     return found[1], found[2]
 
@@ -209,8 +211,8 @@ def readme_row(metric: str) -> tuple[str, str]:
         ("utilization", "avg(llmq_worker_utilization_ratio"),
     ],
 )
-def test_worker_triggers_are_the_readme_autoscaling_rows(trigger, metric):
-    threshold, minutes = readme_row(metric)
+def test_worker_triggers_are_the_documented_autoscaling_rows(trigger, metric):
+    threshold, minutes = autoscaling_row(metric)
     for scaled in of_kind(None, "ScaledObject"):
         if scaled["spec"]["scaleTargetRef"]["kind"] == "StatefulSet":
             (found,) = [t for t in scaled["spec"]["triggers"] if t["name"] == trigger]
@@ -225,7 +227,7 @@ def test_workers_scale_from_zero_and_in_slowly_enough_to_drain():
     assert activation["metadata"]["activationThreshold"] == "0"
     assert "priority_class" not in activation["metadata"]["query"]  # deferred work queues for a model without workers
     scale_down = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
-    assert scale_down["stabilizationWindowSeconds"] == 15 * 60  # README: "for 15 min"
+    assert scale_down["stabilizationWindowSeconds"] == 15 * 60  # the autoscaling table: "for 15 min"
     assert scale_down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
 
 
@@ -237,7 +239,7 @@ def scaled_object(name: str) -> dict:
 def test_api_pods_scale_on_their_in_flight_share():
     scaled = scaled_object("api")
     (trigger,) = scaled["spec"]["triggers"]
-    row = next(line for line in README.splitlines() if line.startswith("| API pods |"))
+    row = next(line for line in AUTOSCALING_DOC.splitlines() if line.startswith("| API pods |"))
     assert f"> {trigger['metadata']['threshold']} |" in row
     assert f"* {Settings().api.max_in_flight})" in trigger["metadata"]["query"]
 
@@ -252,7 +254,7 @@ def test_api_pods_scale_on_their_in_flight_share():
 def test_batchers_and_routers_scale_on_their_groups_lag_up_to_one_per_partition(name, group, partitions):
     scaled = scaled_object(name)
     (trigger,) = scaled["spec"]["triggers"]
-    threshold, minutes = readme_row(f'llmq_kafka_consumer_lag{{group="{group}"}}')
+    threshold, minutes = autoscaling_row(f'llmq_kafka_consumer_lag{{group="{group}"}}')
     assert trigger["metadata"]["threshold"] == threshold and f"[{minutes}m:" in trigger["metadata"]["query"]
     assert f'group="{group}"' in trigger["metadata"]["query"]
     assert scaled["spec"]["maxReplicaCount"] == int(settings_map(None)[partitions])

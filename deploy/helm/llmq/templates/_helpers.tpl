@@ -141,7 +141,7 @@ livenessProbe:
 {{- add (int .preStopS) (int (ceil (float64 .graceS))) (int .root.Values.terminationMarginS) -}}
 {{- end -}}
 
-{{/* Partition checks (README "Deploying to Kubernetes"): rendering fails unless every model's worker partitions,
+{{/* Partition checks (docs/operations/kubernetes.md): rendering fails unless every model's worker partitions,
 offset .. offset + maxReplicas - 1, fit in llmq.batches and no two models' ranges overlap. */}}
 {{- define "llmq.checkPartitions" -}}
 {{- $partitions := int (index .Values.settings "LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS") -}}
@@ -149,7 +149,7 @@ offset .. offset + maxReplicas - 1, fit in llmq.batches and no two models' range
 {{- $total := 0 -}}
 {{- range $models }}{{ $total = add $total (int .maxReplicas) }}{{ end -}}
 {{- if gt $total $partitions -}}
-{{- fail (printf "workers: the models' maxReplicas add up to %d, more than LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS=%d partitions of llmq.batches (one per worker): raise the partitions (README \"Growing partitions\") or lower maxReplicas" $total $partitions) -}}
+{{- fail (printf "workers: the models' maxReplicas add up to %d, more than LLMQ_KAFKA_BATCH_TOPIC_PARTITIONS=%d partitions of llmq.batches (one per worker): raise the partitions (docs/operations/kubernetes.md \"Growing partitions\") or lower maxReplicas" $total $partitions) -}}
 {{- end -}}
 {{- range $i, $a := $models -}}
 {{- if or (lt (int $a.maxReplicas) 1) (lt (int $a.partitionOffset) 0) (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
@@ -268,7 +268,7 @@ spec:
 {{- end }}
 {{- $sel := $v.autoscaling.prometheus.labelSelector }}
 ---
-# README "Autoscaling": consumer lag per replica above the row's threshold for its window; at most one per partition.
+# docs/operations/observability.md "Autoscaling": consumer lag per replica above the row's threshold for its window; at most one per partition.
 apiVersion: keda.sh/v1alpha1
 kind: ScaledObject
 metadata:
