@@ -24,7 +24,8 @@ from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode
 from llmq_core.telemetry import request_fields
-from llmq_worker.core import Outbox, WorkerCore, refused_result, streams
+from llmq_worker.answers import refused_result, streams
+from llmq_worker.core import Outbox, WorkerCore
 from llmq_worker.engine import Engine
 from llmq_worker.spans import RequestSpans
 
