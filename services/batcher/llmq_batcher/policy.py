@@ -42,7 +42,8 @@ from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType
 
-__all__ = [  # CLASS_KEYS, class_index and BatchDispatch live beside it; the loop and the simulator import them from here
+# With CLASS_KEYS, class_index (classes.py) and BatchDispatch (flights.py): the loop and the simulator import them here.
+__all__ = [
     "CLASS_KEYS",
     "ENTRY_SLACK_BYTES",
     "AddStatus",
