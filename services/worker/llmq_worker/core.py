@@ -1,8 +1,8 @@
 """The worker's policy, free of I/O: takes Batches, drives the engine, turns engine events into wire messages.
 
 :class:`WorkerCore` decides what to submit (deadlines, cancellations, duplicates, poison isolation) and returns an
-:class:`Outbox` of messages; the loop publishes them and then calls :meth:`WorkerCore.release` so that offsets are
-committed only for batches whose requests are all final and delivered.
+:class:`Outbox` of messages (written by answers.py); the loop publishes them and then calls :meth:`WorkerCore.release`
+so that offsets are committed only for batches whose requests are all final and delivered.
 """
 
 from __future__ import annotations
@@ -11,32 +11,29 @@ import collections
 import logging
 from dataclasses import dataclass, field
 
-import msgspec
-
-from llmq_core import wire
 from llmq_core.clock import Clock
-from llmq_core.constants import (
-    KAFKA_MAX_MESSAGE_BYTES,
-    RECORD_HEADROOM_BYTES,
-    TOPIC_RESULTS,
-    replies_channel,
-)
-from llmq_core.status import ErrorCode, ErrorType
+from llmq_core.constants import replies_channel
+from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
-from llmq_core.tokenizer import count_tokens
 from llmq_core.wire import (
     Batch,
     ErrorInfo,
     FinalResult,
-    GenerationRequest,
     HttpReply,
     Outcome,
     StreamMark,
-    Timings,
     TokenChunk,
     Usage,
     WorkerHeartbeat,
-    queued_timings,
+)
+from llmq_worker.answers import (
+    MAX_RESULT_RECORD_BYTES,
+    POISON_ERROR,
+    Active,
+    AnswerWriter,
+    event_timings,
+    interrupted_error,
+    streams,
 )
 from llmq_worker.engine import ChunkEvent, Engine, EngineEvent, FinalEvent, InvalidRequest
 from llmq_worker.isolation import Isolator
@@ -47,20 +44,6 @@ log = logging.getLogger(__name__)
 REASON_DEADLINE = "deadline"
 REASON_SHUTDOWN = "shutdown"
 REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finished request ids (duplicate suppression)
-MAX_RESULT_RECORD_BYTES = KAFKA_MAX_MESSAGE_BYTES - RECORD_HEADROOM_BYTES  # an encoded FinalResult, at most
-STREAM_MARK_GRACE_MS = 30_000  # a stream mark outlives its request's deadline by this much (clock skew between hosts)
-
-
-def streams(request: GenerationRequest) -> bool:
-    """Whether ``request``'s text goes to its caller chunk by chunk (only HTTP callers stream)."""
-    return request.stream and isinstance(request.reply_to, HttpReply)
-
-
-def refused_result(result: FinalResult, code: str, message: str) -> FinalResult:
-    """The errored outcome that stands in for ``result`` when llmq.results cannot take it (too large, or refused for
-    good): its choices are dropped (they are what did not fit), its usage and timings kept (the work was done)."""
-    error = ErrorInfo(type=ErrorType.SERVER, message=message, code=code, retryable=False)
-    return msgspec.structs.replace(result, outcome=Outcome.ERRORED, choices=[], error=error)
 
 
 @dataclass
@@ -84,17 +67,6 @@ class Outbox:
         return bool(self.replies or self.results or self.offsets or self.marks)
 
 
-@dataclass
-class _Active:
-    request: GenerationRequest
-    offsets: list[int]
-    batch_size: int
-    submitted: bool = False
-    cancel_reason: str | None = None
-    seq: int = 0
-    sent_tokens: int | None = None  # streaming: tokens of text published to the caller (None: nothing yet)
-
-
 class WorkerCore:
     """Per-worker state machine. Not thread-safe; call from one asyncio loop."""
 
@@ -110,13 +82,13 @@ class WorkerCore:
     ) -> None:
         """``max_record_bytes``: the encoded size of a FinalResult that still fits one llmq.results record."""
         self.worker_id = worker_id
-        self._max_record_bytes = max_record_bytes
         self.partition = partition
         self.model = model
         self.last_batch_id = ""
         self._engine = engine
         self._clock = clock
-        self._active: dict[str, _Active] = {}
+        self._writer = AnswerWriter(worker_id, clock, max_record_bytes)
+        self._active: dict[str, Active] = {}
         self._held: collections.deque[str] = (
             collections.deque()
         )  # taken, not submitted yet (e.g. while suspects run alone)
@@ -144,10 +116,10 @@ class WorkerCore:
             elif request.request_id in self._active:
                 self._active[request.request_id].offsets.append(offset)
             elif mark is not None:
-                active = self._active[request.request_id] = _Active(request, [offset], len(batch.requests))
+                active = self._active[request.request_id] = Active(request, [offset], len(batch.requests))
                 out.extend(self._interrupted(active, mark.completion_tokens))
             else:
-                self._active[request.request_id] = _Active(request, [offset], len(batch.requests))
+                self._active[request.request_id] = Active(request, [offset], len(batch.requests))
                 self._held.append(request.request_id)
         out.extend(self._submit_held())
         return out
@@ -249,7 +221,7 @@ class WorkerCore:
                 out.extend(self._start(self._active[request_id]))
         return out
 
-    def _start(self, active: _Active) -> Outbox:
+    def _start(self, active: Active) -> Outbox:
         request = active.request
         now = self._clock.now_ms()
         reason = active.cancel_reason or self._cancels.get(request.request_id)
@@ -273,7 +245,7 @@ class WorkerCore:
         active.submitted = True
         return Outbox()
 
-    def _abort(self, active: _Active, reason: str) -> Outbox:
+    def _abort(self, active: Active, reason: str) -> Outbox:
         if active.cancel_reason is not None:
             return Outbox()
         active.cancel_reason = reason
@@ -284,49 +256,23 @@ class WorkerCore:
         outcome = Outcome.EXPIRED if reason == REASON_DEADLINE else Outcome.CANCELED
         return self._answer(active, outcome)
 
-    def _chunk(self, active: _Active, event: ChunkEvent) -> Outbox:
+    def _chunk(self, active: Active, event: ChunkEvent) -> Outbox:
         request = active.request
         if not event.text or not streams(request):
             return Outbox()
-        active.sent_tokens = (active.sent_tokens or 0) + count_tokens(event.text)
-        chunk = TokenChunk(
-            request_id=request.request_id,
-            index=event.index,
-            text=event.text,
-            seq=active.seq,
-            sent_ms=self._clock.now_ms(),
-            attempt=request.attempt,
-            tenant_id=request.tenant_id,
-        )
-        active.seq += 1
-        return Outbox(replies=[(replies_channel(request.reply_to.instance_id), chunk)], marks=[self._mark(active)])
-
-    def _mark(self, active: _Active, done: bool = False) -> tuple[str, StreamMark, int]:
-        """The StreamMark of a request whose text reached its caller, kept until its deadline has surely passed."""
-        request = active.request
-        ttl_ms = max(request.deadline_ms - self._clock.now_ms(), 0) + STREAM_MARK_GRACE_MS
-        return (
-            request.request_id,
-            StreamMark(attempt=request.attempt, completion_tokens=active.sent_tokens or 0, done=done),
-            ttl_ms,
+        chunk = self._writer.chunk(active, event)
+        return Outbox(
+            replies=[(replies_channel(request.reply_to.instance_id), chunk)], marks=[self._writer.mark(active)]
         )
 
-    def _interrupted(self, active: _Active, completion_tokens: int) -> Outbox:
+    def _interrupted(self, active: Active, completion_tokens: int) -> Outbox:
         """Answer a streaming request whose attempt was lost after its text reached the caller: running it again would
         send text of a second generation. Usage counts the tokens the caller received."""
         active.sent_tokens = completion_tokens
-        error = ErrorInfo(
-            type=ErrorType.SERVER,
-            code=ErrorCode.STREAM_INTERRUPTED,
-            retryable=True,
-            message=f"The stream was interrupted after {completion_tokens} tokens: the worker generating "
-            "it was lost, and continuing would mix two generations. Retry the request.",
-        )
-        return self._answer(
-            active, Outcome.ERRORED, error=error, usage=Usage.of(active.request.prompt_tokens, completion_tokens)
-        )
+        usage = Usage.of(active.request.prompt_tokens, completion_tokens)
+        return self._answer(active, Outcome.ERRORED, error=interrupted_error(completion_tokens), usage=usage)
 
-    def _final_event(self, active: _Active, event: FinalEvent) -> Outbox:
+    def _final_event(self, active: Active, event: FinalEvent) -> Outbox:
         active.submitted = False
         if active.cancel_reason == REASON_SHUTDOWN:
             del self._active[active.request.request_id]
@@ -339,75 +285,36 @@ class WorkerCore:
         outcome = event.outcome
         if outcome is Outcome.CANCELED and active.cancel_reason == REASON_DEADLINE:
             outcome = Outcome.EXPIRED
-        created = active.request.created_ms
-        timings = Timings(
-            queued_ms=max(0, event.started_ms - created) if event.started_ms else max(0, event.finished_ms - created),
-            ttft_ms=max(0, event.first_token_ms - created) if event.first_token_ms else 0,
-            total_ms=max(0, event.finished_ms - created),
-        )
         return self._answer(
             active,
             outcome,
             choices=event.choices,
             usage=event.usage,
-            timings=timings,
+            timings=event_timings(active.request, event),
             error=event.error,
             finished_ms=event.finished_ms,
         )
 
-    def _culprit(self, active: _Active) -> Outbox:
+    def _culprit(self, active: Active) -> Outbox:
         log.warning(
             "request failed the engine alone: answering errored",
             extra=request_fields(active.request.request_id, active.request.traceparent),
         )
-        error = ErrorInfo(
-            type=ErrorType.ENGINE, message="this request made the engine fail", code=ErrorCode.POISON, retryable=False
-        )
-        return self._answer(active, Outcome.ERRORED, error=error)
+        return self._answer(active, Outcome.ERRORED, error=POISON_ERROR)
 
-    def _answer(
-        self, active: _Active, outcome: Outcome, *, finished_ms: int | None = None, timings=None, **fields
-    ) -> Outbox:
+    def _answer(self, active: Active, outcome: Outcome, **fields) -> Outbox:
+        """Settle ``active`` with its FinalResult (``fields``: :meth:`AnswerWriter.result`'s)."""
         request = active.request
-        finished_ms = finished_ms or self._clock.now_ms()
-        result = FinalResult.for_request(
-            request,
-            outcome,
-            finished_ms=finished_ms,
-            timings=timings or queued_timings(request.created_ms, finished_ms),
-            worker_id=self.worker_id,
-            batch_size=active.batch_size,
-            **fields,
-        )
-        result = self._fitting(result)
+        result = self._writer.result(active, outcome, **fields)
         del self._active[request.request_id]
         self._cancels.pop(request.request_id, None)
         self._remember(self._finished, (request.request_id, request.attempt), None)
         out = Outbox(results=[result], offsets=list(active.offsets))
         if active.sent_tokens is not None:  # written after the result is produced: replays of it are duplicates
-            out.marks.append(self._mark(active, done=True))
+            out.marks.append(self._writer.mark(active, done=True))
         if isinstance(request.reply_to, HttpReply):
             out.replies.append((replies_channel(request.reply_to.instance_id), result))
         return out
-
-    def _fitting(self, result: FinalResult) -> FinalResult:
-        """``result``, or its errored stand-in when it would not fit one record: settled before anything is published,
-        so the caller's answer and llmq.results carry the same outcome."""
-        size = len(wire.encode(result))
-        if size <= self._max_record_bytes:
-            return result
-        log.error(
-            "result of %d bytes exceeds the record limit of %d: answering errored",
-            size,
-            self._max_record_bytes,
-            extra=request_fields(result.request_id),
-        )
-        return refused_result(
-            result,
-            ErrorCode.RESULT_TOO_LARGE,
-            f"the result ({size} bytes encoded) exceeds the {self._max_record_bytes} bytes one record"
-            f" of {TOPIC_RESULTS} carries",
-        )
 
     @staticmethod
     def _remember(memory: collections.OrderedDict, key, value) -> None:

@@ -1,7 +1,8 @@
 """The worker's I/O loop: consume Batches from its partition -> run them on the engine -> publish results.
 
 Four tasks share one :class:`~llmq_worker.core.WorkerCore`: batch fetching (with backpressure), engine events, heartbeats
-(which also expire overdue requests) and Cancels. All policy is in the core; this module only moves bytes.
+(which also expire overdue requests) and Cancels. All policy is in the core; this module only moves bytes, and what the
+core answers goes out through a :class:`~llmq_worker.publisher.ResultPublisher`.
 """
 
 from __future__ import annotations
@@ -18,22 +19,20 @@ from redis.exceptions import RedisError
 from llmq_core import runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS, alive_key, streamed_key
-from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, dead_letter, headers
+from llmq_core.kafka import RECORD_REFUSED_ERRORS, dead_letter
 from llmq_core.metrics import WorkerMetrics
 from llmq_core.names import Names
 from llmq_core.settings import Settings
-from llmq_core.status import ErrorCode
-from llmq_core.telemetry import request_fields
-from llmq_worker.core import Outbox, WorkerCore, refused_result, streams
+from llmq_worker.answers import streams
+from llmq_worker.core import Outbox, WorkerCore
 from llmq_worker.engine import Engine
+from llmq_worker.publisher import ResultPublisher
 from llmq_worker.spans import RequestSpans
 
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 100
 RESUBSCRIBE_DELAY_S = 1.0
-PRODUCE_ATTEMPTS = 4  # tries of one result record on transient errors (each bounded by the producer's own timeout)
-PRODUCE_BACKOFF_S = 0.2  # before retry k: PRODUCE_BACKOFF_S * 2**k
 
 
 class WorkerLoop:
@@ -74,6 +73,7 @@ class WorkerLoop:
         self._metrics = metrics
         self._names = names
         self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
+        self._publisher = ResultPublisher(producer, redis, names, self._spans)
 
     @classmethod
     def build(
@@ -257,30 +257,10 @@ class WorkerLoop:
             log.exception("heartbeat failed")
 
     async def _deliver(self, out: Outbox) -> None:
-        """Produce results (durable: llmq.results), then publish replies (best effort: Redis), then commit.
-
-        Produce first: a result the broker refuses is replaced by its errored stand-in before any waiter sees it, so the
-        caller's answer is always the durable outcome (DESIGN invariant 1). The cost is one produce ack on the answer's
-        path (README "Limits")."""
+        """Publish ``out`` (results first, then replies: see publisher.py), then release its offsets and commit."""
         if not out:
             return
-        traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
-        produced = await asyncio.gather(*(self._produce_result(r, traced) for r in out.results))
-        stand_ins = {r.request_id: r for r, original in zip(produced, out.results, strict=True) if r is not original}
-        if out.replies or out.marks:
-            try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for request_id, mark, ttl_ms in out.marks:  # before its chunk: a mark never trails what was sent
-                        pipe.set(streamed_key(request_id), wire.encode(mark), px=ttl_ms)
-                    for channel, message in out.replies:
-                        if isinstance(message, wire.FinalResult):
-                            message = stand_ins.get(message.request_id, message)
-                        pipe.publish(channel, wire.encode(message))
-                    await pipe.execute()
-            except Exception:  # noqa: BLE001 - llmq.results carries every result (the router stores it for the pod)
-                log.exception("publishing %d replies failed", len(out.replies))
-        if traced is not None:
-            traced.end()
+        produced = await self._publisher.publish(out)
         if self._metrics is not None:
             for result in produced:
                 self._metrics.finished(result)
@@ -289,50 +269,6 @@ class WorkerLoop:
             self._progress.set()
         if offset is not None:
             await self._commit(offset)
-
-    async def _produce_result(self, result: wire.FinalResult, traced) -> wire.FinalResult:
-        """Produce ``result``; returns what llmq.results got: ``result``, or its errored stand-in when the broker refuses
-        the record for good (the worker keeps serving: one result never ends it)."""
-        try:
-            await self._send_result(result, traced)
-            return result
-        except RECORD_REFUSED_ERRORS as exc:
-            code = ErrorCode.RESULT_TOO_LARGE if isinstance(exc, RECORD_TOO_LARGE_ERRORS) else ErrorCode.RESULT_REFUSED
-            log.error(
-                "%s refused the result (%r): answering errored %s",
-                self._names.results_topic,
-                exc,
-                code,
-                extra=request_fields(result.request_id),
-            )
-            stand_in = refused_result(result, code, f"{self._names.results_topic} refused the result: {exc!r}"[:512])
-            await self._send_result(stand_in, traced)
-            return stand_in
-
-    async def _send_result(self, result: wire.FinalResult, traced) -> None:
-        """One record, retried with backoff on transient errors; after PRODUCE_ATTEMPTS the error ends the worker (the
-        broker is gone, not this result: its batch is redelivered to the next worker)."""
-        value = wire.encode(result)
-        record_headers = headers() if traced is None else traced.headers(result.request_id)
-        for attempt in range(PRODUCE_ATTEMPTS):
-            try:
-                ack = await self._producer.send(
-                    self._names.results_topic, value, key=result.request_id.encode(), headers=record_headers
-                )
-                await ack
-                return
-            except RECORD_REFUSED_ERRORS:
-                raise
-            except KafkaError as exc:
-                if attempt + 1 == PRODUCE_ATTEMPTS:
-                    raise
-                log.warning(
-                    "producing a result failed (%r): retry %d",
-                    exc,
-                    attempt + 1,
-                    extra=request_fields(result.request_id),
-                )
-                await asyncio.sleep(PRODUCE_BACKOFF_S * 2**attempt)
 
     async def _commit(self, offset: int | None = None, *, force: bool = False) -> None:
         """Commit up to ``offset`` (None: what is known already): at most every KAFKA_COMMIT_INTERVAL_MS unless

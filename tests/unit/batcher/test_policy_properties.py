@@ -65,8 +65,8 @@ class Harness:
         policy = self.policy
         table = policy._entries
         assert counts(table, TENANTS) == recount(table), "the entry table's counts drifted"
-        assert table.queued == sum(q.depth for m in policy._models.values() for q in m.queues)
-        assert table.inflight == sum(len(w.held()) for w in policy._workers.values())
+        assert table.queued == sum(q.depth for m in policy._fleet.models.values() for q in m.queues)
+        assert table.inflight == sum(len(w.held()) for w in policy._fleet.workers.values())
 
     def finish(self) -> None:
         """Let every deadline pass with a live worker of each model: everything must end answered or dispatched."""
@@ -157,7 +157,9 @@ def test_nothing_lost_nothing_twice_nothing_expired_dispatched(sequence):
     assert not set(dispatched) & set(harness.answered), "a request was both dispatched and answered"
     assert set(dispatched) | set(harness.answered) == set(harness.requests), "a request was lost"
     assert harness.policy.queued_total == 0
-    assert not any(q.size_bytes for m in harness.policy._models.values() for q in m.queues), "queued bytes drifted"
+    assert not any(q.size_bytes for m in harness.policy._fleet.models.values() for q in m.queues), (
+        "queued bytes drifted"
+    )
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -266,7 +268,7 @@ def _one_step(workers, others, deferred: int):
     for i in range(deferred):
         policy.add(req(f"d{i}", "deferred", tenant=TENANTS[i % len(TENANTS)]), clock.now_ms())
     clock.advance(500)
-    free = {w.worker_id: w.free_slots(clock.now_ms()) for w in policy._workers.values()}
+    free = {w.worker_id: w.free_slots(clock.now_ms()) for w in policy._fleet.workers.values()}
     return policy.schedule(clock.now_ms()), free
 
 

@@ -8,7 +8,8 @@ from llmq_core.clock import FakeClock
 from llmq_core.constants import replies_channel
 from llmq_core.status import ErrorCode
 from llmq_core.wire import FinalResult, KafkaReply, Outcome, StreamMark, TokenChunk
-from llmq_worker.core import STREAM_MARK_GRACE_MS, WorkerCore
+from llmq_worker.answers import STREAM_MARK_GRACE_MS
+from llmq_worker.core import WorkerCore
 from llmq_worker.engine import ChunkEvent
 from tests.unit.worker.worker_fakes import T0_MS, StepEngine, batch, make_request
 

@@ -9,9 +9,10 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, TopicAu
 
 from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from llmq_worker import loop as loop_module
+from llmq_worker import publisher
 from llmq_worker.core import WorkerCore
-from llmq_worker.loop import PRODUCE_ATTEMPTS, WorkerLoop
+from llmq_worker.loop import WorkerLoop
+from llmq_worker.publisher import PRODUCE_ATTEMPTS
 from tests.fakes import FakeConsumer, FakeProducer, FakeRedis
 from tests.unit.worker.worker_fakes import T0_MS, StepEngine, batch, make_request
 
@@ -43,7 +44,7 @@ def setup(failures: dict[str, list[Exception]]):
 
 @pytest.fixture(autouse=True)
 def no_backoff(monkeypatch):
-    monkeypatch.setattr(loop_module, "PRODUCE_BACKOFF_S", 0)
+    monkeypatch.setattr(publisher, "PRODUCE_BACKOFF_S", 0)
 
 
 def finals(events, where: str) -> dict[str, wire.FinalResult]:
