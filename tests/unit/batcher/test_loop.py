@@ -15,7 +15,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from llmq_batcher.loop import LOAD_STATS_INTERVAL_MS, is_permanent, retry_delay_ms
+from llmq_batcher.dispatch import is_permanent, retry_delay_ms
 from llmq_core import constants, wire
 from llmq_core.status import ErrorCode
 from tests.fakes import Record
@@ -113,19 +113,21 @@ async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
     assert stats[b"queued_interactive:paid"] == 1
     (saturation,) = redis.hashes[NAMES.saturation_key].values()
     report = wire.decode(saturation)
-    assert report.classes["interactive:paid"].depth == 1 and report.started_ms == loop.started_ms
+    assert report.classes["interactive:paid"].depth == 1 and report.started_ms == loop.report.started_ms
     assert (report.models["llmq-sim"].classes["interactive:paid"].depth, report.models["llmq-sim"].workers) == (1, 1)
 
 
 async def test_stats_of_rounds_within_the_interval_are_written_together_and_all_at_drain(batcher):
     loop, _, _, redis = batcher
-    for offset in range(3):  # round 1 writes (the first), rounds 2 and 3 fall within LOAD_STATS_INTERVAL_MS of it
+    for offset in range(
+        3
+    ):  # round 1 writes (the first), rounds 2 and 3 fall within constants.SATURATION_REPORT_INTERVAL_MS of it
         loop.policy.on_heartbeat(hb("w1", free=1, last_batch_id=f"t-{offset}"), loop.clock.now_ms())
         await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(req(f"r{offset}"))))
         await loop.step()
         loop.clock.advance(10)
     assert redis.hashes[NAMES.stats_key][b"batches"] == 1
-    loop.clock.advance(LOAD_STATS_INTERVAL_MS)
+    loop.clock.advance(constants.SATURATION_REPORT_INTERVAL_MS)
     await loop.step()
     assert redis.hashes[NAMES.stats_key][b"batches"] == 3
     loop.policy.on_heartbeat(hb("w1", free=1, last_batch_id="t-3"), loop.clock.now_ms())
