@@ -94,7 +94,7 @@ class BatcherLoop:
 
     async def _decide(self) -> None:
         while True:
-            stopping = self._stopping.is_set()
+            stopping = self.shared.stopping.is_set()
             decision = await self.step(drain=stopping)
             if stopping:
                 return

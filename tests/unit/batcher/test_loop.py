@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiokafka.errors import (
     InvalidTopicError,
@@ -18,7 +20,7 @@ from aiokafka.errors import (
 from llmq_batcher.dispatch import is_permanent, retry_delay_ms
 from llmq_core import constants, wire
 from llmq_core.status import ErrorCode
-from tests.fakes import Record
+from tests.fakes import FakeConsumer, Record
 from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, NAMES, T0, hb, make_loop, req
 
 
@@ -269,3 +271,28 @@ async def test_batch_refused_for_good_for_another_reason_is_answered_errored(bat
     }
     assert producer.on(NAMES.batches_topic) == [] and loop.policy.queued_total == 0
     assert consumer.commits[-1] == {INTERACTIVE: 3}
+
+
+class _QuietPubSub:
+    """A Redis subscription on which nothing arrives."""
+
+    async def subscribe(self, *channels: str) -> None:
+        pass
+
+    async def get_message(self, ignore_subscribe_messages: bool, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_run_takes_records_in_and_at_stop_dispatches_commits_and_reports():
+    fetched = {INTERACTIVE: [Record(offset=3, value=wire.encode(req("r1")))]}
+    loop, consumer, producer, redis = make_loop(consumer=FakeConsumer(fetched, assigned={INTERACTIVE}))
+    consumer.drained = loop.stop  # the fetch after the record's
+    redis.pubsub = _QuietPubSub
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
+    await asyncio.wait_for(loop.run(), 10)
+    assert [r.request_id for r in wire.decode(producer.on(NAMES.batches_topic)[0]["value"]).requests] == ["r1"]
+    assert consumer.commits[-1] == {INTERACTIVE: 4}
+    assert wire.decode(redis.hashes[NAMES.saturation_key][b"t"]).models["llmq-sim"].workers == 1
