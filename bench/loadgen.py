@@ -240,8 +240,8 @@ def batch_delta(
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[int, int]:
     """(batches, requests) counted by ``read`` since ``before``, read until the ``served`` requests are counted or
-    ``timeout_s`` passes: the batcher writes its counters once a second (its LOAD_STATS_INTERVAL_MS), so a read right
-    after the last answer can miss up to a second of them."""
+    ``timeout_s`` passes: the batcher writes its counters once a second (SATURATION_REPORT_INTERVAL_MS), so a read
+    right after the last answer can miss up to a second of them."""
     deadline = clock() + timeout_s
     while True:
         after = read()

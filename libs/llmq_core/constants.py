@@ -113,6 +113,8 @@ STATS_BATCHER: Final = (
     "llmq:stats:batcher"  # hash: batches, requests (also per model: "batches:<model>"), flush_<reason>
 )
 REDIS_SATURATION_KEY: Final = "llmq:saturation"  # hash: batcher id -> wire.BatcherSaturation (msgpack), about 1/s
+# Each batcher rewrites its saturation report (and its stats) at least this often; API pods count staleness in these.
+SATURATION_REPORT_INTERVAL_MS: Final = 1000
 REDIS_UNFINISHED_KEY: Final = "llmq:unfinished"  # hash: API pod id -> wire.PodUnfinished (msgpack), about 10/s
 REDIS_RATELIMIT_PREFIX: Final = "llmq:ratelimit:"
 REDIS_IDEMPOTENCY_PREFIX: Final = "llmq:idempotency:"

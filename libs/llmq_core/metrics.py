@@ -232,6 +232,10 @@ class BatcherMetrics(_Metrics):
             "(dead-lettered)",
             ("reason",),
         )
+        self.saturation_report_failures = self.counter(
+            "llmq_batcher_saturation_report_failures",
+            "Saturation report (and stats) writes to Redis that failed; each is retried the next report interval",
+        )
         self.lag = ConsumerLag(self.registry)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)

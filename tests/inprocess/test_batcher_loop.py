@@ -11,6 +11,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
+from llmq_batcher.intake import EntryRules
 from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
 from llmq_core import constants, kafka, requests, wire
@@ -91,7 +92,7 @@ async def _running_batcher(
         SYSTEM_CLOCK,
         max_queued=1000,
         names=names,
-        rules=requests.Rules(windows={MODEL: 0}),
+        entry=EntryRules(requests.Rules(windows={MODEL: 0})),
     )
     await producer.start()
     await loop.producer.start()

@@ -24,7 +24,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from llmq_batcher.loop import LOAD_STATS_INTERVAL_MS
 from llmq_cli.devstack import DevStack
 from llmq_core import constants, kafka, wire
 from tests import ports
@@ -235,7 +234,7 @@ async def test_a_backlog_of_one_model_sheds_no_class_of_another(stack):
         )
     print(f"llmq-sim statuses over {TRAFFIC_S:.0f} s beside a {oldest_s:.1f} s old llmq-tiny backlog: {dict(statuses)}")
     # still queued all along; the gauge is the batcher's once-a-second sample, so up to that interval behind
-    assert oldest_s > max(SHED_WAIT_MS.values()) / 1000 + TRAFFIC_S - LOAD_STATS_INTERVAL_MS / 1000
+    assert oldest_s > max(SHED_WAIT_MS.values()) / 1000 + TRAFFIC_S - constants.SATURATION_REPORT_INTERVAL_MS / 1000
     assert {status for (_, _, status) in statuses} == {200}, statuses
     assert {(cls, tier) for (cls, tier, _) in statuses} == {
         ("interactive", "paid"),

@@ -28,6 +28,14 @@ Both thresholds fall with priority (settings' defaults), so the lowest class is 
 ``Retry-After`` is the predicted wait rounded up to whole seconds (1 to :data:`MAX_RETRY_AFTER_S`); admitted requests
 carry the prediction in ``x-llmq-predicted-wait-ms``.
 
+Staleness: each batcher rewrites its report every ``SATURATION_REPORT_INTERVAL_MS`` (1 s); one older than
+:data:`STALE_REPORT_INTERVALS` of those intervals (``api_saturation_stale_ms``, 5 s by default: the setting is that
+many intervals) missed that many rewrites in a row and is stale (:func:`is_stale`). A stale report counts for nothing:
+its queues, workers, slots and drain rates are left out, as if its batcher were gone. With no fresh report at all a pod
+knows no queue and no worker: it never answers 503 ``model_unavailable`` for want of one, predicts a wait only from
+the requests admitted within ``api_saturation_stale_ms`` and the pods' unfinished ones, and so sheds by its own
+in-flight cap and those counts until a fresh report arrives. The pods' unfinished reports age out by the same rule.
+
 A model whose workers have all been gone for longer than ``worker_heartbeat_timeout_ms`` (or that no batcher has seen a
 worker of since it started, that long ago) answers interactive and near_interactive requests (a person waits for
 both) with 503 ``model_unavailable`` at once; deferred requests still queue.
@@ -49,6 +57,7 @@ from llmq_core.status import ErrorCode, ErrorType
 MAX_RETRY_AFTER_S = 60
 UNMEASURED_SHARE = 0.5  # of the heartbeats' capacity: the drain rate assumed until a backlog's rate is measured
 MODEL_UNAVAILABLE_CODE = "model_unavailable"
+STALE_REPORT_INTERVALS = 5  # report intervals a report may miss before it is stale: api_saturation_stale_ms's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +189,12 @@ class Unfinished:
         return wire.PodUnfinished(instance_id=instance_id, sent_ms=now_ms, models=models)
 
 
+def is_stale(sent_ms: int, now_ms: int, stale_ms: int) -> bool:
+    """Whether a report sent at ``sent_ms`` counts for nothing at ``now_ms`` (epoch ms): older than ``stale_ms``
+    (Settings.api.saturation_stale_ms: STALE_REPORT_INTERVALS report intervals by default)."""
+    return now_ms - sent_ms > stale_ms
+
+
 def all_unfinished(
     own: Mapping[tuple[str, str], int], others: Iterable[wire.PodUnfinished], now_ms: int, stale_ms: int
 ) -> dict[tuple[str, str], int]:
@@ -187,7 +202,7 @@ def all_unfinished(
     within ``stale_ms`` of ``now_ms`` (a pod that stopped reporting is gone; the batchers cancel its work)."""
     total = Counter(own)
     for report in others:
-        if now_ms - report.sent_ms <= stale_ms:
+        if not is_stale(report.sent_ms, now_ms, stale_ms):
             total.update({(model, c): n for model, by_class in report.models.items() for c, n in by_class.items()})
     return dict(total)
 
@@ -214,9 +229,9 @@ def merge_reports(
     seen: dict[str, int] = dict(heard_ms or {})
     starts, sent = [], []
     for report in reports:
-        since_ms = now_ms - report.sent_ms
-        if since_ms > stale_ms:
+        if is_stale(report.sent_ms, now_ms, stale_ms):
             continue
+        since_ms = now_ms - report.sent_ms
         sent.append(report.sent_ms)
         if report.started_ms:
             starts.append(report.started_ms)

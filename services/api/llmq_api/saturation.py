@@ -1,5 +1,9 @@
 """Admission control's Redis edge: reads the batchers' saturation reports (hash ``llmq:saturation``), and shares
-this pod's admitted, unfinished requests with the other pods (hash ``llmq:unfinished``)."""
+this pod's admitted, unfinished requests with the other pods (hash ``llmq:unfinished``).
+
+Each batcher rewrites its report every ``SATURATION_REPORT_INTERVAL_MS``; a report that missed
+``admission.STALE_REPORT_INTERVALS`` rewrites (``api_saturation_stale_ms``) is stale and left out of :attr:`current`;
+one not rewritten for ``FORGET_AFTER_MS`` is deleted."""
 
 from __future__ import annotations
 
@@ -23,9 +27,11 @@ FORGET_AFTER_MS = 600_000  # reports this old come from batchers that are gone: 
 
 class SaturationMonitor:
     """Every ``poll_ms``: publishes this pod's unfinished requests and reads the reports of the batchers and of the
-    other pods; :attr:`current` merges those fresher than ``stale_ms``.
+    other pods; :attr:`current` merges those not stale (``stale_ms``: Settings.api.saturation_stale_ms, by default
+    ``admission.STALE_REPORT_INTERVALS`` report intervals; see :func:`llmq_api.admission.is_stale`).
 
-    When Redis or the batchers go quiet the reports age out and admission falls back to the pod's own in-flight cap.
+    When Redis or the batchers go quiet the reports age out and admission falls back to the pod's own in-flight cap
+    (what a pod then does: ``llmq_api.admission``'s docstring, Staleness).
     :attr:`admitted` counts this pod's admissions until the reports include them, :attr:`unfinished` until they end.
     """
 

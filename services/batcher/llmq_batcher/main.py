@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import functools
 
+from llmq_batcher.intake import EntryRules
 from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
-from llmq_core import constants, ids, kafka, metrics, requests, runtime
+from llmq_batcher.signals import PodChecks
+from llmq_core import constants, ids, kafka, metrics, runtime
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.labels import LabelSet
 from llmq_core.names import Names
@@ -50,15 +52,12 @@ async def build(
         redis,
         SYSTEM_CLOCK,
         max_queued=settings.batcher.max_queued,
-        results=results,
-        metrics=observed,
-        pod_check_ms=settings.api.pod_heartbeat_interval_ms,
-        pod_grace_ms=2 * settings.api.pod_heartbeat_interval_ms,
-        catalogue=labels.models,
         names=Names.from_settings(settings),
-        rules=requests.Rules.from_settings(settings),
-        request_id_ttl_ms=settings.kafka.request_id_ttl_s * 1000,
-        ingress_grants=kafka.ingress_grants(settings),
+        metrics=observed,
+        results=results,
+        entry=EntryRules.from_settings(settings),
+        pods=PodChecks.from_settings(settings),
+        catalogue=labels.models,
     )
     await runtime.start(stack, producer)
     await kafka.await_topics(settings, loop.topics())  # a topic missing at the group's join stays unassigned for long

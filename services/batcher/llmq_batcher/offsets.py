@@ -84,3 +84,22 @@ class OffsetTracker:
     def unsettled(self) -> int:
         """How many consumed records are not settled yet, over all partitions."""
         return sum(len(s.pending) - len(s.done) for s in self._partitions.values())
+
+
+class HeldRecords:
+    """request id -> its records not settled yet (a redelivered copy adds one): settling a request settles them all in
+    ``offsets`` (once it is dispatched or answered)."""
+
+    def __init__(self, offsets: OffsetTracker) -> None:
+        self.offsets = offsets
+        self._records: dict[str, list[tuple[Hashable, int]]] = {}
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._records
+
+    def hold(self, request_id: str, partition: Hashable, offset: int) -> None:
+        self._records.setdefault(request_id, []).append((partition, offset))
+
+    def settle(self, request_id: str) -> None:
+        for partition, offset in self._records.pop(request_id, ()):
+            self.offsets.settle(partition, offset)

@@ -1,9 +1,10 @@
-"""saturation.py: reads the batchers' reports, ignores garbage, forgets reports of long-gone batchers."""
+"""saturation.py: reads the batchers' reports, ignores garbage and stale ones, forgets reports of long-gone batchers."""
 
-from llmq_api.admission import Prediction
+from llmq_api.admission import STALE_REPORT_INTERVALS, Prediction, ShedPolicy, is_stale
 from llmq_api.saturation import FORGET_AFTER_MS, SaturationMonitor
-from llmq_core import wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
+from llmq_core.settings import Settings
 from tests.fakes import FakeRedis
 
 
@@ -74,3 +75,32 @@ async def test_monitor_shares_its_unfinished_requests_with_the_other_pods_until_
     clock.advance(5001)  # pod-a stopped publishing: gone
     await pods[1].refresh()
     assert pods[1].current.unfinished == {("llmq-sim", "interactive:paid"): 1}
+
+
+async def test_a_batchers_report_counts_for_stale_report_intervals_then_the_pod_falls_back_to_its_own_cap():
+    """Fresh: a model whose worker the batcher lost long ago answers 503 and the queue is seen. Stale, once the report
+    missed STALE_REPORT_INTERVALS rewrites (api_saturation_stale_ms): no queue, no worker known, so no 503; only the
+    pod's own in-flight cap sheds."""
+    stale_ms = Settings().api.saturation_stale_ms
+    assert stale_ms == STALE_REPORT_INTERVALS * constants.SATURATION_REPORT_INTERVAL_MS
+    redis, clock = FakeRedis(), FakeClock(10_000_000)
+    now = clock.now_ms()
+    lost = wire.ModelLoad(classes={"interactive:paid": wire.QueueLoad(depth=3, oldest_age_ms=0)}, worker_seen_ms=1)
+    sent = wire.BatcherSaturation(batcher_id="b1", sent_ms=now, started_ms=1, models={"llmq-sim": lost})
+    redis.hashes["sat"] = {b"b1": wire.encode(sent)}
+    monitor = SaturationMonitor(redis, clock, stale_ms, key="sat")
+    await monitor.refresh()
+    shed = ShedPolicy.from_settings(Settings())
+    clock.advance(stale_ms)  # at the bound: still fresh
+    fresh = monitor.current
+    assert fresh.predict("llmq-sim", "interactive:paid").queued == 3
+    assert shed.check("interactive:paid", "llmq-sim", fresh, 0).reason == "model_unavailable"
+    clock.advance(1)
+    stale = monitor.current
+    assert stale.queues == {} and stale.watching_since_ms is None
+    assert shed.check("interactive:paid", "llmq-sim", stale, 0) is None
+    assert shed.check("interactive:paid", "llmq-sim", stale, shed.max_in_flight).reason == "pod_in_flight"
+
+
+def test_staleness_is_a_report_older_than_the_bound():
+    assert not is_stale(1000, 1000 + 5000, 5000) and is_stale(1000, 1000 + 5001, 5000)

@@ -127,11 +127,12 @@ DEFERRED = TopicPartition(NAMES.deferred_topic, 0)
 
 
 def make_loop(
-    names: Names = NAMES, policy_config: dict | None = None, **options
+    names: Names = NAMES, policy_config: dict | None = None, consumer: FakeConsumer | None = None, **options
 ) -> tuple[BatcherLoop, FakeConsumer, FakeProducer, FakeRedis]:
-    """A BatcherLoop on fakes (assigned an interactive and the deferred partition); ``policy_config`` overrides
-    PolicyConfig fields, ``options`` BatcherLoop's."""
+    """A BatcherLoop on fakes (``consumer``: by default one assigned an interactive and the deferred partition);
+    ``policy_config`` overrides PolicyConfig fields, ``options`` BatcherLoop's."""
     policy, clock = make_policy(**(policy_config or {}))
-    consumer, producer, redis = FakeConsumer(assigned={INTERACTIVE, DEFERRED}), FakeProducer(), FakeRedis()
+    consumer = consumer or FakeConsumer(assigned={INTERACTIVE, DEFERRED})
+    producer, redis = FakeProducer(), FakeRedis()
     loop = BatcherLoop(policy, consumer, producer, redis, clock, **{"max_queued": 100, "names": names, **options})
     return loop, consumer, producer, redis

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
+from llmq_batcher.intake import EntryRules
 from llmq_core import constants, requests, wire
 from tests.fakes import Record
 from tests.unit.batcher.helpers import INTERACTIVE, NAMES, T0, hb, req
@@ -31,7 +32,7 @@ def stored_result() -> wire.FinalResult:
 
 
 def make_loop():
-    loop, _, producer, redis = make_batcher(rules=requests.Rules(max_timeout_ms={"interactive": 60_000}))
+    loop, _, producer, redis = make_batcher(entry=EntryRules(requests.Rules(max_timeout_ms={"interactive": 60_000})))
     return loop, loop.policy, producer, redis
 
 
@@ -163,7 +164,7 @@ async def test_records_with_http_or_job_replies_get_the_same_checks_and_clamp():
 
 async def test_a_model_a_worker_announced_passes_as_at_the_api_until_its_heartbeats_stop():
     loop, policy, producer, _ = make_loop()
-    loop._on_signal(wire.encode(hb("w1", model="fake-model")))
+    loop.signals.on_signal(wire.encode(hb("w1", model="fake-model")))
     job = wire.JobReply(batch_id="b1", custom_id="c1")
     await put(loop, direct("j1", reply_to=job, model="fake-model"), 0)
     assert producer.sent == [] and policy.holds("j1")

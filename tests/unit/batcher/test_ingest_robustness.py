@@ -10,7 +10,7 @@ from aiokafka.errors import KafkaTimeoutError
 
 from llmq_core import constants, wire
 from tests.fakes import FakeConsumer, Record
-from tests.unit.batcher.helpers import INTERACTIVE, NAMES, req
+from tests.unit.batcher.helpers import INTERACTIVE, NAMES, make_loop, req
 
 HUGE = (
     '{"type":"generation_request","request_id":"big","created_ms":1,"deadline_ms":2,"model":"llmq-sim",'
@@ -52,17 +52,15 @@ async def test_an_integer_past_int64_is_dead_lettered_by_the_decoder(batcher):
     assert "$.attempt" in reason and loop.policy.holds("ok")
 
 
-async def test_a_record_that_cannot_even_be_dead_lettered_seeks_its_fetch_back(batcher):
-    loop, _, producer, _ = batcher
+async def test_a_record_that_cannot_even_be_dead_lettered_seeks_its_fetch_back():
     other = type(INTERACTIVE)(INTERACTIVE.topic, 1)
-    loop.consumer = FakeConsumer(
-        {
-            INTERACTIVE: [Record(offset=5, value=wire.encode(req("a"))), Record(offset=6, value=b"\xc1")],
-            other: [Record(offset=9, value=wire.encode(req("b")), partition=1)],
-        }
-    )
+    fetched = {
+        INTERACTIVE: [Record(offset=5, value=wire.encode(req("a"))), Record(offset=6, value=b"\xc1")],
+        other: [Record(offset=9, value=wire.encode(req("b")), partition=1)],
+    }
+    loop, consumer, producer, _ = make_loop(consumer=FakeConsumer(fetched))
     producer.failing = True  # the dead letter of offset 6 cannot be produced
     with pytest.raises(KafkaTimeoutError):
-        await loop._consume()
-    assert loop.consumer.seeks == [(INTERACTIVE, 6), (other, 9)]
+        await loop.intake.consume()
+    assert consumer.seeks == [(INTERACTIVE, 6), (other, 9)]
     assert loop.offsets.committable(INTERACTIVE) == 5 and loop.offsets.committable(other) is None

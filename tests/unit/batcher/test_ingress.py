@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 from aiokafka import TopicPartition
 
+from llmq_batcher.intake import EntryRules
 from llmq_core import constants, kafka, wire
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.settings import IngressGrant, Settings
@@ -23,7 +24,7 @@ REPLIES = wire.KafkaReply(topic="acme.replies")
 
 def make_loop():
     metrics = BatcherMetrics()
-    loop, _, producer, _ = make_batcher(ingress_grants=GRANTS, metrics=metrics)
+    loop, _, producer, _ = make_batcher(entry=EntryRules(ingress_grants=GRANTS), metrics=metrics)
     return loop, producer, metrics
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiokafka.errors import (
     InvalidTopicError,
@@ -15,10 +17,10 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from llmq_batcher.loop import LOAD_STATS_INTERVAL_MS, is_permanent, retry_delay_ms
+from llmq_batcher.dispatch import is_permanent, retry_delay_ms
 from llmq_core import constants, wire
 from llmq_core.status import ErrorCode
-from tests.fakes import Record
+from tests.fakes import FakeConsumer, Record
 from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, NAMES, T0, hb, make_loop, req
 
 
@@ -113,19 +115,21 @@ async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
     assert stats[b"queued_interactive:paid"] == 1
     (saturation,) = redis.hashes[NAMES.saturation_key].values()
     report = wire.decode(saturation)
-    assert report.classes["interactive:paid"].depth == 1 and report.started_ms == loop.started_ms
+    assert report.classes["interactive:paid"].depth == 1 and report.started_ms == loop.report.started_ms
     assert (report.models["llmq-sim"].classes["interactive:paid"].depth, report.models["llmq-sim"].workers) == (1, 1)
 
 
 async def test_stats_of_rounds_within_the_interval_are_written_together_and_all_at_drain(batcher):
     loop, _, _, redis = batcher
-    for offset in range(3):  # round 1 writes (the first), rounds 2 and 3 fall within LOAD_STATS_INTERVAL_MS of it
+    for offset in range(
+        3
+    ):  # round 1 writes (the first), rounds 2 and 3 fall within constants.SATURATION_REPORT_INTERVAL_MS of it
         loop.policy.on_heartbeat(hb("w1", free=1, last_batch_id=f"t-{offset}"), loop.clock.now_ms())
         await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(req(f"r{offset}"))))
         await loop.step()
         loop.clock.advance(10)
     assert redis.hashes[NAMES.stats_key][b"batches"] == 1
-    loop.clock.advance(LOAD_STATS_INTERVAL_MS)
+    loop.clock.advance(constants.SATURATION_REPORT_INTERVAL_MS)
     await loop.step()
     assert redis.hashes[NAMES.stats_key][b"batches"] == 3
     loop.policy.on_heartbeat(hb("w1", free=1, last_batch_id="t-3"), loop.clock.now_ms())
@@ -267,3 +271,28 @@ async def test_batch_refused_for_good_for_another_reason_is_answered_errored(bat
     }
     assert producer.on(NAMES.batches_topic) == [] and loop.policy.queued_total == 0
     assert consumer.commits[-1] == {INTERACTIVE: 3}
+
+
+class _QuietPubSub:
+    """A Redis subscription on which nothing arrives."""
+
+    async def subscribe(self, *channels: str) -> None:
+        pass
+
+    async def get_message(self, ignore_subscribe_messages: bool, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_run_takes_records_in_and_at_stop_dispatches_commits_and_reports():
+    fetched = {INTERACTIVE: [Record(offset=3, value=wire.encode(req("r1")))]}
+    loop, consumer, producer, redis = make_loop(consumer=FakeConsumer(fetched, assigned={INTERACTIVE}))
+    consumer.drained = loop.stop  # the fetch after the record's
+    redis.pubsub = _QuietPubSub
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
+    await asyncio.wait_for(loop.run(), 10)
+    assert [r.request_id for r in wire.decode(producer.on(NAMES.batches_topic)[0]["value"]).requests] == ["r1"]
+    assert consumer.commits[-1] == {INTERACTIVE: 4}
+    assert wire.decode(redis.hashes[NAMES.saturation_key][b"t"]).models["llmq-sim"].workers == 1

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmq_batcher.loop import _result_tenant
+from llmq_batcher.signals import result_tenant
 from llmq_core import constants, wire
 
 RESULT = wire.FinalResult(
@@ -31,4 +31,4 @@ JSON = [(constants.HEADER_CONTENT_TYPE, constants.CONTENT_TYPE_JSON.encode())]
     ],
 )
 def test_the_tenant_a_results_record_names(value, headers, tenant):
-    assert _result_tenant(SimpleNamespace(value=value, headers=headers)) == tenant
+    assert result_tenant(SimpleNamespace(value=value, headers=headers)) == tenant
