@@ -15,12 +15,13 @@ from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.service import BatchJobs, line_result_bytes
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
-from llmq_core import constants, jobs, wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from llmq_core.filestore import FileStore
-from llmq_core.jobstore import JobStore
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.jobstore import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from tests.fake_results import fake_result
 

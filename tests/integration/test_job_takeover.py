@@ -17,14 +17,15 @@ from redis.asyncio import Redis
 
 from llmq_api.batch_jobs.service import BatchJobs
 from llmq_api.ratelimit import RateLimiter
-from llmq_core import jobs, kafka, regions, wire
+from llmq_core import kafka, wire
 from llmq_core.clock import FakeClock
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog, JobTopics, read_topics
-from llmq_core.jobs import JobOwner
-from llmq_core.jobstore import JobStore
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
+from llmq_jobs import jobs, regions
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog, JobTopics, read_topics
+from llmq_jobs.jobs import JobOwner
+from llmq_jobs.jobstore import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.owners import OwnerWatcher
 from tests.integration.test_batch_jobs_ledger import TENANT, RecordingProducer, _Source, line, result_for

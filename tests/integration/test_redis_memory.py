@@ -22,12 +22,13 @@ from llmq_api.auth import KeyStore, Principal
 from llmq_api.errors import STORE_FULL_RETRY_AFTER_S
 from llmq_api.pod import Pod
 from llmq_cli.devstack import redis_server_argv
-from llmq_core import constants, jobs, wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from llmq_core.jobs import JobSpec
-from llmq_core.jobstore import JobStore
 from llmq_core.redis_client import MEMORY_POLICY, check_memory_policy
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.jobs import JobSpec
+from llmq_jobs.jobstore import JobStore
 from llmq_result_router.store import ResultStore
 from tests.builders import job_spec
 from tests.integration.stacks import RATE_LIMIT_TIMEOUT_MS

@@ -28,14 +28,14 @@ from llmq_api.saturation import SaturationMonitor
 from llmq_api.waiters import Dispatched, WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock, Sleep
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog
-from llmq_core.jobstore import JobStore
 from llmq_core.labels import LabelSet
 from llmq_core.names import Names
 from llmq_core.redis_client import check_memory_policy, make_redis
 from llmq_core.settings import Settings
 from llmq_core.token_counts import load_counters
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog
+from llmq_jobs.jobstore import JobStore
 
 log = logging.getLogger(__name__)
 

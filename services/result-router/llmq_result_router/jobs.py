@@ -23,12 +23,13 @@ from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from llmq_core import constants, jobs, kafka, wire
+from llmq_core import constants, kafka, wire
 from llmq_core.clock import Clock
-from llmq_core.filestore import FileStore
-from llmq_core.jobs import JobView
-from llmq_core.jobstore import JobStore, LineChange
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.jobs import JobView
+from llmq_jobs.jobstore import JobStore, LineChange
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobpolicy import Plan, Step
 from llmq_result_router.owners import OwnerWatcher

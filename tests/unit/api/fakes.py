@@ -4,8 +4,9 @@ import asyncio
 
 import msgspec
 
-from llmq_core import jobs, wire
+from llmq_core import wire
 from llmq_core.labels import DEV_TENANT
+from llmq_jobs import jobs
 
 
 def final(

@@ -23,16 +23,17 @@ from llmq_api.auth import Principal
 from llmq_api.batch_jobs import inputs, render
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
-from llmq_core import ids, jobs, wire
+from llmq_core import ids, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, HTTP_IDEMPOTENCY_KEY, MAX_RESULT_BYTES
-from llmq_core.filestore import FileStore
-from llmq_core.jobs import FileRecord, JobOwner, JobSpec, JobView
-from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType
 from llmq_core.token_counts import TokenCounter
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.jobs import FileRecord, JobOwner, JobSpec, JobView
+from llmq_jobs.jobstore import JobStore
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 

@@ -3,9 +3,9 @@
 Shared by the API pod (creates files and jobs, reads them, asks for a cancel) and the result-router (settles lines,
 drives jobs). Every change of a line's state is a compare-and-set in one Lua script together with its counters, so a
 result delivered twice, a stale retry round, or a cancel racing a result changes the ledger at most once.
-Key names: :mod:`llmq_core.jobs`.
+Key names: :mod:`llmq_jobs.jobs`.
 
-With a :class:`~llmq_core.joblog.JobLog` (every service's store has one; tests of pure Redis behaviour may go
+With a :class:`~llmq_jobs.joblog.JobLog` (every service's store has one; tests of pure Redis behaviour may go
 without), Redis is a view of the job topics: a job, its lines and every terminal result are written to Kafka before
 Redis, a status move right after it applied, and :meth:`JobStore.restore_job` rebuilds the view from the topics.
 """
@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import msgspec
 from redis.asyncio import Redis
 
-from llmq_core import constants, jobs, wire
-from llmq_core.joblog import JobLog
-from llmq_core.jobs import FileRecord, JobOwner, JobRecord, JobSpec, JobView, LineError
+from llmq_core import constants, wire
+from llmq_jobs import jobs
+from llmq_jobs.joblog import JobLog
+from llmq_jobs.jobs import FileRecord, JobOwner, JobRecord, JobSpec, JobView, LineError
 
 _json = msgspec.json.encode
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import msgspec
 
-from llmq_core import jobs
 from llmq_core.clock import Clock
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog, JobSnapshot, JobTopics, list_topics, mirrored_regions, read_topics
-from llmq_core.jobs import JobOwner
-from llmq_core.jobstore import JobStore
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog, JobSnapshot, JobTopics, list_topics, mirrored_regions, read_topics
+from llmq_jobs.jobs import JobOwner
+from llmq_jobs.jobstore import JobStore
 
 
 @dataclass(frozen=True, slots=True)
