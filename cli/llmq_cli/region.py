@@ -27,7 +27,7 @@ from llmq_core.settings import Settings, load_settings
 from llmq_jobs import regions
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog, JobTopics, read_topics
-from llmq_jobs.jobstore import JobStore
+from llmq_jobs.store import JobStore
 
 region_app = typer.Typer(help="Batch jobs across regions: failover, fail-back, reruns, rebuild.", no_args_is_help=True)
 

@@ -140,7 +140,7 @@ REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
 REDIS_WORKER_LEASE_PREFIX: Final = "llmq:worker-lease:"  # + partition of llmq.batches: the worker that serves it
-# batch jobs and their files (llmq_jobs.jobs, llmq_jobs.jobstore)
+# batch jobs and their files (llmq_jobs.jobs, llmq_jobs.store)
 REDIS_FILES_PREFIX: Final = "llmq:files:"
 REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
 ACTIVE_JOBS_KEY: Final = "llmq:jobs:active"  # set of batch ids the result-routers drive

@@ -21,7 +21,7 @@ from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
 from llmq_jobs import jobs
 from llmq_jobs.filestore import FileStore
-from llmq_jobs.jobstore import JobStore
+from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from tests.fake_results import fake_result
 
@@ -103,13 +103,15 @@ class Harness:
             )
 
     async def job(self, batch_id: str):
-        return await self.store.get_job(batch_id)
+        return await self.store.jobs.get_job(batch_id)
 
     async def answer(self, request: wire.GenerationRequest, outcome=wire.Outcome.SUCCEEDED, error=None):
         await self.ledger.on_result(result_for(request, outcome, error))
 
     async def lines(self, job, kind: str) -> list[dict]:
-        record = await self.store.get_file(job.spec.output_file_id if kind == "output" else job.spec.error_file_id)
+        record = await self.store.files.get_file(
+            job.spec.output_file_id if kind == "output" else job.spec.error_file_id
+        )
         chunks = await self.api.content(TENANT, record.id)
         return [json.loads(line) for line in b"".join([c async for c in chunks]).splitlines()]
 
@@ -182,7 +184,7 @@ async def test_lines_run_in_a_window_each_settles_once_and_the_job_completes(har
     assert [x["custom_id"] for x in errors] == ["bad"] and errors[0]["response"]["status_code"] == 400
     assert job.count("input_tokens") == sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in output)
     assert not await harness.redis.exists(constants.job_lines_key(batch_id))  # ledger retired into the results file
-    assert batch_id not in await harness.store.active_jobs()
+    assert batch_id not in await harness.store.jobs.active_jobs()
 
 
 async def test_retry_rounds_wait_for_their_backoff_use_new_ids_and_end_as_dead_letters(harness):
@@ -234,7 +236,7 @@ async def test_a_restarted_driver_reproduces_only_unsettled_lines_with_the_same_
         await harness.answer(request)
     # A crash after producing but before saving the cursor: the next driver starts from byte 0 again.
     await harness.redis.hset(constants.job_key(batch_id), mapping={"cursor": 0, "produced": 0})
-    await harness.store.release_lease(batch_id, harness.driver.token)
+    await harness.store.leases.release_lease(batch_id, harness.driver.token)
     await harness.new_driver().drive(batch_id)
     again = harness.producer.take()
     assert [r.request_id for r in again] == [r.request_id for r in first[2:]]
@@ -243,10 +245,10 @@ async def test_a_restarted_driver_reproduces_only_unsettled_lines_with_the_same_
 async def test_another_driver_waits_for_the_lease(harness):
     job = await harness.create([line("a")])
     other = harness.new_driver()
-    assert await harness.store.hold_lease(job.spec.id, harness.driver.token, 60_000)
-    assert not await harness.store.hold_lease(job.spec.id, other.token, 60_000)
-    await harness.store.release_lease(job.spec.id, harness.driver.token)
-    assert await harness.store.hold_lease(job.spec.id, other.token, 60_000)
+    assert await harness.store.leases.hold_lease(job.spec.id, harness.driver.token, 60_000)
+    assert not await harness.store.leases.hold_lease(job.spec.id, other.token, 60_000)
+    await harness.store.leases.release_lease(job.spec.id, harness.driver.token)
+    assert await harness.store.leases.hold_lease(job.spec.id, other.token, 60_000)
 
 
 async def test_cancel_ends_waiting_lines_cancels_running_ones_and_bills_only_what_succeeded(harness):
@@ -325,14 +327,14 @@ async def test_structural_faults_fail_the_batch_with_openai_errors(harness):
     job = await harness.create([line("a"), "not json", line("a")])
     assert job.status == jobs.FAILED and job.spec.total == 0
     assert [(e.code, e.line) for e in job.errors] == [("invalid_json_line", 2), ("duplicate_custom_id", 3)]
-    assert job.spec.id not in await harness.store.active_jobs()
+    assert job.spec.id not in await harness.store.jobs.active_jobs()
     body = render.batch_object(job)
     assert body["errors"]["object"] == "list" and body["failed_at"] is not None
 
 
 async def test_files_and_batches_belong_to_their_tenant(harness):
     job = await harness.create([line("a")])
-    record = await harness.store.get_file(job.spec.input_file_id)
+    record = await harness.store.files.get_file(job.spec.input_file_id)
     for call in (
         harness.api.get_file(OTHER, record.id),
         harness.api.content(OTHER, record.id),
@@ -365,7 +367,7 @@ async def test_listing_pages_newest_first(harness):
 async def test_expired_files_are_swept(harness):
     record = await harness.api.upload(TENANT, "x.jsonl", "batch", _Source(b"{}"))
     await harness.driver.sweep_files(record.expires_at)
-    assert await harness.store.get_file(record.id) is None
+    assert await harness.store.files.get_file(record.id) is None
     assert not await harness.files.exists(record.path)
 
 
@@ -402,7 +404,7 @@ async def test_a_router_that_cannot_drive_a_job_hands_it_over(harness):
     broken = harness.new_driver()
     await broken.step(job.spec.id)
     other = harness.new_driver()
-    assert await harness.store.hold_lease(job.spec.id, other.token, 60_000)
+    assert await harness.store.leases.hold_lease(job.spec.id, other.token, 60_000)
 
 
 async def test_result_bytes_are_bounded_per_job_and_per_tenant_and_come_back_when_a_job_ends():

@@ -35,7 +35,7 @@ from llmq_core.settings import Settings
 from llmq_core.token_counts import load_counters
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog
-from llmq_jobs.jobstore import JobStore
+from llmq_jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from llmq_core import wire
 from llmq_core.status import ErrorCode, ErrorType
 from llmq_jobs import jobs
 from llmq_jobs.jobs import JobView
-from llmq_jobs.jobstore import LineChange
+from llmq_jobs.store import LineChange
 
 UNKNOWN_JOB = "unknown_job"  # forged_results reason: no job has that batch id
 OTHER_TENANT = "other_tenant"  # ... the job is another tenant's

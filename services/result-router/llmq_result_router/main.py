@@ -15,7 +15,7 @@ from llmq_core.redis_client import check_memory_policy
 from llmq_core.settings import Settings
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog
-from llmq_jobs.jobstore import JobStore
+from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.owners import OwnerWatcher

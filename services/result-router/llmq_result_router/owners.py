@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from llmq_jobs.joblog import owners_topics
 from llmq_jobs.jobs import JobOwner
-from llmq_jobs.jobstore import JobStore
+from llmq_jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class OwnerWatcher:
         for records in (await self.consumer.getmany(timeout_ms=POLL_MS)).values():
             for record in records:
                 if record.value is not None:
-                    await self.store.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
+                    await self.store.owners.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
 
     async def _assign(self, topics: list[str]) -> None:
         """Follow ``topics`` from their start (claims are few and applying one twice changes nothing)."""

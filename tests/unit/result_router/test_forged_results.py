@@ -49,6 +49,7 @@ class TenantStore:
 
     def __init__(self) -> None:
         self.lookups, self.settled = 0, []
+        self.jobs = self.owners = self.ledger = self  # it answers the calls JobLedger makes of these parts
 
     async def job_tenant(self, batch_id):
         self.lookups += 1

@@ -55,8 +55,11 @@ class Consumer:
 
 
 class Claims:
+    """A job store whose owners part records the claims raised."""
+
     def __init__(self) -> None:
         self.raised: list[JobOwner] = []
+        self.owners = self
 
     async def raise_owner(self, claim: JobOwner) -> bool:
         self.raised.append(claim)

@@ -33,7 +33,7 @@ from llmq_core.token_counts import TokenCounter
 from llmq_jobs import jobs
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.jobs import FileRecord, JobOwner, JobSpec, JobView
-from llmq_jobs.jobstore import JobStore
+from llmq_jobs.store import JobStore
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 
@@ -132,13 +132,13 @@ class BatchJobs:
                 413, f"File is larger than the limit of {limit} bytes", param="file", code="file_too_large"
             ) from None
         try:
-            reserved = await self.store.reserve_storage(principal.tenant_id, size, quota)
+            reserved = await self.store.quotas.reserve_storage(principal.tenant_id, size, quota)
         except BaseException:  # Redis refused the reservation (503): no sweep would ever find these bytes
             await self.files.delete(path)
             raise
         if reserved is None:  # a concurrent upload won
             await self.files.delete(path)
-            raise self._over_quota(quota, await self.store.stored_bytes(principal.tenant_id))
+            raise self._over_quota(quota, await self.store.quotas.stored_bytes(principal.tenant_id))
         now_s = self.clock.now_ms() // 1000
         record = FileRecord(
             id=file_id,
@@ -151,10 +151,10 @@ class BatchJobs:
             path=path,
         )
         try:
-            await self.store.put_file(record)
+            await self.store.files.put_file(record)
         except BaseException:
             try:
-                await self.store.release_storage(principal.tenant_id, size)
+                await self.store.quotas.release_storage(principal.tenant_id, size)
             finally:  # Redis refused the record (503): no sweep would ever find these bytes
                 await self.files.delete(path)
             raise
@@ -163,7 +163,7 @@ class BatchJobs:
     async def _storage(self, principal: Principal) -> tuple[int, int]:
         """(the tenant's storage quota, the bytes its live uploads take now)."""
         quota = principal.file_storage_bytes or self.settings.files_tenant_max_bytes
-        return quota, await self.store.stored_bytes(principal.tenant_id)
+        return quota, await self.store.quotas.stored_bytes(principal.tenant_id)
 
     @staticmethod
     def _over_quota(quota: int, used: int) -> ApiError:
@@ -181,7 +181,7 @@ class BatchJobs:
             raise rejection.error
 
     async def get_file(self, principal: Principal, file_id: str) -> FileRecord:
-        record = await self.store.get_file(file_id)
+        record = await self.store.files.get_file(file_id)
         if record is None or record.tenant_id != principal.tenant_id:
             raise not_found("file", file_id)
         return record
@@ -193,13 +193,13 @@ class BatchJobs:
         if not 1 <= limit <= MAX_FILES_PAGE:
             raise invalid(f"limit must be between 1 and {MAX_FILES_PAGE}, got {echo(limit)}", param="limit")
         cursor = await self.get_file(principal, after) if after else None
-        records, has_more = await self.store.list_files(principal.tenant_id, cursor, limit)
+        records, has_more = await self.store.files.list_files(principal.tenant_id, cursor, limit)
         return [r for r in records if purpose is None or r.purpose == purpose], has_more
 
     async def delete_file(self, principal: Principal, file_id: str) -> None:
         """Forget the file; an input file's bytes go too (a job's results stay with the job)."""
         record = await self.get_file(principal, file_id)
-        await self.store.delete_file(record)
+        await self.store.files.delete_file(record)
         if record.kind == "input":
             await self.files.delete(record.path)
 
@@ -211,7 +211,7 @@ class BatchJobs:
             if not await self.files.exists(record.path):
                 raise not_found("file", file_id)
             return self.files.iter_bytes(record.path)
-        job = await self.store.get_job(record.batch_id or "")
+        job = await self.store.jobs.get_job(record.batch_id or "")
         if job is None:
             raise not_found("file", file_id)
         results = await self._results(job)
@@ -220,8 +220,8 @@ class BatchJobs:
     async def _results(self, job: JobView) -> list[wire.FinalResult]:
         """A job's results: from the ledger while it runs, from its results file once it has ended."""
         if job.status not in jobs.TERMINAL_STATUSES:
-            results = [r async for r in self.store.scan_results(job.spec.id)]
-            job = await self.store.get_job(job.spec.id) or job
+            results = [r async for r in self.store.ledger.scan_results(job.spec.id)]
+            job = await self.store.jobs.get_job(job.spec.id) or job
             if job.status not in jobs.TERMINAL_STATUSES:
                 return results
         if job.status == jobs.FAILED:
@@ -244,11 +244,11 @@ class BatchJobs:
         batch_id = ids.batch_job_id(self.settings.region)
         if idempotency_key is None:
             return await self._create(principal, request, batch_id)
-        earlier = await self.store.claim_batch_key(
+        earlier = await self.store.jobs.claim_batch_key(
             principal.tenant_id, idempotency_key, batch_id, self.settings.files_retention_s
         )
         if earlier is not None:
-            job = await self.store.get_job(earlier)
+            job = await self.store.jobs.get_job(earlier)
             if job is None:
                 raise ApiError(
                     409,
@@ -268,7 +268,7 @@ class BatchJobs:
         try:
             return await self._create(principal, request, batch_id)
         except BaseException:
-            await self.store.release_batch_key(principal.tenant_id, idempotency_key)
+            await self.store.jobs.release_batch_key(principal.tenant_id, idempotency_key)
             raise
 
     async def _create(self, principal: Principal, request: CreateBatch, batch_id: str) -> JobView:
@@ -300,7 +300,7 @@ class BatchJobs:
 
     async def _discard(self, spec: JobSpec) -> None:
         """Drop what validating a job that is not created wrote ahead: its ledger slices and prepared file."""
-        await self.store.discard_ledger(spec.id)
+        await self.store.ledger.discard_ledger(spec.id)
         await self.files.delete(spec.prepared_path)
 
     @contextlib.contextmanager
@@ -377,7 +377,7 @@ class BatchJobs:
                 await self.limiter.refund_batch(principal, tally.estimate)
                 raise
         except BaseException:
-            await self.store.unreserve_result_bytes(spec.tenant_id, spec.result_bytes)
+            await self.store.quotas.unreserve_result_bytes(spec.tenant_id, spec.result_bytes)
             raise
 
     async def _reserve_result_bytes(self, spec: JobSpec) -> None:
@@ -395,7 +395,7 @@ class BatchJobs:
                 code="batch_results_too_large",
             )
         limit = settings.batch_tenant_max_result_bytes
-        if await self.store.reserve_result_bytes(spec.tenant_id, spec.result_bytes, limit) is None:
+        if await self.store.quotas.reserve_result_bytes(spec.tenant_id, spec.result_bytes, limit) is None:
             raise ApiError(
                 429,
                 f"This tenant's running batches could take up to {limit} bytes of results, and this "
@@ -438,11 +438,11 @@ class BatchJobs:
         if prepared:
             await write(b"".join(prepared))
         if states:
-            await self.store.add_lines(spec.id, states, offsets, results, requests)
+            await self.store.ledger.add_lines(spec.id, states, offsets, results, requests)
 
     async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
         now_s = spec.created_ms // 1000
-        await self.store.create_job(
+        await self.store.jobs.create_job(
             spec,
             jobs.FAILED,
             {jobs.VALIDATING: now_s, jobs.FAILED: now_s},
@@ -455,7 +455,7 @@ class BatchJobs:
     async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
         expires_at = spec.expires_ms // 1000 + self.settings.files_retention_s
-        await self.store.create_job(
+        await self.store.jobs.create_job(
             spec,
             jobs.IN_PROGRESS,
             {jobs.VALIDATING: spec.created_ms // 1000, jobs.IN_PROGRESS: now_s},
@@ -470,13 +470,13 @@ class BatchJobs:
         return JobOwner(batch_id=spec.id, region=self.settings.region, at_ms=self.clock.now_ms())
 
     async def _read(self, batch_id: str) -> JobView:
-        job = await self.store.get_job(batch_id)
+        job = await self.store.jobs.get_job(batch_id)
         if job is None:  # written a moment ago: only a Redis flush gets here
             raise ApiError(500, f"Batch {batch_id} vanished after it was created", type=ErrorType.SERVER)
         return job
 
     async def get(self, principal: Principal, batch_id: str) -> JobView:
-        job = await self.store.get_job(batch_id)
+        job = await self.store.jobs.get_job(batch_id)
         if job is None or job.spec.tenant_id != principal.tenant_id:
             raise not_found("batch", batch_id)
         return job
@@ -486,14 +486,14 @@ class BatchJobs:
         if not 1 <= limit <= 100:
             raise invalid(f"limit must be between 1 and 100, got {echo(limit)}", param="limit")
         cursor = await self.get(principal, after) if after else None
-        return await self.store.list_jobs(principal.tenant_id, cursor, limit)
+        return await self.store.jobs.list_jobs(principal.tenant_id, cursor, limit)
 
     async def cancel(self, principal: Principal, batch_id: str) -> JobView:
         """Ask for a cancel: ``cancelling`` now, ``cancelled`` once its running lines stopped (see the driver).
         Cancelling a cancelling or cancelled batch changes nothing; 409 for one that ended otherwise."""
         job = await self.get(principal, batch_id)
         now_ms = self.clock.now_ms()
-        if await self.store.move_status(
+        if await self.store.jobs.move_status(
             batch_id, [jobs.VALIDATING, jobs.IN_PROGRESS], jobs.CANCELLING, now_ms // 1000, end_ms=now_ms
         ):
             return await self._read(batch_id)
