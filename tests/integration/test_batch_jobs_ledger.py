@@ -1,5 +1,6 @@
-"""Batch jobs against a real Redis, without Kafka: the API pod's BatchJobs creates jobs, the result-router's JobDriver
-drives them (its producer is a recorder), JobLedger settles results fed in by hand, time is a FakeClock."""
+"""Batch jobs against a real Redis, without Kafka: the API pod's BatchFiles and BatchJobs create files and jobs, the
+result-router's JobDriver drives them (its producer is a recorder), JobLedger settles results fed in by hand, time is a
+FakeClock."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from redis.asyncio import Redis
 from llmq_api import validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
-from llmq_api.batch_jobs.service import BatchJobs, line_result_bytes
+from llmq_api.batch_jobs.batches import BatchJobs, line_result_bytes
+from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
 from llmq_core import constants, wire
@@ -67,9 +69,9 @@ class Harness:
         self.files = FileStore(self.settings.files_url)
         self.producer = RecordingProducer()
         models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
-        self.api = BatchJobs(
-            self.settings, self.store, self.files, self.clock, lambda: models, RateLimiter(redis, self.clock)
-        )
+        limiter = RateLimiter(redis, self.clock)
+        self.api_files = BatchFiles(self.settings, self.store, self.files, self.clock, limiter)
+        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models, limiter)
         self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
         self.driver = self.new_driver()
         self.created: list[str] = []
@@ -78,7 +80,7 @@ class Harness:
         return JobDriver(self.settings, self.store, self.files, self.producer, self.redis, self.clock)
 
     async def create(self, lines: list[str], principal: Principal = TENANT, window: str = "10m"):
-        record = await self.api.upload(principal, "in.jsonl", "batch", _Source("\n".join(lines).encode()))
+        record = await self.api_files.upload(principal, "in.jsonl", "batch", _Source("\n".join(lines).encode()))
         body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": window})
         job = await self.api.create(principal, body.encode())
         self.created.append(job.spec.id)
@@ -112,7 +114,7 @@ class Harness:
         record = await self.store.files.get_file(
             job.spec.output_file_id if kind == "output" else job.spec.error_file_id
         )
-        chunks = await self.api.content(TENANT, record.id)
+        chunks = await self.api_files.content(TENANT, record.id)
         return [json.loads(line) for line in b"".join([c async for c in chunks]).splitlines()]
 
 
@@ -336,16 +338,16 @@ async def test_files_and_batches_belong_to_their_tenant(harness):
     job = await harness.create([line("a")])
     record = await harness.store.files.get_file(job.spec.input_file_id)
     for call in (
-        harness.api.get_file(OTHER, record.id),
-        harness.api.content(OTHER, record.id),
-        harness.api.delete_file(OTHER, record.id),
+        harness.api_files.get_file(OTHER, record.id),
+        harness.api_files.content(OTHER, record.id),
+        harness.api_files.delete_file(OTHER, record.id),
         harness.api.get(OTHER, job.spec.id),
-        harness.api.content(OTHER, job.spec.output_file_id),
+        harness.api_files.content(OTHER, job.spec.output_file_id),
     ):
         with pytest.raises(ApiError) as caught:
             await call
         assert caught.value.status == 404
-    assert record.id not in [r.id for r in (await harness.api.list_files(OTHER, None, None, 100))[0]]
+    assert record.id not in [r.id for r in (await harness.api_files.list_files(OTHER, None, None, 100))[0]]
     assert job.spec.id not in [j.spec.id for j in (await harness.api.list(OTHER, None, 100))[0]]
     assert job.spec.id in [j.spec.id for j in (await harness.api.list(TENANT, None, 100))[0]]
 
@@ -365,7 +367,7 @@ async def test_listing_pages_newest_first(harness):
 
 
 async def test_expired_files_are_swept(harness):
-    record = await harness.api.upload(TENANT, "x.jsonl", "batch", _Source(b"{}"))
+    record = await harness.api_files.upload(TENANT, "x.jsonl", "batch", _Source(b"{}"))
     await harness.driver.sweep_files(record.expires_at)
     assert await harness.store.files.get_file(record.id) is None
     assert not await harness.files.exists(record.path)
@@ -373,7 +375,7 @@ async def test_expired_files_are_swept(harness):
 
 async def test_an_idempotency_key_returns_the_same_batch_and_runs_nothing_twice(harness):
     tenant = Principal(tenant_id=f"idem-{uuid.uuid4().hex[:8]}")
-    record = await harness.api.upload(tenant, "in.jsonl", "batch", _Source(line("a").encode()))
+    record = await harness.api_files.upload(tenant, "in.jsonl", "batch", _Source(line("a").encode()))
     body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode()
     key = f"k-{uuid.uuid4().hex}"
     first = await harness.api.create(tenant, body, key)
@@ -391,7 +393,7 @@ async def test_a_failed_creation_releases_its_idempotency_key(harness):
     body = json.dumps({"input_file_id": "file-missing", "endpoint": "/v1/completions"}).encode()
     with pytest.raises(ApiError):
         await harness.api.create(TENANT, body, key)
-    record = await harness.api.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()))
+    record = await harness.api_files.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()))
     body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode()
     job = await harness.api.create(TENANT, body, key)
     harness.created.append(job.spec.id)
@@ -445,7 +447,7 @@ async def test_an_idempotency_key_reused_for_another_batch_is_refused(harness):
     key = f"k-{uuid.uuid4().hex}"
     bodies = []
     for custom_id in ("a", "b"):
-        record = await harness.api.upload(tenant, "in.jsonl", "batch", _Source(line(custom_id).encode()))
+        record = await harness.api_files.upload(tenant, "in.jsonl", "batch", _Source(line(custom_id).encode()))
         bodies.append(json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode())
     first = await harness.api.create(tenant, bodies[0], key)
     harness.created.append(first.spec.id)

@@ -2,8 +2,8 @@
 MirrorMaker 2: the test copies region A's job topics to the names MirrorMaker 2 gives them in region B itself).
 
 Region A and B are two Redis databases, two memory file stores and two sets of job topics (unique names per run); the
-API pod's BatchJobs creates the job in A, the result-router's JobDriver and JobLedger drive and settle it (their
-request producer records, the job log is the real broker)."""
+API pod's BatchFiles and BatchJobs create the job in A, the result-router's JobDriver and JobLedger drive and settle it
+(their request producer records, the job log is the real broker)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.batch_jobs.batches import BatchJobs
+from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.ratelimit import RateLimiter
 from llmq_core import kafka, wire
 from llmq_core.clock import FakeClock
@@ -59,14 +60,16 @@ class Region:
         self.clock = FakeClock()
         self.requests = RecordingProducer()
         models = {n: spec.context_window for n, spec in BUILTIN_MODELS.items()}
-        self.api = BatchJobs(
-            self.settings, self.store, self.files, self.clock, lambda: models, RateLimiter(self.redis, self.clock)
-        )
+        limiter = RateLimiter(self.redis, self.clock)
+        self.api_files = BatchFiles(self.settings, self.store, self.files, self.clock, limiter)
+        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models, limiter)
         self.ledger = JobLedger(self.settings, self.store, self.requests, self.clock)
         self.driver = JobDriver(self.settings, self.store, self.files, self.requests, self.redis, self.clock)
 
     async def create(self, custom_ids: list[str]) -> str:
-        record = await self.api.upload(TENANT, "in.jsonl", "batch", _Source("\n".join(map(line, custom_ids)).encode()))
+        record = await self.api_files.upload(
+            TENANT, "in.jsonl", "batch", _Source("\n".join(map(line, custom_ids)).encode())
+        )
         body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": "10m"})
         return (await self.api.create(TENANT, body.encode())).spec.id
 
@@ -87,7 +90,7 @@ class Region:
         job = await self.store.jobs.get_job(batch_id)
         ids = []
         for file_id in (job.spec.output_file_id, job.spec.error_file_id):
-            data = b"".join([chunk async for chunk in await self.api.content(TENANT, file_id)])
+            data = b"".join([chunk async for chunk in await self.api_files.content(TENANT, file_id)])
             ids += [json.loads(x)["custom_id"] for x in data.splitlines()]
         return ids
 
