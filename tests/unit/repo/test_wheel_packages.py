@@ -4,23 +4,31 @@ benchmark code ``llmq`` runs, and no top-level ``bench`` (the checkout's scripts
 
 from __future__ import annotations
 
-import tomllib
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-from setuptools import find_packages
-
 ROOT = Path(__file__).resolve().parents[3]
-FIND = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+# In a child process: importing setuptools here would patch distutils under the rest of the suite.
+DISCOVER = """
+import json, sys, tomllib
+from setuptools import find_packages
+find = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["packages"]["find"]
+packages = [
+    package
+    for where in find.get("where", ["."])
+    for package in find_packages(where, include=find.get("include", ["*"]), exclude=find.get("exclude", ()))
+]
+json.dump(packages, sys.stdout)
+"""
 
 
 def wheel_packages() -> set[str]:
-    return {
-        package
-        for where in FIND.get("where", ["."])
-        for package in find_packages(
-            str(ROOT / where), include=FIND.get("include", ["*"]), exclude=FIND.get("exclude", ())
-        )
-    }
+    result = subprocess.run(
+        [sys.executable, "-c", DISCOVER], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(json.loads(result.stdout))
 
 
 def test_the_wheel_installs_the_llmq_packages_and_no_bench():
