@@ -13,7 +13,6 @@ COPY pyproject.toml uv.lock README.md ./
 COPY libs libs
 COPY services services
 COPY cli cli
-COPY bench bench
 
 FROM source AS models
 RUN uv export --frozen --no-emit-project --no-hashes --quiet --extra worker --extra convert -o /tmp/requirements.txt \

@@ -20,7 +20,7 @@ import time
 import torch
 from transformers import GenerationConfig
 
-from bench.prompts import cut_prompts
+from llmq_bench.prompts import cut_prompts
 from llmq_core.models import BUILTIN_MODELS, LLMQ_TINY
 from llmq_core.settings import Settings
 from llmq_core.wire import GenerationRequest, HttpReply, SamplingParams

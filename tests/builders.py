@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from llmq_core import jobs, wire
+from llmq_core import wire
+from llmq_jobs import jobs
 
 MODEL = "llmq-sim"
 

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llmq_cli.console import make_console
-from llmq_core import jobs
+from llmq_jobs import jobs
 
 batch_app = typer.Typer(
     help="Batch jobs (OpenAI /v1/batches): submit, status, results, sample input.", no_args_is_help=True

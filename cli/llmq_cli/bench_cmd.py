@@ -1,7 +1,7 @@
 """``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's;
 ``llmq bench admission``: a burst of free-tier work and admission's predicted waits; ``llmq bench pipeline``: CPU
 and latency beside the Kafka + Redis floor; ``llmq bench timeline``: where a light request's time goes. The private
-stacks the benchmarks run on are made here: ``bench`` is a library the CLI imports, never the other way round."""
+stacks the benchmarks run on are made here: ``llmq_bench`` is a library the CLI imports, never the other way round."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench import prompts as prompts_mod
+from llmq_bench import prompts as prompts_mod
 from llmq_cli.console import make_console
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.options import BatchTimeMs, MaxBatch, PortBase, Seed, Systems
@@ -42,8 +42,8 @@ def load_prompts(path: Path, count: int = 300) -> list[prompts_mod.CodePrompt]:
 
 
 def run_with_progress(plans: list, console: Console, **kwargs) -> list:
-    """:func:`bench.loadgen.run_load` under a rich progress bar (requests sent, requests answered)."""
-    from bench import loadgen
+    """:func:`llmq_bench.loadgen.run_load` under a rich progress bar (requests sent, requests answered)."""
+    from llmq_bench import loadgen
 
     columns = (TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -85,7 +85,7 @@ def bench_load(
     """Open-loop Poisson load against running API pods, then goodput, latency and TTFT per class, 429/504, batching."""
     if ctx.invoked_subcommand is not None:
         return
-    from bench import loadgen
+    from llmq_bench import loadgen
 
     if wait_ready_s:
         asyncio.run(loadgen.wait_ready(base_url, wait_ready_s))
@@ -184,7 +184,7 @@ def bench_curve(
     port_base: PortBase = 35000,
 ) -> None:
     """Capacity curve of llmq-sim (seed 003 scaled to this machine), llmq then Ray Serve, as JSON and a PNG."""
-    from bench import capacity_curve
+    from llmq_bench import capacity_curve
 
     def stack(sim_batch_time_ms: int) -> DevStack:
         ports = dict(kafka_port=port_base + 92, redis_port=port_base + 379, api_ports=(port_base, port_base + 1))
@@ -232,7 +232,7 @@ def bench_admission(
     key: str = typer.Option("llmq-dev-free-key"),
 ) -> None:
     """N concurrent completions at once, and how well admission's predicted queue wait matched the wait that followed."""
-    from bench import bench_admission as admission
+    from llmq_bench import admission
 
     stack = None
     if start_stack:
@@ -323,7 +323,7 @@ def bench_pipeline(
 ) -> None:
     """The Kafka + Redis floor, llmq at 1 and at --concurrency in flight, and Ray Serve at the same points: latency,
     overhead, throughput and CPU ms per request per process (broker included), side by side, as JSON and a table."""
-    from bench import pipeline
+    from llmq_bench import pipeline
 
     cfg = pipeline.PipelineConfig(
         requests=requests,
@@ -417,7 +417,7 @@ def bench_timeline(
 ) -> None:
     """Where a request's time goes at 1 in flight: median span starts and ends after the API pod's server span, from
     a private stack (as ``llmq bench pipeline``'s) that traces to files."""
-    from bench import light_timeline, pipeline
+    from llmq_bench import light_timeline, pipeline
 
     cfg = replace(pipeline.PipelineConfig(), light_requests=requests, warmup=warmup)
     trace_dir = state_dir.resolve() / "traces"

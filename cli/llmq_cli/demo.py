@@ -14,7 +14,7 @@ import openai
 import redis as redis_sync
 import redis.asyncio as redis_async
 
-from bench.prompts import CodePrompt
+from llmq_bench.prompts import CodePrompt
 from llmq_core import constants, wire
 from llmq_core.constants import HTTP_TIMEOUT_MS
 

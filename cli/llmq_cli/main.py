@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from bench import prompts
+from llmq_bench import prompts
 from llmq_cli import demo as demo_mod
 from llmq_cli import kafka_dist, mirror
 from llmq_cli.batch import batch_app
@@ -245,7 +245,7 @@ def simulate(
     as_json: AsJson = False,
 ) -> None:
     """Discrete-event simulation of the batcher's own policy in front of fixed-time batch workers."""
-    from bench.simulate import parse_mix, run_simulation
+    from llmq_bench.simulate import parse_mix, run_simulation
 
     try:
         shares = parse_mix(mix)
@@ -312,7 +312,7 @@ def capacity(
     as_json: AsJson = False,
 ) -> None:
     """Closed-form capacity math for fixed-time batch engines, beside the simulated p99 at the planned replica count."""
-    from bench.capacity import capacity_report
+    from llmq_bench.capacity import capacity_report
 
     report = capacity_report(
         peak_rps, max_batch, batch_time_ms, headroom, spare_replicas, p99_target_ms=p99_target_ms, duration_s=duration_s

@@ -20,13 +20,14 @@ from dataclasses import asdict
 
 import typer
 
-from llmq_core import ids, kafka, regions
+from llmq_core import ids, kafka
 from llmq_core.clock import SYSTEM_CLOCK
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog, JobTopics, read_topics
-from llmq_core.jobstore import JobStore
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings, load_settings
+from llmq_jobs import regions
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog, JobTopics, read_topics
+from llmq_jobs.store import JobStore
 
 region_app = typer.Typer(help="Batch jobs across regions: failover, fail-back, reruns, rebuild.", no_args_is_help=True)
 

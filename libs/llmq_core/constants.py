@@ -63,7 +63,7 @@ def ingress_topic(principal: str) -> str:
     return f"{TOPIC_INGRESS_PREFIX}{principal}"
 
 
-# Batch-job state (llmq_core.joblog): the source of truth of every job, mirrored to the peer region by MirrorMaker 2
+# Batch-job state (llmq_jobs.joblog): the source of truth of every job, mirrored to the peer region by MirrorMaker 2
 # (DefaultReplicationPolicy: region a's llmq.jobs.specs is a.llmq.jobs.specs in region b); Redis holds a view of it.
 # Compacted, one partition each (the rebuild reads them in the order written). Keys: batch id (specs, owners),
 # "<batch id>:<custom_id>" (lines, ledger). Their prefix: TOPIC_JOBS_PREFIX.
@@ -124,7 +124,7 @@ REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
 REDIS_WORKER_LEASE_PREFIX: Final = "llmq:worker-lease:"  # + partition of llmq.batches: the worker that serves it
-# batch jobs and their files (llmq_core.jobs, llmq_core.jobstore)
+# batch jobs and their files (llmq_jobs.jobs, llmq_jobs.store)
 REDIS_FILES_PREFIX: Final = "llmq:files:"
 REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
 ACTIVE_JOBS_KEY: Final = "llmq:jobs:active"  # set of batch ids the result-routers drive
@@ -163,12 +163,12 @@ tenant_result_bytes_key = _keys(f"{REDIS_JOBS_PREFIX}tenant:", ":result-bytes")
 # hash of a job by batch_id: spec (JSON JobSpec), status, at:<status> (epoch s), errors (JSON), jobs.COUNTERS, cursor,
 # end_ms, result_bytes (reserved in tenant_result_bytes_key until the ledger is dropped)
 job_key = _keys(REDIS_JOBS_PREFIX)
-job_lines_key = _keys(REDIS_JOBS_PREFIX, ":lines")  # hash: custom_id -> ledger state (see llmq_core.jobs)
+job_lines_key = _keys(REDIS_JOBS_PREFIX, ":lines")  # hash: custom_id -> ledger state (see llmq_jobs.jobs)
 job_offsets_key = _keys(REDIS_JOBS_PREFIX, ":offsets")  # hash: custom_id -> "<start>:<end>" in the prepared file
 job_results_key = _keys(REDIS_JOBS_PREFIX, ":results")  # hash: custom_id -> terminal wire.FinalResult (msgpack)
 job_retries_key = _keys(REDIS_JOBS_PREFIX, ":retries")  # zset: custom_id by the epoch ms its retry round is due
 job_lease_key = _keys(REDIS_JOBS_PREFIX, ":lease")  # string: token of the result-router driving it (PX batch_lease_ms)
-# job hash fields owner_region, owner_epoch: the highest claim on the job known here (llmq_core.joblog.OwnerView)
+# job hash fields owner_region, owner_epoch: the highest claim on the job known here (llmq_jobs.joblog.OwnerView)
 
 
 def copy_delivered_key(request_id: str, request_copy: str) -> str:

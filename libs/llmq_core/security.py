@@ -80,7 +80,7 @@ class KafkaAcl:
 _KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
     ROLE_API: (
         (constants.TOPIC_REQUESTS_PREFIX, True, (WRITE,)),
-        (constants.TOPIC_JOBS_PREFIX, True, (WRITE,)),  # the batch-job log (llmq_core.joblog)
+        (constants.TOPIC_JOBS_PREFIX, True, (WRITE,)),  # the batch-job log (llmq_jobs.joblog)
     ),
     ROLE_BATCHER: (
         (constants.TOPIC_REQUESTS_PREFIX, True, (READ,)),

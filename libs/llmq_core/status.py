@@ -7,7 +7,7 @@ benchmarks compare against these values, and most of them need no wire message t
 ``ErrorCode`` are ``StrEnum``s: a member is the plain string it names, so ``wire.ErrorInfo.type`` / ``.code`` stay
 ``str`` on the wire and a value from any producer compares equal. Error codes only the API pods answer over HTTP
 (``invalid_json``, ``file_too_large``, ...) stay with the API; the codes here reach a ``FinalResult`` or pass
-between packages. Batch statuses (OpenAI's spelling) and the batch-job ledger's line codes are in :mod:`llmq_core.jobs`.
+between packages. Batch statuses (OpenAI's spelling) and the batch-job ledger's line codes are in :mod:`llmq_jobs.jobs`.
 """
 
 from __future__ import annotations

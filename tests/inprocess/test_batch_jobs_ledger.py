@@ -1,5 +1,6 @@
-"""Batch jobs against a real Redis, without Kafka: the API pod's BatchJobs creates jobs, the result-router's JobDriver
-drives them (its producer is a recorder), JobLedger settles results fed in by hand, time is a FakeClock."""
+"""Batch jobs against a real Redis, without Kafka: the API pod's BatchFiles and BatchJobs create files and jobs, the
+result-router's JobDriver drives them (its producer is a recorder), JobLedger settles results fed in by hand, time is a
+FakeClock."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from redis.asyncio import Redis
 from llmq_api import validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
-from llmq_api.batch_jobs.service import BatchJobs, line_result_bytes
+from llmq_api.batch_jobs.batches import BatchJobs, line_result_bytes
+from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
-from llmq_core import constants, jobs, wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from llmq_core.filestore import FileStore
-from llmq_core.jobstore import JobStore
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from tests.fake_results import fake_result
 
@@ -68,9 +71,9 @@ class Harness:
         self.files = FileStore(self.settings.jobs.files_url)
         self.producer = RecordingProducer()
         models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
-        self.api = BatchJobs(
-            self.settings, self.store, self.files, self.clock, lambda: models, RateLimiter(redis, self.clock)
-        )
+        limiter = RateLimiter(redis, self.clock)
+        self.api_files = BatchFiles(self.settings, self.store, self.files, self.clock, limiter)
+        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models, limiter)
         self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
         self.driver = self.new_driver()
         self.created: list[str] = []
@@ -79,7 +82,7 @@ class Harness:
         return JobDriver(self.settings, self.store, self.files, self.producer, self.redis, self.clock)
 
     async def create(self, lines: list[str], principal: Principal = TENANT, window: str = "10m"):
-        record = await self.api.upload(principal, "in.jsonl", "batch", _Source("\n".join(lines).encode()))
+        record = await self.api_files.upload(principal, "in.jsonl", "batch", _Source("\n".join(lines).encode()))
         body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": window})
         job = await self.api.create(principal, body.encode())
         self.created.append(job.spec.id)
@@ -104,14 +107,16 @@ class Harness:
             )
 
     async def job(self, batch_id: str):
-        return await self.store.get_job(batch_id)
+        return await self.store.jobs.get_job(batch_id)
 
     async def answer(self, request: wire.GenerationRequest, outcome=wire.Outcome.SUCCEEDED, error=None):
         await self.ledger.on_result(result_for(request, outcome, error))
 
     async def lines(self, job, kind: str) -> list[dict]:
-        record = await self.store.get_file(job.spec.output_file_id if kind == "output" else job.spec.error_file_id)
-        chunks = await self.api.content(TENANT, record.id)
+        record = await self.store.files.get_file(
+            job.spec.output_file_id if kind == "output" else job.spec.error_file_id
+        )
+        chunks = await self.api_files.content(TENANT, record.id)
         return [json.loads(line) for line in b"".join([c async for c in chunks]).splitlines()]
 
 
@@ -183,7 +188,7 @@ async def test_lines_run_in_a_window_each_settles_once_and_the_job_completes(har
     assert [x["custom_id"] for x in errors] == ["bad"] and errors[0]["response"]["status_code"] == 400
     assert job.count("input_tokens") == sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in output)
     assert not await harness.redis.exists(constants.job_lines_key(batch_id))  # ledger retired into the results file
-    assert batch_id not in await harness.store.active_jobs()
+    assert batch_id not in await harness.store.jobs.active_jobs()
 
 
 async def test_retry_rounds_wait_for_their_backoff_use_new_ids_and_end_as_dead_letters(harness):
@@ -235,7 +240,7 @@ async def test_a_restarted_driver_reproduces_only_unsettled_lines_with_the_same_
         await harness.answer(request)
     # A crash after producing but before saving the cursor: the next driver starts from byte 0 again.
     await harness.redis.hset(constants.job_key(batch_id), mapping={"cursor": 0, "produced": 0})
-    await harness.store.release_lease(batch_id, harness.driver.token)
+    await harness.store.leases.release_lease(batch_id, harness.driver.token)
     await harness.new_driver().drive(batch_id)
     again = harness.producer.take()
     assert [r.request_id for r in again] == [r.request_id for r in first[2:]]
@@ -244,10 +249,10 @@ async def test_a_restarted_driver_reproduces_only_unsettled_lines_with_the_same_
 async def test_another_driver_waits_for_the_lease(harness):
     job = await harness.create([line("a")])
     other = harness.new_driver()
-    assert await harness.store.hold_lease(job.spec.id, harness.driver.token, 60_000)
-    assert not await harness.store.hold_lease(job.spec.id, other.token, 60_000)
-    await harness.store.release_lease(job.spec.id, harness.driver.token)
-    assert await harness.store.hold_lease(job.spec.id, other.token, 60_000)
+    assert await harness.store.leases.hold_lease(job.spec.id, harness.driver.token, 60_000)
+    assert not await harness.store.leases.hold_lease(job.spec.id, other.token, 60_000)
+    await harness.store.leases.release_lease(job.spec.id, harness.driver.token)
+    assert await harness.store.leases.hold_lease(job.spec.id, other.token, 60_000)
 
 
 async def test_cancel_ends_waiting_lines_cancels_running_ones_and_bills_only_what_succeeded(harness):
@@ -326,25 +331,25 @@ async def test_structural_faults_fail_the_batch_with_openai_errors(harness):
     job = await harness.create([line("a"), "not json", line("a")])
     assert job.status == jobs.FAILED and job.spec.total == 0
     assert [(e.code, e.line) for e in job.errors] == [("invalid_json_line", 2), ("duplicate_custom_id", 3)]
-    assert job.spec.id not in await harness.store.active_jobs()
+    assert job.spec.id not in await harness.store.jobs.active_jobs()
     body = render.batch_object(job)
     assert body["errors"]["object"] == "list" and body["failed_at"] is not None
 
 
 async def test_files_and_batches_belong_to_their_tenant(harness):
     job = await harness.create([line("a")])
-    record = await harness.store.get_file(job.spec.input_file_id)
+    record = await harness.store.files.get_file(job.spec.input_file_id)
     for call in (
-        harness.api.get_file(OTHER, record.id),
-        harness.api.content(OTHER, record.id),
-        harness.api.delete_file(OTHER, record.id),
+        harness.api_files.get_file(OTHER, record.id),
+        harness.api_files.content(OTHER, record.id),
+        harness.api_files.delete_file(OTHER, record.id),
         harness.api.get(OTHER, job.spec.id),
-        harness.api.content(OTHER, job.spec.output_file_id),
+        harness.api_files.content(OTHER, job.spec.output_file_id),
     ):
         with pytest.raises(ApiError) as caught:
             await call
         assert caught.value.status == 404
-    assert record.id not in [r.id for r in (await harness.api.list_files(OTHER, None, None, 100))[0]]
+    assert record.id not in [r.id for r in (await harness.api_files.list_files(OTHER, None, None, 100))[0]]
     assert job.spec.id not in [j.spec.id for j in (await harness.api.list(OTHER, None, 100))[0]]
     assert job.spec.id in [j.spec.id for j in (await harness.api.list(TENANT, None, 100))[0]]
 
@@ -364,15 +369,15 @@ async def test_listing_pages_newest_first(harness):
 
 
 async def test_expired_files_are_swept(harness):
-    record = await harness.api.upload(TENANT, "x.jsonl", "batch", _Source(b"{}"))
+    record = await harness.api_files.upload(TENANT, "x.jsonl", "batch", _Source(b"{}"))
     await harness.driver.sweep_files(record.expires_at)
-    assert await harness.store.get_file(record.id) is None
+    assert await harness.store.files.get_file(record.id) is None
     assert not await harness.files.exists(record.path)
 
 
 async def test_an_idempotency_key_returns_the_same_batch_and_runs_nothing_twice(harness):
     tenant = Principal(tenant_id=f"idem-{uuid.uuid4().hex[:8]}")
-    record = await harness.api.upload(tenant, "in.jsonl", "batch", _Source(line("a").encode()))
+    record = await harness.api_files.upload(tenant, "in.jsonl", "batch", _Source(line("a").encode()))
     body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode()
     key = f"k-{uuid.uuid4().hex}"
     first = await harness.api.create(tenant, body, key)
@@ -390,7 +395,7 @@ async def test_a_failed_creation_releases_its_idempotency_key(harness):
     body = json.dumps({"input_file_id": "file-missing", "endpoint": "/v1/completions"}).encode()
     with pytest.raises(ApiError):
         await harness.api.create(TENANT, body, key)
-    record = await harness.api.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()))
+    record = await harness.api_files.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()))
     body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode()
     job = await harness.api.create(TENANT, body, key)
     harness.created.append(job.spec.id)
@@ -403,7 +408,7 @@ async def test_a_router_that_cannot_drive_a_job_hands_it_over(harness):
     broken = harness.new_driver()
     await broken.step(job.spec.id)
     other = harness.new_driver()
-    assert await harness.store.hold_lease(job.spec.id, other.token, 60_000)
+    assert await harness.store.leases.hold_lease(job.spec.id, other.token, 60_000)
 
 
 async def test_result_bytes_are_bounded_per_job_and_per_tenant_and_come_back_when_a_job_ends():
@@ -444,7 +449,7 @@ async def test_an_idempotency_key_reused_for_another_batch_is_refused(harness):
     key = f"k-{uuid.uuid4().hex}"
     bodies = []
     for custom_id in ("a", "b"):
-        record = await harness.api.upload(tenant, "in.jsonl", "batch", _Source(line(custom_id).encode()))
+        record = await harness.api_files.upload(tenant, "in.jsonl", "batch", _Source(line(custom_id).encode()))
         bodies.append(json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode())
     first = await harness.api.create(tenant, bodies[0], key)
     harness.created.append(first.spec.id)

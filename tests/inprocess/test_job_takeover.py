@@ -2,8 +2,8 @@
 MirrorMaker 2: the test copies region A's job topics to the names MirrorMaker 2 gives them in region B itself).
 
 Region A and B are two Redis databases, two memory file stores and two sets of job topics (unique names per run); the
-API pod's BatchJobs creates the job in A, the result-router's JobDriver and JobLedger drive and settle it (their
-request producer records, the job log is the real broker)."""
+API pod's BatchFiles and BatchJobs create the job in A, the result-router's JobDriver and JobLedger drive and settle it
+(their request producer records, the job log is the real broker)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.batch_jobs.batches import BatchJobs
+from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.ratelimit import RateLimiter
-from llmq_core import jobs, kafka, regions, wire
+from llmq_core import kafka, wire
 from llmq_core.clock import FakeClock
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog, JobTopics, read_topics
-from llmq_core.jobs import JobOwner
-from llmq_core.jobstore import JobStore
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
+from llmq_jobs import jobs, regions
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog, JobTopics, read_topics
+from llmq_jobs.jobs import JobOwner
+from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.owners import OwnerWatcher
 from tests.inprocess.test_batch_jobs_ledger import TENANT, RecordingProducer, _Source, line, result_for
@@ -54,14 +56,16 @@ class Region:
         self.clock = FakeClock()
         self.requests = RecordingProducer()
         models = {n: spec.context_window for n, spec in BUILTIN_MODELS.items()}
-        self.api = BatchJobs(
-            self.settings, self.store, self.files, self.clock, lambda: models, RateLimiter(self.redis, self.clock)
-        )
+        limiter = RateLimiter(self.redis, self.clock)
+        self.api_files = BatchFiles(self.settings, self.store, self.files, self.clock, limiter)
+        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models, limiter)
         self.ledger = JobLedger(self.settings, self.store, self.requests, self.clock)
         self.driver = JobDriver(self.settings, self.store, self.files, self.requests, self.redis, self.clock)
 
     async def create(self, custom_ids: list[str]) -> str:
-        record = await self.api.upload(TENANT, "in.jsonl", "batch", _Source("\n".join(map(line, custom_ids)).encode()))
+        record = await self.api_files.upload(
+            TENANT, "in.jsonl", "batch", _Source("\n".join(map(line, custom_ids)).encode())
+        )
         body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": "10m"})
         return (await self.api.create(TENANT, body.encode())).spec.id
 
@@ -73,16 +77,16 @@ class Region:
         return [r.reply_to.custom_id for r in taken]
 
     async def state(self, batch_id: str) -> tuple:
-        job = await self.store.get_job(batch_id)
-        lines = dict([item async for item in self.store.scan_lines(batch_id)])
-        results = {r.reply_to.custom_id: r async for r in self.store.scan_results(batch_id)}
-        return job.status, job.counts, lines, results, await self.store.owner(batch_id)
+        job = await self.store.jobs.get_job(batch_id)
+        lines = dict([item async for item in self.store.ledger.scan_lines(batch_id)])
+        results = {r.reply_to.custom_id: r async for r in self.store.ledger.scan_results(batch_id)}
+        return job.status, job.counts, lines, results, await self.store.owners.owner(batch_id)
 
     async def output_ids(self, batch_id: str) -> list[str]:
-        job = await self.store.get_job(batch_id)
+        job = await self.store.jobs.get_job(batch_id)
         ids = []
         for file_id in (job.spec.output_file_id, job.spec.error_file_id):
-            data = b"".join([chunk async for chunk in await self.api.content(TENANT, file_id)])
+            data = b"".join([chunk async for chunk in await self.api_files.content(TENANT, file_id)])
             ids += [json.loads(x)["custom_id"] for x in data.splitlines()]
         return ids
 
@@ -179,10 +183,10 @@ async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_p
         watcher.stop()
         await task
         await consumer.stop()
-    assert await a.store.owner(batch_id) == B
+    assert await a.store.owners.owner(batch_id) == B
     await a.driver.tick()
     assert a.requests.take() == []
-    assert batch_id not in await a.store.active_jobs()
+    assert batch_id not in await a.store.jobs.active_jobs()
     late = wire.FinalResult(
         request_id=f"{batch_id}:line-9",
         outcome=wire.Outcome.SUCCEEDED,
@@ -191,7 +195,7 @@ async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_p
         reply_to=wire.JobReply(batch_id=batch_id, custom_id="line-9"),
     )
     await a.ledger.on_result(late)  # a result of A's that arrives late: A's ledger leaves the line alone
-    assert await a.store.line_states(batch_id, ["line-9"]) == [jobs.pending(0)]
+    assert await a.store.ledger.line_states(batch_id, ["line-9"]) == [jobs.pending(0)]
 
     # B finishes the job: every custom_id exactly once across its output and error files
     rerun = []
@@ -200,7 +204,7 @@ async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_p
         rerun += await b.answer_all()
         await b.driver.tick()
     assert sorted(rerun) == sorted(set(custom_ids) - set(settled_in_a[:3]))
-    assert (await b.store.get_job(batch_id)).status == jobs.COMPLETED
+    assert (await b.store.jobs.get_job(batch_id)).status == jobs.COMPLETED
     assert sorted(await b.output_ids(batch_id)) == sorted(custom_ids)
 
     # A's last settlement reaches B once A is back: one line ran in both regions, counted as a rerun
@@ -209,11 +213,11 @@ async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_p
     assert reruns == {batch_id: 1}
 
     # B's Redis is lost: the view rebuilt from B's own topics serves the same job and files
-    before = (await b.store.get_job(batch_id)).status, sorted(await b.output_ids(batch_id))
+    before = (await b.store.jobs.get_job(batch_id)).status, sorted(await b.output_ids(batch_id))
     await b.redis.flushdb()
     assert await regions.rebuild(b.settings, b.store, b.files, own=b.topics) == 1
-    assert ((await b.store.get_job(batch_id)).status, sorted(await b.output_ids(batch_id))) == before
-    assert await b.store.owner(batch_id) == B
+    assert ((await b.store.jobs.get_job(batch_id)).status, sorted(await b.output_ids(batch_id))) == before
+    assert await b.store.owners.owner(batch_id) == B
 
 
 async def test_a_rebuilt_view_of_a_running_job_is_the_same(settings, regions_pair):

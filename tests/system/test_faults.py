@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from bench.loadgen import wait_ready
+from llmq_bench.loadgen import wait_ready
 from llmq_cli.devstack import DevStack, StackConfig
 from llmq_core import constants, kafka, wire
 from tests import ports

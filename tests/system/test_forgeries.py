@@ -19,10 +19,11 @@ import openai
 import pytest
 from aiokafka import TopicPartition
 
-from llmq_core import constants, jobs, kafka, wire
+from llmq_core import constants, kafka, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.security import ROLE_ADMIN, ROLE_WORKER
 from llmq_core.status import ErrorCode
+from llmq_jobs import jobs
 from tests import ports
 from tests.builders import kafka_request
 from tests.infra import SECURE_INGRESS_PRINCIPALS, SECURE_REPLY_TOPIC_PREFIXES

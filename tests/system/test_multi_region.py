@@ -24,7 +24,7 @@ from aiokafka import TopicPartition
 
 from llmq_cli.devstack import DevStack
 from llmq_core import kafka
-from llmq_core.joblog import JobTopics, read_topics
+from llmq_jobs.joblog import JobTopics, read_topics
 from tests.stacks import two_regions, wait_for_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]  # two whole stacks, MM2, failover

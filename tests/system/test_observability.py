@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from bench.light_timeline import timeline
+from llmq_bench.light_timeline import timeline
 from llmq_cli.devstack import DevStack
 from llmq_cli.slo import Samples, report, scrape
 from tests import ports

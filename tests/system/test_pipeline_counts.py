@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.pipeline import PipelineConfig, closed_loop, measure_llmq
+from llmq_bench.pipeline import PipelineConfig, closed_loop, measure_llmq
 from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS
 from tests import ports
 from tests.stacks import private_stack

@@ -22,12 +22,13 @@ from llmq_api.auth import KeyStore, Principal
 from llmq_api.errors import STORE_FULL_RETRY_AFTER_S
 from llmq_api.pod import Pod
 from llmq_cli.devstack import redis_server_argv
-from llmq_core import constants, jobs, wire
+from llmq_core import constants, wire
 from llmq_core.clock import FakeClock
-from llmq_core.jobs import JobSpec
-from llmq_core.jobstore import JobStore
 from llmq_core.redis_client import MEMORY_POLICY, check_memory_policy
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.jobs import JobSpec
+from llmq_jobs.store import JobStore
 from llmq_result_router.store import ResultStore
 from tests.builders import job_spec
 from tests.stacks import RATE_LIMIT_TIMEOUT_MS
@@ -91,7 +92,7 @@ async def test_filling_redis_with_results_evicts_only_keys_with_a_ttl_and_a_ledg
     async with private_redis(tmp_path, 4 * MIB, MEMORY_POLICY) as redis:
         store, batch_id = JobStore(redis), "batch_memory"
         lines = {f"line-{i}": jobs.pending(0) for i in range(500)}
-        await store.create_job(_spec(batch_id, len(lines)), jobs.IN_PROGRESS, {}, files=(), lines=lines)
+        await store.jobs.create_job(_spec(batch_id, len(lines)), jobs.IN_PROGRESS, {}, files=(), lines=lines)
         results = ResultStore(redis, TTL_MS, max_bytes=64 * MIB, max_results=100_000)
         written = 0
         for i in range(600):  # ~12 MB of results, 3x the budget, from 30 tenants (none reaches its own bound)
@@ -103,7 +104,7 @@ async def test_filling_redis_with_results_evicts_only_keys_with_a_ttl_and_a_ledg
         assert await redis.hgetall(constants.job_lines_key(batch_id)) == {
             k.encode(): v.encode() for k, v in lines.items()
         }
-        assert (await store.get_job(batch_id)).status == jobs.IN_PROGRESS
+        assert (await store.jobs.get_job(batch_id)).status == jobs.IN_PROGRESS
         kept = [key async for key in redis.scan_iter(match=constants.REDIS_RESULT_PREFIX + "*")]
         assert 0 < len(kept) < written
         async for key in redis.scan_iter():  # whatever lacks a TTL is job state, which eviction may not take
@@ -242,11 +243,11 @@ async def test_services_warn_about_a_redis_that_may_grow_or_evict_job_state(tmp_
 async def test_an_ended_job_is_kept_without_a_ttl_until_the_retention_sweep_deletes_it(tmp_path):
     async with private_redis(tmp_path, 64 * MIB, MEMORY_POLICY) as redis:
         store, spec = JobStore(redis), _spec("batch_retired", 1)
-        await store.create_job(spec, jobs.IN_PROGRESS, {}, files=(), lines={"line-0": jobs.pending(0)})
-        await store.retire(spec.id, until_s=1_000)
+        await store.jobs.create_job(spec, jobs.IN_PROGRESS, {}, files=(), lines={"line-0": jobs.pending(0)})
+        await store.jobs.retire(spec.id, until_s=1_000)
         assert await redis.pttl(constants.job_key(spec.id)) == -1  # no TTL: volatile-lru can never take it
         assert not await redis.exists(constants.job_lines_key(spec.id))
-        assert await store.expired_jobs(999) == [] and await store.expired_jobs(1_000) == [spec.id]
-        await store.delete_job(spec.id)
-        assert await store.get_job(spec.id) is None and await store.expired_jobs(2_000) == []
+        assert await store.jobs.expired_jobs(999) == [] and await store.jobs.expired_jobs(1_000) == [spec.id]
+        await store.jobs.delete_job(spec.id)
+        assert await store.jobs.get_job(spec.id) is None and await store.jobs.expired_jobs(2_000) == []
         assert await redis.zcard(constants.tenant_jobs_key(spec.tenant_id)) == 0

@@ -16,7 +16,7 @@ import openai
 import pytest
 from aiokafka import TopicPartition
 
-from bench.prompts import cut_prompts
+from llmq_bench.prompts import cut_prompts
 from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
 from llmq_core.kafka import make_consumer

@@ -21,7 +21,7 @@ from llmq_cli.batchrun.outcomes import OUTCOMES, Validator, schema_validator
 from llmq_cli.batchrun.pipeline import Pipeline, RunConfig
 from llmq_cli.batchrun.report import Prices, conclude
 from llmq_cli.batchrun.shard import LineTooLarge, shard_limits
-from llmq_core.jobs import parse_window
+from llmq_jobs.jobs import parse_window
 
 ANY_WINDOW_S = 10**9  # the target says how long a window it takes; here only the shape is checked
 SHOWN_PROBLEMS = 50

@@ -9,7 +9,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmq_core.jobs import CUSTOM_ID_RE
+from llmq_jobs.jobs import CUSTOM_ID_RE
 
 MAX_PROBLEMS_KEPT = 1000  # a job with more offenders lists these; the count is still exact
 

@@ -46,7 +46,7 @@ _ID_PREFIX = {"completions": "cmpl", "chat.completions": "chatcmpl"}
 
 def create_app(pod: Pod) -> FastAPI:
     """The ASGI app serving ``pod``; its lifespan starts and stops the pod's background loops. The routes reach the
-    pod's generation service, key store, catalog, metrics and probes (``batch_jobs`` and ``keys`` on ``app.state`` for
+    pod's generation service, key store, catalog, metrics and probes (``batch_files``, ``batch_jobs`` and ``keys`` on ``app.state`` for
     the ``/v1/files`` and ``/v1/batches`` routes)."""
     keys, catalog, generation, metrics = pod.keys, pod.catalog, pod.generation, pod.metrics
     intake = Intake(keys, catalog, pod.settings, pod.token_counters)
@@ -60,7 +60,7 @@ def create_app(pod: Pod) -> FastAPI:
             await pod.stop()
 
     app = HotRoutesApp(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.keys, app.state.batch_jobs = keys, pod.batch_jobs
+    app.state.keys, app.state.batch_files, app.state.batch_jobs = keys, pod.batch_files, pod.batch_jobs
     if tracing.enabled():  # configured before the app is built; off, requests skip the extra layer
         app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request
     if pod.settings.api.access_log:

@@ -16,7 +16,8 @@ from redis.asyncio import Connection, ConnectionPool, Redis
 from llmq_api import health
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
-from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.batch_jobs.batches import BatchJobs
+from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.catalog import ModelCatalog
 from llmq_api.gateway import Gateway, RequestProducer
 from llmq_api.generation import Generation
@@ -28,14 +29,14 @@ from llmq_api.saturation import SaturationMonitor
 from llmq_api.waiters import Dispatched, WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock, Sleep
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog
-from llmq_core.jobstore import JobStore
 from llmq_core.labels import LabelSet
 from llmq_core.names import Names
 from llmq_core.redis_client import check_memory_policy, make_redis
 from llmq_core.settings import Settings
 from llmq_core.token_counts import load_counters
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog
+from llmq_jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +292,7 @@ async def pod_heartbeat(redis: Redis, instance_id: str, clock: Clock, interval_m
 
 class Pod:
     """One API pod, wired: settings, clients, background loops, and the parts its routes use (``generation``,
-    ``keys``, ``catalog``, ``metrics``, ``batch_jobs``, the probes :meth:`readiness` and :attr:`dependencies`).
+    ``keys``, ``catalog``, ``metrics``, ``batch_files``, ``batch_jobs``, the probes :meth:`readiness` and :attr:`dependencies`).
 
     ``keys`` defaults to :meth:`KeyStore.from_settings` (raises ValueError for a bad keys file); ``names``: the Redis
     keys it reads, such as the hash of the batchers' reports (tests pass private ones).
@@ -346,14 +347,10 @@ class Pod:
             heartbeats_channel=names.heartbeats_channel,
         )
         self.generation = self._generation()
+        store, files = JobStore(self.redis, log=self._job_log()), FileStore(settings.jobs.files_url)
+        self.batch_files = BatchFiles(settings, store, files, clock, self.limiter)
         self.batch_jobs = BatchJobs(
-            settings,
-            JobStore(self.redis, log=self._job_log()),
-            FileStore(settings.jobs.files_url),
-            clock,
-            self.catalog.context_windows,
-            self.limiter,
-            self.token_counters,
+            settings, store, files, clock, self.catalog.context_windows, self.limiter, self.token_counters
         )
         self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []

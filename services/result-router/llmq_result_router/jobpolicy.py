@@ -10,10 +10,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from llmq_core import jobs, wire
-from llmq_core.jobs import JobView
-from llmq_core.jobstore import LineChange
+from llmq_core import wire
 from llmq_core.status import ErrorCode, ErrorType
+from llmq_jobs import jobs
+from llmq_jobs.jobs import JobView
+from llmq_jobs.store import LineChange
 
 UNKNOWN_JOB = "unknown_job"  # forged_results reason: no job has that batch id
 OTHER_TENANT = "other_tenant"  # ... the job is another tenant's

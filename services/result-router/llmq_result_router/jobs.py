@@ -23,12 +23,13 @@ from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from llmq_core import constants, jobs, kafka, wire
+from llmq_core import constants, kafka, wire
 from llmq_core.clock import Clock
-from llmq_core.filestore import FileStore
-from llmq_core.jobs import JobView
-from llmq_core.jobstore import JobStore, LineChange
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.jobs import JobView
+from llmq_jobs.store import JobStore, LineChange
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobpolicy import Plan, Step
 from llmq_result_router.owners import OwnerWatcher
@@ -61,7 +62,7 @@ class JobLedger:
         batch_id = result.reply_to.batch_id
         tenant = self._tenants.get(batch_id)
         if tenant is None:
-            tenant = await self.store.job_tenant(batch_id)
+            tenant = await self.store.jobs.job_tenant(batch_id)
             if tenant is not None:
                 if len(self._tenants) >= TENANTS_CACHED:
                     self._tenants.clear()
@@ -74,7 +75,7 @@ class JobLedger:
         reply = result.reply_to
         if not await _owned(self.store, reply.batch_id, self.settings.region.name):
             return  # another region took the job over (fencing): its ledger settles the line
-        [state] = await self.store.line_states(reply.batch_id, [reply.custom_id])
+        [state] = await self.store.ledger.line_states(reply.batch_id, [reply.custom_id])
         change = jobpolicy.settle_result(
             result,
             state,
@@ -96,7 +97,7 @@ class JobLedger:
         delay_s = LEDGER_RETRY_FIRST_S
         while True:
             try:
-                await self.store.settle_many(batch_id, [change])
+                await self.store.ledger.settle_many(batch_id, [change])
                 return
             except ResponseError as exc:
                 log.warning(
@@ -145,12 +146,12 @@ class JobDriver:
                 pass
         with contextlib.suppress(Exception):  # Redis gone: the leases simply lapse
             for batch_id in self._held:
-                await self.store.release_lease(batch_id, self.token)
+                await self.store.leases.release_lease(batch_id, self.token)
 
     async def tick(self) -> None:
         if self.owners is not None and not self.owners.caught_up.is_set():
             return
-        active = await self.store.active_jobs()
+        active = await self.store.jobs.active_jobs()
         self._held &= set(active)
         for batch_id in active:
             await self.step(batch_id)
@@ -161,7 +162,7 @@ class JobDriver:
 
     async def step(self, batch_id: str) -> None:
         """Drive one job if its lease is ours (taking a free one); a job that fails is handed over."""
-        if not await self.store.hold_lease(batch_id, self.token, self.settings.jobs.batch_lease_ms):
+        if not await self.store.leases.hold_lease(batch_id, self.token, self.settings.jobs.batch_lease_ms):
             self._held.discard(batch_id)
             return
         self._held.add(batch_id)
@@ -171,12 +172,12 @@ class JobDriver:
             # Hand the job over: another router (say, one that can read the file store) may do better.
             log.exception("driving batch %s failed; releasing it", batch_id, extra={"batch_id": batch_id})
             self._held.discard(batch_id)
-            await self.store.release_lease(batch_id, self.token)
+            await self.store.leases.release_lease(batch_id, self.token)
 
     async def drive(self, batch_id: str) -> None:
         """One step of one job (see :func:`jobpolicy.plan_job`), unless another region's claim outranks ours (checked
         before every step: a takeover fences this region off from its next step on)."""
-        job = await self.store.get_job(batch_id)
+        job = await self.store.jobs.get_job(batch_id)
         if job is None:
             await self.redis.srem(constants.ACTIVE_JOBS_KEY, batch_id)
             return
@@ -198,7 +199,7 @@ class JobDriver:
 
     async def _run(self, job: JobView) -> None:
         batch_id = job.spec.id
-        waiting = await self.store.waiting_retries(batch_id)
+        waiting = await self.store.ledger.waiting_retries(batch_id)
         room = self.settings.jobs.batch_in_flight_lines - jobpolicy.in_flight(job, waiting)
         if room <= 0:
             return
@@ -212,24 +213,26 @@ class JobDriver:
         if not lines:
             return
         requests = [msgspec.json.decode(raw, type=wire.GenerationRequest) for _, raw in lines]
-        states = await self.store.line_states(spec.id, [r.reply_to.custom_id for r in requests])
+        states = await self.store.ledger.line_states(spec.id, [r.reply_to.custom_id for r in requests])
         now_ms = self.clock.now_ms()
         due = [msgspec.structs.replace(r, created_ms=now_ms) for r, s in zip(requests, states) if s == jobs.pending(0)]
         await self._send(due)
-        await self.store.set_cursor(spec.id, lines[-1][0], len(lines))
+        await self.store.ledger.set_cursor(spec.id, lines[-1][0], len(lines))
 
     async def _produce_retries(self, job: JobView, limit: int) -> int:
         batch_id = job.spec.id
-        custom_ids = await self.store.due_retries(batch_id, self.clock.now_ms(), limit)
+        custom_ids = await self.store.ledger.due_retries(batch_id, self.clock.now_ms(), limit)
         if not custom_ids:
             return 0
-        states = await self.store.line_states(batch_id, custom_ids)
-        offsets = await self.store.offsets(batch_id, custom_ids)
+        states = await self.store.ledger.line_states(batch_id, custom_ids)
+        offsets = await self.store.ledger.offsets(batch_id, custom_ids)
         now_ms = self.clock.now_ms()
         out: list[tuple[str, str, wire.GenerationRequest]] = []
         for custom_id, state, span in zip(custom_ids, states, offsets):
             code, round_ = jobs.parse_state(state or "")
-            if code == jobs.RETRY and await self.store.cas_line(batch_id, custom_id, state, jobs.pending(round_)):
+            if code == jobs.RETRY and await self.store.ledger.cas_line(
+                batch_id, custom_id, state, jobs.pending(round_)
+            ):
                 code = jobs.PENDING  # a pending line still queued for retry: produced before a crash, maybe not
             if code != jobs.PENDING or span is None:
                 continue
@@ -241,7 +244,7 @@ class JobDriver:
             out.append((custom_id, jobs.pending(round_), request))
         await self._send([request for _, _, request in out])
         for custom_id, state, _ in out:
-            await self.store.unqueue_retry(batch_id, custom_id, state)
+            await self.store.ledger.unqueue_retry(batch_id, custom_id, state)
         return len(out)
 
     async def _send(self, requests: Iterable[wire.GenerationRequest]) -> None:
@@ -270,7 +273,7 @@ class JobDriver:
         batch_id = job.spec.id
         ending, running = [], []
         async for chunk in self._unsettled(batch_id):
-            spans = await self.store.offsets(batch_id, [custom_id for custom_id, _ in chunk])
+            spans = await self.store.ledger.offsets(batch_id, [custom_id for custom_id, _ in chunk])
             for (custom_id, state), span in zip(chunk, spans):
                 (ending if which(state, span[0] if span else 0) else running).append((custom_id, state))
         if cancel_others and running:
@@ -281,7 +284,7 @@ class JobDriver:
                 jobpolicy.end_line(batch_id, custom_id, state, outcome, now_ms)
                 for custom_id, state in ending[start : start + SETTLE_CHUNK]
             ]
-            await self.store.settle_many(batch_id, [c for c in changes if c is not None])
+            await self.store.ledger.settle_many(batch_id, [c for c in changes if c is not None])
 
     async def _publish_cancels(self, batch_id: str, lines: list[tuple[str, str]]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -296,7 +299,7 @@ class JobDriver:
     async def _unsettled(self, batch_id: str, size: int = 500):
         """The job's unsettled lines, as lists of (custom_id, state) of at most ``size``."""
         chunk: list[tuple[str, str]] = []
-        async for custom_id, state in self.store.scan_lines(batch_id):
+        async for custom_id, state in self.store.ledger.scan_lines(batch_id):
             if jobs.parse_state(state)[0] not in jobs.TERMINAL_LINE_STATES:
                 chunk.append((custom_id, state))
                 if len(chunk) >= size:
@@ -310,12 +313,12 @@ class JobDriver:
         spec = job.spec
         now_s = self.clock.now_ms() // 1000
         if plan.final_status == jobs.COMPLETED and job.status == jobs.IN_PROGRESS:
-            await self.store.move_status(spec.id, [jobs.IN_PROGRESS], jobs.FINALIZING, now_s)
-        results = [_json(result) + b"\n" async for result in self.store.scan_results(spec.id)]
+            await self.store.jobs.move_status(spec.id, [jobs.IN_PROGRESS], jobs.FINALIZING, now_s)
+        results = [_json(result) + b"\n" async for result in self.store.ledger.scan_results(spec.id)]
         await self.files.write(spec.results_path, results)
         allowed = [jobs.FINALIZING] if plan.final_status == jobs.COMPLETED else [job.status]
-        if await self.store.move_status(spec.id, allowed, plan.final_status, now_s):
-            await self.store.retire(spec.id, now_s + self.settings.jobs.files_retention_s)
+        if await self.store.jobs.move_status(spec.id, allowed, plan.final_status, now_s):
+            await self.store.jobs.retire(spec.id, now_s + self.settings.jobs.files_retention_s)
             await self.files.delete(spec.prepared_path)
             self._wound_down.discard(spec.id)
             log.info("batch %s ended %s: %s", spec.id, plan.final_status, job.counts, extra={"batch_id": spec.id})
@@ -325,18 +328,18 @@ class JobDriver:
     async def sweep_files(self, now_s: int) -> None:
         """Delete files past their ``expires_at`` (the stored object and the record), and ended jobs past their
         retention."""
-        for batch_id in await self.store.expired_jobs(now_s):
-            await self.store.delete_job(batch_id)
-        for file_id in await self.store.expired_files(now_s):
-            record = await self.store.get_file(file_id)
+        for batch_id in await self.store.jobs.expired_jobs(now_s):
+            await self.store.jobs.delete_job(batch_id)
+        for file_id in await self.store.files.expired_files(now_s):
+            record = await self.store.files.get_file(file_id)
             if record is None:
                 await self.redis.zrem(constants.FILE_EXPIRY_KEY, file_id)
                 continue
             if record.path:
                 await self.files.delete(record.path)
-            await self.store.delete_file(record)
+            await self.store.files.delete_file(record)
 
 
 async def _owned(store: JobStore, batch_id: str, region: str) -> bool:
     """Whether this region holds the highest claim known on the job (a job without claims is this region's)."""
-    return await store.owner(batch_id) in (None, region)
+    return await store.owners.owner(batch_id) in (None, region)

@@ -10,12 +10,12 @@ import functools
 
 from llmq_core import constants, kafka, metrics, runtime
 from llmq_core.clock import SYSTEM_CLOCK
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog
-from llmq_core.jobstore import JobStore
 from llmq_core.labels import LabelSet
 from llmq_core.redis_client import check_memory_policy
 from llmq_core.settings import Settings
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog
+from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.owners import OwnerWatcher

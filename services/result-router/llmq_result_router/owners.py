@@ -1,6 +1,6 @@
 """Fencing of batch jobs across regions: every result-router follows the claims on jobs (this region's owners topic
 and every peer's mirrored here) into the Redis view, and drives or settles a job only while this region's claim is
-the highest known (:mod:`llmq_core.regions`). Until it has read every owners topic to the end it found at start,
+the highest known (:mod:`llmq_jobs.regions`). Until it has read every owners topic to the end it found at start,
 the driver waits: a region that comes back must learn of a takeover before it drives anything."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import logging
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmq_core.joblog import owners_topics
-from llmq_core.jobs import JobOwner
-from llmq_core.jobstore import JobStore
+from llmq_jobs.joblog import owners_topics
+from llmq_jobs.jobs import JobOwner
+from llmq_jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,14 @@ class OwnerWatcher:
         for records in (await self.consumer.getmany(timeout_ms=POLL_MS)).values():
             for record in records:
                 if record.value is not None:
-                    await self.store.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
+                    await self.store.owners.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
 
     async def _assign(self, topics: list[str]) -> None:
         """Follow ``topics`` from their start (claims are few and applying one twice changes nothing)."""
         if topics == self._topics:
             return
         self._topics = topics
-        partitions = [TopicPartition(t, 0) for t in topics]  # one partition each (llmq_core.joblog)
+        partitions = [TopicPartition(t, 0) for t in topics]  # one partition each (llmq_jobs.joblog)
         self.consumer.assign(partitions)
         if partitions:
             await self.consumer.seek_to_beginning(*partitions)

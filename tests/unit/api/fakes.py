@@ -1,11 +1,14 @@
 """Fakes shared by the API unit tests."""
 
+from __future__ import annotations
+
 import asyncio
 
 import msgspec
 
-from llmq_core import jobs, wire
+from llmq_core import wire
 from llmq_core.labels import DEV_TENANT
+from llmq_jobs import jobs
 
 
 def final(
@@ -61,25 +64,36 @@ class Trigger:
         await self._event.wait()
 
 
-class MemoryJobStore:
-    """In memory, the JobStore calls the API pod's /v1/files and /v1/batches routes make (no ledger, no driver)."""
+class MemoryFiles:
+    """In memory, the FileIndex calls of the /v1/files routes."""
 
-    def __init__(self) -> None:
-        self.files: dict = {}
-        self.jobs: dict = {}
-        self.batch_keys: dict[tuple[str, str], str] = {}
-        self.storage: dict[str, int] = {}
-        self.result_bytes: dict[str, int] = {}
+    def __init__(self, quotas: MemoryQuotas) -> None:
+        self.records: dict = {}
+        self.quotas = quotas
 
     async def put_file(self, record) -> None:
-        self.files[record.id] = record
+        self.records[record.id] = record
 
     async def get_file(self, file_id: str):
-        return self.files.get(file_id)
+        return self.records.get(file_id)
 
     async def delete_file(self, record) -> None:
-        if self.files.pop(record.id, None) is not None and record.kind == "input":
-            await self.release_storage(record.tenant_id, record.bytes)
+        if self.records.pop(record.id, None) is not None and record.kind == "input":
+            await self.quotas.release_storage(record.tenant_id, record.bytes)
+
+    async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
+        newest_first = [r for r in self.records.values() if r.tenant_id == tenant_id][::-1]
+        if after is not None:
+            newest_first = newest_first[newest_first.index(after) + 1 :]
+        return newest_first[:limit], len(newest_first) > limit
+
+
+class MemoryQuotas:
+    """In memory, the tenants' storage and result-byte counters."""
+
+    def __init__(self) -> None:
+        self.storage: dict[str, int] = {}
+        self.result_bytes: dict[str, int] = {}
 
     async def reserve_storage(self, tenant_id: str, size: int, quota: int) -> int | None:
         return _reserve(self.storage, tenant_id, size, quota)
@@ -96,11 +110,14 @@ class MemoryJobStore:
     async def unreserve_result_bytes(self, tenant_id: str, size: int) -> None:
         _reserve(self.result_bytes, tenant_id, -size)
 
-    async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
-        newest_first = [r for r in self.files.values() if r.tenant_id == tenant_id][::-1]
-        if after is not None:
-            newest_first = newest_first[newest_first.index(after) + 1 :]
-        return newest_first[:limit], len(newest_first) > limit
+
+class MemoryJobs:
+    """In memory, the JobTable calls of the /v1/batches routes (a created job's output files go to ``files``)."""
+
+    def __init__(self, files: MemoryFiles) -> None:
+        self.views: dict = {}
+        self.batch_keys: dict[tuple[str, str], str] = {}
+        self.files = files
 
     async def create_job(
         self,
@@ -117,20 +134,14 @@ class MemoryJobStore:
         owner=None,
     ) -> None:
         for record in files:
-            self.files[record.id] = record
-        self.jobs[spec.id] = jobs.JobView(
+            self.files.records[record.id] = record
+        self.views[spec.id] = jobs.JobView(
             spec=spec,
             status=status,
             times=dict(times),
             errors=list(errors),
             counts={"errored": len(results or ()) + errored},
         )
-
-    async def add_lines(self, batch_id: str, lines, offsets, results, requests=None) -> None:
-        pass  # no ledger here: the routes never read it
-
-    async def discard_ledger(self, batch_id: str) -> None:
-        pass
 
     async def claim_batch_key(self, tenant_id: str, key: str, batch_id: str, ttl_s: int) -> str | None:
         earlier = self.batch_keys.setdefault((tenant_id, key), batch_id)
@@ -140,24 +151,44 @@ class MemoryJobStore:
         self.batch_keys.pop((tenant_id, key), None)
 
     async def get_job(self, batch_id: str):
-        return self.jobs.get(batch_id)
+        return self.views.get(batch_id)
 
     async def list_jobs(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
-        views = [v for v in self.jobs.values() if v.spec.tenant_id == tenant_id][::-1]
+        views = [v for v in self.views.values() if v.spec.tenant_id == tenant_id][::-1]
         if after is not None:
             views = views[[v.spec.id for v in views].index(after.spec.id) + 1 :]
         return views[:limit], len(views) > limit
 
     async def move_status(self, batch_id: str, allowed, status: str, at_s: int, end_ms: int | None = None) -> bool:
-        job = self.jobs[batch_id]
+        job = self.views[batch_id]
         if job.status not in allowed:
             return False
-        self.jobs[batch_id] = msgspec.structs.replace(job, status=status, end_ms=end_ms or 0)
+        self.views[batch_id] = msgspec.structs.replace(job, status=status, end_ms=end_ms or 0)
         return True
+
+
+class MemoryLedger:
+    """No ledger here: the routes write slices of it and read results, never line states."""
+
+    async def add_lines(self, batch_id: str, lines, offsets, results, requests=None) -> None:
+        pass
+
+    async def discard_ledger(self, batch_id: str) -> None:
+        pass
 
     async def scan_results(self, batch_id: str):
         return
         yield
+
+
+class MemoryJobStore:
+    """In memory, the JobStore parts the API pod's /v1/files and /v1/batches routes call (no ledger, no driver)."""
+
+    def __init__(self) -> None:
+        self.quotas = MemoryQuotas()
+        self.files = MemoryFiles(self.quotas)
+        self.jobs = MemoryJobs(self.files)
+        self.ledger = MemoryLedger()
 
 
 def _reserve(used_by_tenant: dict[str, int], tenant_id: str, size: int, bound: float = float("inf")) -> int | None:

@@ -1,12 +1,12 @@
-"""The discrete-event simulator and the capacity math of bench/ (short runs only)."""
+"""The discrete-event simulator and the capacity math of llmq_bench (short runs only)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from bench.capacity import capacity_math, erlang_c, queueing_delay
-from bench.simulate import arrival_counts, parse_mix, run_simulation
+from llmq_bench.capacity import capacity_math, erlang_c, queueing_delay
+from llmq_bench.simulate import arrival_counts, parse_mix, run_simulation
 
 
 def test_light_load_flushes_on_the_window_and_stays_within_window_plus_one_batch():

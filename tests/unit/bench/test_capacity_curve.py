@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench import capacity_curve as cc
-from bench import loadgen, ray_peer
-from bench.prompts import CodePrompt
+from llmq_bench import capacity_curve as cc
+from llmq_bench import loadgen, ray_peer
+from llmq_bench.prompts import CodePrompt
 from llmq_core.tokenizer import IncrementalDetokenizer
 
 

@@ -1,8 +1,8 @@
-"""bench/light_timeline.py: spans to median offsets after each trace's API server span."""
+"""cli/llmq_bench/light_timeline.py: spans to median offsets after each trace's API server span."""
 
 import json
 
-from bench.light_timeline import read_spans, result, timeline
+from llmq_bench.light_timeline import read_spans, result, timeline
 
 
 def span(trace, service, name, start_ms, end_ms, kind="INTERNAL"):

@@ -10,9 +10,9 @@ import statistics
 import pytest
 from aiohttp import web
 
-from bench import loadgen
-from bench.loadgen import OK, Planned, Sample
-from bench.prompts import CodePrompt
+from llmq_bench import loadgen
+from llmq_bench.loadgen import OK, Planned, Sample
+from llmq_bench.prompts import CodePrompt
 from tests.unit.bench.local_http import refused_url, serve
 
 PROMPTS = [CodePrompt(id=f"p{i}", prompt=f"def f{i}():", max_tokens=16 + i) for i in range(3)]

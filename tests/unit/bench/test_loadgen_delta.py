@@ -1,6 +1,6 @@
 """The bench's batch counters are read until the batcher's once-a-second flush has counted what was served."""
 
-from bench import loadgen
+from llmq_bench import loadgen
 
 
 class _Clock:

@@ -1,4 +1,4 @@
-"""bench.pipeline's pure parts (latency and overhead figures, CPU per request, the floor and the goal ratios) and its
+"""llmq_bench.pipeline's pure parts (latency and overhead figures, CPU per request, the floor and the goal ratios) and its
 closed-loop client against a real local server."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from aiohttp import web
 
-from bench import pipeline
+from llmq_bench import pipeline
 from tests.unit.bench.local_http import refused_url, serve
 
 

@@ -1,4 +1,4 @@
-from bench.prompts import CHAT_QUESTIONS, cut_prompts
+from llmq_bench.prompts import CHAT_QUESTIONS, cut_prompts
 from llmq_cli.demo import chat_asks, code_asks, percentile, samples
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llmq_core import jobs, wire
+from llmq_core import wire
+from llmq_jobs import jobs
 
 
 def request() -> wire.GenerationRequest:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from llmq_api import validation
-from llmq_api.batch_jobs.service import (
+from llmq_api.batch_jobs.batches import (
     MAX_RESULT_BYTES,
     RESULT_BYTES_PER_TOKEN,
     RESULT_ENVELOPE_BYTES,

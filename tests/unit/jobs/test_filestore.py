@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from llmq_core.filestore import FileStore
+from llmq_jobs.filestore import FileStore
 
 
 @pytest.fixture(params=["local", "memory"])

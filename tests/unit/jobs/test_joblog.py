@@ -5,11 +5,12 @@ import msgspec
 import pytest
 from pydantic import ValidationError
 
-from llmq_core import jobs, wire
+from llmq_core import wire
 from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES
-from llmq_core.joblog import JobSnapshot, JobTopics, line_key, mirrored_regions, owners_topics, split_line_key
-from llmq_core.jobs import JobOwner, JobRecord
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.joblog import JobSnapshot, JobTopics, line_key, mirrored_regions, owners_topics, split_line_key
+from llmq_jobs.jobs import JobOwner, JobRecord
 from tests.builders import job_spec
 
 _json = msgspec.json.encode

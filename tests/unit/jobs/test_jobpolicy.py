@@ -3,9 +3,10 @@
 import msgspec
 import pytest
 
-from llmq_core import jobs, wire
-from llmq_core.jobs import JobView
+from llmq_core import wire
 from llmq_core.status import ErrorCode
+from llmq_jobs import jobs
+from llmq_jobs.jobs import JobView
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobpolicy import Step
 from tests.builders import job_spec

@@ -1,8 +1,8 @@
-"""llmq_core.jobs: completion windows, line states and request ids."""
+"""llmq_jobs.jobs: completion windows, line states and request ids."""
 
 import pytest
 
-from llmq_core import jobs
+from llmq_jobs import jobs
 
 DAY_S = 86_400
 

@@ -3,8 +3,9 @@
 import pytest
 
 from llmq_api.batch_jobs import render
-from llmq_core import jobs, wire
-from llmq_core.jobs import FileRecord, JobView, LineError
+from llmq_core import wire
+from llmq_jobs import jobs
+from llmq_jobs.jobs import FileRecord, JobView, LineError
 from tests.builders import job_spec
 
 BATCH = "batch_r"

@@ -43,7 +43,12 @@ def planted_tree(tmp_path: Path, importer: str, imported: str) -> Path:
         ("llmq_core", "llmq_api"),  # llmq_core imports no other llmq package
         ("llmq_worker", "llmq_batcher"),  # a service imports only llmq_core and itself
         ("llmq_api", "llmq_cli"),
-        ("bench", "llmq_cli"),  # the cycle cli <-> bench, gone
+        ("llmq_bench", "llmq_cli"),  # the cycle cli <-> bench, gone
+        ("llmq_api", "llmq_bench"),  # the services never import benchmark code
+        ("llmq_jobs", "llmq_api"),  # the batch-job library sits below the services
+        ("llmq_core", "llmq_jobs"),  # ... and above llmq_core
+        ("llmq_batcher", "llmq_jobs"),  # the batcher and the worker never see a job (contract "jobs")
+        ("llmq_worker", "llmq_jobs"),
     ],
 )
 def test_a_planted_violation_breaks_the_contract(tmp_path, importer, imported):

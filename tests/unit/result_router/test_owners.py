@@ -6,8 +6,8 @@ import asyncio
 import msgspec
 from aiokafka import TopicPartition
 
-from llmq_core.jobs import JobOwner
 from llmq_core.settings import Settings
+from llmq_jobs.jobs import JobOwner
 from llmq_result_router.jobs import JobDriver
 from llmq_result_router.owners import OwnerWatcher
 from tests.fakes import Record
@@ -55,8 +55,11 @@ class Consumer:
 
 
 class Claims:
+    """A job store whose owners part records the claims raised."""
+
     def __init__(self) -> None:
         self.raised: list[JobOwner] = []
+        self.owners = self
 
     async def raise_owner(self, claim: JobOwner) -> bool:
         self.raised.append(claim)

@@ -54,14 +54,11 @@ async def test_refused_stores_do_not_hold_up_the_partition_and_every_reply_goes_
     assert metrics.stored_dropped.labels("refused")._value.get() == 2
 
 
-class RefusingJobStore:
-    """A job store whose first ``refusals`` settle_many calls Redis refuses."""
+class RefusingLedger:
+    """A ledger whose first ``refusals`` settle_many calls Redis refuses."""
 
     def __init__(self, refusals: int) -> None:
         self.refusals, self.settled = refusals, []
-
-    async def owner(self, batch_id):
-        return None
 
     async def line_states(self, batch_id, custom_ids):
         return ["p0" for _ in custom_ids]
@@ -72,6 +69,18 @@ class RefusingJobStore:
             raise OutOfMemoryError(OOM)
         self.settled += list(changes)
         return len(self.settled)
+
+
+class NoOwners:
+    async def owner(self, batch_id):
+        return None
+
+
+class RefusingJobStore:
+    """A job store (the parts JobLedger reads) whose ledger refuses its first ``refusals`` writes."""
+
+    def __init__(self, refusals: int) -> None:
+        self.ledger, self.owners = RefusingLedger(refusals), NoOwners()
 
 
 async def test_a_refused_ledger_write_is_retried_with_backoff_until_it_lands():
@@ -88,5 +97,5 @@ async def test_a_refused_ledger_write_is_retried_with_backoff_until_it_lands():
         reply_to=wire.JobReply(batch_id="batch_1", custom_id="line-1"),
     )
     await ledger.on_result(result)
-    assert [change.custom_id for change in store.settled] == ["line-1"]
+    assert [change.custom_id for change in store.ledger.settled] == ["line-1"]
     assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]

@@ -1,7 +1,7 @@
 """OpenAI-compatible ``/v1/files`` and ``/v1/batches`` of the API pod (batch jobs run as the ``deferred`` class).
 
-``router`` is the FastAPI APIRouter the app includes. Job state lives in Redis (:mod:`llmq_core.jobstore`), files in
-the fsspec store (:mod:`llmq_core.filestore`); the result-routers drive the jobs (:mod:`llmq_result_router.jobs`).
+``router`` is the FastAPI APIRouter the app includes. Job state lives in Redis (:mod:`llmq_jobs.store`), files in
+the fsspec store (:mod:`llmq_jobs.filestore`); the result-routers drive the jobs (:mod:`llmq_result_router.jobs`).
 """
 
 from llmq_api.batch_jobs.routes import router

@@ -18,9 +18,9 @@ import msgspec
 
 from llmq_api import validation
 from llmq_api.errors import ApiError
-from llmq_core import jobs
 from llmq_core.requests import echo
 from llmq_core.token_counts import TokenCounter
+from llmq_jobs import jobs
 
 BOM = b"\xef\xbb\xbf"
 MAX_REPORTED_ERRORS = 100  # errors.data entries kept; the count of the rest is reported in the last one

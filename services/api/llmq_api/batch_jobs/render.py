@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from llmq_api.openai_format import error_for, response_body
-from llmq_core import jobs, wire
-from llmq_core.jobs import FileRecord, JobView
+from llmq_core import wire
 from llmq_core.status import ErrorCode
+from llmq_jobs import jobs
+from llmq_jobs.jobs import FileRecord, JobView
 
 _ENDED_CODES = {wire.Outcome.CANCELED: ErrorCode.BATCH_CANCELLED, wire.Outcome.EXPIRED: ErrorCode.BATCH_EXPIRED}
 _ENDED_MESSAGES = {

@@ -1,5 +1,6 @@
 """HTTP routes of ``/v1/files`` and ``/v1/batches`` (OpenAI-compatible). Thin: authenticate, parse, call the
-:class:`~llmq_api.batch_jobs.service.BatchJobs` on ``app.state.batch_jobs`` (wired by the pod), render."""
+:class:`~llmq_api.batch_jobs.files.BatchFiles` on ``app.state.batch_files`` or the
+:class:`~llmq_api.batch_jobs.batches.BatchJobs` on ``app.state.batch_jobs`` (wired by the pod), render."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from starlette.datastructures import UploadFile
 from llmq_api import idempotency, validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
-from llmq_api.batch_jobs.service import BatchJobs
+from llmq_api.batch_jobs.batches import BatchJobs
+from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.errors import ApiError, invalid
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY
 from llmq_core.status import ErrorCode
@@ -19,6 +21,10 @@ router = APIRouter()
 
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 MAX_BATCH_BODY_BYTES = 64 * 1024
+
+
+def _files(request: Request) -> BatchFiles:
+    return request.app.state.batch_files
 
 
 def _jobs(request: Request) -> BatchJobs:
@@ -77,7 +83,7 @@ def _page(data: list[dict], has_more: bool) -> dict:
 @router.post("/v1/files")
 async def create_file(request: Request) -> dict:
     principal = _principal(request)
-    service = _jobs(request)
+    service = _files(request)
     limit_bytes = service.settings.jobs.files_max_bytes + MULTIPART_OVERHEAD_BYTES
     declared = validation.bounded_int(request.headers.get("content-length", "").strip(), limit_bytes + 1)
     if declared is not None and declared > limit_bytes:
@@ -104,24 +110,24 @@ async def create_file(request: Request) -> dict:
 
 @router.get("/v1/files")
 async def list_files(request: Request, purpose: str | None = None, after: str | None = None, limit: int = 100) -> dict:
-    records, has_more = await _jobs(request).list_files(_principal(request), purpose, after, limit)
+    records, has_more = await _files(request).list_files(_principal(request), purpose, after, limit)
     return _page([render.file_object(r) for r in records], has_more)
 
 
 @router.get("/v1/files/{file_id}")
 async def get_file(file_id: str, request: Request) -> dict:
-    return render.file_object(await _jobs(request).get_file(_principal(request), file_id))
+    return render.file_object(await _files(request).get_file(_principal(request), file_id))
 
 
 @router.get("/v1/files/{file_id}/content")
 async def file_content(file_id: str, request: Request) -> StreamingResponse:
-    chunks = await _jobs(request).content(_principal(request), file_id)
+    chunks = await _files(request).content(_principal(request), file_id)
     return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
 @router.delete("/v1/files/{file_id}")
 async def delete_file(file_id: str, request: Request) -> dict:
-    await _jobs(request).delete_file(_principal(request), file_id)
+    await _files(request).delete_file(_principal(request), file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
 

@@ -2,7 +2,7 @@
 
 Pure: no I/O. The API pod creates a job (:class:`JobSpec` plus one ledger entry per input line); the result-router
 drives it (produces its lines as ``deferred`` GenerationRequests with ``reply_to=JobReply``, settles their results) and
-finalizes it. Both read and write it through :mod:`llmq_core.jobstore`. Times: ``*_ms`` epoch milliseconds, ``*_at``
+finalizes it. Both read and write it through :mod:`llmq_jobs.store`. Times: ``*_ms`` epoch milliseconds, ``*_at``
 epoch seconds (OpenAI's unit).
 
 A line's ledger state is one short string, compared and swapped atomically in Redis:
@@ -240,7 +240,7 @@ def listing_member(created_ms: int, object_id: str) -> str:
     return f"{created_ms:015d}:{object_id}"
 
 
-# --- the job log (llmq_core.joblog): records of the llmq.jobs.* topics ---------------------------------------------
+# --- the job log (llmq_jobs.joblog): records of the llmq.jobs.* topics ---------------------------------------------
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 import redis as redis_sync
 
-from bench.prompts import CodePrompt
+from llmq_bench.prompts import CodePrompt
 from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 from llmq_core.status import ErrorCode, ErrorType
 

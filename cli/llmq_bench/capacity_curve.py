@@ -6,10 +6,10 @@ Steps, all on this machine and one system at a time:
 2. The batch time is chosen so that 110% of ideal capacity (workers x max batch / batch time) is at most half that
    saturation: the curve then measures batching, not the machine's cores.
 3. llmq's stack restarted with that batch time; one open-loop point per offered load (25..110% of ideal capacity).
-4. Ray Serve (``bench.ray_peer``) with the same replicas, batch size and batch times: the same probe and points.
+4. Ray Serve (``llmq_bench.ray_peer``) with the same replicas, batch size and batch times: the same probe and points.
 5. ``capacity_curve.json`` and ``capacity_curve.png`` under ``bench/results/``; everything started here is stopped.
 
-Run: ``llmq bench curve`` (the CLI starts the private stacks: ``bench`` imports no ``llmq_cli``).
+Run: ``llmq bench curve`` (the CLI starts the private stacks: ``llmq_bench`` imports no ``llmq_cli``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench import loadgen
-from bench.prompts import CodePrompt, cut_prompts
+from llmq_bench import loadgen
+from llmq_bench.prompts import CodePrompt, cut_prompts
 from llmq_core.constants import STATS_BATCHER
 
 PROBE_BATCH_TIME_MS = 1  # "~0": the engine adds nothing, so latency is the pipeline's own
@@ -312,7 +312,7 @@ def measure_ray(
     cfg: CurveConfig, prompts: Sequence[CodePrompt], batch_time_ms: int, log: Callable[[str], None]
 ) -> dict:
     """Ray Serve's overhead probe and points with the same replicas, batch size and batch time."""
-    from bench.ray_peer import PeerConfig, RayPeer
+    from llmq_bench.ray_peer import PeerConfig, RayPeer
 
     def peer_cfg(batch_ms: int) -> PeerConfig:
         return PeerConfig(

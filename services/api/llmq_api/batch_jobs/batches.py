@@ -1,4 +1,4 @@
-"""The API pod's side of files and batch jobs: store uploads, validate and create jobs, read them back, ask for a
+"""The API pod's side of ``/v1/batches``: validate and create jobs from uploaded files, read them back, ask for a
 cancel. Every object belongs to the tenant that created it; any other tenant gets the same 404 as for a missing one.
 
 Creating a job is synchronous: the input file is streamed from the store and validated line by line (in a thread)
@@ -11,39 +11,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import msgspec
 
 from llmq_api import validation
 from llmq_api.admission import too_many_requests
 from llmq_api.auth import Principal
-from llmq_api.batch_jobs import inputs, render
+from llmq_api.batch_jobs import inputs
+from llmq_api.batch_jobs.access import check_deferred, not_found, owned_file, take_request
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
-from llmq_core import ids, jobs, wire
+from llmq_core import ids, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, HTTP_IDEMPOTENCY_KEY, MAX_RESULT_BYTES
-from llmq_core.filestore import FileStore
-from llmq_core.jobs import FileRecord, JobOwner, JobSpec, JobView
-from llmq_core.jobstore import JobStore
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
-from llmq_core.status import ErrorCode, ErrorType
+from llmq_core.status import ErrorType
 from llmq_core.token_counts import TokenCounter
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.jobs import JobOwner, JobSpec, JobView
+from llmq_jobs.store import JobStore
 
-MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
-
-UPLOAD_CHUNK_BYTES = 1 << 20
 CREATE_RETRY_AFTER_S = 2  # a busy pod's or tenant's creates: each takes about a second per 10 MB of input
 # Budgeting a line's ledger bytes: UTF-8 bytes per generated token (tokenizers average about 4 for English text; the
 # simulated engine makes 1) and a stored result's envelope beyond its text (ids, usage, timings, per-choice fields).
 RESULT_BYTES_PER_TOKEN = 4
 RESULT_ENVELOPE_BYTES = 512
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-_json = msgspec.json.encode
 
 
 class CreateBatch(msgspec.Struct, kw_only=True):
@@ -53,10 +50,6 @@ class CreateBatch(msgspec.Struct, kw_only=True):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = None
-
-
-def not_found(kind: str, object_id: str) -> ApiError:
-    return ApiError(404, f"No such {kind}: '{object_id}'", param="id", code="not_found")
 
 
 @dataclass
@@ -78,8 +71,36 @@ class _Failed(Exception):
         self.checked = checked
 
 
+class CreateSlots:
+    """The pod's and each tenant's concurrent creates, bounded by ``batch_create_max_per_pod`` and ``_per_tenant``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._creating: list[str] = []  # tenant of each create running on this pod
+
+    @contextlib.contextmanager
+    def hold(self, tenant_id: str) -> Iterator[None]:
+        """One of the pod's and the tenant's concurrent creates; 429 with Retry-After when none is free."""
+        settings = self.settings
+        if (
+            len(self._creating) >= settings.jobs.batch_create_max_per_pod
+            or self._creating.count(tenant_id) >= settings.jobs.batch_create_max_per_tenant
+        ):
+            raise too_many_requests(
+                f"Too many batches are being created at once (at most "
+                f"{settings.jobs.batch_create_max_per_tenant} per tenant and "
+                f"{settings.jobs.batch_create_max_per_pod} per API pod); retry shortly",
+                CREATE_RETRY_AFTER_S,
+            )
+        self._creating.append(tenant_id)
+        try:
+            yield
+        finally:
+            self._creating.remove(tenant_id)
+
+
 class BatchJobs:
-    """Files and jobs of one API pod. ``models()`` gives the served models (name -> context window); ``limiter`` the
+    """Batch jobs of one API pod. ``models()`` gives the served models (name -> context window); ``limiter`` the
     tenants' buckets (every POST takes a request; a batch its lines' estimate from the batch quota)."""
 
     def __init__(
@@ -99,136 +120,7 @@ class BatchJobs:
         self.clock = clock
         self.models = models
         self.limiter = limiter
-        self._creating: list[str] = []  # tenant of each create running on this pod
-
-    # --- files ----------------------------------------------------------------------------------------------------
-
-    async def admit_upload(self, principal: Principal) -> None:
-        """Before an upload is read: 403 for a key that may not use the deferred class (files only feed batches),
-        429 past the tenant's requests per minute, 400 when its storage quota is full already."""
-        _check_deferred(principal, "upload files for batches")
-        await self._take_request(principal)
-        quota, used = await self._storage(principal)
-        if used >= quota:
-            raise self._over_quota(quota, used)
-
-    async def upload(self, principal: Principal, filename: str, purpose: str, source: BinaryIO) -> FileRecord:
-        """Store an uploaded input file (``purpose`` must be ``batch``). 413 past ``files_max_bytes``; 400 past the
-        tenant's storage quota (the bytes of its live uploads)."""
-        if purpose != jobs.FILE_PURPOSE_BATCH:
-            raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {echo(purpose)}", param="purpose")
-        file_id = ids.file_id(self.settings.region.name)
-        path = f"files/{file_id}"
-        quota, used = await self._storage(principal)
-        limit = min(self.settings.jobs.files_max_bytes, quota - used)
-        try:
-            size = await self.files.write(path, _chunks(source, limit))
-        except _TooLarge:
-            await self.files.delete(path)
-            if limit < self.settings.jobs.files_max_bytes:
-                raise self._over_quota(quota, used) from None
-            raise ApiError(
-                413, f"File is larger than the limit of {limit} bytes", param="file", code="file_too_large"
-            ) from None
-        try:
-            reserved = await self.store.reserve_storage(principal.tenant_id, size, quota)
-        except BaseException:  # Redis refused the reservation (503): no sweep would ever find these bytes
-            await self.files.delete(path)
-            raise
-        if reserved is None:  # a concurrent upload won
-            await self.files.delete(path)
-            raise self._over_quota(quota, await self.store.stored_bytes(principal.tenant_id))
-        now_s = self.clock.now_ms() // 1000
-        record = FileRecord(
-            id=file_id,
-            tenant_id=principal.tenant_id,
-            filename=filename or "upload.jsonl",
-            purpose=purpose,
-            bytes=size,
-            created_at=now_s,
-            expires_at=now_s + self.settings.jobs.files_retention_s,
-            path=path,
-        )
-        try:
-            await self.store.put_file(record)
-        except BaseException:
-            try:
-                await self.store.release_storage(principal.tenant_id, size)
-            finally:  # Redis refused the record (503): no sweep would ever find these bytes
-                await self.files.delete(path)
-            raise
-        return record
-
-    async def _storage(self, principal: Principal) -> tuple[int, int]:
-        """(the tenant's storage quota, the bytes its live uploads take now)."""
-        quota = principal.file_storage_bytes or self.settings.jobs.files_tenant_max_bytes
-        return quota, await self.store.stored_bytes(principal.tenant_id)
-
-    @staticmethod
-    def _over_quota(quota: int, used: int) -> ApiError:
-        return invalid(
-            f"This upload would exceed the tenant's file storage quota of {quota} bytes ({used} bytes "
-            "in use by live files); delete files (DELETE /v1/files/{id}) to make room",
-            param="file",
-            code="storage_quota_exceeded",
-        )
-
-    async def _take_request(self, principal: Principal) -> None:
-        """One request from the tenant's requests per minute: files and batches count like generation requests."""
-        rejection = await self.limiter.acquire(principal, 0)
-        if rejection is not None:
-            raise rejection.error
-
-    async def get_file(self, principal: Principal, file_id: str) -> FileRecord:
-        record = await self.store.get_file(file_id)
-        if record is None or record.tenant_id != principal.tenant_id:
-            raise not_found("file", file_id)
-        return record
-
-    async def list_files(
-        self, principal: Principal, purpose: str | None, after: str | None, limit: int
-    ) -> tuple[list[FileRecord], bool]:
-        """A page of the tenant's files, newest first, after the file ``after``; ``purpose`` filters within the page."""
-        if not 1 <= limit <= MAX_FILES_PAGE:
-            raise invalid(f"limit must be between 1 and {MAX_FILES_PAGE}, got {echo(limit)}", param="limit")
-        cursor = await self.get_file(principal, after) if after else None
-        records, has_more = await self.store.list_files(principal.tenant_id, cursor, limit)
-        return [r for r in records if purpose is None or r.purpose == purpose], has_more
-
-    async def delete_file(self, principal: Principal, file_id: str) -> None:
-        """Forget the file; an input file's bytes go too (a job's results stay with the job)."""
-        record = await self.get_file(principal, file_id)
-        await self.store.delete_file(record)
-        if record.kind == "input":
-            await self.files.delete(record.path)
-
-    async def content(self, principal: Principal, file_id: str) -> AsyncIterator[bytes]:
-        """The file's bytes: an upload as stored; a job's output or error file rendered from its results so far
-        (partial while the job runs). Raises 404 before the first chunk."""
-        record = await self.get_file(principal, file_id)
-        if record.kind == "input":
-            if not await self.files.exists(record.path):
-                raise not_found("file", file_id)
-            return self.files.iter_bytes(record.path)
-        job = await self.store.get_job(record.batch_id or "")
-        if job is None:
-            raise not_found("file", file_id)
-        results = await self._results(job)
-        return _render_lines(results, want_success=record.kind == "output")
-
-    async def _results(self, job: JobView) -> list[wire.FinalResult]:
-        """A job's results: from the ledger while it runs, from its results file once it has ended."""
-        if job.status not in jobs.TERMINAL_STATUSES:
-            results = [r async for r in self.store.scan_results(job.spec.id)]
-            job = await self.store.get_job(job.spec.id) or job
-            if job.status not in jobs.TERMINAL_STATUSES:
-                return results
-        if job.status == jobs.FAILED:
-            return []
-        data = await self.files.read(job.spec.results_path)
-        return [msgspec.json.decode(line, type=wire.FinalResult) for line in data.splitlines() if line]
-
-    # --- batches --------------------------------------------------------------------------------------------------
+        self._slots = CreateSlots(settings)
 
     async def create(self, principal: Principal, body: bytes, idempotency_key: str | None = None) -> JobView:
         """Validate and create a job from a ``POST /v1/batches`` body. A repeated ``idempotency_key`` returns the
@@ -237,17 +129,17 @@ class BatchJobs:
         quota, possible results over the job's or the tenant's result bytes), 403 (the key may not use the deferred
         class), 404 (input file), 409 (the same key's batch is being created), 429 (requests per minute, the batch
         quota's rest today, the tenant's running jobs' result bytes, concurrent creates)."""
-        _check_deferred(principal, "create batches")
-        await self._take_request(principal)
+        check_deferred(principal, "create batches")
+        await take_request(self.limiter, principal)
         request = _decode_create(body)
         batch_id = ids.batch_job_id(self.settings.region.name)
         if idempotency_key is None:
             return await self._create(principal, request, batch_id)
-        earlier = await self.store.claim_batch_key(
+        earlier = await self.store.jobs.claim_batch_key(
             principal.tenant_id, idempotency_key, batch_id, self.settings.jobs.files_retention_s
         )
         if earlier is not None:
-            job = await self.store.get_job(earlier)
+            job = await self.store.jobs.get_job(earlier)
             if job is None:
                 raise ApiError(
                     409,
@@ -267,7 +159,7 @@ class BatchJobs:
         try:
             return await self._create(principal, request, batch_id)
         except BaseException:
-            await self.store.release_batch_key(principal.tenant_id, idempotency_key)
+            await self.store.jobs.release_batch_key(principal.tenant_id, idempotency_key)
             raise
 
     async def _create(self, principal: Principal, request: CreateBatch, batch_id: str) -> JobView:
@@ -283,11 +175,11 @@ class BatchJobs:
         except ValueError as exc:
             raise invalid(str(exc), param="completion_window", code="invalid_completion_window") from None
         _check_metadata(request.metadata)
-        source = await self.get_file(principal, request.input_file_id)
+        source = await owned_file(self.store.files, principal, request.input_file_id)
         if source.purpose != jobs.FILE_PURPOSE_BATCH or source.kind != "input":
             raise invalid(f"File {source.id} does not have purpose 'batch'", param="input_file_id")
         spec = self._spec(batch_id, principal, request, window_s)
-        with self._create_slot(principal.tenant_id):
+        with self._slots.hold(principal.tenant_id):
             try:
                 return await self._validate(spec, principal, source.path)
             except _Failed as failed:
@@ -299,28 +191,8 @@ class BatchJobs:
 
     async def _discard(self, spec: JobSpec) -> None:
         """Drop what validating a job that is not created wrote ahead: its ledger slices and prepared file."""
-        await self.store.discard_ledger(spec.id)
+        await self.store.ledger.discard_ledger(spec.id)
         await self.files.delete(spec.prepared_path)
-
-    @contextlib.contextmanager
-    def _create_slot(self, tenant_id: str) -> Iterator[None]:
-        """One of the pod's and the tenant's concurrent creates; 429 with Retry-After when none is free."""
-        settings = self.settings
-        if (
-            len(self._creating) >= settings.jobs.batch_create_max_per_pod
-            or self._creating.count(tenant_id) >= settings.jobs.batch_create_max_per_tenant
-        ):
-            raise too_many_requests(
-                f"Too many batches are being created at once (at most "
-                f"{settings.jobs.batch_create_max_per_tenant} per tenant and "
-                f"{settings.jobs.batch_create_max_per_pod} per API pod); retry shortly",
-                CREATE_RETRY_AFTER_S,
-            )
-        self._creating.append(tenant_id)
-        try:
-            yield
-        finally:
-            self._creating.remove(tenant_id)
 
     def _spec(self, batch_id: str, principal: Principal, request: CreateBatch, window_s: int) -> JobSpec:
         """The job's spec before its input is read (``total`` and ``runnable`` are counted while it is)."""
@@ -376,7 +248,7 @@ class BatchJobs:
                 await self.limiter.refund_batch(principal, tally.estimate)
                 raise
         except BaseException:
-            await self.store.unreserve_result_bytes(spec.tenant_id, spec.result_bytes)
+            await self.store.quotas.unreserve_result_bytes(spec.tenant_id, spec.result_bytes)
             raise
 
     async def _reserve_result_bytes(self, spec: JobSpec) -> None:
@@ -394,7 +266,7 @@ class BatchJobs:
                 code="batch_results_too_large",
             )
         limit = settings.jobs.batch_tenant_max_result_bytes
-        if await self.store.reserve_result_bytes(spec.tenant_id, spec.result_bytes, limit) is None:
+        if await self.store.quotas.reserve_result_bytes(spec.tenant_id, spec.result_bytes, limit) is None:
             raise ApiError(
                 429,
                 f"This tenant's running batches could take up to {limit} bytes of results, and this "
@@ -437,11 +309,11 @@ class BatchJobs:
         if prepared:
             await write(b"".join(prepared))
         if states:
-            await self.store.add_lines(spec.id, states, offsets, results, requests)
+            await self.store.ledger.add_lines(spec.id, states, offsets, results, requests)
 
     async def _fail(self, spec: JobSpec, checked: inputs.CheckedInput) -> JobView:
         now_s = spec.created_ms // 1000
-        await self.store.create_job(
+        await self.store.jobs.create_job(
             spec,
             jobs.FAILED,
             {jobs.VALIDATING: now_s, jobs.FAILED: now_s},
@@ -454,7 +326,7 @@ class BatchJobs:
     async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
         expires_at = spec.expires_ms // 1000 + self.settings.jobs.files_retention_s
-        await self.store.create_job(
+        await self.store.jobs.create_job(
             spec,
             jobs.IN_PROGRESS,
             {jobs.VALIDATING: spec.created_ms // 1000, jobs.IN_PROGRESS: now_s},
@@ -469,13 +341,13 @@ class BatchJobs:
         return JobOwner(batch_id=spec.id, region=self.settings.region.name, at_ms=self.clock.now_ms())
 
     async def _read(self, batch_id: str) -> JobView:
-        job = await self.store.get_job(batch_id)
+        job = await self.store.jobs.get_job(batch_id)
         if job is None:  # written a moment ago: only a Redis flush gets here
             raise ApiError(500, f"Batch {batch_id} vanished after it was created", type=ErrorType.SERVER)
         return job
 
     async def get(self, principal: Principal, batch_id: str) -> JobView:
-        job = await self.store.get_job(batch_id)
+        job = await self.store.jobs.get_job(batch_id)
         if job is None or job.spec.tenant_id != principal.tenant_id:
             raise not_found("batch", batch_id)
         return job
@@ -485,14 +357,14 @@ class BatchJobs:
         if not 1 <= limit <= 100:
             raise invalid(f"limit must be between 1 and 100, got {echo(limit)}", param="limit")
         cursor = await self.get(principal, after) if after else None
-        return await self.store.list_jobs(principal.tenant_id, cursor, limit)
+        return await self.store.jobs.list_jobs(principal.tenant_id, cursor, limit)
 
     async def cancel(self, principal: Principal, batch_id: str) -> JobView:
         """Ask for a cancel: ``cancelling`` now, ``cancelled`` once its running lines stopped (see the driver).
         Cancelling a cancelling or cancelled batch changes nothing; 409 for one that ended otherwise."""
         job = await self.get(principal, batch_id)
         now_ms = self.clock.now_ms()
-        if await self.store.move_status(
+        if await self.store.jobs.move_status(
             batch_id, [jobs.VALIDATING, jobs.IN_PROGRESS], jobs.CANCELLING, now_ms // 1000, end_ms=now_ms
         ):
             return await self._read(batch_id)
@@ -500,19 +372,6 @@ class BatchJobs:
         if job.status in (jobs.CANCELLING, jobs.CANCELLED):
             return job
         raise ApiError(409, f"Cannot cancel a batch that is {job.status}", param="id", code="batch_not_cancellable")
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def _chunks(source: BinaryIO, limit: int) -> Iterator[bytes]:
-    size = 0
-    while chunk := source.read(UPLOAD_CHUNK_BYTES):
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge()
-        yield chunk
 
 
 def line_result_bytes(valid: validation.ValidRequest, context_window: int) -> int:
@@ -530,16 +389,6 @@ def _repeats(request: CreateBatch, spec: JobSpec) -> bool:
         spec.completion_window,
         spec.metadata,
     )
-
-
-def _check_deferred(principal: Principal, action: str) -> None:
-    if DEFERRED not in principal.classes:
-        raise ApiError(
-            403,
-            f"This API key may not use the deferred class that batches run in, so it may not {action}",
-            type=ErrorType.PERMISSION,
-            code=ErrorCode.CLASS_NOT_ALLOWED,
-        )
 
 
 def _decode_create(body: bytes) -> CreateBatch:
@@ -590,10 +439,3 @@ def _rejected(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wi
         endpoint=jobs.BATCH_ENDPOINTS[spec.endpoint],
         created_ms=spec.created_ms,
     )
-
-
-async def _render_lines(results: list[wire.FinalResult], want_success: bool) -> AsyncIterator[bytes]:
-    for result in results:
-        succeeded, line = render.output_line(result)
-        if succeeded == want_success:
-            yield _json(line) + b"\n"

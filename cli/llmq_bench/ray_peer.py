@@ -6,7 +6,7 @@ replaying the prompt like llmq-sim (same byte tokenizer, same 32 emission ticks 
 Batches are counted in a named actor (:class:`BatchCounter`) so a bench reads batch fill the way it reads llmq's.
 
 Needs ``ray[serve]`` (the ``bench`` extra), not a runtime dependency of llmq.
-Run alone: ``python -m bench.ray_peer --port 8500`` (Ctrl-C stops it).
+Run alone: ``python -m llmq_bench.ray_peer --port 8500`` (Ctrl-C stops it).
 """
 
 import argparse

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 import msgspec
 from aiokafka import TopicPartition
 
-from llmq_core import constants, jobs, kafka, wire
-from llmq_core.jobs import JobOwner, JobRecord
+from llmq_core import constants, kafka, wire
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.jobs import JobOwner, JobRecord
 
 _json = msgspec.json.encode
 READ_POLL_MS = 500  # one fetch while reading a topic to its end

@@ -5,7 +5,7 @@ ACL users), each an API pod, batcher, result-router and one llmq-sim worker with
 between them (so drift on a shared machine hits both): sequential requests give the latency, a concurrent burst the
 CPU time per request (every process of that stack, Kafka and Redis included, from /proc).
 
-Run: ``python -m llmq_cli.transport_cost`` (writes ``bench/results/transport_cost.json``; stops what it started).
+Run: ``.venv/bin/python bench/transport_cost.py`` (writes ``bench/results/transport_cost.json``; stops what it started).
 """
 
 from __future__ import annotations

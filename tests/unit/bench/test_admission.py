@@ -1,6 +1,6 @@
-"""bench_admission.summary: counts, prediction error against the measured latency, admitted percentiles."""
+"""llmq_bench.admission.summary: counts, prediction error against the measured latency, admitted percentiles."""
 
-from bench.bench_admission import Outcome, summary
+from llmq_bench.admission import Outcome, summary
 
 
 def test_summary_compares_each_admitted_prediction_with_its_latency():

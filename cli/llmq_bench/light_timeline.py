@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from bench.pipeline import PipelineConfig, closed_loop, latency_figures
+from llmq_bench.pipeline import PipelineConfig, closed_loop, latency_figures
 
 
 def tracing_env(trace_dir: Path) -> dict[str, str]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import msgspec
 
-from llmq_core import jobs
 from llmq_core.clock import Clock
-from llmq_core.filestore import FileStore
-from llmq_core.joblog import JobLog, JobSnapshot, JobTopics, list_topics, mirrored_regions, read_topics
-from llmq_core.jobs import JobOwner
-from llmq_core.jobstore import JobStore
 from llmq_core.settings import Settings
+from llmq_jobs import jobs
+from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog, JobSnapshot, JobTopics, list_topics, mirrored_regions, read_topics
+from llmq_jobs.jobs import JobOwner
+from llmq_jobs.store import JobStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ async def restore(
     if record.status not in jobs.ACTIVE_STATUSES:
         if record.status != jobs.FAILED:
             await files.write(spec.results_path, [msgspec.json.encode(r) + b"\n" for r in results.values()])
-        await store.restore_job(record, owner, files=outputs)
+        await store.jobs.restore_job(record, owner, files=outputs)
         return
     prepared, offsets, states, position = [], {}, {}, 0
     for custom_id, request in snapshot.lines.get(batch_id, {}).items():
@@ -62,7 +62,7 @@ async def restore(
         states[custom_id] = jobs.pending(0)
     states.update({custom_id: jobs.OUTCOME_STATE[r.outcome] for custom_id, r in results.items()})
     await files.write(spec.prepared_path, prepared)
-    await store.restore_job(record, owner, files=outputs, lines=states, offsets=offsets, results=results)
+    await store.jobs.restore_job(record, owner, files=outputs, lines=states, offsets=offsets, results=results)
 
 
 async def rebuild(settings: Settings, store: JobStore, files: FileStore, own: JobTopics = JobTopics()) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from bench.simulate import run_simulation
+from llmq_bench.simulate import run_simulation
 
 
 def erlang_c(servers: int, offered_load: float) -> float:

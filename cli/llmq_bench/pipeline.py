@@ -8,7 +8,7 @@ One run, on this machine, on private stacks:
    ``concurrency`` in flight: end to end p50/p99, overhead (end to end minus engine time), throughput, and CPU ms per
    request of every process of the stack, the broker included (utime + stime from /proc, children included), the load
    generator's own CPU per request and the machine's busy fraction (/proc/stat) meanwhile.
-3. Ray Serve (``bench.ray_peer``, same model, batch time and replicas, ``batch_wait_timeout_s``) at the same points.
+3. Ray Serve (``llmq_bench.ray_peer``, same model, batch time and replicas, ``batch_wait_timeout_s``) at the same points.
 
 The stack comes from the caller (``llmq bench pipeline`` starts it, possibly from another checkout): this module only
 needs its pids and ports. Run: ``llmq bench pipeline`` (``--baseline DIR`` measures another checkout in the same run).
@@ -34,8 +34,8 @@ from typing import Protocol
 
 import aiohttp
 
-from bench.loadgen import client_session, json_body, percentile
-from bench.ray_peer import PeerConfig, RayPeer
+from llmq_bench.loadgen import client_session, json_body, percentile
+from llmq_bench.ray_peer import PeerConfig, RayPeer
 
 FLOOR_TOPIC = "bench.floor"
 FLOOR_CHANNEL = "bench:floor"
@@ -254,7 +254,7 @@ async def closed_loop(
 ) -> tuple[list[float], float, int]:
     """``count`` non-streaming completions, ``concurrency`` in flight, round robin over ``base_urls``: (latencies ms
     of the successes, wall seconds, failures). aiohttp, one keep-alive session per base URL (see
-    :func:`bench.loadgen.client_session` for why not httpx): every system of a run is driven by this same client."""
+    :func:`llmq_bench.loadgen.client_session` for why not httpx): every system of a run is driven by this same client."""
     sessions = [client_session(concurrency, cfg.timeout_s) for _ in base_urls]
     urls = [f"{url}/completions" for url in base_urls]
     headers = {"authorization": f"Bearer {cfg.api_key}", "content-type": "application/json"}
