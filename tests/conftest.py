@@ -4,7 +4,7 @@ When ``LLMQ_KAFKA_BOOTSTRAP_SERVERS`` is set, the suite uses the Kafka and Redis
 its own and stops them at the end: testcontainers' containers when a Docker engine answers, else a broker and Redis
 as processes under ``var/test`` on ports allocated for the run (tests/infra.py, tests/ports.py).
 
-Tiers (README "Two commands"): ``tests/unit`` pure logic; ``tests/inprocess`` services' loops in this process against
+Tiers (docs/running.md): ``tests/unit`` pure logic; ``tests/inprocess`` services' loops in this process against
 that Kafka and Redis (``make check`` runs both); ``tests/system`` real processes, faults, regions, secure mode, the real
 model (``make test`` runs ``check``, then this).
 """

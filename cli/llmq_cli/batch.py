@@ -20,7 +20,8 @@ from llmq_cli.console import make_console
 from llmq_jobs import jobs
 
 batch_app = typer.Typer(
-    help="Batch jobs (OpenAI /v1/batches): submit, status, results, sample input.", no_args_is_help=True
+    help="Batch jobs (OpenAI /v1/batches): submit, status, results, cancel, sample input, run a whole file.",
+    no_args_is_help=True,
 )
 console = make_console()
 

@@ -1,6 +1,6 @@
 """MirrorMaker 2 (Apache Kafka's ``connect-mirror``, dedicated mode) between the Kafka clusters of two regions.
 
-Decisions (README "Multi-region"):
+Decisions (docs/operations/multi-region.md):
 - ``DefaultReplicationPolicy``: a remote topic is named ``<source region>.<topic>`` (region a's ``llmq.jobs.ledger`` is
   ``a.llmq.jobs.ledger`` in region b). Flows run both ways, and the prefix keeps them from looping and tells a reader
   where each record was born. Cluster aliases are the regions (``Settings.region.name``).

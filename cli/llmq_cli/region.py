@@ -1,4 +1,4 @@
-"""``llmq region``: batch jobs across regions (README "Multi-region"). Run against the region that acts (its
+"""``llmq region``: batch jobs across regions (docs/operations/multi-region.md). Run against the region that acts (its
 ``LLMQ_*`` settings: Kafka, Redis, file store, ``LLMQ_REGION``).
 
 - ``failover --from a``: take over region a's unfinished jobs from a's job topics mirrored here (an operator's

@@ -30,7 +30,9 @@ TOPIC_REQUESTS_PREFIX: Final = "llmq.requests."
 TOPIC_BATCHES: Final = "llmq.batches"
 TOPIC_RESULTS: Final = "llmq.results"
 TOPIC_DEAD_LETTERS: Final = "llmq.dead-letters"
-TOPIC_JOBS_PREFIX: Final = "llmq.jobs."  # batch-job state: mirrored to the peer region (README "Multi-region")
+TOPIC_JOBS_PREFIX: Final = (
+    "llmq.jobs."  # batch-job state: mirrored to the peer region (docs/operations/multi-region.md)
+)
 TOPIC_PREFIX: Final = "llmq."  # every llmq topic: never a reply topic
 KAFKA_INTERNAL_TOPIC_PREFIX: Final = "__"  # Kafka's own topics (__consumer_offsets, __transaction_state)
 
@@ -218,7 +220,7 @@ HTTP_IDEMPOTENT_REPLAYED: Final = "idempotent-replayed"  # response header of a 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows
 
-# --- resource bounds (README "Limits"): one place, so the API's checks, the workers' caps and the topics agree ---
+# --- resource bounds (docs/limits.md): one place, so the API's checks, the workers' caps and the topics agree ---
 MAX_RESULT_BYTES: Final = 1 << 20  # UTF-8 bytes of all choices' text of one result; workers stop generating there
 RECORD_HEADROOM_BYTES: Final = 64 << 10  # a record's envelope beyond its payload (ids, usage, timings, error, headers)
 # Kafka max.message.bytes of every llmq topic and max_request_size of every producer: a request body of the largest

@@ -7,7 +7,7 @@ near_interactive, deferred; ``unknown`` from producers that predate it), ``prior
 ``model``; the per-tenant token counters are the billing feed. Model and tenant label values pass through a
 :class:`~llmq_core.labels.LabelSet`: names outside the catalogue and the configured tenants read ``other``.
 
-Autoscaling signal: ``llmq_batcher_oldest_queued_age_seconds`` (README, "Observability").
+Autoscaling signal: ``llmq_batcher_oldest_queued_age_seconds`` (docs/operations/observability.md).
 """
 
 from __future__ import annotations

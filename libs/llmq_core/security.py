@@ -14,7 +14,7 @@ The rules follow what the code reads and writes:
 - router, multi-region: also consumes each peer region's mirrored ``<peer>.llmq.results`` (group
   llmq-result-router-peers) and reads ``<peer>.llmq.jobs.owners`` (no group: fencing of batch jobs).
 - admin: super user, used only by ``llmq topics`` / ``llmq dev create-topic`` and operators.
-- mm2: MirrorMaker 2 (README "Multi-region"), on every cluster of a region with peers: as the source of a flow it
+- mm2: MirrorMaker 2 (docs/operations/multi-region.md), on every cluster of a region with peers: as the source of a flow it
   reads llmq.jobs.* and llmq.results and describes llmq's groups (checkpoints); as the target it creates and writes
   the ``<peer>.``-prefixed remote topics (and their configs) and its own topics (``mm2-*``, heartbeats), in the
   Connect group ``<peer>-mm2``. No other topic, no cluster-wide right.
@@ -115,7 +115,7 @@ def kafka_acls(
     """Every ACL of a secure cluster (the admin is a super user and needs none). ``reply_topic_prefixes``: where the
     router may write replies (``Settings.kafka.reply_topic_prefixes``; none: no reply topics). ``ingress_principals``:
     Kafka-direct producers, each writing its own ingress topic only. ``peer_regions``: the regions MirrorMaker 2
-    mirrors from and to (README "Multi-region"; none: no mm2 rules)."""
+    mirrors from and to (docs/operations/multi-region.md; none: no mm2 rules)."""
     peers = tuple(peer_regions)
     topics = {role: list(rows) for role, rows in _KAFKA_TOPICS.items()}
     topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in reply_topic_prefixes]

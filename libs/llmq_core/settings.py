@@ -139,14 +139,14 @@ class RegionSettings(Group):
         validation_alias="LLMQ_REGION",
         description="This stack's region (1-32 of `a-z 0-9 -`, lower case, not starting or ending in `-`; a service "
         "refuses any other at start): in every instance, request, batch and batch-job id, metric (`region` "
-        'label) and log line; MirrorMaker 2\'s alias of its cluster ("Multi-region").',
+        "label) and log line; MirrorMaker 2's alias of its cluster ([multi-region](operations/multi-region.md)).",
     )
     limit_share: float = Field(
         1.0,
         gt=0,
         le=1,
         description="Share (0-1] of each tenant's global rate limits (keys file) this region enforces, with no "
-        'cross-region call ("Multi-region").',
+        "cross-region call ([multi-region](operations/multi-region.md)).",
     )
 
     @field_validator("name")
@@ -561,7 +561,7 @@ class WorkerSettings(Group):
         0,
         ge=0,
         description="Transformers engine on CPU: torch's intra-op threads (0: 1, measured on a shared 2-core machine, see"
-        ' "Engine benchmark").',
+        " docs/performance.md).",
         json_schema_extra=was("LLMQ_TORCH_THREADS"),
     )
     id: str = Field("", description="--worker-id: this worker's id (qualified by the region).")

@@ -44,7 +44,7 @@ class ErrorType(enum.StrEnum):
 
 
 class ErrorCode(enum.StrEnum):
-    """``code`` of an error that reaches a ``FinalResult`` or passes between packages (README "Limits" and
+    """``code`` of an error that reaches a ``FinalResult`` or passes between packages (docs/limits.md and
     docs/kafka-producers.md list what a caller may see)."""
 
     MODEL_NOT_FOUND = "model_not_found"

@@ -3,7 +3,7 @@
 One private stack for the module (its own Kafka and Redis, so they too can be stopped): two API pods, the batcher, two
 llmq-sim workers (fixed 500 ms batches of at most 4: 16 requests/s in all), the result-router. Each test runs a load
 generator through its fault that counts, for every request it sent, how it ended (see tests/system/faults/loadgen.py), and
-writes its numbers to var/faults/report.json (the README's "Faults survived" table).
+writes its numbers to var/faults/report.json (docs/faults.md's table).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A batch job survives the loss of its region (README "Multi-region"): regions a and b on this machine with
+"""A batch job survives the loss of its region (docs/operations/multi-region.md): regions a and b on this machine with
 MirrorMaker 2 both ways (``two_regions``); a 2,000-line llmq-sim job submitted in a; at about 30% done every process
 of a is SIGKILLed (Kafka, Redis, services, the MirrorMaker 2 copying b into a) and a's file store is made unreadable;
 ``llmq region failover --from a`` in b; b finishes the job under the same batch id with every custom_id exactly once

@@ -1,5 +1,5 @@
 """Two regions on this machine with MirrorMaker 2 both ways (``two_regions``): a batch-job topic's records reach the
-peer region within the replication lag (measured: README "Multi-region"); a Kafka-direct request that finished in
+peer region within the replication lag (measured: docs/operations/multi-region.md); a Kafka-direct request that finished in
 region a, re-sent to region b, gets a's stored answer once instead of running again; a region SIGKILLed whole leaves
 its peer serving and mirrors again once revived; between secure clusters MirrorMaker 2 signs in as ``mm2``."""
 

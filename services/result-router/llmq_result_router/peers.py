@@ -1,6 +1,6 @@
 """Kafka-direct results that finished in a peer region, from the mirrored ``<peer>.llmq.results`` topics.
 
-MirrorMaker 2 copies each region's llmq.results into its peer (README "Multi-region"). Each Kafka-direct result found
+MirrorMaker 2 copies each region's llmq.results into its peer (docs/operations/multi-region.md). Each Kafka-direct result found
 there is stored here as a result finished here would be, and its request_id claimed with the result's mirrored
 position, so a producer that re-sends the request to this region after losing its own gets the stored answer
 replayed by the batcher (its path for a copy of a known id), never a second run. Results that reach this region

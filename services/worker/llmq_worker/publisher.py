@@ -3,7 +3,7 @@
 
 Produce first: a result the broker refuses is replaced by its errored stand-in before any waiter sees it, so the
 caller's answer is always the durable outcome (DESIGN invariant 1). The cost is one produce ack on the answer's path
-(README "Limits").
+(docs/limits.md).
 """
 
 from __future__ import annotations

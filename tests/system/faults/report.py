@@ -1,4 +1,4 @@
-"""The numbers of each fault run, kept in one JSON file and rendered as the README's "Faults survived" table.
+"""The numbers of each fault run, kept in one JSON file and rendered as docs/faults.md's table.
 
 ``python -m tests.system.faults.report [var/faults/report.json]`` prints the table of the last run.
 """

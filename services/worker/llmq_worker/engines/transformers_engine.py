@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
 CPU_KV_CACHE_BYTES = 1 << 30  # upper bound of the paged KV cache on CPU
 WARMUP_TIMEOUT_S = 120
-# torch threads on CPU: one. Measured on the shared 2-core machine (README "Engine benchmark"): with two, every step's
+# torch threads on CPU: one. Measured on the shared 2-core machine (docs/performance.md): with two, every step's
 # threads wait on each other while the rest of the stack takes a core, and continuous batching ran 5-8x slower.
 CPU_TORCH_THREADS = 1
 
