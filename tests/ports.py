@@ -44,8 +44,3 @@ def block(size: int = BLOCK_PORTS) -> int:
                 _handed_out.append(ports)
                 return base
     raise RuntimeError(f"no {size} consecutive free ports between {LOW_PORT} and {HIGH_PORT}")
-
-
-def one() -> int:
-    """A single free port (:func:`block` of 1)."""
-    return block(1)

@@ -31,20 +31,6 @@ class Names:
         return self.request_topics[constants.TRAFFIC_CLASSES.index(traffic_class)]
 
     @classmethod
-    def private(cls, prefix: str, **names) -> Names:
-        """Names of their own for a test (or a second stack) on a shared broker and Redis: each topic, channel and
-        key of llmq's with ``prefix`` before it; ``names``: fields to set instead."""
-        ours = cls()
-        request_topics = tuple(prefix + topic for topic in ours.request_topics)
-        prefixed = ("batches_topic", "results_topic", "dead_letters_topic", "heartbeats_channel", "cancels_channel")
-        own = {
-            "request_topics": request_topics,
-            "deferred_topic": request_topics[constants.TRAFFIC_CLASSES.index(constants.DEFERRED)],
-            **{field: prefix + getattr(ours, field) for field in (*prefixed, "stats_key", "saturation_key")},
-        }
-        return cls(**{**own, **names})
-
-    @classmethod
     def from_settings(cls, settings: Settings) -> Names:
         """llmq's names, with the reply-topic prefixes ``settings`` allow."""
         return cls(reply_topic_prefixes=reply_topic_prefixes(settings))

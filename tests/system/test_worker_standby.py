@@ -7,20 +7,56 @@ import asyncio
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import msgspec
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import TopicPartition
 
-from llmq_core import ids
+from llmq_core import ids, wire
+from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import TOPIC_RESULTS, alive_key, worker_lease_key
 from llmq_core.kafka import make_consumer, make_producer
 from llmq_worker.lease import Holder
-from tests.inprocess.test_worker_lease import MODEL, PARTITION, TTL_MS, logged, one_request, results_of, until
+from tests.builders import generation_request
+from tests.inprocess.test_worker_lease import PARTITION, until
 from tests.stacks import reap, send_batch, worker_process
 
 pytestmark = pytest.mark.integration
+
+MODEL = "llmq-sim-lease-itest"  # no batcher routes real traffic here
+TTL_MS = 3000
+
+
+async def logged(log: Path, text: str, bound_s: float = 60) -> None:
+    """Wait until a worker's ``log`` holds ``text``."""
+    async with asyncio.timeout(bound_s):
+        while text not in log.read_text():
+            await asyncio.sleep(0.05)
+
+
+async def results_of(consumer, request_ids: set[str], bound_s: float = 60) -> list[wire.FinalResult]:
+    """Final results on llmq.results for ``request_ids``, read until each has one."""
+    found: list[wire.FinalResult] = []
+    async with asyncio.timeout(bound_s):
+        while not request_ids <= {r.request_id for r in found}:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                decoded = (wire.decode_record(record.value, record.headers) for record in records)
+                found += [m for m in decoded if isinstance(m, wire.FinalResult) and m.request_id in request_ids]
+    return found
+
+
+def one_request(request_id: str) -> wire.GenerationRequest:
+    return generation_request(
+        request_id,
+        now_ms=SYSTEM_CLOCK.now_ms(),
+        deadline_in_ms=60_000,
+        instance_id="lease-itest-pod",
+        model=MODEL,
+        prompt="lease",
+        sampling=wire.SamplingParams(max_tokens=3),
+    )
 
 
 async def test_a_second_worker_on_a_held_partition_is_a_standby_until_the_first_is_killed(settings, tmp_path):

@@ -1,6 +1,5 @@
 """The names other processes (and older releases of llmq) read: Redis keys byte for byte, the status vocabulary."""
 
-import dataclasses
 import hashlib
 
 import pytest
@@ -90,13 +89,3 @@ def test_error_vocabulary_members_are_the_strings_on_the_wire():
 def test_a_request_topic_per_traffic_class():
     names = Names()
     assert [names.request_topic(c) for c in constants.TRAFFIC_CLASSES] == list(constants.REQUEST_TOPICS)
-
-
-def test_private_names_prefix_every_topic_channel_and_key():
-    ours, private = Names(), Names.private("t1.", reply_topic_prefixes=("r.",))
-    fields = [f for f in dataclasses.fields(Names) if f.name != "reply_topic_prefixes"]
-    for field in fields:
-        mine, theirs = getattr(private, field.name), getattr(ours, field.name)
-        assert mine == (tuple("t1." + t for t in theirs) if isinstance(theirs, tuple) else "t1." + theirs)
-    assert private.request_topic(constants.DEFERRED) == private.deferred_topic == "t1." + ours.deferred_topic
-    assert private.reply_topic_prefixes == ("r.",)

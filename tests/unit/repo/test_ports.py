@@ -16,7 +16,7 @@ def test_blocks_do_not_overlap_and_are_free():
 
 
 def test_a_port_in_use_is_never_handed_out(monkeypatch):
-    taken = ports.one()
+    taken = ports.block(1)
     with socket.socket() as held:
         held.bind(("127.0.0.1", taken))
         held.listen()
