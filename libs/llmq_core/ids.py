@@ -45,3 +45,27 @@ def batch_job_id(region: str) -> str:
 def file_id(region: str) -> str:
     """A new file's id (``/v1/files``, output and error files), e.g. ``file-<region>-<32 hex>``."""
     return f"file-{region}-{uuid.uuid4().hex}"
+
+
+# A Kafka-direct producer picks its own request ids; llmq scopes each by its tenant, so ids of different tenants never
+# collide (claims, stored results, the batcher's queue) and a reuse is only ever seen by the tenant that reused it.
+# HTTP ids (``<prefix>-<region>-...``) and batch-job line ids (``batch_...``) never start with this prefix.
+TENANT_SCOPE_PREFIX = "kafka:"
+TENANT_SCOPE_SEPARATOR = ":"  # so a tenant id that scopes Kafka-direct ids must not hold it
+
+
+def tenant_scoped_id(tenant_id: str, request_id: str) -> str:
+    """The id llmq runs a Kafka-direct request under: ``kafka:<tenant_id>:<request_id>``. ValueError for a tenant id
+    holding ``:`` (two tenants' ids could then collide)."""
+    if TENANT_SCOPE_SEPARATOR in tenant_id:
+        raise ValueError(f"tenant_id {tenant_id[:40]!r} must not contain {TENANT_SCOPE_SEPARATOR!r}")
+    return f"{TENANT_SCOPE_PREFIX}{tenant_id}{TENANT_SCOPE_SEPARATOR}{request_id}"
+
+
+def producer_request_id(request_id: str) -> str:
+    """The id a Kafka-direct producer gave the request llmq runs as ``request_id`` (the inverse of
+    :func:`tenant_scoped_id`); any other id as it is."""
+    if not request_id.startswith(TENANT_SCOPE_PREFIX):
+        return request_id
+    _, separator, own = request_id.removeprefix(TENANT_SCOPE_PREFIX).partition(TENANT_SCOPE_SEPARATOR)
+    return own if separator else request_id

@@ -112,11 +112,29 @@ def _problem(group: type[BaseSettings], error: Any) -> str:
 
 
 class IngressGrant(BaseModel):
-    """What the records of one Kafka-direct producer's ingress topic speak for: one tenant and the classes it may use."""
+    """What the records of one Kafka-direct producer's ingress topic speak for: one tenant, the classes it may use and
+    the reply topics it may name (``reply_topic_prefixes``; none given: ``<principal>.``, filled in by
+    :class:`KafkaSettings`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    tenant_id: str
+    tenant_id: str = Field(min_length=1)
     classes: tuple[Literal["interactive", "near_interactive", "deferred"], ...] = TRAFFIC_CLASSES
+    reply_topic_prefixes: tuple[str, ...] = ()
+
+    @field_validator("tenant_id")
+    @classmethod
+    def _scopes_ids(cls, value: str) -> str:
+        """The tenant scopes its producer's request ids (ids.tenant_scoped_id): refuse one that cannot."""
+        ids.tenant_scoped_id(value, "")
+        return value
+
+    @field_validator("reply_topic_prefixes")
+    @classmethod
+    def _prefixes_name_topics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """An empty prefix would allow every topic: refuse it."""
+        if any(not prefix for prefix in value):
+            raise ValueError("reply_topic_prefixes must not hold an empty prefix")
+        return value
 
 
 def _fits_one_record(value: int, info: ValidationInfo, what: str) -> int:
@@ -222,10 +240,11 @@ class KafkaSettings(Group):
     )
     ingress: dict[str, IngressGrant] = Field(
         {},
-        description='Kafka-direct producers, JSON: principal -> `{"tenant_id": ..., "classes": [...]}`; the batcher reads'
-        " each one's topic `llmq.ingress.<principal>` (created by `llmq topics`) and answers a record "
-        "claiming another tenant or class `errored` `tenant_not_allowed` / `class_not_allowed` (see "
-        "docs/security.md).",
+        description='Kafka-direct producers, JSON: principal -> `{"tenant_id": ..., "classes": [...],'
+        ' "reply_topic_prefixes": [...]}`; the batcher reads each one\'s topic `llmq.ingress.<principal>` (created by'
+        " `llmq topics`) and answers a record claiming another tenant or class `errored` `tenant_not_allowed` /"
+        " `class_not_allowed`, one naming a reply topic outside its prefixes (default `<principal>.`) `errored`"
+        " `invalid_reply_topic` (see docs/security.md).",
     )
     producer_linger_ms: int = Field(
         0,
@@ -261,7 +280,12 @@ class KafkaSettings(Group):
         bad = [p for p in value if not _PRINCIPAL_RE.fullmatch(p)]
         if bad:
             raise ValueError(f"kafka ingress principals {bad} must be 1-200 characters of A-Z a-z 0-9 . _ -")
-        return value
+        return {
+            principal: grant
+            if grant.reply_topic_prefixes
+            else grant.model_copy(update={"reply_topic_prefixes": (f"{principal}.",)})
+            for principal, grant in value.items()
+        }
 
 
 class RedisSettings(Group):

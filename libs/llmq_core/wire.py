@@ -66,6 +66,8 @@ ReplyTo = HttpReply | KafkaReply | JobReply
 
 # --- requests ----------------------------------------------------------------------------------------------------------
 
+DEFAULT_TENANT_ID = "default"  # the tenant of a request that names none
+
 
 class ChatMessage(_Struct, kw_only=True):
     role: str
@@ -97,7 +99,7 @@ class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
     """
 
     request_id: str
-    tenant_id: str = "default"
+    tenant_id: str = DEFAULT_TENANT_ID
     traffic_class: TrafficClass = "interactive"
     tier: Tier = "paid"
     model: str
@@ -198,7 +200,7 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     request_id: str
     outcome: Outcome
     model: str
-    tenant_id: str = "default"
+    tenant_id: str = DEFAULT_TENANT_ID
     endpoint: Endpoint = "completions"
     reply_to: ReplyTo
     choices: list[Choice] = []

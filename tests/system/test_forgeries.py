@@ -19,7 +19,7 @@ import openai
 import pytest
 from aiokafka import TopicPartition
 
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, ids, kafka, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.security import ROLE_ADMIN, ROLE_WORKER
 from llmq_core.status import ErrorCode
@@ -35,7 +35,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 API_PORT = ports.block()  # metrics: result-router +10, batcher +11, worker +12, API pod +13
 BATCH_TIME_MS = 800  # long enough to forge a reply while the real one is still being generated
 PRINCIPAL = SECURE_INGRESS_PRINCIPALS[0]  # the secure infra gives it a SCRAM user that writes its ingress topic only
-INGRESS = {PRINCIPAL: {"tenant_id": "acme", "classes": ["interactive"]}}
+OWN_REPLIES = (
+    f"{SECURE_REPLY_TOPIC_PREFIXES[0]}acme."  # the ingress producer's reply topics: its prefix of the router's
+)
+INGRESS = {PRINCIPAL: {"tenant_id": "acme", "classes": ["interactive"], "reply_topic_prefixes": [OWN_REPLIES]}}
 DEV = {"authorization": "Bearer llmq-dev-key"}
 
 
@@ -123,19 +126,23 @@ async def test_a_forged_final_result_for_another_tenants_batch_line_has_no_effec
     assert await metric(stack, "result-router", "llmq_router_forged_results_total", labels) >= 1
 
 
-async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_tenant_runs(stack):
+async def test_an_ingress_record_claiming_another_tenant_or_topic_is_errored_and_its_own_tenant_runs(stack):
+    """Issue 34 item 1: an ingress record naming another tenant's reply topic had its answer written there."""
     admin = stack.cfg.settings(ROLE_ADMIN)
-    reply_topic = f"{SECURE_REPLY_TOPIC_PREFIXES[0]}{uuid.uuid4().hex[:8]}"  # where the router may write replies
-    assert await kafka.create_topic(admin, reply_topic)
+    tag = uuid.uuid4().hex[:8]
+    reply_topic, others_topic = f"{OWN_REPLIES}{tag}", f"{SECURE_REPLY_TOPIC_PREFIXES[0]}beta.{tag}"
+    for topic in (reply_topic, others_topic):  # both where the router may write replies
+        assert await kafka.create_topic(admin, topic)
     base = kafka_request("", reply_topic, tenant_id="acme", prompt="ingress ")
-    claims = msgspec.structs.replace(base, request_id=f"claim-{uuid.uuid4().hex}", tenant_id="victim")
-    own = msgspec.structs.replace(base, request_id=f"own-{uuid.uuid4().hex}")
+    claims = msgspec.structs.replace(base, request_id=f"claim-{tag}", tenant_id="victim")
+    squats = msgspec.structs.replace(base, request_id=f"squat-{tag}", reply_to=wire.KafkaReply(topic=others_topic))
+    own = msgspec.structs.replace(base, request_id=f"own-{tag}")
     producer = kafka.make_producer(stack.cfg.settings(PRINCIPAL))  # the ingress principal's own SCRAM user
     reader = kafka.make_consumer(admin, group_id=None)
     await producer.start()
     await reader.start()
     try:
-        for request in (claims, own):
+        for request in (claims, squats, own):
             await kafka.send_message(
                 producer,
                 constants.ingress_topic(PRINCIPAL),
@@ -144,10 +151,18 @@ async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_
                 content_type=constants.CONTENT_TYPE_JSON,
             )
         records = await read_from(reader, {TopicPartition(reply_topic, 0): 0}, lambda rs: len(rs) >= 2, 30)
+        dead = await read_from(
+            reader,
+            {TopicPartition(constants.TOPIC_DEAD_LETTERS, 0): 0},
+            lambda rs: any(r.key == ids.tenant_scoped_id("acme", squats.request_id).encode() for r in rs),
+            30,
+        )  # the router's answer to the squat: dead-lettered, never produced to beta's topic
+        others = await reader.end_offsets([TopicPartition(others_topic, 0)])
     finally:
         await producer.stop()
         await reader.stop()
     results = {r["request_id"]: r for r in (msgspec.json.decode(record.value) for record in records)}
+    assert set(results) == {claims.request_id, own.request_id}  # the producer's own ids, nothing else
     refused = results[claims.request_id]
     assert (refused["outcome"], refused["error"]["code"], refused["tenant_id"]) == (
         "errored",
@@ -155,5 +170,7 @@ async def test_an_ingress_record_claiming_another_tenant_is_errored_and_its_own_
         "acme",
     )
     assert results[own.request_id]["outcome"] == "succeeded"
-    labels = f'{{reason="{ErrorCode.TENANT_NOT_ALLOWED}",region="local"}}'
-    assert await metric(stack, "batcher", "llmq_batcher_ingress_refused_total", labels) == 1
+    assert list(others.values()) == [0] and dead
+    for reason in (ErrorCode.TENANT_NOT_ALLOWED, ErrorCode.INVALID_REPLY_TOPIC):
+        labels = f'{{reason="{reason}",region="local"}}'
+        assert await metric(stack, "batcher", "llmq_batcher_ingress_refused_total", labels) == 1

@@ -179,16 +179,15 @@ def _request_object(result: wire.FinalResult) -> dict:
     """``llmq.request``: the outcome, its usage (of an interrupted stream: the tokens the caller received), and the
     OpenAI response body (succeeded) or the error the caller got."""
     error = error_for(result)
+    request_id = ids.producer_request_id(result.request_id)  # a Kafka-direct request: the id its producer gave
     return {
-        "id": result.request_id,
+        "id": request_id,
         "object": "llmq.request",
         "status": result.outcome.value,
         "model": result.model,
         "created": result.created_ms // 1000,
         "finished": result.finished_ms // 1000,
-        "response": None
-        if error
-        else response_body(result, result.request_id, result.endpoint, result.created_ms // 1000),
+        "response": None if error else response_body(result, request_id, result.endpoint, result.created_ms // 1000),
         "error": error.body()["error"] if error else None,
         "usage": usage_dict(result.usage),
     }

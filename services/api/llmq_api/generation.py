@@ -29,7 +29,7 @@ from llmq_api.responses import PendingRequest
 from llmq_api.saturation import SaturationMonitor
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Resolution, Waiter, WaiterRegistry
-from llmq_core import constants, wire
+from llmq_core import constants, ids, wire
 from llmq_core.clock import Clock
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_IDEMPOTENT_REPLAYED, HTTP_REQUEST_ID
 
@@ -150,9 +150,14 @@ class Generation:
 
     async def result_for(self, principal: Principal, request_id: str) -> wire.FinalResult | None:
         """The stored result of ``request_id`` if ``principal``'s tenant sent it (None for anyone else, or while it
-        runs); 503 when the store does not answer."""
-        result = await _redis_call(self.store.result(request_id))
-        return result if result is not None and result.tenant_id == principal.tenant_id else None
+        runs): its HTTP request, or its Kafka-direct request of that id (stored under the tenant-scoped id); 503 when
+        the store does not answer."""
+        tenant_id = principal.tenant_id
+        for stored_id in (request_id, *_kafka_direct_id(tenant_id, request_id)):
+            result = await _redis_call(self.store.result(stored_id))
+            if result is not None and result.tenant_id == tenant_id:
+                return result
+        return None
 
     async def stop(self) -> None:
         """Cancel the joined retries' polling (their connections are being closed)."""
@@ -278,3 +283,11 @@ async def _redis_call(call: Awaitable[T]) -> T:
     except Exception as exc:
         log.warning("Redis lookup failed: %r", exc)
         raise store_unavailable(exc) from None
+
+
+def _kafka_direct_id(tenant_id: str, request_id: str) -> tuple[str, ...]:
+    """The id the tenant's Kafka-direct request ``request_id`` ran under; none for a tenant whose ids are not scoped."""
+    try:
+        return (ids.tenant_scoped_id(tenant_id, request_id),)
+    except ValueError:
+        return ()

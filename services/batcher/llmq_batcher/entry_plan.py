@@ -5,9 +5,11 @@ reads a decision may need and carries the plan out.
 A record is decided in up to three stages, each a pure function of what is known by then:
 
 1. :func:`plan_arrival` (the decoded record): dead-letter what is not a request or, on an ingress topic, does not reply
-   to a Kafka topic; a Kafka reply's topic rule (checked first: nothing, not even a replay, may be produced to a
-   refused topic), then the ingress grant (a record claiming another tenant or class than its topic's is refused,
-   attributed to the topic's own tenant, before its id is claimed); a Kafka-direct id then needs its :class:`Claim`.
+   to a Kafka topic. A Kafka-direct request runs under its tenant-scoped id (:func:`scoped`: an ingress record's
+   tenant is its topic's); then a Kafka reply's topic rule (checked first: nothing, not even a replay, may be produced
+   to a refused topic; an ingress record may name only its producer's reply topics), then the ingress grant (a record
+   claiming another tenant or class than its topic's is refused, attributed to the topic's own tenant, before its id
+   is claimed); a Kafka-direct id then needs its :class:`Claim`.
    Any other reply kind (an API pod's or a batch job's record) goes straight to the checks.
 2. :func:`plan_claimed` (the claim's answer): the first record of an id goes to the checks; a copy whose parameters
    differ is refused; a copy whose twin is queued here joins it; any other copy needs the id's stored result
@@ -32,8 +34,9 @@ import msgspec
 
 from llmq_batcher import ingress
 from llmq_batcher.outcomes import replayed, reply_topic_refusal, reused_id, reused_id_other_parameters
-from llmq_core import constants, kafka, requests, wire
+from llmq_core import constants, ids, kafka, requests, wire
 from llmq_core.settings import IngressGrant
+from llmq_core.status import ErrorCode
 
 Announced = Mapping[str, tuple[int, int]]  # model a worker heartbeat named -> (its context window, when: epoch ms)
 Unreadable = Literal[False]  # the stored result could not be read (Redis down)
@@ -97,9 +100,10 @@ EntryPlan = Queue | Join | Replay | Refuse | DeadLetter | Postpone
 
 
 class Claim(msgspec.Struct, frozen=True):
-    """Next: claim the request's id for the record at ``position`` with its parameters' ``fingerprint``, then
-    :func:`plan_claimed`."""
+    """Next: claim the id of ``request`` (the record's request under its tenant-scoped id) for the record at
+    ``position`` with its parameters' ``fingerprint``, then :func:`plan_claimed` with ``request``."""
 
+    request: wire.GenerationRequest
     position: str
     fingerprint: str
 
@@ -132,12 +136,26 @@ def plan_arrival(
         return DeadLetter(reason, ingress_reason=ingress.REPLY_NOT_KAFKA)
     if not isinstance(message.reply_to, wire.KafkaReply):
         return plan_checked(message, rules, now_ms)
-    if (reason := kafka.reply_topic_error(message.reply_to.topic, reply_prefixes)) is not None:
+    claimed = ingress.speaking_for(message, grant) if grant is not None else message
+    attributed = claimed if grant is None else msgspec.structs.replace(claimed, tenant_id=grant.tenant_id)
+    try:  # the claimed tenant gets nothing: not even an id of its own taken
+        message = scoped(attributed)
+    except ValueError as exc:
+        return DeadLetter(str(exc))
+    topic = message.reply_to.topic
+    if (reason := kafka.reply_topic_error(topic, reply_prefixes)) is not None:
         return Refuse(message, reply_topic_refusal(reason))
-    if grant is not None and (error := ingress.refusal(message, grant)) is not None:
-        attributed = msgspec.structs.replace(message, tenant_id=grant.tenant_id)  # the claimed tenant gets nothing
-        return Refuse(attributed, error, ingress_reason=error.code or "")
-    return Claim(position, requests.fingerprint(message))
+    if grant is not None and (reason := ingress.reply_topic_refusal(topic, grant)) is not None:
+        return Refuse(message, reply_topic_refusal(reason), ingress_reason=ErrorCode.INVALID_REPLY_TOPIC.value)
+    if grant is not None and (error := ingress.refusal(claimed, grant)) is not None:
+        return Refuse(message, error, ingress_reason=error.code or "")
+    return Claim(message, position, requests.fingerprint(message))
+
+
+def scoped(request: wire.GenerationRequest) -> wire.GenerationRequest:
+    """A Kafka-direct ``request`` under its tenant-scoped id (ids.tenant_scoped_id): ids of different tenants never
+    collide. ValueError for a tenant id that cannot scope one."""
+    return msgspec.structs.replace(request, request_id=ids.tenant_scoped_id(request.tenant_id, request.request_id))
 
 
 def plan_claimed(
@@ -154,7 +172,7 @@ def plan_claimed(
     if earlier is None:
         return plan_checked(request, rules, now_ms)
     if earlier not in ("", claim.fingerprint):  # a producer's id reuse must not get another request's result
-        return Refuse(request, reused_id_other_parameters(request.request_id), claim.position)
+        return Refuse(request, reused_id_other_parameters(ids.producer_request_id(request.request_id)), claim.position)
     if twin is Twin.QUEUED:
         return Join(request)  # unchecked, so it cannot answer in the twin's place
     return ReadStored(twin)
@@ -180,7 +198,9 @@ def _answer_copy(
     """The stored result ``stored`` again, or errored ``request_id_reused`` when there is none to give."""
     result = replayed(stored, request, position) if stored is not None else None
     if result is None:
-        return Refuse(request, reused_id(request.request_id), position, twin_tenant=twin_tenant)
+        return Refuse(
+            request, reused_id(ids.producer_request_id(request.request_id)), position, twin_tenant=twin_tenant
+        )
     return Replay(request, result, twin_tenant)
 
 

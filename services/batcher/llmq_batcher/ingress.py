@@ -3,18 +3,39 @@ the record.
 
 Kafka does not tell a consumer who produced a record, but its ACLs decide who may write a topic: each Kafka-direct
 producer writes only its own ``constants.ingress_topic(principal)``, which Settings.kafka.ingress maps to one tenant
-and the classes it may use. A record there claiming another tenant or class is answered errored (attributed to the
-producer's own tenant, so nothing lands in the claimed tenant's results); one asking for a reply that is not a Kafka
-topic is dead-lettered: HTTP pods and batch jobs hold only what llmq itself produced.
+, the classes it may use and the reply topics it may name. A record there naming no tenant runs as the granted one;
+one claiming another tenant or class, or naming a reply topic outside its prefixes, is answered errored (attributed to
+the producer's own tenant, so nothing lands in the claimed tenant's results or topics); one asking for a reply that is
+not a Kafka topic is dead-lettered: HTTP pods and batch jobs hold only what llmq itself produced.
 """
 
 from __future__ import annotations
+
+import msgspec
 
 from llmq_core import wire
 from llmq_core.settings import IngressGrant
 from llmq_core.status import ErrorCode, ErrorType
 
 REPLY_NOT_KAFKA = "reply_not_kafka"  # metric reason of an ingress record dead-lettered for its reply kind
+
+
+def speaking_for(request: wire.GenerationRequest, grant: IngressGrant) -> wire.GenerationRequest:
+    """``request`` with the grant's tenant when it names none (the tenant comes from the producer's principal)."""
+    if request.tenant_id != wire.DEFAULT_TENANT_ID:
+        return request
+    return msgspec.structs.replace(request, tenant_id=grant.tenant_id)
+
+
+def reply_topic_refusal(topic: str, grant: IngressGrant) -> str | None:
+    """Why the producer ``grant`` describes may not have results produced to ``topic`` (None: it may): only its own
+    reply topics, so no producer writes into another tenant's topic."""
+    if topic.startswith(grant.reply_topic_prefixes):
+        return None
+    return (
+        f"reply_to.topic {topic[:300]!r} is not one of this producer's reply topics (prefixes: "
+        f"{', '.join(grant.reply_topic_prefixes)})"
+    )
 
 
 def refusal(request: wire.GenerationRequest, grant: IngressGrant) -> wire.ErrorInfo | None:

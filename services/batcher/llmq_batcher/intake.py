@@ -133,10 +133,11 @@ class Intake:
         grant = self.entry.ingress_grants.get(tp.topic)
         plan = plan_arrival(message, grant, position, self.shared.names.reply_topic_prefixes, rules, now_ms)
         if isinstance(plan, Claim):
-            earlier = await self._claim(message.request_id, plan)
-            plan = plan_claimed(message, plan, earlier, self._twin(message.request_id), rules, now_ms)
+            request = plan.request
+            earlier = await self._claim(request.request_id, plan)
+            plan = plan_claimed(request, plan, earlier, self._twin(request.request_id), rules, now_ms)
             if isinstance(plan, ReadStored):
-                plan = plan_stored(message, position, plan.twin, await self._stored_result(message.request_id))
+                plan = plan_stored(request, position, plan.twin, await self._stored_result(request.request_id))
         return await self._carry_out(tp, record, plan)
 
     async def _carry_out(self, tp: TopicPartition, record, plan: EntryPlan) -> wire.GenerationRequest | None:

@@ -256,7 +256,7 @@ class ResultRouter:
         await self.producer.send_and_wait(
             topic,
             delivery.reply_value,
-            key=delivery.request_id.encode(),
+            key=delivery.reply_key,
             headers=kafka.headers(delivery.reply_content_type),
         )
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from llmq_core import constants, wire
+from llmq_core import constants, ids, wire
 from llmq_core.kafka import reply_topic_error
+from llmq_core.status import ErrorCode
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -17,18 +18,20 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
     store: bytes | None  # None: nothing to store (the answer to a re-produced copy: the first result stays)
     delivered_key: str = ""  # Redis marker of this reply's delivery (constants.delivered_key / copy_delivered_key)
     reply_topic: str | None = None
+    reply_key: bytes | None = None  # the producer's own request_id (ids.producer_request_id): it knows no other
     reply_value: bytes | None = None
     reply_content_type: str | None = None
     undeliverable: str | None = None
 
 
 def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = ()) -> Delivery:
-    """Every result is stored (msgpack) but the answer to a re-produced copy; a KafkaReply result is also encoded for its topic in the producer's format,
-    unless results may not go to that topic (``undeliverable``, see :func:`reply_topic_error`; ``allowed_prefixes``:
-    Settings.kafka.reply_topic_prefixes)."""
+    """Every result is stored (msgpack) but the answer to a re-produced copy; a KafkaReply result is also encoded for
+    its topic in the producer's format, under the producer's own request_id, unless results may not go to that topic
+    (``undeliverable``: see :func:`reply_topic_error`, ``allowed_prefixes`` being Settings.kafka.reply_topic_prefixes;
+    or the batcher refused the request for its topic, ``invalid_reply_topic``)."""
     stored = None if result.request_copy else wire.encode(result)
     reply = result.reply_to
-    refused = reply_topic_error(reply.topic, allowed_prefixes) if isinstance(reply, wire.KafkaReply) else None
+    refused = _reply_refusal(result, allowed_prefixes) if isinstance(reply, wire.KafkaReply) else None
     if refused is not None:
         # An illegal name would fail on every redelivery; llmq's own or Kafka's internal topics must never get results.
         return Delivery(
@@ -39,6 +42,7 @@ def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = 
             undeliverable=refused,
         )
     if isinstance(reply, wire.KafkaReply):
+        producer_id = ids.producer_request_id(result.request_id)
         return Delivery(
             request_id=result.request_id,
             tenant_id=result.tenant_id,
@@ -49,7 +53,15 @@ def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = 
                 else constants.delivered_key(result.request_id)
             ),
             reply_topic=reply.topic,
-            reply_value=wire.encode(result, reply.content_type),
+            reply_key=producer_id.encode(),
+            reply_value=wire.encode(msgspec.structs.replace(result, request_id=producer_id), reply.content_type),
             reply_content_type=reply.content_type,
         )
     return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored)
+
+
+def _reply_refusal(result: wire.FinalResult, allowed_prefixes: tuple[str, ...]) -> str | None:
+    """Why ``result`` may not be produced to its Kafka reply topic; None when it may."""
+    if result.error is not None and result.error.code == ErrorCode.INVALID_REPLY_TOPIC:
+        return result.error.message  # a producer's refusal for the topic it named is never written there
+    return reply_topic_error(result.reply_to.topic, allowed_prefixes)

@@ -7,12 +7,17 @@ from __future__ import annotations
 import msgspec
 
 from llmq_batcher.intake import EntryRules
-from llmq_core import constants, requests, wire
+from llmq_core import constants, ids, requests, wire
 from tests.fakes import Record
 from tests.unit.batcher.helpers import INTERACTIVE, NAMES, T0, hb, req
 from tests.unit.batcher.helpers import make_loop as make_batcher
 
 REPLIES = wire.KafkaReply(topic="team.replies")
+
+
+def rid(request_id: str = "r1") -> str:
+    """The id acme's Kafka-direct ``request_id`` runs under (tenant-scoped)."""
+    return ids.tenant_scoped_id("acme", request_id)
 
 
 def direct(request_id: str = "r1", **fields) -> wire.GenerationRequest:
@@ -22,7 +27,7 @@ def direct(request_id: str = "r1", **fields) -> wire.GenerationRequest:
 def stored_result() -> wire.FinalResult:
     """What the result-router stored for ``r1``: its first answer, acme's, to REPLIES."""
     return wire.FinalResult(
-        request_id="r1",
+        request_id=rid(),
         outcome=wire.Outcome.SUCCEEDED,
         model="llmq-sim",
         tenant_id="acme",
@@ -71,8 +76,8 @@ async def test_a_reproduced_finished_id_gets_its_stored_result_again_once_per_co
     loop, policy, producer, redis = make_loop()
     await put(loop, direct(), 3)
     first = stored_result()
-    redis.data[constants.result_key("r1")] = wire.encode(first)
-    policy.on_result("r1")
+    redis.data[constants.result_key(rid())] = wire.encode(first)
+    policy.on_result(rid())
     policy.schedule(T0)  # the first copy is no longer held
     other_topic = wire.KafkaReply(topic="team.other")
     await put(loop, direct(reply_to=other_topic), 9)
@@ -83,7 +88,7 @@ async def test_a_reproduced_finished_id_gets_its_stored_result_again_once_per_co
 
 async def test_a_reproduced_id_without_a_stored_result_is_errored_naming_it():
     loop, _, producer, redis = make_loop()
-    redis.data[constants.request_copy_key("r1")] = b"llmq.requests.interactive/0@1"
+    redis.data[constants.request_copy_key(rid())] = b"llmq.requests.interactive/0@1"
     await put(loop, direct(), 5)
     (reused,) = answers(producer)
     assert (reused.outcome, reused.error.code, reused.error.param) == (
@@ -98,8 +103,8 @@ async def test_another_tenants_or_an_http_result_is_never_replayed():
     loop, _, producer, redis = make_loop()
     for n, (tenant, reply) in enumerate([("other", REPLIES), ("acme", wire.HttpReply(instance_id="pod"))]):
         request_id = f"r{n}"
-        redis.data[constants.request_copy_key(request_id)] = b"elsewhere"
-        redis.data[constants.result_key(request_id)] = wire.encode(
+        redis.data[constants.request_copy_key(rid(request_id))] = b"elsewhere"
+        redis.data[constants.result_key(rid(request_id))] = wire.encode(
             wire.FinalResult(
                 request_id=request_id,
                 outcome=wire.Outcome.SUCCEEDED,
@@ -119,19 +124,19 @@ async def test_a_redelivered_record_is_not_a_copy_and_a_copy_of_a_held_id_joins_
     await put(loop, direct(), 8)  # a copy while the first is queued: suppressed, one answer
     assert producer.sent == [] and policy.queued_total == 1
     claim = f"{INTERACTIVE.topic}/{INTERACTIVE.partition}@4 {requests.fingerprint(direct())}"
-    assert redis.data[constants.request_copy_key("r1")] == claim.encode()
+    assert redis.data[constants.request_copy_key(rid())] == claim.encode()
 
 
 async def test_a_reproduced_id_with_other_parameters_is_errored_not_given_the_first_result():
     loop, policy, producer, redis = make_loop()
     await put(loop, direct(), 4)
-    redis.data[constants.result_key("r1")] = wire.encode(
+    redis.data[constants.result_key(rid())] = wire.encode(
         wire.FinalResult(
-            request_id="r1", outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id="acme", reply_to=REPLIES
+            request_id=rid(), outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", tenant_id="acme", reply_to=REPLIES
         )
     )
     await put(loop, direct(prompt="DIFFERENT"), 5)  # while the first is held: it must not join it either
-    policy.on_result("r1")
+    policy.on_result(rid())
     policy.schedule(T0)
     await put(loop, direct(sampling=wire.SamplingParams(max_tokens=9)), 6)
     await put(loop, direct(deadline_ms=T0 + 5_000, reply_to=wire.KafkaReply(topic="team.other")), 7)  # a true repeat
@@ -183,11 +188,26 @@ async def test_a_copy_of_an_id_in_flight_whose_result_is_stored_gets_that_result
     for request_id in ("r1", "r2"):
         await put(loop, direct(request_id), int(request_id[1]))
     await loop.step()
-    assert policy.in_flight("r1") and policy.in_flight("r2")
+    assert policy.in_flight(rid("r1")) and policy.in_flight(rid("r2"))
     finished = stored_result()
-    redis.data[constants.result_key("r1")] = wire.encode(finished)  # the router stored it; the tail has not read it
+    redis.data[constants.result_key(rid())] = wire.encode(finished)  # the router stored it; the tail has not read it
     await put(loop, direct("r1"), 8)
     await put(loop, direct("r2"), 9)
     (replay,) = answers(producer)
-    assert (replay.request_id, replay.choices, replay.request_copy[-2:]) == ("r1", finished.choices, "@8")
-    assert not policy.holds("r1") and policy.in_flight("r2")
+    assert (replay.request_id, replay.choices, replay.request_copy[-2:]) == (rid("r1"), finished.choices, "@8")
+    assert not policy.holds(rid("r1")) and policy.in_flight(rid("r2"))
+
+
+async def test_the_same_id_of_two_tenants_runs_twice_and_a_reuse_is_seen_only_by_its_tenant():
+    """Issue 34 item 1: the id namespace was shared by all tenants, so one tenant's reuse of an id answered the other
+    tenant's request errored."""
+    loop, policy, producer, _ = make_loop()
+    beta_replies = wire.KafkaReply(topic="beta.replies")
+    await put(loop, direct("order-1"), 0)
+    await put(loop, direct("order-1", tenant_id="beta", reply_to=beta_replies), 1)
+    assert producer.sent == [] and policy.queued_total == 2  # neither is a copy of the other
+    await put(loop, direct("order-1", prompt="DIFFERENT"), 2)  # acme reuses its own id
+    (reused,) = answers(producer)
+    assert (reused.tenant_id, reused.reply_to, reused.error.code) == ("acme", REPLIES, "request_id_reused")
+    assert "'order-1'" in reused.error.message  # the id the producer gave, not the scoped one
+    assert policy.holds(ids.tenant_scoped_id("beta", "order-1")) and policy.queued_total == 2

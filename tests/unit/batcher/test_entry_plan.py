@@ -29,8 +29,9 @@ from llmq_batcher.entry_plan import (
     plan_stored,
     position_of,
     rules_now,
+    scoped,
 )
-from llmq_core import constants, requests, wire
+from llmq_core import constants, ids, requests, wire
 from llmq_core.settings import IngressGrant
 from llmq_core.status import ErrorCode
 from tests.builders import generation_request
@@ -39,7 +40,7 @@ T0 = 1_700_000_000_000
 MODEL = "llmq-sim"
 REPLIES = wire.KafkaReply(topic="team.replies")
 POSITION = position_of("llmq.ingress.team", 0, 7)
-GRANT = IngressGrant(tenant_id="acme", classes=("interactive",))
+GRANT = IngressGrant(tenant_id="acme", classes=("interactive",), reply_topic_prefixes=("team.",))
 RULES = requests.Rules(max_timeout_ms={"interactive": 60_000}, max_job_timeout_ms=3_600_000)
 
 
@@ -87,12 +88,42 @@ def test_an_ingress_record_not_replying_to_kafka_is_dead_lettered_and_counted(re
 def test_a_refused_reply_topic_is_refused_first_even_past_a_refusing_grant():
     message = request(tenant_id="victim", reply_to=wire.KafkaReply(topic="llmq.batches"))
     plan = arrival(message, GRANT)
-    assert isinstance(plan, Refuse) and plan.request is message  # not attributed: the topic rule comes first
+    assert isinstance(plan, Refuse) and plan.request == scoped(request(reply_to=message.reply_to))  # acme's refusal
     assert (plan.error.code, plan.error.param, plan.ingress_reason) == (
         ErrorCode.INVALID_REPLY_TOPIC,
         "reply_to.topic",
         None,
     )
+
+
+@pytest.mark.parametrize("tenant_id", ["acme", "beta"])
+def test_an_ingress_record_may_name_only_its_producers_reply_topics(tenant_id):
+    message = request(tenant_id=tenant_id, reply_to=wire.KafkaReply(topic="replies.beta"))  # beta's topic
+    plan = arrival(message, GRANT)
+    assert isinstance(plan, Refuse) and plan.request == scoped(request(reply_to=message.reply_to))
+    assert (plan.error.code, plan.error.param, plan.ingress_reason) == (
+        ErrorCode.INVALID_REPLY_TOPIC,
+        "reply_to.topic",
+        ErrorCode.INVALID_REPLY_TOPIC,
+    )
+    assert "team." in plan.error.message  # names the prefixes it may use
+
+
+def test_an_ingress_record_naming_no_tenant_runs_as_its_producers_tenant():
+    message = request(tenant_id=wire.DEFAULT_TENANT_ID)
+    plan = arrival(message, GRANT)
+    assert isinstance(plan, Claim) and plan.request == scoped(request())
+
+
+def test_ids_of_different_tenants_are_claimed_apart_and_answered_under_the_producers_id():
+    acme, beta = arrival(request("order-1")), arrival(request("order-1", tenant_id="beta"))
+    assert acme.request.request_id != beta.request.request_id
+    assert {ids.producer_request_id(plan.request.request_id) for plan in (acme, beta)} == {"order-1"}
+
+
+def test_a_tenant_id_that_cannot_scope_ids_is_dead_lettered():
+    plan = arrival(request(tenant_id="acme:beta"))
+    assert isinstance(plan, DeadLetter) and "must not contain ':'" in plan.reason
 
 
 def test_a_reply_topic_outside_the_allowed_prefixes_is_refused():
@@ -111,12 +142,13 @@ def test_an_ingress_record_past_its_grant_is_refused_as_its_topics_tenant(fields
     plan = arrival(request(**fields), GRANT)
     assert isinstance(plan, Refuse) and (plan.error.code, plan.ingress_reason) == (code, code)
     assert plan.request.tenant_id == "acme" and plan.request_copy == ""
+    assert plan.request.request_id == ids.tenant_scoped_id("acme", "r1")  # no id of the claimed tenant is taken
 
 
 @pytest.mark.parametrize("grant", [None, GRANT])
 def test_a_kafka_direct_request_needs_its_ids_claim(grant):
     message = request()
-    assert arrival(message, grant) == Claim(POSITION, requests.fingerprint(message))
+    assert arrival(message, grant) == Claim(scoped(message), POSITION, requests.fingerprint(message))
 
 
 def test_an_api_pods_record_goes_straight_to_the_checks():
@@ -170,7 +202,7 @@ def test_rules_accept_models_workers_announced_lately_and_keep_the_catalogues_wi
 
 
 def claimed(message: wire.GenerationRequest, earlier: str | None, twin: Twin = Twin.NONE):
-    return plan_claimed(message, Claim(POSITION, requests.fingerprint(message)), earlier, twin, RULES, T0)
+    return plan_claimed(message, Claim(message, POSITION, requests.fingerprint(message)), earlier, twin, RULES, T0)
 
 
 def test_the_first_record_of_an_id_goes_to_the_checks():

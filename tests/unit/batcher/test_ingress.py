@@ -18,7 +18,7 @@ from tests.unit.batcher.helpers import make_loop as make_batcher
 
 TOPIC = constants.ingress_topic("acme-svc")
 PARTITION = TopicPartition(TOPIC, 0)
-GRANTS = {TOPIC: IngressGrant(tenant_id="acme", classes=("interactive", "deferred"))}
+GRANTS = {TOPIC: IngressGrant(tenant_id="acme", classes=("interactive", "deferred"), reply_topic_prefixes=("acme.",))}
 REPLIES = wire.KafkaReply(topic="acme.replies")
 
 
@@ -43,10 +43,22 @@ def refused(metrics: BatcherMetrics, reason: str) -> float:
 
 def test_settings_map_principals_to_ingress_topics_that_llmq_topics_creates():
     settings = Settings(kafka={"ingress": {"acme-svc": {"tenant_id": "acme", "classes": ["deferred"]}}})
-    assert kafka.ingress_grants(settings) == {
-        "llmq.ingress.acme-svc": IngressGrant(tenant_id="acme", classes=("deferred",))
+    assert kafka.ingress_grants(settings) == {  # reply topics: the principal's own by default
+        "llmq.ingress.acme-svc": IngressGrant(
+            tenant_id="acme", classes=("deferred",), reply_topic_prefixes=("acme-svc.",)
+        )
     }
     assert kafka.topic_layout(settings)["llmq.ingress.acme-svc"] == settings.kafka.request_topic_partitions
+
+
+def test_a_grant_whose_tenant_cannot_scope_ids_or_whose_prefix_is_empty_refuses_to_start():
+    for grant in ({"tenant_id": "acme:x"}, {"tenant_id": ""}, {"tenant_id": "acme", "reply_topic_prefixes": [""]}):
+        try:
+            Settings(kafka={"ingress": {"acme-svc": grant}})
+        except ValueError as exc:
+            assert "tenant_id" in str(exc) or "reply_topic_prefixes" in str(exc)
+        else:
+            raise AssertionError(f"accepted the grant {grant}")
 
 
 def test_a_principal_that_cannot_name_a_topic_refuses_to_start():

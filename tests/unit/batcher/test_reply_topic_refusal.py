@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmq_core import wire
+from llmq_core import ids, wire
 from llmq_core.names import Names
 from tests.fakes import Record
 from tests.unit.batcher.helpers import INTERACTIVE, NAMES, req
@@ -40,7 +40,7 @@ async def test_a_refused_reply_topic_is_answered_errored_at_entry_and_never_queu
     await loop.ingest(INTERACTIVE, Record(offset=7, value=wire.encode(kafka_request("r1", topic)), key=b"r1"))
     (answer,) = producer.sent
     result = wire.decode(answer["value"])
-    assert answer["topic"] == NAMES.results_topic and answer["key"] == b"r1"
+    assert answer["topic"] == NAMES.results_topic and answer["key"] == ids.tenant_scoped_id("acme", "r1").encode()
     assert result.outcome is wire.Outcome.ERRORED and result.reply_to == wire.KafkaReply(topic=topic)
     assert (result.error.code, result.error.param, result.error.type) == (
         "invalid_reply_topic",
@@ -65,7 +65,7 @@ async def test_configured_prefixes_refuse_every_other_topic():
     for offset, topic in enumerate(["team.replies", "etl-out", "other.replies"]):
         await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(kafka_request(topic, topic))))
     assert policy.queued_total == 2
-    assert [wire.decode(s["value"]).request_id for s in producer.sent] == ["other.replies"]
+    assert [ids.producer_request_id(wire.decode(s["value"]).request_id) for s in producer.sent] == ["other.replies"]
 
 
 async def test_a_refusal_that_cannot_be_produced_stays_unsettled_and_the_fetch_goes_on():

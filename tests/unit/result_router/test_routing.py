@@ -1,8 +1,9 @@
 import msgspec
 import pytest
 
-from llmq_core import wire
+from llmq_core import ids, wire
 from llmq_core.constants import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK
+from llmq_core.status import ErrorCode
 from llmq_result_router.routing import plan_delivery
 
 
@@ -31,3 +32,26 @@ def test_kafka_result_is_encoded_as_its_producer_asked(content_type):
     assert wire.decode(delivery.reply_value, content_type) == result
     if content_type == CONTENT_TYPE_JSON:
         assert msgspec.json.decode(delivery.reply_value)["choices"][0]["text"] == "abc"
+
+
+def test_a_kafka_reply_carries_the_producers_own_id_and_the_store_the_scoped_one():
+    """Issue 34 item 1: Kafka-direct ids run tenant-scoped; the producer knows only the id it gave."""
+    scoped = msgspec.structs.replace(
+        _result(wire.KafkaReply(topic="acme.replies")), request_id=ids.tenant_scoped_id("acme", "order-1")
+    )
+    delivery = plan_delivery(scoped)
+    assert delivery.reply_key == b"order-1" and wire.decode(delivery.reply_value).request_id == "order-1"
+    assert delivery.request_id == scoped.request_id and wire.decode(delivery.store) == scoped
+
+
+def test_a_result_refused_for_its_reply_topic_is_never_produced_there():
+    """The batcher refuses an ingress record naming another producer's topic (``invalid_reply_topic``); the router,
+    which knows no producer, must not write that refusal into the topic either."""
+    refused = msgspec.structs.replace(
+        _result(wire.KafkaReply(topic="beta.replies")),
+        outcome=wire.Outcome.ERRORED,
+        choices=[],
+        error=wire.ErrorInfo(type="invalid_request_error", code=ErrorCode.INVALID_REPLY_TOPIC, message="not yours"),
+    )
+    delivery = plan_delivery(refused)
+    assert (delivery.undeliverable, delivery.reply_value) == ("not yours", None) and delivery.store is not None
