@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -14,7 +15,7 @@ from redis.asyncio import Redis
 from llmq_batcher.intake import EntryRules
 from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
-from llmq_core import constants, kafka, requests, wire
+from llmq_core import constants, ids, kafka, requests, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.names import Names
 from llmq_core.settings import Settings
@@ -211,6 +212,26 @@ async def test_json_request_becomes_a_batch_at_the_workers_partition_and_is_comm
             break
         await asyncio.sleep(0.2)
     assert await consumer.committed(tp) == meta.offset + 1
+
+
+async def test_the_same_kafka_direct_id_of_two_tenants_runs_as_two_requests(batcher):
+    """Issue 34 item 1: Kafka-direct ids were one namespace, so beta's request joined (or was refused as a reuse of)
+    acme's request of the same id."""
+    names, producer, _, _ = batcher
+    request_id = f"order-{uuid.uuid4().hex}"
+    for tenant in ("acme", "beta"):
+        request = msgspec.structs.replace(
+            _request(request_id, "unused", tenant=tenant), reply_to=wire.KafkaReply(topic=f"{tenant}.replies")
+        )
+        await kafka.send_message(producer, names.request_topics[0], request, key=request_id)
+    wanted = {ids.tenant_scoped_id(tenant, request_id): tenant for tenant in ("acme", "beta")}
+    seen: dict[str, str] = {}
+
+    def has_both(record) -> bool:
+        seen.update({r.request_id: r.tenant_id for r in wire.decode(record.value).requests if r.request_id in wanted})
+        return seen == wanted
+
+    await _read_one(Settings(), names.batches_topic, has_both)
 
 
 async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batcher):
