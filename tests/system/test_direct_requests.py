@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, ids, kafka, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
 from tests import ports
@@ -113,7 +113,8 @@ async def test_a_reproduced_request_id_gets_its_stored_result_again_then_request
     first_again, replay = await replies(reader, topic, 2)
     assert first["outcome"] == "succeeded" and replay["choices"] == first["choices"] and replay["request_copy"]
     deadline = time.monotonic() + 10
-    while await redis.exists(constants.result_key(request.request_id)):  # the stored result expires (TTL 2 s)
+    stored_key = constants.result_key(ids.tenant_scoped_id(request.tenant_id, request.request_id))
+    while await redis.exists(stored_key):  # the stored result expires (TTL 2 s)
         assert time.monotonic() < deadline, "the stored result did not expire"
         await reader.getmany(timeout_ms=200)
     await produce(producer, request)

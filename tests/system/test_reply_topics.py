@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, ids, kafka, wire
 from llmq_core.settings import Settings
 from tests import ports
 from tests.builders import kafka_request
@@ -94,8 +94,13 @@ async def caught_up(reader: AIOKafkaConsumer, ends_: dict[TopicPartition, int]) 
     return True
 
 
-def dead_letters_for(ids: set[str]):
-    return lambda records: ids <= {r.key.decode() for r in records if r.key}
+def producer_id(record) -> str:
+    """The producer's own request id of a record keyed by llmq's (tenant-scoped) one."""
+    return ids.producer_request_id(record.key.decode())
+
+
+def dead_letters_for(request_ids: set[str]):
+    return lambda records: request_ids <= {producer_id(r) for r in records if r.key}
 
 
 async def test_the_broker_does_not_create_topics_on_demand(kafka_clients):
@@ -123,7 +128,7 @@ async def test_reserved_reply_topics_are_refused_at_entry_and_the_next_request_i
 
     [reply] = await read_from(reader, {TopicPartition(good_topic, 0): 0}, lambda records: records, 60)
     assert json.loads(reply.value)["request_id"] == f"good-{tag}"
-    letters = {r.key.decode(): r for r in await read_from(reader, dead, dead_letters_for(set(refused)), 30)}
+    letters = {producer_id(r): r for r in await read_from(reader, dead, dead_letters_for(set(refused)), 30)}
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{API_PORT}", headers={"authorization": f"Bearer {API_KEY}"}
     ) as http:
@@ -135,7 +140,7 @@ async def test_reserved_reply_topics_are_refused_at_entry_and_the_next_request_i
             assert body["status"] == "errored", body
             assert (body["error"]["code"], body["error"]["param"]) == ("invalid_reply_topic", "reply_to.topic")
     # Nothing but the requests themselves and their one errored answer reached llmq's own topics.
-    keys = [(r.topic, r.key.decode()) for r in await read_from(reader, guarded, None, 30) if r.key]
+    keys = [(r.topic, producer_id(r)) for r in await read_from(reader, guarded, None, 30) if r.key]
     for request_id in refused:
         assert sorted(t for t, k in keys if k == request_id) == [
             constants.requests_topic("interactive"),
@@ -175,7 +180,7 @@ async def test_a_missing_reply_topic_is_dead_lettered_and_the_results_behind_it_
 
     [reply] = await read_from(reader, {TopicPartition(good_topic, 0): 0}, lambda records: records, 60)
     assert json.loads(reply.value)["request_id"] == good
-    letters = {r.key.decode(): r for r in await read_from(reader, dead, dead_letters_for(set(poison)), 60)}
+    letters = {producer_id(r): r for r in await read_from(reader, dead, dead_letters_for(set(poison)), 60)}
     elapsed_s = time.monotonic() - started
     for request_id, topic in poison.items():
         headers = dict(letters[request_id].headers)
@@ -212,7 +217,7 @@ async def test_fresh_missing_reply_topics_are_dead_lettered_at_once_and_hold_up_
 
     await read_from(reader, {TopicPartition(good_topic, 0): 0}, answered, 30)
     elapsed_s = time.monotonic() - started
-    letters = {r.key.decode(): r for r in await read_from(reader, dead, dead_letters_for(set(poison)), 30)}
+    letters = {producer_id(r): r for r in await read_from(reader, dead, dead_letters_for(set(poison)), 30)}
     assert elapsed_s < 3, f"the good reply took {elapsed_s:.1f} s"
     for request_id, topic in poison.items():
         headers = dict(letters[request_id].headers)
