@@ -413,8 +413,8 @@ class ApiSettings(Group):
     )
     access_log: bool = Field(
         True,
-        description="One log line per request (logger `llmq_api.access`): method, route, status, tenant, request id, "
-        "latency; never a prompt or answer.",
+        description="One log line per request (logger `llmq_api.access`): method, route template, status, tenant, "
+        "request id, latency as JSON fields; never a path, a prompt or an answer.",
     )
     trusted_proxies: str = Field(
         "",
