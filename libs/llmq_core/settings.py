@@ -403,7 +403,7 @@ class ApiSettings(Group):
         1024,
         ge=0,
         description="Open connections per client address (the socket peer); past it a new connection gets 429 "
-        "`too_many_connections` and is closed (0: no cap).",
+        "`too_many_connections` once its request head is read, and is closed without a reset (0: no cap).",
     )
     max_header_bytes: int = Field(
         64 * 1024,
