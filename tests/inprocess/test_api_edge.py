@@ -1,4 +1,4 @@
-"""The API pod's HTTP edge over real sockets (issue 34, items 7 and 8): one pod for the module, served by uvicorn
+"""The API pod's HTTP edge over real sockets (issue 34, items 7, 8 and 9): one pod for the module, served by uvicorn
 with the settings' connection limits (``uvicorn_options``, as ``llmq_api.main`` runs it) and a cap of 2 connections
 per client address. Clients are raw sockets that do what HTTP clients do: send the whole request, then read the
 answer until the pod closes. Nothing waits on a timer: each wait is for a condition, bounded.
@@ -13,13 +13,15 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from llmq_api.connections import uvicorn_options
 from llmq_api.pod import Pod
 from llmq_core.names import Names
+from llmq_core.requests import ECHOED_CHARS
 from llmq_core.settings import Settings
-from tests.inprocess.test_api import serving
+from tests.inprocess.test_api import DEV, serving
 
 pytestmark = pytest.mark.integration
 
@@ -107,3 +109,14 @@ async def test_garbage_after_a_complete_request_gets_the_answer_then_a_400(edge)
     assert (first, json.loads(answer)) == (200, {"status": "ok"})
     assert second == 400 and b"connection: close" in head
     assert json.loads(error)["error"]["code"] == "invalid_http_request"
+
+
+async def test_a_3_mb_model_name_gets_a_404_that_quotes_40_characters_of_it(edge):
+    """Item 9: the 404 echoed all 3,000,000 characters."""
+    base_url, _, _ = edge
+    async with httpx.AsyncClient(base_url=base_url, headers=DEV, timeout=SOCKET_TIMEOUT_S) as client:
+        response = await client.post("/v1/completions", json={"model": "M" * 3_000_000, "prompt": "hi"})
+    error = response.json()["error"]
+    assert response.status_code == 404 and error["code"] == "model_not_found" and error["param"] == "model"
+    assert "M" * ECHOED_CHARS in error["message"] and "M" * (ECHOED_CHARS + 1) not in error["message"]
+    assert len(response.content) < 400

@@ -34,7 +34,7 @@ from llmq_api.pod import Pod
 from llmq_api.responses import ResultResponse, StreamResponse
 from llmq_core import ids, tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
-from llmq_core.requests import timeouts_by_class
+from llmq_core.requests import echo, timeouts_by_class
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
 from llmq_core.token_counts import TokenCounter
@@ -92,7 +92,7 @@ def create_app(pod: Pod) -> FastAPI:
         for entry in catalog.listing():
             if entry["id"] == model:
                 return entry
-        raise ApiError(404, f"The model '{model}' does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
+        raise ApiError(404, f"The model {echo(model)} does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
 
     @app.get("/v1/requests/{request_id}")
     async def get_request(request_id: str, request: Request) -> dict:
@@ -100,7 +100,7 @@ def create_app(pod: Pod) -> FastAPI:
         result = await generation.result_for(keys.authenticate(request.headers.get("authorization")), request_id)
         if result is None:
             raise ApiError(
-                404, f"No finished request '{request_id}' found", param="request_id", code="request_not_found"
+                404, f"No finished request {echo(request_id)} found", param="request_id", code="request_not_found"
             )
         return _request_object(result)
 
