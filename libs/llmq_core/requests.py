@@ -28,15 +28,20 @@ ECHOED_CHARS = 40  # of a bad value quoted back in an error message
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
-def echo(value: object) -> str:
-    """``value`` quoted for an error message, cut to ECHOED_CHARS characters so no answer grows with the input
-    (ints are cut as digits: Python refuses str() of one above 4,300)."""
-    text = value if isinstance(value, str) else _digits(value) if isinstance(value, int) else repr(value)
-    return repr(text[:ECHOED_CHARS]) + ("..." if len(text) > ECHOED_CHARS else "")
-
-
-def _digits(value: int) -> str:
-    return str(value) if abs(value) < 10**ECHOED_CHARS else f"{value:x}"[:ECHOED_CHARS] + " (hex)"
+def echo(value: object, *, quote: bool = True) -> str:
+    """How an error (its message or ``param``) quotes a client's ``value``: the first ECHOED_CHARS characters, then
+    ``...`` when there were more, so no answer grows with its input; every quote of a client value goes through
+    here. Text is quoted (its repr; ``quote=False``: bare, inside a param path), a number spelled as one (an int of
+    more than ECHOED_CHARS digits in hex: Python refuses str() of one above 4,300 digits), anything else as its
+    repr."""
+    if isinstance(value, str):
+        text = value[:ECHOED_CHARS]
+        return (repr(text) if quote else text) + ("..." if len(value) > ECHOED_CHARS else "")
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value) if abs(value) < 10**ECHOED_CHARS else f"{value:#x}"
+    else:
+        text = repr(value)
+    return text[:ECHOED_CHARS] + ("..." if len(text) > ECHOED_CHARS else "")
 
 
 class RequestError(Exception):
@@ -157,7 +162,9 @@ def clamp_deadline(request: wire.GenerationRequest, max_timeout_ms: int, now_ms:
 def check_model(model: str, windows: Mapping[str, int]) -> int:
     """The model's context window (0: unknown); 404 ``model_not_found`` outside the catalogue."""
     if model not in windows:
-        raise RequestError(404, f"The model '{model}' does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
+        raise RequestError(
+            404, f"The model {echo(model)} does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND
+        )
     return windows[model]
 
 
@@ -203,13 +210,13 @@ def check_sampling(
 def in_range(param: str, value: float | None, low: float, high: float) -> None:
     if value is not None and not low <= value <= high:
         raise invalid(
-            f"'{param}' must be between {low} and {high}, got {value}", param=param, code=ErrorCode.OUT_OF_RANGE
+            f"'{param}' must be between {low} and {high}, got {echo(value)}", param=param, code=ErrorCode.OUT_OF_RANGE
         )
 
 
 def at_least(param: str, value: int, low: int) -> None:
     if value < low:
-        raise invalid(f"'{param}' must be at least {low}, got {value}", param=param, code=ErrorCode.OUT_OF_RANGE)
+        raise invalid(f"'{param}' must be at least {low}, got {echo(value)}", param=param, code=ErrorCode.OUT_OF_RANGE)
 
 
 def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given: bool) -> None:

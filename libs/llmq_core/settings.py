@@ -427,7 +427,7 @@ class ApiSettings(Group):
         1024,
         ge=0,
         description="Open connections per client address (the socket peer); past it a new connection gets 429 "
-        "`too_many_connections` and is closed (0: no cap).",
+        "`too_many_connections` once its request head is read, and is closed without a reset (0: no cap).",
     )
     max_header_bytes: int = Field(
         64 * 1024,
@@ -437,8 +437,8 @@ class ApiSettings(Group):
     )
     access_log: bool = Field(
         True,
-        description="One log line per request (logger `llmq_api.access`): method, route, status, tenant, request id, "
-        "latency; never a prompt or answer.",
+        description="One log line per request (logger `llmq_api.access`): method, route template, status, tenant, "
+        "request id, latency as JSON fields; never a path, a prompt or an answer.",
     )
     trusted_proxies: str = Field(
         "",

@@ -1,7 +1,8 @@
 """Logging set-up shared by the services: one JSON object a line, with the service name and region.
 
 Lines about a request carry ``request_id`` (pass it as ``extra``) and ``trace_id``: an explicit ``extra`` one (see
-:func:`request_fields`), else the current span's (with ``span_id``) while tracing is on.
+:func:`request_fields`), else the current span's (with ``span_id``) while tracing is on. Any of :data:`FIELDS` passed as
+``extra`` becomes a field of its own: what a client chose (a path, an id) goes there, JSON-escaped, never into ``msg``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from llmq_core.ids import DEFAULT_REGION
 from llmq_core.tracing import trace_id_of
 
 _encoder = msgspec.json.Encoder()
+
+# The ``extra`` keys written as fields: ids, and the access log's (llmq_api.access_log) parts of an HTTP request
+FIELDS = ("request_id", "batch_id", "worker_id", "trace_id", "method", "route", "status", "tenant", "latency_ms")
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,7 +37,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for field in ("request_id", "batch_id", "worker_id", "trace_id"):
+        for field in FIELDS:
             if hasattr(record, field):
                 entry[field] = getattr(record, field)
         if "trace_id" not in entry:

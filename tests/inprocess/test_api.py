@@ -189,12 +189,18 @@ async def pod_process(instance_id: str, log_path: Path, **env: str) -> AsyncIter
 
 
 @contextlib.asynccontextmanager
-async def serving(pod: Pod, wait: bool = True):
-    """Serve ``pod`` with uvicorn on a free port; yields the base URL."""
+async def serving(pod: Pod, wait: bool = True, **options):
+    """Serve ``pod`` with uvicorn on a free port (``options``: more ``uvicorn.Config`` keywords); yields the base URL."""
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(pod), host="127.0.0.1", port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=2
+            create_app(pod),
+            host="127.0.0.1",
+            port=port,
+            log_config=None,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            **options,
         )
     )
     task = asyncio.create_task(server.serve())

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from llmq_api.errors import ApiError
 from llmq_core import wire
 from llmq_core.constants import DEFERRED, HTTP_RETRY_AFTER, HTTP_TRAFFIC_CLASS, PRIORITY_CLASSES
+from llmq_core.requests import echo
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType
 
@@ -296,7 +297,7 @@ def model_unavailable(model: str, retry_after: int, deferred_allowed: bool) -> A
     deferred = f", or send the request as deferred work ({HTTP_TRAFFIC_CLASS}: {DEFERRED}), which waits for a worker"
     return ApiError(
         503,
-        f"The model '{model}' has no running worker right now; retry after the Retry-After delay"
+        f"The model {echo(model)} has no running worker right now; retry after the Retry-After delay"
         + (deferred if deferred_allowed else ""),
         type=ErrorType.SERVER,
         param="model",

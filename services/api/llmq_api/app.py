@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from llmq_api import health, idempotency, validation
-from llmq_api.access_log import AccessLog
+from llmq_api.access_log import AccessLog, route_of
 from llmq_api.auth import KeyStore
 from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.catalog import ModelCatalog
@@ -34,7 +34,7 @@ from llmq_api.pod import Pod
 from llmq_api.responses import ResultResponse, StreamResponse
 from llmq_core import ids, tracing, wire
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
-from llmq_core.requests import timeouts_by_class
+from llmq_core.requests import echo, timeouts_by_class
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
 from llmq_core.token_counts import TokenCounter
@@ -74,9 +74,8 @@ def create_app(pod: Pod) -> FastAPI:
 
     # The hot routes first, as plain Starlette routes: they take the Request and return a Response, so FastAPI's
     # parameter solving and response serialization only cost time (about a third of the app's CPU per request).
-    app.hot_routes = {"/v1/completions": completions, "/v1/chat/completions": chat_completions}
-    for path, endpoint in app.hot_routes.items():
-        app.add_route(path, endpoint, methods=["POST"])
+    app.add_hot_route("/v1/completions", completions)
+    app.add_hot_route("/v1/chat/completions", chat_completions)
     if not tracing.enabled():  # past Starlette's layers too (see llmq_api.hot_routes); traced, through them all
         access_log = pod.settings.api.access_log
         app.hot_stack = AccessLog(app.serve_hot, tenant_of=pod.keys.tenant_of) if access_log else app.serve_hot
@@ -93,7 +92,7 @@ def create_app(pod: Pod) -> FastAPI:
         for entry in catalog.listing():
             if entry["id"] == model:
                 return entry
-        raise ApiError(404, f"The model '{model}' does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
+        raise ApiError(404, f"The model {echo(model)} does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
 
     @app.get("/v1/requests/{request_id}")
     async def get_request(request_id: str, request: Request) -> dict:
@@ -101,7 +100,7 @@ def create_app(pod: Pod) -> FastAPI:
         result = await generation.result_for(keys.authenticate(request.headers.get("authorization")), request_id)
         if result is None:
             raise ApiError(
-                404, f"No finished request '{request_id}' found", param="request_id", code="request_not_found"
+                404, f"No finished request {echo(request_id)} found", param="request_id", code="request_not_found"
             )
         return _request_object(result)
 
@@ -234,7 +233,7 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
     @app.exception_handler(RedisError)
     async def store_error(request: Request, exc: RedisError) -> JSONResponse:
         """Redis refused a write (maxmemory) or failed in a handler (files, batches): 503, not 500."""
-        log.warning("Redis failed %s %s: %r", request.method, request.url.path, exc)
+        log.warning("Redis failed: %r", exc, extra={"method": request.method, "route": route_of(request.scope)})
         return answer(request, store_unavailable(exc), OutcomeLabel.UNAVAILABLE)
 
     @app.exception_handler(StarletteHTTPException)

@@ -8,15 +8,19 @@ on a request or writes its response (long generations and SSE streams are never 
   headers are complete;
 - body: from the end of the headers until the body is complete;
 - keep-alive: uvicorn's own, between a response and the next request's first byte.
-Past the header or body deadline the client gets 408 when a request has begun and no response is on its way, and the
-connection closes. A connection beyond ``max_per_client`` from one address is answered 429 at once and closed.
+Past the header or body deadline the client gets 408 when a request has begun and no response to it is on its way,
+and the connection closes. A connection beyond ``max_per_client`` from one address is answered 429 and closed without
+a reset (:class:`Refusal`). A refusal of bytes that follow complete requests (a header deadline, too many header bytes
+or no parseable request, pipelined behind them) is the connection's last response, after theirs: reading stops until
+they are answered (it once closed the connection at once, so a request followed by garbage got no answer at all).
 
 Bytes are bounded too: a request's headers (request line included) may take ``max_header_bytes``, counted as reads
 arrive and before httptools buffers them (it keeps a header being received in memory and copies it on every read, so an
 endless header grew the pod by hundreds of MB and stalled its event loop); past it 431 and the connection closes. Reads
 stay paused while pipelined requests wait their turn (uvicorn resumed after each response), so one connection holds at
 most one read of requests it has not answered. A request httptools cannot parse (a malformed or repeated
-Content-Length) gets the OpenAI error object, not uvicorn's plain-text 400.
+Content-Length, or bytes after a request that are no request at all) gets the OpenAI error object, not uvicorn's
+plain-text 400.
 
 Meant for direct exposure. The client address is the socket peer; peers listed as trusted proxies are not capped
 (the proxy's own limits apply to its clients) and only their ``X-Forwarded-For`` names the client in the request.
@@ -39,6 +43,9 @@ from llmq_core.settings import ApiSettings, Settings
 from llmq_core.status import ErrorType
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+REFUSED_HEAD_S = 1.0  # how long a refused connection's request head may take to arrive before its 429 goes out
+REFUSED_LINGER_S = 2.0  # how long what a refused client sends after its 429 (a body) is read and dropped, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +144,46 @@ def too_many_connections(limit: int) -> ApiError:
     )
 
 
+class Refusal:
+    """How a connection past the per-address cap ends, so that its client reads the 429 and not a TCP reset.
+
+    A socket closed while the client's request is still arriving, or with bytes of it unread, is reset by the kernel,
+    and the reset discards the 429 on its way. So the request head is read first (until its blank line, for at most
+    ``max_head_bytes`` and REFUSED_HEAD_S; the 429 goes out then in any case), then the 429 is written and the
+    sending side shut down (the client reads the answer, then the end of the stream), and whatever else it sends is
+    read and dropped until it closes (``eof_received``) or REFUSED_LINGER_S pass. Nothing is buffered.
+    """
+
+    def __init__(self, transport: Any, loop: Any, response: bytes, max_head_bytes: int) -> None:
+        self.transport, self.loop, self.response = transport, loop, response
+        self.room = max_head_bytes
+        self.tail = b""  # the last bytes read: a head's blank line may begin in one read and end in the next
+        self.answered = False
+        self.timer = loop.call_later(REFUSED_HEAD_S, self.answer)
+
+    def received(self, data: bytes) -> None:
+        if self.answered:
+            return
+        self.room -= len(data)
+        seen = self.tail + data
+        if b"\r\n\r\n" in seen or self.room <= 0:
+            self.answer()
+        self.tail = seen[-3:]
+
+    def answer(self) -> None:
+        if self.answered or self.transport.is_closing():
+            return
+        self.answered = True
+        self.timer.cancel()
+        self.transport.write(self.response)
+        if self.transport.can_write_eof():  # a TLS transport cannot half-close: the linger alone keeps the reset away
+            self.transport.write_eof()
+        self.timer = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+    def stop(self) -> None:
+        self.timer.cancel()
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the deadlines and the per-address cap of :class:`ConnectionLimits`."""
 
@@ -149,26 +196,38 @@ class GuardedProtocol(HttpToolsProtocol):
         self._reading_headers = False  # a request has begun and its headers are not complete
         self._counted: str | None = None  # the address this connection counts against
         self._header_bytes: int | None = 0  # bytes read of the next request's headers; None while a body is read
+        self._refusal: Refusal | None = None  # set on a connection past the per-address cap
+        self._last_word: ApiError | None = None  # the refusal to send once the responses under way are complete
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         address = self.client[0] if self.client else None
         if address is not None and not self.limits.trusts(address):
             if not self.clients.admit(address):
-                self.transport.write(error_response(too_many_connections(self.clients.limit)))
-                self.transport.close()
+                response = error_response(too_many_connections(self.clients.limit))
+                self._refusal = Refusal(self.transport, self.loop, response, self.limits.max_header_bytes)
                 return
             self._counted = address
         self._arm(self.limits.header_timeout_s, self._header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._refusal is not None:
+            self._refusal.stop()
         if self._counted is not None:
             self.clients.release(self._counted)
             self._counted = None
         super().connection_lost(exc)
 
+    def eof_received(self) -> None:
+        """The client sent all it will (the transport closes when this returns): a refused one gets its 429 first."""
+        if self._refusal is not None:
+            self._refusal.answer()
+
     def data_received(self, data: bytes) -> None:
+        if self._refusal is not None:
+            self._refusal.received(data)
+            return
         if self._header_bytes is None:
             super().data_received(data)
             return
@@ -179,19 +238,23 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         if room:
             super().data_received(data[:room])  # the headers may end within the cap; what follows is their body
+        if self.transport.is_closing() or self._last_word is not None:
+            return
         if self._header_bytes is not None:
-            self._give_up(headers_too_large(self.limits.max_header_bytes) if self._answerable() else None)
-        elif not self.transport.is_closing():
+            self._refuse(headers_too_large(self.limits.max_header_bytes))
+        else:
             super().data_received(data[room:])
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn calls this in its ``except httptools.HttpParserError`` block: the exception says what is wrong."""
         reason = sys.exc_info()[1]
-        self._give_up(bad_http_request(str(reason) if reason else msg) if self._answerable() else None)
+        self._refuse(bad_http_request(str(reason) if reason else msg))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.pipeline:  # uvicorn resumed reading; more requests would queue behind those already waiting
+        if self._last_word is not None and self._answerable():
+            self._give_up(self._last_word)
+        elif self.pipeline or self._last_word is not None:  # uvicorn resumed reading; nothing more may be read now
             self.flow.pause_reading()
 
     def on_message_begin(self) -> None:
@@ -223,8 +286,10 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _header_timeout(self) -> None:
         self._deadline = None
-        answerable = self._reading_headers and self._answerable()
-        self._give_up(request_timeout("headers", self.limits.header_timeout_s) if answerable else None)
+        if self._reading_headers:
+            self._refuse(request_timeout("headers", self.limits.header_timeout_s))
+        else:
+            self._give_up(None)
 
     def _answerable(self) -> bool:
         """Whether a response may be written now: none of an earlier request is under way."""
@@ -240,6 +305,20 @@ class GuardedProtocol(HttpToolsProtocol):
         cycle.disconnected = True  # the app reads a disconnect, and what it sends next goes nowhere
         cycle.message_event.set()
         self._give_up(request_timeout("body", self.limits.body_timeout_s) if answerable else None)
+
+    def _refuse(self, error: ApiError) -> None:
+        """Close with ``error`` as the last response, for bytes after the requests read so far: at once when none is
+        being answered, else once they are (reading stops meanwhile, and no deadline runs: their responses take what
+        they take). Bytes that break the body of the request being answered leave nothing to answer it with: the
+        connection just closes."""
+        if self._answerable():
+            self._give_up(error)
+        elif self.cycle.more_body:
+            self._give_up(None)
+        elif self._last_word is None:
+            self._last_word = error
+            self._disarm()
+            self.flow.pause_reading()
 
     def _give_up(self, error: ApiError | None) -> None:
         if self.transport.is_closing():

@@ -13,29 +13,39 @@ from collections.abc import Awaitable, Callable, Mapping
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class HotRoutesApp(FastAPI):
-    """FastAPI, with :attr:`hot_routes` (path -> handler of POST requests) served by :func:`hot_route`; everything
-    else, and every request while a wrapping middleware (tracing) must see it, by FastAPI. Set ``hot_stack`` (the
-    access log around :meth:`serve_hot`, or :meth:`serve_hot` itself) before serving."""
+    """FastAPI, with :attr:`hot_routes` (path -> the Starlette route of its POST handler, see :meth:`add_hot_route`)
+    served by :func:`hot_route`; everything else, and every request while a wrapping middleware (tracing) must see it,
+    by FastAPI. Set ``hot_stack`` (the access log around :meth:`serve_hot`, or :meth:`serve_hot` itself) before
+    serving."""
 
-    hot_routes: Mapping[str, Endpoint] = {}
+    hot_routes: Mapping[str, Route] = {}
     hot_stack: ASGIApp | None = None
+
+    def add_hot_route(self, path: str, endpoint: Endpoint) -> None:
+        """Serve ``POST path`` with ``endpoint``: a plain Starlette route, taken the short way while ``hot_stack``
+        is set."""
+        self.add_route(path, endpoint, methods=["POST"])
+        (route,) = [r for r in self.router.routes if isinstance(r, Route) and r.path == path]
+        self.hot_routes = {**self.hot_routes, path: route}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.hot_stack is not None and scope["type"] == "http" and scope["path"] in self.hot_routes:
             if scope["method"] == "POST":
                 scope["app"] = self
+                scope["route"] = self.hot_routes[scope["path"]]  # as Starlette's router notes it (the access log)
                 await self.hot_stack(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
     async def serve_hot(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await hot_route(self.hot_routes[scope["path"]], self.exception_handlers, scope, receive, send)
+        await hot_route(scope["route"].endpoint, self.exception_handlers, scope, receive, send)
 
 
 async def hot_route(

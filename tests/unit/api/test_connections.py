@@ -11,6 +11,8 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from llmq_api.connections import (
+    REFUSED_HEAD_S,
+    REFUSED_LINGER_S,
     ClientConnections,
     ConnectionLimits,
     guarded_protocol,
@@ -61,7 +63,7 @@ class HandLoop:
 
 class FakeTransport:
     def __init__(self, peer: str) -> None:
-        self.peer, self.written, self.closed = peer, b"", False
+        self.peer, self.written, self.closed, self.eof = peer, b"", False, False
 
     def get_extra_info(self, name, default=None):
         return {"peername": (self.peer, 40000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
@@ -71,6 +73,12 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -143,20 +151,57 @@ async def test_no_deadline_runs_while_the_app_works_and_keep_alive_takes_over_af
     assert [t.delay_s for t in loop.armed()] == [LIMITS.header_timeout_s]
 
 
-def test_the_connection_past_the_cap_gets_429_and_is_closed_while_other_addresses_connect(connect):
+def refused(protocol) -> bool:
+    return protocol._refusal is not None
+
+
+def test_the_connection_past_the_cap_is_refused_while_other_addresses_connect(connect):
     first, _, _ = connect("203.0.113.7")
     connect("203.0.113.7")
-    _, loop, refused = connect("203.0.113.7")
-    assert refused.written.startswith(b"HTTP/1.1 429 ") and b"retry-after: 1" in refused.written and refused.closed
-    assert loop.armed() == []
-    assert not connect("203.0.113.8")[2].closed
+    assert refused(connect("203.0.113.7")[0])
+    assert not refused(connect("203.0.113.8")[0])
     first.connection_lost(None)
-    assert not connect("203.0.113.7")[2].closed  # a closed connection frees its place
+    assert not refused(connect("203.0.113.7")[0])  # a closed connection frees its place
+
+
+def test_a_refused_connection_reads_the_request_head_before_its_429_then_half_closes_and_drops_the_rest(connect):
+    """Issue 34 item 7: a 429 written and closed on while the request still arrived was lost in a TCP reset."""
+    for _ in range(LIMITS.max_per_client):
+        connect()
+    protocol, loop, transport = connect()
+    assert transport.written == b"" and [t.delay_s for t in loop.armed()] == [REFUSED_HEAD_S]
+    protocol.data_received(HEAD[:-3])
+    assert transport.written == b""
+    protocol.data_received(HEAD[-3:] + b"12345")  # the head's blank line, split across reads
+    assert transport.written.startswith(b"HTTP/1.1 429 ") and b"retry-after: 1" in transport.written
+    assert b'"code":"too_many_connections"' in transport.written and b"connection: close" in transport.written
+    assert transport.eof and not transport.closed and [t.delay_s for t in loop.armed()] == [REFUSED_LINGER_S]
+    protocol.data_received(b"67890")  # the body arrives: read, dropped, unanswered
+    assert transport.written.count(b"HTTP/1.1 ") == 1
+    loop.fire()  # a client that never closes is closed at the linger's end
+    assert transport.closed
+
+
+def test_a_refused_connection_is_answered_at_its_head_deadline_byte_cap_or_end_of_stream(connect):
+    for _ in range(LIMITS.max_per_client):
+        connect()
+    _, loop, transport = connect()
+    loop.fire()  # a client that sends nothing
+    assert transport.written.startswith(b"HTTP/1.1 429 ") and transport.eof
+    endless, _, transport = connect()
+    endless.data_received(b"GET / HTTP/1.1\r\nX-A: " + b"a" * LIMITS.max_header_bytes)
+    assert transport.written.startswith(b"HTTP/1.1 429 ")
+    cut_short, loop, transport = connect()
+    cut_short.data_received(b"GET / HT")
+    cut_short.eof_received()  # the transport closes once this returns: the 429 goes first
+    assert transport.written.startswith(b"HTTP/1.1 429 ")
+    cut_short.connection_lost(None)
+    assert loop.armed() == []
 
 
 def test_trusted_proxies_are_not_capped(connect):
-    assert not any(connect("10.1.2.3")[2].closed for _ in range(LIMITS.max_per_client + 3))
-    assert not any(connect("192.168.1.5")[2].closed for _ in range(LIMITS.max_per_client + 3))
+    assert not any(refused(connect("10.1.2.3")[0]) for _ in range(LIMITS.max_per_client + 3))
+    assert not any(refused(connect("192.168.1.5")[0]) for _ in range(LIMITS.max_per_client + 3))
 
 
 def test_client_connections_count_per_address():
@@ -241,3 +286,32 @@ async def test_reading_stays_paused_while_pipelined_requests_wait(connect):
     while transport.written.count(b"HTTP/1.1 200 ") < 3:
         await asyncio.sleep(0)
     assert not protocol.flow.read_paused
+
+
+async def _answered(transport: FakeTransport, responses: int) -> None:
+    for _ in range(50):
+        if transport.written.count(b"HTTP/1.1 ") >= responses and transport.closed:
+            return
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("requests", [1, 2])
+async def test_garbage_after_complete_requests_gets_their_answers_then_a_400(connect, requests):
+    """Issue 34 item 8: the garbage closed the connection while the first request was being answered, so it got
+    no answer at all."""
+    protocol, loop, transport = connect()
+    protocol.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * requests + b"GARBAGE\r\n\r\n")
+    assert transport.written == b"" and not transport.closed and protocol.flow.read_paused
+    assert loop.armed() == []  # no deadline cuts the answers short
+    await _answered(transport, requests + 1)
+    *answers, last = transport.written.split(b"HTTP/1.1 ")[1:]
+    assert [a[:4] for a in answers] == [b"200 "] * requests and last.startswith(b"400 ") and transport.closed
+    assert json.loads(last.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "invalid_http_request"
+
+
+async def test_a_pipelined_request_past_the_header_cap_gets_431_after_the_answer_before_it(connect):
+    protocol, _, transport = connect()
+    protocol.data_received(b"GET /healthz HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nX-A: " + b"a" * LIMITS.max_header_bytes)
+    await _answered(transport, 2)
+    assert transport.written.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 431 " in transport.written
+    assert transport.closed

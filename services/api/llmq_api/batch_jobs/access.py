@@ -7,13 +7,14 @@ from llmq_api.auth import Principal
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
 from llmq_core.constants import DEFERRED
+from llmq_core.requests import echo
 from llmq_core.status import ErrorCode, ErrorType
 from llmq_jobs.jobs import FileRecord
 from llmq_jobs.store import FileIndex
 
 
 def not_found(kind: str, object_id: str) -> ApiError:
-    return ApiError(404, f"No such {kind}: '{object_id}'", param="id", code="not_found")
+    return ApiError(404, f"No such {kind}: {echo(object_id)}", param="id", code="not_found")
 
 
 def check_deferred(principal: Principal, action: str) -> None:

@@ -409,7 +409,7 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
             raise invalid(
                 f"metadata keys are at most {MAX_METADATA_KEY} characters and values at most {MAX_METADATA_VALUE}",
-                param=f"metadata.{key[:64]}",
+                param=f"metadata.{echo(key, quote=False)}",
             )
 
 
