@@ -28,6 +28,7 @@ from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog, JobTopics, read_topics
 from llmq_jobs.jobs import JobOwner
 from llmq_jobs.store import JobStore
+from llmq_result_router import jobpolicy
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.owners import OwnerWatcher
 from tests.inprocess.test_batch_jobs_ledger import RETRYABLE, TENANT, RecordingProducer, _Source, line, result_for
@@ -307,3 +308,20 @@ async def test_an_ended_job_taken_over_and_failed_back_keeps_its_view_through_a_
     assert await a.view(batch_id) == before
     assert await a.store.owners.owner(batch_id) == A
 
+
+async def test_a_result_that_lost_the_race_to_settle_its_line_is_not_the_one_the_log_keeps(settings, regions_pair):
+    a, _ = regions_pair
+    batch_id = await a.create(["line-0", "line-1"])
+    await a.driver.tick()
+    first, second = a.requests.take()
+    # a cancel read both lines unsettled; before its changes apply, line-0 succeeds and line-1 waits for a retry round
+    now_ms = a.clock.now_ms()
+    cancels = [
+        jobpolicy.end_line(batch_id, c, jobs.pending(0), wire.Outcome.CANCELED, now_ms) for c in ("line-0", "line-1")
+    ]
+    await a.ledger.on_result(result_for(first))
+    await a.ledger.on_result(result_for(second, wire.Outcome.ERRORED, RETRYABLE))
+    assert await a.store.ledger.settle_many(batch_id, cancels) == 0
+    logged = (await read_topics(a.settings, a.topics, kinds=("ledger",))).results[batch_id]
+    assert logged == {r.reply_to.custom_id: r async for r in a.store.ledger.scan_results(batch_id)}
+    assert list(logged) == ["line-0"] and logged["line-0"].outcome is wire.Outcome.SUCCEEDED
