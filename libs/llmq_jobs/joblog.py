@@ -86,6 +86,10 @@ class JobLog:
         """Terminal results of lines, by custom_id."""
         await self._send("ledger", [(line_key(batch_id, c), wire.encode(r)) for c, r in results.items()])
 
+    async def drop_results(self, batch_id: str, custom_ids: Iterable[str]) -> None:
+        """Tombstones for results logged for lines that did not settle with them."""
+        await self._send("ledger", [(line_key(batch_id, c), None) for c in custom_ids])
+
     async def _send(self, kind: str, records: list[tuple[bytes, bytes | None]]) -> None:
         topic = self.topics.topic(kind)
         await asyncio.gather(*(self.producer.send_and_wait(topic, value, key=key) for key, value in records))

@@ -281,18 +281,47 @@ def highest(*claims: JobOwner | None) -> JobOwner | None:
     return best
 
 
+def line_round(result: wire.FinalResult) -> int:
+    """The retry round a line's result answers (0: its first run), read from its request id
+    (:func:`line_request_id`): a line whose result is of round ``r`` was retried ``r`` times."""
+    reply = result.reply_to
+    if not isinstance(reply, wire.JobReply):
+        return 0
+    suffix = result.request_id.removeprefix(line_request_id(reply.batch_id, reply.custom_id))
+    return int(suffix[1:]) if suffix[:1] == ":" and suffix[1:].isdigit() else 0
+
+
 def result_counts(results: Iterable[wire.FinalResult]) -> dict[str, int]:
-    """A job's counters as its terminal results give them (a rebuilt view): lines per outcome, the tokens of the
-    succeeded ones, the dead letters (errored retryable: out of rounds). ``retried`` is not in the results: 0."""
+    """A job's counters as its terminal results (its ledger) give them, the same the result-router counted while it
+    settled them: lines per outcome, the tokens of the succeeded ones, the dead letters (errored retryable: out of
+    rounds) and ``retried`` (the rounds each result's line ran before it). ``produced`` (round 0's progress) is not
+    in the results: a rebuilt active job starts round 0 again."""
     counts: dict[str, int] = {}
+
+    def add(name: str, n: int) -> None:
+        if n:
+            counts[name] = counts.get(name, 0) + n
+
     for result in results:
-        counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
+        add(result.outcome.value, 1)
+        add("retried", line_round(result))
         if result.outcome is wire.Outcome.SUCCEEDED and result.usage is not None:
-            counts["input_tokens"] = counts.get("input_tokens", 0) + result.usage.prompt_tokens
-            counts["output_tokens"] = counts.get("output_tokens", 0) + result.usage.completion_tokens
+            add("input_tokens", result.usage.prompt_tokens)
+            add("output_tokens", result.usage.completion_tokens)
         elif result.outcome is wire.Outcome.ERRORED and result.error is not None and result.error.retryable:
-            counts["dead_letters"] = counts.get("dead_letters", 0) + 1
+            add("dead_letters", 1)
     return counts
+
+
+RETIRED_STATUSES: Final = frozenset({COMPLETED, EXPIRED, CANCELLED})  # ended by the driver: ledger retired, expiry set
+
+
+def retained_until(record: JobRecord, retention_s: int) -> int | None:
+    """Epoch s at which an ended job is forgotten (the driver's ``retire``: its final status's time plus the
+    retention); None for a job that runs, or one that failed validation (never retired)."""
+    if record.status not in RETIRED_STATUSES:
+        return None
+    return record.times.get(record.status, record.spec.created_ms // 1000) + retention_s
 
 
 def output_files(spec: JobSpec, created_at: int, expires_at: int) -> list[FileRecord]:

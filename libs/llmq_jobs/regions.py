@@ -37,9 +37,10 @@ class Takeover:
 async def restore(
     store: JobStore, files: FileStore, snapshot: JobSnapshot, batch_id: str, owner: JobOwner | None, retention_s: int
 ) -> None:
-    """Rebuild this region's view of one job from ``snapshot``: an active job gets its prepared file (the logged lines
-    in their order) and its ledger (settled lines from the logged results, the rest pending round 0); an ended one its
-    results file."""
+    """Rebuild this region's view of one job from ``snapshot``: its counters and usage from the logged results (an
+    ended job's too: they are what it bills); an active job gets its prepared file (the logged lines in their order)
+    and its ledger (settled lines from the logged results, the rest pending round 0); an ended one its results file
+    and its expiry."""
     record = snapshot.records[batch_id]
     spec = record.spec
     results = snapshot.results.get(batch_id, {})
@@ -52,7 +53,8 @@ async def restore(
     if record.status not in jobs.ACTIVE_STATUSES:
         if record.status != jobs.FAILED:
             await files.write(spec.results_path, [msgspec.json.encode(r) + b"\n" for r in results.values()])
-        await store.jobs.restore_job(record, owner, files=outputs)
+        until_s = jobs.retained_until(record, retention_s)
+        await store.jobs.restore_job(record, owner, files=outputs, results=results, until_s=until_s)
         return
     prepared, offsets, states, position = [], {}, {}, 0
     for custom_id, request in snapshot.lines.get(batch_id, {}).items():

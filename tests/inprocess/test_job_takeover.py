@@ -15,10 +15,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.batches import BatchJobs
 from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.ratelimit import RateLimiter
-from llmq_core import kafka, wire
+from llmq_core import constants, kafka, wire
 from llmq_core.clock import FakeClock
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
@@ -27,9 +28,10 @@ from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog, JobTopics, read_topics
 from llmq_jobs.jobs import JobOwner
 from llmq_jobs.store import JobStore
+from llmq_result_router import jobpolicy
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.owners import OwnerWatcher
-from tests.inprocess.test_batch_jobs_ledger import TENANT, RecordingProducer, _Source, line, result_for
+from tests.inprocess.test_batch_jobs_ledger import RETRYABLE, TENANT, RecordingProducer, _Source, line, result_for
 
 pytestmark = pytest.mark.integration
 
@@ -62,10 +64,10 @@ class Region:
         self.ledger = JobLedger(self.settings, self.store, self.requests, self.clock)
         self.driver = JobDriver(self.settings, self.store, self.files, self.requests, self.redis, self.clock)
 
-    async def create(self, custom_ids: list[str]) -> str:
-        record = await self.api_files.upload(
-            TENANT, "in.jsonl", "batch", _Source("\n".join(map(line, custom_ids)).encode())
-        )
+    async def create(self, custom_ids: list[str], extra: tuple[str, ...] = ()) -> str:
+        """A job of ``custom_ids``' lines, then the raw ``extra`` lines."""
+        lines = [*map(line, custom_ids), *extra]
+        record = await self.api_files.upload(TENANT, "in.jsonl", "batch", _Source("\n".join(lines).encode()))
         body = json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions", "completion_window": "10m"})
         return (await self.api.create(TENANT, body.encode())).spec.id
 
@@ -81,6 +83,38 @@ class Region:
         lines = dict([item async for item in self.store.ledger.scan_lines(batch_id)])
         results = {r.reply_to.custom_id: r async for r in self.store.ledger.scan_results(batch_id)}
         return job.status, job.counts, lines, results, await self.store.owners.owner(batch_id)
+
+    async def run_to_end(self, batch_id: str, failing=lambda custom_id, round_: False) -> None:
+        """Drive the job until it ends, answering each line's run: errored retryable when ``failing(custom_id,
+        round)``, succeeded otherwise; 10 s pass between steps (the retry backoff)."""
+        for _ in range(40):
+            await self.driver.tick()
+            for request in self.requests.take():
+                failed = failing(request.reply_to.custom_id, request.attempt)
+                outcome, error = (wire.Outcome.ERRORED, RETRYABLE) if failed else (wire.Outcome.SUCCEEDED, None)
+                await self.ledger.on_result(result_for(request, outcome, error))
+            if (await self.store.jobs.get_job(batch_id)).status not in jobs.ACTIVE_STATUSES:
+                return
+            self.clock.advance(10_000)
+        pytest.fail(f"batch {batch_id} did not end")
+
+    async def view(self, batch_id: str) -> dict:
+        """All a client and the sweeps see of a job: its batch object (status, times, file ids, request counts,
+        usage, llmq's counters), its counters but the driver's round-0 progress (``produced``), its output and error
+        files (records and lines), its place in its tenant's listing, its expiry."""
+        job = await self.store.jobs.get_job(batch_id)
+        files = {}
+        for file_id in (job.spec.output_file_id, job.spec.error_file_id):
+            data = b"".join([chunk async for chunk in await self.api_files.content(TENANT, file_id)])
+            files[file_id] = (await self.store.files.get_file(file_id), sorted(data.splitlines()))
+        listed, _ = await self.store.jobs.list_jobs(TENANT.tenant_id, None, 100)
+        return {
+            "batch": render.batch_object(job),
+            "counts": {name: n for name, n in job.counts.items() if name != "produced"},
+            "files": files,
+            "listed": batch_id in [j.spec.id for j in listed],
+            "expiry": await self.redis.zscore(constants.JOB_EXPIRY_KEY, batch_id),
+        }
 
     async def output_ids(self, batch_id: str) -> list[str]:
         job = await self.store.jobs.get_job(batch_id)
@@ -233,3 +267,61 @@ async def test_a_rebuilt_view_of_a_running_job_is_the_same(settings, regions_pai
     assert {k: counts[k] for k in ("succeeded", "errored", "input_tokens", "output_tokens")} == {
         k: before[1][k] for k in ("succeeded", "errored", "input_tokens", "output_tokens")
     }
+
+
+def flaky(custom_id: str, round_: int) -> bool:
+    """line-0 fails its first run, line-1 every run (a dead letter after its last round): both are retried."""
+    return (custom_id, round_) == ("line-0", 0) or custom_id == "line-1"
+
+
+async def test_an_ended_jobs_rebuilt_view_equals_the_one_before_field_by_field(settings, regions_pair):
+    a, _ = regions_pair
+    batch_id = await a.create([f"line-{i}" for i in range(6)], extra=(line("bad", temperature=5),))
+    await a.run_to_end(batch_id, flaky)
+    before = await a.view(batch_id)
+    counts = before["batch"]["request_counts"], before["batch"]["llmq"]
+    assert counts == (
+        {"total": 7, "completed": 5, "failed": 2},
+        {"succeeded": 5, "errored": 2, "canceled": 0, "expired": 0, "retried": 4, "dead_letters": 1},
+    )
+    assert before["batch"]["usage"]["total_tokens"] > 0 and before["expiry"] is not None
+    await a.redis.flushdb()
+    await regions.rebuild(a.settings, a.store, a.files, own=a.topics)
+    assert await a.view(batch_id) == before
+
+
+async def test_an_ended_job_taken_over_and_failed_back_keeps_its_view_through_a_rebuild(settings, regions_pair):
+    a, b = regions_pair
+    batch_id = await a.create([f"line-{i}" for i in range(4)])
+    await a.run_to_end(batch_id, flaky)
+    before = await a.view(batch_id)
+    await mirror(settings, a)
+    taken = await regions.take_over(b.settings, b.store, b.files, b.store.log, A, b.clock)
+    assert [(t.status, t.settled) for t in taken if t.batch_id == batch_id] == [(jobs.COMPLETED, 4)]
+    assert await b.view(batch_id) == before
+    await mirror(settings, b)
+    back = await regions.take_over(a.settings, a.store, a.files, a.store.log, B, a.clock, failback=True)
+    assert [t.epoch for t in back if t.batch_id == batch_id] == [2]
+    assert await a.view(batch_id) == before
+    await a.redis.flushdb()
+    await regions.rebuild(a.settings, a.store, a.files, own=a.topics)
+    assert await a.view(batch_id) == before
+    assert await a.store.owners.owner(batch_id) == A
+
+
+async def test_a_result_that_lost_the_race_to_settle_its_line_is_not_the_one_the_log_keeps(settings, regions_pair):
+    a, _ = regions_pair
+    batch_id = await a.create(["line-0", "line-1"])
+    await a.driver.tick()
+    first, second = a.requests.take()
+    # a cancel read both lines unsettled; before its changes apply, line-0 succeeds and line-1 waits for a retry round
+    now_ms = a.clock.now_ms()
+    cancels = [
+        jobpolicy.end_line(batch_id, c, jobs.pending(0), wire.Outcome.CANCELED, now_ms) for c in ("line-0", "line-1")
+    ]
+    await a.ledger.on_result(result_for(first))
+    await a.ledger.on_result(result_for(second, wire.Outcome.ERRORED, RETRYABLE))
+    assert await a.store.ledger.settle_many(batch_id, cancels) == 0
+    logged = (await read_topics(a.settings, a.topics, kinds=("ledger",))).results[batch_id]
+    assert logged == {r.reply_to.custom_id: r async for r in a.store.ledger.scan_results(batch_id)}
+    assert list(logged) == ["line-0"] and logged["line-0"].outcome is wire.Outcome.SUCCEEDED

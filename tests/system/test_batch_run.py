@@ -131,6 +131,13 @@ def test_a_job_of_five_batches_runs_resumes_after_a_kill_and_ends_with_one_outco
     assert len(round0) == 6 and max(len(ids_of[n]) for n in round0) == 950  # 1,000 less the 5% margin
     assert all(b.request_counts.total <= 1000 for b in batches)
 
+    # Each collected shard's upload is gone from the target (it would hold the tenant's storage quota); the answers
+    # are private.
+    assert [f.filename for f in client.files.list() if f.filename.startswith(f"{tag}-shard-")] == []
+    assert report["uploads_left"] == 0
+    private = [manifest_path, tmp_path / "out.jsonl", tmp_path / "out.dead-letter.jsonl"]
+    assert [p.stat().st_mode & 0o777 for p in (manifest_path.parent, *private)] == [0o700, 0o600, 0o600, 0o600]
+
     # Every custom_id ends with exactly one accepted result or one dead-letter entry; the output keeps the job order.
     ids = [f"doc{i:05d}-p1" for i in range(LINES)]
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]

@@ -33,6 +33,7 @@ class BatchState:
 class BatchApi(Protocol):
     def limits(self) -> ShardLimits | None: ...
     def upload(self, name: str, data: bytes) -> str: ...
+    def delete(self, file_id: str) -> bool: ...
     def create(self, file_id: str, endpoint: str, window: str, metadata: dict[str, str], key: str) -> BatchState: ...
     def find(self, metadata: dict[str, str], since_s: float) -> BatchState | None: ...
     def retrieve(self, batch_id: str) -> BatchState: ...
@@ -56,6 +57,17 @@ def _state(batch) -> BatchState:
     )
 
 
+def limits_of(batch: object) -> ShardLimits | None:
+    """The ``batch`` object of llmq's ``/v1/limits`` as shard limits (``max_line_bytes`` None when it is missing);
+    None when it is no object; raises KeyError, TypeError or ValueError for an object of another shape."""
+    if not isinstance(batch, dict) or not batch:
+        return None
+    line_bytes = batch.get("max_line_bytes")
+    return ShardLimits(
+        int(batch["max_requests"]), int(batch["max_file_bytes"]), None if line_bytes is None else int(line_bytes)
+    )
+
+
 class OpenAIBatchApi:
     def __init__(self, base_url: str, api_key: str) -> None:
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=5, timeout=300)
@@ -67,13 +79,23 @@ class OpenAIBatchApi:
             response = httpx.get(
                 f"{self._base_url}/limits", headers={"authorization": f"Bearer {self._api_key}"}, timeout=30
             )
-            batch = response.json()["batch"] if response.status_code == 200 else None
-            return ShardLimits(int(batch["max_requests"]), int(batch["max_file_bytes"])) if batch else None
+            return limits_of(response.json()["batch"]) if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
     def upload(self, name: str, data: bytes) -> str:
         return self._client.files.create(file=(name, data), purpose="batch").id
+
+    def delete(self, file_id: str) -> bool:
+        """``DELETE /v1/files/{id}``: True when the file is gone (deleted now, or before), False when the target
+        refused (the caller tries again on a later run)."""
+        try:
+            self._client.files.delete(file_id)
+        except openai.NotFoundError:
+            return True
+        except openai.APIError:
+            return False
+        return True
 
     def create(self, file_id: str, endpoint: str, window: str, metadata: dict[str, str], key: str) -> BatchState:
         """``key`` goes out as ``Idempotency-Key``: a create repeated after a lost answer returns the first batch

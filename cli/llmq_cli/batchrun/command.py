@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -16,11 +17,11 @@ from rich.table import Table
 from llmq_cli.batch import API_KEY, BASE_URL
 from llmq_cli.batchrun.api import BatchState, OpenAIBatchApi
 from llmq_cli.batchrun.jobfile import IdTemplate, Job, JobFileError, read_job
-from llmq_cli.batchrun.manifest import COLLECTED, Manifest, Shard
+from llmq_cli.batchrun.manifest import COLLECTED, Manifest, ManifestError, Shard, open_manifest
 from llmq_cli.batchrun.outcomes import OUTCOMES, Validator, schema_validator
 from llmq_cli.batchrun.pipeline import Pipeline, RunConfig
 from llmq_cli.batchrun.report import Prices, conclude
-from llmq_cli.batchrun.shard import LineTooLarge, shard_limits
+from llmq_cli.batchrun.shard import shard_limits
 from llmq_jobs.jobs import parse_window
 
 ANY_WINDOW_S = 10**9  # the target says how long a window it takes; here only the shape is checked
@@ -88,6 +89,9 @@ def run(
     batch_discount: float = typer.Option(0.5, min=0, max=1, help="Share batch work saves on the standard price."),
     deadline: str | None = typer.Option(None, help="When the job must be done, from its first start (e.g. 48h)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (and no progress)."),
+    restart: bool = typer.Option(
+        False, "--restart", help="Forget the state folder's manifest and run the whole job again (billed again)."
+    ),
     base_url: str = BASE_URL,
     api_key: str = API_KEY,
 ) -> None:
@@ -98,7 +102,7 @@ def run(
     deadline_after_s = _seconds(deadline, "--deadline") if deadline else None
     template, validate = _checks(id_template, json_schema)
     job = _read(job_file, template, as_json)
-    manifest = _manifest(state or output.with_name(output.name + ".state"), job, as_json)
+    manifest = _manifest(state or output.with_name(output.name + ".state"), job, restart, as_json)
     started_s = float(manifest.put_default("started_at", repr(time.time())))
     deadline_s = started_s + deadline_after_s if deadline_after_s is not None else None
     if deadline_s is not None and started_s + max_rounds * window_s > deadline_s and not as_json:
@@ -107,17 +111,20 @@ def run(
     limits = shard_limits(api.limits(), shard_max_requests, shard_max_bytes)
     config = RunConfig(window, max_rounds, limits, max_active_shards, poll_interval_s)
     _run(Pipeline(api, manifest, job, config, template=template, validate=validate), as_json)
-    written, report = conclude(
-        job,
-        manifest,
-        output,
-        max_rounds=max_rounds,
-        window_s=window_s,
-        prices=Prices(price_input_per_m, price_output_per_m, batch_discount),
-        started_s=started_s,
-        now_s=time.time(),
-        deadline_s=deadline_s,
-    )
+    try:
+        written, report = conclude(
+            job,
+            manifest,
+            output,
+            max_rounds=max_rounds,
+            window_s=window_s,
+            prices=Prices(price_input_per_m, price_output_per_m, batch_discount),
+            started_s=started_s,
+            now_s=time.time(),
+            deadline_s=deadline_s,
+        )
+    except sqlite3.DatabaseError as exc:
+        raise _fail(_unreadable(manifest, exc), as_json) from exc
     manifest.close()
     if as_json:
         typer.echo(json.dumps(report, indent=2))
@@ -145,14 +152,15 @@ def _read(job_file: Path, template: IdTemplate | None, as_json: bool) -> Job:
         raise _fail(message, as_json, lines=lines) from exc
 
 
-def _manifest(state: Path, job: Job, as_json: bool) -> Manifest:
-    manifest = Manifest(state / "manifest.sqlite")
-    if manifest.put_default("digest", job.digest) != job.digest:
-        manifest.close()
-        raise _fail(
-            f"{state} holds the state of another job (other file or --id-template): use another --state", as_json
-        )
-    return manifest
+def _manifest(state: Path, job: Job, restart: bool, as_json: bool) -> Manifest:
+    try:
+        return open_manifest(state / "manifest.sqlite", job.digest, restart=restart)
+    except ManifestError as exc:
+        raise _fail(str(exc), as_json) from exc
+
+
+def _unreadable(manifest: Manifest, exc: sqlite3.DatabaseError) -> str:
+    return f"{manifest.path} cannot be read ({exc}): restore it, or pass --restart to run the whole job again"
 
 
 def _run(pipeline: Pipeline, as_json: bool) -> None:
@@ -161,8 +169,8 @@ def _run(pipeline: Pipeline, as_json: bool) -> None:
         with Progress(*columns, console=err, disable=as_json) as progress:
             pipeline.display = RichDisplay(progress)
             pipeline.run()
-    except LineTooLarge as exc:
-        raise _fail(f"a line is larger than a shard may be: {exc}", as_json) from exc
+    except sqlite3.DatabaseError as exc:
+        raise _fail(_unreadable(pipeline.manifest, exc), as_json) from exc
     except openai.APIError as exc:
         raise _fail(f"the batch API failed: {exc}; run the same command again to resume", as_json) from exc
     except KeyboardInterrupt as exc:

@@ -5,13 +5,20 @@ status, file id, batch id), ``shard_ids`` (the custom_ids each shard holds), ``r
 accepted result, upserted so a late success replaces nothing twice) and ``failures`` (one row per custom_id and shard
 that did not end accepted: outcome, code, message, whether it may be retried). Every step commits before the next
 network call, in this order per shard: planned -> uploaded (file id) -> submitting -> submitted (batch id) -> collected
-(its results stored in the same transaction).
+(its results stored in the same transaction), and then its upload deleted from the target (``deleted_uploads``).
+A line that can never be uploaded is a ``failures`` row of round 0 with shard :data:`NOT_UPLOADED`, written with the
+first round's shards.
+
+Private: the folder is made 0700 and the file 0600 (results are the tenant's data). :func:`open_manifest` is how a
+run opens its manifest: created atomically with the job's digest, so a manifest without one (emptied, or not
+llmq's) or a file that is not SQLite is refused instead of running the whole job again.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +26,9 @@ from pathlib import Path
 from llmq_cli.batchrun.outcomes import Attempt
 
 PLANNED, UPLOADED, SUBMITTING, SUBMITTED, COLLECTED = "planned", "uploaded", "submitting", "submitted", "collected"
+NOT_UPLOADED = -1  # the shard of a failure that never reached the target (a line too large to upload)
+LINE_TOO_LARGE = "line_too_large"  # its code (the one llmq's upload check gives such a line)
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS job (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,7 +45,50 @@ CREATE TABLE IF NOT EXISTS failures (
     custom_id TEXT NOT NULL, shard INTEGER NOT NULL, round INTEGER NOT NULL, outcome TEXT NOT NULL, code TEXT NOT NULL,
     message TEXT NOT NULL, retryable INTEGER NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
     PRIMARY KEY (custom_id, shard));
+CREATE TABLE IF NOT EXISTS deleted_uploads (shard INTEGER PRIMARY KEY);
 """
+
+
+class ManifestError(Exception):
+    """The state folder's manifest cannot serve this job; the message says why and what to do."""
+
+
+def open_manifest(path: Path, digest: str, *, restart: bool = False) -> Manifest:
+    """The manifest of the job whose digest is ``digest``: created when there is none (``restart``: in place of the
+    one there); raises ManifestError when the file is not a readable manifest, holds no job (emptied: going on
+    would run and bill every line again) or another job's."""
+    if restart or not path.exists():
+        _create(path, digest)
+    restart_hint = "pass --restart to run the whole job again (every line is billed again)"
+    try:
+        manifest = Manifest(path)
+        found = manifest.get("digest")
+    except sqlite3.DatabaseError as exc:
+        raise ManifestError(f"{path} is not a readable manifest ({exc}): restore it, or {restart_hint}") from exc
+    if found == digest:
+        return manifest
+    manifest.close()
+    if found is None:
+        raise ManifestError(f"{path} holds no job state (emptied?): restore it, or {restart_hint}")
+    raise ManifestError(
+        f"{path.parent} holds the state of another job (other file or --id-template): use another --state"
+    )
+
+
+def _create(path: Path, digest: str) -> None:
+    """A new manifest holding ``digest`` in place of whatever ``path`` held (its -wal too: SQLite would apply it),
+    made whole beside it and then moved there."""
+    new = path.with_name(path.name + ".new")
+    for stale in (new, *_sidecars(new), *_sidecars(path)):
+        stale.unlink(missing_ok=True)
+    manifest = Manifest(new)
+    manifest.put_default("digest", digest)
+    manifest.close()
+    os.replace(new, path)
+
+
+def _sidecars(path: Path) -> tuple[Path, ...]:
+    return tuple(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +106,21 @@ class Shard:
 
 class Manifest:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (or create) the manifest at ``path``, in a folder made 0700 when it is made here, the file 0600
+        (SQLite gives its -wal and -shm files the same mode). Raises sqlite3.DatabaseError for a file that is not
+        SQLite."""
+        path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
+        os.chmod(path, PRIVATE_FILE)
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         self._db.close()
@@ -86,9 +148,14 @@ class Manifest:
 
     # --- shards -------------------------------------------------------------------------------------------------------
 
-    def add_shards(self, round_: int, shards: list[tuple[list[str], int]]) -> None:
-        """One transaction: every shard of a round with its ids (``(custom_ids, bytes)``), numbered after the last."""
+    def add_shards(self, round_: int, shards: list[tuple[list[str], int]], refused: Mapping[str, str] = {}) -> None:
+        """One transaction: every shard of a round with its ids (``(custom_ids, bytes)``), numbered after the last,
+        and the lines ``refused`` (custom_id -> why) as failures that are not retried, never uploaded."""
         with self._tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO failures VALUES (?, ?, ?, 'errored', ?, ?, 0, 0, 0)",
+                ((cid, NOT_UPLOADED, round_, LINE_TOO_LARGE, why) for cid, why in refused.items()),
+            )
             (last,) = db.execute("SELECT COALESCE(MAX(number), -1) FROM shards").fetchone()
             for number, (ids, size) in enumerate(shards, start=last + 1):
                 db.execute(
@@ -157,6 +224,18 @@ class Manifest:
                 "UPDATE shards SET status = ?, batch_status = ?, ended_at = ? WHERE number = ?",
                 (COLLECTED, batch_status, at_s, shard.number),
             )
+
+    def set_upload_deleted(self, number: int) -> None:
+        self._db.execute("INSERT OR IGNORE INTO deleted_uploads (shard) VALUES (?)", (number,))
+
+    def uploads_to_delete(self) -> list[tuple[int, str]]:
+        """``(shard, file id)`` of every collected shard whose upload is still on the target."""
+        rows = self._db.execute(
+            "SELECT number, file_id FROM shards WHERE status = ? AND file_id IS NOT NULL "
+            "AND number NOT IN (SELECT shard FROM deleted_uploads) ORDER BY number",
+            (COLLECTED,),
+        )
+        return [(number, file_id) for number, file_id in rows]
 
     # --- results ------------------------------------------------------------------------------------------------------
 

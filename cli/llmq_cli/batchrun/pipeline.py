@@ -3,7 +3,8 @@ time), poll them, collect each as soon as it ends, then plan the next round from
 through the injected ``BatchApi``, clock and sleep; every step is recorded in the manifest before the next network
 call, so a rerun after a kill at any point resumes: a shard is never submitted twice (its submit is marked before the
 call and looked up by its metadata after a kill; the create also carries an Idempotency-Key) and a collected shard is
-never downloaded again."""
+never downloaded again. A collected shard's upload is deleted from the target (it counts against the tenant's
+storage), and a line too large for any upload is never uploaded: it fails alone, in round 0, not retried."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from llmq_cli.batchrun import outcomes
 from llmq_cli.batchrun.api import BatchApi, BatchState
 from llmq_cli.batchrun.jobfile import IdTemplate, Job, shard_file
 from llmq_cli.batchrun.manifest import COLLECTED, PLANNED, SUBMITTED, SUBMITTING, UPLOADED, Manifest, Shard
-from llmq_cli.batchrun.shard import ShardLimits, plan, retry_limits
+from llmq_cli.batchrun.shard import ShardLimits, plan, retry_limits, too_large
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class Pipeline:
 
     def run(self) -> None:
         """Until the last round is collected and nothing is left to retry (or rounds ran out)."""
+        self._delete_uploads()  # of shards an earlier run collected and was stopped before deleting
         if self.manifest.current_round() is None:
             self._plan(0, [line.custom_id for line in self.job.lines])
         while True:
@@ -74,11 +76,13 @@ class Pipeline:
             self._plan(round_ + 1, [line.custom_id for line in self.job.lines if line.custom_id in retry])
 
     def _plan(self, round_: int, ids: list[str]) -> None:
-        limits = retry_limits(self.config.limits, round_)
+        """The round's shards; in round 0, the lines no upload can hold are recorded as failed instead."""
         sizes = [(cid, self._lines[cid].upload_bytes) for cid in ids]
-        shards = plan(sizes, limits)
+        refused = {cid: why for cid, size in sizes if (why := too_large(size, self.config.limits))}
+        sizes = [(cid, size) for cid, size in sizes if cid not in refused]
+        shards = plan(sizes, retry_limits(self.config.limits, round_))
         size_of = dict(sizes)
-        self.manifest.add_shards(round_, [(shard, sum(size_of[cid] for cid in shard)) for shard in shards])
+        self.manifest.add_shards(round_, [(shard, sum(size_of[cid] for cid in shard)) for shard in shards], refused)
 
     def _drive(self, round_: int) -> None:
         while True:
@@ -150,6 +154,17 @@ class Pipeline:
         for cid in ids - attempts.keys():
             attempts[cid] = outcomes.missing(cid, why)
         self.manifest.collect(shard, state.status, attempts.values(), self._clock())
+        self._delete_upload(shard.number, shard.file_id or "")
+
+    def _delete_uploads(self) -> None:
+        for number, file_id in self.manifest.uploads_to_delete():
+            self._delete_upload(number, file_id)
+
+    def _delete_upload(self, number: int, file_id: str) -> None:
+        """Delete a collected shard's upload from the target; one the target refuses now is tried again by the next
+        run (the summary counts those left)."""
+        if self.api.delete(file_id):
+            self.manifest.set_upload_deleted(number)
 
     def _reload(self, shard: Shard) -> Shard:
         return next(s for s in self.manifest.shards(shard.round) if s.number == shard.number)

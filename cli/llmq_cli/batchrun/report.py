@@ -8,9 +8,10 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 from llmq_cli.batchrun.jobfile import Job
-from llmq_cli.batchrun.manifest import Manifest
+from llmq_cli.batchrun.manifest import PRIVATE_DIR, PRIVATE_FILE, Manifest
 from llmq_cli.batchrun.outcomes import OUTCOMES
 
 
@@ -33,13 +34,12 @@ class Written:
 def write_outputs(job: Job, manifest: Manifest, output: Path, dead_letters: Path) -> Written:
     """One output line per custom_id in the job's order: the accepted result line as the target returned it, or for
     an id without one ``response: null`` and its last error marked ``dead_letter``; the dead-letter file has those
-    ids again, with their line number in the job and every failure (round, shard, outcome, code, message)."""
+    ids again, with their line number in the job and every failure (round, shard, outcome, code, message). Both are
+    written 0600."""
     reasons: Counter[str] = Counter()
     accepted = 0
-    output.parent.mkdir(parents=True, exist_ok=True)
-    dead_letters.parent.mkdir(parents=True, exist_ok=True)
     out_tmp, dead_tmp = output.with_name(output.name + ".tmp"), dead_letters.with_name(dead_letters.name + ".tmp")
-    with out_tmp.open("w") as out, dead_tmp.open("w") as dead:
+    with _private(out_tmp) as out, _private(dead_tmp) as dead:
         for line in job.lines:
             result = manifest.result_line(line.custom_id)
             if result is not None:
@@ -55,6 +55,14 @@ def write_outputs(job: Job, manifest: Manifest, output: Path, dead_letters: Path
     os.replace(out_tmp, output)
     os.replace(dead_tmp, dead_letters)
     return Written(accepted, len(job.lines) - accepted, dict(reasons.most_common()))
+
+
+def _private(path: Path) -> TextIO:
+    """``path`` opened to be written anew, readable by its owner only (0600; a folder made for it 0700)."""
+    path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    os.fchmod(fd, PRIVATE_FILE)  # a file left by an earlier run keeps its mode otherwise
+    return os.fdopen(fd, "w")
 
 
 def _iso(epoch_s: float) -> str:
@@ -94,6 +102,9 @@ def summary(
         "max_rounds": max_rounds,
         "shards": len(shards),
         "batches": [s.batch_id for s in shards if s.batch_id],
+        "uploads_left": len(
+            manifest.uploads_to_delete()
+        ),  # shard files the target refused to delete (next run retries)
         "tokens": {"input": tokens_in, "output": tokens_out, "total": tokens_in + tokens_out},
         "cost": {
             "batch": round(standard * (1 - prices.batch_discount), 6),

@@ -127,19 +127,38 @@ class Ledger:
 
     async def settle_many(self, batch_id: str, changes: Iterable[LineChange]) -> int:
         """:meth:`settle` for many lines in one round trip (each line atomically); returns how many applied. The
-        terminal results go to the job log first (a line a race settled otherwise keeps its Redis result here, and the
-        rebuild takes the one logged last: either way one result per line)."""
+        terminal results go to the job log first; a line whose logged result then lost the race to settle it (a cancel
+        racing a result) is logged again as Redis holds it, so the log's last record of a line is the settled one."""
         changes = list(changes)
+        logged = {c.custom_id: c.result for c in changes if c.result is not None and c.new in jobs.TERMINAL_LINE_STATES}
         if self.log is not None:
-            await self.log.put_results(
-                batch_id,
-                {c.custom_id: c.result for c in changes if c.result is not None and c.new in jobs.TERMINAL_LINE_STATES},
-            )
+            await self.log.put_results(batch_id, logged)
         async with self.redis.pipeline(transaction=False) as pipe:
             for c in changes:
                 keys, args = _settle_call(batch_id, c)
                 await self._settle(keys=keys, args=args, client=pipe)
-            return sum(await pipe.execute())
+            applied = await pipe.execute()
+        lost = [c.custom_id for c, done in zip(changes, applied) if not done and c.custom_id in logged]
+        if lost and self.log is not None:
+            await self._relog(batch_id, lost)
+        return sum(applied)
+
+    async def _relog(self, batch_id: str, custom_ids: list[str]) -> None:
+        """Log what Redis holds for lines whose logged result did not settle them: the result that did, or a
+        tombstone for a line still unsettled (waiting for a retry round); a line gone from Redis (its ledger retired)
+        keeps its records."""
+        states = await self.line_states(batch_id, custom_ids)
+        stored = await self.redis.hmget(constants.job_results_key(batch_id), custom_ids)
+        settled, unsettled = {}, []
+        for custom_id, state, data in zip(custom_ids, states, stored):
+            if state is None:
+                continue
+            if jobs.parse_state(state)[0] not in jobs.TERMINAL_LINE_STATES:
+                unsettled.append(custom_id)
+            elif data:
+                settled[custom_id] = wire.decode(data)
+        await self.log.put_results(batch_id, settled)
+        await self.log.drop_results(batch_id, unsettled)
 
     async def cas_line(self, batch_id: str, custom_id: str, expected: str, new: str) -> bool:
         return bool(await self._cas_line(keys=[constants.job_lines_key(batch_id)], args=[custom_id, expected, new]))

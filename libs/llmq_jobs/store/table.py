@@ -176,14 +176,16 @@ class JobTable:
         owner: JobOwner | None,
         *,
         files: Iterable[FileRecord],
+        results: Mapping[str, wire.FinalResult],
         lines: Mapping[str, str] = {},
         offsets: Mapping[str, str] = {},
-        results: Mapping[str, wire.FinalResult] = {},
+        until_s: int | None = None,
     ) -> None:
-        """Replace this Redis' view of a job with one rebuilt from the job log, in one transaction: the hash (counters
-        from ``results``; round 0 starts again from the prepared file's first byte, skipping lines settled already),
-        the ledger (lines, offsets, results: an active job's), the output/error file records, the tenant listing
-        entry, its place among the driven jobs."""
+        """Replace this Redis' view of a job with one rebuilt from the job log, in one transaction: the hash (its
+        counters and usage from ``results``, every line's logged result: :func:`jobs.result_counts`; round 0 starts
+        again from the prepared file's first byte, skipping lines settled already), an active job's ledger (lines,
+        offsets, results; an ended job's was retired into its results file), the output/error file records, the
+        tenant listing entry, its place among the driven jobs, and an ended job's expiry at epoch s ``until_s``."""
         spec = record.spec
         counts = jobs.result_counts(results.values())
         job = {
@@ -196,9 +198,14 @@ class JobTable:
             **{name: counts.get(name, 0) for name in jobs.COUNTERS},
             **owner_fields(owner),
         }
+        ledger = results if record.status in jobs.ACTIVE_STATUSES else {}
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(constants.job_key(spec.id), *(key(spec.id) for key in LEDGER_KEYS))
-            _put_job(pipe, spec, job, record.status, files=files, lines=lines, offsets=offsets, results=results)
+            _put_job(pipe, spec, job, record.status, files=files, lines=lines, offsets=offsets, results=ledger)
+            if until_s is None:
+                pipe.zrem(constants.JOB_EXPIRY_KEY, spec.id)
+            else:
+                pipe.zadd(constants.JOB_EXPIRY_KEY, {spec.id: until_s})
             await pipe.execute()
 
 

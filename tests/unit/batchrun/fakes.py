@@ -35,16 +35,33 @@ class FakeBatchApi:
         self.batches: dict[str, dict] = {}
         self.attempts: Counter[str] = Counter()
         self.downloads: Counter[str] = Counter()
+        self.uploaded = 0
+        self.upload_log: list[bytes] = []  # every upload's bytes, deleted or not
         self.creates = 0
         self.fail_next_create_after_sending = False
+        self.deleted: list[str] = []
+        self.refuse_deletes = False  # a target that answers DELETE /v1/files/{id} with an error
 
     def limits(self) -> ShardLimits | None:
         return self._limits
 
     def upload(self, name: str, data: bytes) -> str:
-        file_id = f"file-{len(self.files)}"
+        self.uploaded += 1
+        file_id = f"file-{self.uploaded}"
         self.files[file_id] = data
+        self.upload_log.append(data)
         return file_id
+
+    def delete(self, file_id: str) -> bool:
+        if self.refuse_deletes:
+            return False
+        self.deleted.append(file_id)
+        self.files.pop(file_id, None)
+        return True
+
+    def uploads(self) -> dict[str, bytes]:
+        """The shard files uploaded and not deleted."""
+        return {f: data for f, data in self.files.items() if f.startswith("file-")}
 
     def create(self, file_id: str, endpoint: str, window: str, metadata: dict[str, str], key: str) -> BatchState:
         self.creates += 1

@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llmq_cli.batchrun import command
-from llmq_cli.batchrun.api import OpenAIBatchApi
+from llmq_cli.batchrun.api import OpenAIBatchApi, limits_of
+from llmq_cli.batchrun.shard import ShardLimits
 from llmq_cli.main import app
 from tests.unit.batchrun.fakes import FakeBatchApi, failed, ok
 
@@ -79,3 +80,42 @@ def test_a_run_prints_its_summary_and_exits_1_with_dead_letters(tmp_path, monkey
 
 def test_a_target_without_a_limits_route_gets_none_so_openais_limits_apply():
     assert OpenAIBatchApi("http://127.0.0.1:9/v1", "k").limits() is None  # nothing listens there
+
+
+def test_the_targets_line_limit_is_read_from_its_limits_route():
+    batch = {"max_requests": 50, "max_file_bytes": 4096, "max_line_bytes": 1024, "max_completion_window_s": 60}
+    assert limits_of(batch) == ShardLimits(50, 4096, max_line_bytes=1024)
+    assert limits_of({"max_requests": 50, "max_file_bytes": 4096}) == ShardLimits(50, 4096)
+    assert limits_of(["not", "an", "object"]) is None
+
+
+def fake_target(monkeypatch) -> FakeBatchApi:
+    api = FakeBatchApi()
+    monkeypatch.setattr(command, "OpenAIBatchApi", lambda *_: api)
+    return api
+
+
+def test_a_corrupt_manifest_ends_in_a_clear_error_and_nothing_runs(tmp_path, monkeypatch):
+    api = fake_target(monkeypatch)
+    (tmp_path / "out.jsonl.state").mkdir()
+    (tmp_path / "out.jsonl.state" / "manifest.sqlite").write_bytes(b"not sqlite at all " * 100)
+    done = invoke(write_job(tmp_path / "job.jsonl", ["a"]), "--output", tmp_path / "out.jsonl", "--json")
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit)
+    message = json.loads(done.stdout)["error"]["message"]
+    assert "is not a readable manifest (file is not a database)" in message and "--restart" in message
+    assert api.creates == 0 and api.upload_log == []
+
+
+def test_an_emptied_manifest_is_refused_unless_restart_runs_the_job_again(tmp_path, monkeypatch):
+    api = fake_target(monkeypatch)
+    job, out = write_job(tmp_path / "job.jsonl", ["a", "b"]), tmp_path / "out.jsonl"
+    assert invoke(job, "--output", out, "--poll-interval-s", 0.05).exit_code == 0
+    assert api.creates == 1
+    (tmp_path / "out.jsonl.state" / "manifest.sqlite").write_bytes(b"")
+    done = invoke(job, "--output", out, "--json")
+    message = json.loads(done.stdout)["error"]["message"]
+    assert done.exit_code == 2 and "holds no job state" in message and "--restart" in message
+    assert api.creates == 1
+    again = invoke(job, "--output", out, "--poll-interval-s", 0.05, "--restart")
+    assert again.exit_code == 0, again.output
+    assert api.creates == 2

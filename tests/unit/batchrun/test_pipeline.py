@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from llmq_cli.batchrun.jobfile import read_job
+from llmq_cli.batchrun.jobfile import read_job, upload_line
 from llmq_cli.batchrun.manifest import Manifest
 from llmq_cli.batchrun.outcomes import schema_validator
 from llmq_cli.batchrun.pipeline import Pipeline, RunConfig
@@ -127,7 +127,7 @@ class Killer:
 
     def __init__(self, api: FakeBatchApi, kill_at: int) -> None:
         self.calls, self.kill_at = 0, kill_at
-        for name in ("upload", "create", "find", "retrieve", "content"):
+        for name in ("upload", "create", "find", "retrieve", "content", "delete"):
             setattr(api, name, self._wrap(getattr(api, name)))
 
     def _wrap(self, method):
@@ -159,6 +159,7 @@ def test_a_kill_at_every_step_still_ends_with_one_batch_per_shard(job, tmp_path)
             break
         assert len(api.batches) == len(manifest.shards()) == 3
         assert manifest.accepted_count() == 10
+        assert api.uploads() == {}  # a kill between a collect and its delete: the rerun deletes it
         assert all(api.downloads[f] == before[f] for f in before if f.rsplit("-", 1)[0] in collected)
     else:
         pytest.fail("a run with no kill was never reached")
@@ -183,3 +184,54 @@ def test_at_most_max_active_shards_run_at_once(job, tmp_path):
     api.create, api.retrieve = tracked_create, tracked_retrieve
     run(api, job, tmp_path, config=RunConfig(limits=ShardLimits(2, 10**6), max_active_shards=2))
     assert api.creates == 5 and most == 2
+
+
+def test_a_line_over_the_targets_line_limit_is_never_uploaded_and_fails_alone(tmp_path):
+    path = tmp_path / "job.jsonl"
+    lines = [
+        {
+            "custom_id": f"id-{i}",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "prompt": "x" * (500 * (i == 3))},
+        }
+        for i in range(6)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    job = read_job(path)
+    size = len(upload_line(lines[3], "id-3")) - 1
+    api = FakeBatchApi()
+    config = RunConfig(max_rounds=3, limits=ShardLimits(4, 10**6, max_line_bytes=size - 1), poll_interval_s=1)
+    manifest = run(api, job, tmp_path, config=config)
+    assert not any(b'"id-3"' in data for data in api.upload_log) and api.attempts["id-3"] == 0
+    assert [s.requests for s in manifest.shards()] == [4, 1]  # the other five, in round 0 only
+    out, dead, report = finish(job, manifest, tmp_path, max_rounds=3)
+    [failure] = dead[0]["failures"]
+    assert (dead[0]["custom_id"], failure["code"], failure["retryable"]) == ("id-3", "line_too_large", False)
+    assert failure["message"] == f"the line is {size} bytes; the target takes at most {size - 1} bytes per line"
+    assert out[3] == {"custom_id": "id-3", "response": None, "error": {**failure_error(failure), "dead_letter": True}}
+    assert (report["accepted"], report["dead_letter_reasons"], report["rounds_used"]) == (5, {"line_too_large": 1}, 1)
+
+
+def failure_error(failure: dict) -> dict:
+    return {"code": failure["code"], "message": failure["message"]}
+
+
+def test_each_collected_shards_upload_is_deleted_and_one_the_target_refused_is_deleted_by_the_next_run(job, tmp_path):
+    api = FakeBatchApi()
+    api.refuse_deletes = True
+    manifest = run(api, job, tmp_path)
+    assert len(api.uploads()) == 3 and finish(job, manifest, tmp_path)[2]["uploads_left"] == 3
+    api.refuse_deletes = False
+    manifest = run(api, job, tmp_path)
+    assert api.uploads() == {} and sorted(api.deleted) == ["file-1", "file-2", "file-3"]
+    assert finish(job, manifest, tmp_path)[2]["uploads_left"] == 0
+    run(api, job, tmp_path)
+    assert len(api.deleted) == 3  # each deleted once
+
+
+def test_the_manifest_and_the_output_files_are_private(job, tmp_path):
+    manifest = run(FakeBatchApi(), job, tmp_path)
+    finish(job, manifest, tmp_path)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (manifest.path.parent, manifest.path)}
+    modes |= {p.name: p.stat().st_mode & 0o777 for p in tmp_path.glob("out*.jsonl")}
+    assert modes == {"state": 0o700, "manifest.sqlite": 0o600, "out.jsonl": 0o600, "out.dead-letter.jsonl": 0o600}

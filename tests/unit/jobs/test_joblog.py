@@ -17,12 +17,9 @@ _json = msgspec.json.encode
 
 
 def result(custom_id: str, outcome=wire.Outcome.SUCCEEDED, **fields) -> wire.FinalResult:
+    fields.setdefault("request_id", f"batch_x:{custom_id}")
     return wire.FinalResult(
-        request_id=f"batch_x:{custom_id}",
-        outcome=outcome,
-        model="llmq-sim",
-        reply_to=wire.JobReply(batch_id="batch_x", custom_id=custom_id),
-        **fields,
+        outcome=outcome, model="llmq-sim", reply_to=wire.JobReply(batch_id="batch_x", custom_id=custom_id), **fields
     )
 
 
@@ -83,6 +80,43 @@ def test_counters_from_results_count_outcomes_tokens_and_dead_letters():
         "dead_letters": 1,
         "expired": 1,
     }
+
+
+def test_a_results_round_is_read_from_its_request_id_and_counts_as_retries():
+    assert [jobs.line_round(result("a", request_id=f"batch_x:a{suffix}")) for suffix in ("", ":1", ":12")] == [0, 1, 12]
+    assert jobs.line_round(result("a", request_id="batch_x:a:x")) == 0  # no run of the line llmq names so
+    retryable = wire.ErrorInfo(type="engine_error", message="lost", retryable=True)
+    counts = jobs.result_counts(
+        [
+            result("a", request_id="batch_x:a:1", usage=wire.Usage.of(3, 5)),
+            result("b", wire.Outcome.ERRORED, request_id="batch_x:b:3", error=retryable),
+            result("c", wire.Outcome.CANCELED, request_id="batch_x:c:2"),
+        ]
+    )
+    assert counts == {
+        "succeeded": 1,
+        "errored": 1,
+        "canceled": 1,
+        "retried": 6,
+        "dead_letters": 1,
+        "input_tokens": 3,
+        "output_tokens": 5,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "until"),
+    [
+        (jobs.COMPLETED, 1_100),
+        (jobs.CANCELLED, 1_100),
+        (jobs.EXPIRED, 1_100),
+        (jobs.FAILED, None),
+        (jobs.IN_PROGRESS, None),
+    ],
+)
+def test_a_job_the_driver_ended_is_kept_for_the_retention_after_its_end(status, until):
+    record = JobRecord(spec=job_spec(), status=status, times={jobs.IN_PROGRESS: 10, status: 1_000})
+    assert jobs.retained_until(record, retention_s=100) == until
 
 
 def test_a_jobs_output_and_error_files_are_rendered_from_its_results():
