@@ -25,7 +25,7 @@ import redis as redis_sync
 from llmq_cli import kafka_dist, mirror
 from llmq_cli.devsecrets import DevSecrets
 from llmq_core import constants, ids, security
-from llmq_core.kafka import ensure_topics
+from llmq_core.kafka import ensure_topics, reply_topic_prefixes
 from llmq_core.models import SMOLLM2_135M_INSTRUCT
 from llmq_core.redis_client import MEMORY_POLICY, connection_options
 from llmq_core.settings import Settings
@@ -64,7 +64,8 @@ class StackConfig:
     redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev.redis_maxmemory_bytes)
     # secure mode (docs/security.md): Kafka SASL_SSL + ACLs, Redis TLS + ACL users, one principal per role
     secure: bool = False
-    reply_topic_prefixes: tuple[str, ...] = ()  # where the router may write replies (secure: its ACLs)
+    # where the router may write replies (secure: its ACLs; ingress principals read theirs); default: the settings'
+    reply_topic_prefixes: tuple[str, ...] = field(default_factory=lambda: reply_topic_prefixes(Settings()))
     # Kafka-direct producers (LLMQ_KAFKA_INGRESS): secure mode gives each a SCRAM user that writes its ingress topic only
     ingress_principals: tuple[str, ...] = field(default_factory=lambda: tuple(Settings().kafka.ingress))
     region: str = ids.DEFAULT_REGION  # LLMQ_REGION of every service: in their ids, metrics and log lines
@@ -119,6 +120,8 @@ class StackConfig:
         }
         if self.reply_topic_prefixes:
             env["LLMQ_KAFKA_REPLY_TOPIC_PREFIXES"] = ",".join(self.reply_topic_prefixes)
+        if self.peer_regions:
+            env["LLMQ_REGION_PEERS"] = ",".join(self.peer_regions)
         if self.secure:
             secrets = self.secrets
             env |= {
@@ -135,6 +138,17 @@ class StackConfig:
     def settings(self, role: str = security.ROLE_ADMIN) -> Settings:
         """The settings ``role``'s processes read: this environment, with :meth:`env` over it."""
         return Settings.from_environ({**os.environ, **self.env(role)})
+
+    def kafka_acls(self) -> list[security.KafkaAcl]:
+        """The ACLs of this stack's secure cluster: :func:`security.kafka_acls` of its reply prefixes, ingress
+        principals (each reading the reply topics its ``LLMQ_KAFKA_INGRESS`` grant names, if any) and peers."""
+        grants = self.settings().kafka.ingress
+        return security.kafka_acls(
+            self.reply_topic_prefixes,
+            self.ingress_principals,
+            self.peer_regions,
+            security.ingress_reply_prefixes(grants),
+        )
 
 
 REGION_REDIS_OFFSET = 5
@@ -293,10 +307,7 @@ class DevStack:
     async def _prepare_kafka(self, admin: Settings) -> None:
         """As the admin: the ACLs of every role (secure mode) and the llmq topics."""
         if self.cfg.secure and self.cfg.manage_infra:
-            acls = security.kafka_acls(
-                self.cfg.reply_topic_prefixes, self.cfg.ingress_principals, self.cfg.peer_regions
-            )
-            await security.apply_kafka_acls(admin, acls)
+            await security.apply_kafka_acls(admin, self.cfg.kafka_acls())
         await ensure_topics(admin, raise_limits=True)
 
     def _redis_tls_args(self) -> list[str]:

@@ -21,6 +21,7 @@ from llmq_cli.devstack import DevStack, StackConfig
 from llmq_cli.options import ApiPort, AsJson, BatchTimeMs, DurationS, KafkaPort, MaxBatch, RedisPort, Seed
 from llmq_cli.region import region_app
 from llmq_cli.slo import slo
+from llmq_core import security
 from llmq_core.ids import DEFAULT_REGION
 from llmq_core.kafka import create_topic, ensure_topics, reply_topic_error, reply_topic_prefixes
 from llmq_core.models import SMOLLM2_135M_INSTRUCT
@@ -352,10 +353,20 @@ def capacity(
 
 
 @app.command("topics")
-def create_topics() -> None:
+def create_topics(
+    acls: bool = typer.Option(
+        False,
+        help="First create every role's ACLs (a secure cluster, as the admin principal): llmq_core.security's table for "
+        "LLMQ_KAFKA_REPLY_TOPIC_PREFIXES, LLMQ_KAFKA_INGRESS and LLMQ_REGION_PEERS, as `llmq dev up --secure` does.",
+    ),
+) -> None:
     """Create the llmq topics that are missing on the broker named by LLMQ_KAFKA_BOOTSTRAP_SERVERS (and raise the
     max.message.bytes of existing ones to what llmq needs)."""
     settings = load_settings()
+    if acls:
+        rows = security.settings_acls(settings)
+        asyncio.run(security.apply_kafka_acls(settings, rows))
+        console.print(f"{len(rows)} ACLs on {settings.kafka.bootstrap_servers}")
     asyncio.run(ensure_topics(settings, raise_limits=True))
     console.print(f"topics ready on {settings.kafka.bootstrap_servers}")
 

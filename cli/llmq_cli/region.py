@@ -53,10 +53,13 @@ def _region_name(value: str) -> str:
 
 
 def _settings_of_other_region(source: str) -> Settings:
-    """This region's settings; --from naming this region itself is refused (its jobs are already here)."""
+    """This region's settings; --from naming this region itself (its jobs are already here) or a region that is not
+    a configured peer (its claims do not count here) is refused."""
     settings = load_settings()
     if source == settings.region.name:
         raise typer.BadParameter(f"{source!r} is this region (LLMQ_REGION): name the region to take over from")
+    if source not in settings.region.peer_regions:
+        raise typer.BadParameter(f"{source!r} is not among this region's peers (LLMQ_REGION_PEERS)")
     return settings
 
 

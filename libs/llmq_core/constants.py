@@ -65,11 +65,22 @@ def ingress_topic(principal: str) -> str:
     return f"{TOPIC_INGRESS_PREFIX}{principal}"
 
 
+def ingress_group(principal: str) -> str:
+    """The one consumer group a Kafka-direct producer (principal ``principal``) may read its reply topics in (secure
+    clusters: its ACLs): the principal's own name."""
+    return principal
+
+
 # Batch-job state (llmq_jobs.joblog): the source of truth of every job, mirrored to the peer region by MirrorMaker 2
 # (DefaultReplicationPolicy: region a's llmq.jobs.specs is a.llmq.jobs.specs in region b); Redis holds a view of it.
 # Compacted, one partition each (the rebuild reads them in the order written). Keys: batch id (specs, owners),
 # "<batch id>:<custom_id>" (lines, ledger). Their prefix: TOPIC_JOBS_PREFIX.
 JOB_TOPIC_KINDS: Final = ("specs", "lines", "ledger", "owners")
+
+
+def job_topic(kind: str) -> str:
+    """This region's job topic of ``kind`` (one of :data:`JOB_TOPIC_KINDS`), e.g. ``llmq.jobs.owners``."""
+    return f"{TOPIC_JOBS_PREFIX}{kind}"
 
 
 # --- Kafka consumer groups ---

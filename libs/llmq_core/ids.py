@@ -42,6 +42,15 @@ def batch_job_id(region: str) -> str:
     return f"batch_{region}-{uuid.uuid4().hex}"
 
 
+_BATCH_JOB_ID_RE = re.compile(rf"batch_({REGION_RE.pattern})-[0-9a-f]{{32}}")
+
+
+def batch_job_region(batch_id: str) -> str | None:
+    """The region that created the batch job ``batch_id`` (:func:`batch_job_id`); None for an id of no such shape."""
+    match = _BATCH_JOB_ID_RE.fullmatch(batch_id)
+    return match[1] if match else None
+
+
 def file_id(region: str) -> str:
     """A new file's id (``/v1/files``, output and error files), e.g. ``file-<region>-<32 hex>``."""
     return f"file-{region}-{uuid.uuid4().hex}"

@@ -3,14 +3,17 @@ least-privilege rules of each, as tables. ``llmq dev up --secure`` and operators
 (docs/security.md: the trust model).
 
 The rules follow what the code reads and writes:
-- api: produces requests (llmq_api.pod); subscribes its replies channel and heartbeats, publishes cancels.
+- api: produces requests (llmq_api.pod) and what a batch job's create and cancel write to the job log (its record
+  on llmq.jobs.specs, its lines on llmq.jobs.lines; llmq_jobs.joblog): never the owners or ledger topics, which only
+  routers (and the admin's ``llmq region``) write; subscribes its replies channel and heartbeats, publishes cancels.
 - batcher: consumes requests and ingress topics (group llmq-batcher) and llmq.results (no group: finished work);
   produces batches, its own outcomes to llmq.results, dead letters; subscribes heartbeats and cancels, publishes
   cancels and replies (requests it refuses).
 - worker: consumes its llmq.batches partition (group llmq-worker-<n>; ACLs are per topic); produces llmq.results and
   dead letters; subscribes cancels, publishes heartbeats and replies.
 - router: consumes llmq.results (group llmq-result-router); produces reply topics (under the allowed prefixes),
-  batch-job lines to llmq.requests.deferred, dead letters; publishes replies.
+  batch-job lines to llmq.requests.deferred, dead letters, every job topic; publishes replies.
+- Kafka-direct producer P: writes llmq.ingress.P; reads its reply topics (under its prefixes) in group P.
 - router, multi-region: also consumes each peer region's mirrored ``<peer>.llmq.results`` (group
   llmq-result-router-peers) and reads ``<peer>.llmq.jobs.owners`` (no group: fencing of batch jobs).
 - admin: super user, used only by ``llmq topics`` / ``llmq dev create-topic`` and operators.
@@ -23,12 +26,12 @@ Every Kafka role may also read its topics' configuration (``kafka.require_topic_
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from llmq_core import constants
-from llmq_core.kafka import make_admin
-from llmq_core.settings import Settings
+from llmq_core.kafka import make_admin, reply_topic_prefixes
+from llmq_core.settings import IngressGrant, Settings
 
 ROLE_API = "api"
 ROLE_BATCHER = "batcher"
@@ -76,11 +79,16 @@ class KafkaAcl:
         )
 
 
-# role -> (topic, prefixed, operations); DescribeConfigs is added to every topic row
-_KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
+# The ACL table: plain data that ``llmq dev up --secure`` and ``llmq topics --acls`` (the Helm chart's hook) apply and
+# docs/security.md's role table is generated from (llmq_core.security_doc). role -> (topic, prefixed, operations);
+# DescribeConfigs is added to every topic row.
+TopicRow = tuple[str, bool, tuple[int, ...]]
+KAFKA_TOPICS: dict[str, tuple[TopicRow, ...]] = {
     ROLE_API: (
         (constants.TOPIC_REQUESTS_PREFIX, True, (WRITE,)),
-        (constants.TOPIC_JOBS_PREFIX, True, (WRITE,)),  # the batch-job log (llmq_jobs.joblog)
+        # a batch job's create and cancel (llmq_jobs.joblog): its record and lines, never a claim or a settled result
+        (constants.job_topic("specs"), False, (WRITE,)),
+        (constants.job_topic("lines"), False, (WRITE,)),
     ),
     ROLE_BATCHER: (
         (constants.TOPIC_REQUESTS_PREFIX, True, (READ,)),
@@ -98,11 +106,11 @@ _KAFKA_TOPICS: dict[str, tuple[tuple[str, bool, tuple[int, ...]], ...]] = {
         (constants.TOPIC_RESULTS, False, (READ,)),
         (constants.requests_topic(constants.DEFERRED), False, (WRITE,)),
         (constants.TOPIC_DEAD_LETTERS, False, (WRITE,)),
-        (constants.TOPIC_JOBS_PREFIX, True, (READ, WRITE)),
+        (constants.TOPIC_JOBS_PREFIX, True, (READ, WRITE)),  # drives jobs: the only role that settles and claims
     ),
 }
 # role -> (consumer group, prefixed)
-_KAFKA_GROUPS: dict[str, tuple[tuple[str, bool], ...]] = {
+KAFKA_GROUPS: dict[str, tuple[tuple[str, bool], ...]] = {
     ROLE_BATCHER: ((constants.GROUP_BATCHER, False),),
     ROLE_WORKER: ((constants.GROUP_WORKER_PREFIX, True),),
     ROLE_ROUTER: ((constants.GROUP_RESULT_ROUTER, False), (constants.GROUP_PEER_RESULTS, False)),
@@ -110,22 +118,31 @@ _KAFKA_GROUPS: dict[str, tuple[tuple[str, bool], ...]] = {
 
 
 def kafka_acls(
-    reply_topic_prefixes: Iterable[str] = (), ingress_principals: Iterable[str] = (), peer_regions: Iterable[str] = ()
+    reply_topic_prefixes: Iterable[str] = (),
+    ingress_principals: Iterable[str] = (),
+    peer_regions: Iterable[str] = (),
+    ingress_reply_prefixes: Mapping[str, Iterable[str]] | None = None,
 ) -> list[KafkaAcl]:
     """Every ACL of a secure cluster (the admin is a super user and needs none). ``reply_topic_prefixes``: where the
     router may write replies (``Settings.kafka.reply_topic_prefixes``; none: no reply topics). ``ingress_principals``:
-    Kafka-direct producers, each writing its own ingress topic only. ``peer_regions``: the regions MirrorMaker 2
-    mirrors from and to (docs/operations/multi-region.md; none: no mm2 rules)."""
-    peers = tuple(peer_regions)
-    topics = {role: list(rows) for role, rows in _KAFKA_TOPICS.items()}
-    topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in reply_topic_prefixes]
+    Kafka-direct producers, each writing its own ingress topic only and reading its reply topics, in its own group:
+    those under its ``ingress_reply_prefixes`` entry, else under ``reply_topic_prefixes`` (the router writes every
+    one). ``peer_regions``: the regions MirrorMaker 2 mirrors from and to (docs/operations/multi-region.md; none: no
+    mm2 rules)."""
+    peers, principals = tuple(peer_regions), tuple(ingress_principals)
+    shared = tuple(reply_topic_prefixes)
+    own_prefixes = {p: tuple((ingress_reply_prefixes or {}).get(p, shared)) for p in principals}
+    topics = {role: list(rows) for role, rows in KAFKA_TOPICS.items()}
+    groups = {role: list(rows) for role, rows in KAFKA_GROUPS.items()}
+    every_reply_prefix = dict.fromkeys((*shared, *(x for p in principals for x in own_prefixes[p])))
+    topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in every_reply_prefix]
     topics[ROLE_ROUTER] += [(constants.remote_topic(peer, constants.TOPIC_RESULTS), False, (READ,)) for peer in peers]
-    owners = (
-        constants.TOPIC_JOBS_PREFIX + "owners"
-    )  # fencing: the claims on jobs of each peer (llmq_result_router.owners)
+    owners = constants.job_topic("owners")  # fencing: the claims on jobs of each peer (llmq_result_router.owners)
     topics[ROLE_ROUTER] += [(constants.remote_topic(peer, owners), False, (READ,)) for peer in peers]
-    for principal in ingress_principals:
+    for principal in principals:
         topics[principal] = [(constants.ingress_topic(principal), False, (WRITE,))]
+        topics[principal] += [(prefix, True, (READ,)) for prefix in own_prefixes[principal]]
+        groups[principal] = [(constants.ingress_group(principal), False)]
     if peers:
         topics[ROLE_MM2] = _mirror_topics(peers)
     acls = [
@@ -134,13 +151,29 @@ def kafka_acls(
         for name, prefixed, operations in rows
         for operation in (*operations, DESCRIBE_CONFIGS)
     ]
-    acls += [
-        KafkaAcl(role, GROUP, name, READ, prefixed) for role, rows in _KAFKA_GROUPS.items() for name, prefixed in rows
-    ]
+    acls += [KafkaAcl(role, GROUP, name, READ, prefixed) for role, rows in groups.items() for name, prefixed in rows]
     if peers:  # checkpoints describe llmq's groups (source); Connect's worker group of each inbound flow (target)
         acls.append(KafkaAcl(ROLE_MM2, GROUP, _LLMQ_GROUP_PREFIX, DESCRIBE, prefixed=True))
         acls += [KafkaAcl(ROLE_MM2, GROUP, f"{peer}-mm2", READ) for peer in peers]
     return acls
+
+
+def ingress_reply_prefixes(grants: Mapping[str, IngressGrant]) -> dict[str, tuple[str, ...]]:
+    """Principal -> the reply-topic prefixes its ``LLMQ_KAFKA_INGRESS`` grant binds it to (a grant without any: the
+    shared ``LLMQ_KAFKA_REPLY_TOPIC_PREFIXES``, so it is left out). getattr: grants bind reply prefixes since issue
+    34 item 1; until that lands every producer reads under the shared prefixes."""
+    return {p: tuple(g.reply_topic_prefixes) for p, g in grants.items() if getattr(g, "reply_topic_prefixes", ())}
+
+
+def settings_acls(settings: Settings) -> list[KafkaAcl]:
+    """The ACLs a cluster needs for ``settings``: its reply prefixes, ingress grants and peer regions (what ``llmq
+    topics --acls``, the Helm chart's hook, applies)."""
+    return kafka_acls(
+        reply_topic_prefixes(settings),
+        settings.kafka.ingress,
+        settings.region.peer_regions,
+        ingress_reply_prefixes(settings.kafka.ingress),
+    )
 
 
 _LLMQ_GROUP_PREFIX = "llmq-"

@@ -166,11 +166,29 @@ class RegionSettings(Group):
         description="Share (0-1] of each tenant's global rate limits (keys file) this region enforces, with no "
         "cross-region call ([multi-region](operations/multi-region.md)).",
     )
+    peers: str = Field(
+        "",
+        description="Comma-separated regions mirrored to and from this one: the only regions whose claims on batch "
+        "jobs (their mirrored `<peer>.llmq.jobs.owners`) count here and that `llmq region failover` takes jobs from; "
+        "a claim of any other region is ignored ([multi-region](operations/multi-region.md)).",
+    )
 
     @field_validator("name")
     @classmethod
     def _region_name(cls, value: str) -> str:
         return ids.check_region(value)
+
+    @field_validator("peers")
+    @classmethod
+    def _peer_names(cls, value: str) -> str:
+        for peer in filter(None, value.split(",")):
+            ids.check_region(peer.strip())
+        return value
+
+    @property
+    def peer_regions(self) -> tuple[str, ...]:
+        """:attr:`peers` as region names."""
+        return tuple(p.strip() for p in self.peers.split(",") if p.strip())
 
 
 class KafkaSettings(Group):

@@ -3,12 +3,19 @@
 Four compacted topics (constants.JOB_TOPIC_KINDS), one partition each, written before the Redis view changes:
 
 - ``llmq.jobs.specs``: key batch id -> :class:`jobs.JobRecord` (spec, status, times), at create and every status move;
-- ``llmq.jobs.lines``: key ``<batch id>:<custom_id>`` -> the line's prepared ``GenerationRequest`` (JSON), at create.
+- ``llmq.jobs.lines``: key ``<batch id>:<custom_id>`` -> the line's prepared ``GenerationRequest`` (JSON), at create;
+  for a line refused at create, its errored ``FinalResult`` (JSON) instead, kept after the job ends as the ledger is.
   A line is at most ``LLMQ_BATCH_MAX_LINE_BYTES``, which settings keep under the record limit: a larger line is
   refused at upload (``line_too_large``), never split;
 - ``llmq.jobs.ledger``: key ``<batch id>:<custom_id>`` -> the line's terminal ``FinalResult`` (msgpack), before the
   Redis ledger settles it;
-- ``llmq.jobs.owners``: key batch id -> :class:`jobs.JobOwner` (region + epoch), at create and at every takeover.
+- ``llmq.jobs.owners``: key batch id -> :class:`jobs.JobOwner` (region + epoch), at every takeover. The creating
+  region's claim (epoch 0) is the job's id (:func:`jobs.creation_claim`), so a create writes no claim.
+
+API pods write only what a create and a cancel need (specs, lines); claims and settled results are the routers' and
+``llmq region``'s (secure clusters: llmq_core.security's ACLs). A claim counts only where it names the region whose
+topic holds it, and a peer's only when the peer is configured (``LLMQ_REGION_PEERS``): :meth:`JobSnapshot.apply`,
+:func:`owners_topics`.
 
 Each has one partition (kafka.topic_layout; MirrorMaker 2 keeps partition counts), partition 0 is the whole topic.
 
@@ -39,13 +46,14 @@ class JobTopics:
     peer's mirrored by MirrorMaker 2 (:meth:`mirrored`)."""
 
     prefix: str = ""
+    region: str = ""  # the region these topics are of ("": this one's)
 
     @classmethod
     def mirrored(cls, region: str) -> JobTopics:
-        return cls(prefix=constants.remote_topic(region, ""))
+        return cls(prefix=constants.remote_topic(region, ""), region=region)
 
     def topic(self, kind: str) -> str:
-        return f"{self.prefix}{constants.TOPIC_JOBS_PREFIX}{kind}"
+        return f"{self.prefix}{constants.job_topic(kind)}"
 
     def all(self) -> tuple[str, ...]:
         return tuple(self.topic(kind) for kind in constants.JOB_TOPIC_KINDS)
@@ -74,9 +82,14 @@ class JobLog:
     async def put_owner(self, owner: JobOwner) -> None:
         await self._send("owners", [(owner.batch_id.encode(), _json(owner))])
 
-    async def put_lines(self, batch_id: str, requests: Mapping[str, bytes]) -> None:
-        """Each line's prepared request (JSON ``GenerationRequest``), by custom_id."""
-        await self._send("lines", [(line_key(batch_id, c), r) for c, r in requests.items()])
+    async def put_lines(
+        self, batch_id: str, requests: Mapping[str, bytes], refused: Mapping[str, wire.FinalResult] = {}
+    ) -> None:
+        """Each line's prepared request (JSON ``GenerationRequest``), by custom_id; ``refused``: the results of the
+        lines refused at create (JSON ``FinalResult``), by custom_id."""
+        records = [(line_key(batch_id, c), r) for c, r in requests.items()]
+        records += [(line_key(batch_id, c), wire.encode(r, constants.CONTENT_TYPE_JSON)) for c, r in refused.items()]
+        await self._send("lines", records)
 
     async def drop_lines(self, batch_id: str, custom_ids: Iterable[str]) -> None:
         """Tombstones for lines an ended job no longer needs."""
@@ -97,9 +110,11 @@ class JobLog:
 
 @dataclass(slots=True)
 class JobSnapshot:
-    """What a region's job topics held when read: the latest record of each job, its highest claim, its lines in the
-    order written and its settled results."""
+    """What region ``region``'s job topics held when read: the latest record of each job, its highest claim (that
+    region's own claims, and its creation claim for a job it created), its lines in the order written and its
+    settled results (those refused at create among them)."""
 
+    region: str
     records: dict[str, JobRecord] = field(default_factory=dict)
     owners: dict[str, JobOwner] = field(default_factory=dict)
     lines: dict[str, dict[str, bytes]] = field(default_factory=dict)
@@ -114,23 +129,45 @@ class JobSnapshot:
         table = self.lines if kind == "lines" else self.results
         if value is None:
             table.get(batch_id, {}).pop(custom_id, None)
-            return
-        table.setdefault(batch_id, {})[custom_id] = value if kind == "lines" else wire.decode(value)
+        elif kind == "ledger":
+            self.results.setdefault(batch_id, {})[custom_id] = wire.decode(value)
+        elif _tag(value) == _RESULT_TAG:  # refused at create: settled then (a ledger record of it would win)
+            self.results.setdefault(batch_id, {}).setdefault(custom_id, wire.decode(value))
+        else:
+            self.lines.setdefault(batch_id, {})[custom_id] = value
 
     def _apply_job(self, kind: str, batch_id: str, value: bytes | None) -> None:
         if kind == "specs":
             if value is None:
                 self.records.pop(batch_id, None)
-            else:
-                self.records[batch_id] = msgspec.json.decode(value, type=JobRecord)
-        elif value is not None:
-            self.owners[batch_id] = jobs.highest(msgspec.json.decode(value, type=JobOwner), self.owners.get(batch_id))
+                return
+            self.records[batch_id] = msgspec.json.decode(value, type=JobRecord)
+            claim = jobs.creation_claim(batch_id)
+        else:
+            claim = None if value is None else msgspec.json.decode(value, type=JobOwner)
+        if claim is not None and claim.region == self.region:  # any other is forged, or not this region's to make
+            self.owners[batch_id] = jobs.highest(claim, self.owners.get(batch_id))
+
+
+class _Tagged(msgspec.Struct):
+    type: str = ""
+
+
+_RESULT_TAG = "final_result"
+
+
+def _tag(value: bytes) -> str:
+    """The wire tag of a JSON message (the rest is skipped, not decoded); "" for anything else."""
+    try:
+        return msgspec.json.decode(value, type=_Tagged).type
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
 
 
 async def read_topics(settings: Settings, topics: JobTopics, kinds: Iterable[str] = constants.JOB_TOPIC_KINDS):
     """Read the ``kinds`` topics of ``topics`` from their start to the end they had when reading began (no consumer
     group, nothing committed); a topic that does not exist (yet) reads as empty."""
-    snapshot = JobSnapshot()
+    snapshot = JobSnapshot(region=topics.region or settings.region.name)
     consumer = kafka.make_consumer(settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
@@ -155,16 +192,18 @@ async def read_topics(settings: Settings, topics: JobTopics, kinds: Iterable[str
         await consumer.stop()
 
 
-def owners_topics(topics: Iterable[str]) -> list[str]:
-    """Among ``topics``, this region's owners topic and every peer's mirrored here (``<region>.llmq.jobs.owners``)."""
+def owners_topics(topics: Iterable[str], own_region: str, peers: Iterable[str]) -> dict[str, str]:
+    """Among ``topics``, this region's owners topic and the one of each of ``peers`` mirrored here
+    (``<peer>.llmq.jobs.owners``; a region not among them is ignored): topic -> the region its claims must name."""
     own = JobTopics().topic("owners")
-    return sorted(t for t in topics if t == own or t.endswith(f".{own}"))
+    regions = {own: own_region} | {JobTopics.mirrored(peer).topic("owners"): peer for peer in peers}
+    return {topic: regions[topic] for topic in sorted(topics) if topic in regions}
 
 
-def mirrored_regions(topics: Iterable[str]) -> list[str]:
-    """The peer regions whose job topics are mirrored here, named by their owners topics among ``topics``."""
-    own = JobTopics().topic("owners")
-    return [t.removesuffix(f".{own}") for t in owners_topics(topics) if t != own]
+def mirrored_regions(topics: Iterable[str], peers: Iterable[str]) -> list[str]:
+    """Those of ``peers`` whose job topics are mirrored here, named by their owners topics among ``topics``."""
+    present = set(topics)
+    return [peer for peer in peers if JobTopics.mirrored(peer).topic("owners") in present]
 
 
 async def list_topics(settings: Settings) -> set[str]:

@@ -19,7 +19,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from llmq_core import wire
+from llmq_core import ids, wire
 from llmq_core.requests import echo
 
 # --- batch statuses (OpenAI spelling) and endpoints ---------------------------------------------------------------
@@ -264,6 +264,13 @@ class JobOwner(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int = 0
     at_ms: int = 0
     settled: int = 0  # a takeover's: the lines settled in the ledger it took over (the rest ran again here)
+
+
+def creation_claim(batch_id: str) -> JobOwner | None:
+    """The claim a job is created with: the region its id names, epoch 0 (implied, never written: an API pod writes
+    no claim); None for an id that names no region."""
+    region = ids.batch_job_region(batch_id)
+    return None if region is None else JobOwner(batch_id=batch_id, region=region)
 
 
 def outranks(claim: JobOwner, other: JobOwner | None) -> bool:

@@ -69,9 +69,9 @@ async def restore(
 
 async def rebuild(settings: Settings, store: JobStore, files: FileStore, own: JobTopics = JobTopics()) -> int:
     """Rebuild this region's Redis view of every job in its own job topics (after Redis lost it), each job's owner
-    the highest claim in the own owners topic and every peer's mirrored here. Returns how many jobs."""
+    the highest claim in the own owners topic and every configured peer's mirrored here. Returns how many jobs."""
     snapshot = await read_topics(settings, own)
-    for region in mirrored_regions(await list_topics(settings)):
+    for region in mirrored_regions(await list_topics(settings), settings.region.peer_regions):
         for claim in (await read_topics(settings, JobTopics.mirrored(region), kinds=("owners",))).owners.values():
             snapshot.owners[claim.batch_id] = jobs.highest(claim, snapshot.owners.get(claim.batch_id))
     for batch_id in snapshot.records:
@@ -91,7 +91,9 @@ async def take_over(
 ) -> list[Takeover]:
     """Take over every job whose highest known claim is ``source_region``'s, from its topics mirrored here, under the
     same batch ids with the next epoch; this region's own topics are ``log``'s. ``failback``: only the jobs this
-    region claimed before (taking its own back)."""
+    region claimed before (taking its own back). ValueError for a region that is not a configured peer."""
+    if source_region not in settings.region.peer_regions:
+        raise ValueError(f"region {source_region!r} is not a peer of this region (LLMQ_REGION_PEERS)")
     source = await read_topics(settings, JobTopics.mirrored(source_region))
     own = (await read_topics(settings, log.topics, kinds=("owners",))).owners
     taken = []
@@ -99,7 +101,8 @@ async def take_over(
         known = jobs.highest(source.owners.get(batch_id), own.get(batch_id))
         if known is None or known.region != source_region:
             continue
-        if failback and (batch_id not in own or own[batch_id].region != settings.region.name):
+        mine = jobs.highest(own.get(batch_id), jobs.creation_claim(batch_id))
+        if failback and (mine is None or mine.region != settings.region.name):
             continue
         lines, results = source.lines.get(batch_id, {}), source.results.get(batch_id, {})
         claim = JobOwner(

@@ -17,12 +17,14 @@ from llmq_api.batch_jobs.batches import BatchJobs, line_result_bytes
 from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
-from llmq_core import constants, wire
+from llmq_core import constants, security, wire
 from llmq_core.clock import FakeClock
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
 from llmq_jobs import jobs
 from llmq_jobs.filestore import FileStore
+from llmq_jobs.joblog import JobLog, JobSnapshot
+from llmq_jobs.jobs import JobOwner
 from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from tests.fake_results import fake_result
@@ -400,6 +402,35 @@ async def test_a_failed_creation_releases_its_idempotency_key(harness):
     job = await harness.api.create(TENANT, body, key)
     harness.created.append(job.spec.id)
     assert job.status == jobs.IN_PROGRESS
+
+
+async def test_an_api_pod_writes_only_a_jobs_record_and_lines_to_the_job_log(harness):
+    """Issue 34, item 2: the `api` principal could write every llmq.jobs.* topic because a create wrote a claim
+    (owners) and the refused lines' results (ledger). A create and a cancel now write only topics the api role's ACLs
+    allow (records and lines); the job log still holds everything: the refused line's result rides on its lines
+    record, and the creating region's claim is the job's id."""
+    recorder = RecordingProducer()
+    store = JobStore(harness.redis, log=JobLog(recorder))
+    models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
+    limiter = RateLimiter(harness.redis, harness.clock)
+    api = BatchJobs(harness.settings, store, harness.files, harness.clock, lambda: models, limiter)
+    source = _Source("\n".join([line("ok"), line("bad", temperature=5)]).encode())
+    record = await harness.api_files.upload(TENANT, "in.jsonl", "batch", source)
+    job = await api.create(TENANT, json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode())
+    harness.created.append(job.spec.id)
+    await api.cancel(TENANT, job.spec.id)
+    written = {topic for topic, _, _ in recorder.sent}
+    assert written == {constants.job_topic("specs"), constants.job_topic("lines")}
+    granted = [a for a in security.kafka_acls() if a.principal == security.ROLE_API and a.operation == security.WRITE]
+    assert all(any(t == a.name or (a.prefixed and t.startswith(a.name)) for a in granted) for t in written)
+    snapshot = JobSnapshot(region=harness.settings.region.name)
+    for topic, value, key in recorder.sent:
+        snapshot.apply(topic.removeprefix(constants.TOPIC_JOBS_PREFIX), key, value)
+    batch_id = job.spec.id
+    assert snapshot.records[batch_id].status == jobs.CANCELLING
+    assert list(snapshot.lines[batch_id]) == ["ok"]
+    assert snapshot.results[batch_id]["bad"].outcome is wire.Outcome.ERRORED
+    assert snapshot.owners[batch_id] == JobOwner(batch_id=batch_id, region=harness.settings.region.name)
 
 
 async def test_a_router_that_cannot_drive_a_job_hands_it_over(harness):

@@ -43,10 +43,10 @@ A_DB, B_DB = 11, 12
 class Region:
     """One region's Redis (a database of the suite's), file store, job topics, API and result-router parts."""
 
-    def __init__(self, settings: Settings, name: str, db: int, producer: AIOKafkaProducer) -> None:
+    def __init__(self, settings: Settings, name: str, db: int, producer: AIOKafkaProducer, peer: str) -> None:
         base = settings.redis.url.rsplit("/", 1)[0]
         self.settings = settings.replace(
-            region={"name": name},
+            region={"name": name, "peers": peer},
             redis={"url": f"{base}/{db}"},
             jobs={"files_url": f"memory://takeover-{name}", "batch_in_flight_lines": 4, "batch_lease_ms": 60_000},
         )
@@ -161,7 +161,7 @@ async def _records(settings: Settings, topic: str) -> list[tuple[bytes, bytes]]:
 async def regions_pair(settings):
     producer = kafka.make_producer(settings)
     await producer.start()
-    pair = [Region(settings, A, A_DB, producer), Region(settings, B, B_DB, producer)]
+    pair = [Region(settings, A, A_DB, producer, B), Region(settings, B, B_DB, producer, A)]
     for region in pair:
         await region.redis.flushdb()
         for topic in region.topics.all():
@@ -208,7 +208,7 @@ async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_p
     # fencing: A learns of B's claim (B's owners topic mirrored to A) and neither drives nor settles the job again
     await mirror(settings, b, kinds=("owners",))
     consumer = kafka.make_consumer(settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
-    watcher = OwnerWatcher(a.store, consumer)
+    watcher = OwnerWatcher(a.store, consumer, A, (B,))
     await consumer.start()
     task = asyncio.create_task(watcher.run())
     try:

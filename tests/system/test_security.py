@@ -1,5 +1,7 @@
 """Issue 16: the attacks of a stranger on the network, and of one compromised service role, fail against the secure
 infra (``llmq dev up --secure``: Kafka SASL_SSL with ACLs, Redis TLS with ACL users). Real broker, real Redis.
+Issue 34: the API pods' principal writes no claim or settled result of a batch job, and a Kafka-direct producer reads
+its reply topics in its own group.
 
 The application-level forgeries (a forged reply, a forged final_result, a record claiming another tenant) are tested
 by their owners against the same infra."""
@@ -24,6 +26,7 @@ from llmq_core.constants import GROUP_BATCHER
 from llmq_core.kafka import create_topic, make_admin, make_consumer, make_producer
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
+from tests.infra import SECURE_INGRESS_PRINCIPALS, SECURE_REPLY_TOPIC_PREFIXES
 
 pytestmark = pytest.mark.integration
 
@@ -46,11 +49,11 @@ async def bootstraps(settings: Settings) -> bool:
     return True
 
 
-async def produce(settings: Settings, topic: str) -> None:
+async def produce(settings: Settings, topic: str, value: bytes = b"forged", key: bytes | None = None) -> None:
     producer = make_producer(settings, request_timeout_ms=5000)
     await producer.start()
     try:
-        await producer.send_and_wait(topic, b"forged")
+        await producer.send_and_wait(topic, value, key=key)
     finally:
         await producer.stop()
 
@@ -78,6 +81,41 @@ async def test_an_ingress_producer_writes_only_its_own_topic(secure_infra):
     for topic in (constants.requests_topic(constants.INTERACTIVE), constants.ingress_topic("team-b")):
         with pytest.raises(TopicAuthorizationFailedError):  # its principal, not its records, says who it is
             await produce(team, topic)
+
+
+async def test_the_api_role_cannot_claim_a_batch_job_or_settle_its_lines(secure_infra):
+    """Issue 34, item 2: as `api`, one claim {"region": "zzz", "epoch": 7} on llmq.jobs.owners froze another
+    tenant's running job, and llmq.jobs.ledger took a forged line result too. Only routers write them now."""
+    api = role(secure_infra, security.ROLE_API)
+    claim = b'{"batch_id": "batch_probe", "region": "zzz", "epoch": 7}'
+    for kind in ("owners", "ledger"):
+        with pytest.raises(TopicAuthorizationFailedError):
+            await produce(api, constants.job_topic(kind), claim, key=b"batch_probe")
+
+
+async def test_an_ingress_producer_reads_its_reply_topics_in_its_own_group_only(secure_infra):
+    """Issue 34, item 5: the router wrote no reply topic on a secure dev stack and no ingress principal could read
+    one; now the router answers under the reply prefixes, and the producer reads there in its own group."""
+    principal = SECURE_INGRESS_PRINCIPALS[0]
+    topic = f"{SECURE_REPLY_TOPIC_PREFIXES[0]}{uuid.uuid4().hex[:8]}"
+    await create_topic(secure_infra.cfg.settings(), topic)
+    await produce(role(secure_infra, security.ROLE_ROUTER), topic, b"answer", key=b"r-1")
+    producer = role(secure_infra, principal)
+    reader = make_consumer(producer, topic, group_id=constants.ingress_group(principal))
+    await reader.start()
+    try:
+        record = await asyncio.wait_for(reader.getone(), CONNECT_TIMEOUT_S)
+        assert (record.key, record.value) == (b"r-1", b"answer")
+    finally:
+        await reader.stop()
+    joiner = make_consumer(producer, topic, group_id=GROUP_BATCHER)
+    with pytest.raises(GroupAuthorizationFailedError):  # no group but its own
+        await joiner.start()
+    await joiner.stop()
+    snooper = make_consumer(producer, constants.TOPIC_RESULTS, group_id=None)
+    with pytest.raises(TopicAuthorizationFailedError):  # nothing outside its reply topics
+        await snooper.start()
+    await snooper.stop()
 
 
 async def test_a_principal_cannot_read_another_roles_topic_or_join_its_group(secure_infra):

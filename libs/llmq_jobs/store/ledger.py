@@ -84,10 +84,10 @@ class Ledger:
     ) -> None:
         """Write a slice of a job's ledger before the job itself exists (``JobTable.create_job`` makes it visible),
         so a large input never sits in the API pod whole; :meth:`discard_ledger` drops it when the job is not created.
-        ``requests``: the runnable lines' prepared requests, for the job log (with the rejected lines' results)."""
+        ``requests``: the runnable lines' prepared requests, for the job log's lines (with the rejected lines' results:
+        an API pod writes no ledger record)."""
         if self.log is not None:
-            await self.log.put_lines(batch_id, requests)
-            await self.log.put_results(batch_id, results)
+            await self.log.put_lines(batch_id, requests, refused=results)
         async with self.redis.pipeline(transaction=False) as pipe:
             put_ledger_on(pipe, batch_id, lines, offsets, results)
             await pipe.execute()

@@ -65,12 +65,10 @@ class JobTable:
         """Write a new job in one transaction: its hash, ledger lines (custom_id -> state), prepared-file offsets,
         results settled already (lines that failed validation: counted as errored, with ``errored`` more written by
         ``Ledger.add_lines``), its output/error file records, its tenant listing entry, and (when it is
-        ``in_progress``) its place among the jobs the routers drive. ``owner``: the creating region's claim (epoch 0).
-        The job log gets the claim and the job's record first."""
+        ``in_progress``) its place among the jobs the routers drive. ``owner``: the creating region's claim (epoch 0),
+        for the fencing view; the job log gets the job's record first (the claim is the job's id: jobs.creation_claim)."""
         errors = list(errors)
         if self.log is not None:
-            if owner is not None:
-                await self.log.put_owner(owner)
             await self.log.put_record(JobRecord(spec=spec, status=status, times=dict(times), errors=errors))
         job = {
             "spec": _json(spec),

@@ -72,7 +72,9 @@ class ResultRouter:
         self.metrics = metrics
         self.clock = clock
         self.retry = ReplyRetry.from_settings(settings)
-        self.topics = TopicView(clock, settings.router.topic_refresh_ms)
+        self.topics = TopicView(
+            clock, settings.router.topic_refresh_ms, settings.kafka.security_protocol != "PLAINTEXT"
+        )
         self.list_topics = list_topics or (lambda: cluster_topics(producer))
         self.names = names
         self.log_gate = LogGate(clock)

@@ -47,7 +47,7 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     )  # the claims on jobs (fencing across regions)
     await runtime.start(stack, producer, consumer, owners_consumer)
     store = JobStore(redis, log=JobLog(producer))
-    owners = OwnerWatcher(store, owners_consumer)
+    owners = OwnerWatcher(store, owners_consumer, settings.region.name, settings.region.peer_regions)
     router = ResultRouter(
         settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
     )

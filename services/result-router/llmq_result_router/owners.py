@@ -1,7 +1,9 @@
 """Fencing of batch jobs across regions: every result-router follows the claims on jobs (this region's owners topic
-and every peer's mirrored here) into the Redis view, and drives or settles a job only while this region's claim is
-the highest known (:mod:`llmq_jobs.regions`). Until it has read every owners topic to the end it found at start,
-the driver waits: a region that comes back must learn of a takeover before it drives anything."""
+and every configured peer's mirrored here) into the Redis view, and drives or settles a job only while this region's
+claim is the highest known (:mod:`llmq_jobs.regions`). Until it has read every owners topic to the end it found at
+start, the driver waits: a region that comes back must learn of a takeover before it drives anything. A claim counts
+only when it names the region whose topic holds it (this region's in its own, the peer's in the peer's): any other
+is not that region's to make, and is dropped."""
 
 from __future__ import annotations
 
@@ -22,14 +24,16 @@ POLL_MS = 500
 
 
 class OwnerWatcher:
-    """Follows every owners topic on this cluster (this region's and each peer's mirrored one) into the Redis view;
-    ``caught_up`` is set once it read each one it found at start to the end it had then."""
+    """Follows the owners topics on this cluster (``region``'s own and each of ``peers``' mirrored one) into the
+    Redis view; ``caught_up`` is set once it read each one it found at start to the end it had then."""
 
-    def __init__(self, store: JobStore, consumer: AIOKafkaConsumer) -> None:
+    def __init__(self, store: JobStore, consumer: AIOKafkaConsumer, region: str, peers: tuple[str, ...] = ()) -> None:
         self.store = store
         self.consumer = consumer  # no group: every router reads every claim
+        self.region = region
+        self.peers = peers
         self.caught_up = asyncio.Event()
-        self._topics: list[str] = []
+        self._topics: dict[str, str] = {}  # topic -> the region its claims must name
         self._ends: dict[TopicPartition, int] = {}
         self._stopping = asyncio.Event()
 
@@ -50,7 +54,7 @@ class OwnerWatcher:
         while not self._stopping.is_set():
             if loop.time() - refreshed >= TOPICS_REFRESH_MS / 1000:
                 refreshed = loop.time()
-                await self._assign(owners_topics(await self.consumer.topics()))
+                await self._assign(owners_topics(await self.consumer.topics(), self.region, self.peers))
             await self._poll()
             if not self.caught_up.is_set() and await self._reached_ends():
                 self.caught_up.set()
@@ -60,12 +64,17 @@ class OwnerWatcher:
         if not self._topics:
             await asyncio.sleep(POLL_MS / 1000)
             return
-        for records in (await self.consumer.getmany(timeout_ms=POLL_MS)).values():
+        for tp, records in (await self.consumer.getmany(timeout_ms=POLL_MS)).items():
             for record in records:
-                if record.value is not None:
-                    await self.store.owners.raise_owner(msgspec.json.decode(record.value, type=JobOwner))
+                if record.value is None:
+                    continue
+                claim = msgspec.json.decode(record.value, type=JobOwner)
+                if claim.region == self._topics.get(tp.topic):
+                    await self.store.owners.raise_owner(claim)
+                else:
+                    log.warning("dropped a claim of region %r on %s: not that region's topic", claim.region, tp.topic)
 
-    async def _assign(self, topics: list[str]) -> None:
+    async def _assign(self, topics: dict[str, str]) -> None:
         """Follow ``topics`` from their start (claims are few and applying one twice changes nothing)."""
         if topics == self._topics:
             return

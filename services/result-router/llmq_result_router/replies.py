@@ -28,6 +28,7 @@ TOPIC_ERRORS: tuple[type[Exception], ...] = (
     errors.InvalidTopicError,
 )
 
+_DENIED = "authorization failed (no ACL lets this router write it: LLMQ_KAFKA_REPLY_TOPIC_PREFIXES, docs/security.md)"
 LOG_WINDOW_MS = 10_000  # reply failures: one log line per topic per window ...
 LOG_MAX_LINES = 20  # ... and this many lines per window in all (fresh names each get a key)
 
@@ -51,11 +52,14 @@ class Presence(enum.Enum):
 class TopicView:
     """The cluster's topics as of the last listing. A reply topic is created before its request is produced (the
     broker does not create topics on demand), so before its result reaches the router: a listing asked for after the
-    router received the result that lacks the topic shows it missing. Listings are at most one per ``refresh_ms``."""
+    router received the result that lacks the topic shows it missing. Listings are at most one per ``refresh_ms``.
+    ``secure``: the cluster has ACLs, so a listing leaves out the topics this router may not write (the broker does
+    not tell them from missing ones)."""
 
-    def __init__(self, clock: Clock, refresh_ms: int) -> None:
+    def __init__(self, clock: Clock, refresh_ms: int, secure: bool = False) -> None:
         self.clock = clock
         self.refresh_ms = refresh_ms
+        self.secure = secure
         self._topics: frozenset[str] = frozenset()
         self._listed_ms: int | None = None  # when the last listing was asked for
 
@@ -83,8 +87,9 @@ class TopicView:
 
     def missing(self, topic: str) -> GiveUp:
         age_ms = self.clock.now_ms() - (self._listed_ms or 0)
+        what = f"does not exist or {_DENIED}" if self.secure else "does not exist"
         return GiveUp(
-            reason=f"reply topic {topic!r} does not exist (not among the cluster's topics listed {age_ms} ms ago)",
+            reason=f"reply topic {topic!r} {what} (not among the cluster's topics listed {age_ms} ms ago)",
             kind="missing_topic",
             topic_wide=True,
         )
@@ -126,13 +131,19 @@ class ReplyRetry:
 
 def give_up(topic: str, error: Exception, failures: int, elapsed_ms: int) -> GiveUp:
     """Why a reply to ``topic`` ended unsent after ``failures`` tries over ``elapsed_ms``."""
-    what = "does not exist" if isinstance(error, errors.UnknownTopicOrPartitionError) else "failed"
+    what = _FAILURES.get(type(error), "failed")
     reason = (
         f"reply topic {topic!r} {what}: {type(error).__name__}: {error} "
         f"({failures} {'try' if failures == 1 else 'tries'} in {elapsed_ms} ms)"
     )
     kind = "refused" if isinstance(error, RECORD_REFUSED_ERRORS) else "retries"
     return GiveUp(reason=reason, kind=kind, topic_wide=isinstance(error, TOPIC_ERRORS))
+
+
+_FAILURES = {
+    errors.UnknownTopicOrPartitionError: "does not exist",
+    errors.TopicAuthorizationFailedError: f"was refused: {_DENIED}",
+}
 
 
 class LogGate:

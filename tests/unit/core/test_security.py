@@ -3,6 +3,7 @@ properties, the dev stack's secrets. Against real Kafka and Redis: tests/system/
 
 from __future__ import annotations
 
+import json
 import re
 import ssl
 import stat
@@ -68,10 +69,18 @@ def rows(acls, principal):
     return {(a.resource, a.name, a.operation, a.prefixed) for a in acls if a.principal == principal}
 
 
+def covers(acl, topic: str) -> bool:
+    return acl.resource == TOPIC and (topic == acl.name or (acl.prefixed and topic.startswith(acl.name)))
+
+
 def test_each_role_writes_only_its_own_topics():
     acls = kafka_acls(reply_topic_prefixes=("team.",), ingress_principals=("team-a",))
     writes = {p: {(n, pre) for r, n, op, pre in rows(acls, p) if op == WRITE} for p in {a.principal for a in acls}}
-    assert writes[security.ROLE_API] == {(constants.TOPIC_REQUESTS_PREFIX, True), (constants.TOPIC_JOBS_PREFIX, True)}
+    assert writes[security.ROLE_API] == {
+        (constants.TOPIC_REQUESTS_PREFIX, True),
+        (constants.job_topic("specs"), False),  # a batch job's create and cancel
+        (constants.job_topic("lines"), False),
+    }
     assert writes[security.ROLE_WORKER] == {(constants.TOPIC_RESULTS, False), (constants.TOPIC_DEAD_LETTERS, False)}
     assert writes[security.ROLE_ROUTER] == {
         (constants.requests_topic(constants.DEFERRED), False),
@@ -84,10 +93,35 @@ def test_each_role_writes_only_its_own_topics():
     assert security.ROLE_ADMIN not in writes and security.ROLE_MM2 not in writes  # super user; reserved
 
 
+def test_only_routers_write_claims_and_settled_results_of_batch_jobs():
+    """Issue 34, item 2: as `api`, one record on llmq.jobs.owners froze another tenant's job, and a forged
+    llmq.jobs.ledger record would be trusted by a rebuild: API pods write only what a create and a cancel need."""
+    acls = kafka_acls(reply_topic_prefixes=("team.",), ingress_principals=("team-a",), peer_regions=("b",))
+    for kind in ("owners", "ledger"):
+        writers = {a.principal for a in acls if a.operation == WRITE and covers(a, constants.job_topic(kind))}
+        assert writers == {security.ROLE_ROUTER}, kind
+    api = [a for a in acls if a.principal == security.ROLE_API and a.operation == WRITE]
+    assert all(any(covers(a, constants.job_topic(k)) for a in api) for k in ("specs", "lines"))
+
+
+def test_each_ingress_principal_reads_its_own_reply_topics_in_its_own_group_and_the_router_writes_them():
+    """Issue 34, item 5: a secure stack's router had no ACL on any reply topic (every Kafka-direct answer
+    dead-lettered) and no ingress principal could read one."""
+    acls = kafka_acls(("team.",), ("team-a", "team-b"), ingress_reply_prefixes={"team-b": ("beta.",)})
+    assert rows(acls, "team-a") >= {
+        (TOPIC, "team.", READ, True),
+        (GROUP, constants.ingress_group("team-a"), READ, False),
+    }
+    assert rows(acls, "team-b") >= {(TOPIC, "beta.", READ, True), (GROUP, "team-b", READ, False)}
+    assert (TOPIC, "team.", READ, True) not in rows(acls, "team-b")  # bound to its own prefix
+    router_writes = {(n, pre) for r, n, op, pre in rows(acls, security.ROLE_ROUTER) if op == WRITE}
+    assert {("team.", True), ("beta.", True)} <= router_writes
+
+
 def test_only_consumers_read_and_each_in_its_own_group():
     acls = kafka_acls(ingress_principals=("team-a",))
     reads = {(a.principal, a.resource, a.name) for a in acls if a.operation == READ}
-    assert {p for p, *_ in reads} == {security.ROLE_BATCHER, security.ROLE_WORKER, security.ROLE_ROUTER}
+    assert {p for p, *_ in reads} == {security.ROLE_BATCHER, security.ROLE_WORKER, security.ROLE_ROUTER, "team-a"}
     assert (security.ROLE_ROUTER, TOPIC, constants.TOPIC_RESULTS) in reads
     assert (security.ROLE_WORKER, TOPIC, constants.TOPIC_BATCHES) in reads
     assert (security.ROLE_BATCHER, TOPIC, constants.TOPIC_INGRESS_PREFIX) in reads
@@ -97,6 +131,7 @@ def test_only_consumers_read_and_each_in_its_own_group():
         (security.ROLE_WORKER, constants.GROUP_WORKER_PREFIX),
         (security.ROLE_ROUTER, constants.GROUP_RESULT_ROUTER),
         (security.ROLE_ROUTER, constants.GROUP_PEER_RESULTS),  # the peer regions' mirrored results
+        ("team-a", "team-a"),  # a Kafka-direct producer reading its replies
     }
     assert constants.worker_group(7).startswith(constants.GROUP_WORKER_PREFIX)
 
@@ -204,6 +239,19 @@ def test_secure_stack_gives_each_service_its_own_role(tmp_path):
     assert env["LLMQ_KAFKA_SASL_USERNAME"] == env["LLMQ_REDIS_USERNAME"] == security.ROLE_WORKER
     assert env["LLMQ_REDIS_URL"].startswith("rediss://") and env["LLMQ_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert "LLMQ_KAFKA_SECURITY_PROTOCOL" not in StackConfig(state_dir=tmp_path).env()
+
+
+def test_a_secure_dev_stack_takes_reply_prefixes_from_the_settings_and_grants_them(monkeypatch, tmp_path):
+    """Issue 34, item 5: StackConfig's reply prefixes defaulted to none whatever LLMQ_KAFKA_REPLY_TOPIC_PREFIXES said,
+    so `llmq dev up --secure` gave the router no ACL on any reply topic."""
+    monkeypatch.setenv("LLMQ_KAFKA_REPLY_TOPIC_PREFIXES", "replies.")
+    monkeypatch.setenv("LLMQ_KAFKA_INGRESS", json.dumps({"acme-svc": {"tenant_id": "acme"}}))
+    cfg = StackConfig(state_dir=tmp_path, secure=True, peer_regions=("b",))
+    assert cfg.reply_topic_prefixes == ("replies.",) and cfg.ingress_principals == ("acme-svc",)
+    acls = {(a.principal, a.resource, a.name, a.operation) for a in cfg.kafka_acls()}
+    assert (security.ROLE_ROUTER, TOPIC, "replies.", WRITE) in acls
+    assert {("acme-svc", TOPIC, "replies.", READ), ("acme-svc", GROUP, "acme-svc", READ)} <= acls
+    assert cfg.env()["LLMQ_REGION_PEERS"] == "b"  # whose claims on batch jobs count there
 
 
 def test_dev_up_secure_flag_makes_a_secure_stack(monkeypatch, tmp_path):

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from llmq_cli import mirror as mirror_config
-from llmq_core import constants
+from llmq_cli.devstack import StackConfig
+from llmq_core import constants, security
 from llmq_core.settings import Settings, load_settings
 from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, objects, template
 
@@ -340,12 +341,26 @@ def test_topics_are_created_by_a_hook_with_the_replication_factor(values):
     (job,) = of_kind(values, "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     (container,) = job["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["llmq", "topics"]
+    assert container["command"] == ["llmq", "topics", "--acls"]  # a secure cluster: the ACLs first
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["LLMQ_KAFKA_SASL_USERNAME"] == "admin"
     wanted = yaml.safe_load(values.read_text())["kafka"]["topicReplicationFactor"] if values else 3
     assert env["LLMQ_KAFKA_TOPIC_REPLICATION_FACTOR"] == str(wanted)
     assert {k: v for k, v in env.items() if k in settings_map(values)} == settings_map(values)
+
+
+@pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
+def test_the_hook_applies_the_acls_a_secure_dev_stack_applies_for_the_same_settings(values, monkeypatch, tmp_path):
+    """Issue 34: one ACL table (llmq_core.security). The chart's hook applies it for the release's settings (its
+    peers: the regions MirrorMaker 2 mirrors from), as `llmq dev up --secure` does for a stack of the same settings."""
+    for name, value in settings_map(values).items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    sources = yaml.safe_load(values.read_text())["mirrorMaker"]["sources"] if values else []
+    assert settings.region.peer_regions == tuple(source["region"] for source in sources)
+    dev = StackConfig(state_dir=tmp_path, secure=True, peer_regions=settings.region.peer_regions)
+    assert set(security.settings_acls(settings)) == set(dev.kafka_acls())
+    assert {a.principal for a in dev.kafka_acls()} >= {"api", "batcher", "worker", "router"}
 
 
 def test_accelerators_only_where_a_model_asks():

@@ -1,5 +1,6 @@
-"""The owner watcher (fencing across regions): it follows this region's owners topic and every peer's mirrored one
-into the store, says when it has read what they held at start, and until then the job driver drives nothing."""
+"""The owner watcher (fencing across regions): it follows this region's owners topic and every configured peer's
+mirrored one into the store, keeps only the claims of the region whose topic holds them, says when it has read what
+they held at start, and until then the job driver drives nothing."""
 
 import asyncio
 
@@ -69,7 +70,7 @@ class Claims:
 async def test_the_watcher_applies_every_owners_topics_claims_then_says_it_caught_up():
     store = Claims()
     consumer = Consumer({OWN.topic, PEER.topic, "a.llmq.jobs.ledger", "llmq.results"}, CLAIMS)
-    watcher = OwnerWatcher(store, consumer)
+    watcher = OwnerWatcher(store, consumer, "b", ("a",))
     task = asyncio.create_task(watcher.run())
     await asyncio.wait_for(watcher.caught_up.wait(), 5)
     watcher.stop()
@@ -80,8 +81,27 @@ async def test_the_watcher_applies_every_owners_topics_claims_then_says_it_caugh
     )
 
 
+async def test_claims_of_other_regions_and_of_regions_that_are_not_peers_are_dropped():
+    """Issue 34, item 2: one record naming region "zzz" on this region's owners topic froze a running job for good.
+    A claim counts only where it names the region whose topic holds it, and a region not among the peers is not
+    followed at all."""
+    zzz = TopicPartition("zzz.llmq.jobs.owners", 0)
+    forged = {
+        OWN: [JobOwner(batch_id="batch_1", region="zzz", epoch=7), JobOwner(batch_id="batch_1", region="a", epoch=8)],
+        PEER: [JobOwner(batch_id="batch_2", region="b", epoch=9), JobOwner(batch_id="batch_2", region="a", epoch=1)],
+        zzz: [JobOwner(batch_id="batch_1", region="zzz", epoch=7)],
+    }
+    store = Claims()
+    watcher = OwnerWatcher(store, Consumer({OWN.topic, PEER.topic, zzz.topic}, forged), "b", ("a",))
+    task = asyncio.create_task(watcher.run())
+    await asyncio.wait_for(watcher.caught_up.wait(), 5)
+    watcher.stop()
+    await task
+    assert store.raised == [JobOwner(batch_id="batch_2", region="a", epoch=1)]
+
+
 async def test_the_watcher_with_no_owners_topic_yet_is_caught_up_at_once():
-    watcher = OwnerWatcher(Claims(), Consumer({"llmq.results"}, {}))
+    watcher = OwnerWatcher(Claims(), Consumer({"llmq.results"}, {}), "b")
     task = asyncio.create_task(watcher.run())
     await asyncio.wait_for(watcher.caught_up.wait(), 5)
     watcher.stop()
@@ -96,6 +116,6 @@ class NoJobs:
 
 
 async def test_the_driver_drives_nothing_before_the_claims_were_read():
-    watcher = OwnerWatcher(Claims(), Consumer(set(), {}))
+    watcher = OwnerWatcher(Claims(), Consumer(set(), {}), "b")
     driver = JobDriver(Settings(), NoJobs(), None, None, None, None, watcher)
     await driver.tick()  # no store call

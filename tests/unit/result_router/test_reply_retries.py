@@ -106,6 +106,18 @@ def test_giving_up_says_why_and_whether_the_topic_itself_failed():
     assert "MessageSizeTooLargeError" in too_large.reason
 
 
+def test_a_reply_the_acls_refuse_says_authorization_failed_not_does_not_exist():
+    """Issue 34, item 5: on a secure stack without the router's reply-topic ACLs every answer was dead-lettered as
+    "does not exist": the broker lists only the topics a principal may see, and refuses a write it may not make."""
+    refused = give_up("replies.acme", errors.TopicAuthorizationFailedError(), 1, 3)
+    assert "authorization failed" in refused.reason and "does not exist" not in refused.reason
+    clock = FakeClock()
+    secure = TopicView(clock, refresh_ms=1000, secure=True)
+    secure.update(set(), listed_ms=clock.now_ms())
+    assert "authorization failed" in secure.missing("replies.acme").reason
+    assert "authorization" not in TopicView(clock, refresh_ms=1000).missing("replies.acme").reason  # plaintext
+
+
 # --- which topics exist ----------------------------------------------------------------------------------------------
 
 

@@ -31,6 +31,11 @@ ConfigMap and the topics hook's inline env (the hook runs before the ConfigMap e
 {{- $_ := set $s "LLMQ_FILES_URL" ($v.files.url | default "/data/files") -}}
 {{- $_ := set $s "LLMQ_METRICS_PORT" (toString $v.metricsPort) -}}
 {{- $_ := set $s "LLMQ_METRICS_HOST" "0.0.0.0" -}}
+{{- if and $v.mirrorMaker.enabled $v.mirrorMaker.sources (not (hasKey $s "LLMQ_REGION_PEERS")) -}}
+{{- $peers := list -}}
+{{- range $v.mirrorMaker.sources }}{{ $peers = append $peers .region }}{{ end -}}
+{{- $_ := set $s "LLMQ_REGION_PEERS" (join "," $peers) -}}
+{{- end -}}
 {{- toYaml $s -}}
 {{- end -}}
 
