@@ -35,6 +35,7 @@ from llmq_core.constants import (
     TOPIC_RESULTS,
     ingress_topic,
 )
+from llmq_core.requests import echo
 from llmq_core.settings import IngressGrant, Settings, secret
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,8 @@ def is_valid_topic_name(name: str) -> bool:
 
 
 def reply_topic_prefixes(settings: Settings) -> tuple[str, ...]:
-    """``kafka_reply_topic_prefixes`` as a tuple; empty: any topic :func:`reply_topic_error` does not refuse."""
-    return tuple(p for p in (x.strip() for x in settings.kafka.reply_topic_prefixes.split(",")) if p)
+    """Settings.kafka.reply_topic_prefixes as a tuple; empty: any topic :func:`reply_topic_error` does not refuse."""
+    return settings.kafka.reply_prefixes()
 
 
 def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str | None:
@@ -74,13 +75,13 @@ def reply_topic_error(topic: str, allowed_prefixes: tuple[str, ...] = ()) -> str
     (``__*``), llmq's own topics (``llmq.*``: results there would poison its requests, batches or results), and, when
     ``allowed_prefixes`` is not empty, any topic outside them."""
     if not is_valid_topic_name(topic):
-        return f"reply_to.topic {topic[:300]!r} is not a valid Kafka topic name"
+        return f"reply_to.topic {echo(topic)} is not a valid Kafka topic name"
     if topic.startswith(KAFKA_INTERNAL_TOPIC_PREFIX):
-        return f"reply_to.topic {topic[:300]!r} is one of Kafka's internal topics"
+        return f"reply_to.topic {echo(topic)} is one of Kafka's internal topics"
     if topic.startswith(TOPIC_PREFIX):
-        return f"reply_to.topic {topic[:300]!r} is reserved for llmq itself (prefix {TOPIC_PREFIX!r})"
+        return f"reply_to.topic {echo(topic)} is reserved for llmq itself (prefix {TOPIC_PREFIX!r})"
     if allowed_prefixes and not topic.startswith(allowed_prefixes):
-        return f"reply_to.topic {topic[:300]!r} does not start with an allowed prefix ({', '.join(allowed_prefixes)})"
+        return f"reply_to.topic {echo(topic)} does not start with an allowed prefix ({', '.join(allowed_prefixes)})"
     return None
 
 

@@ -159,10 +159,9 @@ def kafka_acls(
 
 
 def ingress_reply_prefixes(grants: Mapping[str, IngressGrant]) -> dict[str, tuple[str, ...]]:
-    """Principal -> the reply-topic prefixes its ``LLMQ_KAFKA_INGRESS`` grant binds it to (a grant without any: the
-    shared ``LLMQ_KAFKA_REPLY_TOPIC_PREFIXES``, so it is left out). getattr: grants bind reply prefixes since issue
-    34 item 1; until that lands every producer reads under the shared prefixes."""
-    return {p: tuple(g.reply_topic_prefixes) for p, g in grants.items() if getattr(g, "reply_topic_prefixes", ())}
+    """Principal -> the reply-topic prefixes its ``LLMQ_KAFKA_INGRESS`` grant binds it to (settings fill in
+    ``<principal>.`` for a grant naming none; a grant built without any is left out)."""
+    return {p: g.reply_topic_prefixes for p, g in grants.items() if g.reply_topic_prefixes}
 
 
 def settings_acls(settings: Settings) -> list[KafkaAcl]:

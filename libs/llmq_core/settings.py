@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -113,8 +113,8 @@ def _problem(group: type[BaseSettings], error: Any) -> str:
 
 class IngressGrant(BaseModel):
     """What the records of one Kafka-direct producer's ingress topic speak for: one tenant, the classes it may use and
-    the reply topics it may name (``reply_topic_prefixes``; none given: ``<principal>.``, filled in by
-    :class:`KafkaSettings`)."""
+    the reply topics it may name (``reply_topic_prefixes``; none given: ``<principal>.`` under each shared prefix,
+    filled in by :class:`KafkaSettings`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     tenant_id: str = Field(min_length=1)
@@ -261,7 +261,8 @@ class KafkaSettings(Group):
         description='Kafka-direct producers, JSON: principal -> `{"tenant_id": ..., "classes": [...],'
         ' "reply_topic_prefixes": [...]}`; the batcher reads each one\'s topic `llmq.ingress.<principal>` (created by'
         " `llmq topics`) and answers a record claiming another tenant or class `errored` `tenant_not_allowed` /"
-        " `class_not_allowed`, one naming a reply topic outside its prefixes (default `<principal>.`) `errored`"
+        " `class_not_allowed`, one naming a reply topic outside its prefixes (default: `<principal>.` under each of"
+        " `LLMQ_KAFKA_REPLY_TOPIC_PREFIXES`) `errored`"
         " `invalid_reply_topic` (see docs/security.md).",
     )
     producer_linger_ms: int = Field(
@@ -291,6 +292,23 @@ class KafkaSettings(Group):
         " for every partition (a consumer subscribing before leaves the topic out for minutes).",
     )
 
+    def reply_prefixes(self) -> tuple[str, ...]:
+        """``reply_topic_prefixes`` as a tuple; empty: any topic ``kafka.reply_topic_error`` does not refuse."""
+        return tuple(p for p in (x.strip() for x in self.reply_topic_prefixes.split(",")) if p)
+
+    @model_validator(mode="after")
+    def _bind_reply_prefixes(self) -> KafkaSettings:
+        """A grant naming no reply topics gets its principal's own: ``<principal>.`` under each shared prefix (none
+        set: at the top), so its replies stay where the result-router may write."""
+        shared = self.reply_prefixes() or ("",)
+        self.ingress = {
+            principal: grant
+            if grant.reply_topic_prefixes
+            else grant.model_copy(update={"reply_topic_prefixes": tuple(f"{p}{principal}." for p in shared)})
+            for principal, grant in self.ingress.items()
+        }
+        return self
+
     @field_validator("ingress")
     @classmethod
     def _principals_name_topics(cls, value: dict[str, IngressGrant]) -> dict[str, IngressGrant]:
@@ -298,12 +316,7 @@ class KafkaSettings(Group):
         bad = [p for p in value if not _PRINCIPAL_RE.fullmatch(p)]
         if bad:
             raise ValueError(f"kafka ingress principals {bad} must be 1-200 characters of A-Z a-z 0-9 . _ -")
-        return {
-            principal: grant
-            if grant.reply_topic_prefixes
-            else grant.model_copy(update={"reply_topic_prefixes": (f"{principal}.",)})
-            for principal, grant in value.items()
-        }
+        return value
 
 
 class RedisSettings(Group):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from llmq_core import wire
+from llmq_core.requests import echo
 from llmq_core.settings import IngressGrant
 from llmq_core.status import ErrorCode, ErrorType
 
@@ -33,7 +34,7 @@ def reply_topic_refusal(topic: str, grant: IngressGrant) -> str | None:
     if topic.startswith(grant.reply_topic_prefixes):
         return None
     return (
-        f"reply_to.topic {topic[:300]!r} is not one of this producer's reply topics (prefixes: "
+        f"reply_to.topic {echo(topic)} is not one of this producer's reply topics (prefixes: "
         f"{', '.join(grant.reply_topic_prefixes)})"
     )
 
@@ -45,7 +46,7 @@ def refusal(request: wire.GenerationRequest, grant: IngressGrant) -> wire.ErrorI
             ErrorCode.TENANT_NOT_ALLOWED,
             "tenant_id",
             f"This ingress topic speaks for tenant {grant.tenant_id!r} only; the record claimed "
-            f"{request.tenant_id!r}. Set tenant_id to {grant.tenant_id!r}.",
+            f"{echo(request.tenant_id)}. Set tenant_id to {grant.tenant_id!r}.",
         )
     if request.traffic_class not in grant.classes:
         return _not_allowed(

@@ -7,6 +7,7 @@ import msgspec
 
 from llmq_batcher.policy import Answer
 from llmq_core import wire
+from llmq_core.requests import echo
 from llmq_core.status import ErrorCode, ErrorType
 
 
@@ -34,7 +35,7 @@ def reply_topic_refusal(reason: str) -> wire.ErrorInfo:
 def reused_id(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose first request's result cannot be replayed to it."""
     return _request_id_reused(
-        f"The request_id {request_id!r} was already used by another request, whose result is not stored (it "
+        f"The request_id {echo(request_id)} was already used by another request, whose result is not stored (it "
         f"is still running, its stored result is gone, or it was not a Kafka-direct request of this tenant). "
         f"Use a new request_id to run this request."
     )
@@ -44,7 +45,7 @@ def reused_id_other_parameters(request_id: str) -> wire.ErrorInfo:
     """The error of a re-produced ``request_id`` whose parameters differ from its first request's: a producer reused
     the id for another request, which must not get the first one's result."""
     return _request_id_reused(
-        f"The request_id {request_id!r} was already used by a request with different parameters (model, "
+        f"The request_id {echo(request_id)} was already used by a request with different parameters (model, "
         f"endpoint, prompt or messages, sampling); only an exact repeat gets its result. Use a new request_id "
         f"to run this request."
     )

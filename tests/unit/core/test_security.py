@@ -250,7 +250,7 @@ def test_a_secure_dev_stack_takes_reply_prefixes_from_the_settings_and_grants_th
     assert cfg.reply_topic_prefixes == ("replies.",) and cfg.ingress_principals == ("acme-svc",)
     acls = {(a.principal, a.resource, a.name, a.operation) for a in cfg.kafka_acls()}
     assert (security.ROLE_ROUTER, TOPIC, "replies.", WRITE) in acls
-    assert {("acme-svc", TOPIC, "replies.", READ), ("acme-svc", GROUP, "acme-svc", READ)} <= acls
+    assert {("acme-svc", TOPIC, "replies.acme-svc.", READ), ("acme-svc", GROUP, "acme-svc", READ)} <= acls
     assert cfg.env()["LLMQ_REGION_PEERS"] == "b"  # whose claims on batch jobs count there
 
 
