@@ -122,3 +122,13 @@ async def test_the_api_pods_topics_keep_trusting_the_records_tenant():
     request = record(tenant_id="victim", reply_to=wire.HttpReply(instance_id="api-0"))
     await loop.ingest(TopicPartition(NAMES.request_topics[0], 0), Record(offset=0, value=wire.encode(request)))
     assert loop.policy.queued_total == 1 and producer.sent == []
+
+
+async def test_an_ingress_record_reusing_an_http_request_id_runs_as_its_own_request():
+    """Issue 34 item 11: a record whose id an API pod's request held was dropped, unanswered and not dead-lettered
+    (the policy took it for that request's duplicate); Kafka-direct ids are tenant-scoped, so they never meet."""
+    loop, producer, _ = make_loop()
+    http = record("cmpl-local-0123", tenant_id="dev", reply_to=wire.HttpReply(instance_id="api-0"))
+    await loop.ingest(TopicPartition(NAMES.request_topics[0], 0), Record(offset=0, value=wire.encode(http)))
+    await put(loop, record("cmpl-local-0123"))
+    assert loop.policy.queued_total == 2 and producer.sent == []
