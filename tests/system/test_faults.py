@@ -21,9 +21,9 @@ from aiokafka import AIOKafkaProducer
 
 from llmq_bench.loadgen import wait_ready
 from llmq_cli.devstack import DevStack, StackConfig
-from llmq_core import constants, kafka, wire
+from llmq_core import constants, ids, kafka, wire
 from tests import ports
-from tests.system.faults.loadgen import Ending, HttpLoad, KafkaLoad, Tally
+from tests.system.faults.loadgen import KAFKA_TENANT, Ending, HttpLoad, KafkaLoad, Tally
 from tests.system.faults.report import FaultReport
 from tests.system.faults.stack import FaultStack, Tap
 
@@ -196,15 +196,16 @@ async def test_result_router_kill9_and_restart_delivers_every_reply_and_stored_r
     http = await http_load.stop()
     replies = await kafka_load.stop(settle_s=30)
 
-    ids = [r.request_id for r in http.records if r.ending is Ending.ONCE] + list(kafka_load.sent)
-    missing = await unstored(stack, ids, wait_s=15)
+    kafka_ids = [ids.tenant_scoped_id(KAFKA_TENANT, request_id) for request_id in kafka_load.sent]
+    stored_ids = [r.request_id for r in http.records if r.ending is Ending.ONCE] + kafka_ids
+    missing = await unstored(stack, stored_ids, wait_s=15)
     both = Tally([*http.records, *replies.records])
     REPORT.record_split(
         "result-router kill -9, restart",
         both,
         killed_s,
         healed_s,
-        note=f"{len(replies)} Kafka replies and {len(ids)} stored results checked",
+        note=f"{len(replies)} Kafka replies and {len(stored_ids)} stored results checked",
     )
     all_answered(replies)
     all_answered(http)

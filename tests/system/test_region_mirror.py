@@ -17,7 +17,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from llmq_core import constants, kafka, security, wire
+from llmq_core import constants, ids, kafka, security, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
 from tests import ports
@@ -153,7 +153,7 @@ async def test_a_direct_request_finished_in_a_and_resent_to_b_gets_as_stored_ans
     redis = make_redis(b)
     try:  # a's result, mirrored as a.llmq.results, stored and claimed by b's result-router
         async with asyncio.timeout(120):
-            while not await redis.exists(constants.request_copy_key(request_id)):
+            while not await redis.exists(constants.request_copy_key(ids.tenant_scoped_id("team-a", request_id))):
                 await asyncio.sleep(0.2)
     finally:
         await redis.aclose()
@@ -161,7 +161,7 @@ async def test_a_direct_request_finished_in_a_and_resent_to_b_gets_as_stored_ans
     assert again["choices"] == first["choices"] and again["usage"] == first["usage"]
     assert again["request_copy"].startswith(topic)  # the re-sent record in b, answered from a's result
     results = [wire.decode_record(r.value, r.headers) for r in await read_all(b, constants.TOPIC_RESULTS)]
-    in_b = [r for r in results if r.request_id == request_id]
+    in_b = [r for r in results if ids.producer_request_id(r.request_id) == request_id]
     assert len(in_b) == 1 and in_b[0].request_copy  # b answered the copy from a's result; nothing ran in b
 
 

@@ -259,6 +259,9 @@ def _judge(text: str, expected: str) -> dict:
     return {"ending": Ending.WRONG, "detail": f"expected {expected!r}, got {text!r}"}
 
 
+KAFKA_TENANT = "kafka-producer"  # whose Kafka-direct ids KafkaLoad's are (stored tenant-scoped: ids.tenant_scoped_id)
+
+
 @dataclass(eq=False)
 class KafkaLoad:
     """Produces GenerationRequests with ``reply_to=KafkaReply(reply_topic)`` at ``rate_per_s`` (an internal producer)
@@ -340,7 +343,7 @@ class KafkaLoad:
         now_ms = int(time.time() * 1000)
         request = wire.GenerationRequest(
             request_id=request_id,
-            tenant_id="kafka-producer",
+            tenant_id=KAFKA_TENANT,
             model="llmq-sim",
             prompt=prompt,
             sampling=wire.SamplingParams(max_tokens=self.max_tokens),
