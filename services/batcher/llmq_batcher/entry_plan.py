@@ -136,20 +136,19 @@ def plan_arrival(
         return DeadLetter(reason, ingress_reason=ingress.REPLY_NOT_KAFKA)
     if not isinstance(message.reply_to, wire.KafkaReply):
         return plan_checked(message, rules, now_ms)
-    claimed = ingress.speaking_for(message, grant) if grant is not None else message
-    attributed = claimed if grant is None else msgspec.structs.replace(claimed, tenant_id=grant.tenant_id)
+    attributed = message if grant is None else msgspec.structs.replace(message, tenant_id=grant.tenant_id)
     try:  # the claimed tenant gets nothing: not even an id of its own taken
-        message = scoped(attributed)
+        request = scoped(attributed)
     except ValueError as exc:
         return DeadLetter(str(exc))
-    topic = message.reply_to.topic
+    topic = request.reply_to.topic
     if (reason := kafka.reply_topic_error(topic, reply_prefixes)) is not None:
-        return Refuse(message, reply_topic_refusal(reason))
+        return Refuse(request, reply_topic_refusal(reason))
     if grant is not None and (reason := ingress.reply_topic_refusal(topic, grant)) is not None:
-        return Refuse(message, reply_topic_refusal(reason), ingress_reason=ErrorCode.INVALID_REPLY_TOPIC.value)
-    if grant is not None and (error := ingress.refusal(claimed, grant)) is not None:
-        return Refuse(message, error, ingress_reason=error.code or "")
-    return Claim(message, position, requests.fingerprint(message))
+        return Refuse(request, reply_topic_refusal(reason), ingress_reason=ErrorCode.INVALID_REPLY_TOPIC.value)
+    if grant is not None and (error := ingress.refusal(message, grant)) is not None:
+        return Refuse(request, error, ingress_reason=error.code or "")
+    return Claim(request, position, requests.fingerprint(request))
 
 
 def scoped(request: wire.GenerationRequest) -> wire.GenerationRequest:

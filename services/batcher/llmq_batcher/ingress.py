@@ -11,21 +11,12 @@ not a Kafka topic is dead-lettered: HTTP pods and batch jobs hold only what llmq
 
 from __future__ import annotations
 
-import msgspec
-
 from llmq_core import wire
 from llmq_core.requests import echo
 from llmq_core.settings import IngressGrant
 from llmq_core.status import ErrorCode, ErrorType
 
 REPLY_NOT_KAFKA = "reply_not_kafka"  # metric reason of an ingress record dead-lettered for its reply kind
-
-
-def speaking_for(request: wire.GenerationRequest, grant: IngressGrant) -> wire.GenerationRequest:
-    """``request`` with the grant's tenant when it names none (the tenant comes from the producer's principal)."""
-    if request.tenant_id != wire.DEFAULT_TENANT_ID:
-        return request
-    return msgspec.structs.replace(request, tenant_id=grant.tenant_id)
 
 
 def reply_topic_refusal(topic: str, grant: IngressGrant) -> str | None:
@@ -41,7 +32,7 @@ def reply_topic_refusal(topic: str, grant: IngressGrant) -> str | None:
 
 def refusal(request: wire.GenerationRequest, grant: IngressGrant) -> wire.ErrorInfo | None:
     """Why the ingress record ``request`` may not run for the producer ``grant`` describes; None when it may."""
-    if request.tenant_id != grant.tenant_id:
+    if request.tenant_id not in (grant.tenant_id, wire.DEFAULT_TENANT_ID):  # naming none: the grant's
         return _not_allowed(
             ErrorCode.TENANT_NOT_ALLOWED,
             "tenant_id",
