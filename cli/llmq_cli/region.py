@@ -3,7 +3,8 @@
 
 - ``failover --from a``: take over region a's unfinished jobs from a's job topics mirrored here (an operator's
   decision, not a detector's: a region cut off by a partition keeps running, and only a person who knows it is lost,
-  or fenced, should move its jobs);
+  or fenced, should move its jobs); refused (exit 2) while a's inbound MirrorMaker 2 (b -> a) does not beat, since a
+  would not learn of the takeover and would keep running the jobs, unless ``--force`` (a is lost, or fenced);
 - ``failover --from b --failback``: in region a once it is back and its mirror of b has caught up: take back the jobs
   b took over (the highest claim moves to a; b stops at its next step);
 - ``reruns --from a``: lines of the jobs taken over from a that ran in both regions;
@@ -24,7 +25,7 @@ from llmq_core import ids, kafka
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings, load_settings
-from llmq_jobs import regions
+from llmq_jobs import heartbeats, regions
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog, JobTopics, read_topics
 from llmq_jobs.store import JobStore
@@ -69,11 +70,18 @@ def failover(
         ..., "--from", callback=_region_name, help="The region whose jobs to take over (lost, or fenced)."
     ),
     failback: bool = typer.Option(False, help="Take back only the jobs this region owned before (fail-back)."),
+    force: bool = typer.Option(
+        False, help="Go ahead although --from's inbound MirrorMaker 2 does not beat (the region is lost, or fenced)."
+    ),
 ) -> None:
     """Take over the jobs whose owner is region --from, from its job topics mirrored here (<from>.llmq.jobs.*); prints
-    one JSON line per job (batch_id, status, epoch, settled, to_run), then taken_over, from and the seconds it took."""
+    one JSON line per job (batch_id, status, epoch, settled, to_run), then taken_over, from and the seconds it took.
+    Refused (exit 2) while the newest heartbeat of --from's inbound MirrorMaker 2 is older than
+    LLMQ_REGION_FAILOVER_HEARTBEAT_MAX_AGE_S, or missing, unless --force."""
 
     settings = _settings_of_other_region(source)
+    if not force:
+        _require_inbound_mirror(settings, source)
 
     async def go() -> list[regions.Takeover]:
         await kafka.ensure_topics(settings)
@@ -85,6 +93,28 @@ def failover(
     for job in taken:
         typer.echo(json.dumps(asdict(job)))
     typer.echo(json.dumps({"taken_over": len(taken), "from": source, "seconds": round(time.monotonic() - started, 3)}))
+
+
+def _require_inbound_mirror(settings: Settings, peer: str) -> None:
+    """Refuse (exit 2) a failover whose source would not learn of it: its inbound mirror (this region -> peer) has
+    not beaten lately, as its heartbeats mirrored back here say (:mod:`llmq_jobs.heartbeats`)."""
+    topic = heartbeats.heartbeats_topic(peer)
+    seen = asyncio.run(heartbeats.heartbeats_ms(settings, topic, settings.region.name, peer))
+    verdict = heartbeats.decide(
+        seen,
+        SYSTEM_CLOCK.now_ms(),
+        int(settings.region.failover_heartbeat_max_age_s * 1000),
+        flow=f"{settings.region.name}->{peer}",
+        topic=topic,
+    )
+    if not verdict.allowed:
+        typer.echo(
+            f"refused: {verdict.reason}: region {peer!r} would not learn of the takeover and would keep running its"
+            f" jobs. Start its inbound MirrorMaker 2 and wait for it to catch up, or pass --force if {peer!r} is lost"
+            " or fenced off.",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 @region_app.command("reruns")

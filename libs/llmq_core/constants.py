@@ -34,6 +34,8 @@ TOPIC_JOBS_PREFIX: Final = (
     "llmq.jobs."  # batch-job state: mirrored to the peer region (docs/operations/multi-region.md)
 )
 TOPIC_PREFIX: Final = "llmq."  # every llmq topic: never a reply topic
+# MirrorMaker 2's heartbeats (each flow into a cluster writes its own there; mirrored to the peer as <region>.heartbeats)
+TOPIC_MM2_HEARTBEATS: Final = "heartbeats"
 KAFKA_INTERNAL_TOPIC_PREFIX: Final = "__"  # Kafka's own topics (__consumer_offsets, __transaction_state)
 
 

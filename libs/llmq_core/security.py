@@ -59,7 +59,7 @@ OPERATION_NAMES = {
 }
 # MirrorMaker 2's own topics: Connect's mm2-offsets/-configs/-status.<source>.internal, mm2-offset-syncs.<target>.internal
 MM2_TOPIC_PREFIX = "mm2-"
-MM2_HEARTBEATS_TOPIC = "heartbeats"
+MM2_HEARTBEATS_TOPIC = constants.TOPIC_MM2_HEARTBEATS
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,6 +172,15 @@ class RegionSettings(Group):
         "jobs (their mirrored `<peer>.llmq.jobs.owners`) count here and that `llmq region failover` takes jobs from; "
         "a claim of any other region is ignored ([multi-region](operations/multi-region.md)).",
     )
+    failover_heartbeat_max_age_s: float = Field(
+        15.0,
+        gt=0,
+        description="`llmq region failover --from <peer>` refuses (unless `--force`) when the newest heartbeat of "
+        "the peer's inbound MirrorMaker 2 (this region -> peer, emitted every second and mirrored back here as "
+        "`<peer>.heartbeats`) is older than this, or missing: the peer would not learn of the takeover and would "
+        "keep running its jobs. Covers the heartbeat interval, the replication lag both ways and the clock skew "
+        "between the regions ([multi-region](operations/multi-region.md)).",
+    )
 
     @field_validator("name")
     @classmethod

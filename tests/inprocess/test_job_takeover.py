@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
+import time
 import uuid
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
+from typer.testing import CliRunner
 
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.batches import BatchJobs
 from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.ratelimit import RateLimiter
+from llmq_cli.main import app
 from llmq_core import constants, kafka, wire
 from llmq_core.clock import FakeClock
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
-from llmq_jobs import jobs, regions
+from llmq_jobs import heartbeats, jobs, regions
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog, JobTopics, read_topics
 from llmq_jobs.jobs import JobOwner
@@ -325,3 +329,51 @@ async def test_a_result_that_lost_the_race_to_settle_its_line_is_not_the_one_the
     logged = (await read_topics(a.settings, a.topics, kinds=("ledger",))).results[batch_id]
     assert logged == {r.reply_to.custom_id: r async for r in a.store.ledger.scan_results(batch_id)}
     assert list(logged) == ["line-0"] and logged["line-0"].outcome is wire.Outcome.SUCCEEDED
+
+
+def heartbeat(source: str, target: str, at_ms: int) -> tuple[bytes, bytes]:
+    """A heartbeat record as MirrorMaker 2 writes it (key: the two aliases; value: version 0, epoch ms)."""
+    key = b"".join(struct.pack(">h", len(alias)) + alias.encode() for alias in (source, target))
+    return key, struct.pack(">hq", 0, at_ms)
+
+
+async def test_a_failover_is_refused_while_the_sources_inbound_mirror_does_not_beat_unless_forced(
+    settings, monkeypatch
+):
+    lost, here = f"rc{RUN}", f"rd{RUN}"  # regions with no jobs mirrored: a forced failover takes none
+    base = settings.redis.url.rsplit("/", 1)[0]
+    env = {"LLMQ_REGION": here, "LLMQ_REGION_PEERS": lost, "LLMQ_REDIS_URL": f"{base}/{B_DB}"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    async def failover(*flags: str):
+        return await asyncio.to_thread(CliRunner().invoke, app, ["region", "failover", "--from", lost, *flags])
+
+    refused = await failover()  # nothing of lost's cluster has reached here
+    assert refused.exit_code == 2
+    assert f"no heartbeat of MirrorMaker 2 {here}->{lost} in {lost}.heartbeats" in refused.output
+    assert "--force" in refused.output
+
+    topic = heartbeats.heartbeats_topic(lost)
+    await kafka.create_topic(settings, topic)
+    producer = kafka.make_producer(settings)
+    await producer.start()
+    try:
+        now_ms = int(time.time() * 1000)
+        for source, target, at_ms in [(here, lost, now_ms - 60_000), ("other", lost, now_ms), (lost, here, now_ms)]:
+            key, value = heartbeat(source, target, at_ms)
+            await producer.send_and_wait(topic, value, key=key)
+        stale = await failover()  # the inbound mirror stopped a minute ago; other flows' beats do not count
+        assert stale.exit_code == 2
+        assert f"heartbeat of MirrorMaker 2 {here}->{lost} in {topic} is 6" in stale.output
+
+        forced = await failover("--force")
+        assert forced.exit_code == 0, forced.output
+        assert json.loads(forced.stdout.splitlines()[-1])["taken_over"] == 0
+
+        key, value = heartbeat(here, lost, int(time.time() * 1000))
+        await producer.send_and_wait(topic, value, key=key)
+        beating = await failover()
+        assert beating.exit_code == 0, beating.output
+    finally:
+        await producer.stop()

@@ -1,8 +1,8 @@
 """A batch job survives the loss of its region (docs/operations/multi-region.md): regions a and b on this machine with
 MirrorMaker 2 both ways (``two_regions``); a 2,000-line llmq-sim job submitted in a; at about 30% done every process
 of a is SIGKILLed (Kafka, Redis, services, the MirrorMaker 2 copying b into a) and a's file store is made unreadable;
-``llmq region failover --from a`` in b; b finishes the job under the same batch id with every custom_id exactly once
-across its output and error files. Measured and printed: the replication lag of the job's ledger a -> b (RPO p99),
+``llmq region failover --from a --force`` in b (a is lost: its inbound mirror beats no more); b finishes the job
+under the same batch id with every custom_id exactly once across its output and error files. Measured and printed: the replication lag of the job's ledger a -> b (RPO p99),
 the time from the failover command to b's first progress on the job (RTO), the executions from what survives, and,
 once a is back, the lines both regions ran (reruns). Then the fail-back: a takes the job back
 (``llmq region failover --from b --failback``) and serves the same 2,000 lines once each."""
@@ -135,7 +135,7 @@ async def test_a_job_survives_the_loss_of_its_region_and_fails_back(regions, tmp
     await follower
 
     started = time.monotonic()
-    [taken, summary] = region_command(b, "failover", "--from", a.cfg.region)
+    [taken, summary] = region_command(b, "failover", "--from", a.cfg.region, "--force")  # a is lost
     assert (taken["batch_id"], taken["epoch"], summary["taken_over"]) == (job.id, 1, 1)
 
     async def progressed(batch) -> bool:
