@@ -15,7 +15,8 @@ The rules follow what the code reads and writes:
   batch-job lines to llmq.requests.deferred, dead letters, every job topic; publishes replies.
 - Kafka-direct producer P: writes llmq.ingress.P; reads its reply topics (under its prefixes) in group P.
 - router, multi-region: also consumes each peer region's mirrored ``<peer>.llmq.results`` (group
-  llmq-result-router-peers) and reads ``<peer>.llmq.jobs.owners`` (no group: fencing of batch jobs).
+  llmq-result-router-peers) and reads ``<peer>.llmq.jobs.owners`` (no group: fencing of batch jobs) and
+  ``<peer>.llmq.jobs.specs`` / ``.ledger`` (no group: its view of the jobs moved to the peer).
 - admin: super user, used only by ``llmq topics`` / ``llmq dev create-topic`` and operators.
 - mm2: MirrorMaker 2 (docs/operations/multi-region.md), on every cluster of a region with peers: as the source of a flow it
   reads llmq.jobs.* and llmq.results and describes llmq's groups (checkpoints); as the target it creates and writes
@@ -137,8 +138,10 @@ def kafka_acls(
     every_reply_prefix = dict.fromkeys((*shared, *(x for p in principals for x in own_prefixes[p])))
     topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in every_reply_prefix]
     topics[ROLE_ROUTER] += [(constants.remote_topic(peer, constants.TOPIC_RESULTS), False, (READ,)) for peer in peers]
-    owners = constants.job_topic("owners")  # fencing: the claims on jobs of each peer (llmq_result_router.owners)
-    topics[ROLE_ROUTER] += [(constants.remote_topic(peer, owners), False, (READ,)) for peer in peers]
+    # fencing: the claims on jobs of each peer (llmq_result_router.owners); the view of the jobs moved to a peer: its
+    # records and ledger (llmq_result_router.moved)
+    followed = [constants.job_topic(kind) for kind in ("owners", "specs", "ledger")]
+    topics[ROLE_ROUTER] += [(constants.remote_topic(peer, t), False, (READ,)) for peer in peers for t in followed]
     for principal in principals:
         topics[principal] = [(constants.ingress_topic(principal), False, (WRITE,))]
         topics[principal] += [(prefix, True, (READ,)) for prefix in own_prefixes[principal]]

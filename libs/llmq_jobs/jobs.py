@@ -217,6 +217,7 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     errors: list[LineError] = []
     cursor: int = 0
     end_ms: int = 0  # when the cancel or the window's end began to be enforced (epoch ms); 0 before
+    owner_region: str = ""  # the region of the highest claim known (the one driving it); "" when none is recorded
 
     def count(self, name: str) -> int:
         return self.counts.get(name, 0)

@@ -8,6 +8,7 @@ API pod's BatchFiles and BatchJobs create the job in A, the result-router's JobD
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 import time
@@ -34,6 +35,7 @@ from llmq_jobs.jobs import JobOwner
 from llmq_jobs.store import JobStore
 from llmq_result_router import jobpolicy
 from llmq_result_router.jobs import JobDriver, JobLedger
+from llmq_result_router.moved import MovedJobs
 from llmq_result_router.owners import OwnerWatcher
 from tests.inprocess.test_batch_jobs_ledger import RETRYABLE, TENANT, RecordingProducer, _Source, line, result_for
 
@@ -258,6 +260,79 @@ async def test_a_job_is_logged_taken_over_fenced_and_rebuilt(settings, regions_p
     assert await b.store.owners.owner(batch_id) == B
 
 
+@contextlib.asynccontextmanager
+async def following(settings: Settings, region: Region, peer: str):
+    """``region``'s result-router parts that follow the peer's mirrored topics: the owner watcher (fencing) and the
+    view of the jobs moved to the peer, running until the block ends."""
+    consumers = [kafka.make_consumer(settings, group_id=None, auto_offset_reset="earliest") for _ in range(2)]
+    for consumer in consumers:
+        await consumer.start()
+    moved = MovedJobs(region.settings, region.store, region.files, consumers[0], (peer,))
+    watcher = OwnerWatcher(region.store, consumers[1], region.name, (peer,), moved.moved)
+    tasks = [asyncio.create_task(part.run()) for part in (moved, watcher)]
+    try:
+        yield
+    finally:
+        for part in (moved, watcher):
+            part.stop()
+        await asyncio.gather(*tasks)
+        for consumer in consumers:
+            await consumer.stop()
+
+
+async def until(condition, timeout_s: float = 30) -> None:
+    """Wait until ``await condition()`` holds (the followers apply what is mirrored in the background)."""
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
+            await asyncio.sleep(0.05)
+
+
+async def test_the_old_regions_view_of_a_moved_job_follows_the_new_owner_to_its_end(settings, regions_pair):
+    a, b = regions_pair
+    custom_ids = [f"line-{i}" for i in range(10)]
+    batch_id = await a.create(custom_ids)
+    await a.driver.tick()
+    await a.answer_all()
+    await mirror(settings, a, skip_last=1)
+    await regions.take_over(b.settings, b.store, b.files, b.store.log, A, b.clock)
+    # A, alive and not yet knowing, settles 4 more lines; B runs the unsettled lines among the first ones it reads
+    await a.driver.tick()
+    assert len(await a.answer_all()) == 4
+    for _ in range(2):
+        await b.driver.tick()
+        await b.answer_all()
+    settled = (await a.view(batch_id))["batch"]["request_counts"]["completed"], len((await b.state(batch_id))[3])
+    await mirror(settings, b, kinds=("specs", "ledger"))  # B's progress may reach A before its claim does
+
+    async def same_progress() -> bool:
+        mine, theirs = await a.view(batch_id), await b.view(batch_id)
+        return (mine["batch"], mine["counts"]) == (theirs["batch"], theirs["counts"])
+
+    async with following(settings, a, B):
+        await mirror(settings, b, kinds=("owners",))
+        await until(same_progress)  # A shows B's progress, not its own 8 settled lines
+        view = await a.view(batch_id)
+        assert (view["batch"]["status"], view["batch"]["llmq"]["owner_region"]) == (jobs.IN_PROGRESS, B)
+        assert settled[0] == 8 and view["batch"]["request_counts"] == {
+            "total": 10,
+            "completed": settled[1],
+            "failed": 0,
+        }
+        assert view["files"] == (await b.view(batch_id))["files"]
+
+        await b.run_to_end(batch_id)
+        await mirror(settings, b, kinds=("specs", "ledger"))
+
+        async def ended_alike() -> bool:
+            return await a.view(batch_id) == await b.view(batch_id)
+
+        await until(ended_alike)  # status, times, counts, usage, output and error files, expiry: B's
+    view = await a.view(batch_id)
+    assert (view["batch"]["status"], view["batch"]["llmq"]["owner_region"]) == (jobs.COMPLETED, B)
+    assert sorted(await a.output_ids(batch_id)) == custom_ids
+    assert batch_id not in await a.store.jobs.active_jobs()
+
+
 async def test_a_rebuilt_view_of_a_running_job_is_the_same(settings, regions_pair):
     a, _ = regions_pair
     batch_id = await a.create([f"line-{i}" for i in range(6)])
@@ -286,12 +361,17 @@ async def test_an_ended_jobs_rebuilt_view_equals_the_one_before_field_by_field(s
     counts = before["batch"]["request_counts"], before["batch"]["llmq"]
     assert counts == (
         {"total": 7, "completed": 5, "failed": 2},
-        {"succeeded": 5, "errored": 2, "canceled": 0, "expired": 0, "retried": 4, "dead_letters": 1},
+        {"succeeded": 5, "errored": 2, "canceled": 0, "expired": 0, "retried": 4, "dead_letters": 1, "owner_region": A},
     )
     assert before["batch"]["usage"]["total_tokens"] > 0 and before["expiry"] is not None
     await a.redis.flushdb()
     await regions.rebuild(a.settings, a.store, a.files, own=a.topics)
     assert await a.view(batch_id) == before
+
+
+def owned_by(view: dict, region: str) -> dict:
+    """``view`` as it reads with ``region`` owning the job."""
+    return {**view, "batch": {**view["batch"], "llmq": {**view["batch"]["llmq"], "owner_region": region}}}
 
 
 async def test_an_ended_job_taken_over_and_failed_back_keeps_its_view_through_a_rebuild(settings, regions_pair):
@@ -302,7 +382,7 @@ async def test_an_ended_job_taken_over_and_failed_back_keeps_its_view_through_a_
     await mirror(settings, a)
     taken = await regions.take_over(b.settings, b.store, b.files, b.store.log, A, b.clock)
     assert [(t.status, t.settled) for t in taken if t.batch_id == batch_id] == [(jobs.COMPLETED, 4)]
-    assert await b.view(batch_id) == before
+    assert await b.view(batch_id) == owned_by(before, B)  # the same, but the region that owns it now
     await mirror(settings, b)
     back = await regions.take_over(a.settings, a.store, a.files, a.store.log, B, a.clock, failback=True)
     assert [t.epoch for t in back if t.batch_id == batch_id] == [2]

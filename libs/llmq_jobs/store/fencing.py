@@ -62,6 +62,11 @@ class Owners:
         region = await self.redis.hget(constants.job_key(batch_id), "owner_region")
         return region.decode() if region else None
 
+    async def claim(self, batch_id: str) -> JobOwner | None:
+        """The highest claim on the job known here (region and epoch); None when none is recorded."""
+        region, epoch = await self.redis.hmget(constants.job_key(batch_id), ["owner_region", "owner_epoch"])
+        return None if not region else JobOwner(batch_id=batch_id, region=region.decode(), epoch=int(epoch or 0))
+
     async def raise_owner(self, claim: JobOwner) -> bool:
         """Record ``claim`` as the job's owner if it outranks the one known (the job must be in this Redis)."""
         return bool(await self._claim(keys=[constants.job_key(claim.batch_id)], args=[claim.region, claim.epoch]))

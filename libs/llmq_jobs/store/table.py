@@ -37,6 +37,35 @@ return 1
 """
 
 
+# KEYS: job, lines, results. ARGV: terminal statuses (comma-separated), replace ('1': the triples are the whole
+# ledger, every other line reads pending round 0), status ('' keeps it), end_ms, then n and n (name, value) pairs of
+# hash fields (times and counters), then (custom_id, state, result ('' drops it)) triples. A job not here, or ended
+# here, is left alone (0): an ended view is final, and a late writer must not bring its ledger back.
+_MIRROR_VIEW = """
+local now = redis.call('HGET', KEYS[1], 'status')
+if not now then return 0 end
+for status in string.gmatch(ARGV[1], '[^,]+') do if status == now then return 0 end end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'status', ARGV[3], 'end_ms', ARGV[4]) end
+local n = tonumber(ARGV[5])
+for i = 6, 5 + 2 * n, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local given = {}
+for i = 6 + 2 * n, #ARGV, 3 do
+  given[ARGV[i]] = true
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  if ARGV[i + 2] == '' then redis.call('HDEL', KEYS[3], ARGV[i]) else redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 2]) end
+end
+if ARGV[2] == '1' then
+  for _, custom_id in ipairs(redis.call('HKEYS', KEYS[2])) do
+    if not given[custom_id] then
+      redis.call('HSET', KEYS[2], custom_id, 'p0')
+      redis.call('HDEL', KEYS[3], custom_id)
+    end
+  end
+end
+return 1
+"""
+
+
 class JobTable:
     """The jobs' records and their life: create, read, list, move status, retire, delete, restore. ``quotas``: the
     tenants' result-byte counters a retired job gives its reservation back to. Methods raise redis errors as they
@@ -47,6 +76,7 @@ class JobTable:
         self.log = log
         self.quotas = quotas
         self._move_status = redis.register_script(_MOVE_STATUS)
+        self._mirror_view = redis.register_script(_MIRROR_VIEW)
 
     async def create_job(
         self,
@@ -134,6 +164,35 @@ class JobTable:
                 JobRecord(spec=job.spec, status=job.status, times=job.times, end_ms=job.end_ms, errors=job.errors)
             )
         return moved
+
+    async def mirror_view(
+        self,
+        batch_id: str,
+        record: JobRecord | None,
+        counts: Mapping[str, int],
+        results: Mapping[str, wire.FinalResult | None],
+        *,
+        replace: bool = False,
+    ) -> bool:
+        """Show here a job that another region drives now, as that region's job topics have it: ``record`` its latest
+        record (status, times, end; None: none mirrored yet, or an ended one, which :func:`llmq_jobs.regions.restore`
+        writes once its ledger is complete), ``counts`` its counters (:func:`jobs.result_counts` of its ledger),
+        ``results`` the lines' results that changed (None: not settled there); ``replace``: ``results`` is its whole
+        ledger, so every other line reads pending. Not logged (this region's job topics keep what it did itself), and
+        the driven set is left alone. False (nothing written) for a job not here or ended here."""
+        args: list = [",".join(sorted(jobs.TERMINAL_STATUSES)), "1" if replace else "0"]
+        args += ["", ""] if record is None else [record.status, record.end_ms]
+        fields = {name: counts.get(name, 0) for name in jobs.COUNTERS if name != "produced"}
+        if record is not None:
+            fields |= {f"at:{name}": at for name, at in record.times.items()}
+        args.append(len(fields))
+        for name, value in fields.items():
+            args += [name, value]
+        for custom_id, result in results.items():
+            state = jobs.pending(0) if result is None else jobs.OUTCOME_STATE[result.outcome]
+            args += [custom_id, state, b"" if result is None else wire.encode(result)]
+        keys = [constants.job_key(batch_id), constants.job_lines_key(batch_id), constants.job_results_key(batch_id)]
+        return bool(await self._mirror_view(keys=keys, args=args))
 
     async def active_jobs(self) -> list[str]:
         return [m.decode() for m in await self.redis.smembers(constants.ACTIVE_JOBS_KEY)]
@@ -246,4 +305,5 @@ def _view(fields: Mapping[bytes, bytes]) -> JobView | None:
         errors=msgspec.json.decode(text.get("errors", b"[]"), type=list[LineError]),
         cursor=int(text.get("cursor", 0)),
         end_ms=int(text.get("end_ms", 0)),
+        owner_region=text.get("owner_region", b"").decode(),
     )

@@ -18,6 +18,7 @@ from llmq_jobs.joblog import JobLog
 from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
+from llmq_result_router.moved import MovedJobs
 from llmq_result_router.owners import OwnerWatcher
 from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 
@@ -45,13 +46,18 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     owners_consumer = kafka.make_consumer(
         settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
     )  # the claims on jobs (fencing across regions)
-    await runtime.start(stack, producer, consumer, owners_consumer)
+    moved_consumer = kafka.make_consumer(
+        settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+    )  # the peers' job topics: this region's view of the jobs they took over
+    await runtime.start(stack, producer, consumer, owners_consumer, moved_consumer)
     store = JobStore(redis, log=JobLog(producer))
-    owners = OwnerWatcher(store, owners_consumer, settings.region.name, settings.region.peer_regions)
+    files = FileStore(settings.jobs.files_url)
+    moved = MovedJobs(settings, store, files, moved_consumer, settings.region.peer_regions)
+    owners = OwnerWatcher(store, owners_consumer, settings.region.name, settings.region.peer_regions, moved.moved)
     router = ResultRouter(
         settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
     )
-    driver = JobDriver(settings, store, FileStore(settings.jobs.files_url), producer, redis, SYSTEM_CLOCK, owners)
+    driver = JobDriver(settings, store, files, producer, redis, SYSTEM_CLOCK, owners)
     peer_consumer = kafka.make_consumer(
         settings, group_id=constants.GROUP_PEER_RESULTS, metadata_max_age_ms=PEER_TOPICS_REFRESH_MS
     )
@@ -63,10 +69,11 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
         router.stop()
         driver.stop()
         owners.stop()
+        moved.stop()
         peers.stop()
 
     return runtime.Work(
-        tasks=[router.run(), driver.run(), owners.run(), peers.run()],
+        tasks=[router.run(), driver.run(), owners.run(), moved.run(), peers.run()],
         stop=stop,
         grace_s=settings.runtime.shutdown_grace_s,
         helpers=[observed.lag.watch(consumer, constants.GROUP_RESULT_ROUTER)],

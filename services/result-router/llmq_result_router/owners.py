@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -16,50 +17,44 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from llmq_jobs.joblog import owners_topics
 from llmq_jobs.jobs import JobOwner
 from llmq_jobs.store import JobStore
+from llmq_result_router.following import POLL_MS, Follower
 
 log = logging.getLogger(__name__)
 
-TOPICS_REFRESH_MS = 5000  # how often new mirrored owners topics are looked for
-POLL_MS = 500
 
-
-class OwnerWatcher:
+class OwnerWatcher(Follower):
     """Follows the owners topics on this cluster (``region``'s own and each of ``peers``' mirrored one) into the
-    Redis view; ``caught_up`` is set once it read each one it found at start to the end it had then."""
+    Redis view; ``caught_up`` is set once it read each one it found at start to the end it had then. ``moved`` is
+    called with each claim of a peer that outranked the one known here (the job moved there)."""
 
-    def __init__(self, store: JobStore, consumer: AIOKafkaConsumer, region: str, peers: tuple[str, ...] = ()) -> None:
+    what = "job owners topics"
+
+    def __init__(
+        self,
+        store: JobStore,
+        consumer: AIOKafkaConsumer,
+        region: str,
+        peers: tuple[str, ...] = (),
+        moved: Callable[[JobOwner], None] = lambda claim: None,
+    ) -> None:
+        super().__init__(consumer)
         self.store = store
-        self.consumer = consumer  # no group: every router reads every claim
         self.region = region
         self.peers = peers
+        self.moved = moved
         self.caught_up = asyncio.Event()
         self._topics: dict[str, str] = {}  # topic -> the region its claims must name
         self._ends: dict[TopicPartition, int] = {}
-        self._stopping = asyncio.Event()
 
-    def stop(self) -> None:
-        self._stopping.set()
-
-    async def run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await self._follow()
-            except Exception:
-                log.exception("following the job owners topics failed; again")
-                await asyncio.sleep(POLL_MS / 1000)
-
-    async def _follow(self) -> None:
-        loop = asyncio.get_running_loop()
-        refreshed = 0.0
-        while not self._stopping.is_set():
-            if loop.time() - refreshed >= TOPICS_REFRESH_MS / 1000:
-                refreshed = loop.time()
-                await self._assign(owners_topics(await self.consumer.topics(), self.region, self.peers))
-            await self._poll()
-            if not self.caught_up.is_set() and await self._reached_ends():
-                self.caught_up.set()
+    async def _refresh(self, existing: set[str]) -> None:
+        await self._assign(owners_topics(existing, self.region, self.peers))
 
     async def _poll(self) -> None:
+        await self._apply_claims()
+        if not self.caught_up.is_set() and await self._reached_ends():
+            self.caught_up.set()
+
+    async def _apply_claims(self) -> None:
         """Apply the claims that arrived; with no owners topic yet (nothing claimed anywhere), wait one poll."""
         if not self._topics:
             await asyncio.sleep(POLL_MS / 1000)
@@ -70,7 +65,8 @@ class OwnerWatcher:
                     continue
                 claim = msgspec.json.decode(record.value, type=JobOwner)
                 if claim.region == self._topics.get(tp.topic):
-                    await self.store.owners.raise_owner(claim)
+                    if await self.store.owners.raise_owner(claim) and claim.region != self.region:
+                        self.moved(claim)
                 else:
                     log.warning("dropped a claim of region %r on %s: not that region's topic", claim.region, tp.topic)
 

@@ -81,6 +81,16 @@ async def test_the_watcher_applies_every_owners_topics_claims_then_says_it_caugh
     )
 
 
+async def test_each_peer_claim_that_raised_a_jobs_owner_is_told_as_a_move():
+    moves = []
+    watcher = OwnerWatcher(Claims(), Consumer({OWN.topic, PEER.topic}, CLAIMS), "b", ("a",), moves.append)
+    task = asyncio.create_task(watcher.run())
+    await asyncio.wait_for(watcher.caught_up.wait(), 5)
+    watcher.stop()
+    await task
+    assert sorted(moves, key=lambda c: c.batch_id) == CLAIMS[PEER]  # this region's own claim is no move
+
+
 async def test_claims_of_other_regions_and_of_regions_that_are_not_peers_are_dropped():
     """Issue 34, item 2: one record naming region "zzz" on this region's owners topic froze a running job for good.
     A claim counts only where it names the region whose topic holds it, and a region not among the peers is not

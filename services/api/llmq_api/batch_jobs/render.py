@@ -17,7 +17,9 @@ _TIMESTAMPS = jobs.STATUSES[1:]  # every status but validating has its <status>_
 
 
 def batch_object(job: JobView) -> dict:
-    """The OpenAI ``batch`` object; ``llmq`` adds per-outcome line counts, retries and dead letters."""
+    """The OpenAI ``batch`` object; ``llmq`` adds per-outcome line counts, retries, dead letters and
+    ``owner_region``: the region that drives the job (its highest claim; another region than the one asked when the
+    job moved there, whose progress this view then follows), None when none is recorded."""
     spec = job.spec
     failed = job.status == jobs.FAILED
     counts = job.counts
@@ -50,7 +52,10 @@ def batch_object(job: JobView) -> dict:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,
         },
-        "llmq": {name: counts.get(name, 0) for name in (*jobs.STATE_COUNTER.values(), "retried", "dead_letters")},
+        "llmq": {
+            **{name: counts.get(name, 0) for name in (*jobs.STATE_COUNTER.values(), "retried", "dead_letters")},
+            "owner_region": job.owner_region or None,
+        },
     }
     return body
 
