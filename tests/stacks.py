@@ -121,7 +121,7 @@ def two_regions(
     """Regions ``a`` and ``b`` (:data:`REGION_NAMES`) as whole stacks on this machine, each on its own Kafka, Redis
     and ports (``port_bases``; ``services=False``: Kafka and Redis only), with MirrorMaker 2 both ways
     under the test intervals (:data:`mirror.TEST_INTERVALS_S`); ``config``: the rest of both StackConfigs. Up for the
-    ``with`` block, then every process down and ``state_dir`` removed. MirrorMaker 2 takes tens of seconds to copy a
+    ``with`` block, then every process SIGKILLed and ``state_dir`` removed. MirrorMaker 2 takes tens of seconds to copy a
     topic created after it started: wait for what you need (``wait_for_topic``)."""
     stacks = [
         DevStack(StackConfig.for_region(name, base, state_dir, peer_regions=(peer,), **config))
@@ -138,8 +138,8 @@ def two_regions(
             stack.mirror(regions.peer(stack).cfg, options)
         yield regions
     finally:
-        for stack in stacks:
-            stack.down()
+        for stack in stacks:  # at once: their state is removed next, so nothing needs a graceful stop
+            stack.kill()
         shutil.rmtree(state_dir, ignore_errors=True)
 
 

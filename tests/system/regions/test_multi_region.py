@@ -1,5 +1,5 @@
 """A batch job survives the loss of its region (docs/operations/multi-region.md): regions a and b on this machine with
-MirrorMaker 2 both ways (``two_regions``); a 2,000-line llmq-sim job submitted in a; at about 30% done every process
+MirrorMaker 2 both ways (the package's secure regions: tests/system/regions/conftest.py); a 2,000-line llmq-sim job submitted in a; at about 30% done every process
 of a is SIGKILLed (Kafka, Redis, services, the MirrorMaker 2 copying b into a) and a's file store is made unreadable;
 ``llmq region failover --from a --force`` in b (a is lost: its inbound mirror beats no more); b finishes the job
 under the same batch id with every custom_id exactly once across its output and error files. Measured and printed: the replication lag of the job's ledger a -> b (RPO p99),
@@ -25,24 +25,16 @@ from aiokafka import TopicPartition
 from llmq_cli.devstack import DevStack
 from llmq_core import kafka
 from llmq_jobs.joblog import JobTopics, read_topics
-from tests.stacks import two_regions, wait_for_topic
+from tests.stacks import wait_for_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]  # two whole stacks, MM2, failover
 
-ROOT = Path(__file__).resolve().parents[2]
-STATE = ROOT / "var" / "test-multi-region"
 LINES = 2000
 KILL_AT = 0.3
 RPO_P99_S = 5.0  # the issue's goals
 RTO_S = 60.0
 ENDED = ("completed", "failed", "expired", "cancelled")
 LLMQ = str(Path(sys.executable).with_name("llmq"))
-
-
-@pytest.fixture(scope="module")
-def regions():
-    with two_regions(STATE, tiny_workers=0, sim_workers=1, sim_batch_time_ms=100, sim_max_batch_size=16) as running:
-        yield running
 
 
 def client(stack: DevStack) -> openai.AsyncOpenAI:

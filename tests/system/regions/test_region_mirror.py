@@ -1,7 +1,8 @@
 """Two regions on this machine with MirrorMaker 2 both ways (``two_regions``): a batch-job topic's records reach the
 peer region within the replication lag (measured: docs/operations/multi-region.md); a Kafka-direct request that finished in
 region a, re-sent to region b, gets a's stored answer once instead of running again; a region SIGKILLed whole leaves
-its peer serving and mirrors again once revived; between secure clusters MirrorMaker 2 signs in as ``mm2``."""
+its peer serving and mirrors again once revived; between secure clusters MirrorMaker 2 signs in as ``mm2``. The
+regions are the package's (tests/system/regions/conftest.py: secure clusters)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import shutil
 import statistics
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,8 +20,7 @@ from aiokafka.errors import TopicAuthorizationFailedError
 from llmq_core import constants, ids, kafka, security, wire
 from llmq_core.redis_client import make_redis
 from llmq_core.settings import Settings
-from tests import ports
-from tests.stacks import kcat_request, two_regions, wait_for_topic
+from tests.stacks import kcat_request, wait_for_topic
 
 pytestmark = [
     pytest.mark.integration,
@@ -29,19 +28,10 @@ pytestmark = [
     pytest.mark.timeout(600),  # two whole stacks and MirrorMaker 2 both ways start first
     pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`"),
 ]
-STATE = Path(__file__).resolve().parents[2] / "var" / "test-region-mirror"
-SECURE_STATE = STATE.with_name("test-region-mirror-secure")
-SECURE_PORT_BASES = (ports.block(), ports.block())  # a region's ports: base..base+40
 DEV_KEY = {"authorization": "Bearer llmq-dev-key"}
 LAG_RECORDS = 200
 LAG_RATE_PER_S = 40
 RPO_P99_S = 5.0  # the issue's goal for the replication lag
-
-
-@pytest.fixture(scope="module")
-def regions():
-    with two_regions(STATE, tiny_workers=0, sim_workers=1, sim_batch_time_ms=50) as running:
-        yield running
 
 
 async def read_all(settings: Settings, topic: str, timeout_s: float = 60) -> list:
@@ -183,15 +173,15 @@ async def test_a_killed_region_leaves_its_peer_serving_and_mirrors_again_once_re
     assert await read_all(a, constants.TOPIC_JOBS_PREFIX + "lag-probe")
 
 
-async def test_mirror_maker_2_mirrors_between_secure_clusters_as_mm2_and_no_more():
-    with two_regions(SECURE_STATE, services=False, secure=True, port_bases=SECURE_PORT_BASES) as regions:
-        a, b = regions.a.cfg.settings(), regions.b.cfg.settings()  # the admin principal (a super user)
-        topic = constants.TOPIC_JOBS_PREFIX + "secure-probe"
-        assert await mirror_one(a, "a", b, topic, b"over SASL_SSL") == [b"over SASL_SSL"]
-        mm2 = kafka.make_producer(regions.a.cfg.settings(security.ROLE_MM2))
-        await mm2.start()
-        try:  # least privilege: mm2 may not write the request path
-            with pytest.raises(TopicAuthorizationFailedError):
-                await mm2.send_and_wait(constants.requests_topic(constants.INTERACTIVE), b"x")
-        finally:
-            await mm2.stop()
+async def test_mirror_maker_2_mirrors_between_secure_clusters_as_mm2_and_no_more(regions):
+    a, b = regions.a.cfg.settings(), regions.b.cfg.settings()  # the admin principal (a super user)
+    assert a.kafka.security_protocol == "SASL_SSL" and b.kafka.security_protocol == "SASL_SSL"
+    topic = constants.TOPIC_JOBS_PREFIX + "secure-probe"
+    assert await mirror_one(a, "a", b, topic, b"over SASL_SSL") == [b"over SASL_SSL"]
+    mm2 = kafka.make_producer(regions.a.cfg.settings(security.ROLE_MM2))
+    await mm2.start()
+    try:  # least privilege: mm2 may not write the request path
+        with pytest.raises(TopicAuthorizationFailedError):
+            await mm2.send_and_wait(constants.requests_topic(constants.INTERACTIVE), b"x")
+    finally:
+        await mm2.stop()
