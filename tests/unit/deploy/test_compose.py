@@ -131,6 +131,7 @@ def test_worker_images_carry_the_converted_checkpoints_made_by_the_install_step(
 
 
 def test_loadgen_runs_llmq_bench_against_both_pods_under_the_load_profile():
+    import click
     import typer
 
     from llmq_cli.main import app
@@ -143,7 +144,8 @@ def test_loadgen_runs_llmq_bench_against_both_pods_under_the_load_profile():
     urls = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--base-url"]
     assert urls == ["http://api-0:8000/v1", "http://api-1:8001/v1"]
     assert {"api-0", "api-1"} <= set(loadgen["depends_on"])
-    bench = typer.main.get_command(app).commands["bench"]
+    group = typer.main.get_command(app)
+    bench = group.get_command(click.Context(group), "bench")
     known = {opt for param in bench.params for opt in param.opts}
     assert {arg for arg in argv if arg.startswith("--")} <= known
 
