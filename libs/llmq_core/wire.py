@@ -173,9 +173,13 @@ class ErrorInfo(_Struct, kw_only=True):
 
 
 class Choice(_Struct, kw_only=True):
+    """``stop_sequence``: the stop string that ended the choice (finish_reason ``stop``; never part of ``text``), None
+    when it ended otherwise or its worker predates the field (Anthropic's ``stop_sequence``)."""
+
     index: Count
     text: str
     finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
 
 
 class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
