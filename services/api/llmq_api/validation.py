@@ -16,7 +16,14 @@ import msgspec
 
 from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
-from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
+from llmq_core.constants import (
+    HTTP_TIMEOUT_MS,
+    HTTP_TRAFFIC_CLASS,
+    INTERACTIVE,
+    MAX_RESULT_BYTES,
+    OPENAI,
+    TRAFFIC_CLASSES,
+)
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
 from llmq_core.status import ErrorCode
 from llmq_core.token_counts import BYTES, TokenCounter
@@ -40,6 +47,7 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = False
     include_usage: bool = False
     prompt_tokens: int
+    api_format: str = OPENAI  # the caller's wire format (constants.OPENAI, constants.ANTHROPIC)
 
     def to_wire(self, principal: Principal, traffic_class: str, **fields) -> wire.GenerationRequest:
         """This request as ``principal`` (its tenant and tier) sends it in ``traffic_class``; ``fields``: the rest
@@ -51,7 +59,7 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # What a GenerationRequest takes of a ValidRequest, field by field under the same name.
-WIRE_FIELDS = ("model", "endpoint", "prompt", "messages", "sampling", "stream", "prompt_tokens")
+WIRE_FIELDS = ("model", "endpoint", "prompt", "messages", "sampling", "stream", "prompt_tokens", "api_format")
 
 
 # --- request bodies (unknown fields are ignored, as OpenAI-compatible servers do) -------------------------------------
@@ -197,8 +205,8 @@ def parse(
     Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
     """
     chat = endpoint == "chat.completions"
-    raw = _decode(body, _ChatBody if chat else _CompletionBody)
-    with _client_error():
+    raw = decode_body(body, _ChatBody if chat else _CompletionBody)
+    with client_errors():
         context_window = requests.check_model(raw.model, models)
         counter = counters.get(raw.model, BYTES)
         sampling, prompt_tokens, text = (_chat if chat else _completion)(raw, context_window, max_stop_bytes, counter)
@@ -267,7 +275,7 @@ def _valid(
 
 
 @contextmanager
-def _client_error() -> Iterator[None]:
+def client_errors() -> Iterator[None]:
     """The shared checks (``llmq_core.requests``) raise RequestError: answer it as the same OpenAI error object."""
     try:
         yield
@@ -289,7 +297,7 @@ _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
 
 
-def _decode(body: bytes, kind: type) -> Any:
+def decode_body(body: bytes, kind: type) -> Any:
     if not body.strip():
         raise invalid("Request body is empty; expected a JSON object", code="invalid_json")
     try:
