@@ -245,7 +245,7 @@ class StreamResponse(Response):
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pending, request = self.pending, self.pending.request
+        pending = self.pending
         fmt = self.dialect.stream(pending)
         sent: dict[int, str] = {}
 
