@@ -48,6 +48,7 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
     prompt_tokens: int
     api_format: str = OPENAI  # the caller's wire format (constants.OPENAI, constants.ANTHROPIC)
+    asked_tier: wire.Tier | None = None  # a tier below its key's the caller asked for (Anthropic's standard_only): free
 
     def to_wire(self, principal: Principal, traffic_class: str, **fields) -> wire.GenerationRequest:
         """This request as ``principal`` (its tenant and tier) sends it in ``traffic_class``; ``fields``: the rest
@@ -294,7 +295,7 @@ def chat_max_tokens(prompt_tokens: int, context_window: int, n: int) -> int:
 
 
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+_MISSING = re.compile(r"Object (?:missing required|contains unknown) field `(?P<field>[^`]+)`")
 
 
 def decode_body(body: bytes, kind: type) -> Any:
@@ -309,7 +310,8 @@ def decode_body(body: bytes, kind: type) -> Any:
 
 
 def _type_error(text: str) -> ApiError:
-    """Turn msgspec's message into a 400 naming the field, e.g. ``messages[0].role``."""
+    """Turn msgspec's message into a 400 naming the field, e.g. ``messages[0].role`` (a missing one, or an unknown one
+    of a body that refuses them)."""
     match = _PATH.search(text)
     path = match.group("path") if match else ""
     missing = _MISSING.match(text)
