@@ -11,6 +11,7 @@ docs/anthropic.md has the table.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -74,6 +75,13 @@ def anthropic_error(error: ApiError, request_id: str | None) -> tuple[int, dict,
     if request_id:
         headers[HTTP_ANTHROPIC_REQUEST_ID] = request_id
     return status, body, headers
+
+
+def speaks_anthropic(path: str, header_names: Iterable[str | bytes]) -> bool:
+    """Whether a request no route claimed yet is an Anthropic caller's: its path is ``/v1/messages...`` or it carries
+    ``anthropic-version`` (lower-case names, as ASGI and Starlette give them)."""
+    names = {name.decode("latin-1") if isinstance(name, bytes) else name for name in header_names}
+    return path.startswith("/v1/messages") or HTTP_ANTHROPIC_VERSION in names
 
 
 def check_version(headers: Headers) -> None:

@@ -34,8 +34,6 @@ REFUSED_UNLESS_OFF = frozenset({"tools", "tool_choice", "thinking", "output_conf
 ROLES = ("user", "assistant")
 DEFAULT_TEMPERATURE = 1.0  # Anthropic's default; top_p's is 1.0 (off), as wire.SamplingParams has them
 
-Raw = msgspec.Raw
-
 
 class _Block(msgspec.Struct, kw_only=True):
     """A content block; only ``text`` ones are read (their ``cache_control``, ``citations`` are ignored)."""
@@ -63,12 +61,12 @@ class PromptBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: list[_Message]
     system: str | list[_Block] | None = None
-    cache_control: Raw | None = None
+    cache_control: Any = None
     output_config: dict[str, Any] | None = None
-    speed: Raw | None = None
+    speed: Any = None
     thinking: _Thinking | None = None
     tool_choice: _ToolChoice | None = None
-    tools: list[Raw] | None = None
+    tools: list[Any] | None = None
 
 
 class _Metadata(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -86,9 +84,9 @@ class MessagesBody(PromptBody, kw_only=True, forbid_unknown_fields=True):
     temperature: float | None = None
     top_p: float | None = None
     top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    container: Raw | None = None
-    diagnostics: Raw | None = None
-    inference_geo: Raw | None = None
+    container: Any = None
+    diagnostics: Any = None
+    inference_geo: Any = None
 
 
 def parse_messages(

@@ -239,7 +239,7 @@ def dialect_of(request: Request) -> Dialect:
     dialect = getattr(request.state, "dialect", None)
     if dialect is not None:
         return dialect
-    anthropic = request.url.path.startswith("/v1/messages") or HTTP_ANTHROPIC_VERSION in request.headers
+    anthropic = anthropic_format.speaks_anthropic(request.url.path, request.headers.keys())
     return ANTHROPIC_DIALECT if anthropic else OPENAI
 
 
