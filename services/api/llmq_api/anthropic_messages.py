@@ -15,11 +15,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from llmq_api.errors import invalid
-from llmq_api.validation import ValidRequest, client_errors, decode_body
+from llmq_api.validation import ValidRequest, client_errors, decode_body, joined_text
 from llmq_core import requests, wire
 from llmq_core.constants import ANTHROPIC, TIER_FREE
 from llmq_core.requests import echo
-from llmq_core.status import ErrorCode
 from llmq_core.token_counts import BYTES, TokenCounter
 
 # temperature, top_p, top_k arrive through the SDK's extra_body (anthropic 2.15 has no such arguments).
@@ -177,11 +176,4 @@ def _text(content: str | list[_Block], param: str) -> str:
     """A string, or text blocks joined; any other block is a 400 naming it."""
     if isinstance(content, str):
         return content
-    for j, block in enumerate(content):
-        if block.type != "text" or block.text is None:
-            raise invalid(
-                f"Only text content blocks are supported, got {echo(block.type)}",
-                param=f"{param}[{j}].type",
-                code=ErrorCode.INVALID_VALUE,
-            )
-    return "".join(block.text for block in content)
+    return joined_text(content, lambda j: f"{param}[{j}].type", "content blocks")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -358,14 +358,7 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
     requests.check_role(i, message.role)
     content = message.content
     if isinstance(content, list):
-        for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
-                raise invalid(
-                    f"Only text content parts are supported, got {echo(part.type)}",
-                    param=f"messages[{i}].content[{j}]",
-                    code=ErrorCode.INVALID_VALUE,
-                )
-        content = "".join(part.text for part in content)
+        content = joined_text(content, lambda j: f"messages[{i}].content[{j}]")
     if content is None:
         raise invalid(
             "Message content is required",
@@ -373,6 +366,19 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
         )
     return wire.ChatMessage(role=message.role, content=content)
+
+
+def joined_text(parts: list, param_of: Callable[[int], str], noun: str = "content parts") -> str:
+    """The text of ``parts`` (each with ``type`` and ``text``: OpenAI's content parts, Anthropic's text blocks)
+    joined; a 400 naming ``param_of(j)`` for the first part that is no text."""
+    for j, part in enumerate(parts):
+        if part.type != "text" or part.text is None:
+            raise invalid(
+                f"Only text {noun} are supported, got {echo(part.type)}",
+                param=param_of(j),
+                code=ErrorCode.INVALID_VALUE,
+            )
+    return "".join(part.text for part in parts)
 
 
 def _sampling(
