@@ -229,6 +229,13 @@ HTTP_RETRY_AFTER: Final = "retry-after"
 HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request
 HTTP_SHOULD_RETRY: Final = "x-should-retry"  # on every error response: whether a retry can help (OpenAI SDKs obey it)
 HTTP_IDEMPOTENT_REPLAYED: Final = "idempotent-replayed"  # response header of a retry answered by an earlier request
+HTTP_ANTHROPIC_VERSION: Final = "anthropic-version"  # Anthropic's API version header: marks an Anthropic caller
+HTTP_ANTHROPIC_REQUEST_ID: Final = "request-id"  # Anthropic's request id header (its SDK reads this one)
+HTTP_API_KEY: Final = "x-api-key"  # Anthropic's API key header (Authorization: Bearer works too)
+
+# The wire format a caller speaks (wire.GenerationRequest.api_format): how its responses and stored result look.
+OPENAI: Final = "openai"
+ANTHROPIC: Final = "anthropic"
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -193,17 +193,23 @@ def check_role(i: int, role: str) -> None:
 
 
 def check_sampling(
-    sampling: wire.SamplingParams, *, max_stop_bytes: int, max_param: str = "max_tokens", max_tokens_given: bool = True
+    sampling: wire.SamplingParams,
+    *,
+    max_stop_bytes: int,
+    max_param: str = "max_tokens",
+    max_tokens_given: bool = True,
+    stop_param: str = "stop",
 ) -> None:
     """Ranges of every sampling value; ``max_param`` names ``max_tokens`` in errors (chat may call it
-    ``max_completion_tokens``), ``max_tokens_given`` False when it holds the default rather than the caller's value."""
+    ``max_completion_tokens``), ``max_tokens_given`` False when it holds the default rather than the caller's value;
+    ``stop_param`` names ``stop`` (Anthropic's ``stop_sequences``)."""
     at_least(max_param, sampling.max_tokens, 1)  # its upper bound is the result cap's (check_result_size)
     in_range("temperature", sampling.temperature, 0.0, 2.0)
     in_range("top_p", sampling.top_p, 0.0, 1.0)
     in_range("n", sampling.n, 1, MAX_N)
     in_range("seed", sampling.seed, INT64_MIN, INT64_MAX)
     check_result_size(sampling.n, sampling.max_tokens, max_param, max_tokens_given)
-    check_stop(sampling.stop, max_stop_bytes)
+    check_stop(sampling.stop, max_stop_bytes, stop_param)
     check_logit_bias(sampling.logit_bias)
 
 
@@ -234,19 +240,19 @@ def check_result_size(n: int, max_tokens: int, max_param: str, max_tokens_given:
     )
 
 
-def check_stop(sequences: list[str], max_stop_bytes: int) -> None:
+def check_stop(sequences: list[str], max_stop_bytes: int, param: str = "stop") -> None:
     if len(sequences) > MAX_STOP_SEQUENCES:
         raise invalid(
-            f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences, got {len(sequences)}",
-            param="stop",
+            f"'{param}' allows at most {MAX_STOP_SEQUENCES} sequences, got {len(sequences)}",
+            param=param,
             code=ErrorCode.TOO_MANY_VALUES,
         )
     if any(not s for s in sequences):
-        raise invalid("'stop' sequences must not be empty", param="stop")
+        raise invalid(f"'{param}' sequences must not be empty", param=param)
     if any(len(s.encode()) > max_stop_bytes for s in sequences):
         raise invalid(
-            f"'stop' sequences must be at most {max_stop_bytes} bytes (UTF-8) each",
-            param="stop",
+            f"'{param}' sequences must be at most {max_stop_bytes} bytes (UTF-8) each",
+            param=param,
             code=ErrorCode.STOP_TOO_LONG,
         )
 

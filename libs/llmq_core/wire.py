@@ -11,7 +11,14 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from llmq_core.constants import CONTENT_TYPE_JSON, CONTENT_TYPE_MSGPACK, HEADER_CONTENT_TYPE, TIERS, TRAFFIC_CLASSES
+from llmq_core.constants import (
+    CONTENT_TYPE_JSON,
+    CONTENT_TYPE_MSGPACK,
+    HEADER_CONTENT_TYPE,
+    OPENAI,
+    TIERS,
+    TRAFFIC_CLASSES,
+)
 from llmq_core.status import Outcome
 
 SCHEMA_VERSION = 1
@@ -115,6 +122,9 @@ class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
     idempotency_key: str | None = None
     prompt_tokens: Count = 0
     traceparent: str | None = None  # W3C trace context of this request's latest hop (a Batch carries many requests)
+    # The caller's wire format (constants.OPENAI, constants.ANTHROPIC): only how its result is rendered. A str, not a
+    # Literal, so a format added later never makes an older consumer refuse the record.
+    api_format: str = OPENAI
 
 
 class Batch(_Message, kw_only=True, tag="batch"):
@@ -173,9 +183,13 @@ class ErrorInfo(_Struct, kw_only=True):
 
 
 class Choice(_Struct, kw_only=True):
+    """``stop_sequence``: the stop string that ended the choice (finish_reason ``stop``; never part of ``text``), None
+    when it ended otherwise or its worker predates the field (Anthropic's ``stop_sequence``)."""
+
     index: Count
     text: str
     finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
 
 
 class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
@@ -215,6 +229,8 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
     # Set on the answer to a re-produced request_id (a second Kafka record with the id of a known request): that record's
     # position, "<topic>/<partition>@<offset>". The result-router delivers it once per copy and never stores it.
     request_copy: str = ""
+    api_format: str = OPENAI  # the request's (a result of an older worker: openai)
+    tier: Tier | None = None  # the request's tier (None from workers that predate it): Anthropic's usage.service_tier
 
     @classmethod
     def for_request(cls, request: GenerationRequest, outcome: Outcome, *, finished_ms: int, **fields) -> FinalResult:
@@ -225,7 +241,17 @@ class FinalResult(_Message, kw_only=True, tag="final_result"):
 
 
 # What a FinalResult repeats of its GenerationRequest, field by field under the same name.
-RESULT_FIELDS_OF_REQUEST = ("request_id", "tenant_id", "model", "endpoint", "reply_to", "created_ms", "traffic_class")
+RESULT_FIELDS_OF_REQUEST = (
+    "request_id",
+    "tenant_id",
+    "model",
+    "endpoint",
+    "reply_to",
+    "created_ms",
+    "traffic_class",
+    "api_format",
+    "tier",
+)
 
 
 class StreamMark(_Message, kw_only=True, tag="stream_mark"):

@@ -167,6 +167,13 @@ def check_batch_run(runs: list[Run]) -> None:
     assert (runs[-1].folder / "job.out.jsonl.state" / "manifest.sqlite").exists()
 
 
+def check_both_sdks(runs: list[Run]) -> None:
+    for run in runs:
+        same, streamed, counted = run.stdout.splitlines()
+        assert same == "True max_tokens length" and streamed == sim_answer("Say hi", 8)
+        assert int(counted) > 0
+
+
 CHECKS = {
     ("README.md", 'model="llmq-sim", prompt="def fib(n):"'): check_sdk,
     ("README.md", "/healthz"): check_curl,
@@ -177,6 +184,7 @@ CHECKS = {
     ("docs/batch-jobs.md", "batch submit claims.jsonl"): check_batch_cli_submit,
     ("docs/batch-jobs.md", "llmq batch run job.jsonl"): check_batch_run,
     ("docs/kafka-producers.md", "claims-etl.replies -o"): check_kcat_docs,
+    ("docs/anthropic.md", "claude.messages.create"): check_both_sdks,
 }
 
 

@@ -1,17 +1,21 @@
-"""The FastAPI app of an API pod: OpenAI-compatible endpoints, stored results, health, readiness and metrics.
+"""The FastAPI app of an API pod: OpenAI-compatible and Anthropic-compatible endpoints, stored results, health,
+readiness and metrics.
 
 Generation flow: request id -> API key -> headers (class, timeout, idempotency key) -> body (size, JSON, params, model,
-context) (:class:`Intake`, here) -> admitted and submitted, or joined to an earlier request with the same idempotency
-key (:mod:`llmq_api.generation`) -> held until the resolution (see :mod:`llmq_api.responses`). Client mistakes and
-refusals are answered with OpenAI error bodies before anything reaches Kafka (and before any SSE byte); anything
-unexpected becomes a clean 500 JSON.
+context) (:class:`Intake`, here, through the route's :class:`Edge`) -> admitted and submitted, or joined to an earlier
+request with the same idempotency key (:mod:`llmq_api.generation`) -> held until the resolution (see
+:mod:`llmq_api.responses`). One path inside the pod; the edge of a route says which wire format (OpenAI's or
+Anthropic's) its bodies, results, streams and errors have. Client mistakes and refusals are answered with the
+caller's error bodies before anything reaches Kafka (and before any SSE byte); anything unexpected becomes a clean
+500 JSON.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,20 +24,28 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from llmq_api import health, idempotency, validation
+from llmq_api import anthropic_format, anthropic_messages, health, idempotency, validation
 from llmq_api.access_log import AccessLog, route_of
-from llmq_api.auth import KeyStore
+from llmq_api.anthropic_format import ANTHROPIC_DIALECT
+from llmq_api.auth import KeyStore, Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
 from llmq_api.catalog import ModelCatalog
 from llmq_api.errors import ApiError, store_unavailable
 from llmq_api.generation import Ask, Generation
 from llmq_api.hot_routes import HotRoutesApp
 from llmq_api.metrics import ApiMetrics
-from llmq_api.openai_format import CLIENT_GONE_STATUS, error_for, response_body, usage_dict
+from llmq_api.openai_format import CLIENT_GONE_STATUS, OPENAI, error_for, response_body, usage_dict
 from llmq_api.pod import Pod
-from llmq_api.responses import ResultResponse, StreamResponse
+from llmq_api.responses import Dialect, ResultResponse, StreamResponse
 from llmq_core import ids, tracing, wire
-from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
+from llmq_core.constants import (
+    ANTHROPIC,
+    HTTP_ANTHROPIC_VERSION,
+    HTTP_IDEMPOTENCY_KEY,
+    HTTP_REQUEST_ID,
+    HTTP_TIMEOUT_MS,
+    HTTP_TRAFFIC_CLASS,
+)
 from llmq_core.requests import echo, timeouts_by_class
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
@@ -41,7 +53,27 @@ from llmq_core.token_counts import TokenCounter
 
 log = logging.getLogger(__name__)
 
-_ID_PREFIX = {"completions": "cmpl", "chat.completions": "chatcmpl"}
+
+def _bearer(keys: KeyStore, headers) -> Principal:
+    return keys.authenticate(headers.get("authorization"))
+
+
+@dataclass(frozen=True)
+class Edge:
+    """What one generation route's wire format decides before the one path: its metrics ``label`` (and the
+    ``request.state.endpoint``), its ids' ``id_prefix``, how the caller is ``authenticate``d from the headers (and
+    what else they must say), how its body is ``parse``d (``validation.parse``'s signature), its ``dialect``."""
+
+    label: str
+    id_prefix: str
+    authenticate: Callable[[KeyStore, object], Principal]
+    parse: Callable[..., validation.ValidRequest]
+    dialect: Dialect = OPENAI
+
+
+COMPLETIONS = Edge("completions", "cmpl", _bearer, validation.parse_completion)
+CHAT = Edge("chat.completions", "chatcmpl", _bearer, validation.parse_chat)
+MESSAGES = Edge("messages", "msg", anthropic_format.authenticate, anthropic_messages.parse_messages, ANTHROPIC_DIALECT)
 
 
 def create_app(pod: Pod) -> FastAPI:
@@ -67,31 +99,46 @@ def create_app(pod: Pod) -> FastAPI:
         app.add_middleware(AccessLog, tenant_of=pod.keys.tenant_of)
 
     async def completions(request: Request) -> Response:
-        return await _generate(intake, generation, request, "completions")
+        return await _generate(intake, generation, request, COMPLETIONS)
 
     async def chat_completions(request: Request) -> Response:
-        return await _generate(intake, generation, request, "chat.completions")
+        return await _generate(intake, generation, request, CHAT)
+
+    async def messages(request: Request) -> Response:
+        return await _generate(intake, generation, request, MESSAGES)
 
     # The hot routes first, as plain Starlette routes: they take the Request and return a Response, so FastAPI's
     # parameter solving and response serialization only cost time (about a third of the app's CPU per request).
     app.add_hot_route("/v1/completions", completions)
     app.add_hot_route("/v1/chat/completions", chat_completions)
+    app.add_hot_route("/v1/messages", messages)
     if not tracing.enabled():  # past Starlette's layers too (see llmq_api.hot_routes); traced, through them all
         access_log = pod.settings.api.access_log
         app.hot_stack = AccessLog(app.serve_hot, tenant_of=pod.keys.tenant_of) if access_log else app.serve_hot
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
 
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> dict:
+        """Anthropic's token count of a Messages body, with the model's own tokenizer and chat template."""
+        request.state.dialect = ANTHROPIC_DIALECT
+        anthropic_format.authenticate(keys, request.headers)
+        validation.check_content_type(request.headers.get("content-type"))
+        body = await _read_body(request, pod.settings.api.max_body_bytes)
+        return {"input_tokens": anthropic_messages.count_tokens(body, catalog.context_windows(), pod.token_counters)}
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
-        keys.authenticate(request.headers.get("authorization"))  # as on OpenAI: the catalogue is for callers
+        """OpenAI's list; Anthropic's page when the request carries ``anthropic-version``."""
+        if _models_caller(keys, request) is ANTHROPIC_DIALECT:
+            return anthropic_format.model_list(catalog.listing())
         return {"object": "list", "data": catalog.listing()}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str, request: Request) -> dict:
-        keys.authenticate(request.headers.get("authorization"))
+        anthropic = _models_caller(keys, request) is ANTHROPIC_DIALECT
         for entry in catalog.listing():
             if entry["id"] == model:
-                return entry
+                return anthropic_format.model_info(entry) if anthropic else entry
         raise ApiError(404, f"The model {echo(model)} does not exist", param="model", code=ErrorCode.MODEL_NOT_FOUND)
 
     @app.get("/v1/requests/{request_id}")
@@ -141,26 +188,26 @@ class Intake:
         self._max_stop_bytes = settings.api.max_stop_bytes
         self._region = settings.region.name
 
-    async def parse(self, request: Request, endpoint: wire.Endpoint) -> Ask:
-        request_id = ids.request_id(self._region, _ID_PREFIX[endpoint])
+    async def parse(self, request: Request, edge: Edge) -> Ask:
+        request_id = ids.request_id(self._region, edge.id_prefix)
         request.state.request_id = request_id
-        request.state.endpoint = endpoint
+        request.state.endpoint = edge.label
+        request.state.dialect = edge.dialect
         headers = request.headers
-        principal = self._keys.authenticate(headers.get("authorization"))
+        principal = edge.authenticate(self._keys, headers)
         validation.check_content_type(headers.get("content-type"))
         traffic_class = principal.pick_class(headers.get(HTTP_TRAFFIC_CLASS))
         request.state.traffic_class = traffic_class
         timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *self._timeouts[traffic_class])
         idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
         body = await _read_body(request, self._max_body_bytes)
-        parse = validation.parse_chat if endpoint == "chat.completions" else validation.parse_completion
-        valid = parse(
+        valid = edge.parse(
             body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes, counters=self._counters
         )
         request.state.model = valid.model
         return Ask(
             request_id=request_id,
-            principal=principal,
+            principal=principal.at_tier(valid.asked_tier),
             traffic_class=traffic_class,
             timeout_ms=timeout_ms,
             idempotency_key=idempotency_key,
@@ -168,10 +215,32 @@ class Intake:
         )
 
 
-async def _generate(intake: Intake, generation: Generation, request: Request, endpoint: wire.Endpoint) -> Response:
-    pending = await generation.submit_or_join(await intake.parse(request, endpoint))
+async def _generate(intake: Intake, generation: Generation, request: Request, edge: Edge) -> Response:
+    pending = await generation.submit_or_join(await intake.parse(request, edge))
     request.state.request_id = pending.request_id  # a joined retry answers under the earlier request's id
-    return StreamResponse(pending) if pending.request.stream else ResultResponse(pending)
+    response = StreamResponse if pending.request.stream else ResultResponse
+    return response(pending, edge.dialect)
+
+
+def _models_caller(keys: KeyStore, request: Request) -> Dialect:
+    """Who asks for the model catalogue (a caller: 401 otherwise): Anthropic's SDK when the request carries
+    ``anthropic-version`` (its key in ``x-api-key`` or ``Authorization``), OpenAI's otherwise."""
+    if HTTP_ANTHROPIC_VERSION not in request.headers:
+        _bearer(keys, request.headers)
+        return OPENAI
+    request.state.dialect = ANTHROPIC_DIALECT
+    anthropic_format.authenticate(keys, request.headers)
+    return ANTHROPIC_DIALECT
+
+
+def dialect_of(request: Request) -> Dialect:
+    """The wire format a request's errors are answered in: its route's, or Anthropic's for a request to
+    ``/v1/messages...`` or carrying ``anthropic-version`` that no route claimed (an unknown path, a wrong method)."""
+    dialect = getattr(request.state, "dialect", None)
+    if dialect is not None:
+        return dialect
+    anthropic = anthropic_format.speaks_anthropic(request.url.path, request.headers.keys())
+    return ANTHROPIC_DIALECT if anthropic else OPENAI
 
 
 def _request_object(result: wire.FinalResult) -> dict:
@@ -186,10 +255,17 @@ def _request_object(result: wire.FinalResult) -> dict:
         "model": result.model,
         "created": result.created_ms // 1000,
         "finished": result.finished_ms // 1000,
-        "response": None if error else response_body(result, request_id, result.endpoint, result.created_ms // 1000),
+        "response": None if error else _stored_response(result, request_id),
         "error": error.body()["error"] if error else None,
         "usage": usage_dict(result.usage),
     }
+
+
+def _stored_response(result: wire.FinalResult, request_id: str) -> dict:
+    """A succeeded result's body as its caller got it: an Anthropic message, or an OpenAI completion."""
+    if result.api_format == ANTHROPIC:
+        return anthropic_format.message_body(result, request_id)
+    return response_body(result, request_id, result.endpoint, result.created_ms // 1000)
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes:
@@ -211,18 +287,19 @@ async def _read_body(request: Request, limit_bytes: int) -> bytes:
 
 def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
     def answer(request: Request, error: ApiError, outcome: str) -> JSONResponse:
-        """``error`` as the response, naming the request it ended; a generation request's counted as ``outcome``."""
-        headers = error.response_headers()
-        request_id = getattr(request.state, "request_id", None)
+        """``error`` as the response in the caller's dialect, naming the request it ended; a generation request's
+        counted as ``outcome``."""
+        request_id = error.headers.get(HTTP_REQUEST_ID) or getattr(request.state, "request_id", None)
+        status, body, headers = dialect_of(request).error(error, request_id)
         if request_id:
             headers.setdefault(HTTP_REQUEST_ID, request_id)  # a joined retry's error names the request it joined
         endpoint = getattr(request.state, "endpoint", None)
         if endpoint:
-            metrics.finished(endpoint, outcome, error.status)
+            metrics.finished(endpoint, outcome, status)
             metrics.answered(
-                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), error.status
+                getattr(request.state, "traffic_class", None), getattr(request.state, "model", None), status
             )
-        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -243,9 +320,8 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
             str(exc.detail),
             type=ErrorType.INVALID_REQUEST if exc.status_code < 500 else ErrorType.SERVER,
         )
-        return JSONResponse(
-            error.body(), status_code=exc.status_code, headers={**(exc.headers or {}), **error.response_headers()}
-        )
+        status, body, headers = dialect_of(request).error(error, None)
+        return JSONResponse(body, status_code=status, headers={**(exc.headers or {}), **headers})
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -255,7 +331,8 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
         error = ApiError(
             400, f"Invalid parameter {param!r}: {first.get('msg', 'invalid value')}", param=param, code="invalid_type"
         )
-        return JSONResponse(error.body(), status_code=400, headers=error.response_headers())
+        status, body, headers = dialect_of(request).error(error, None)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

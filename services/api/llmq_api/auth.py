@@ -61,6 +61,12 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
             )
         return traffic_class
 
+    def at_tier(self, tier: wire.Tier | None) -> Principal:
+        """This caller at ``tier`` when that is below its own (a paid key asking for ``free``); never above it."""
+        if tier is None or tier == self.tier or self.tier == TIER_FREE:
+            return self
+        return msgspec.structs.replace(self, tier=tier)
+
 
 DEV_KEYS = {
     DEV_KEY: Principal(tenant_id=DEV_TENANT),

@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from llmq_api.anthropic_format import anthropic_error, speaks_anthropic
 from llmq_api.errors import RETRY_AFTER_S, ApiError
 from llmq_core.settings import ApiSettings, Settings
 from llmq_core.status import ErrorType
@@ -107,15 +108,19 @@ class ClientConnections:
             del self.open[address]
 
 
-def error_response(error: ApiError) -> bytes:
-    """A complete HTTP/1.1 response carrying ``error``'s OpenAI body, after which the connection closes."""
-    body = msgspec.json.encode(error.body())
+def error_response(error: ApiError, anthropic: bool = False) -> bytes:
+    """A complete HTTP/1.1 response carrying ``error``'s OpenAI body (Anthropic's when ``anthropic``: the request's
+    head, when it was read, was an Anthropic caller's), after which the connection closes."""
+    status, payload, headers = (
+        anthropic_error(error, None) if anthropic else (error.status, error.body(), error.response_headers())
+    )
+    body = msgspec.json.encode(payload)
     head = [
-        STATUS_LINE[error.status],
+        STATUS_LINE[status],
         b"content-type: application/json\r\n",
         b"content-length: %d\r\n" % len(body),
         b"connection: close\r\n",
-        *(f"{name}: {value}\r\n".encode("latin-1") for name, value in error.response_headers().items()),
+        *(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items()),
     ]
     return b"".join([*head, b"\r\n", body])
 
@@ -304,7 +309,9 @@ class GuardedProtocol(HttpToolsProtocol):
         answerable = not cycle.response_started
         cycle.disconnected = True  # the app reads a disconnect, and what it sends next goes nowhere
         cycle.message_event.set()
-        self._give_up(request_timeout("body", self.limits.body_timeout_s) if answerable else None)
+        scope = cycle.scope  # its head was read: the 408 speaks the caller's dialect
+        anthropic = speaks_anthropic(scope["path"], (name for name, _ in scope["headers"]))
+        self._give_up(request_timeout("body", self.limits.body_timeout_s) if answerable else None, anthropic)
 
     def _refuse(self, error: ApiError) -> None:
         """Close with ``error`` as the last response, for bytes after the requests read so far: at once when none is
@@ -320,11 +327,11 @@ class GuardedProtocol(HttpToolsProtocol):
             self._disarm()
             self.flow.pause_reading()
 
-    def _give_up(self, error: ApiError | None) -> None:
+    def _give_up(self, error: ApiError | None, anthropic: bool = False) -> None:
         if self.transport.is_closing():
             return
         if error is not None:
-            self.transport.write(error_response(error))
+            self.transport.write(error_response(error, anthropic))
         self.transport.close()
 
 

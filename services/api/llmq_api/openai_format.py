@@ -8,6 +8,8 @@ Status mapping of a resolution (see :func:`error_for`):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from llmq_api.admission import too_many_requests
@@ -15,6 +17,9 @@ from llmq_api.errors import RETRY_AFTER_S, ApiError
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 from llmq_core import status, wire
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
+
+if TYPE_CHECKING:
+    from llmq_api.responses import PendingRequest  # responses imports this module
 
 CLIENT_GONE_STATUS = 499  # recorded in metrics/logs only: nobody is there to receive it
 
@@ -112,6 +117,59 @@ class ChunkFormatter:
     def usage(self, usage: wire.Usage) -> bytes:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
         return sse({**self._head, "choices": [], "usage": usage_dict(usage)})
+
+
+def finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
+    """Per choice: whatever text the stream has not carried yet, with the finish reason; then the usage if asked."""
+    parts = []
+    for choice in sorted(result.choices, key=lambda c: c.index):
+        rest = choice.text[len(sent.get(choice.index, "")) :]
+        parts.append(fmt.text(choice.index, rest, choice.finish_reason))
+    if fmt.include_usage:
+        parts.append(fmt.usage(result.usage))
+    return b"".join(parts)
+
+
+class OpenAIStream:
+    """A stream of OpenAI chunks: chat's role chunk first, text chunks, the finish chunks, ``data: [DONE]``."""
+
+    def __init__(self, pending: PendingRequest) -> None:
+        request = pending.request
+        self._n = request.sampling.n
+        self._fmt = ChunkFormatter(
+            pending.request_id, request.endpoint, request.model, pending.created_s, pending.include_usage
+        )
+
+    def opening(self) -> bytes:
+        return self._fmt.role(self._n)
+
+    def text(self, index: int, text: str) -> bytes:
+        return self._fmt.text(index, text)
+
+    def closing(self, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
+        return finish_chunks(self._fmt, result, sent) + SSE_DONE
+
+    def failure(self, error: ApiError) -> bytes:
+        return sse(error.body()) + SSE_DONE
+
+
+class OpenAIDialect:
+    """OpenAI's wire format (:class:`llmq_api.responses.Dialect`): the error object as it is, no extra headers."""
+
+    def body(self, result: wire.FinalResult, pending: PendingRequest) -> dict:
+        return response_body(result, pending.request_id, pending.request.endpoint, pending.created_s)
+
+    def error(self, error: ApiError, request_id: str | None) -> tuple[int, dict, dict[str, str]]:
+        return error.status, error.body(), error.response_headers()
+
+    def headers(self, request_id: str) -> dict[str, str]:
+        return {}
+
+    def stream(self, pending: PendingRequest) -> OpenAIStream:
+        return OpenAIStream(pending)
+
+
+OPENAI = OpenAIDialect()
 
 
 def error_for(resolution: Resolution) -> ApiError | None:

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 TIMEOUT_S = ApiSettings.model_fields["rate_limit_timeout_ms"].default / 1000  # the setting's default
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
+REQUESTS_BUCKET = "requests"
+TOKENS_BUCKET = "tokens"
 BATCH_BUCKET = "batch_tokens"
 
 # KEYS: the buckets. ARGV: now_ms, then (limit per period, period ms, cost) per bucket (limit 0: none).
@@ -162,8 +164,8 @@ class RateLimiter:
         return await self._draw(
             principal,
             [
-                Draw("requests", principal.requests_per_min, MINUTE_MS, 1),
-                Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens),
+                Draw(REQUESTS_BUCKET, principal.requests_per_min, MINUTE_MS, 1),
+                Draw(TOKENS_BUCKET, principal.tokens_per_min, MINUTE_MS, tokens),
             ],
         )
 
@@ -176,8 +178,8 @@ class RateLimiter:
         await self._give_back(
             principal,
             [
-                Draw("requests", principal.requests_per_min, MINUTE_MS, requests),
-                Draw("tokens", principal.tokens_per_min, MINUTE_MS, tokens),
+                Draw(REQUESTS_BUCKET, principal.requests_per_min, MINUTE_MS, requests),
+                Draw(TOKENS_BUCKET, principal.tokens_per_min, MINUTE_MS, tokens),
             ],
         )
 

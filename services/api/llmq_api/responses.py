@@ -1,7 +1,8 @@
 """ASGI responses that hold the connection until the request's resolution: one JSON body, or an SSE stream.
 
 Both watch the connection themselves (``receive`` -> ``http.disconnect``) so a client that leaves resolves its waiter
-at once and a Cancel goes out; neither writes anything once the client is gone.
+at once and a Cancel goes out; neither writes anything once the client is gone. What they write is the caller's
+:class:`Dialect`'s (OpenAI's by default, Anthropic's for ``/v1/messages``): one path inside, two wire formats at its edge.
 """
 
 from __future__ import annotations
@@ -11,27 +12,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from llmq_api.errors import RETRY_AFTER_S, unavailable
+from llmq_api.errors import RETRY_AFTER_S, ApiError, unavailable
 from llmq_api.exchange import CancelPublisher, wait_for_resolution
 from llmq_api.metrics import ApiMetrics
-from llmq_api.openai_format import (
-    CLIENT_GONE_STATUS,
-    SSE_DONE,
-    ChunkFormatter,
-    error_for,
-    outcome_label,
-    response_body,
-    sse,
-)
+from llmq_api.openai_format import CLIENT_GONE_STATUS, OPENAI, error_for, outcome_label
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import HTTP_REQUEST_ID
+from llmq_core.constants import ANTHROPIC, HTTP_REQUEST_ID
 from llmq_core.status import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -44,6 +38,45 @@ INTERRUPTED = unavailable(
     RETRY_AFTER_S,
     code=ErrorCode.STREAM_INTERRUPTED,
 )
+
+
+class StreamEncoder(Protocol):
+    """The bytes of one request's stream in its caller's dialect."""
+
+    def opening(self) -> bytes:
+        """What goes out before any text (may be empty)."""
+        ...
+
+    def text(self, index: int, text: str) -> bytes:
+        """New ``text`` of choice ``index``."""
+        ...
+
+    def closing(self, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
+        """The end of a succeeded stream: the text of ``result`` not ``sent`` yet, how it ended, the terminator."""
+        ...
+
+    def failure(self, error: ApiError) -> bytes:
+        """The end of a failed stream: ``error`` as an event, then the terminator."""
+        ...
+
+
+class Dialect(Protocol):
+    """A caller's wire format: how a result, an error and a stream look to it (see ``llmq_api.openai_format`` and
+    ``llmq_api.anthropic_format``)."""
+
+    def body(self, result: wire.FinalResult, pending: PendingRequest) -> dict:
+        """The JSON body of a succeeded ``result`` of ``pending``."""
+        ...
+
+    def error(self, error: ApiError, request_id: str | None) -> tuple[int, dict, dict[str, str]]:
+        """(status, JSON body, headers) of ``error``, a refusal or failure of request ``request_id``."""
+        ...
+
+    def headers(self, request_id: str) -> dict[str, str]:
+        """Headers every response to request ``request_id`` carries besides ``x-request-id``."""
+        ...
+
+    def stream(self, pending: PendingRequest) -> StreamEncoder: ...
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
@@ -106,9 +139,14 @@ class PendingRequest:
         """Seconds since the pod accepted the request (``created_ms``: before producing it, as the workers count)."""
         return max(0, self.clock.now_ms() - self.request.created_ms) / 1000
 
+    @property
+    def endpoint_label(self) -> str:
+        """The ``endpoint`` of its metrics: the wire endpoint, or ``messages`` for Anthropic's Messages API."""
+        return "messages" if self.request.api_format == ANTHROPIC else self.request.endpoint
+
     def record(self, resolution: Resolution, status: int) -> None:
         self.metrics.finished(
-            self.request.endpoint, outcome_label(resolution), status, time.perf_counter() - self.started_s
+            self.endpoint_label, outcome_label(resolution), status, time.perf_counter() - self.started_s
         )
         ttft_s = self.first_text_s
         if ttft_s is None and isinstance(resolution, wire.FinalResult) and resolution.timings.ttft_ms:
@@ -143,69 +181,72 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-def _headers(pending: PendingRequest, content_type: bytes, extra: dict[str, str] | None = None) -> list:
+def _headers(
+    pending: PendingRequest, dialect: Dialect, content_type: bytes, extra: dict[str, str] | None = None
+) -> list:
     headers = [(b"content-type", content_type), (HTTP_REQUEST_ID.encode(), pending.request_id.encode())]
-    headers += [(k.encode(), v.encode()) for k, v in {**pending.headers, **(extra or {})}.items()]
+    merged = {**dialect.headers(pending.request_id), **pending.headers, **(extra or {})}
+    headers += [(k.encode(), v.encode()) for k, v in merged.items()]
     return headers
 
 
 class ResultResponse(Response):
-    """Non-streaming: waits for the resolution, then sends one JSON body (the completion or an error)."""
+    """Non-streaming: waits for the resolution, then sends one JSON body (the completion or an error) in
+    ``dialect``."""
 
-    def __init__(self, pending: PendingRequest) -> None:  # no Response.__init__: __call__ builds status and headers
+    def __init__(self, pending: PendingRequest, dialect: Dialect = OPENAI) -> None:  # no Response.__init__
         self.pending = pending
+        self.dialect = dialect
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pending = self.pending
+        pending, dialect = self.pending, self.dialect
         try:
             resolution = await pending.resolution(receive)
         except asyncio.CancelledError:  # the pod's drain ran out of time: hand the request back to its client
-            await _send_json(
-                send, pending, SHUTTING_DOWN.status, SHUTTING_DOWN.body(), SHUTTING_DOWN.response_headers()
-            )
-            pending.record(pending.waiter.resolution, SHUTTING_DOWN.status)
+            status, payload, extra = dialect.error(SHUTTING_DOWN, pending.request_id)
+            await _send_json(send, pending, dialect, status, payload, extra)
+            pending.record(pending.waiter.resolution, status)
             return
         error = error_for(resolution)
         if isinstance(resolution, Abandoned):
             pending.record(resolution, CLIENT_GONE_STATUS)
             return
         if error is None:
-            status, payload, extra = (
-                200,
-                response_body(resolution, pending.request_id, pending.request.endpoint, pending.created_s),
-                None,
-            )
+            status, payload, extra = 200, dialect.body(resolution, pending), None
         else:
-            status, payload, extra = error.status, error.body(), error.response_headers()
-        await _send_json(send, pending, status, payload, extra)
+            status, payload, extra = dialect.error(error, pending.request_id)
+        await _send_json(send, pending, dialect, status, payload, extra)
         pending.record(resolution, status)
 
 
-async def _send_json(send: Send, pending: PendingRequest, status: int, payload: dict, extra: dict | None) -> None:
+async def _send_json(
+    send: Send, pending: PendingRequest, dialect: Dialect, status: int, payload: dict, extra: dict | None
+) -> None:
     body = msgspec.json.encode(payload)
-    headers = _headers(pending, b"application/json", extra) + [(b"content-length", str(len(body)).encode())]
+    headers = _headers(pending, dialect, b"application/json", extra) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class StreamResponse(Response):
-    """``stream: true``: a 200 ``text/event-stream`` of OpenAI chunks, each written as soon as its TokenChunk arrives.
+    """``stream: true``: a 200 ``text/event-stream`` in ``dialect`` (OpenAI's chunks, Anthropic's events), each text
+    written as soon as its TokenChunk arrives.
 
-    Ends with the finish chunks (plus the usage chunk when asked), or an ``{"error": ...}`` event, then ``[DONE]``.
-    Text the chunks missed is taken from the FinalResult, so the stream always adds up to the result's text; a result
-    that does not extend the text sent (another generation) ends the stream with ``stream_interrupted`` instead.
+    Ends with the dialect's closing events (OpenAI: the finish chunks, the usage chunk when asked, ``[DONE]``), or its
+    error event. Text the chunks missed is taken from the FinalResult, so the stream always adds up to the result's
+    text; a result that does not extend the text sent (another generation) ends the stream with
+    ``stream_interrupted`` instead.
     """
 
-    def __init__(self, pending: PendingRequest) -> None:  # no Response.__init__: __call__ builds status and headers
+    def __init__(self, pending: PendingRequest, dialect: Dialect = OPENAI) -> None:  # no Response.__init__
         self.pending = pending
+        self.dialect = dialect
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pending, request = self.pending, self.pending.request
-        fmt = ChunkFormatter(
-            pending.request_id, request.endpoint, request.model, pending.created_s, pending.include_usage
-        )
+        pending = self.pending
+        fmt = self.dialect.stream(pending)
         sent: dict[int, str] = {}
 
         async def write(data: bytes) -> None:
@@ -215,22 +256,24 @@ class StreamResponse(Response):
         async def on_chunk(chunk: wire.TokenChunk) -> None:
             if not sent:
                 pending.first_text_s = pending.since_accepted_s()
-                pending.metrics.child(pending.metrics.ttft, request.endpoint).observe(
+                pending.metrics.child(pending.metrics.ttft, pending.endpoint_label).observe(
                     time.perf_counter() - pending.started_s
                 )
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
             await write(fmt.text(chunk.index, chunk.text))
 
         headers = _headers(
-            pending, b"text/event-stream; charset=utf-8", {"cache-control": "no-cache", "x-accel-buffering": "no"}
+            pending,
+            self.dialect,
+            b"text/event-stream; charset=utf-8",
+            {"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await write(fmt.role(request.sampling.n))
+        await write(fmt.opening())
         try:
             resolution = await pending.resolution(receive, on_chunk)
         except asyncio.CancelledError:  # the pod's drain ran out of time: end the stream with a retryable error
-            await write(sse(SHUTTING_DOWN.body()))
-            await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+            await send({"type": "http.response.body", "body": fmt.failure(SHUTTING_DOWN), "more_body": False})
             pending.record(pending.waiter.resolution, SHUTTING_DOWN.status)
             return
         if isinstance(resolution, Abandoned):
@@ -239,11 +282,8 @@ class StreamResponse(Response):
         error = error_for(resolution)
         if error is None and not _extends(resolution, sent):
             error = INTERRUPTED
-        if error is None:
-            await write(_finish_chunks(fmt, resolution, sent))
-        else:
-            await write(sse(error.body()))
-        await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+        end = fmt.closing(resolution, sent) if error is None else fmt.failure(error)
+        await send({"type": "http.response.body", "body": end, "more_body": False})
         pending.record(resolution, 200 if error is None else error.status)
 
 
@@ -251,14 +291,3 @@ def _extends(result: wire.FinalResult, sent: dict[int, str]) -> bool:
     """Whether every choice of ``result`` starts with the text already sent of it (one generation)."""
     texts = {choice.index: choice.text for choice in result.choices}
     return all(texts.get(index, "").startswith(text) for index, text in sent.items())
-
-
-def _finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
-    """Per choice: whatever text the stream has not carried yet, with the finish reason; then the usage if asked."""
-    parts = []
-    for choice in sorted(result.choices, key=lambda c: c.index):
-        rest = choice.text[len(sent.get(choice.index, "")) :]
-        parts.append(fmt.text(choice.index, rest, choice.finish_reason))
-    if fmt.include_usage:
-        parts.append(fmt.usage(result.usage))
-    return b"".join(parts)

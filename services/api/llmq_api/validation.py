@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,14 @@ import msgspec
 
 from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
-from llmq_core.constants import HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS, INTERACTIVE, MAX_RESULT_BYTES, TRAFFIC_CLASSES
+from llmq_core.constants import (
+    HTTP_TIMEOUT_MS,
+    HTTP_TRAFFIC_CLASS,
+    INTERACTIVE,
+    MAX_RESULT_BYTES,
+    OPENAI,
+    TRAFFIC_CLASSES,
+)
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
 from llmq_core.status import ErrorCode
 from llmq_core.token_counts import BYTES, TokenCounter
@@ -40,6 +47,8 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = False
     include_usage: bool = False
     prompt_tokens: int
+    api_format: str = OPENAI  # the caller's wire format (constants.OPENAI, constants.ANTHROPIC)
+    asked_tier: wire.Tier | None = None  # a tier below its key's the caller asked for (Anthropic's standard_only): free
 
     def to_wire(self, principal: Principal, traffic_class: str, **fields) -> wire.GenerationRequest:
         """This request as ``principal`` (its tenant and tier) sends it in ``traffic_class``; ``fields``: the rest
@@ -51,7 +60,7 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # What a GenerationRequest takes of a ValidRequest, field by field under the same name.
-WIRE_FIELDS = ("model", "endpoint", "prompt", "messages", "sampling", "stream", "prompt_tokens")
+WIRE_FIELDS = ("model", "endpoint", "prompt", "messages", "sampling", "stream", "prompt_tokens", "api_format")
 
 
 # --- request bodies (unknown fields are ignored, as OpenAI-compatible servers do) -------------------------------------
@@ -197,8 +206,8 @@ def parse(
     Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
     """
     chat = endpoint == "chat.completions"
-    raw = _decode(body, _ChatBody if chat else _CompletionBody)
-    with _client_error():
+    raw = decode_body(body, _ChatBody if chat else _CompletionBody)
+    with client_errors():
         context_window = requests.check_model(raw.model, models)
         counter = counters.get(raw.model, BYTES)
         sampling, prompt_tokens, text = (_chat if chat else _completion)(raw, context_window, max_stop_bytes, counter)
@@ -267,7 +276,7 @@ def _valid(
 
 
 @contextmanager
-def _client_error() -> Iterator[None]:
+def client_errors() -> Iterator[None]:
     """The shared checks (``llmq_core.requests``) raise RequestError: answer it as the same OpenAI error object."""
     try:
         yield
@@ -286,10 +295,10 @@ def chat_max_tokens(prompt_tokens: int, context_window: int, n: int) -> int:
 
 
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+_MISSING = re.compile(r"Object (?:missing required|contains unknown) field `(?P<field>[^`]+)`")
 
 
-def _decode(body: bytes, kind: type) -> Any:
+def decode_body(body: bytes, kind: type) -> Any:
     if not body.strip():
         raise invalid("Request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -301,7 +310,8 @@ def _decode(body: bytes, kind: type) -> Any:
 
 
 def _type_error(text: str) -> ApiError:
-    """Turn msgspec's message into a 400 naming the field, e.g. ``messages[0].role``."""
+    """Turn msgspec's message into a 400 naming the field, e.g. ``messages[0].role`` (a missing one, or an unknown one
+    of a body that refuses them)."""
     match = _PATH.search(text)
     path = match.group("path") if match else ""
     missing = _MISSING.match(text)
@@ -348,14 +358,7 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
     requests.check_role(i, message.role)
     content = message.content
     if isinstance(content, list):
-        for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
-                raise invalid(
-                    f"Only text content parts are supported, got {echo(part.type)}",
-                    param=f"messages[{i}].content[{j}]",
-                    code=ErrorCode.INVALID_VALUE,
-                )
-        content = "".join(part.text for part in content)
+        content = joined_text(content, lambda j: f"messages[{i}].content[{j}]")
     if content is None:
         raise invalid(
             "Message content is required",
@@ -363,6 +366,19 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
         )
     return wire.ChatMessage(role=message.role, content=content)
+
+
+def joined_text(parts: list, param_of: Callable[[int], str], noun: str = "content parts") -> str:
+    """The text of ``parts`` (each with ``type`` and ``text``: OpenAI's content parts, Anthropic's text blocks)
+    joined; a 400 naming ``param_of(j)`` for the first part that is no text."""
+    for j, part in enumerate(parts):
+        if part.type != "text" or part.text is None:
+            raise invalid(
+                f"Only text {noun} are supported, got {echo(part.type)}",
+                param=param_of(j),
+                code=ErrorCode.INVALID_VALUE,
+            )
+    return "".join(part.text for part in parts)
 
 
 def _sampling(

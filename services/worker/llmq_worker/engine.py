@@ -48,6 +48,7 @@ class ChoiceEnd:
     text: str
     tokens: int
     finish_reason: FinishReason | None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 class EngineRun(Protocol):
@@ -94,7 +95,13 @@ class FinalEvent:
             request_id=run.request.request_id,
             outcome=outcome,
             choices=[
-                Choice(index=c.index, text=c.text, finish_reason=c.finish_reason if succeeded else None) for c in ends
+                Choice(
+                    index=c.index,
+                    text=c.text,
+                    finish_reason=c.finish_reason if succeeded else None,
+                    stop_sequence=c.stop_sequence if succeeded else None,
+                )
+                for c in ends
             ],
             usage=Usage.of(run.prompt_tokens, sum(c.tokens for c in ends)),
             started_ms=run.started_ms,

@@ -59,7 +59,11 @@ class StopMatcher:
     def __init__(self, stops: list[str]) -> None:
         self._stops = [s for s in stops if s]
         self._held = ""
-        self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the stream
+
+    @property
+    def stopped(self) -> bool:
+        return self.matched is not None
 
     def push(self, text: str) -> str:
         """Text safe to emit now: everything before a matched stop string, minus a tail that may still become one."""
@@ -69,9 +73,10 @@ class StopMatcher:
         # The stop completed first (earliest end; the longest on a tie) wins, as if text arrived one character at a time.
         found = [(i + len(stop), -len(stop), i) for stop in self._stops if (i := buffer.find(stop)) >= 0]
         if found:
-            self.stopped = True
+            end, longest, start = min(found)
+            self.matched = buffer[start:end]
             self._held = ""
-            return buffer[: min(found)[2]]
+            return buffer[:start]
         keep = max((_overlap(buffer, stop) for stop in self._stops), default=0)
         self._held = buffer[len(buffer) - keep :]
         return buffer[: len(buffer) - keep]
@@ -81,12 +86,12 @@ class StopMatcher:
         held, self._held = self._held, ""
         return "" if self.stopped else held
 
-    def state(self) -> tuple[str, bool]:
+    def state(self) -> tuple[str, str | None]:
         """A checkpoint: :meth:`restore` undoes every push since."""
-        return self._held, self.stopped
+        return self._held, self.matched
 
-    def restore(self, state: tuple[str, bool]) -> None:
-        self._held, self.stopped = state
+    def restore(self, state: tuple[str, str | None]) -> None:
+        self._held, self.matched = state
 
 
 def _overlap(text: str, stop: str) -> int:
@@ -142,6 +147,11 @@ class ChoiceText:
     def stopped(self) -> bool:
         """True once a stop string matched: later tokens are ignored and not counted."""
         return self._matcher.stopped
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended this choice, if one did."""
+        return self._matcher.matched
 
     @property
     def done(self) -> bool:

@@ -3,6 +3,7 @@
 import asyncio
 
 import httpx
+import msgspec
 import pytest
 
 from llmq_api.app import create_app
@@ -27,6 +28,8 @@ class FakeWorker:
         self.produced: list[wire.GenerationRequest] = []
         self.silent = False
         self.error: wire.ErrorInfo | None = None
+        self.outcome: wire.Outcome | None = None  # set: every result's outcome (else succeeded, or errored)
+        self.choice: wire.Choice | None = None  # set: the one choice of every result (e.g. one a stop string ended)
 
     async def run(self) -> None: ...
 
@@ -51,8 +54,10 @@ class FakeWorker:
                         tenant_id=request.tenant_id,
                     )
                 )
-        outcome = wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED
+        outcome = self.outcome or (wire.Outcome.ERRORED if self.error else wire.Outcome.SUCCEEDED)
         result = fake_result(request, outcome, text, error=self.error)
+        if self.choice is not None:
+            result = msgspec.structs.replace(result, choices=[self.choice])
         self.pod.registry.dispatch(result)
         self.pod.redis.data[constants.result_key(request.request_id)] = wire.encode(result)  # the result-router
 

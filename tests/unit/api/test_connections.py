@@ -139,6 +139,16 @@ async def test_a_short_body_gets_408_at_the_body_deadline_and_the_app_reads_a_di
     assert protocol.cycle.disconnected
 
 
+async def test_an_anthropic_callers_short_body_gets_anthropics_408(connect):
+    protocol, loop, transport = connect()
+    protocol.data_received(HEAD.replace(b"/v1/completions", b"/v1/messages") + b"12345")
+    await asyncio.sleep(0)
+    loop.fire()
+    body = json.loads(transport.written.partition(b"\r\n\r\n")[2])
+    assert transport.written.startswith(b"HTTP/1.1 408 ") and body["error"]["type"] == "timeout_error"
+    assert body["type"] == "error" and body["error"]["message"].startswith("The request's body did not arrive")
+
+
 async def test_no_deadline_runs_while_the_app_works_and_keep_alive_takes_over_after_the_response(connect):
     protocol, loop, transport = connect()
     protocol.data_received(HEAD + b"1234567890")

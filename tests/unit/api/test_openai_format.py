@@ -4,7 +4,7 @@ import msgspec
 import pytest
 
 from llmq_api.openai_format import ChunkFormatter, error_for, outcome_label, response_body
-from llmq_api.responses import _finish_chunks
+from llmq_api.openai_format import finish_chunks as _finish_chunks
 from llmq_api.waiters import Abandoned, DeadlineExceeded
 from llmq_core import wire
 from tests.unit.api.fakes import final

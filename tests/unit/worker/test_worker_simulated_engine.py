@@ -131,6 +131,7 @@ async def test_stop_string_spanning_chunks_is_never_emitted(engine, manual_time)
     events = await collect(engine)
     final = finals(events)["s"]
     assert (final.choices[0].text, final.choices[0].finish_reason) == ("hell", "stop")
+    assert final.choices[0].stop_sequence == "o w"  # Anthropic's stop_sequence: which stop ended it
     assert streamed(events, "s") == "hell"
     assert len([e for e in events if isinstance(e, ChunkEvent)]) > 1
     assert final.usage.completion_tokens == len("hello w")

@@ -42,6 +42,15 @@ def test_held_tail_that_never_becomes_a_stop_is_released():
 def test_the_stop_completed_first_wins():
     matcher = StopMatcher(["abcd", "bc"])
     assert matcher.push("abcd") == "a"
+    assert matcher.matched == "bc"
+
+
+def test_the_matched_stop_is_named_and_a_restore_forgets_it():
+    matcher = StopMatcher(["xyz", "q"])
+    checkpoint = matcher.state()
+    assert matcher.push("abxyz") == "ab" and matcher.matched == "xyz"
+    matcher.restore(checkpoint)
+    assert matcher.matched is None and not matcher.stopped
 
 
 alphabet = st.sampled_from("abc é😀")

@@ -171,7 +171,9 @@ class ScriptedClient:
                 text = bytes(t - 3 for t in ids).decode("utf-8", errors="replace")
                 done = len(ids) == min(len(prompt_ids), params["max_tokens"])
                 reason = ("length" if len(ids) == params["max_tokens"] else "stop") if done else None
-                yield SimpleNamespace(outputs=[SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason)])
+                yield SimpleNamespace(
+                    outputs=[SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason, stop_reason=None)]
+                )
                 await asyncio.sleep(0)
         except (asyncio.CancelledError, GeneratorExit):  # as AsyncLLM.generate: both abort the request
             self.aborted.append(request_id)

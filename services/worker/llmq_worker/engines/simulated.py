@@ -53,7 +53,10 @@ class _Run:
 
     def choice_ends(self) -> list[ChoiceEnd]:
         natural_end = not self.tokens  # nothing to replay: the choice ends at once, as at an EOS
-        return [ChoiceEnd(i, c.text, c.tokens, c.finish_reason(natural_end)) for i, c in enumerate(self.choices)]
+        return [
+            ChoiceEnd(i, c.text, c.tokens, c.finish_reason(natural_end), c.stop_sequence)
+            for i, c in enumerate(self.choices)
+        ]
 
 
 class SimulatedEngine:

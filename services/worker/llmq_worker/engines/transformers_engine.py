@@ -67,7 +67,10 @@ class _Job:
     first_token_ms: int = 0
 
     def choice_ends(self) -> list[ChoiceEnd]:
-        return [ChoiceEnd(s.index, s.text.text, s.text.tokens, s.text.finish_reason(s.eos)) for s in self.subs]
+        return [
+            ChoiceEnd(s.index, s.text.text, s.text.tokens, s.text.finish_reason(s.eos), s.text.stop_sequence)
+            for s in self.subs
+        ]
 
     def tokens_left(self) -> list[int]:
         return [s.max_tokens - s.seen for s in self.subs if not s.done]

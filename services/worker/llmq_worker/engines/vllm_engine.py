@@ -83,6 +83,7 @@ class _Choice:
     text: str = ""
     tokens: int = 0
     reason: str | None = None
+    stop_sequence: str | None = None  # vLLM's stop_reason when a stop string ended it (a stop token id is no string)
     done: bool = False
     capped: bool = False  # the result's byte cap ended it (finish_reason length)
 
@@ -102,7 +103,7 @@ class _Job:
         return len(self.prompt_ids)
 
     def choice_ends(self) -> list[ChoiceEnd]:
-        return [ChoiceEnd(c.index, c.text, c.tokens, finish_reason(c.reason)) for c in self.choices]
+        return [ChoiceEnd(c.index, c.text, c.tokens, finish_reason(c.reason), c.stop_sequence) for c in self.choices]
 
     def tokens_left(self) -> list[int]:
         return [self.request.sampling.max_tokens - c.tokens for c in self.choices if not c.done]
@@ -248,9 +249,10 @@ class VllmEngine(SequenceEngine):
             choice.tokens = len(completion.token_ids)
             job.first_token_ms = job.first_token_ms or now
         choice.reason = completion.finish_reason
+        choice.stop_sequence = completion.stop_reason if isinstance(completion.stop_reason, str) else None
         delta = job.budget.take(text_delta(completion.text, len(choice.text))) if not job.budget.exhausted else ""
         if job.budget.exhausted:
-            choice.capped, choice.reason = True, "length"
+            choice.capped, choice.reason, choice.stop_sequence = True, "length", None
         if delta:
             choice.text += delta
             self._events.put(ChunkEvent(job.request.request_id, choice.index, delta))
