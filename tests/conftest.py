@@ -22,9 +22,31 @@ from tests.infra import secure_suite_infra, suite_infra
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Under pytest-xdist (the system tier, Makefile `test`): this worker's name (gw0, gw1, ...), or "" in one process
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
 def pytest_collection_modifyitems(config, items):
     needs_infra = any(item.get_closest_marker("integration") for item in items)
     config._llmq_needs_infra = needs_infra
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_stack_group(item)))
+
+
+def _stack_group(item) -> str:
+    """The tests that must share one worker process under ``--dist loadgroup``: a module's (its module-scoped stack),
+    a package's when it holds a package-scoped stack (tests/system/regions), and every user of the secure cluster
+    (``secure_infra``, session-scoped: one per worker that asks for it)."""
+    if "secure_infra" in item.fixturenames:
+        return "secure"
+    path = Path(item.path)
+    shared = (path.parent / "conftest.py").exists() and path.parent != ROOT / "tests"
+    return str((path.parent if shared else path).relative_to(ROOT))
+
+
+def _state_dir(name: str) -> Path:
+    """Where a suite-wide broker and Redis keep their state: one folder per xdist worker."""
+    return ROOT / "var" / (f"{name}-{WORKER}" if WORKER else name)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,7 +55,7 @@ def infra(request):
     if os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS") or not getattr(request.config, "_llmq_needs_infra", False):
         yield None
         return
-    with suite_infra(ROOT / "var" / "test", os.environ.get("DOCKER_HOST")) as stack:
+    with suite_infra(_state_dir("test"), os.environ.get("DOCKER_HOST")) as stack:
         os.environ["LLMQ_KAFKA_BOOTSTRAP_SERVERS"] = stack.cfg.kafka_bootstrap
         os.environ["LLMQ_REDIS_URL"] = stack.cfg.redis_url
         yield stack
@@ -43,7 +65,7 @@ def infra(request):
 def secure_infra():
     """A secure Kafka + Redis for the session (tests/infra.py ``secure_suite_infra``), started on first use. Clients
     take their role's connection settings from ``secure_infra.cfg.settings(role)`` / ``.env(role)``."""
-    with secure_suite_infra(ROOT / "var" / "test-secure") as stack:
+    with secure_suite_infra(_state_dir("test-secure")) as stack:
         yield stack
 
 

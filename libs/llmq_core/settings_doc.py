@@ -28,6 +28,15 @@ warning per process; the new name wins where both are set. Per-process flags (`-
 """
 
 
+# Variables only the `llmq` command reads (not a service's settings): name -> (default, what it does).
+CLI_VARIABLES = {
+    "LLMQ_API_URL": ("http://127.0.0.1:8000/v1", "`llmq batch`: the API pod's base URL (`--base-url`)."),
+    "LLMQ_API_KEY": ("llmq-dev-key", "`llmq batch`: the API key it sends as `Bearer` (`--api-key`)."),
+    "LLMQ_CACHE_DIR": ("~/.cache/llmq", "`llmq dev install`: where the Kafka and MirrorMaker 2 jars are cached."),
+    "LLMQ_KAFKA_VERSION": ("4.1.2", "`llmq dev install`: the Kafka release assembled from Maven Central."),
+}
+
+
 def _default(field: FieldInfo) -> str:
     value: Any = field.get_default(call_default_factory=True)
     if value is None:
@@ -62,6 +71,9 @@ def render() -> str:
                 f"| `{env_name(group, field_name)}` | `{_cell(_type(field))}` | `{_cell(_default(field))}`"
                 f" | {_cell(field.description or '')} | {old} |"
             )
+    parts.append("\n## The `llmq` command\n\nRead by the command line only, beside the settings above.\n")
+    parts.append("| variable | default | description |\n|---|---|---|")
+    parts += [f"| `{name}` | `{default}` | {text} |" for name, (default, text) in CLI_VARIABLES.items()]
     return "\n".join(parts) + "\n"
 
 

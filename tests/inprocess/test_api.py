@@ -430,7 +430,9 @@ async def test_client_errors_are_answered_before_kafka(api, kwargs, status, para
     error = response.json()["error"]
     assert error["param"] == param and error["message"]
     request_id = response.headers["x-request-id"]
-    await asyncio.sleep(0.3)  # time for a wrongly produced request to show up at the fake worker
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:  # produced after it, answered:
+        after = await client.post("/v1/completions", json={"model": MODEL, "prompt": "after", "max_tokens": 1})
+    assert after.status_code == 200 and after.headers["x-request-id"] in worker.seen  # the worker read past it
     assert request_id not in worker.seen
 
 

@@ -116,9 +116,15 @@ async def _running_batcher(
 
 
 @pytest.fixture(scope="module")
-async def batcher():
-    async with _running_batcher() as (names, producer, redis, consumer, _):
-        yield names, producer, redis, consumer
+async def running():
+    async with _running_batcher() as running:
+        yield running
+
+
+@pytest.fixture
+def batcher(running):
+    names, producer, redis, consumer, _ = running
+    return names, producer, redis, consumer
 
 
 async def _assigned_everything(consumer, names: Names, bound_s: float = 60) -> None:
@@ -249,11 +255,13 @@ async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batche
     assert wire.decode(logged.value).outcome is wire.Outcome.EXPIRED
 
 
-async def test_cancel_before_arrival_answers_canceled(batcher):
-    names, producer, redis, _ = batcher
+async def test_cancel_before_arrival_answers_canceled(running):
+    names, producer, redis, _, loop = running
     request = _request(f"req-{uuid.uuid4().hex}", "pod-y")
     await redis.publish(names.cancels_channel, wire.encode(wire.Cancel(request_id=request.request_id)))
-    await asyncio.sleep(0.5)  # the cancel is seen before the request is consumed
+    async with asyncio.timeout(30):  # the cancel is seen before the request is produced
+        while not loop.shared.policy.awaits_arrival(request.request_id):
+            await asyncio.sleep(0.01)
     await kafka.send_message(producer, names.request_topics[0], request, key=request.request_id)
     logged = await _read_one(Settings(), names.results_topic, lambda r: r.key == request.request_id.encode())
     assert wire.decode(logged.value).outcome is wire.Outcome.CANCELED

@@ -21,11 +21,13 @@ from llmq_core import wire
 from llmq_core.constants import MAX_RESULT_BYTES, TOPIC_RESULTS, requests_topic
 from llmq_core.kafka import make_consumer
 from llmq_core.tokenizer import count_tokens
+from tests import ports
 from tests.stacks import kcat_request, private_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-API_PORTS = (18000, 18001)
+BASE = ports.block()  # the metrics ports derived from the API ports (+10 and up) are free too
+API_PORTS = (BASE, BASE + 1)
 
 
 def sim_answer(prompt: str, max_tokens: int) -> str:

@@ -227,6 +227,10 @@ class BatchPolicy:
         self._answer(entry.request, wire.Outcome.CANCELED, ErrorType.BATCHER_CANCELED, reason)
         return True
 
+    def awaits_arrival(self, request_id: str) -> bool:
+        """Whether a cancel of ``request_id`` is remembered for its arrival (it came before the request did)."""
+        return request_id in self._recent_cancels
+
     def on_heartbeat(self, hb: wire.WorkerHeartbeat, now_ms: int) -> None:
         """Learn a worker's capacity from a heartbeat received at ``now_ms``; a new worker joins its model's pool, one
         that changed model or partition rejoins (what it held is re-queued in front)."""
