@@ -29,19 +29,6 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 def pytest_collection_modifyitems(config, items):
     needs_infra = any(item.get_closest_marker("integration") for item in items)
     config._llmq_needs_infra = needs_infra
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_stack_group(item)))
-
-
-def _stack_group(item) -> str:
-    """The tests that must share one worker process under ``--dist loadgroup``: a module's (its module-scoped stack),
-    a package's when it holds a package-scoped stack (tests/system/regions), and every user of the secure cluster
-    (``secure_infra``, session-scoped: one per worker that asks for it)."""
-    if "secure_infra" in item.fixturenames:
-        return "secure"
-    path = Path(item.path)
-    shared = (path.parent / "conftest.py").exists() and path.parent != ROOT / "tests"
-    return str((path.parent if shared else path).relative_to(ROOT))
 
 
 def _state_dir(name: str) -> Path:

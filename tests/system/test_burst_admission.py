@@ -23,7 +23,7 @@ from llmq_core import constants
 from tests import ports
 from tests.stacks import shed_wait_env, sim_stack
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]  # latency bounds: the machine to itself
 
 API_PORT = ports.block()
 FREE_LIMIT_MS = 2000

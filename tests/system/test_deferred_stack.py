@@ -12,7 +12,7 @@ import pytest
 from tests import ports
 from tests.stacks import run_bench, shed_wait_env, sim_stack
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]  # latency bounds: the machine to itself
 
 BASE = ports.block()
 API_PORTS = (BASE, BASE + 1)

@@ -27,7 +27,7 @@ from tests.system.faults.loadgen import KAFKA_TENANT, Ending, HttpLoad, KafkaLoa
 from tests.system.faults.report import FaultReport
 from tests.system.faults.stack import FaultStack, Tap
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]  # latency bounds: the machine to itself
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ports.block()

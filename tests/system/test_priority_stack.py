@@ -26,7 +26,7 @@ from llmq_core import constants, kafka, wire
 from tests import ports
 from tests.stacks import standalone_stack
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]  # latency bounds: the machine to itself
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ports.block()
