@@ -475,6 +475,14 @@ class ApiSettings(Group):
         description="Bytes of a request's line and headers, counted as they arrive; past it 431 `headers_too_large` and "
         "the connection closes.",
     )
+    shutdown_delay_ms: int = Field(
+        0,
+        ge=0,
+        description="After SIGTERM the pod keeps its listener open this long, answering readiness and new generation "
+        "requests with 503 + `Retry-After`, so that a load balancer probing readiness stops sending it connections "
+        "before it closes (a connection still arriving at the close would be reset). Counted inside "
+        "`LLMQ_SHUTDOWN_GRACE_S`; on Kubernetes the chart's preStop sleep does this (0).",
+    )
     access_log: bool = Field(
         True,
         description="One log line per request (logger `llmq_api.access`): method, route template, status, tenant, "

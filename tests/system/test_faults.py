@@ -52,6 +52,9 @@ def config() -> StackConfig:
         "LLMQ_API_POD_HEARTBEAT_TTL_MS": str(POD_HEARTBEAT_TTL_MS),
         "LLMQ_BATCHER_WORKER_HEARTBEAT_TIMEOUT_MS": str(WORKER_HEARTBEAT_TIMEOUT_MS),
         "LLMQ_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S),
+        # A draining pod's listener stays open this long, so that the load generator (a Service: it follows readiness)
+        # sends no connection to be reset at its close.
+        "LLMQ_API_SHUTDOWN_DELAY_MS": "1500",
         # The faults need work queued when they strike (the API pod kill: ~6 s of a dead pod's near_interactive
         # burst): admission predicts waits from the queue ahead, so it must not shed these classes here.
         "LLMQ_API_SHED_WAIT_MS": json.dumps(

@@ -3,9 +3,9 @@
 Run: ``python -m llmq_api.main --host 127.0.0.1 --port 8000 [--instance-id api-0] [--metrics-port 9100]``.
 Prometheus ``/metrics`` is served apart from the API, on ``--metrics-port`` (LLMQ_METRICS_PORT) bound to
 LLMQ_METRICS_HOST (an internal address; loopback by default): never on the port clients reach.
-SIGTERM/SIGINT: readiness turns 503 and new generation requests get 503 at once; uvicorn stops accepting connections,
-lets in-flight requests finish for up to ~80% of ``shutdown_grace_s`` (less if closing the clients needs more of the
-rest), then exits within the grace.
+SIGTERM/SIGINT: readiness turns 503 and new generation requests get 503 at once; after ``api.shutdown_delay_ms`` (a load
+balancer's time to notice) uvicorn stops accepting connections, lets in-flight requests finish for up to ~80% of
+``shutdown_grace_s`` (less if closing the clients needs more of the rest), then exits within the grace.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from llmq_api import connections
 from llmq_api.app import create_app
 from llmq_api.pod import CLOSE_TIMEOUT_S, REDIS_OP_TIMEOUT_S, Pod
 from llmq_core import ids, kafka, metrics, runtime, tracing
+from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.telemetry import setup_logging
 
 # The settings groups an API pod reads (validated at start; a bad value elsewhere is no concern of it)
@@ -36,15 +37,31 @@ CLOSE_BUDGET_S = REDIS_OP_TIMEOUT_S + CLOSE_TIMEOUT_S  # Pod.stop's bounded step
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, plus: the first exit signal marks the pod as draining before uvicorn's graceful shutdown begins."""
+    """uvicorn, plus: the first exit signal marks the pod as draining at once, and the listener closes (uvicorn's
+    graceful shutdown) ``shutdown_delay_ms`` later, or at once on a second SIGINT."""
 
-    def __init__(self, config: uvicorn.Config, pod: Pod) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        pod: Pod,
+        shutdown_delay_ms: int = 0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         super().__init__(config)
         self.pod = pod
+        self.shutdown_delay_ms = shutdown_delay_ms
+        self.clock = clock
+        self.close_at_ms: int | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.pod.draining = True
+        if self.close_at_ms is None:
+            self.pod.draining = True
+            self.close_at_ms = self.clock.now_ms() + self.shutdown_delay_ms
         super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        exiting = await super().on_tick(counter)
+        return exiting and (self.force_exit or self.close_at_ms is None or self.clock.now_ms() >= self.close_at_ms)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -56,10 +73,11 @@ class DrainingServer(uvicorn.Server):
                 self._captured_signals.clear()
 
 
-def requests_grace_s(shutdown_grace_s: float) -> int:
-    """Whole seconds in-flight requests get after SIGTERM: ~80% of the grace, less if closing the clients would then
-    run past it (at least 1)."""
-    return max(1, int(min(shutdown_grace_s * GRACE_SHARE_FOR_REQUESTS, shutdown_grace_s - CLOSE_BUDGET_S)))
+def requests_grace_s(shutdown_grace_s: float, shutdown_delay_s: float = 0.0) -> int:
+    """Whole seconds in-flight requests get once the listener closes: ~80% of the grace, less the shutdown delay, less
+    if closing the clients would then run past it (at least 1)."""
+    share_s = min(shutdown_grace_s * GRACE_SHARE_FOR_REQUESTS, shutdown_grace_s - CLOSE_BUDGET_S)
+    return max(1, int(share_s - shutdown_delay_s))
 
 
 def default_instance_id() -> str:
@@ -105,13 +123,15 @@ def main() -> None:
         log_config=None,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=requests_grace_s(settings.runtime.shutdown_grace_s),
+        timeout_graceful_shutdown=requests_grace_s(
+            settings.runtime.shutdown_grace_s, settings.api.shutdown_delay_ms / 1000
+        ),
         **connection_options,
     )
     port = settings.observability.metrics_port if args.metrics_port is None else args.metrics_port
     stop_metrics = metrics.serve(pod.metrics.registry, port, settings.observability.metrics_host)
     try:
-        DrainingServer(config, pod).run()
+        DrainingServer(config, pod, settings.api.shutdown_delay_ms).run()
     finally:
         if stop_metrics is not None:
             stop_metrics()

@@ -29,6 +29,7 @@ from llmq_core import constants, wire
 DEV_KEY = "llmq-dev-key"
 LOST_SLACK_S = 5.0  # a request with no ending this long after its deadline is lost (it hangs)
 CONNECT_TIMEOUT_S = 2.0
+READY_POLL_S = 0.1
 
 
 class Ending(str, enum.Enum):
@@ -113,8 +114,11 @@ def sim_answer(prompt: str, max_tokens: int) -> str:
 class HttpLoad:
     """Sends completions at ``rate_per_s`` to ``ports`` (round robin) from :meth:`start` until :meth:`stop`.
 
-    A refused connection is retried on the next pod, as a load balancer would (nothing reached the server). Each request
-    carries ``x-llmq-timeout-ms: timeout_ms``; one without an ending by then + LOST_SLACK_S counts as lost.
+    Like a Kubernetes Service it follows the pods' readiness (``/readyz``, every READY_POLL_S): a request goes to its
+    round-robin pod, or to the next ready one while that pod answers 503 or refuses (a draining pod keeps its listener
+    open for ``LLMQ_API_SHUTDOWN_DELAY_MS`` so that this is seen first); with no pod ready, round robin. A refused
+    connection is retried on the next pod, as a load balancer would (nothing reached the server). Each request carries
+    ``x-llmq-timeout-ms: timeout_ms``; one without an ending by then + LOST_SLACK_S counts as lost.
     """
 
     def __init__(
@@ -146,19 +150,23 @@ class HttpLoad:
         self._ids: Counter[str] = Counter()
         self._tasks: set[asyncio.Task] = set()
         self._pacer: asyncio.Task | None = None
+        self._ready = [True] * len(self.ports)
+        self._watcher: asyncio.Task | None = None
         # One connection per request: reusing a kept-alive one the server is closing (its timer runs while this loaded
         # process has not read the last response yet) would read as a dropped connection.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), limits=limits)
 
     def start(self) -> None:
+        self._watch()
         self._pacer = asyncio.create_task(self._pace())
 
     async def stop(self) -> Tally:
         """Stop sending, wait for every request to end (bounded by its deadline + slack), and count."""
-        if self._pacer is not None:
-            self._pacer.cancel()
-            await asyncio.gather(self._pacer, return_exceptions=True)
+        for task in (self._pacer, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self._client.aclose()
         return self.tally()
@@ -170,7 +178,26 @@ class HttpLoad:
 
     def burst(self, count: int, pod: int | None = None) -> list[asyncio.Task]:
         """Send ``count`` requests now (to ``pod`` or round robin); returns their tasks."""
+        self._watch()
         return [self._spawn(pod) for _ in range(count)]
+
+    def _watch(self) -> None:
+        if self._watcher is None and len(self.ports) > 1:
+            self._watcher = asyncio.create_task(self._follow_readiness())
+
+    async def _follow_readiness(self) -> None:
+        """Only a definite answer moves a pod in or out of rotation: 503 or a refused connection out, 200 in; a slow
+        probe (a loaded pod) leaves it where it is."""
+        async with httpx.AsyncClient(timeout=1.0) as probe:
+            while True:
+                for i, port in enumerate(self.ports):
+                    try:
+                        self._ready[i] = (await probe.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+                    except httpx.ConnectError:
+                        self._ready[i] = False
+                    except httpx.HTTPError:
+                        pass
+                await asyncio.sleep(READY_POLL_S)
 
     async def _pace(self) -> None:
         interval_s = 1 / self.rate_per_s
@@ -207,8 +234,8 @@ class HttpLoad:
         return record
 
     async def _send(self, body: dict, pod: int, expected: str) -> dict:
-        for attempt in range(len(self.ports)):
-            target = (pod + attempt) % len(self.ports)
+        order = [(pod + attempt) % len(self.ports) for attempt in range(len(self.ports))]
+        for target in sorted(order, key=lambda t: not self._ready[t]):  # stable: the ready ones first, in turn
             url = f"http://127.0.0.1:{self.ports[target]}/v1/completions"
             try:
                 async with self._client.stream("POST", url, json=body, headers=self.headers) as response:
@@ -330,6 +357,24 @@ class KafkaLoad:
                 )
             )
         return Tally(records)
+
+    def _watch(self) -> None:
+        if self._watcher is None and len(self.ports) > 1:
+            self._watcher = asyncio.create_task(self._follow_readiness())
+
+    async def _follow_readiness(self) -> None:
+        """Only a definite answer moves a pod in or out of rotation: 503 or a refused connection out, 200 in; a slow
+        probe (a loaded pod) leaves it where it is."""
+        async with httpx.AsyncClient(timeout=1.0) as probe:
+            while True:
+                for i, port in enumerate(self.ports):
+                    try:
+                        self._ready[i] = (await probe.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+                    except httpx.ConnectError:
+                        self._ready[i] = False
+                    except httpx.HTTPError:
+                        pass
+                await asyncio.sleep(READY_POLL_S)
 
     async def _pace(self) -> None:
         interval_s = 1 / self.rate_per_s

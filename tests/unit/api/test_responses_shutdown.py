@@ -1,10 +1,15 @@
-"""Shutdown: a request still waiting when the pod's drain runs out (uvicorn cancels it) gets a 503 + Retry-After, not
-a 500; the drain leaves time to close the clients within the grace."""
+"""Shutdown: SIGTERM drains at once and closes the listener after the shutdown delay; a request still waiting when the
+pod's drain runs out (uvicorn cancels it) gets a 503 + Retry-After, not a 500; the delay and the drain leave time to
+close the clients within the grace."""
 
 import asyncio
 import json
+import signal
+from types import SimpleNamespace
 
-from llmq_api.main import CLOSE_BUDGET_S, requests_grace_s
+import uvicorn
+
+from llmq_api.main import CLOSE_BUDGET_S, DrainingServer, requests_grace_s
 from llmq_api.metrics import ApiMetrics
 from llmq_api.responses import PendingRequest, ResultResponse, StreamResponse
 from llmq_api.waiters import Abandoned, WaiterRegistry
@@ -77,3 +82,37 @@ def test_requests_drain_and_closing_the_clients_fit_in_the_grace():
     for grace_s in (5, 8, 10, 30):
         assert 1 <= requests_grace_s(grace_s) <= 0.8 * grace_s
         assert requests_grace_s(grace_s) + CLOSE_BUDGET_S <= grace_s
+
+
+def test_requests_grace_leaves_room_for_the_shutdown_delay():
+    for grace_s, delay_s in ((8, 2), (10, 2), (30, 5)):
+        assert 1 <= requests_grace_s(grace_s, delay_s) <= requests_grace_s(grace_s) - delay_s
+        assert delay_s + requests_grace_s(grace_s, delay_s) + CLOSE_BUDGET_S <= grace_s
+
+
+def draining_server(delay_ms: int) -> tuple[DrainingServer, SimpleNamespace, FakeClock]:
+    pod, clock = SimpleNamespace(draining=False), FakeClock()
+    return DrainingServer(uvicorn.Config(app=None), pod, delay_ms, clock), pod, clock  # type: ignore[arg-type]
+
+
+async def test_sigterm_drains_at_once_and_closes_the_listener_after_the_delay():
+    server, pod, clock = draining_server(2000)
+    assert not await server.on_tick(1)
+    server.handle_exit(signal.SIGTERM, None)
+    assert pod.draining and not await server.on_tick(2)  # readiness 503 while the listener still accepts
+    clock.advance(1999)
+    server.handle_exit(signal.SIGTERM, None)  # a repeated SIGTERM does not move the close
+    assert not await server.on_tick(3)
+    clock.advance(1)
+    assert await server.on_tick(4)
+
+
+async def test_no_delay_closes_at_once_and_a_second_sigint_does_not_wait():
+    server, pod, _ = draining_server(0)
+    server.handle_exit(signal.SIGTERM, None)
+    assert pod.draining and await server.on_tick(1)
+    server, _, _ = draining_server(60_000)
+    server.handle_exit(signal.SIGINT, None)
+    assert not await server.on_tick(1)
+    server.handle_exit(signal.SIGINT, None)
+    assert await server.on_tick(2)
