@@ -23,7 +23,7 @@ from llmq_core import constants, wire
 from llmq_core.settings import Settings
 from tests import ports
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]  # latency bounds: the machine to itself
 
 BASE = ports.block()
 API_PORTS = (BASE, BASE + 1)  # metrics: result-router +10, batcher +11, workers +12, +13
