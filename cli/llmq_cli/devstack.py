@@ -198,6 +198,12 @@ def redis_server_argv(
     ]
 
 
+def replica_name(kind: str, index: int) -> str:
+    """The process name of batcher or result-router number ``index`` (instance id ``<kind>-<index>``): ``<kind>`` for
+    the first (as a one-of-each stack always named it), ``<kind>-<index>`` for the others."""
+    return kind if index == 0 else f"{kind}-{index}"
+
+
 def _replica_specs(cfg: StackConfig, kind: str, module: str, count: int, slot: int) -> list[ProcSpec]:
     """``count`` processes of a consumer-group service (batcher, result-router), instance ids ``<kind>-0``... The first
     is named ``<kind>`` with its /metrics port at ``slot`` past the base (where one-of-each stacks always had it);
@@ -209,7 +215,7 @@ def _replica_specs(cfg: StackConfig, kind: str, module: str, count: int, slot: i
         metrics_port = cfg.replica_metrics_port(i, slot)
         specs.append(
             ProcSpec(
-                name=kind if i == 0 else f"{kind}-{i}",
+                name=replica_name(kind, i),
                 kind=kind,
                 marker=module,
                 argv=_python_module(module, "--instance-id", instance, "--metrics-port", str(metrics_port)),
