@@ -101,20 +101,8 @@ async def running_batches(stack: FaultStack, count: int) -> None:
 
 
 async def group_settled(stack: FaultStack, members: int) -> None:
-    """Wait until the batchers' consumer group is stable with ``members`` members: the rebalance after a batcher
-    died (its session timed out) or joined is done, every request partition assigned again."""
-    admin = kafka.make_admin(stack.cfg.settings())
-    await admin.start()
-    try:
-        async with asyncio.timeout(STUCK_S):
-            while True:
-                (response,) = await admin.describe_consumer_groups([constants.GROUP_BATCHER])
-                (group,) = response.groups  # (error, id, state, protocol type, protocol, members, ...)
-                if group[2] == "Stable" and len(group[5]) == members:
-                    return
-                await asyncio.sleep(0.2)
-    finally:
-        await admin.close()
+    """The batchers' group rebalanced to ``members`` (a dead one's session timed out, or a new one joined)."""
+    await kafka.await_group(stack.cfg.settings(), constants.GROUP_BATCHER, members, STUCK_S)
 
 
 async def test_one_of_three_batchers_killed_under_load_leaves_exactly_one_outcome_per_request(stack):
