@@ -145,7 +145,9 @@ def quantiles_ms(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def _group(samples: Sequence[Sample], slo_ms: float) -> dict:
+def group_figures(samples: Sequence[Sample], slo_ms: float) -> dict:
+    """Counts (requests, succeeded, good within ``slo_ms``, 429, 504, by status) and latency / TTFT quantiles of the
+    succeeded ones, of one group of samples (all zeros for none)."""
     ok = [s for s in samples if s.status == OK]
     statuses: dict[str, int] = {}
     for s in samples:
@@ -177,7 +179,7 @@ def summarize(
     when known. Goodput counts good requests; ``throughput_rps`` counts every success over the time until the last one
     ended (under overload: the rate the system really served). Latency and TTFT quantiles cover succeeded requests.
     """
-    overall = _group(samples, slo_ms)
+    overall = group_figures(samples, slo_ms)
     last_end_s = max((s.end_s for s in samples if s.status == OK), default=0.0)
     report = {
         **overall,
@@ -188,11 +190,11 @@ def summarize(
         "goodput_ratio": overall["good"] / len(samples) if samples else 0.0,
         "throughput_rps": overall["succeeded"] / last_end_s if last_end_s else 0.0,
         "classes": {
-            cls: _group([s for s in samples if s.planned.traffic_class == cls], slo_ms)
+            cls: group_figures([s for s in samples if s.planned.traffic_class == cls], slo_ms)
             for cls in sorted({s.planned.traffic_class for s in samples})
         },
         "tenants": {
-            key: _group([s for s in samples if s.planned.api_key == key], slo_ms)
+            key: group_figures([s for s in samples if s.planned.api_key == key], slo_ms)
             for key in sorted({s.planned.api_key for s in samples})
         },
         "errors": _top_details(samples),

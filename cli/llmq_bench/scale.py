@@ -84,7 +84,8 @@ def cpu_by_kind(kinds: dict[str, str], before: dict[str, float], after: dict[str
 def row(batchers: int, report: dict, cpu: dict) -> dict:
     """The figures of one run (a :func:`loadgen.summarize` report and :func:`cpu_by_kind`'s), flat."""
     tenants = report["tenants"]
-    paid, free = tenants.get(PAID_KEY, _empty_group()), tenants.get(FREE_KEY, _empty_group())
+    none = loadgen.group_figures([], report["slo_ms"])
+    paid, free = tenants.get(PAID_KEY, none), tenants.get(FREE_KEY, none)
     batches = report.get("batches") or {}
     return {
         "batchers": batchers,
@@ -104,17 +105,6 @@ def row(batchers: int, report: dict, cpu: dict) -> dict:
         "batch_fill": round(batches["fill"], 3) if batches else None,
         "cpu_ms_per_request": {kind: c["ms_per_request"] for kind, c in cpu.items()},
         "requests_per_s_per_core": {kind: c["requests_per_s_per_core"] for kind, c in cpu.items()},
-    }
-
-
-def _empty_group() -> dict:
-    return {
-        "requests": 0,
-        "succeeded": 0,
-        "good": 0,
-        "rejected_429": 0,
-        "timeouts_504": 0,
-        "latency_ms": loadgen.quantiles_ms([]),
     }
 
 
