@@ -214,7 +214,7 @@ def summarize(
 
 
 def _top_details(samples: Sequence[Sample], top: int = 5) -> dict[str, int]:
-    """The most frequent failure details (client-side errors and timeouts) with their counts."""
+    """The most frequent failure details (client-side errors and timeouts, HTTP errors' codes) with their counts."""
     counts: dict[str, int] = {}
     for s in samples:
         if s.detail:
@@ -363,8 +363,9 @@ async def _send(
             if plan.stream and response.status == 200:
                 status, ttft_s = await _stream(response, loop)
             else:
-                await response.read()
+                raw = await response.read()
                 status = OK if response.status == 200 else str(response.status)
+                detail = "" if status == OK else error_detail(status, raw)
     except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
         status, detail = TIMEOUT, type(exc).__name__
     except (aiohttp.ClientError, ValueError) as exc:
@@ -379,6 +380,16 @@ async def _send(
         ttft_ms=ttft_ms,
         detail=detail,
     )
+
+
+def error_detail(status: str, raw: bytes) -> str:
+    """What an HTTP error answer says, for the report's error counts: its status and its error object's code (or
+    type), e.g. ``503 worker_unavailable``; the status alone for a body that is not an error object."""
+    try:
+        error = json.loads(raw)["error"]
+        return f"{status} {error.get('code') or error.get('type') or 'error'}"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return status
 
 
 async def _stream(response: aiohttp.ClientResponse, loop) -> tuple[str, float | None]:

@@ -16,6 +16,7 @@ Pure parts (:func:`cpu_by_kind`, :func:`row`, :func:`ratios`, :func:`goals`) are
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -221,6 +222,7 @@ def measure(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], b
     kinds = {r["name"]: r["kind"] for r in rows}
     redis_url = settings.redis.url
     counts_before = loadgen.batch_counts(redis_url, constants.STATS_BATCHER)
+    load_before = os.getloadavg()[0]
     cpu_before, machine_before, own_before = pipeline.cpu_snapshot(pids), pipeline.machine_ticks(), time.process_time()
     log(f"{n} batcher(s): {len(plans)} requests over {config.duration_s:g} s")
     samples = asyncio.run(loadgen.run_load(plans, model=config.model, timeout_s=config.timeout_s))
@@ -247,5 +249,8 @@ def measure(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], b
         "cpu": cpu,
         "loadgen_cpu_ms_per_request": round(own_s * 1000 / len(samples), 4) if samples else 0.0,
         "machine_busy_fraction": pipeline.busy_fraction(machine_before, machine_after),
+        # the machine is shared: its 1-minute load average as the run began and ended (cores: os.cpu_count())
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "cores": os.cpu_count(),
         "report": report,
     }
