@@ -460,7 +460,7 @@ def bench_scale(
     """Issue 28's overload (interactive, half paid and half free, none streamed) on two llmq-sim workers (256 req/s)
     with 1, 2, 3... batchers: paid and free outcomes, goodput, batch fill, CPU per request per process kind, and each
     count against the first."""
-    from llmq_bench import scale
+    from llmq_bench import admission, scale
 
     counts = tuple(int(x) for x in batchers.split(",") if x.strip())
     if not counts or min(counts) < 1:
@@ -483,6 +483,7 @@ def bench_scale(
             sim_max_batch_size=cfg.sim_max_batch_size,
             batchers=n,
             routers=n,
+            extra_env=admission.LOAD_GENERATOR_ENV,  # the load's thousands of waiting connections come from one address
         )
 
     base_urls = [f"http://127.0.0.1:{port}/v1" for port in api_ports]
