@@ -1,6 +1,7 @@
 """``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's;
 ``llmq bench admission``: a burst of free-tier work and admission's predicted waits; ``llmq bench pipeline``: CPU
-and latency beside the Kafka + Redis floor; ``llmq bench timeline``: where a light request's time goes. The private
+and latency beside the Kafka + Redis floor; ``llmq bench timeline``: where a light request's time goes; ``llmq bench
+scale``: one overload with 1, 2, 3... batchers. The private
 stacks the benchmarks run on are made here: ``llmq_bench`` is a library the CLI imports, never the other way round."""
 
 from __future__ import annotations
