@@ -358,24 +358,6 @@ class KafkaLoad:
             )
         return Tally(records)
 
-    def _watch(self) -> None:
-        if self._watcher is None and len(self.ports) > 1:
-            self._watcher = asyncio.create_task(self._follow_readiness())
-
-    async def _follow_readiness(self) -> None:
-        """Only a definite answer moves a pod in or out of rotation: 503 or a refused connection out, 200 in; a slow
-        probe (a loaded pod) leaves it where it is."""
-        async with httpx.AsyncClient(timeout=1.0) as probe:
-            while True:
-                for i, port in enumerate(self.ports):
-                    try:
-                        self._ready[i] = (await probe.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-                    except httpx.ConnectError:
-                        self._ready[i] = False
-                    except httpx.HTTPError:
-                        pass
-                await asyncio.sleep(READY_POLL_S)
-
     async def _pace(self) -> None:
         interval_s = 1 / self.rate_per_s
         while True:
