@@ -83,12 +83,6 @@ def dev_up(
     smollm2_workers: int = typer.Option(
         1, help="Workers serving smollm2-135m-instruct, a real model (transformers engine; `make setup` installs it)."
     ),
-    batchers: int = typer.Option(
-        1, min=1, help="Batcher processes (one consumer group; instance ids batcher-0, batcher-1, ...)."
-    ),
-    routers: int = typer.Option(
-        1, min=1, help="Result-router processes (one consumer group; result-router-0, result-router-1, ...)."
-    ),
     kafka_port: KafkaPort = 9092,
     redis_port: RedisPort = 6379,
     api_port: ApiPort = 8000,
@@ -122,8 +116,6 @@ def dev_up(
         kafka_port=kafka_port,
         redis_port=redis_port,
         smollm2_workers=smollm2_workers,
-        batchers=batchers,
-        routers=routers,
         secure=secure,
         region=region,
         port_base=port_base,

@@ -26,9 +26,7 @@ from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "result_store", "router", "observability", "runtime")
 
 
-async def build(
-    instance_id: str, metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack
-) -> runtime.Work:
+async def build(metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
     observed = metrics.RouterMetrics(LabelSet.from_settings(settings))
     runtime.serve_metrics(stack, observed.registry, settings, metrics_port)
     if settings.kafka.security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
@@ -59,7 +57,7 @@ async def build(
     router = ResultRouter(
         settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
     )
-    driver = JobDriver(settings, store, files, producer, redis, SYSTEM_CLOCK, owners, holder=instance_id)
+    driver = JobDriver(settings, store, files, producer, redis, SYSTEM_CLOCK, owners)
     peer_consumer = kafka.make_consumer(
         settings, group_id=constants.GROUP_PEER_RESULTS, metadata_max_age_ms=PEER_TOPICS_REFRESH_MS
     )
@@ -87,9 +85,7 @@ def main() -> None:
     settings = runtime.service_settings(*GROUPS)
     args = runtime.service_arguments("llmq result-router", settings)
     runtime.run(
-        lambda: runtime.serve(
-            "result-router", args.instance_id, functools.partial(build, args.instance_id, args.metrics_port), settings
-        )
+        lambda: runtime.serve("result-router", args.instance_id, functools.partial(build, args.metrics_port), settings)
     )
 
 
