@@ -45,6 +45,7 @@ from tests.stacks import kcat_request, two_regions, wait_for_topic
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
+    pytest.mark.alone,  # asserts the replication lag (RPO) and failover (RTO) goals: the machine to itself
     pytest.mark.timeout(900),  # two whole stacks and MirrorMaker 2 both ways start first; the job's failover
     pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`"),
 ]
