@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from llmq_core.clock import FakeClock
@@ -123,6 +125,30 @@ async def test_cancel_running_request_ends_at_once_and_stops_emitting(engine, ma
     await manual_time.advance(250)
     rest = await collect(engine)
     assert streamed(rest, "a") == "" and set(finals(rest)) == {"b"}
+
+
+async def test_one_request_emits_a_choice_at_a_time_and_a_cancel_between_choices_stops_the_rest(engine, manual_time):
+    """n=128 x 8,190 ids cost ~0.3 CPU s per request: other tasks (heartbeats, cancels) must run between its choices."""
+    engine.submit(make_request("a", "abcdefgh", max_tokens=8, n=4, stream=False))
+    seen: list[int] = []
+
+    async def cancel_after_two_choices() -> None:
+        while True:
+            chunks = [e for e in engine._events._queue._queue if isinstance(e, ChunkEvent)]
+            seen.append(len(chunks))
+            if len(chunks) >= 2:
+                engine.cancel("a")
+                return
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(cancel_after_two_choices())
+    await manual_time.advance(500)
+    await watcher
+    events = await collect(engine)
+    assert 1 in seen  # the watcher ran between the first and second choice
+    final = finals(events)["a"]
+    assert final.outcome is Outcome.CANCELED
+    assert {e.index for e in events if isinstance(e, ChunkEvent)} == {0, 1}
 
 
 async def test_stop_string_spanning_chunks_is_never_emitted(engine, manual_time):

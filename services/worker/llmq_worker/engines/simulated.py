@@ -152,20 +152,23 @@ class SimulatedEngine:
                 self._fail_running()
                 return
             for run in list(self._running.values()):
-                if run.request.request_id in self._running:  # not canceled while this tick yielded
-                    self._advance(run, len(run.tokens) * tick // ticks)
-                    await asyncio.sleep(0)  # one request's slice at a time: heartbeats, cancels and results run between
+                await self._advance(run, len(run.tokens) * tick // ticks)
         for run in list(self._running.values()):
             self._finish(run)
         self._running.clear()
 
-    def _advance(self, run: _Run, target: int) -> None:
+    async def _advance(self, run: _Run, target: int) -> None:
+        """Emit ``run``'s ids up to ``target``, one choice's slice at a time (n=128 choices of 8,190 ids each cost about
+        0.3 CPU s): heartbeats, cancels and results run between slices. A run canceled meanwhile emits nothing more."""
         new_ids = run.tokens[run.emitted : target]
         run.emitted = target
         if new_ids and not run.first_token_ms:
             run.first_token_ms = self._clock.now_ms()
         for index, choice in enumerate(run.choices):
+            if run.request.request_id not in self._running:
+                return
             self._chunk(run, index, choice.push(new_ids))
+            await asyncio.sleep(0)
 
     def _finish(self, run: _Run) -> None:
         for index, choice in enumerate(run.choices):
