@@ -170,8 +170,8 @@ def _bytes(value) -> bytes:
 
 class FakeRedis:
     """In memory, the Redis calls llmq's services make (no expiry). Published messages go to ``published`` (and to
-    ``log``, when given, as ("redis", data)). Scripts: the idempotency release compares and deletes; the result
-    store's put is a SET NX of the result, with no bound; the rate limiter's take answers ``take_reply`` ({1, 0, 0}:
+    ``log``, when given, as ("redis", data)). Scripts: the idempotency release compares and deletes; the router's
+    claim takeover compares and sets; the result store's put is a SET NX of the result, with no bound; the rate limiter's take answers ``take_reply`` ({1, 0, 0}:
     granted) and records its keys and args in ``takes``, its refund in ``gives``."""
 
     def __init__(self, *, log: list | None = None) -> None:
@@ -237,6 +237,11 @@ class FakeRedis:
                 return 0
             if "ZPOPMIN" in script:  # the result-router's ResultStore.put: first stored wins, no bound
                 return [int(bool(await self.set(keys[0], args[0], nx=True))), 0]
+            if "claim takeover" in script:  # the result-router's reply claim: compare and set
+                if self.data.get(keys[0]) == _bytes(args[0]):
+                    self.data[keys[0]] = _bytes(args[1])
+                    return 1
+                return 0
             if "amount" in script:  # the rate limiter's refund
                 self.gives.append((keys, args))
                 return 1

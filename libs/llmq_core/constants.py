@@ -113,6 +113,8 @@ CONTENT_TYPE_MSGPACK: Final = "application/msgpack"
 CONTENT_TYPE_JSON: Final = "application/json"
 HEADER_ERROR: Final = "x-llmq-error"  # on a dead letter: why it is one
 HEADER_REPLY_TOPIC: Final = "x-llmq-reply-topic"  # on a dead-lettered result: the reply topic it could not reach
+# on a Kafka reply: one id per answer (a request's, or a re-produced copy's), the router's proof of a produce
+HEADER_DELIVERY: Final = "x-llmq-delivery"
 HEADER_ERROR_MAX_BYTES: Final = 512  # a dead letter's HEADER_ERROR is cut to this
 
 # --- Redis channels and keys ---

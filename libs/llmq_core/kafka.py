@@ -110,6 +110,9 @@ def make_admin(settings: Settings) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(**client_options(settings))
 
 
+PRODUCER_REQUEST_TIMEOUT_MS = 10_000  # one produce request; aiokafka bounds a send by twice this
+
+
 def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
     """An idempotent producer (acks=all) that lingers ``kafka.producer_linger_ms``, of records up to
     KAFKA_MAX_MESSAGE_BYTES. ``overrides``: AIOKafkaProducer's options (e.g. ``max_batch_size``)."""
@@ -118,7 +121,7 @@ def make_producer(settings: Settings, **overrides) -> AIOKafkaProducer:
         acks="all",
         enable_idempotence=True,
         linger_ms=settings.kafka.producer_linger_ms,
-        request_timeout_ms=10_000,
+        request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
         max_request_size=KAFKA_MAX_MESSAGE_BYTES,
     )
     options.update(overrides)

@@ -361,6 +361,12 @@ class RouterMetrics(_Metrics):
             "llmq_tenant_completion_tokens", "Completion tokens of finished requests, per tenant", TENANT_MODEL
         )
         self.duplicates = self.counter("llmq_results_duplicates", "Redelivered results (not counted again)")
+        self.reply_searches = self.counter(
+            "llmq_reply_searches",
+            "Kafka replies claimed but never marked delivered (a router killed or rebalanced mid-produce), searched for "
+            "in their topic: found (not produced again) or not_found (produced)",
+            ("outcome",),
+        )
         self.stored_dropped = self.counter(
             "llmq_stored_results_dropped",
             "Stored results dropped (tenant_bound: its oldest, past the tenant's bound) or "

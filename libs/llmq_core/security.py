@@ -136,7 +136,8 @@ def kafka_acls(
     topics = {role: list(rows) for role, rows in KAFKA_TOPICS.items()}
     groups = {role: list(rows) for role, rows in KAFKA_GROUPS.items()}
     every_reply_prefix = dict.fromkeys((*shared, *(x for p in principals for x in own_prefixes[p])))
-    topics[ROLE_ROUTER] += [(prefix, True, (WRITE,)) for prefix in every_reply_prefix]
+    # writes replies; reads them only to settle a reply claimed but never marked delivered (llmq_result_router.once)
+    topics[ROLE_ROUTER] += [(prefix, True, (READ, WRITE)) for prefix in every_reply_prefix]
     topics[ROLE_ROUTER] += [(constants.remote_topic(peer, constants.TOPIC_RESULTS), False, (READ,)) for peer in peers]
     # fencing: the claims on jobs of each peer (llmq_result_router.owners); the view of the jobs moved to a peer: its
     # records and ledger (llmq_result_router.moved)

@@ -15,12 +15,13 @@ from redis.exceptions import RedisError, ResponseError
 
 from llmq_core import kafka, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
-from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS
+from llmq_core.constants import HEADER_DELIVERY, KAFKA_COMMIT_INTERVAL_MS
 from llmq_core.metrics import RouterMetrics
 from llmq_core.names import Names
 from llmq_core.settings import Settings
 from llmq_result_router import replies
 from llmq_result_router.jobs import JobLedger
+from llmq_result_router.once import DeliveryClaims, ReplyFinder, Step
 from llmq_result_router.replies import GiveUp, LogGate, Presence, ReplyRetry, TopicView
 from llmq_result_router.routing import Delivery, plan_delivery
 from llmq_result_router.store import ResultStore
@@ -39,11 +40,13 @@ async def cluster_topics(producer: AIOKafkaProducer) -> set[str]:
 
 
 class ResultRouter:
-    """At-least-once over llmq.results; Redis ``SET NX`` on ``delivered_key`` keeps each Kafka reply to one delivery
-    (per re-produced copy, for the answers to copies: ``copy_delivered_key``),
+    """At-least-once over llmq.results; a claim on ``delivered_key`` keeps each Kafka reply to one delivery across
+    kills and rebalances (:mod:`once`; per re-produced copy, for the answers to copies: ``copy_delivered_key``),
     the job ledger's compare-and-set each batch-job line to one settlement. A reply that cannot be produced within
     its tries, or whose topic does not exist (see :mod:`replies`), is dead-lettered: one result never holds up the
-    others for long. ``list_topics`` lists the cluster's topics (default: :func:`cluster_topics` of ``producer``)."""
+    others for long. ``list_topics`` lists the cluster's topics (default: :func:`cluster_topics` of ``producer``).
+    ``instance_id``: this router's, whose alive key tells other routers it lives; ``finder``: searches a reply topic
+    for a reply a router claimed but never marked (None: such a claim is taken over unsearched)."""
 
     def __init__(
         self,
@@ -57,6 +60,8 @@ class ResultRouter:
         clock: Clock = SYSTEM_CLOCK,
         list_topics: TopicLister | None = None,
         names: Names = Names(),
+        instance_id: str = "result-router",
+        finder: ReplyFinder | None = None,
     ) -> None:
         self.settings = settings
         self.consumer = consumer
@@ -72,6 +77,15 @@ class ResultRouter:
         self.metrics = metrics
         self.clock = clock
         self.retry = ReplyRetry.from_settings(settings)
+        self.claims = DeliveryClaims(
+            redis,
+            clock,
+            instance_id,
+            lease_ms=DeliveryClaims.lease_for(settings.router.reply_retry_budget_ms),
+            ttl_ms=settings.result_store.ttl_s * 1000,
+            finder=finder,
+            metrics=metrics,
+        )
         self.topics = TopicView(
             clock, settings.router.topic_refresh_ms, settings.kafka.security_protocol != "PLAINTEXT"
         )
@@ -191,7 +205,6 @@ class ResultRouter:
     async def _deliver(self, delivery: Delivery, record) -> bool:
         """Store and reply (or dead-letter ``record`` when no reply can be produced); True when this is the first result
         stored for the request (metrics count it once)."""
-        ttl_ms = self.settings.result_store.ttl_s * 1000
         first = await self._store(delivery)
         if delivery.undeliverable is not None:
             self._count_reply_dead_letter("invalid_topic")
@@ -199,19 +212,17 @@ class ResultRouter:
             return first
         if delivery.reply_topic is None:
             return first
-        key = delivery.delivered_key
-        if await self.redis.exists(key):
-            return first  # already answered once; this is a redelivery
-        failed = await self._reply(delivery, record.partition)
-        if failed is not None:
+        failed = await self.claims.once(
+            delivery.delivered_key,
+            delivery.reply_topic,
+            delivery.reply_key,
+            lambda: self._reply(delivery, record.partition),
+        )
+        if failed is not None and failed is not Step.SKIP:
             self._count_reply_dead_letter(failed.kind)
             await self._dead_letter(record, failed.reason, reply_topic=delivery.reply_topic)
             if failed.topic_wide:  # deleted since the listing: its next results wait for none
                 self.topics.forget(delivery.reply_topic)
-        try:  # answered for good, either way: a redelivery does not try again
-            await self.redis.set(key, b"1", px=ttl_ms)
-        except ResponseError as exc:  # refused (maxmemory): a redelivery may reply twice, a retry here every time
-            log.warning("marking %s delivered was refused: %s", delivery.request_id, exc)
         return first
 
     async def _reply(self, delivery: Delivery, partition: int) -> GiveUp | None:
@@ -259,7 +270,7 @@ class ResultRouter:
             topic,
             delivery.reply_value,
             key=delivery.reply_key,
-            headers=kafka.headers(delivery.reply_content_type),
+            headers=[*kafka.headers(delivery.reply_content_type), (HEADER_DELIVERY, delivery.delivered_key.encode())],
         )
 
     async def _store(self, delivery: Delivery) -> bool:

@@ -19,6 +19,7 @@ from llmq_jobs.store import JobStore
 from llmq_result_router.jobs import JobDriver, JobLedger
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.moved import MovedJobs
+from llmq_result_router.once import KafkaReplyFinder
 from llmq_result_router.owners import OwnerWatcher
 from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 
@@ -26,7 +27,9 @@ from llmq_result_router.peers import PEER_TOPICS_REFRESH_MS, PeerResults
 GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "result_store", "router", "observability", "runtime")
 
 
-async def build(metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack) -> runtime.Work:
+async def build(
+    metrics_port: int | None, instance_id: str, settings: Settings, stack: contextlib.AsyncExitStack
+) -> runtime.Work:
     observed = metrics.RouterMetrics(LabelSet.from_settings(settings))
     runtime.serve_metrics(stack, observed.registry, settings, metrics_port)
     if settings.kafka.security_protocol == "PLAINTEXT":  # secure clusters: only the admin creates topics
@@ -49,13 +52,23 @@ async def build(metrics_port: int | None, settings: Settings, stack: contextlib.
     moved_consumer = kafka.make_consumer(
         settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
     )  # the peers' job topics: this region's view of the jobs they took over
-    await runtime.start(stack, producer, consumer, owners_consumer, moved_consumer)
+    replies_consumer = kafka.make_consumer(
+        settings, group_id=None, enable_auto_commit=False
+    )  # searches a reply topic for a reply claimed but never marked delivered (llmq_result_router.once)
+    await runtime.start(stack, producer, consumer, owners_consumer, moved_consumer, replies_consumer)
     store = JobStore(redis, log=JobLog(producer))
     files = FileStore(settings.jobs.files_url)
     moved = MovedJobs(settings, store, files, moved_consumer, settings.region.peer_regions)
     owners = OwnerWatcher(store, owners_consumer, settings.region.name, settings.region.peer_regions, moved.moved)
     router = ResultRouter(
-        settings, consumer, producer, redis, JobLedger(settings, store, producer, SYSTEM_CLOCK), metrics=observed
+        settings,
+        consumer,
+        producer,
+        redis,
+        JobLedger(settings, store, producer, SYSTEM_CLOCK),
+        metrics=observed,
+        instance_id=instance_id,
+        finder=KafkaReplyFinder(replies_consumer, producer.partitions_for),
     )
     driver = JobDriver(settings, store, files, producer, redis, SYSTEM_CLOCK, owners)
     peer_consumer = kafka.make_consumer(
@@ -85,7 +98,9 @@ def main() -> None:
     settings = runtime.service_settings(*GROUPS)
     args = runtime.service_arguments("llmq result-router", settings)
     runtime.run(
-        lambda: runtime.serve("result-router", args.instance_id, functools.partial(build, args.metrics_port), settings)
+        lambda: runtime.serve(
+            "result-router", args.instance_id, functools.partial(build, args.metrics_port, args.instance_id), settings
+        )
     )
 
 

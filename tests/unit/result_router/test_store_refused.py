@@ -32,6 +32,9 @@ class FullRedis:
     async def exists(self, key):
         return 0
 
+    async def get(self, key):
+        return None
+
     async def set(self, *args, **kwargs):
         raise OutOfMemoryError(OOM)
 
