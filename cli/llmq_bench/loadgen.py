@@ -145,7 +145,9 @@ def quantiles_ms(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def _group(samples: Sequence[Sample], slo_ms: float) -> dict:
+def group_figures(samples: Sequence[Sample], slo_ms: float) -> dict:
+    """Counts (requests, succeeded, good within ``slo_ms``, 429, 504, by status) and latency / TTFT quantiles of the
+    succeeded ones, of one group of samples (all zeros for none)."""
     ok = [s for s in samples if s.status == OK]
     statuses: dict[str, int] = {}
     for s in samples:
@@ -177,7 +179,7 @@ def summarize(
     when known. Goodput counts good requests; ``throughput_rps`` counts every success over the time until the last one
     ended (under overload: the rate the system really served). Latency and TTFT quantiles cover succeeded requests.
     """
-    overall = _group(samples, slo_ms)
+    overall = group_figures(samples, slo_ms)
     last_end_s = max((s.end_s for s in samples if s.status == OK), default=0.0)
     report = {
         **overall,
@@ -188,11 +190,11 @@ def summarize(
         "goodput_ratio": overall["good"] / len(samples) if samples else 0.0,
         "throughput_rps": overall["succeeded"] / last_end_s if last_end_s else 0.0,
         "classes": {
-            cls: _group([s for s in samples if s.planned.traffic_class == cls], slo_ms)
+            cls: group_figures([s for s in samples if s.planned.traffic_class == cls], slo_ms)
             for cls in sorted({s.planned.traffic_class for s in samples})
         },
         "tenants": {
-            key: _group([s for s in samples if s.planned.api_key == key], slo_ms)
+            key: group_figures([s for s in samples if s.planned.api_key == key], slo_ms)
             for key in sorted({s.planned.api_key for s in samples})
         },
         "errors": _top_details(samples),
@@ -212,7 +214,7 @@ def summarize(
 
 
 def _top_details(samples: Sequence[Sample], top: int = 5) -> dict[str, int]:
-    """The most frequent failure details (client-side errors and timeouts) with their counts."""
+    """The most frequent failure details (client-side errors and timeouts, HTTP errors' codes) with their counts."""
     counts: dict[str, int] = {}
     for s in samples:
         if s.detail:
@@ -361,8 +363,9 @@ async def _send(
             if plan.stream and response.status == 200:
                 status, ttft_s = await _stream(response, loop)
             else:
-                await response.read()
+                raw = await response.read()
                 status = OK if response.status == 200 else str(response.status)
+                detail = "" if status == OK else error_detail(status, raw)
     except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
         status, detail = TIMEOUT, type(exc).__name__
     except (aiohttp.ClientError, ValueError) as exc:
@@ -377,6 +380,16 @@ async def _send(
         ttft_ms=ttft_ms,
         detail=detail,
     )
+
+
+def error_detail(status: str, raw: bytes) -> str:
+    """What an HTTP error answer says, for the report's error counts: its status and its error object's code (or
+    type), e.g. ``503 worker_unavailable``; the status alone for a body that is not an error object."""
+    try:
+        error = json.loads(raw)["error"]
+        return f"{status} {error.get('code') or error.get('type') or 'error'}"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return status
 
 
 async def _stream(response: aiohttp.ClientResponse, loop) -> tuple[str, float | None]:

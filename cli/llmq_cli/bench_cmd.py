@@ -1,6 +1,7 @@
 """``llmq bench``: open-loop load against a running stack; ``llmq bench curve``: llmq's capacity curve beside Ray's;
 ``llmq bench admission``: a burst of free-tier work and admission's predicted waits; ``llmq bench pipeline``: CPU
-and latency beside the Kafka + Redis floor; ``llmq bench timeline``: where a light request's time goes. The private
+and latency beside the Kafka + Redis floor; ``llmq bench timeline``: where a light request's time goes; ``llmq bench
+scale``: one overload with 1, 2, 3... batchers. The private
 stacks the benchmarks run on are made here: ``llmq_bench`` is a library the CLI imports, never the other way round."""
 
 from __future__ import annotations
@@ -443,3 +444,92 @@ def bench_timeline(
     for row in result["spans"]:
         table.add_row(row["span"], str(row["count"]), f"{row['start_p50_ms']:.2f}", f"{row['end_p50_ms']:.2f}")
     console.print(table)
+
+
+@bench.command("scale")
+def bench_scale(
+    batchers: str = typer.Option("1,2,3", help="Batcher counts, one private stack each (as many result-routers)."),
+    rate: float = typer.Option(380.0, help="Offered load: mean Poisson arrival rate, requests per second."),
+    count: int = typer.Option(11_400, help="Requests at most per run."),
+    duration_s: float = typer.Option(30.0, help="Arrival window per run, seconds at most."),
+    warmup: int = typer.Option(100, min=0, help="Paid requests (50/s) before each run, unmeasured; 0: none."),
+    seed: Seed = 7,
+    output: Path = typer.Option(Path("bench/results/scale.json"), help="JSON out."),
+    state_dir: Path = typer.Option(Path("var/bench-scale"), help="The private stacks' state folders (under it)."),
+    port_base: PortBase = 32100,  # below the ephemeral range (32768+): the load generator's connections never take one
+) -> None:
+    """Issue 28's overload (interactive, half paid and half free, none streamed) on two llmq-sim workers (256 req/s)
+    with 1, 2, 3... batchers: paid and free outcomes, goodput, batch fill, CPU per request per process kind, and each
+    count against the first."""
+    from llmq_bench import admission, scale
+
+    counts = tuple(int(x) for x in batchers.split(",") if x.strip())
+    if not counts or min(counts) < 1:
+        raise typer.BadParameter("want counts >= 1, e.g. 1,2,3", param_hint="--batchers")
+    cfg = scale.ScaleConfig(
+        batchers=counts, rate=rate, count=count, duration_s=duration_s, warmup=warmup, seed=seed, output=output
+    )
+    api_ports = (port_base, port_base + 1)
+
+    def stack_for(n: int) -> DevStack:
+        folder = state_dir / f"batchers-{n}"
+        shutil.rmtree(folder, ignore_errors=True)  # a fresh Kafka and Redis per count: no backlog of an earlier run
+        return private_stack(
+            folder,
+            kafka_port=port_base + 92,
+            redis_port=port_base + 379,
+            api_ports=api_ports,
+            sim_workers=cfg.sim_workers,
+            sim_batch_time_ms=cfg.sim_batch_time_ms,
+            sim_max_batch_size=cfg.sim_max_batch_size,
+            batchers=n,
+            routers=n,
+            extra_env=admission.LOAD_GENERATOR_ENV,  # the load's thousands of waiting connections come from one address
+        )
+
+    base_urls = [f"http://127.0.0.1:{port}/v1" for port in api_ports]
+    result = scale.run_scale(cfg, stack_for, load_prompts(DEFAULT_PROMPTS), base_urls, make_console(stderr=True).print)
+    print_scale(result, make_console())
+
+
+def print_scale(result: dict, console: Console) -> None:
+    """One row per batcher count, then each count against the first, then the goals."""
+    table = Table(
+        "batchers",
+        "paid ok / in SLO",
+        "paid p50 / p99 ms",
+        "paid 429 / 504",
+        "free ok / 429 / 504",
+        "goodput",
+        "throughput",
+        "fill",
+        "CPU ms/req (api bat wrk rtr kafka)",
+        "req/s/core (bat rtr)",
+        title="llmq bench scale: req/s; goodput within the SLO; CPU per answered request",
+    )
+    short = ("api", "batcher", "worker", "result-router", "kafka")
+    for run in result["runs"]:
+        r = run["row"]
+        cpu, per_core = r["cpu_ms_per_request"], r["requests_per_s_per_core"]
+        table.add_row(
+            str(r["batchers"]),
+            f"{r['paid_answered']} / {r['paid_within_slo']}",
+            f"{r['paid_p50_ms']:.0f} / {r['paid_p99_ms']:.0f}",
+            f"{r['paid_429']} / {r['paid_504']}",
+            f"{r['free_answered']} / {r['free_429']} / {r['free_504']}",
+            f"{r['goodput_rps']:.1f}",
+            f"{r['throughput_rps']:.1f}",
+            "" if r["batch_fill"] is None else f"{r['batch_fill']:.0%}",
+            " ".join(f"{cpu.get(kind, 0):.2f}" for kind in short),
+            " ".join(f"{per_core.get(kind) or 0:.0f}" for kind in ("batcher", "result-router")),
+        )
+    console.print(table)
+    for entry in result["ratios"]:
+        figures = ", ".join(
+            f"{name} x{value:.2f}" for name, value in entry.items() if isinstance(value, float) and name != "batchers"
+        )
+        console.print(f"{entry['batchers']} against {entry['against']} batcher(s): {figures}")
+    for goal in result["goals"]:
+        console.print(
+            f"goals, {goal['batchers']} batcher(s): {', '.join(f'{k} {v}' for k, v in goal.items() if k != 'batchers')}"
+        )

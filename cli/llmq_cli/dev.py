@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -83,6 +84,15 @@ def dev_up(
     smollm2_workers: int = typer.Option(
         1, help="Workers serving smollm2-135m-instruct, a real model (transformers engine; `make setup` installs it)."
     ),
+    batchers: Annotated[
+        int, typer.Option(min=1, help="Batcher processes (one consumer group; instance ids batcher-0, batcher-1, ...).")
+    ] = 1,
+    routers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Result-router processes (one consumer group; result-router-0, result-router-1, ...)."
+        ),
+    ] = 1,
     kafka_port: KafkaPort = 9092,
     redis_port: RedisPort = 6379,
     api_port: ApiPort = 8000,
@@ -116,6 +126,8 @@ def dev_up(
         kafka_port=kafka_port,
         redis_port=redis_port,
         smollm2_workers=smollm2_workers,
+        batchers=batchers,
+        routers=routers,
         secure=secure,
         region=region,
         port_base=port_base,

@@ -59,6 +59,8 @@ class StackConfig:
     sim_max_batch_size: int = 64
     sim_worker_args: tuple[str, ...] = ()  # appended to every llmq-sim worker's argv (e.g. ``--poison-marker X``)
     smollm2_workers: int = 0  # real-model workers (smollm2-135m-instruct): only stacks that ask get one (`dev up` does)
+    batchers: int = 1  # batcher processes, one consumer group (instance ids batcher-0, batcher-1, ...)
+    routers: int = 1  # result-router processes, one consumer group (result-router-0, ...)
     extra_env: dict[str, str] = field(default_factory=dict)
     manage_infra: bool = True  # False: Kafka and Redis at these ports are someone else's; start and stop only services
     redis_maxmemory_bytes: int = field(default_factory=lambda: Settings().dev.redis_maxmemory_bytes)
@@ -104,8 +106,22 @@ class StackConfig:
 
     @property
     def metrics_base_port(self) -> int:
-        """/metrics ports: result-router this, batcher +1, workers +2, +3, ..., then the API pods."""
+        """/metrics ports: result-router this, batcher +1, workers +2, +3, ..., then the API pods, then the second and
+        later batchers and result-routers (:meth:`replica_metrics_port`)."""
         return self.api_ports[0] + 10 if self.api_ports else 0
+
+    @property
+    def workers(self) -> int:
+        """Workers of every model: they own partitions 0.. of llmq.batches, in the order :func:`service_specs` starts them."""
+        return self.tiny_workers + self.sim_workers + self.smollm2_workers
+
+    def replica_metrics_port(self, index: int, slot: int) -> int:
+        """/metrics port of batcher (``slot`` 1) or result-router (``slot`` 0) number ``index``: the first at the
+        base + ``slot``, the others after the API pods' ports, two per index (0 without a base: no API pods)."""
+        base = self.metrics_base_port
+        if not base or index == 0:
+            return base and base + slot
+        return base + 2 + self.workers + len(self.api_ports) + 2 * (index - 1) + (1 - slot)
 
     @property
     def redis_url(self) -> str:
@@ -182,29 +198,40 @@ def redis_server_argv(
     ]
 
 
+def replica_name(kind: str, index: int) -> str:
+    """The process name of batcher or result-router number ``index`` (instance id ``<kind>-<index>``): ``<kind>`` for
+    the first (as a one-of-each stack always named it), ``<kind>-<index>`` for the others."""
+    return kind if index == 0 else f"{kind}-{index}"
+
+
+def _replica_specs(cfg: StackConfig, kind: str, module: str, count: int, slot: int) -> list[ProcSpec]:
+    """``count`` processes of a consumer-group service (batcher, result-router), instance ids ``<kind>-0``... The first
+    is named ``<kind>`` with its /metrics port at ``slot`` past the base (where one-of-each stacks always had it);
+    the others ``<kind>-<i>``, their ports after the API pods', batchers and routers alternating, so the ports of
+    those already running stay put when a stack grows (:meth:`StackConfig.replica_metrics_port`)."""
+    specs = []
+    for i in range(count):
+        instance = cfg.instance_id(f"{kind}-{i}")
+        metrics_port = cfg.replica_metrics_port(i, slot)
+        specs.append(
+            ProcSpec(
+                name=replica_name(kind, i),
+                kind=kind,
+                marker=module,
+                argv=_python_module(module, "--instance-id", instance, "--metrics-port", str(metrics_port)),
+                alive=constants.alive_key(kind, instance),
+                metrics_port=metrics_port,
+            )
+        )
+    return specs
+
+
 def service_specs(cfg: StackConfig) -> list[ProcSpec]:
     """The llmq services of the stack (Kafka and Redis excluded), in start order."""
     base = cfg.metrics_base_port
-    router_id, batcher_id = cfg.instance_id("result-router-0"), cfg.instance_id("batcher-0")
     specs = [
-        ProcSpec(
-            name="result-router",
-            kind="result-router",
-            marker="llmq_result_router.main",
-            argv=_python_module("llmq_result_router.main", "--instance-id", router_id, "--metrics-port", str(base)),
-            alive=constants.alive_key("result-router", router_id),
-            metrics_port=base,
-        ),
-        ProcSpec(
-            name="batcher",
-            kind="batcher",
-            marker="llmq_batcher.main",
-            argv=_python_module(
-                "llmq_batcher.main", "--instance-id", batcher_id, "--metrics-port", str(base and base + 1)
-            ),
-            alive=constants.alive_key("batcher", batcher_id),
-            metrics_port=base and base + 1,
-        ),
+        *_replica_specs(cfg, "result-router", "llmq_result_router.main", cfg.routers, 0),
+        *_replica_specs(cfg, "batcher", "llmq_batcher.main", cfg.batchers, 1),
     ]
     partition = 0
     for model, engine, count, extra in (

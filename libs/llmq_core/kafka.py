@@ -442,6 +442,23 @@ async def await_topics(settings: Settings, topics: list[str], timeout_s: float |
         await admin.close()
 
 
+async def await_group(settings: Settings, group_id: str, members: int, timeout_s: float, poll_s: float = 0.2) -> None:
+    """Wait until consumer group ``group_id`` is Stable with ``members`` members (a rebalance after a member died or
+    joined is over: every partition is assigned again). TimeoutError past ``timeout_s``."""
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                (response,) = await admin.describe_consumer_groups([group_id])
+                (group,) = response.groups  # (error, group, state, protocol type, protocol, members, ...)
+                if group[2] == "Stable" and len(group[5]) == members:
+                    return
+                await asyncio.sleep(poll_s)
+    finally:
+        await admin.close()
+
+
 def topics_not_ready(described: list[dict]) -> list[str]:
     """The topics of a metadata answer (``describe_topics``) that a consumer would leave out of its assignment: an
     error (unknown, not authorized, no leader yet), no partitions, or a partition without a leader."""

@@ -123,11 +123,15 @@ class JobDriver:
     redis: Redis
     clock: Clock
     owners: OwnerWatcher | None = None  # fencing across regions: no job is driven before its claims were read
-    token: str = field(init=False, default_factory=lambda: secrets.token_hex(8))
+    holder: str = ""  # this router's instance id: the lease's value names who drives a job (operators, tests)
+    token: str = field(init=False, default="")  # ``<holder>/<random>``: unique to this process's life
     _wound_down: set[str] = field(init=False, default_factory=set)  # jobs whose not-running lines it already ended
     _held: set[str] = field(init=False, default_factory=set)  # jobs whose lease this driver holds
     _last_sweep_ms: int = field(init=False, default=0)
     _stopping: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.token = f"{self.holder}/{secrets.token_hex(8)}"
 
     def stop(self) -> None:
         self._stopping.set()

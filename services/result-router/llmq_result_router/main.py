@@ -28,7 +28,7 @@ GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "result_store", "
 
 
 async def build(
-    metrics_port: int | None, instance_id: str, settings: Settings, stack: contextlib.AsyncExitStack
+    instance_id: str, metrics_port: int | None, settings: Settings, stack: contextlib.AsyncExitStack
 ) -> runtime.Work:
     observed = metrics.RouterMetrics(LabelSet.from_settings(settings))
     runtime.serve_metrics(stack, observed.registry, settings, metrics_port)
@@ -70,7 +70,7 @@ async def build(
         instance_id=instance_id,
         finder=KafkaReplyFinder(replies_consumer, producer.partitions_for),
     )
-    driver = JobDriver(settings, store, files, producer, redis, SYSTEM_CLOCK, owners)
+    driver = JobDriver(settings, store, files, producer, redis, SYSTEM_CLOCK, owners, holder=instance_id)
     peer_consumer = kafka.make_consumer(
         settings, group_id=constants.GROUP_PEER_RESULTS, metadata_max_age_ms=PEER_TOPICS_REFRESH_MS
     )
@@ -99,7 +99,7 @@ def main() -> None:
     args = runtime.service_arguments("llmq result-router", settings)
     runtime.run(
         lambda: runtime.serve(
-            "result-router", args.instance_id, functools.partial(build, args.metrics_port, args.instance_id), settings
+            "result-router", args.instance_id, functools.partial(build, args.instance_id, args.metrics_port), settings
         )
     )
 

@@ -2,11 +2,13 @@
 
 Every process (Kafka and Redis included) belongs to this stack alone, so a test may kill, stop or restart any of them.
 Process names are DevStack's: ``kafka``, ``redis``, ``api-0``, ``batcher``, ``worker-sim-0``, ``result-router``...
+(with ``batchers`` / ``routers`` above 1 the others are ``batcher-1``..., ``result-router-1``...).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -42,6 +44,15 @@ class FaultStack:
     async def heal(self, timeout_s: float = 120.0) -> None:
         """Start every process of the stack that is not running and wait until all are healthy (RuntimeError if not)."""
         await asyncio.to_thread(self.dev.up, timeout_s, lambda *_: None)
+
+    async def scale(self, **counts: int) -> list[str]:
+        """Grow the stack to ``counts`` (StackConfig fields: ``batchers=4``...): start the processes that adds, the
+        running ones untouched, and wait until all are healthy. Returns the names started."""
+        before = set(self.rows())
+        self.cfg = dataclasses.replace(self.cfg, **counts)
+        self.dev = DevStack(self.cfg)
+        await self.heal()
+        return sorted(set(self.rows()) - before)
 
     def rows(self) -> dict[str, dict]:
         """``llmq dev status`` rows by process name."""

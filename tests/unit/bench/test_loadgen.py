@@ -263,6 +263,20 @@ async def test_unreachable_server_is_an_error_sample_not_a_crash():
     assert detail.startswith("ClientConnectorError: Cannot connect") and count == 2
 
 
+async def test_an_http_error_counts_by_its_status_and_error_code():
+    async def handler(request: web.Request) -> web.Response:
+        if request.headers["authorization"].endswith("plain"):
+            return web.Response(status=503, text="upstream gone")
+        error = {"error": {"message": "m", "type": "server_error", "code": "worker_unavailable"}}
+        return web.json_response(error, status=503)
+
+    async with serve(handler) as pod:
+        plans = [plan(base_url=f"{pod}/v1"), plan(base_url=f"{pod}/v1"), plan(key="plain", base_url=f"{pod}/v1")]
+        samples = await loadgen.run_load(plans, model="llmq-sim")
+    assert [s.status for s in samples] == ["503"] * 3
+    assert loadgen.summarize(samples, window_s=1, slo_ms=1)["errors"] == {"503 worker_unavailable": 2, "503": 1}
+
+
 async def test_wait_ready_polls_until_every_pod_is_ready():
     calls: list[tuple[str, str]] = []
 

@@ -17,4 +17,4 @@ def test_every_dev_up_parameter_the_demo_leaves_out_has_a_plain_default():
     (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "dev_up"]
     passed = {k.arg for k in call.keywords}
     left_out = {name: p.default for name, p in inspect.signature(dev_up).parameters.items() if name not in passed}
-    assert not [n for n, d in left_out.items() if isinstance(d, OptionInfo)], left_out
+    assert left_out and not [n for n, d in left_out.items() if isinstance(d, OptionInfo)], left_out

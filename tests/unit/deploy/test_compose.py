@@ -161,3 +161,11 @@ def test_redis_has_a_memory_budget_and_evicts_only_keys_with_a_ttl():
     command = SERVICES["redis"]["command"]
     assert command[command.index("--maxmemory-policy") + 1] == "volatile-lru"
     assert command[command.index("--maxmemory") + 1] == "${LLMQ_DEV_REDIS_MAXMEMORY_BYTES:-536870912}"
+
+
+def test_batchers_and_routers_scale_each_replica_with_its_own_instance_id():
+    # `docker compose up --scale batcher=3`: a fixed --instance-id would give every replica the same id; without one
+    # each takes its container's hostname and pid (runtime.service_arguments)
+    for name in ("batcher", "result-router"):
+        assert "--instance-id" not in SERVICES[name]["command"], name
+        assert "container_name" not in SERVICES[name], name

@@ -129,3 +129,9 @@ async def test_the_driver_drives_nothing_before_the_claims_were_read():
     watcher = OwnerWatcher(Claims(), Consumer(set(), {}), "b")
     driver = JobDriver(Settings(), NoJobs(), None, None, None, None, watcher)
     await driver.tick()  # no store call
+
+
+def test_a_drivers_lease_token_names_its_router_and_is_unique_to_its_life():
+    first = JobDriver(Settings(), None, None, None, None, None, holder="local-result-router-1")
+    again = JobDriver(Settings(), None, None, None, None, None, holder="local-result-router-1")
+    assert first.token.startswith("local-result-router-1/") and first.token != again.token
