@@ -174,6 +174,7 @@ file_key = _keys(REDIS_FILES_PREFIX)  # string: a FileRecord (JSON), expiring wi
 # zsets (lex order, score 0) of a tenant's files and jobs: members "<created_ms:015>:<id>" (jobs.listing_member)
 tenant_files_key = _keys(f"{REDIS_FILES_PREFIX}tenant:")
 tenant_jobs_key = _keys(f"{REDIS_JOBS_PREFIX}tenant:")
+tenant_message_batches_key = _keys(f"{REDIS_JOBS_PREFIX}tenant-messages:")  # the same, of its Message Batches
 tenant_storage_key = _keys(f"{REDIS_FILES_PREFIX}tenant:", ":bytes")  # integer: bytes of a tenant's live uploads
 # integer: the most result bytes the ledgers of a tenant's running jobs may hold (reserved at create)
 tenant_result_bytes_key = _keys(f"{REDIS_JOBS_PREFIX}tenant:", ":result-bytes")

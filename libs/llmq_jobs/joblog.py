@@ -79,6 +79,10 @@ class JobLog:
     async def put_record(self, record: JobRecord) -> None:
         await self._send("specs", [(record.spec.id.encode(), _json(record))])
 
+    async def drop_record(self, batch_id: str) -> None:
+        """A tombstone for a deleted job's record: a rebuild from the log no longer brings it back."""
+        await self._send("specs", [(batch_id.encode(), None)])
+
     async def put_owner(self, owner: JobOwner) -> None:
         await self._send("owners", [(owner.batch_id.encode(), _json(owner))])
 

@@ -15,12 +15,16 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 
 from llmq_core import ids, wire
+from llmq_core.constants import ANTHROPIC, OPENAI
 from llmq_core.requests import echo
+
+if TYPE_CHECKING:
+    from llmq_core.settings import JobsSettings
 
 # --- batch statuses (OpenAI spelling) and endpoints ---------------------------------------------------------------
 
@@ -41,6 +45,13 @@ BATCH_ENDPOINTS: Final[dict[str, wire.Endpoint]] = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
 }
+MESSAGES_ENDPOINT: Final = "/v1/messages"  # the endpoint of every Message Batch's requests (Anthropic's Messages API)
+
+
+def wire_endpoint(endpoint: str) -> wire.Endpoint:
+    """The internal endpoint of a job's ``endpoint`` (Anthropic's messages run as chat completions)."""
+    return "chat.completions" if endpoint == MESSAGES_ENDPOINT else BATCH_ENDPOINTS[endpoint]
+
 
 FILE_PURPOSE_BATCH: Final = "batch"
 FILE_PURPOSE_OUTPUT: Final = "batch_output"
@@ -116,9 +127,10 @@ def unrun_line_result(
     )
 
 
-def output_line_id(request_id: str) -> str:
-    """OpenAI's ``batch_req_...`` id of an output line, stable for a request id."""
-    return "batch_req_" + hashlib.sha256(request_id.encode()).hexdigest()[:24]
+def output_line_id(request_id: str, prefix: str = "batch_req_") -> str:
+    """OpenAI's ``batch_req_...`` id of an output line (``prefix`` ``msg_``: the message of a Message Batch's
+    result), stable for a request id."""
+    return prefix + hashlib.sha256(request_id.encode()).hexdigest()[:24]
 
 
 # --- completion window --------------------------------------------------------------------------------------------
@@ -192,6 +204,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     prepared_path: str = ""
     results_path: str = ""
     result_bytes: int = 0  # the most result bytes its ledger may hold: reserved from the tenant's bound while it runs
+    # The API the job was created through (constants.OPENAI: /v1/batches; constants.ANTHROPIC: /v1/messages/batches):
+    # its listing, its retention, whether it has output/error files. A str, as wire.GenerationRequest.api_format.
+    api_format: str = OPENAI
 
 
 COUNTERS: Final = (
@@ -324,6 +339,12 @@ def result_counts(results: Iterable[wire.FinalResult]) -> dict[str, int]:
 RETIRED_STATUSES: Final = frozenset({COMPLETED, EXPIRED, CANCELLED})  # ended by the driver: ledger retired, expiry set
 
 
+def retention_s(spec: JobSpec, settings: JobsSettings) -> int:
+    """How long an ended job is kept (then 404): a Message Batch ``message_batch_retention_s``, a ``/v1/batches``
+    job ``files_retention_s`` (its output and error files are kept as long)."""
+    return settings.message_batch_retention_s if spec.api_format == ANTHROPIC else settings.files_retention_s
+
+
 def retained_until(record: JobRecord, retention_s: int) -> int | None:
     """Epoch s at which an ended job is forgotten (the driver's ``retire``: its final status's time plus the
     retention); None for a job that runs, or one that failed validation (never retired)."""
@@ -333,7 +354,10 @@ def retained_until(record: JobRecord, retention_s: int) -> int | None:
 
 
 def output_files(spec: JobSpec, created_at: int, expires_at: int) -> list[FileRecord]:
-    """The records of a job's output and error files (rendered from its results)."""
+    """The records of a job's output and error files (rendered from its results); a Message Batch has none (its
+    results are served at its ``results_url``)."""
+    if spec.api_format == ANTHROPIC:
+        return []
     return [
         FileRecord(
             id=file_id,

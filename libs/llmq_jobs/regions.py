@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from llmq_core.clock import Clock
-from llmq_core.settings import Settings
+from llmq_core.settings import JobsSettings, Settings
 from llmq_jobs import jobs
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.joblog import JobLog, JobSnapshot, JobTopics, list_topics, mirrored_regions, read_topics
@@ -35,7 +35,12 @@ class Takeover:
 
 
 async def restore(
-    store: JobStore, files: FileStore, snapshot: JobSnapshot, batch_id: str, owner: JobOwner | None, retention_s: int
+    store: JobStore,
+    files: FileStore,
+    snapshot: JobSnapshot,
+    batch_id: str,
+    owner: JobOwner | None,
+    settings: JobsSettings,
 ) -> None:
     """Rebuild this region's view of one job from ``snapshot``: its counters and usage from the logged results (an
     ended job's too: they are what it bills); an active job gets its prepared file (the logged lines in their order)
@@ -43,6 +48,7 @@ async def restore(
     and its expiry."""
     record = snapshot.records[batch_id]
     spec = record.spec
+    retention_s = jobs.retention_s(spec, settings)
     results = snapshot.results.get(batch_id, {})
     created_at = record.times.get(jobs.IN_PROGRESS, spec.created_ms // 1000)
     outputs = (
@@ -75,7 +81,7 @@ async def rebuild(settings: Settings, store: JobStore, files: FileStore, own: Jo
         for claim in (await read_topics(settings, JobTopics.mirrored(region), kinds=("owners",))).owners.values():
             snapshot.owners[claim.batch_id] = jobs.highest(claim, snapshot.owners.get(claim.batch_id))
     for batch_id in snapshot.records:
-        await restore(store, files, snapshot, batch_id, snapshot.owners.get(batch_id), settings.jobs.files_retention_s)
+        await restore(store, files, snapshot, batch_id, snapshot.owners.get(batch_id), settings.jobs)
     return len(snapshot.records)
 
 
@@ -117,7 +123,7 @@ async def take_over(
         if record.status in jobs.ACTIVE_STATUSES:
             await log.put_lines(batch_id, lines)
         await log.put_results(batch_id, results)
-        await restore(store, files, source, batch_id, claim, settings.jobs.files_retention_s)
+        await restore(store, files, source, batch_id, claim, settings.jobs)
         to_run = sum(1 for custom_id in lines if custom_id not in results)
         taken.append(Takeover(batch_id, record.status, claim.epoch, len(results), to_run))
     return taken

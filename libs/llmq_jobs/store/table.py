@@ -14,6 +14,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from llmq_core import constants, wire
+from llmq_core.constants import ANTHROPIC, OPENAI
 from llmq_jobs import jobs
 from llmq_jobs.joblog import JobLog
 from llmq_jobs.jobs import FileRecord, JobOwner, JobRecord, JobSpec, JobView, LineError
@@ -135,16 +136,26 @@ class JobTable:
         spec = await self.redis.hget(constants.job_key(batch_id), "spec")
         return msgspec.json.decode(spec, type=JobSpec).tenant_id if spec else None
 
-    async def list_jobs(self, tenant_id: str, after: JobView | None, limit: int) -> tuple[list[JobView], bool]:
-        """A tenant's jobs, newest first, starting after ``after``; returns (jobs, has_more)."""
-        top = "+" if after is None else "(" + jobs.listing_member(after.spec.created_ms, after.spec.id)
-        members = await self.redis.zrevrangebylex(constants.tenant_jobs_key(tenant_id), top, "-", 0, limit + 1)
+    async def list_jobs(
+        self, tenant_id: str, after: JobView | None, limit: int, api_format: str = OPENAI, before: JobView | None = None
+    ) -> tuple[list[JobView], bool]:
+        """A tenant's jobs created through ``api_format``'s API, newest first: those older than ``after``, or (given
+        ``before``) the ``limit`` just newer than it; returns (jobs, has_more: more lie past the page's far end)."""
+        key = _listing_key(tenant_id, api_format)
+        if before is not None:
+            bottom = "(" + jobs.listing_member(before.spec.created_ms, before.spec.id)
+            members = (await self.redis.zrangebylex(key, bottom, "+", 0, limit + 1))[::-1]
+            more, members = len(members) > limit, members[-limit:]
+        else:
+            top = "+" if after is None else "(" + jobs.listing_member(after.spec.created_ms, after.spec.id)
+            members = await self.redis.zrevrangebylex(key, top, "-", 0, limit + 1)
+            more, members = len(members) > limit, members[:limit]
         ids = [m.decode().split(":", 1)[1] for m in members]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for batch_id in ids[:limit]:
+            for batch_id in ids:
                 pipe.hgetall(constants.job_key(batch_id))
             views = [_view(h) for h in await pipe.execute()]
-        return [v for v in views if v is not None], len(ids) > limit
+        return [v for v in views if v is not None], more
 
     async def move_status(
         self, batch_id: str, allowed: Iterable[str], status: str, at_s: int, end_ms: int | None = None
@@ -222,7 +233,8 @@ class JobTable:
             pipe.delete(constants.job_key(batch_id))
             if job is not None:
                 pipe.zrem(
-                    constants.tenant_jobs_key(job.spec.tenant_id), jobs.listing_member(job.spec.created_ms, batch_id)
+                    _listing_key(job.spec.tenant_id, job.spec.api_format),
+                    jobs.listing_member(job.spec.created_ms, batch_id),
                 )
             pipe.zrem(constants.JOB_EXPIRY_KEY, batch_id)
             await pipe.execute()
@@ -283,11 +295,18 @@ def _put_job(
     put_ledger_on(pipe, spec.id, lines, offsets, results)
     for record in files:
         put_file_on(pipe, record)
-    pipe.zadd(constants.tenant_jobs_key(spec.tenant_id), {jobs.listing_member(spec.created_ms, spec.id): 0})
+    pipe.zadd(_listing_key(spec.tenant_id, spec.api_format), {jobs.listing_member(spec.created_ms, spec.id): 0})
     if status in jobs.ACTIVE_STATUSES:
         pipe.sadd(constants.ACTIVE_JOBS_KEY, spec.id)
     else:
         pipe.srem(constants.ACTIVE_JOBS_KEY, spec.id)
+
+
+def _listing_key(tenant_id: str, api_format: str) -> str:
+    """The tenant's listing of the jobs created through one API: ``/v1/batches`` or ``/v1/messages/batches``."""
+    if api_format == ANTHROPIC:
+        return constants.tenant_message_batches_key(tenant_id)
+    return constants.tenant_jobs_key(tenant_id)
 
 
 def _view(fields: Mapping[bytes, bytes]) -> JobView | None:

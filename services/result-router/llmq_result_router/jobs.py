@@ -322,7 +322,7 @@ class JobDriver:
         await self.files.write(spec.results_path, results)
         allowed = [jobs.FINALIZING] if plan.final_status == jobs.COMPLETED else [job.status]
         if await self.store.jobs.move_status(spec.id, allowed, plan.final_status, now_s):
-            await self.store.jobs.retire(spec.id, now_s + self.settings.jobs.files_retention_s)
+            await self.store.jobs.retire(spec.id, now_s + jobs.retention_s(spec, self.settings.jobs))
             await self.files.delete(spec.prepared_path)
             self._wound_down.discard(spec.id)
             log.info("batch %s ended %s: %s", spec.id, plan.final_status, job.counts, extra={"batch_id": spec.id})

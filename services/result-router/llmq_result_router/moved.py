@@ -155,6 +155,6 @@ class MovedJobs(Follower):
         forget it (its view is final)."""
         snapshot = JobSnapshot(region=peer, records={batch_id: job.record}, results={batch_id: job.results})
         claim = await self.store.owners.claim(batch_id)
-        await regions.restore(self.store, self.files, snapshot, batch_id, claim, self.settings.jobs.files_retention_s)
+        await regions.restore(self.store, self.files, snapshot, batch_id, claim, self.settings.jobs)
         self._jobs[peer][batch_id] = None
         log.info("batch %s ended %s in region %s", batch_id, job.record.status, peer, extra={"batch_id": batch_id})
