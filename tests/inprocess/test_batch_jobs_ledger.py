@@ -13,7 +13,8 @@ from redis.asyncio import Redis
 from llmq_api import validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
-from llmq_api.batch_jobs.batches import BatchJobs, line_result_bytes
+from llmq_api.batch_jobs.batches import BatchJobs
+from llmq_api.batch_jobs.builder import JobBuilder, line_result_bytes
 from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
@@ -75,7 +76,7 @@ class Harness:
         models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
         limiter = RateLimiter(redis, self.clock)
         self.api_files = BatchFiles(self.settings, self.store, self.files, self.clock, limiter)
-        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models, limiter)
+        self.api = BatchJobs(JobBuilder(self.settings, self.store, self.files, self.clock, lambda: models, limiter))
         self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
         self.driver = self.new_driver()
         self.created: list[str] = []
@@ -413,7 +414,7 @@ async def test_an_api_pod_writes_only_a_jobs_record_and_lines_to_the_job_log(har
     store = JobStore(harness.redis, log=JobLog(recorder))
     models = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
     limiter = RateLimiter(harness.redis, harness.clock)
-    api = BatchJobs(harness.settings, store, harness.files, harness.clock, lambda: models, limiter)
+    api = BatchJobs(JobBuilder(harness.settings, store, harness.files, harness.clock, lambda: models, limiter))
     source = _Source("\n".join([line("ok"), line("bad", temperature=5)]).encode())
     record = await harness.api_files.upload(TENANT, "in.jsonl", "batch", source)
     job = await api.create(TENANT, json.dumps({"input_file_id": record.id, "endpoint": "/v1/completions"}).encode())

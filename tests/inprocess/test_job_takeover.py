@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.batches import BatchJobs
+from llmq_api.batch_jobs.builder import JobBuilder
 from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.ratelimit import RateLimiter
 from llmq_cli.main import app
@@ -66,7 +67,7 @@ class Region:
         models = {n: spec.context_window for n, spec in BUILTIN_MODELS.items()}
         limiter = RateLimiter(self.redis, self.clock)
         self.api_files = BatchFiles(self.settings, self.store, self.files, self.clock, limiter)
-        self.api = BatchJobs(self.settings, self.store, self.files, self.clock, lambda: models, limiter)
+        self.api = BatchJobs(JobBuilder(self.settings, self.store, self.files, self.clock, lambda: models, limiter))
         self.ledger = JobLedger(self.settings, self.store, self.requests, self.clock)
         self.driver = JobDriver(self.settings, self.store, self.files, self.requests, self.redis, self.clock)
 

@@ -5,12 +5,11 @@ import json
 import pytest
 
 from llmq_api import validation
-from llmq_api.batch_jobs.batches import (
+from llmq_api.batch_jobs.batches import CreateBatch, _repeats
+from llmq_api.batch_jobs.builder import (
     MAX_RESULT_BYTES,
     RESULT_BYTES_PER_TOKEN,
     RESULT_ENVELOPE_BYTES,
-    CreateBatch,
-    _repeats,
     line_result_bytes,
 )
 from tests.builders import job_spec

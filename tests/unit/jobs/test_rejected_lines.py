@@ -8,7 +8,7 @@ import pytest
 from llmq_api import validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import inputs, render
-from llmq_api.batch_jobs.batches import _rejected
+from llmq_api.batch_jobs.builder import _rejected
 from llmq_api.errors import ApiError
 from llmq_core.models import BUILTIN_MODELS
 from tests.builders import job_spec

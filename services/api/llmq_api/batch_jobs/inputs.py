@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from llmq_api import validation
+from llmq_api.anthropic_messages import parse_messages
 from llmq_api.errors import ApiError
 from llmq_core.requests import echo
 from llmq_core.token_counts import TokenCounter
@@ -124,6 +125,14 @@ class InputChecker:
             raw = raw.removeprefix(BOM)
         if not skipped and not raw.strip():
             return []
+        return self._request(raw, skipped)
+
+    def check(self, raw: bytes) -> list[InputLine]:
+        """One whole request line (a Message Batch's request, as an input line): the next line number."""
+        self._number += 1
+        return self._request(raw, 0)
+
+    def _request(self, raw: bytes, skipped: int) -> list[InputLine]:
         self._count += 1
         limits = self.limits
         if self._count > limits.max_lines:
@@ -211,9 +220,16 @@ def _check_body(
     body: bytes, number: int, custom_id: str, endpoint: str, models: Mapping[str, int], limits: Limits
 ) -> InputLine:
     try:
-        valid = validation.parse(
-            jobs.BATCH_ENDPOINTS[endpoint], body, models, max_stop_bytes=limits.max_stop_bytes, counters=limits.counters
-        )
+        if endpoint == jobs.MESSAGES_ENDPOINT:
+            valid = parse_messages(body, models, max_stop_bytes=limits.max_stop_bytes, counters=limits.counters)
+        else:
+            valid = validation.parse(
+                jobs.BATCH_ENDPOINTS[endpoint],
+                body,
+                models,
+                max_stop_bytes=limits.max_stop_bytes,
+                counters=limits.counters,
+            )
     except ApiError as exc:
         return InputLine(line=number, custom_id=custom_id, model=_model_of(body), error=exc)
     if valid.stream:
