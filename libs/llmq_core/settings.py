@@ -406,6 +406,11 @@ class ApiSettings(Group):
         json_schema_extra=was("LLMQ_POD_HEARTBEAT_TTL_MS"),
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="Larger request bodies get 413.")
+    public_base_url: str = Field(
+        "",
+        description="The URL clients reach the API at (`https://llm.example.com`), for absolute URLs the API hands out "
+        "(a Message Batch's `results_url`); empty: the request's own scheme and `Host`.",
+    )
     produce_timeout_ms: int = Field(
         2000, **_MS, description="Bound on producing one request to Kafka; past it the client gets 503."
     )
@@ -761,6 +766,24 @@ class JobsSettings(Group):
         ge=1,
         description="The same, for all of a tenant's running jobs together; past it 429 `batch_results_quota_exceeded` "
         "(400 `batch_results_too_large` for a job that could never fit).",
+    )
+
+    message_batch_max_requests: int = Field(
+        100_000, ge=1, description="Requests per Message Batch (`POST /v1/messages/batches`, Anthropic's limit)."
+    )
+    message_batch_max_body_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="Bytes of a Message Batch's create body (Anthropic's limit; streamed, never held whole); 413 past "
+        "it. Each request in it is at most `LLMQ_BATCH_MAX_LINE_BYTES`.",
+    )
+    message_batch_expiry_s: int = Field(
+        86_400, ge=1, description="A Message Batch's `expires_at`: its creation plus this (Anthropic: 24 h)."
+    )
+    message_batch_retention_s: int = Field(
+        29 * 86_400,
+        ge=1,
+        description="How long an ended Message Batch and its results are kept, then 404 (Anthropic: 29 days).",
     )
 
     @field_validator("batch_max_line_bytes")

@@ -22,19 +22,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from llmq_api import anthropic_format, anthropic_messages, health, idempotency, validation
 from llmq_api.access_log import AccessLog, route_of
 from llmq_api.anthropic_format import ANTHROPIC_DIALECT
 from llmq_api.auth import KeyStore, Principal
 from llmq_api.batch_jobs import router as batch_jobs_router
+from llmq_api.batch_jobs.message_routes import router as message_batches_router
+from llmq_api.bodies import read_body
 from llmq_api.catalog import ModelCatalog
 from llmq_api.errors import ApiError, store_unavailable
 from llmq_api.generation import Ask, Generation
 from llmq_api.hot_routes import HotRoutesApp
 from llmq_api.metrics import ApiMetrics
-from llmq_api.openai_format import CLIENT_GONE_STATUS, OPENAI, error_for, response_body, usage_dict
+from llmq_api.openai_format import OPENAI, error_for, response_body, usage_dict
 from llmq_api.pod import Pod
 from llmq_api.responses import Dialect, ResultResponse, StreamResponse
 from llmq_core import ids, tracing, wire
@@ -93,6 +94,7 @@ def create_app(pod: Pod) -> FastAPI:
 
     app = HotRoutesApp(title="llmq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.keys, app.state.batch_files, app.state.batch_jobs = keys, pod.batch_files, pod.batch_jobs
+    app.state.message_batches = pod.message_batches
     if tracing.enabled():  # configured before the app is built; off, requests skip the extra layer
         app.add_middleware(tracing.AsgiTracing)  # a server span per /v1/ request
     if pod.settings.api.access_log:
@@ -116,6 +118,7 @@ def create_app(pod: Pod) -> FastAPI:
         access_log = pod.settings.api.access_log
         app.hot_stack = AccessLog(app.serve_hot, tenant_of=pod.keys.tenant_of) if access_log else app.serve_hot
     app.include_router(batch_jobs_router)  # /v1/files, /v1/batches
+    app.include_router(message_batches_router)  # /v1/messages/batches
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> dict:
@@ -123,7 +126,7 @@ def create_app(pod: Pod) -> FastAPI:
         request.state.dialect = ANTHROPIC_DIALECT
         anthropic_format.authenticate(keys, request.headers)
         validation.check_content_type(request.headers.get("content-type"))
-        body = await _read_body(request, pod.settings.api.max_body_bytes)
+        body = await read_body(request, pod.settings.api.max_body_bytes)
         return {"input_tokens": anthropic_messages.count_tokens(body, catalog.context_windows(), pod.token_counters)}
 
     @app.get("/v1/models")
@@ -200,7 +203,7 @@ class Intake:
         request.state.traffic_class = traffic_class
         timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *self._timeouts[traffic_class])
         idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
-        body = await _read_body(request, self._max_body_bytes)
+        body = await read_body(request, self._max_body_bytes)
         valid = edge.parse(
             body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes, counters=self._counters
         )
@@ -266,23 +269,6 @@ def _stored_response(result: wire.FinalResult, request_id: str) -> dict:
     if result.api_format == ANTHROPIC:
         return anthropic_format.message_body(result, request_id)
     return response_body(result, request_id, result.endpoint, result.created_ms // 1000)
-
-
-async def _read_body(request: Request, limit_bytes: int) -> bytes:
-    """The request body; 413 as soon as it is known to exceed ``limit_bytes``."""
-    validation.check_declared_length(request.headers.get("content-length"), limit_bytes)
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit_bytes:
-                raise validation.too_large(limit_bytes)
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ApiError(
-            CLIENT_GONE_STATUS, "The client disconnected while sending the body", code="client_disconnected"
-        ) from None
-    return b"".join(chunks)
 
 
 def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:

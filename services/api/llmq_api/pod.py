@@ -17,7 +17,9 @@ from llmq_api import health
 from llmq_api.admission import ShedPolicy
 from llmq_api.auth import KeyStore
 from llmq_api.batch_jobs.batches import BatchJobs
+from llmq_api.batch_jobs.builder import JobBuilder
 from llmq_api.batch_jobs.files import BatchFiles
+from llmq_api.batch_jobs.message_batches import MessageBatches
 from llmq_api.catalog import ModelCatalog
 from llmq_api.gateway import Gateway, RequestProducer
 from llmq_api.generation import Generation
@@ -349,9 +351,10 @@ class Pod:
         self.generation = self._generation()
         store, files = JobStore(self.redis, log=self._job_log()), FileStore(settings.jobs.files_url)
         self.batch_files = BatchFiles(settings, store, files, clock, self.limiter)
-        self.batch_jobs = BatchJobs(
+        builder = JobBuilder(
             settings, store, files, clock, self.catalog.context_windows, self.limiter, self.token_counters
         )
+        self.batch_jobs, self.message_batches = BatchJobs(builder), MessageBatches(builder)
         self.metrics.track_dependencies(self.dependencies)
         self._tasks: list[asyncio.Task] = []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmq_api.errors import ApiError
 from llmq_api.openai_format import error_for, response_body
 from llmq_core import wire
 from llmq_core.status import ErrorCode
@@ -79,6 +80,15 @@ def file_object(record: FileRecord) -> dict:
     }
 
 
+def line_error(result: wire.FinalResult) -> ApiError:
+    """The error of a line that did not succeed, with the status its request would have got over HTTP (an unknown
+    model's 404: the stored error keeps only its invalid-request type)."""
+    error = error_for(result)
+    if error.code == ErrorCode.MODEL_NOT_FOUND:
+        error.status = 404
+    return error
+
+
 def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
     """``(succeeded, line)``: one line of the output file (succeeded) or of the error file (everything else).
 
@@ -100,9 +110,8 @@ def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
     if outcome in _ENDED_CODES:
         line["error"] = {"code": _ENDED_CODES[outcome], "message": _ENDED_MESSAGES[outcome]}
         return False, line
-    error = error_for(result)
-    status = 404 if error.code == ErrorCode.MODEL_NOT_FOUND else error.status
-    line["response"] = {"status_code": status, "request_id": result.request_id, "body": error.body()}
+    error = line_error(result)
+    line["response"] = {"status_code": error.status, "request_id": result.request_id, "body": error.body()}
     if result.error is not None and result.error.retryable:
         line["dead_letter"] = True
     return False, line
