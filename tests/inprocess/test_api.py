@@ -189,9 +189,10 @@ async def pod_process(instance_id: str, log_path: Path, **env: str) -> AsyncIter
 
 
 @contextlib.asynccontextmanager
-async def serving(pod: Pod, wait: bool = True, **options):
-    """Serve ``pod`` with uvicorn on a free port (``options``: more ``uvicorn.Config`` keywords); yields the base URL."""
-    port = free_port()
+async def serving(pod: Pod, wait: bool = True, port: int | None = None, **options):
+    """Serve ``pod`` with uvicorn on ``port`` (None: a free one; ``options``: more ``uvicorn.Config`` keywords);
+    yields the base URL."""
+    port = port or free_port()
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(pod),
