@@ -146,26 +146,27 @@ class JobBuilder:
         whatever was written ahead is dropped first."""
         with self._slots.hold(principal.tenant_id):
             try:
-                return await self._build(spec, principal, staged, checked)
+                tally = await self._stage_all(spec, principal, staged)
+                if checked.errors:
+                    raise InvalidInput(checked)
+                return await self._start_within_quotas(spec, principal, tally)
             except BaseException:
                 await self.store.ledger.discard_ledger(spec.id)
                 await self.files.delete(spec.prepared_path)
                 raise
 
-    async def _build(
-        self,
-        spec: JobSpec,
-        principal: Principal,
-        staged: AsyncIterator[list[inputs.InputLine]],
-        checked: inputs.CheckedInput,
-    ) -> JobView:
+    async def _stage_all(
+        self, spec: JobSpec, principal: Principal, staged: AsyncIterator[list[inputs.InputLine]]
+    ) -> _Tally:
         tally = _Tally()
         async with self.files.writer(spec.prepared_path) as write:
             async with contextlib.aclosing(staged) as batches:
                 async for lines in batches:
                     await self._stage(spec, principal, lines, write, tally)
-        if checked.errors:
-            raise InvalidInput(checked)
+        return tally
+
+    async def _start_within_quotas(self, spec: JobSpec, principal: Principal, tally: _Tally) -> JobView:
+        """Start the job if its estimate fits the batch quota and its possible results the result-byte bounds."""
         check_batch_fits(tally.estimate, principal)
         spec = msgspec.structs.replace(
             spec, total=tally.total, runnable=tally.runnable, result_bytes=tally.result_bytes
