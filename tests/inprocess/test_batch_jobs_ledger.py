@@ -16,6 +16,7 @@ from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.batches import BatchJobs
 from llmq_api.batch_jobs.builder import JobBuilder, line_result_bytes
 from llmq_api.batch_jobs.files import BatchFiles
+from llmq_api.batch_jobs.message_batches import MessageBatches
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
 from llmq_core import constants, security, wire
@@ -77,6 +78,7 @@ class Harness:
         limiter = RateLimiter(redis, self.clock)
         self.api_files = BatchFiles(self.settings, self.store, self.files, self.clock, limiter)
         self.api = BatchJobs(JobBuilder(self.settings, self.store, self.files, self.clock, lambda: models, limiter))
+        self.messages = MessageBatches(self.api.builder)
         self.ledger = JobLedger(self.settings, self.store, self.producer, self.clock)
         self.driver = self.new_driver()
         self.created: list[str] = []
@@ -369,6 +371,55 @@ async def test_listing_pages_newest_first(harness):
     assert [j.spec.id for j in page] == ids[::-1][2:4] and more
     page, more = await harness.api.list(tenant, page[-1].spec.id, 2)
     assert [j.spec.id for j in page] == ids[:1] and not more
+
+
+async def _chunks(data: bytes, size: int = 7):
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+async def test_a_message_batch_runs_on_the_same_engine_its_tenant_alone_sees_it_and_it_is_kept_29_days(harness):
+    """A Message Batch through the same driver and ledger as /v1/batches: its lines are the same deferred requests
+    (Anthropic's format), another tenant and /v1/batches get 404, and it is forgotten at its own retention."""
+    params = {"model": "llmq-sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+    body = json.dumps({"requests": [{"custom_id": f"m{i}", "params": params} for i in range(3)]}).encode()
+    batch = await harness.messages.create(TENANT, _chunks(body))
+    harness.created.append(batch.spec.id)
+    assert batch.spec.api_format == constants.ANTHROPIC and batch.spec.total == 3 and batch.status == jobs.IN_PROGRESS
+    with pytest.raises(ApiError) as refused:
+        await harness.messages.delete(TENANT, batch.spec.id)
+    assert refused.value.status == 400
+    for service in (harness.messages.get, harness.messages.results, harness.messages.cancel, harness.messages.delete):
+        with pytest.raises(ApiError) as hidden:
+            await service(OTHER, batch.spec.id)
+        assert hidden.value.status == 404
+    with pytest.raises(ApiError):
+        await harness.api.get(TENANT, batch.spec.id)
+    assert batch.spec.id not in [j.spec.id for j in (await harness.api.list(TENANT, None, 100))[0]]
+    assert [j.spec.id for j in (await harness.messages.list(TENANT, None, None, 1))[0]] == [batch.spec.id]
+    while (job := await harness.job(batch.spec.id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(batch.spec.id)
+        for request in harness.producer.take():
+            assert request.api_format == constants.ANTHROPIC and request.traffic_class == constants.DEFERRED
+            await harness.ledger.on_result(fake_result(request, wire.Outcome.SUCCEEDED, "hell"))
+    assert job.status == jobs.COMPLETED and job.count("succeeded") == 3
+    lines = [
+        json.loads(x)
+        async for chunk in await harness.messages.results(TENANT, batch.spec.id)
+        for x in chunk.splitlines()
+    ]
+    assert sorted(x["custom_id"] for x in lines) == ["m0", "m1", "m2"]
+    assert {x["result"]["message"]["content"][0]["text"] for x in lines} == {"hell"}
+    ended_s = job.times[jobs.COMPLETED]
+    retention_s = harness.settings.jobs.message_batch_retention_s
+    assert retention_s == 29 * 86_400
+    await harness.driver.sweep_files(ended_s + retention_s - 1)
+    assert await harness.messages.get(TENANT, batch.spec.id)
+    assert await harness.files.exists(batch.spec.results_path)
+    await harness.driver.sweep_files(ended_s + retention_s)
+    with pytest.raises(ApiError) as gone:
+        await harness.messages.get(TENANT, batch.spec.id)
+    assert gone.value.status == 404 and not await harness.files.exists(batch.spec.results_path)
 
 
 async def test_expired_files_are_swept(harness):

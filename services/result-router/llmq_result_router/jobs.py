@@ -331,9 +331,12 @@ class JobDriver:
 
     async def sweep_files(self, now_s: int) -> None:
         """Delete files past their ``expires_at`` (the stored object and the record), and ended jobs past their
-        retention."""
+        retention (a Message Batch's results file with it)."""
         for batch_id in await self.store.jobs.expired_jobs(now_s):
+            job = await self.store.jobs.get_job(batch_id)
             await self.store.jobs.delete_job(batch_id)
+            if job is not None and not jobs.output_files(job.spec, 0, 0):  # a Message Batch: no file record of its
+                await self.files.delete(job.spec.results_path)  # results file expires it, so it goes with the job
         for file_id in await self.store.files.expired_files(now_s):
             record = await self.store.files.get_file(file_id)
             if record is None:
