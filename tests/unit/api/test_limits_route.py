@@ -15,6 +15,12 @@ async def test_limits_name_the_batch_caps_of_the_settings(make_app):
             "max_line_bytes": Settings().jobs.batch_max_line_bytes,
             "max_completion_window_s": Settings().jobs.batch_max_window_s,
         },
+        "message_batch": {
+            "max_requests": 100_000,
+            "max_body_bytes": 256 * 1024 * 1024,
+            "max_request_bytes": Settings().jobs.batch_max_line_bytes,
+            "expires_after_s": 86_400,
+        },
     }
 
 

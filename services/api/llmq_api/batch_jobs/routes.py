@@ -52,7 +52,7 @@ async def _small_body(request: Request) -> bytes:
 @router.get("/v1/limits")
 async def limits(request: Request) -> dict:
     """The batch limits of this deployment, so a client can shard a large job to fit (``llmq batch run`` reads them;
-    an API without this route gets OpenAI's limits)."""
+    an API without this route gets OpenAI's limits): ``/v1/batches``' and ``/v1/messages/batches``'."""
     _principal(request)
     settings = _jobs(request).settings
     return {
@@ -62,6 +62,12 @@ async def limits(request: Request) -> dict:
             "max_file_bytes": settings.jobs.files_max_bytes,
             "max_line_bytes": settings.jobs.batch_max_line_bytes,
             "max_completion_window_s": settings.jobs.batch_max_window_s,
+        },
+        "message_batch": {
+            "max_requests": settings.jobs.message_batch_max_requests,
+            "max_body_bytes": settings.jobs.message_batch_max_body_bytes,
+            "max_request_bytes": settings.jobs.batch_max_line_bytes,
+            "expires_after_s": settings.jobs.message_batch_expiry_s,
         },
     }
 
