@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 
@@ -20,8 +21,10 @@ import pytest
 from anthropic.types.messages import DeletedMessageBatch, MessageBatch, MessageBatchIndividualResponse
 from pydantic import BaseModel
 from redis.asyncio import Redis
+from typer.testing import CliRunner
 
 from llmq_api.pod import Pod
+from llmq_cli.main import app
 from llmq_core import constants, wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import ANTHROPIC
@@ -370,3 +373,28 @@ async def test_bad_params_are_accepted_and_end_errored(pods):
     assert errors["hot"].type == errors["no-max"].type == "invalid_request_error"
     assert "temperature" in errors["hot"].message and "max_tokens" in errors["no-max"].message
     assert results["fine"].message.content[0].text == "hello" and results["fine"].message.stop_reason == "max_tokens"
+
+
+async def test_llmq_batch_run_drives_message_batches(pods, tmp_path):
+    """``llmq batch run --format anthropic``: shards of a /v1/messages job run as Message Batches; a bad request is
+    dead-lettered (not retried), the rest joined in job order; run again, the job resumes from its manifest."""
+    base_url, _, _ = pods
+    job = tmp_path / "job.jsonl"
+    lines = [
+        {"custom_id": f"j{i}", "url": "/v1/messages", "body": request(f"j{i}", f"text {i}")["params"]} for i in range(5)
+    ]
+    lines.append({"custom_id": "bad", "url": "/v1/messages", "body": request("bad", model="not-served")["params"]})
+    job.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    args = ["batch", "run", str(job), "-o", str(out), "--format", "anthropic", "--shard-max-requests", "2"]
+    args += ["--poll-interval-s", "0.05", "--base-url", f"{base_url}/v1", "--json"]
+    for _ in range(2):
+        done = await asyncio.to_thread(CliRunner().invoke, app, args)
+        assert done.exit_code == 1, done.output  # the bad request is dead-lettered
+        report = json.loads(done.output)
+        assert (report["accepted"], report["dead_lettered"]) == (5, 1), report
+        assert report["dead_letter_reasons"] == {"not_found_error": 1}
+    joined = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["custom_id"] for x in joined] == [*(f"j{i}" for i in range(5)), "bad"]
+    assert {x["result"]["message"]["content"][0]["text"] for x in joined[:5]} == {"text "}
+    assert joined[5]["error"]["code"] == "not_found_error" and joined[5]["error"]["dead_letter"]

@@ -15,7 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from llmq_cli.batch import API_KEY, BASE_URL
-from llmq_cli.batchrun.api import BatchState, OpenAIBatchApi
+from llmq_cli.batchrun.anthropic_api import AnthropicBatchApi
+from llmq_cli.batchrun.api import BatchApi, BatchState, OpenAIBatchApi
 from llmq_cli.batchrun.jobfile import IdTemplate, Job, JobFileError, read_job
 from llmq_cli.batchrun.manifest import COLLECTED, Manifest, ManifestError, Shard, open_manifest
 from llmq_cli.batchrun.outcomes import OUTCOMES, Validator, schema_validator
@@ -92,6 +93,12 @@ def run(
     restart: bool = typer.Option(
         False, "--restart", help="Forget the state folder's manifest and run the whole job again (billed again)."
     ),
+    api_format: str = typer.Option(
+        "openai",
+        "--format",
+        help="openai: /v1/files and /v1/batches; anthropic: Message Batches (the job's url /v1/messages, each body a "
+        "Messages request).",
+    ),
     base_url: str = BASE_URL,
     api_key: str = API_KEY,
 ) -> None:
@@ -102,12 +109,13 @@ def run(
     deadline_after_s = _seconds(deadline, "--deadline") if deadline else None
     template, validate = _checks(id_template, json_schema)
     job = _read(job_file, template, as_json)
-    manifest = _manifest(state or output.with_name(output.name + ".state"), job, restart, as_json)
+    state = state or output.with_name(output.name + ".state")
+    manifest = _manifest(state, job, restart, as_json)
     started_s = float(manifest.put_default("started_at", repr(time.time())))
     deadline_s = started_s + deadline_after_s if deadline_after_s is not None else None
     if deadline_s is not None and started_s + max_rounds * window_s > deadline_s and not as_json:
         err.print(f"[yellow]{max_rounds} rounds x {window} may end after the deadline ({deadline} from the start)[/]")
-    api = OpenAIBatchApi(base_url, api_key)
+    api = _api(api_format, base_url, api_key, state)
     limits = shard_limits(api.limits(), shard_max_requests, shard_max_bytes)
     config = RunConfig(window, max_rounds, limits, max_active_shards, poll_interval_s)
     _run(Pipeline(api, manifest, job, config, template=template, validate=validate), as_json)
@@ -132,6 +140,14 @@ def run(
         _print_summary(report)
     if written.dead_lettered:
         raise typer.Exit(1)
+
+
+def _api(api_format: str, base_url: str, api_key: str, state: Path) -> BatchApi:
+    if api_format == "anthropic":
+        return AnthropicBatchApi(base_url, api_key, state / "shards")
+    if api_format != "openai":
+        raise typer.BadParameter(f"must be openai or anthropic, got {api_format!r}", param_hint="--format")
+    return OpenAIBatchApi(base_url, api_key)
 
 
 def _checks(id_template: str | None, json_schema: Path | None) -> tuple[IdTemplate | None, Validator | None]:

@@ -1,4 +1,5 @@
-"""Sorting the lines of a shard's output and error files by outcome; content validation. Pure.
+"""Sorting the lines of a shard's output and error files (or a Message Batch's results) by outcome; content
+validation. Pure.
 
 Outcomes are the four of a batch line (succeeded, errored, canceled, expired). A succeeded line whose answer fails
 ``--json-schema`` becomes ``errored`` (code ``invalid_json`` / ``schema_mismatch``). Retryable: canceled, expired,
@@ -18,6 +19,8 @@ SUCCEEDED, ERRORED, CANCELED, EXPIRED = "succeeded", "errored", "canceled", "exp
 OUTCOMES = (SUCCEEDED, ERRORED, CANCELED, EXPIRED)
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 _ENDED = {"batch_expired": EXPIRED, "batch_cancelled": CANCELED, "batch_canceled": CANCELED}
+# Anthropic's error types of the server's own failures (the rest, invalid_request_error, ..., fail again unchanged)
+ANTHROPIC_RETRYABLE = frozenset({"api_error", "overloaded_error", "rate_limit_error", "timeout_error"})
 
 Validator = Callable[[str], tuple[str, str] | None]  # answer text -> (code, message) when it is refused
 
@@ -43,6 +46,8 @@ class Attempt:
 def classify(line: dict, validate: Validator | None = None) -> Attempt:
     """The attempt a result line (of the output or the error file) records."""
     custom_id = str(line.get("custom_id", ""))
+    if isinstance(line.get("result"), dict):
+        return _classify_anthropic(custom_id, line, validate)
     response = line.get("response") or None
     error = line.get("error") or None
     if response is None:
@@ -61,6 +66,27 @@ def classify(line: dict, validate: Validator | None = None) -> Attempt:
         code = str(detail.get("code") or detail.get("type") or f"http_{status}")
         return Attempt(custom_id, ERRORED, code, str(detail.get("message", "")), retryable, **tokens)
     refused = validate(answer_text(body)) if validate else None
+    if refused:
+        return Attempt(custom_id, ERRORED, refused[0], refused[1], retryable=True, **tokens)
+    return Attempt(custom_id, SUCCEEDED, line=json.dumps(line, ensure_ascii=False, separators=(",", ":")), **tokens)
+
+
+def _classify_anthropic(custom_id: str, line: dict, validate: Validator | None) -> Attempt:
+    """A Message Batch's result line: ``succeeded`` (its message), ``errored`` (Anthropic's error: retryable when it
+    is the server's, ANTHROPIC_RETRYABLE), ``canceled`` or ``expired``."""
+    result = line["result"]
+    kind = result.get("type")
+    if kind in (CANCELED, EXPIRED):
+        return Attempt(custom_id, kind, kind, f"the request was {kind} with its batch", retryable=True)
+    if kind != SUCCEEDED:
+        error = ((result.get("error") or {}).get("error") or {}) if isinstance(result.get("error"), dict) else {}
+        code = str(error.get("type") or "errored")
+        return Attempt(custom_id, ERRORED, code, str(error.get("message", "")), code in ANTHROPIC_RETRYABLE)
+    message = result.get("message") or {}
+    usage = message.get("usage") or {}
+    tokens = dict(input_tokens=int(usage.get("input_tokens") or 0), output_tokens=int(usage.get("output_tokens") or 0))
+    blocks = message.get("content") or [{}]
+    refused = validate(str(blocks[0].get("text") or "") if isinstance(blocks[0], dict) else "") if validate else None
     if refused:
         return Attempt(custom_id, ERRORED, refused[0], refused[1], retryable=True, **tokens)
     return Attempt(custom_id, SUCCEEDED, line=json.dumps(line, ensure_ascii=False, separators=(",", ":")), **tokens)

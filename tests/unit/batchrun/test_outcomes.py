@@ -1,5 +1,7 @@
 """Result lines sorted by outcome; invalid requests are not retried, the rest are; content is validated."""
 
+import json
+
 import pytest
 
 from llmq_cli.batchrun.outcomes import classify, schema_validator
@@ -50,3 +52,34 @@ def test_failures_are_sorted_by_outcome_and_only_invalid_requests_are_final(body
 def test_a_broken_schema_is_refused_at_once():
     with pytest.raises(Exception, match="not valid"):
         schema_validator({"type": 12})
+
+
+def anthropic_line(custom_id: str, result: dict) -> dict:
+    return {"custom_id": custom_id, "result": result}
+
+
+def test_a_message_batch_result_is_sorted_by_its_type():
+    message = {"content": [{"type": "text", "text": '{"ok": true}'}], "usage": {"input_tokens": 3, "output_tokens": 4}}
+    succeeded = classify(anthropic_line("a", {"type": "succeeded", "message": message}), schema_validator(SCHEMA))
+    assert succeeded.accepted and (succeeded.input_tokens, succeeded.output_tokens) == (3, 4)
+    assert json.loads(succeeded.line)["result"]["message"] == message
+    refused = classify(
+        anthropic_line("a", {"type": "succeeded", "message": {"content": [{"text": "no"}]}}), schema_validator(SCHEMA)
+    )
+    assert (refused.outcome, refused.code, refused.retryable) == ("errored", "invalid_json", True)
+
+    def errored(kind: str):
+        return classify(
+            anthropic_line(
+                "b", {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": "m"}}}
+            )
+        )
+
+    assert (
+        not errored("invalid_request_error").retryable
+        and errored("invalid_request_error").code == "invalid_request_error"
+    )
+    assert errored("api_error").retryable and errored("overloaded_error").retryable
+    for kind in ("canceled", "expired"):
+        attempt = classify(anthropic_line("c", {"type": kind}))
+        assert attempt.outcome == kind and attempt.retryable
