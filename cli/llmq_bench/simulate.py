@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -96,15 +96,18 @@ def run_simulation(
     seed: int = 0,
     burst_factor: float = 3.0,
     mix: dict[str, float] | None = None,
+    batchers: int = 1,
 ) -> dict:
     """Simulate ``duration_s`` of traffic at ``rps`` (``mix``: share per traffic class, all interactive by default;
     ``paid_share`` of it paid, the rest free) against ``replicas`` fixed-time workers (``max_batch`` requests per
     ``batch_time_ms`` batch); then let queued work finish. Deferred requests get a deadline of an hour, others
-    ``deadline_ms``.
+    ``deadline_ms``. ``batchers``: policies of one consumer group, each given the requests of its request partitions
+    (a uniform share of arrivals) and every worker's heartbeats, and only its own batches' results.
 
     Returns a dict: requests, completed, expired, throughput_rps (completed per simulated second of arrivals),
     latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``), the same per tier and per priority class,
-    deferred_backlog_max (deferred records left unread at most), mean_batch_fill (0..1), batches, flush reasons, worker
+    wait_ms_by_stage {batcher, worker} (arrival to dispatch; dispatch to start), deferred_backlog_max (deferred records
+    left unread at most), mean_batch_fill (0..1), batches, flush reasons, worker
     utilization (0..1), wall_s and sim_speed (simulated / wall seconds).
     """
     started = time.perf_counter()
@@ -122,12 +125,13 @@ def run_simulation(
         model_max_batch={MODEL: max_batch},
         worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
     )
-    policy = BatchPolicy(config)
+    policies = [BatchPolicy(replace(config, batch_id_prefix=f"sim{b}")) for b in range(batchers)]
+    owners = rng.integers(batchers, size=total)
     workers = [_Worker(f"w{i}", i) for i in range(replicas)]
-    sim = _Run(policy, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
+    sim = _Run(policies, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
     for worker in workers:
         sim.heartbeat(worker, 0)
-    sim.run(counts, paid, classes, tick_ms, deadline_ms)
+    sim.run(counts, paid, classes, owners, tick_ms, deadline_ms)
     return sim.report(rps, duration_s, network_ms, time.perf_counter() - started)
 
 
@@ -136,14 +140,16 @@ class _Run:
 
     def __init__(
         self,
-        policy: BatchPolicy,
+        policies: list[BatchPolicy],
         workers: list[_Worker],
         max_batch: int,
         batch_time_ms: int,
         dispatch_delay_ms: int,
         heartbeat_interval_ms: int,
     ) -> None:
-        self.policy = policy
+        self.policies = policies
+        self.wake_ms = [0] * len(policies)  # when each policy asked to be scheduled next
+        self.owner: dict[str, int] = {}  # request_id -> the policy holding it
         self.now_ms = 0  # simulated time, epoch 0
         self.workers = workers
         self.by_id = {w.worker_id: w for w in workers}
@@ -155,20 +161,30 @@ class _Run:
         self.event_seq = 0
         self.latencies: dict[str, list[int]] = {key: [] for key in CLASS_KEYS}  # ms from arrival to batch end
         self.by_tier: dict[str, list[int]] = {tier: [] for tier in constants.TIERS}
-        self.backlog: deque[wire.GenerationRequest] = deque()  # deferred records not read yet
+        self.backlog: list[deque[wire.GenerationRequest]] = [deque() for _ in policies]  # deferred, unread
         self.backlog_max = 0
         self.batch_sizes: list[int] = []
         self.flushes: Counter[str] = Counter()
         self.expired = 0
         self.busy_ms = 0
+        self.batcher_waits: list[int] = []  # ms from arrival to dispatch, of each request a worker started
+        self.worker_waits: list[int] = []  # ms from dispatch to its batch's start (dispatch delay included)
 
-    def run(self, counts: np.ndarray, paid: np.ndarray, classes: np.ndarray, tick_ms: int, deadline_ms: int) -> None:
+    def run(
+        self,
+        counts: np.ndarray,
+        paid: np.ndarray,
+        classes: np.ndarray,
+        owners: np.ndarray,
+        tick_ms: int,
+        deadline_ms: int,
+    ) -> None:
         next_id = 0
-        wake_ms = 0
         t = 0
         tick = 0
-        while tick < len(counts) or self.events or self.policy.queued_total or self.backlog:
+        while tick < len(counts) or self.events or self._holding():
             self.now_ms = t
+            arrived = [0] * len(self.policies)
             self._process_events(t)
             if t % self.heartbeat_interval_ms == 0:
                 for worker in self.workers:
@@ -188,30 +204,38 @@ class _Run:
                     reply_to=_REPLY,
                     prompt_tokens=8,
                 )
+                b = int(owners[i])
+                self.owner[request.request_id] = b
+                arrived[b] += 1
                 if deferred:
-                    self.backlog.append(request)
+                    self.backlog[b].append(request)
                 else:
-                    self.policy.add(request, t)
+                    self.policies[b].add(request, t)
             next_id += n
-            n += self._read_deferred(t)
-            if n or wake_ms <= t or self.events and self.events[0][0] <= t + tick_ms:
-                wake_ms = self._schedule(t)
+            soon = bool(self.events) and self.events[0][0] <= t + tick_ms
+            for b in range(len(self.policies)):
+                arrived[b] += self._read_deferred(b, t)
+                if arrived[b] or self.wake_ms[b] <= t or soon:
+                    self.wake_ms[b] = self._schedule(b, t)
             tick += 1
             t += tick_ms
 
-    def _read_deferred(self, t: int) -> int:
+    def _holding(self) -> bool:
+        return any(p.queued_total for p in self.policies) or any(self.backlog)
+
+    def _read_deferred(self, b: int, t: int) -> int:
         """Take in deferred records as the batcher's consumer does: up to one read's worth, unless the policy pauses."""
-        backlog = self.backlog
+        backlog, policy = self.backlog[b], self.policies[b]
         self.backlog_max = max(self.backlog_max, len(backlog))
-        if not backlog or self.policy.deferred_paused():
+        if not backlog or policy.deferred_paused():
             return 0
         n = min(len(backlog), CONSUME_MAX_RECORDS)
         for _ in range(n):
-            self.policy.add(backlog.popleft(), t)
+            policy.add(backlog.popleft(), t)
         return n
 
-    def _schedule(self, t: int) -> int:
-        decision = self.policy.schedule(t)
+    def _schedule(self, b: int, t: int) -> int:
+        decision = self.policies[b].schedule(t)
         self.expired += len(decision.answers)
         for batch in decision.batches:
             self.batch_sizes.append(len(batch.requests))
@@ -234,16 +258,18 @@ class _Run:
 
     def _start(self, worker: _Worker, t: int) -> None:
         batch = worker.waiting.popleft()
+        self.batcher_waits += [batch.formed_ms - r.created_ms for r in batch.requests]
+        self.worker_waits += [t - batch.formed_ms] * len(batch.requests)
         worker.running = batch.requests
         worker.busy_until_ms = t + self.batch_time_ms
         self.busy_ms += self.batch_time_ms
         self._push(worker.busy_until_ms, 0, worker)
 
     def _finish(self, worker: _Worker, t: int) -> None:
-        on_result = self.policy.on_result
+        policies, owner = self.policies, self.owner
         latencies, by_tier = self.latencies, self.by_tier
         for request in worker.running:
-            on_result(request.request_id)
+            policies[owner.pop(request.request_id)].on_result(request.request_id)
             latency = t - request.created_ms
             latencies[CLASS_KEYS[class_index(request)]].append(latency)
             by_tier[request.tier].append(latency)
@@ -255,22 +281,21 @@ class _Run:
         running = len(worker.running)
         queued = sum(len(b.requests) for b in worker.waiting)
         drain = max(worker.busy_until_ms - t, 0) + len(worker.waiting) * self.batch_time_ms
-        self.policy.on_heartbeat(
-            wire.WorkerHeartbeat(
-                worker_id=worker.worker_id,
-                partition=worker.partition,
-                model=MODEL,
-                max_slots=self.max_batch,
-                running=running,
-                queued=queued,
-                free_slots=0 if running or queued else self.max_batch,
-                est_drain_ms=drain,
-                sent_ms=t,
-                fixed_batch_time_ms=self.batch_time_ms,
-                last_batch_id=worker.last_batch_id,
-            ),
-            t,
+        beat = wire.WorkerHeartbeat(
+            worker_id=worker.worker_id,
+            partition=worker.partition,
+            model=MODEL,
+            max_slots=self.max_batch,
+            running=running,
+            queued=queued,
+            free_slots=0 if running or queued else self.max_batch,
+            est_drain_ms=drain,
+            sent_ms=t,
+            fixed_batch_time_ms=self.batch_time_ms,
+            last_batch_id=worker.last_batch_id,
         )
+        for policy in self.policies:  # every batcher hears every worker (one pub/sub channel)
+            policy.on_heartbeat(beat, t)
 
     def _push(self, at: int, kind: int, payload: object) -> None:
         self.event_seq += 1
@@ -291,6 +316,10 @@ class _Run:
             "latency_ms_by_tier": {tier: _percentiles(values) for tier, values in tiers.items() if len(values)},
             "latency_ms_by_class": {key: _percentiles(values) for key, values in classes.items() if len(values)},
             "completed_by_class": {key: len(values) for key, values in classes.items() if len(values)},
+            "wait_ms_by_stage": {
+                "batcher": _percentiles(np.asarray(self.batcher_waits, dtype=np.int64)),
+                "worker": _percentiles(np.asarray(self.worker_waits, dtype=np.int64)),
+            },
             "deferred_backlog_max": self.backlog_max,
             "mean_batch_fill": round(float(np.mean(self.batch_sizes)) / self.max_batch, 4) if self.batch_sizes else 0.0,
             "batches": len(self.batch_sizes),

@@ -26,6 +26,7 @@ def simulate(
     mix: str = typer.Option(
         "interactive=1", help="Share per traffic class, e.g. interactive=0.8,near_interactive=0.15,deferred=0.05."
     ),
+    batchers: int = typer.Option(1, min=1, help="Batchers of one group, each with its partitions' share of arrivals."),
     seed: Seed = 0,
     as_json: AsJson = False,
 ) -> None:
@@ -47,6 +48,7 @@ def simulate(
         paid_share=paid_share,
         seed=seed,
         mix=shares,
+        batchers=batchers,
     )
     if as_json:
         typer.echo(json.dumps(result, indent=2))
@@ -60,7 +62,7 @@ def simulate(
         "mean batch fill",
         "utilisation",
         "expired",
-        title=f"simulated {duration_s:g}s at {rps:g} req/s on {replicas} replicas "
+        title=f"simulated {duration_s:g}s at {rps:g} req/s on {replicas} replicas, {batchers} batcher(s) "
         f"(wall {result['wall_s']:.1f}s, {result['sim_speed']:.2f}x real time)",
     )
     table.add_row(
@@ -83,6 +85,12 @@ def simulate(
             str(latency["max"]),
         )
     console.print(by_class)
+    stages = result["wait_ms_by_stage"]
+    console.print(
+        "wait p50 / p99 ms: in the batchers "
+        f"{stages['batcher']['p50']:.0f} / {stages['batcher']['p99']:.0f}, "
+        f"in the workers' queues {stages['worker']['p50']:.0f} / {stages['worker']['p99']:.0f}"
+    )
 
 
 def capacity(
