@@ -221,6 +221,9 @@ class FakeRedis:
         fields[_bytes(field)] = fields.get(_bytes(field), 0) + amount
         return fields[_bytes(field)]
 
+    async def pexpire(self, key: str, ms: int) -> int:
+        return int(key in self.data or key in self.hashes)  # no expiry here
+
     async def hdel(self, key: str, *fields: bytes) -> int:
         return sum(self.hashes.get(key, {}).pop(f, None) is not None for f in fields)
 

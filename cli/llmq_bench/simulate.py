@@ -13,12 +13,14 @@ Run: ``llmq simulate --rps 40000 --replicas 170 --duration-s 60``; a class mix:
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from llmq_batcher.ledger import WorkerLedger
 from llmq_batcher.policy import CLASS_KEYS, BatchPolicy, PolicyConfig, class_index
 from llmq_core import constants, wire
 
@@ -27,6 +29,7 @@ _REPLY = wire.HttpReply(instance_id="sim")
 _SAMPLING = wire.SamplingParams(max_tokens=16)
 CONSUME_MAX_RECORDS = 500  # deferred records taken in per tick, like one getmany of the batcher's consumer
 DEFERRED_DEADLINE_MS = 3_600_000
+GRANT_TTL_MS = 2_000  # a ledger grant's time in transit at most (a produce and a worker's fetch take ~ms here)
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -45,7 +48,8 @@ def parse_mix(text: str) -> dict[str, float]:
 
 @dataclass(slots=True)
 class _Worker:
-    """A fixed-time engine: runs one batch at a time for ``batch_time_ms``; batches that arrive meanwhile wait here."""
+    """A fixed-time engine, as llmq-sim's: runs up to ``max_batch`` requests at a time for ``batch_time_ms``; requests
+    that arrive meanwhile wait here, (dispatched_ms, request) in arrival order, whichever batch brought them."""
 
     worker_id: str
     partition: int
@@ -97,12 +101,16 @@ def run_simulation(
     burst_factor: float = 3.0,
     mix: dict[str, float] | None = None,
     batchers: int = 1,
+    shared_capacity: bool = False,
+    leads_ms: tuple[int, ...] = (),
 ) -> dict:
     """Simulate ``duration_s`` of traffic at ``rps`` (``mix``: share per traffic class, all interactive by default;
     ``paid_share`` of it paid, the rest free) against ``replicas`` fixed-time workers (``max_batch`` requests per
     ``batch_time_ms`` batch); then let queued work finish. Deferred requests get a deadline of an hour, others
     ``deadline_ms``. ``batchers``: policies of one consumer group, each given the requests of its request partitions
     (a uniform share of arrivals) and every worker's heartbeats, and only its own batches' results.
+    ``shared_capacity``: each batch claims its requests from its worker's ledger first (llmq_batcher.ledger);
+    ``leads_ms``: the policy's fixed-engine class leads (PolicyConfig.fixed_engine_leads_ms).
 
     Returns a dict: requests, completed, expired, throughput_rps (completed per simulated second of arrivals),
     latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``), the same per tier and per priority class,
@@ -124,11 +132,15 @@ def run_simulation(
         max_queued=1 << 40,
         model_max_batch={MODEL: max_batch},
         worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
+        fixed_engine_leads_ms=leads_ms,
     )
     policies = [BatchPolicy(replace(config, batch_id_prefix=f"sim{b}")) for b in range(batchers)]
     owners = rng.integers(batchers, size=total)
     workers = [_Worker(f"w{i}", i) for i in range(replicas)]
     sim = _Run(policies, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
+    if shared_capacity:
+        sim.ledgers = {w.worker_id: WorkerLedger(max_batch, fixed=True, batch_time_ms=batch_time_ms) for w in workers}
+        sim.lead_ms = max(leads_ms, default=0)
     for worker in workers:
         sim.heartbeat(worker, 0)
     sim.run(counts, paid, classes, owners, tick_ms, deadline_ms)
@@ -167,6 +179,9 @@ class _Run:
         self.flushes: Counter[str] = Counter()
         self.expired = 0
         self.busy_ms = 0
+        self.ledgers: dict[str, WorkerLedger] = {}  # shared capacity: worker_id -> its ledger
+        self.lead_ms = 0  # the policies' largest class lead (their claims say it)
+        self.windows: list[int] = []  # requests of each window a worker started
         self.batcher_waits: list[int] = []  # ms from arrival to dispatch, of each request a worker started
         self.worker_waits: list[int] = []  # ms from dispatch to its batch's start (dispatch delay included)
 
@@ -235,9 +250,18 @@ class _Run:
         return n
 
     def _schedule(self, b: int, t: int) -> int:
-        decision = self.policies[b].schedule(t)
+        policy = self.policies[b]
+        decision = policy.schedule(t)
         self.expired += len(decision.answers)
         for batch in decision.batches:
+            if self.ledgers:
+                ledger = self.ledgers[batch.worker_id]
+                grant = ledger.claim(
+                    batch.batch_id, len(batch.requests), t, GRANT_TTL_MS, self.lead_ms, self.dispatch_delay_ms + 1
+                )
+                batch = policy.claimed(batch, grant)
+                if batch is None:
+                    continue
             self.batch_sizes.append(len(batch.requests))
             self.flushes[batch.flush_reason] += 1
             self._push(t + self.dispatch_delay_ms, 1, batch)
@@ -251,17 +275,22 @@ class _Run:
                 self._finish(payload, at)
             else:
                 worker = self.by_id[payload.worker_id]
-                worker.waiting.append(payload)
+                worker.waiting.extend((payload.formed_ms, r) for r in payload.requests)
                 worker.last_batch_id = payload.batch_id
+                if self.ledgers:
+                    self.ledgers[worker.worker_id].took(payload.batch_id, len(worker.running), len(worker.waiting))
                 if not worker.running:
                     self._start(worker, at)
 
     def _start(self, worker: _Worker, t: int) -> None:
-        batch = worker.waiting.popleft()
-        self.batcher_waits += [batch.formed_ms - r.created_ms for r in batch.requests]
-        self.worker_waits += [t - batch.formed_ms] * len(batch.requests)
-        worker.running = batch.requests
+        taken = [worker.waiting.popleft() for _ in range(min(self.max_batch, len(worker.waiting)))]
+        self.batcher_waits += [sent_ms - r.created_ms for sent_ms, r in taken]
+        self.worker_waits += [t - sent_ms for sent_ms, _ in taken]
+        worker.running = [r for _, r in taken]
+        self.windows.append(len(taken))
         worker.busy_until_ms = t + self.batch_time_ms
+        if self.ledgers:
+            self.ledgers[worker.worker_id].holds(len(worker.running), len(worker.waiting), worker.busy_until_ms)
         self.busy_ms += self.batch_time_ms
         self._push(worker.busy_until_ms, 0, worker)
 
@@ -276,11 +305,13 @@ class _Run:
         worker.running = []
         if worker.waiting:
             self._start(worker, t)
+        elif self.ledgers:
+            self.ledgers[worker.worker_id].holds(0, 0)
 
     def heartbeat(self, worker: _Worker, t: int) -> None:
         running = len(worker.running)
-        queued = sum(len(b.requests) for b in worker.waiting)
-        drain = max(worker.busy_until_ms - t, 0) + len(worker.waiting) * self.batch_time_ms
+        queued = len(worker.waiting)
+        drain = max(worker.busy_until_ms - t, 0) + math.ceil(queued / self.max_batch) * self.batch_time_ms
         beat = wire.WorkerHeartbeat(
             worker_id=worker.worker_id,
             partition=worker.partition,
@@ -322,6 +353,7 @@ class _Run:
             },
             "deferred_backlog_max": self.backlog_max,
             "mean_batch_fill": round(float(np.mean(self.batch_sizes)) / self.max_batch, 4) if self.batch_sizes else 0.0,
+            "mean_window_fill": round(float(np.mean(self.windows)) / self.max_batch, 4) if self.windows else 0.0,
             "batches": len(self.batch_sizes),
             "flush": dict(self.flushes),
             "utilization": round(self.busy_ms / (len(self.workers) * max(sim_s, 1e-9) * 1000), 4),

@@ -141,6 +141,9 @@ REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
 REDIS_WORKER_LEASE_PREFIX: Final = "llmq:worker-lease:"  # + partition of llmq.batches: the worker that serves it
+# + worker_id: its capacity ledger (hash: max_slots, fixed, batch_time_ms, running, queued, ends_ms), written by the
+# worker; + worker_id + ":grants" (hash: batch_id -> "<requests>:<expires ms>"), claimed by batchers (llmq_batcher.ledger)
+REDIS_CAPACITY_PREFIX: Final = "llmq:capacity:"
 # batch jobs and their files (llmq_jobs.jobs, llmq_jobs.store)
 REDIS_FILES_PREFIX: Final = "llmq:files:"
 REDIS_JOBS_PREFIX: Final = "llmq:jobs:"

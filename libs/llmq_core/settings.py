@@ -601,6 +601,49 @@ class BatcherSettings(Group):
     tenant_weights: dict[str, float] = Field(
         {}, description="Fair-share weight per tenant_id (JSON in env); others weigh 1."
     )
+    shared_capacity: bool = Field(
+        True,
+        description="Each batch claims its requests from its worker's capacity ledger in Redis before it is produced,"
+        " so that the batchers of a group hand a worker's room out once (docs/architecture.md#several-batchers).",
+    )
+    fixed_engine_leads_ms: list[int] = Field(
+        [40, 30, 20, 10],
+        description="Per priority class (interactive paid, interactive free, near_interactive, deferred; JSON in env):"
+        " how long before a fixed-time worker's next window that class's batches may be sent ahead to wait for it in"
+        " the worker's queue, so that the window fills in class precedence from every batcher ([]: none, a batch goes"
+        " when the worker's work drains). Each must exceed `LLMQ_BATCHER_DISPATCH_MARGIN_MS`.",
+    )
+    dispatch_margin_ms: int = Field(
+        5,
+        ge=0,
+        description="A batch's way from its batcher to its worker's queue: a fixed-time worker's next window takes no"
+        " claim later than this before it starts.",
+    )
+    capacity_grant_ttl_ms: int = Field(
+        2000,
+        **_MS,
+        description="A ledger grant counts against its worker for at most this long until the worker takes its batch"
+        " (a batch never produced, or a killed batcher's, stops holding room then).",
+    )
+    worker_queue_bound: int = Field(
+        0,
+        ge=0,
+        description="Requests a continuous-batching worker may be handed beyond its slots (its queue), fleet-wide.",
+    )
+
+    @model_validator(mode="after")
+    def _leads(self) -> BatcherSettings:
+        leads = self.fixed_engine_leads_ms
+        if leads and (
+            len(leads) != len(PRIORITY_CLASSES)
+            or leads != sorted(leads, reverse=True)
+            or min(leads) <= self.dispatch_margin_ms
+        ):
+            raise ValueError(
+                "LLMQ_BATCHER_FIXED_ENGINE_LEADS_MS: four leads, one per priority class, highest class first and not"
+                f" increasing, each above LLMQ_BATCHER_DISPATCH_MARGIN_MS ({self.dispatch_margin_ms}); got {leads}"
+            )
+        return self
 
     def max_wait_ms(self) -> dict[str, int]:
         """Traffic class -> its max wait (ms)."""

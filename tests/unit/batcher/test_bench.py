@@ -95,3 +95,14 @@ def test_batches_of_several_batchers_meet_in_a_workers_queue():
     assert one["wait_ms_by_stage"]["worker"]["p99"] <= 2  # the dispatch delay and a tick
     assert three["wait_ms_by_stage"]["worker"]["p50"] >= 500  # a batch time behind another batcher's batch
     assert three["latency_ms_by_tier"]["paid"]["p99"] > 1.5 * one["latency_ms_by_tier"]["paid"]["p99"]
+
+
+def test_with_the_shared_ledger_and_class_leads_three_batchers_schedule_as_one():
+    """Issue 28's lever on paper: batches of each class go ahead of a worker's window in precedence, the ledger hands
+    each window out once, so the windows fill with paid work from every batcher before free work."""
+    run = dict(rps=380, replicas=2, batch_time_ms=500, duration_s=10, paid_share=0.5, seed=7)
+    one = run_simulation(**run)
+    three = run_simulation(**run, batchers=3, shared_capacity=True, leads_ms=(40, 30, 20, 10))
+    assert three["latency_ms_by_tier"]["paid"]["p99"] <= 1.1 * one["latency_ms_by_tier"]["paid"]["p99"]
+    assert three["mean_window_fill"] >= 0.95 * one["mean_window_fill"]
+    assert three["wait_ms_by_stage"]["worker"]["max"] <= 40 + 1  # the lead, never a window behind another batch
