@@ -103,6 +103,7 @@ def run_simulation(
     batchers: int = 1,
     shared_capacity: bool = False,
     leads_ms: tuple[int, ...] = (),
+    margin_ms: int | None = None,
 ) -> dict:
     """Simulate ``duration_s`` of traffic at ``rps`` (``mix``: share per traffic class, all interactive by default;
     ``paid_share`` of it paid, the rest free) against ``replicas`` fixed-time workers (``max_batch`` requests per
@@ -110,7 +111,8 @@ def run_simulation(
     ``deadline_ms``. ``batchers``: policies of one consumer group, each given the requests of its request partitions
     (a uniform share of arrivals) and every worker's heartbeats, and only its own batches' results.
     ``shared_capacity``: each batch claims its requests from its worker's ledger first (llmq_batcher.ledger);
-    ``leads_ms``: the policy's fixed-engine class leads (PolicyConfig.fixed_engine_leads_ms).
+    ``leads_ms``: the policy's fixed-engine class leads (PolicyConfig.fixed_engine_leads_ms); ``margin_ms``: a window's
+    last claim before it starts (None: ``dispatch_delay_ms`` + 1).
 
     Returns a dict: requests, completed, expired, throughput_rps (completed per simulated second of arrivals),
     latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``), the same per tier and per priority class,
@@ -141,6 +143,7 @@ def run_simulation(
     if shared_capacity:
         sim.ledgers = {w.worker_id: WorkerLedger(max_batch, fixed=True, batch_time_ms=batch_time_ms) for w in workers}
         sim.lead_ms = max(leads_ms, default=0)
+        sim.margin_ms = dispatch_delay_ms + 1 if margin_ms is None else margin_ms
     for worker in workers:
         sim.heartbeat(worker, 0)
     sim.run(counts, paid, classes, owners, tick_ms, deadline_ms)
@@ -181,6 +184,7 @@ class _Run:
         self.busy_ms = 0
         self.ledgers: dict[str, WorkerLedger] = {}  # shared capacity: worker_id -> its ledger
         self.lead_ms = 0  # the policies' largest class lead (their claims say it)
+        self.margin_ms = 0  # a window's last claim before it starts
         self.windows: list[int] = []  # requests of each window a worker started
         self.batcher_waits: list[int] = []  # ms from arrival to dispatch, of each request a worker started
         self.worker_waits: list[int] = []  # ms from dispatch to its batch's start (dispatch delay included)
@@ -256,9 +260,7 @@ class _Run:
         for batch in decision.batches:
             if self.ledgers:
                 ledger = self.ledgers[batch.worker_id]
-                grant = ledger.claim(
-                    batch.batch_id, len(batch.requests), t, GRANT_TTL_MS, self.lead_ms, self.dispatch_delay_ms + 1
-                )
+                grant = ledger.claim(batch.batch_id, len(batch.requests), t, GRANT_TTL_MS, self.lead_ms, self.margin_ms)
                 batch = policy.claimed(batch, grant)
                 if batch is None:
                     continue

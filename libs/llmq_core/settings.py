@@ -607,14 +607,14 @@ class BatcherSettings(Group):
         " so that the batchers of a group hand a worker's room out once (docs/architecture.md#several-batchers).",
     )
     fixed_engine_leads_ms: list[int] = Field(
-        [40, 30, 20, 10],
+        [120, 90, 60, 40],
         description="Per priority class (interactive paid, interactive free, near_interactive, deferred; JSON in env):"
         " how long before a fixed-time worker's next window that class's batches may be sent ahead to wait for it in"
         " the worker's queue, so that the window fills in class precedence from every batcher ([]: none, a batch goes"
         " when the worker's work drains). Each must exceed `LLMQ_BATCHER_DISPATCH_MARGIN_MS`.",
     )
     dispatch_margin_ms: int = Field(
-        5,
+        30,
         ge=0,
         description="A batch's way from its batcher to its worker's queue: a fixed-time worker's next window takes no"
         " claim later than this before it starts.",

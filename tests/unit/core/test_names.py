@@ -35,6 +35,8 @@ KEYS = [
     (constants.job_retries_key("b1"), "llmq:jobs:b1:retries"),
     (constants.job_lease_key("b1"), "llmq:jobs:b1:lease"),
     (constants.batch_idempotency_key("t1", "k"), f"llmq:jobs:idempotency:{DIGEST}"),
+    (Names().capacity_keys("w0")[0], "llmq:capacity:w0"),
+    (Names().capacity_keys("w0")[1], "llmq:capacity:w0:grants"),
 ]
 
 
