@@ -313,7 +313,7 @@ def _type_error(text: str) -> ApiError:
     """Turn msgspec's message into a 400 naming the field, e.g. ``messages[0].role`` (a missing one, or an unknown one
     of a body that refuses them)."""
     match = _PATH.search(text)
-    path = match.group("path") if match else ""
+    path = match.group("path").replace("[...]", "") if match else ""  # a mapping's value: the mapping names it
     missing = _MISSING.match(text)
     if missing:
         path = f"{path}.{missing.group('field')}" if path else missing.group("field")

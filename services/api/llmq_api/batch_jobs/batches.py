@@ -131,7 +131,7 @@ class BatchJobs:
         quota's rest today, the tenant's running jobs' result bytes, concurrent creates)."""
         check_deferred(principal, "create batches")
         await take_request(self.limiter, principal)
-        request = _decode_create(body)
+        request = validation.decode_body(body, CreateBatch)
         batch_id = ids.batch_job_id(self.settings.region.name)
         if idempotency_key is None:
             return await self._create(principal, request, batch_id)
@@ -389,15 +389,6 @@ def _repeats(request: CreateBatch, spec: JobSpec) -> bool:
         spec.completion_window,
         spec.metadata,
     )
-
-
-def _decode_create(body: bytes) -> CreateBatch:
-    try:
-        return msgspec.json.decode(body, type=CreateBatch)
-    except msgspec.ValidationError as exc:
-        raise invalid(f"Invalid request: {exc}", code="invalid_type") from None
-    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
