@@ -492,3 +492,29 @@ async def test_an_idempotency_key_reused_for_another_batch_is_refused(harness):
         constants.HTTP_IDEMPOTENCY_KEY,
     )
     assert (await harness.api.create(tenant, bodies[0], key)).spec.id == first.spec.id
+
+
+async def test_files_list_filters_by_purpose_across_pages_and_orders_both_ways(harness):
+    """Right after a batch is created its output and error files are the tenant's newest: a page of purpose=batch
+    still lists the uploads behind them (it answered empty with has_more), and order=asc lists oldest first."""
+    who = Principal(tenant_id=f"lister-{uuid.uuid4().hex[:8]}")
+    uploads = []
+    for i in range(12):
+        uploads.append((await harness.api_files.upload(who, f"{i}.jsonl", "batch", _Source(line("a").encode()))).id)
+        harness.clock.advance(1000)
+    job = await harness.create([line("a")], principal=who)
+    uploads.append(job.spec.input_file_id)
+    page, has_more = await harness.api_files.list_files(who, "batch", None, 2)
+    assert [r.id for r in page] == uploads[::-1][:2] and has_more
+    listed, after = [], None
+    while True:
+        page, has_more = await harness.api_files.list_files(who, "batch", after, 5)
+        listed += [r.id for r in page]
+        if not has_more:
+            break
+        after = page[-1].id
+    assert listed == uploads[::-1]
+    oldest, has_more = await harness.api_files.list_files(who, "batch", None, 3, "asc")
+    assert [r.id for r in oldest] == uploads[:3] and has_more
+    outputs, has_more = await harness.api_files.list_files(who, jobs.FILE_PURPOSE_OUTPUT, None, 10)
+    assert {r.id for r in outputs} == {job.spec.output_file_id, job.spec.error_file_id} and not has_more

@@ -81,11 +81,13 @@ class MemoryFiles:
         if self.records.pop(record.id, None) is not None and record.kind == "input":
             await self.quotas.release_storage(record.tenant_id, record.bytes)
 
-    async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
-        newest_first = [r for r in self.records.values() if r.tenant_id == tenant_id][::-1]
+    async def list_files(self, tenant_id: str, after, limit: int, purpose=None, ascending=False) -> tuple[list, bool]:
+        listed = [r for r in self.records.values() if r.tenant_id == tenant_id]
+        listed = listed if ascending else listed[::-1]
         if after is not None:
-            newest_first = newest_first[newest_first.index(after) + 1 :]
-        return newest_first[:limit], len(newest_first) > limit
+            listed = listed[listed.index(after) + 1 :]
+        listed = [r for r in listed if purpose is None or r.purpose == purpose]
+        return listed[:limit], len(listed) > limit
 
 
 class MemoryQuotas:

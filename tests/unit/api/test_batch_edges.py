@@ -36,3 +36,12 @@ async def test_metadata_of_the_wrong_type_is_a_400_naming_metadata(app, metadata
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "metadata" and error["code"] == "invalid_type", error
+
+
+async def test_files_list_order_is_asc_or_desc_and_anything_else_a_400(app):
+    first, second = await upload(app), await upload(app)
+    newest = (await app.get("/v1/files", params={"purpose": "batch"})).json()["data"]
+    oldest = (await app.get("/v1/files", params={"purpose": "batch", "order": "asc"})).json()["data"]
+    assert [f["id"] for f in newest] == [second, first] and [f["id"] for f in oldest] == [first, second]
+    response = await app.get("/v1/files", params={"order": "sideways"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "order"

@@ -24,6 +24,7 @@ from llmq_jobs.jobs import FileRecord, JobView
 from llmq_jobs.store import JobStore
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
+LIST_ORDERS = ("asc", "desc")  # GET /v1/files?order: by created_at
 UPLOAD_CHUNK_BYTES = 1 << 20
 _json = msgspec.json.encode
 
@@ -115,14 +116,16 @@ class BatchFiles:
         return await owned_file(self.store.files, principal, file_id)
 
     async def list_files(
-        self, principal: Principal, purpose: str | None, after: str | None, limit: int
+        self, principal: Principal, purpose: str | None, after: str | None, limit: int, order: str = "desc"
     ) -> tuple[list[FileRecord], bool]:
-        """A page of the tenant's files, newest first, after the file ``after``; ``purpose`` filters within the page."""
+        """A page of the tenant's files of ``purpose`` (None: any), newest first (``order`` ``asc``: oldest first),
+        after the file ``after``."""
         if not 1 <= limit <= MAX_FILES_PAGE:
             raise invalid(f"limit must be between 1 and {MAX_FILES_PAGE}, got {echo(limit)}", param="limit")
+        if order not in LIST_ORDERS:
+            raise invalid(f"order must be one of {', '.join(LIST_ORDERS)}, got {echo(order)}", param="order")
         cursor = await self.get_file(principal, after) if after else None
-        records, has_more = await self.store.files.list_files(principal.tenant_id, cursor, limit)
-        return [r for r in records if purpose is None or r.purpose == purpose], has_more
+        return await self.store.files.list_files(principal.tenant_id, cursor, limit, purpose, order == "asc")
 
     async def delete_file(self, principal: Principal, file_id: str) -> None:
         """Forget the file; an input file's bytes go too (a job's results stay with the job)."""

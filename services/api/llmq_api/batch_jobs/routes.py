@@ -109,8 +109,10 @@ async def create_file(request: Request) -> dict:
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None, after: str | None = None, limit: int = 100) -> dict:
-    records, has_more = await _files(request).list_files(_principal(request), purpose, after, limit)
+async def list_files(
+    request: Request, purpose: str | None = None, after: str | None = None, limit: int = 100, order: str = "desc"
+) -> dict:
+    records, has_more = await _files(request).list_files(_principal(request), purpose, after, limit, order)
     return _page([render.file_object(r) for r in records], has_more)
 
 
