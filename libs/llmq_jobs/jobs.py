@@ -158,6 +158,7 @@ class FileRecord(msgspec.Struct, frozen=True, kw_only=True):
     path: str = ""
     batch_id: str | None = None
     kind: Literal["input", "output", "error"] = "input"
+    sized: bool = False  # an output or error file's ``bytes`` were counted (once its job ended: see the API's files)
 
 
 class LineError(msgspec.Struct, frozen=True, kw_only=True):

@@ -518,3 +518,19 @@ async def test_files_list_filters_by_purpose_across_pages_and_orders_both_ways(h
     assert [r.id for r in oldest] == uploads[:3] and has_more
     outputs, has_more = await harness.api_files.list_files(who, jobs.FILE_PURPOSE_OUTPUT, None, 10)
     assert {r.id for r in outputs} == {job.spec.output_file_id, job.spec.error_file_id} and not has_more
+
+
+async def test_an_ended_jobs_output_file_has_its_bytes_and_no_error_file_when_none_failed(harness):
+    job = await harness.create([line(f"c{i}", f"prompt {i}") for i in range(3)])
+    batch_id = job.spec.id
+    while (job := await harness.job(batch_id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(batch_id)
+        for request in harness.producer.take():
+            await harness.answer(request)
+    assert job.status == jobs.COMPLETED
+    output = b"".join([c async for c in await harness.api_files.content(TENANT, job.spec.output_file_id)])
+    record = await harness.api_files.get_file(TENANT, job.spec.output_file_id)
+    assert record.bytes == len(output) > 0  # it was 0 for every output file
+    assert (await harness.store.files.get_file(record.id)).bytes == len(output)  # counted once, kept
+    body = render.batch_object(job)
+    assert body["output_file_id"] == record.id and body["error_file_id"] is None

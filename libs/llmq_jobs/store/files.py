@@ -35,6 +35,10 @@ class FileIndex:
             put_file_on(pipe, record)
             await pipe.execute()
 
+    async def update_file(self, record: FileRecord) -> None:
+        """Replace the record of a file that still exists (a deleted one stays deleted)."""
+        await self.redis.set(constants.file_key(record.id), msgspec.json.encode(record), xx=True)
+
     async def get_file(self, file_id: str) -> FileRecord | None:
         data = await self.redis.get(constants.file_key(file_id))
         return msgspec.json.decode(data, type=FileRecord) if data else None

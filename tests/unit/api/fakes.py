@@ -77,6 +77,10 @@ class MemoryFiles:
     async def get_file(self, file_id: str):
         return self.records.get(file_id)
 
+    async def update_file(self, record) -> None:
+        if record.id in self.records:
+            self.records[record.id] = record
+
     async def delete_file(self, record) -> None:
         if self.records.pop(record.id, None) is not None and record.kind == "input":
             await self.quotas.release_storage(record.tenant_id, record.bytes)

@@ -113,7 +113,22 @@ class BatchFiles:
         )
 
     async def get_file(self, principal: Principal, file_id: str) -> FileRecord:
-        return await owned_file(self.store.files, principal, file_id)
+        return await self._sized(await owned_file(self.store.files, principal, file_id))
+
+    async def _sized(self, record: FileRecord) -> FileRecord:
+        """``record`` with its ``bytes``: an output or error file's are counted by rendering it once its job has
+        ended (kept in the record from then on); while the job runs they are 0, as the file is not final."""
+        if record.kind == "input" or record.sized:
+            return record
+        job = await self.store.jobs.get_job(record.batch_id or "")
+        if job is None or job.status not in jobs.TERMINAL_STATUSES:
+            return record
+        size = 0
+        async for line in _render_lines(await self._results(job), want_success=record.kind == "output"):
+            size += len(line)
+        record = msgspec.structs.replace(record, bytes=size, sized=True)
+        await self.store.files.update_file(record)
+        return record
 
     async def list_files(
         self, principal: Principal, purpose: str | None, after: str | None, limit: int, order: str = "desc"
@@ -124,12 +139,15 @@ class BatchFiles:
             raise invalid(f"limit must be between 1 and {MAX_FILES_PAGE}, got {echo(limit)}", param="limit")
         if order not in LIST_ORDERS:
             raise invalid(f"order must be one of {', '.join(LIST_ORDERS)}, got {echo(order)}", param="order")
-        cursor = await self.get_file(principal, after) if after else None
-        return await self.store.files.list_files(principal.tenant_id, cursor, limit, purpose, order == "asc")
+        cursor = await owned_file(self.store.files, principal, after) if after else None
+        records, has_more = await self.store.files.list_files(
+            principal.tenant_id, cursor, limit, purpose, order == "asc"
+        )
+        return [await self._sized(record) for record in records], has_more
 
     async def delete_file(self, principal: Principal, file_id: str) -> None:
         """Forget the file; an input file's bytes go too (a job's results stay with the job)."""
-        record = await self.get_file(principal, file_id)
+        record = await owned_file(self.store.files, principal, file_id)
         await self.store.files.delete_file(record)
         if record.kind == "input":
             await self.files.delete(record.path)
@@ -137,7 +155,7 @@ class BatchFiles:
     async def content(self, principal: Principal, file_id: str) -> AsyncIterator[bytes]:
         """The file's bytes: an upload as stored; a job's output or error file rendered from its results so far
         (partial while the job runs). Raises 404 before the first chunk."""
-        record = await self.get_file(principal, file_id)
+        record = await owned_file(self.store.files, principal, file_id)
         if record.kind == "input":
             if not await self.files.exists(record.path):
                 raise not_found("file", file_id)
