@@ -336,6 +336,37 @@ async def test_the_sdk_retries_a_429_after_its_retry_after(api):
     assert sent == [429, 200] and completion.choices[0].text == "abc"
 
 
+async def test_the_sdks_read_timeout_is_a_non_streamed_requests_deadline(api):
+    """openai-python sends its read timeout (x-stainless-read-timeout): a non-streamed answer is one read, so it is
+    the deadline (capped at the class's maximum), and OpenAI(timeout=120) no longer gets a 504 at the 30 s default;
+    a stream's reads are per chunk, so it keeps the class default; x-llmq-timeout-ms wins over both. Every response
+    says the class and the timeout applied."""
+    base_url, pod, worker, _ = api
+    api_settings = pod.settings.api
+
+    async def applied(client, **options) -> tuple[int, dict]:
+        raw = await client.completions.with_raw_response.create(model=MODEL, prompt="abc", max_tokens=2, **options)
+        completion = raw.parse()
+        if options.get("stream"):
+            completion = [chunk async for chunk in completion][0]
+        request, _ = worker.seen[completion.id]
+        assert raw.headers["x-llmq-timeout-ms"] == str(request.deadline_ms - request.created_ms)
+        return request.deadline_ms - request.created_ms, raw.headers
+
+    async with openai.AsyncOpenAI(
+        base_url=f"{base_url}/v1", api_key="llmq-dev-key", max_retries=0, timeout=120
+    ) as client:
+        timeout_ms, headers = await applied(client)
+        assert timeout_ms == 120_000 and headers["x-llmq-class"] == "interactive"
+        assert (await applied(client, stream=True))[0] == api_settings.interactive_default_timeout_ms
+        assert (await applied(client, extra_headers={"x-llmq-timeout-ms": "5000"}))[0] == 5000
+        assert (await applied(client.with_options(timeout=3.5)))[0] == 3500  # a client that gives up sooner
+        capped, headers = await applied(
+            client.with_options(timeout=86_400), extra_headers={"x-llmq-class": "near_interactive"}
+        )
+        assert capped == api_settings.near_interactive_max_timeout_ms and headers["x-llmq-class"] == "near_interactive"
+
+
 async def test_chat_without_max_tokens_runs_to_the_context_window(api):
     base_url, _, worker, _ = api
     async with sdk(base_url) as client:

@@ -43,6 +43,7 @@ from llmq_core.constants import (
     HTTP_ANTHROPIC_VERSION,
     HTTP_IDEMPOTENCY_KEY,
     HTTP_REQUEST_ID,
+    HTTP_SDK_READ_TIMEOUT,
     HTTP_TIMEOUT_MS,
     HTTP_TRAFFIC_CLASS,
 )
@@ -198,13 +199,17 @@ class Intake:
         validation.check_content_type(headers.get("content-type"))
         traffic_class = principal.pick_class(headers.get(HTTP_TRAFFIC_CLASS))
         request.state.traffic_class = traffic_class
-        timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *self._timeouts[traffic_class])
+        default_ms, max_ms = self._timeouts[traffic_class]
+        timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), default_ms, max_ms)
+        sdk_timeout_ms = validation.parse_sdk_read_timeout_ms(headers.get(HTTP_SDK_READ_TIMEOUT), max_ms)
         idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
         body = await _read_body(request, self._max_body_bytes)
         valid = edge.parse(
             body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes, counters=self._counters
         )
         request.state.model = valid.model
+        if sdk_timeout_ms is not None and HTTP_TIMEOUT_MS not in headers and not valid.stream:
+            timeout_ms = sdk_timeout_ms  # the whole answer is one read of the SDK's: its timeout is the deadline
         return Ask(
             request_id=request_id,
             principal=principal.at_tier(valid.asked_tier),

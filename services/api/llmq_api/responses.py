@@ -25,7 +25,7 @@ from llmq_api.openai_format import CLIENT_GONE_STATUS, OPENAI, error_for, outcom
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import ANTHROPIC, HTTP_REQUEST_ID
+from llmq_core.constants import ANTHROPIC, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
 from llmq_core.status import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,13 @@ async def _disconnected(receive: Receive) -> None:
 def _headers(
     pending: PendingRequest, dialect: Dialect, content_type: bytes, extra: dict[str, str] | None = None
 ) -> list:
+    request = pending.request
     headers = [(b"content-type", content_type), (HTTP_REQUEST_ID.encode(), pending.request_id.encode())]
-    merged = {**dialect.headers(pending.request_id), **pending.headers, **(extra or {})}
+    applied = {  # the class and the timeout this request runs under (from its headers, the SDK's, or the default)
+        HTTP_TRAFFIC_CLASS: request.traffic_class,
+        HTTP_TIMEOUT_MS: str(request.deadline_ms - request.created_ms),
+    }
+    merged = {**applied, **dialect.headers(pending.request_id), **pending.headers, **(extra or {})}
     headers += [(k.encode(), v.encode()) for k, v in merged.items()]
     return headers
 

@@ -17,6 +17,7 @@ import msgspec
 from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
 from llmq_core.constants import (
+    HTTP_SDK_READ_TIMEOUT,
     HTTP_TIMEOUT_MS,
     HTTP_TRAFFIC_CLASS,
     INTERACTIVE,
@@ -169,6 +170,26 @@ def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
             f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds (at most {INT64_MAX}), "
             f"got {echo(value)}",
             param=HTTP_TIMEOUT_MS,
+            code=ErrorCode.INVALID_VALUE,
+        )
+    return min(timeout_ms, max_ms)
+
+
+_SECONDS = re.compile(r"(?P<whole>[0-9]+)(?:\.(?P<fraction>[0-9]+))?")
+
+
+def parse_sdk_read_timeout_ms(value: str | None, max_ms: int) -> int | None:
+    """The SDK's read timeout in ms from ``x-stainless-read-timeout`` (decimal seconds, as openai-python sends
+    ``str(timeout.read)``), clamped to ``max_ms``; None when absent; 400 when it is not a positive decimal number."""
+    if value is None:
+        return None
+    match = _SECONDS.fullmatch(value.strip())
+    whole = bounded_int(match.group("whole"), max_ms // 1000 + 1) if match else None
+    timeout_ms = 0 if whole is None else whole * 1000 + int((match.group("fraction") or "").ljust(3, "0")[:3])
+    if timeout_ms <= 0:
+        raise invalid(
+            f"{HTTP_SDK_READ_TIMEOUT} must be a positive number of seconds (e.g. 120.0), got {echo(value)}",
+            param=HTTP_SDK_READ_TIMEOUT,
             code=ErrorCode.INVALID_VALUE,
         )
     return min(timeout_ms, max_ms)
