@@ -463,6 +463,12 @@ class ApiSettings(Group):
         "closes (responses, streams included, are never timed).",
     )
     keep_alive_timeout_ms: int = Field(5_000, **_MS, description="An idle kept-alive connection is closed after this.")
+    sse_keep_alive_ms: int = Field(
+        15_000,
+        **_MS,
+        description="A stream that has written nothing for this long (its prompt's prefill, a queue) gets an SSE "
+        "comment (`: keep-alive`), so a proxy's or load balancer's idle timeout does not cut it.",
+    )
     max_connections_per_client: int = Field(
         1024,
         ge=0,

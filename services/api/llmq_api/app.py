@@ -188,6 +188,7 @@ class Intake:
         self._max_body_bytes = settings.api.max_body_bytes
         self._max_stop_bytes = settings.api.max_stop_bytes
         self._region = settings.region.name
+        self.sse_keep_alive_s = settings.api.sse_keep_alive_ms / 1000
 
     async def parse(self, request: Request, edge: Edge) -> Ask:
         request_id = ids.request_id(self._region, edge.id_prefix)
@@ -223,8 +224,9 @@ class Intake:
 async def _generate(intake: Intake, generation: Generation, request: Request, edge: Edge) -> Response:
     pending = await generation.submit_or_join(await intake.parse(request, edge))
     request.state.request_id = pending.request_id  # a joined retry answers under the earlier request's id
-    response = StreamResponse if pending.request.stream else ResultResponse
-    return response(pending, edge.dialect)
+    if pending.request.stream:
+        return StreamResponse(pending, edge.dialect, intake.sse_keep_alive_s)
+    return ResultResponse(pending, edge.dialect)
 
 
 def _models_caller(keys: KeyStore, request: Request) -> Dialect:

@@ -1,12 +1,15 @@
 """What every SSE stream of the edge shares: no JSON it streams holds a byte any line splitter ends a line at (U+2028,
 U+2029 and U+0085 went raw into data lines, and httpx's ``iter_lines`` cut the events there: issue 33 item 5)."""
 
+import asyncio
 import json
 
-import httpx
 import pytest
 
 from llmq_api import sse
+from llmq_api.responses import StreamResponse
+from tests.unit.api.fakes import final
+from tests.unit.api.test_responses_shutdown import pending
 
 SEPARATORS = "a\u2028b\u2029c\u0085d"
 
@@ -51,3 +54,29 @@ async def test_every_streamed_event_survives_httpx_iter_lines(setup, path, body)
     events = [json.loads(d) for d in data]  # each one whole
     streamed = json.dumps(events, ensure_ascii=False)
     assert "\u2028" in streamed and "\u2029" in streamed and "\u0085" in streamed  # the text itself arrives intact
+
+
+async def test_a_silent_stream_gets_keep_alive_comments_and_none_after_its_end():
+    """Before its first token (a long prompt's prefill) a stream gets an SSE comment per silent interval, so a load
+    balancer's idle timeout does not cut it; the stream still ends with its text and [DONE]."""
+    held, _ = pending(stream=True)
+    sent: list[bytes] = []
+    commented = asyncio.Event()
+
+    async def receive():
+        await asyncio.Event().wait()  # the client stays
+
+    async def send(message):
+        sent.append(message.get("body", b""))
+        if message.get("body", b"").startswith(b":"):
+            commented.set()
+
+    task = asyncio.create_task(StreamResponse(held, keep_alive_s=0.02)({"type": "http"}, receive, send))
+    await asyncio.wait_for(commented.wait(), 5)
+    held.registry.dispatch(final("r1", "abcd"))
+    await asyncio.wait_for(task, 5)
+    assert sent[1] == sse.KEEP_ALIVE_COMMENT  # after the headers, before any text
+    events = b"".join(sent).decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    text = "".join(c["text"] for e in events if e.startswith("data: {") for c in json.loads(e[6:])["choices"])
+    assert text == "abcd"
