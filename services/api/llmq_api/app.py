@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from llmq_api import anthropic_format, anthropic_messages, health, idempotency, validation
+from llmq_api import anthropic_format, anthropic_messages, health, idempotency, unsupported, validation
 from llmq_api.access_log import AccessLog, route_of
 from llmq_api.anthropic_format import ANTHROPIC_DIALECT
 from llmq_api.auth import KeyStore, Principal
@@ -327,6 +327,8 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
             str(exc.detail),
             type=ErrorType.INVALID_REQUEST if exc.status_code < 500 else ErrorType.SERVER,
         )
+        if exc.status_code == 404:  # no route (every 404 of llmq's own is an ApiError)
+            error = unsupported.not_found(request.method, request.url.path)
         status, body, headers = dialect_of(request).error(error, None)
         return JSONResponse(body, status_code=status, headers={**(exc.headers or {}), **headers})
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from llmq_api import unsupported
 from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
 from llmq_core.constants import (
@@ -118,6 +119,8 @@ class _ChatBody(_CommonBody, kw_only=True):
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     response_format: _ResponseFormat | None = None
+    audio: Any = None  # audio output: refused (see llmq_api.unsupported)
+    modalities: list[str] | None = None  # only ["text"]
 
 
 # --- headers ----------------------------------------------------------------------------------------------------------
@@ -265,6 +268,8 @@ def _chat(raw: _ChatBody, context_window: int, max_stop_bytes: int, counter: Tok
         tools=bool(raw.tools),
         functions=bool(raw.functions),
         response_format=raw.response_format is not None and raw.response_format.type != "text",
+        audio=raw.audio is not None,
+        modalities=raw.modalities not in (None, ["text"]),
     )
     messages = _chat_messages(raw.messages)
     max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
@@ -395,7 +400,8 @@ def joined_text(parts: list, param_of: Callable[[int], str], noun: str = "conten
     for j, part in enumerate(parts):
         if part.type != "text" or part.text is None:
             raise invalid(
-                f"Only text {noun} are supported, got {echo(part.type)}",
+                f"Only text {noun} are supported (images, audio and files are not: see {unsupported.DOCS}), "
+                f"got {echo(part.type)}",
                 param=param_of(j),
                 code=ErrorCode.INVALID_VALUE,
             )
