@@ -128,6 +128,31 @@ def test_region_values_name_their_region_and_mirror_the_others():
         assert set(groups.values()) == {mirror_config.CHECKPOINTED_GROUPS}  # ...llmq's own groups, as the dev mirror
 
 
+def mirror_checksum(*sets: str) -> str:
+    (mirror,) = [
+        d
+        for d in objects(REGION_VALUES[0], sets=sets)
+        if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-mirrormaker2")
+    ]
+    return mirror["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "mirrorMaker.topics=llmq\\.results",
+        "mirrorMaker.groups=llmq-batcher",
+        "mirrorMaker.refreshTopicsIntervalS=5",
+        "kafka.topicReplicationFactor=5",
+        "kafka.bootstrapServers=other:9093",
+    ],
+)
+def test_any_change_of_mirrormakers_config_changes_its_pod_template(change):
+    """The pod template hashes the whole rendered mm2.properties, so helm upgrade restarts MirrorMaker 2 on any change
+    of it (it hashed the cluster list only: new topics, groups or a refresh interval never took effect)."""
+    assert mirror_checksum(change) != mirror_checksum()
+
+
 def worker_ranges(values: Path | None) -> dict[str, range]:
     """Worker StatefulSet -> the partitions its pods own, read from the rendered command and ScaledObject."""
     largest = {
