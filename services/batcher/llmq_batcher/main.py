@@ -58,6 +58,11 @@ async def build(
         entry=EntryRules.from_settings(settings),
         pods=PodChecks.from_settings(settings),
         catalogue=labels.models,
+        # a secure cluster lists only the topics a principal may describe, and the batcher may not describe reply
+        # topics: there the result-router's check alone stands
+        list_topics=(lambda: kafka.cluster_topics(producer))
+        if settings.kafka.security_protocol == "PLAINTEXT"
+        else None,
     )
     await runtime.start(stack, producer)
     await kafka.await_topics(settings, loop.topics())  # a topic missing at the group's join stays unassigned for long

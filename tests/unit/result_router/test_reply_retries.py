@@ -13,8 +13,9 @@ from llmq_core.clock import FakeClock
 from llmq_core.kafka import reply_topic_error
 from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
+from llmq_core.topics import Presence, TopicView
 from llmq_result_router.loop import ResultRouter
-from llmq_result_router.replies import LogGate, Presence, ReplyRetry, TopicView, give_up
+from llmq_result_router.replies import LogGate, ReplyRetry, give_up
 from llmq_result_router.routing import plan_delivery
 from tests.fake_results import result_record, succeeded
 from tests.fakes import FakeConsumer, FakeRedis
