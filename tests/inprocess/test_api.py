@@ -26,6 +26,7 @@ import pytest
 import uvicorn
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
+from redis.exceptions import MaxConnectionsError
 
 from llmq_api.app import create_app
 from llmq_api.pod import Pod
@@ -405,6 +406,38 @@ async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
     )
     await redis.publish(constants.replies_channel(pod.instance_id), wire.encode(late))
     await _eventually(lambda: pod.registry.dropped == dropped_before + 1)
+
+
+async def test_deadline_cancel_goes_out_while_the_pods_redis_pool_is_exhausted(api):
+    """A flood of 3,000 requests lost 17 Cancels to MaxConnectionsError: they went through the pod's shared pool."""
+    base_url, pod, worker, redis = api
+    cancels = redis.pubsub()
+    await cancels.subscribe(constants.REDIS_CANCELS_CHANNEL)
+    await cancels.get_message(timeout=1)
+    pool, held = pod.redis.connection_pool, []
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
+            call = asyncio.create_task(
+                client.post(
+                    "/v1/completions", json={"model": MODEL, "prompt": "silent"}, headers={"x-llmq-timeout-ms": "2000"}
+                )
+            )
+            await _eventually(
+                lambda: any(r.prompt == "silent" and r.request_id in pod.registry for r, _ in worker.seen.values())
+            )
+            (request_id,) = pod.registry.request_ids()
+            with contextlib.suppress(MaxConnectionsError):  # take every connection the pod's pool will give
+                while True:
+                    held.append(await pool.get_connection())
+            with pytest.raises(MaxConnectionsError):
+                await pod.redis.get("any")
+            response = await call
+        assert response.status_code == 504 and response.headers["x-request-id"] == request_id
+        assert await _next_cancel(cancels, request_id) == wire.Cancel(request_id=request_id, reason="deadline_exceeded")
+    finally:
+        for connection in held:
+            await pool.release(connection)
+        await cancels.aclose()
 
 
 async def test_stream_deadline_ends_with_error_event_then_done(api):
