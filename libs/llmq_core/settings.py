@@ -712,8 +712,9 @@ class RouterSettings(Group):
     topic_refresh_ms: int = Field(
         1000,
         **_MS,
-        description="Result-router: the cluster's topics are listed at most this often; a reply topic missing from a "
-        "listing newer than its result is dead-lettered at once.",
+        description="Result-router and batcher: the cluster's topics are listed at most this often; a reply topic "
+        "missing from a listing newer than its result is dead-lettered at once (router), from one newer than its "
+        "Kafka-direct request refused at entry (batcher).",
     )
 
 

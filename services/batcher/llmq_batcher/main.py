@@ -19,7 +19,7 @@ from llmq_core.names import Names
 from llmq_core.settings import Settings
 
 # The settings groups the batcher reads (validated at start; a bad value elsewhere is no concern of it)
-GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "batcher", "observability", "runtime")
+GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "batcher", "router", "observability", "runtime")
 
 
 async def build(
