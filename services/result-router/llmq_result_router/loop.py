@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
+from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
@@ -24,6 +24,7 @@ from llmq_result_router import replies
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.once import DeliveryClaims, ReplyFinder, Step
 from llmq_result_router.replies import LogGate, ReplyRetry
+from llmq_result_router.reply_producer import send_reply
 from llmq_result_router.routing import Delivery, plan_delivery
 from llmq_result_router.store import ResultStore
 
@@ -255,17 +256,13 @@ class ResultRouter:
         return presence is Presence.EXISTS
 
     async def _produce_reply(self, delivery: Delivery, elapsed_ms: int) -> None:
-        topic = delivery.reply_topic
-        timeout_ms = self.retry.try_timeout_ms(elapsed_ms, self.settings.router.reply_metadata_timeout_ms)
-        try:  # aiokafka alone would wait its whole request timeout for a topic without metadata
-            await asyncio.wait_for(self.producer.partitions_for(topic), timeout_ms / 1000)
-        except TimeoutError:
-            raise UnknownTopicOrPartitionError(f"no metadata for {topic!r}") from None
-        await self.producer.send_and_wait(
-            topic,
+        await send_reply(
+            self.producer,
+            delivery.reply_topic,
             delivery.reply_value,
-            key=delivery.reply_key,
-            headers=[*kafka.headers(delivery.reply_content_type), (HEADER_DELIVERY, delivery.delivered_key.encode())],
+            delivery.reply_key,
+            [*kafka.headers(delivery.reply_content_type), (HEADER_DELIVERY, delivery.delivered_key.encode())],
+            self.retry.try_timeout_ms(elapsed_ms, self.settings.router.reply_metadata_timeout_ms),
         )
 
     async def _store(self, delivery: Delivery) -> bool:
