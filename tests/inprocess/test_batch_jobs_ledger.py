@@ -534,3 +534,26 @@ async def test_an_ended_jobs_output_file_has_its_bytes_and_no_error_file_when_no
     assert (await harness.store.files.get_file(record.id)).bytes == len(output)  # counted once, kept
     body = render.batch_object(job)
     assert body["output_file_id"] == record.id and body["error_file_id"] is None
+
+
+async def test_expiration_policies_run_from_each_files_creation_and_the_sweep_honours_them(harness):
+    upload = await harness.api_files.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()), 3600)
+    assert upload.expires_at == upload.created_at + 3600
+    policy = {"anchor": "created_at", "seconds": 3600}
+    body = {"input_file_id": upload.id, "endpoint": "/v1/completions", "completion_window": "10m"}
+    job = await harness.api.create(TENANT, json.dumps({**body, "output_expires_after": policy}).encode())
+    batch_id = job.spec.id
+    harness.created.append(batch_id)
+    harness.clock.advance(60_000)  # it ends a minute in, well before its window does
+    while (job := await harness.job(batch_id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(batch_id)
+        for request in harness.producer.take():
+            await harness.answer(request)
+    ended_s = job.times[jobs.COMPLETED]
+    outputs = [job.spec.output_file_id, job.spec.error_file_id]
+    assert [(await harness.store.files.get_file(f)).expires_at for f in outputs] == [ended_s + 3600] * 2
+    await harness.driver.sweep_files(ended_s + 3599)
+    assert all([await harness.store.files.get_file(f) for f in outputs])
+    await harness.driver.sweep_files(ended_s + 3600)
+    assert [await harness.store.files.get_file(f) for f in [*outputs, upload.id]] == [None] * 3
+    assert not await harness.files.exists(job.spec.results_path) and not await harness.files.exists(upload.path)

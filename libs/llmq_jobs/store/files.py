@@ -39,6 +39,17 @@ class FileIndex:
         """Replace the record of a file that still exists (a deleted one stays deleted)."""
         await self.redis.set(constants.file_key(record.id), msgspec.json.encode(record), xx=True)
 
+    async def reschedule(self, file_id: str, expires_at: int) -> None:
+        """Move a file's expiry to epoch s ``expires_at`` (a file that is gone stays gone)."""
+        record = await self.get_file(file_id)
+        if record is None:
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            moved = msgspec.structs.replace(record, expires_at=expires_at)
+            pipe.set(constants.file_key(file_id), msgspec.json.encode(moved), xx=True)
+            pipe.zadd(constants.FILE_EXPIRY_KEY, {file_id: expires_at})
+            await pipe.execute()
+
     async def get_file(self, file_id: str) -> FileRecord | None:
         data = await self.redis.get(constants.file_key(file_id))
         return msgspec.json.decode(data, type=FileRecord) if data else None

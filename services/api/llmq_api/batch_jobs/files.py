@@ -51,8 +51,11 @@ class BatchFiles:
         if used >= quota:
             raise self._over_quota(quota, used)
 
-    async def upload(self, principal: Principal, filename: str, purpose: str, source: BinaryIO) -> FileRecord:
-        """Store an uploaded input file (``purpose`` must be ``batch``). 413 past ``files_max_bytes``; 400 past the
+    async def upload(
+        self, principal: Principal, filename: str, purpose: str, source: BinaryIO, expires_after_s: int | None = None
+    ) -> FileRecord:
+        """Store an uploaded input file (``purpose`` must be ``batch``), kept ``expires_after_s`` (its
+        ``expires_after``; at most, and by default, ``files_retention_s``). 413 past ``files_max_bytes``; 400 past the
         tenant's storage quota (the bytes of its live uploads)."""
         if purpose != jobs.FILE_PURPOSE_BATCH:
             raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {echo(purpose)}", param="purpose")
@@ -85,7 +88,7 @@ class BatchFiles:
             purpose=purpose,
             bytes=size,
             created_at=now_s,
-            expires_at=now_s + self.settings.jobs.files_retention_s,
+            expires_at=now_s + jobs.kept_s(expires_after_s, self.settings.jobs.files_retention_s),
             path=path,
         )
         try:
