@@ -14,6 +14,7 @@ from llmq_core import constants, kafka, wire
 from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
+from tests.fake_results import succeeded
 
 pytestmark = pytest.mark.integration
 
@@ -24,13 +25,7 @@ async def test_stores_and_replies_once_despite_redelivery():
     reply_topic = f"test.replies.{uuid.uuid4().hex[:8]}"
     await kafka.create_topic(settings, reply_topic)  # the broker does not auto-create topics
     request_id = f"req-{uuid.uuid4().hex}"
-    result = wire.FinalResult(
-        request_id=request_id,
-        outcome=wire.Outcome.SUCCEEDED,
-        model="llmq-sim",
-        reply_to=wire.KafkaReply(topic=reply_topic),
-        choices=[wire.Choice(index=0, text="hello", finish_reason="length")],
-    )
+    result = succeeded(request_id, reply_topic, text="hello")
     redis = Redis.from_url(settings.redis.url)
     producer = kafka.make_producer(settings)
     consumer = kafka.make_consumer(settings, constants.TOPIC_RESULTS, group_id=constants.GROUP_RESULT_ROUTER)
@@ -56,16 +51,6 @@ async def test_stores_and_replies_once_despite_redelivery():
         for client in (consumer, replies, producer):
             await client.stop()
         await redis.aclose()
-
-
-def _result(request_id: str, reply_topic: str) -> wire.FinalResult:
-    return wire.FinalResult(
-        request_id=request_id,
-        outcome=wire.Outcome.SUCCEEDED,
-        model="llmq-sim",
-        reply_to=wire.KafkaReply(topic=reply_topic),
-        choices=[wire.Choice(index=0, text="hello", finish_reason="length")],
-    )
 
 
 def _keyed_to(prefix: str, partition: int, partitions: int) -> str:
@@ -137,7 +122,7 @@ async def test_a_reply_topic_recreated_with_fewer_partitions_is_answered_once_ea
         warm = [_keyed_to(f"warm-{tag}", p, 8) for p in range(8)]  # the router's producer learns the 8 partitions
         for request_id in warm:
             await kafka.send_message(
-                producer, constants.TOPIC_RESULTS, _result(request_id, reply_topic), key=request_id
+                producer, constants.TOPIC_RESULTS, succeeded(request_id, reply_topic, text="hello"), key=request_id
             )
         assert sorted(await _read(settings, reply_topic, 8, len(warm), 60)) == sorted(warm)
         await _recreate(settings, reply_topic, partitions=1)
@@ -145,7 +130,7 @@ async def test_a_reply_topic_recreated_with_fewer_partitions_is_answered_once_ea
         started = time.monotonic()
         for request_id in after:
             await kafka.send_message(
-                producer, constants.TOPIC_RESULTS, _result(request_id, reply_topic), key=request_id
+                producer, constants.TOPIC_RESULTS, succeeded(request_id, reply_topic, text="hello"), key=request_id
             )
         answered = await _read(settings, reply_topic, 1, len(after), 30)
         elapsed_s = time.monotonic() - started
