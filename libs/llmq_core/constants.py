@@ -229,6 +229,8 @@ def _digest(tenant_id: str, key: str) -> str:
 HTTP_REQUEST_ID: Final = "x-request-id"
 HTTP_TIMEOUT_MS: Final = "x-llmq-timeout-ms"
 HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
+# OpenAI's and Anthropic's Python SDKs send their read timeout (seconds, e.g. "600.0"): a non-streamed request's deadline
+HTTP_SDK_READ_TIMEOUT: Final = "x-stainless-read-timeout"
 HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
 HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request

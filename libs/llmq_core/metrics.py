@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 from llmq_core import wire
 from llmq_core.ids import DEFAULT_REGION
 from llmq_core.labels import LabelSet
+from llmq_core.status import outcome_label
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +420,8 @@ class RouterMetrics(_Metrics):
         if not first:
             self.duplicates.inc()
             return
-        cls, outcome, timings = _class(result.traffic_class), result.outcome.value, result.timings
+        cls, timings = _class(result.traffic_class), result.timings
+        outcome = outcome_label(result.outcome, result.error.type if result.error is not None else None).value
         model = self.labels.model(result.model)
         self._results(cls, model, outcome).inc()
         self._duration(cls, model, outcome).observe(timings.total_ms / 1000)

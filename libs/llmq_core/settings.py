@@ -463,6 +463,12 @@ class ApiSettings(Group):
         "closes (responses, streams included, are never timed).",
     )
     keep_alive_timeout_ms: int = Field(5_000, **_MS, description="An idle kept-alive connection is closed after this.")
+    sse_keep_alive_ms: int = Field(
+        15_000,
+        **_MS,
+        description="A stream that has written nothing for this long (its prompt's prefill, a queue) gets an SSE "
+        "comment (`: keep-alive`), so a proxy's or load balancer's idle timeout does not cut it.",
+    )
     max_connections_per_client: int = Field(
         1024,
         ge=0,
@@ -749,8 +755,9 @@ class RouterSettings(Group):
     topic_refresh_ms: int = Field(
         1000,
         **_MS,
-        description="Result-router: the cluster's topics are listed at most this often; a reply topic missing from a "
-        "listing newer than its result is dead-lettered at once.",
+        description="Result-router and batcher: the cluster's topics are listed at most this often; a reply topic "
+        "missing from a listing newer than its result is dead-lettered at once (router), from one newer than its "
+        "Kafka-direct request refused at entry (batcher).",
     )
 
 
@@ -848,6 +855,30 @@ class ObservabilitySettings(Group):
         return value.upper() if isinstance(value, str) else value
 
 
+class SloSettings(Group):
+    """The service-level targets `llmq slo` checks (exit 1 when one is missed); 0 leaves a figure without a target.
+    Latencies are as the API pods measured them (accept to first token, accept to last byte), ms."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_SLO_")
+    interactive_ttft_p95_ms: int = Field(1_000, ge=0, description="interactive: p95 time to first token at most.")
+    interactive_latency_p95_ms: int = Field(0, ge=0, description="interactive: p95 total latency at most.")
+    interactive_latency_p99_ms: int = Field(
+        30_000, ge=0, description="interactive: p99 total latency at most (its default deadline)."
+    )
+    near_interactive_ttft_p95_ms: int = Field(0, ge=0, description="near_interactive: p95 time to first token at most.")
+    near_interactive_latency_p95_ms: int = Field(0, ge=0, description="near_interactive: p95 total latency at most.")
+    near_interactive_latency_p99_ms: int = Field(
+        60_000, ge=0, description="near_interactive: p99 total latency at most (its default deadline)."
+    )
+    deferred_completed_by_deadline_ratio: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="deferred: share of finished requests that succeeded by their deadline at least (requests that "
+        "errored for a client error are left out).",
+    )
+
+
 class RuntimeSettings(Group):
     """Every service process."""
 
@@ -907,12 +938,13 @@ class Settings:
     router = _Group(RouterSettings)
     jobs = _Group(JobsSettings)
     observability = _Group(ObservabilitySettings)
+    slo = _Group(SloSettings)
     runtime = _Group(RuntimeSettings)
     dev = _Group(DevSettings)
 
     GROUPS: ClassVar[tuple[str, ...]] = (
         "region", "kafka", "redis", "api", "result_store", "models", "batcher", "worker", "router", "jobs",
-        "observability", "runtime", "dev",
+        "observability", "slo", "runtime", "dev",
     )  # fmt: skip
 
     def __init__(self, **groups: Group | Mapping[str, Any]) -> None:

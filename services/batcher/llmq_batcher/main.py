@@ -20,7 +20,7 @@ from llmq_core.names import Names
 from llmq_core.settings import Settings
 
 # The settings groups the batcher reads (validated at start; a bad value elsewhere is no concern of it)
-GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "batcher", "observability", "runtime")
+GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "batcher", "router", "observability", "runtime")
 
 
 async def build(
@@ -61,6 +61,11 @@ async def build(
         pods=PodChecks.from_settings(settings),
         catalogue=labels.models,
         capacity=SharedCapacity(redis, names, settings) if settings.batcher.shared_capacity else None,
+        # a secure cluster lists only the topics a principal may describe, and the batcher may not describe reply
+        # topics: there the result-router's check alone stands
+        list_topics=(lambda: kafka.cluster_topics(producer))
+        if settings.kafka.security_protocol == "PLAINTEXT"
+        else None,
     )
     await runtime.start(stack, producer)
     await kafka.await_topics(settings, loop.topics())  # a topic missing at the group's join stays unassigned for long

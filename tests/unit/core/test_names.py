@@ -75,6 +75,13 @@ def test_the_batchers_full_queue_reads_rejected():
     assert outcome_label(Outcome.ERRORED, "overloaded") is OutcomeLabel.REJECTED  # as decoded from the wire
 
 
+def test_an_error_of_what_the_caller_sent_reads_client_error():
+    for error_type in (ErrorType.INVALID_REQUEST, "invalid_request_error", ErrorType.PERMISSION):
+        assert outcome_label(Outcome.ERRORED, error_type) is OutcomeLabel.CLIENT_ERROR
+    assert outcome_label(Outcome.EXPIRED, ErrorType.INVALID_REQUEST) is OutcomeLabel.EXPIRED
+    assert outcome_label(Outcome.ERRORED, ErrorType.SERVER) is OutcomeLabel.ERRORED
+
+
 def test_error_vocabulary_members_are_the_strings_on_the_wire():
     info = wire.ErrorInfo(type=ErrorType.OVERLOADED, message="m", code=ErrorCode.REQUEST_TOO_LARGE)
     decoded = wire.decode(

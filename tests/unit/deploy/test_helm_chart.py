@@ -101,6 +101,18 @@ def test_every_environment_variable_is_a_setting_and_parses(values, monkeypatch)
     assert settings.observability.metrics_host == "0.0.0.0"
 
 
+@pytest.mark.parametrize("release,prefix", [("llmq", "llmq-"), ("prod", "prod-llmq-")])
+def test_helm_template_as_a_user_types_it_renders_objects_named_once(release, prefix):
+    """`helm template llmq deploy/helm/llmq` verbatim (no --kube-version) with the helm `make setup` builds: built
+    without helm's version ldflags it assumed Kubernetes v1.20.0 and refused the chart's kubeVersion; and release
+    `llmq` named every object `llmq-llmq-*`."""
+    result = helm("template", release, str(CHART))
+    assert result.returncode == 0, result.stderr + "\n(an old helm build without version ldflags: run `make helm`)"
+    names = {doc["metadata"]["name"] for doc in yaml.safe_load_all(result.stdout) if doc}
+    assert f"{prefix}api" in names and all(name.startswith(prefix) for name in names), sorted(names)
+    assert not any("llmq-llmq" in name for name in names)
+
+
 def test_region_values_name_their_region_and_mirror_the_others():
     regions = {path.stem for path in REGION_VALUES}
     assert len(regions) >= 2
@@ -126,6 +138,31 @@ def test_region_values_name_their_region_and_mirror_the_others():
         groups = {key.split(".")[0]: value for key, value in properties.items() if key.endswith(".groups")}
         assert set(groups) == set(flows)  # every flow checkpoints...
         assert set(groups.values()) == {mirror_config.CHECKPOINTED_GROUPS}  # ...llmq's own groups, as the dev mirror
+
+
+def mirror_checksum(*sets: str) -> str:
+    (mirror,) = [
+        d
+        for d in objects(REGION_VALUES[0], sets=sets)
+        if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-mirrormaker2")
+    ]
+    return mirror["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "mirrorMaker.topics=llmq\\.results",
+        "mirrorMaker.groups=llmq-batcher",
+        "mirrorMaker.refreshTopicsIntervalS=5",
+        "kafka.topicReplicationFactor=5",
+        "kafka.bootstrapServers=other:9093",
+    ],
+)
+def test_any_change_of_mirrormakers_config_changes_its_pod_template(change):
+    """The pod template hashes the whole rendered mm2.properties, so helm upgrade restarts MirrorMaker 2 on any change
+    of it (it hashed the cluster list only: new topics, groups or a refresh interval never took effect)."""
+    assert mirror_checksum(change) != mirror_checksum()
 
 
 def worker_ranges(values: Path | None) -> dict[str, range]:
@@ -233,7 +270,7 @@ def test_workers_scale_from_zero_and_in_slowly_enough_to_drain():
 
 
 def scaled_object(name: str) -> dict:
-    (scaled,) = [o for o in of_kind(None, "ScaledObject") if o["metadata"]["name"] == f"llmq-llmq-{name}"]
+    (scaled,) = [o for o in of_kind(None, "ScaledObject") if o["metadata"]["name"] == f"llmq-{name}"]
     return scaled
 
 
@@ -322,7 +359,7 @@ def test_each_service_has_a_disruption_budget_and_is_scraped(values):
 
 @pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
 def test_network_policies_deny_all_but_the_flows_design_needs(values):
-    policies = {p["metadata"]["name"].removeprefix("llmq-llmq-"): p["spec"] for p in of_kind(values, "NetworkPolicy")}
+    policies = {p["metadata"]["name"].removeprefix("llmq-"): p["spec"] for p in of_kind(values, "NetworkPolicy")}
     deny = policies["default-deny"]
     assert deny["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in deny and "egress" not in deny
     assert deny["podSelector"]["matchLabels"] == {
