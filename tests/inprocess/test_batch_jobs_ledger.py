@@ -536,6 +536,21 @@ async def test_an_ended_jobs_output_file_has_its_bytes_and_no_error_file_when_no
     assert body["output_file_id"] == record.id and body["error_file_id"] is None
 
 
+async def test_an_ended_job_whose_results_file_is_missing_lists_unsized_and_its_content_is_a_404(harness):
+    """make test found GET /v1/files a 500 (FileNotFoundError) while an ended job's results file was not there."""
+    job = await harness.create([line("c0", "prompt")])
+    while (job := await harness.job(job.spec.id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(job.spec.id)
+        for request in harness.producer.take():
+            await harness.answer(request)
+    await harness.files.delete(job.spec.results_path)
+    listed, _ = await harness.api_files.list_files(TENANT, jobs.FILE_PURPOSE_OUTPUT, None, 10)
+    assert {(r.id, r.bytes) for r in listed} >= {(job.spec.output_file_id, 0)}
+    with pytest.raises(ApiError) as caught:
+        await harness.api_files.content(TENANT, job.spec.output_file_id)
+    assert caught.value.status == 404
+
+
 async def test_expiration_policies_run_from_each_files_creation_and_the_sweep_honours_them(harness):
     upload = await harness.api_files.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()), 3600)
     assert upload.expires_at == upload.created_at + 3600

@@ -4,6 +4,7 @@ and serve a job's output and error files rendered from its results.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import BinaryIO
 
@@ -22,6 +23,8 @@ from llmq_jobs import jobs
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.jobs import FileRecord, JobView
 from llmq_jobs.store import JobStore
+
+log = logging.getLogger(__name__)
 
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
 LIST_ORDERS = ("asc", "desc")  # GET /v1/files?order: by created_at
@@ -126,8 +129,13 @@ class BatchFiles:
         job = await self.store.jobs.get_job(record.batch_id or "")
         if job is None or job.status not in jobs.TERMINAL_STATUSES:
             return record
+        try:
+            results = await self._results(job)
+        except FileNotFoundError:  # ended, its results file not written yet (or lost): sized on a later read
+            log.warning("the results file of ended batch %s is missing: %s unsized", job.spec.id, record.id)
+            return record
         size = 0
-        async for line in _render_lines(await self._results(job), want_success=record.kind == "output"):
+        async for line in _render_lines(results, want_success=record.kind == "output"):
             size += len(line)
         record = msgspec.structs.replace(record, bytes=size, sized=True)
         await self.store.files.update_file(record)
@@ -166,7 +174,10 @@ class BatchFiles:
         job = await self.store.jobs.get_job(record.batch_id or "")
         if job is None:
             raise not_found("file", file_id)
-        results = await self._results(job)
+        try:
+            results = await self._results(job)
+        except FileNotFoundError:  # its job ended without a results file (lost from the store)
+            raise not_found("file", file_id) from None
         return _render_lines(results, want_success=record.kind == "output")
 
     async def _results(self, job: JobView) -> list[wire.FinalResult]:
