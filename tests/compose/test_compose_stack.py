@@ -60,9 +60,9 @@ def compose(*args: str, env: dict[str, str], check: bool = True, timeout_s: floa
     return done.stdout
 
 
-def leftovers(env: dict[str, str]) -> list[str]:
+def leftovers(env: dict[str, str], project: str = PROJECT) -> list[str]:
     """The project's containers, volumes and networks still on the engine."""
-    label = f"label=com.docker.compose.project={PROJECT}"
+    label = f"label=com.docker.compose.project={project}"
     found = []
     for kind in (["ps", "-a"], ["volume", "ls"], ["network", "ls"]):
         out = subprocess.run(["docker", *kind, "-q", "--filter", label], env=env, capture_output=True, text=True)
@@ -70,11 +70,21 @@ def leftovers(env: dict[str, str]) -> list[str]:
     return found
 
 
+def images(env: dict[str, str]) -> list[str]:
+    """Every image on the engine (id and tags): a pull would add one."""
+    out = subprocess.run(
+        ["docker", "image", "ls", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return sorted(out.stdout.splitlines())
+
+
 @pytest.fixture(scope="module")
 def stack():
     base = ports.block(2)
     env = {**os.environ, "LLMQ_COMPOSE_API_0_PORT": str(base), "LLMQ_COMPOSE_API_1_PORT": str(base + 1)}
     compose("down", "-v", "--remove-orphans", env=env)  # an interrupted run's leftovers
+    before = images(env)
     started = time.monotonic()
     compose("up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S), *SCALE, env=env, timeout_s=UP_TIMEOUT_S + 60)
     up_s = time.monotonic() - started
@@ -82,6 +92,7 @@ def stack():
     yield {"env": env, "ports": [base, base + 1], "up_s": up_s}
     compose("down", "-v", "--remove-orphans", env=env)
     assert leftovers(env) == [], "docker compose down -v left these behind"
+    assert images(env) == before, "the run added an image: something was pulled"
 
 
 def test_the_stack_is_healthy_with_two_batchers_and_two_routers_of_their_own_ids(stack):

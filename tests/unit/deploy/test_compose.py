@@ -128,7 +128,10 @@ def test_every_llmq_service_is_composed_with_its_module():
 
 def test_api_pods_publish_distinct_ports_and_instance_ids():
     ports = [SERVICES[f"api-{i}"]["ports"][0] for i in range(2)]
-    assert ports == ["127.0.0.1:${LLMQ_COMPOSE_API_0_PORT:-8000}:8000", "127.0.0.1:${LLMQ_COMPOSE_API_1_PORT:-8001}:8001"]
+    assert ports == [
+        "127.0.0.1:${LLMQ_COMPOSE_API_0_PORT:-8000}:8000",
+        "127.0.0.1:${LLMQ_COMPOSE_API_1_PORT:-8001}:8001",
+    ]
     ids = [SERVICES[f"api-{i}"]["command"][-1] for i in range(2)]
     assert len(set(ids)) == 2
 
@@ -207,3 +210,9 @@ def test_batchers_and_routers_scale_each_replica_with_its_own_instance_id():
     for name in ("batcher", "result-router"):
         assert "--instance-id" not in SERVICES[name]["command"], name
         assert "container_name" not in SERVICES[name], name
+
+
+def test_the_helm_chart_runs_the_images_compose_runs():
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "llmq" / "values.yaml").read_text())
+    chart = {f"{values[key]['repository']}:{values[key]['tag']}" for key in ("image", "workerImage")}
+    assert chart == {SERVICES["api-0"]["image"], SERVICES["worker-smollm2-0"]["image"]}
