@@ -1,6 +1,8 @@
 """docker-compose.yml and the images' build checked statically: services, images, ports, environment, commands (the
 stack itself runs in `make compose-test`, tests/compose)."""
 
+import os
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -64,6 +66,19 @@ def test_kafka_has_no_plaintext_listener_authorizes_and_never_auto_creates_topic
     start = (ROOT / "deploy" / "images" / "kafka-start.sh").read_text()
     assert "--add-scram" in start and "SCRAM-SHA-512" in start
     assert all(f"{role}.password" in SERVICES["kafka"]["secrets"] for role in ("api", "batcher", "worker", "router"))
+
+
+def test_the_kafka_image_reads_the_compose_environment_as_broker_properties(tmp_path):
+    env = {key: str(value) for key, value in SERVICES["kafka"]["environment"].items()}
+    env |= {"PATH": os.environ["PATH"], "KAFKA_PROPERTIES_FILE": str(tmp_path / "server.properties")}
+    start = ROOT / "deploy" / "images" / "kafka-start.sh"
+    done = subprocess.run(["bash", str(start), "--properties"], env=env, capture_output=True, text=True, check=True)
+    properties = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    assert properties["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"] == jaas
+    assert properties["listener.name.broker.ssl.client.auth"] == "required"
+    assert properties["super.users"] == "User:admin;User:CN=llmq-broker"
+    assert properties["node.id"] == "1" and "cluster.id" not in properties and "heap.opts" not in properties
 
 
 def test_redis_speaks_only_tls_with_acl_users():
