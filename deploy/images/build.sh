@@ -3,7 +3,8 @@
 # Maven Central), never pulled from an image registry. Idempotent: the base image is made once; the others are BuildKit
 # builds whose cached layers make a rerun take seconds (a code change rebuilds only the project's own layer).
 #   llmq-base:bookworm, llmq-base:<debian version>   debootstrap --variant=minbase bookworm, then docker import
-#   llmq-kafka:<kafka version>                       the jars `llmq dev install` assembled (~/.cache/llmq) on OpenJDK 17
+#   llmq-kafka:<kafka version>                       the jars `llmq dev install` assembled (~/.cache/llmq) on OpenJDK 17:
+#                                                    the broker, and MirrorMaker 2 (/opt/kafka/mirror.sh)
 #   llmq-redis:<major.minor>, :<version>             Debian's redis-server
 #   llmq:<project version>, llmq-worker:<version>    the Dockerfile (uv.lock's versions; the worker one with torch and
 #                                                    the checkpoints `make setup` converted into ~/.cache/llmq/models)
@@ -15,6 +16,7 @@ PY=.venv/bin/python
 VERSION=$($PY -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 KAFKA_VERSION=$($PY -c 'from llmq_cli.kafka_dist import KAFKA_VERSION; print(KAFKA_VERSION)')
 KAFKA_LIBS=$($PY -c 'from llmq_cli.kafka_dist import libs_dir; print(libs_dir())')
+MIRROR_LIBS=$($PY -c 'from llmq_cli.kafka_dist import mirror_libs_dir; print(mirror_libs_dir())')
 MODELS=$($PY -c 'from llmq_worker.checkpoints import models_root; print(models_root())')
 STAGE=build/images
 BASE=llmq-base:bookworm
@@ -47,8 +49,12 @@ took "$BASE"
 
 start=$(date +%s)
 link "$KAFKA_LIBS" "$STAGE/kafka/libs"
+link "$MIRROR_LIBS" "$STAGE/kafka/mirror-libs"
 cp deploy/images/kafka-start.sh "$STAGE/kafka/start.sh"
+install -m 0755 deploy/images/kafka-mirror.sh "$STAGE/kafka/mirror.sh"
 $PY -c 'from llmq_cli.kafka_dist import LOG4J2_YAML; print(LOG4J2_YAML, end="")' >"$STAGE/kafka/log4j2.yaml"
+$PY -c 'from llmq_cli.kafka_dist import MIRROR_LOG4J2_PROPERTIES as P; print(P, end="")' \
+  >"$STAGE/kafka/mirror-log4j2.properties"
 JVM_FLAGS=$($PY -c 'from llmq_cli.kafka_dist import JVM_FLAGS; print(" ".join(JVM_FLAGS))')
 build -f deploy/images/kafka.Dockerfile --build-arg "JVM_FLAGS=$JVM_FLAGS" -t "llmq-kafka:$KAFKA_VERSION" "$STAGE/kafka"
 took "llmq-kafka:$KAFKA_VERSION"
