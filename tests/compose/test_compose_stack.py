@@ -183,6 +183,3 @@ def test_bench_mix_and_counted_load_through_killed_worker_and_batchers(stack):
     assert all(r.detail.startswith(f"stream error event: {WORKER_LOST}") for r in errors), errors
     other = {k: n for k, n in bench_report["status"].items() if k not in ("ok", "429", "504")}
     assert set(other) <= {f"stream_{ErrorCode.STREAM_INTERRUPTED}"}, bench_report["errors"]
-    assert all(d.startswith(f"{ErrorCode.STREAM_INTERRUPTED}: {WORKER_LOST}") for d in bench_report["errors"]), (
-        bench_report["errors"]
-    )

@@ -125,11 +125,6 @@ def test_the_topics_job_creates_every_roles_acls_first():
     assert SERVICES["topics"]["command"] == ["llmq", "topics", "--acls"]
 
 
-def test_scaled_batchers_and_routers_take_their_instance_id_from_the_container():
-    for name in ("batcher", "result-router"):
-        assert "--instance-id" not in SERVICES[name]["command"], name  # default: hostname-pid, one per replica
-
-
 def test_every_llmq_service_is_composed_with_its_module():
     modules = {name: " ".join(svc.get("command", [])) for name, svc in SERVICES.items()}
     assert "llmq_api.main" in modules["api-0"] and "llmq_api.main" in modules["api-1"]
