@@ -39,6 +39,7 @@ UP_TIMEOUT_S = 600  # a cold start on a busy 2-core machine: torch workers impor
 LOAD_RATE_PER_S = 1.5  # per mix below: 6 requests/s of counted load beside the bench's
 BENCH_RATE_PER_S = 6.0
 TIMEOUT_MS = 60_000  # each request's deadline: the batchers' restart fits inside it
+RETRY_LATER = (429, 503)  # shed or unavailable for now, with Retry-After
 WORKER_LOST = "The stream was interrupted after"  # the worker's stream_interrupted message (llmq_worker.answers)
 
 
@@ -176,10 +177,12 @@ def test_bench_mix_and_counted_load_through_killed_worker_and_batchers(stack):
     assert total.count(Ending.TWICE) == total.count(Ending.WRONG) == 0, [r for r in total.failures()][:5]
     after = total.where(since_s=rejoined_s)
     assert len(after) > 0 and after.failures() == [], after.failures()[:5]  # the killed services serve again
-    # Until the rejoin, besides 429 + Retry-After (admission sheds while the backlog the kill left drains), the one
-    # error the kill may cause: a stream that worker-sim-0 was generating when it was killed, its text partly sent,
-    # ends with the retryable stream_interrupted event (docs/api.md, Streaming), never run twice.
-    errors = [r for r in total.where(until_s=rejoined_s).failures() if not (r.status == 429 and r.retry_after)]
+    # Until the rejoin, a request may also end with a retryable answer that says so, never lost: 429 or 503 with
+    # Retry-After (admission sheds while the backlog the kill left drains; a produce past LLMQ_API_PRODUCE_TIMEOUT_MS
+    # on a starved machine is 503, its Cancel sent), or, for a stream that worker-sim-0 was generating when it was
+    # killed, its text partly sent, the stream_interrupted event (docs/api.md, Streaming), never run twice.
+    errors = [r for r in total.where(until_s=rejoined_s).failures() if not (r.status in RETRY_LATER and r.retry_after)]
     assert all(r.detail.startswith(f"stream error event: {WORKER_LOST}") for r in errors), errors
-    other = {k: n for k, n in bench_report["status"].items() if k not in ("ok", "429", "504")}
-    assert set(other) <= {f"stream_{ErrorCode.STREAM_INTERRUPTED}"}, bench_report["errors"]
+    # The bench's requests likewise: answered, 429, 503, 504 or an interrupted stream; no client-side error or timeout
+    other = set(bench_report["status"]) - {"ok", "429", "503", "504", f"stream_{ErrorCode.STREAM_INTERRUPTED}"}
+    assert other == set(), bench_report["errors"]
