@@ -8,6 +8,7 @@ Needs the pinned helm that `make helm` (part of `make setup`) builds; skipped, s
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -20,6 +21,7 @@ import yaml
 
 from llmq_cli import mirror as mirror_config
 from llmq_cli.devstack import StackConfig
+from llmq_cli.kafka_dist import KAFKA_VERSION
 from llmq_core import constants, security
 from llmq_core.settings import Settings, load_settings
 from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, objects, template
@@ -28,6 +30,7 @@ SCHEMAS = ROOT / "deploy" / "helm" / "schemas"
 REGION_VALUES = sorted((ROOT / "deploy" / "helm" / "values").glob("*.yaml"))
 SETTINGS = set(Settings.variables())
 KUBERNETES_DOC = (ROOT / "docs" / "operations" / "kubernetes.md").read_text()
+KAFKA_DOCKERFILE = (ROOT / "deploy" / "images" / "kafka.Dockerfile").read_text()
 AUTOSCALING_DOC = (ROOT / "docs" / "operations" / "observability.md").read_text()  # the autoscaling table
 
 pytestmark = needs_helm
@@ -176,6 +179,18 @@ def worker_ranges(values: Path | None) -> dict[str, range]:
         offset = int(re.search(r"\$\(\( (\d+) \+ \$\{HOSTNAME##\*-\} \)\)", script)[1])
         ranges[workers["metadata"]["name"]] = range(offset, offset + largest[workers["metadata"]["name"]])
     return ranges
+
+
+@pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
+def test_every_container_runs_an_image_make_images_builds(values):
+    """The values name the tags `make images` builds (deploy/images/build.sh) and docker-compose.yml runs."""
+    version = importlib.metadata.version("llmq")
+    built = {f"llmq:{version}", f"llmq-worker:{version}", f"llmq-kafka:{KAFKA_VERSION}"}
+    images = {container["image"] for container in containers(values)}
+    assert f"llmq:{version}" in images and images <= built, images - built
+    for mirror in (c for c in containers(values) if c["name"] == "mirrormaker2"):  # the image's MirrorMaker 2 script
+        assert mirror["image"] == f"llmq-kafka:{KAFKA_VERSION}" and mirror["command"][0] == "/opt/kafka/mirror.sh"
+        assert re.search(r"^COPY .*\bmirror\.sh\b.* /opt/kafka/$", KAFKA_DOCKERFILE, re.M)
 
 
 @pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
