@@ -5,7 +5,7 @@ have not been counted yet, so they are subtracted here. Fixed-time engines (``fi
 ``max_slots`` requests at a time, taking the next window's from their queue when one ends; the batcher predicts when
 the next window with room starts (``busy_until_ms``) and how much room it has (``window_room``). It sends a batch only
 then, so that a batch keeps filling in the batcher instead of waiting in the worker; or, with class leads
-(``leads_ms``, one per CLASS_KEYS entry, highest class first), that long before, class by class, so that the batches
+(``steps``: :class:`LeadSteps`, one lead per CLASS_KEYS entry, highest class first), that long before, class by class, so that the batches
 several batchers send for one window meet in the worker's queue, the highest class's first.
 """
 

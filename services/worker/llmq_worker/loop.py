@@ -248,13 +248,13 @@ class WorkerLoop:
                 log.warning("committing offset %d failed (%r): again at the next heartbeat", self._to_commit, exc)
             await self._heartbeat_once()
 
-    async def _write_ledger(self, took: str | None = None) -> None:
-        beat = self._core.heartbeat(self._clock.now_ms(), self._engine.context_window)
+    async def _write_ledger(self, took: str | None = None, beat: wire.WorkerHeartbeat | None = None) -> None:
+        beat = beat or self._core.heartbeat(self._clock.now_ms(), self._engine.context_window)
         await self._ledger.write(beat, self._engine.capacity().window_end_ms, took)
 
     async def _heartbeat_once(self) -> None:
-        await self._write_ledger()
         beat = self._core.heartbeat(self._clock.now_ms(), self._engine.context_window)
+        await self._write_ledger(beat=beat)
         if self._metrics is not None:
             self._metrics.heartbeat(beat)
         data = wire.encode(beat)
