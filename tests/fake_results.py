@@ -18,11 +18,14 @@ def fake_result(
     )
 
 
-def succeeded(request_id: str, reply_topic: str | None = None) -> wire.FinalResult:
-    """``request_id``'s succeeded llmq-sim result, without choices: answered on Kafka topic ``reply_topic``, or over
-    HTTP to pod-1 when None."""
+def succeeded(request_id: str, reply_topic: str | None = None, text: str | None = None) -> wire.FinalResult:
+    """``request_id``'s succeeded llmq-sim result, without choices (``text``: one choice of it, ended by length):
+    answered on Kafka topic ``reply_topic``, or over HTTP to pod-1 when None."""
     reply_to = wire.HttpReply(instance_id="pod-1") if reply_topic is None else wire.KafkaReply(topic=reply_topic)
-    return wire.FinalResult(request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", reply_to=reply_to)
+    choices = [] if text is None else [wire.Choice(index=0, text=text, finish_reason="length")]
+    return wire.FinalResult(
+        request_id=request_id, outcome=wire.Outcome.SUCCEEDED, model="llmq-sim", reply_to=reply_to, choices=choices
+    )
 
 
 def result_record(offset: int, result: wire.FinalResult, partition: int = 0) -> Record:

@@ -81,6 +81,36 @@ class FakeConsumer:
         return self.positions[tp]
 
 
+class FakeCluster:
+    """aiokafka's cluster metadata as a producer holds it: every topic has ``partitions`` ({0}) unless
+    :meth:`update` changed it (None: the topic is missing), which calls the listeners as a metadata refresh does."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[str, set[int] | None] = {}
+        self._listeners: set = set()
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return self.partitions.get(topic, {0})
+
+    def add_listener(self, listener) -> None:
+        self._listeners.add(listener)
+
+    def remove_listener(self, listener) -> None:
+        self._listeners.remove(listener)
+
+    def update(self, topic: str, partitions: set[int] | None) -> None:
+        self.partitions[topic] = partitions
+        for listener in list(self._listeners):
+            listener(self)
+
+
+@dataclass
+class FakeClient:
+    """A producer's ``client`` (aiokafka's AIOKafkaClient): its ``cluster`` metadata."""
+
+    cluster: FakeCluster
+
+
 class FakeProducer:
     """aiokafka's producer: records what is sent in ``sent`` (and in ``log``, when given, as ("kafka", value), so a test
     sees the order of sends and Redis publishes). ``failing`` raises that error (True: a timeout) from every send;
@@ -97,6 +127,7 @@ class FakeProducer:
         self.max_value_bytes: int | None = None
         self.refusing_topics: set[str] = set()
         self.running = False
+        self.client = FakeClient(FakeCluster())
 
     async def start(self) -> None:
         self.running = True
@@ -105,7 +136,7 @@ class FakeProducer:
         self.running = False
 
     async def partitions_for(self, topic: str) -> set[int]:
-        return {0}
+        return self.client.cluster.partitions_for_topic(topic)
 
     async def list_topics(self) -> set[str]:
         return self.topics
@@ -220,6 +251,9 @@ class FakeRedis:
         fields = self.hashes.setdefault(key, {})
         fields[_bytes(field)] = fields.get(_bytes(field), 0) + amount
         return fields[_bytes(field)]
+
+    async def pexpire(self, key: str, ms: int) -> int:
+        return int(key in self.data or key in self.hashes)  # no expiry here
 
     async def hdel(self, key: str, *fields: bytes) -> int:
         return sum(self.hashes.get(key, {}).pop(f, None) is not None for f in fields)

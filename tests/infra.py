@@ -1,25 +1,39 @@
 """Where the test suite's Kafka broker and Redis come from (the ``infra`` fixture in tests/conftest.py).
 
-A Docker engine that answers on this machine: testcontainers' Kafka (KRaft) and Redis containers, configured like the
-local processes. Otherwise those processes (``llmq_cli.devstack``: a Kafka broker from Maven jars and redis-server)
-on ports allocated for the run (tests/ports.py) under ``var/test``, started afresh (a run's leftovers are stopped
-and its Kafka data removed first). The engine is probed on its API socket, not through the ``docker`` CLI: a machine can
-have the CLI and no engine.
+``LLMQ_TEST_INFRA`` says which (an engine that happens to answer never decides it):
+
+- ``processes`` (the default): ``llmq_cli.devstack``'s broker from the Maven jars and redis-server, on ports allocated
+  for the run (tests/ports.py) under ``var/test``, started afresh (a run's leftovers stopped, its Kafka data removed).
+- ``containers`` (``make test-containers``): the same broker and Redis as testcontainers containers of the images
+  ``make images`` builds (the tags docker-compose.yml names; never pulled: a missing image fails the run), on the
+  host's network, so they listen on 127.0.0.1 at the allocated ports with the processes' configuration. Ryuk is off
+  (its image is in no registry here): the suite removes them at its end, and a run's start removes those an
+  interrupted run left under its state dir (a label). Needs a Docker engine on this machine (DOCKER_HOST or the
+  default socket), probed on its API socket, not through the ``docker`` CLI: a machine can have the CLI and no engine.
+
+Either way the secure broker and Redis, the two regions, the Kafka outage and the fault tests' brokers stay processes
+of their own (their tests stop, restart and reconfigure them).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import os
 import shutil
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llmq_cli.devstack import DevStack, StackConfig
-from llmq_cli.kafka_dist import BROKER_TUNING
-from llmq_core.redis_client import MEMORY_POLICY
+import yaml
+
+from llmq_cli.devstack import DevStack, StackConfig, redis_server_argv
+from llmq_cli.kafka_dist import server_properties
 from tests import ports
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Where the suite's brokers and Redis sit in their allocated block: the broker (controller +1, the secure one's mTLS
 # listener +2) at its start, Redis after it.
@@ -29,9 +43,12 @@ INFRA_PORTS = 10
 SECURE_REPLY_TOPIC_PREFIXES = ("team.replies.",)
 SECURE_INGRESS_PRINCIPALS = ("team-a",)  # a Kafka-direct producer: writes llmq.ingress.team-a only
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.0"  # Kafka 3.9 in KRaft mode
-REDIS_IMAGE = "redis:7.4"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+INFRA_SETTING = "LLMQ_TEST_INFRA"
+INFRA_KINDS = ("processes", "containers")
+CONTAINER_LABEL = "llmq.test.state-dir"  # the suite's containers: which state dir's run started them
+CONTAINER_KAFKA_DATA = Path("/var/lib/kafka/data")  # the llmq-kafka image's log dir (deploy/images/kafka.Dockerfile)
+CONTAINER_REDIS_DIR = Path("/data")  # the llmq-redis image's working dir, its redis user's
 
 
 def engine_address(docker_host: str | None) -> tuple[socket.AddressFamily, str | tuple[str, int]] | None:
@@ -62,9 +79,12 @@ def docker_engine_answers(docker_host: str | None, timeout_s: float = 2.0) -> bo
     return status_line.split(b" ")[1:2] == [b"200"]
 
 
-def infra_kind(docker_host: str | None) -> str:
-    """``containers`` when a local Docker engine answers, else ``processes``."""
-    return "containers" if docker_engine_answers(docker_host) else "processes"
+def infra_kind(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """``LLMQ_TEST_INFRA``: ``processes`` (unset or empty) or ``containers``. Raises ValueError for anything else."""
+    kind = environ.get(INFRA_SETTING) or "processes"
+    if kind not in INFRA_KINDS:
+        raise ValueError(f"{INFRA_SETTING}={kind!r}: want one of {', '.join(INFRA_KINDS)}")
+    return kind
 
 
 def allocated_ports() -> dict[str, int]:
@@ -84,13 +104,15 @@ def fresh_infra(cfg: StackConfig) -> DevStack:
 
 
 @contextlib.contextmanager
-def suite_infra(state_dir: Path, docker_host: str | None) -> Iterator[DevStack]:
-    """Kafka and Redis for the session, as the DevStack whose config private stacks of services copy."""
-    if infra_kind(docker_host) == "containers":
-        with containers() as (kafka_port, redis_port):
-            yield DevStack(
-                StackConfig(state_dir=state_dir, kafka_port=kafka_port, redis_port=redis_port, manage_infra=False)
-            )
+def suite_infra(state_dir: Path, docker_host: str | None, kind: str = "processes") -> Iterator[DevStack]:
+    """Kafka and Redis for the session, as the DevStack whose config private stacks of services copy; ``kind``: see
+    :func:`infra_kind`."""
+    if kind == "containers":
+        cfg = StackConfig(state_dir=state_dir, **allocated_ports(), manage_infra=False)
+        with containers(docker_host, str(state_dir), cfg.kafka_port, cfg.redis_port, cfg.redis_maxmemory_bytes):
+            stack = DevStack(cfg)
+            stack.up(services=False, log=lambda *_: None)  # waits for both, creates the llmq topics
+            yield stack
         return
     stack = fresh_infra(StackConfig(state_dir=state_dir, **allocated_ports()))
     try:
@@ -117,25 +139,62 @@ def secure_suite_infra(state_dir: Path) -> Iterator[DevStack]:
         stack.down()
 
 
-def kafka_env() -> dict[str, str]:
-    """:data:`BROKER_TUNING` as the confluent image's environment (``KAFKA_A_B`` sets ``a.b``)."""
-    return {"KAFKA_" + key.upper().replace(".", "_"): value for key, value in BROKER_TUNING.items()}
+def property_env(properties: str) -> dict[str, str]:
+    """Broker properties (``name=value`` lines) as the llmq-kafka image's environment: ``KAFKA_<NAME>`` with ``.`` ->
+    ``_``, ``_`` -> ``__``, ``-`` -> ``___`` (deploy/images/kafka-start.sh reads them back)."""
+    env = {}
+    for line in filter(None, properties.splitlines()):
+        name, _, value = line.partition("=")
+        env["KAFKA_" + name.replace("_", "__").replace("-", "___").replace(".", "_").upper()] = value
+    return env
 
 
-def redis_command(maxmemory_bytes: int) -> str:
-    """redis-server as the local one runs: no persistence, bounded memory, llmq's eviction policy."""
-    return f"redis-server --save '' --appendonly no --maxmemory {maxmemory_bytes} --maxmemory-policy {MEMORY_POLICY}"
+def compose_image(service: str) -> str:
+    """The image docker-compose.yml runs ``service`` from: a tag ``make images`` builds."""
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"][service]["image"]
+
+
+def kafka_cluster_id() -> str:
+    """A new KRaft cluster id (StorageTool's form: a UUID's 16 bytes, URL-safe base64, no padding)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 @contextlib.contextmanager
-def containers() -> Iterator[tuple[int, int]]:
-    """testcontainers' Kafka and Redis, up for the ``with`` block; yields their ports published on this machine."""
-    from testcontainers.community.kafka import KafkaContainer
-    from testcontainers.community.redis import RedisContainer
+def containers(
+    docker_host: str | None, label: str, kafka_port: int, redis_port: int, redis_maxmemory_bytes: int
+) -> Iterator[None]:
+    """The llmq-kafka and llmq-redis containers for the ``with`` block, on the host's network: the broker (its
+    controller on ``kafka_port`` + 1) and Redis listen on 127.0.0.1 as the local processes do, configured alike.
+    ``label``: what marks them as this run's; containers an earlier run left with it are removed first. Raises
+    RuntimeError when no engine answers or an image is missing (never pulled)."""
+    if not docker_engine_answers(docker_host):
+        raise RuntimeError(
+            f"{INFRA_SETTING}=containers: no Docker engine answers at {docker_host or DEFAULT_DOCKER_HOST}"
+        )
+    from testcontainers.core.config import testcontainers_config
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.docker_client import DockerClient
 
-    kafka = KafkaContainer(KAFKA_IMAGE).with_kraft()
-    for key, value in kafka_env().items():
-        kafka.with_env(key, value)
-    redis = RedisContainer(REDIS_IMAGE).with_command(redis_command(StackConfig().redis_maxmemory_bytes))
+    testcontainers_config.ryuk_disabled = True
+    client = DockerClient().client
+    for image in (compose_image("kafka"), compose_image("redis")):
+        if not client.images.list(name=image):
+            raise RuntimeError(f"{INFRA_SETTING}=containers: no image {image} on the engine (make images builds it)")
+    for leftover in client.containers.list(all=True, filters={"label": f"{CONTAINER_LABEL}={label}"}):
+        leftover.remove(force=True)
+    options = {"network_mode": "host", "labels": {CONTAINER_LABEL: label}}
+    properties = server_properties(CONTAINER_KAFKA_DATA, kafka_port, kafka_port + 1)
+    kafka = (
+        DockerContainer(compose_image("kafka"))
+        .with_envs(**property_env(properties), CLUSTER_ID=kafka_cluster_id(), KAFKA_HEALTH_PORT=str(kafka_port))
+        .with_kwargs(**options)
+    )
+    argv = redis_server_argv(redis_port, CONTAINER_REDIS_DIR, redis_maxmemory_bytes)
+    redis = (
+        DockerContainer(compose_image("redis"))
+        .with_command(argv)
+        .with_env("REDIS_HEALTH_PORT", str(redis_port))
+        .with_kwargs(**options)
+    )
     with kafka, redis:
-        yield int(kafka.get_exposed_port(kafka.port)), int(redis.get_exposed_port(redis.port))
+        yield

@@ -49,7 +49,8 @@ class Planned:
 class Sample:
     """What happened to one request. ``status``: ``ok``, an HTTP status (``"429"``, ``"504"``...), ``timeout`` or
     ``error``; ``e2e_ms`` from its scheduled time to its last byte; ``ttft_ms`` to its first text (streams only);
-    ``end_s``: when it ended, seconds after the run's start; ``detail``: what went wrong, for ``error``/``timeout``."""
+    ``end_s``: when it ended, seconds after the run's start; ``detail``: what went wrong, for any status but ``ok``
+    (a server's error, answered or in a stream: its status and code, :func:`error_detail`)."""
 
     planned: Planned
     status: str
@@ -259,11 +260,20 @@ def batch_delta(
 # system it measures.
 
 
+# How long an idle connection is kept for the next request: well under the servers' own idle timeout (uvicorn's and
+# the API pods' 5 s, LLMQ_API_KEEP_ALIVE_TIMEOUT_MS). aiohttp's default, 15 s, reused connections the server was
+# closing: the request written as the server's keep-alive timer fired failed as ServerDisconnectedError, never
+# reaching the server (1 of 598 requests in a make compose-test run; a third of them with the idle time at the timeout).
+KEEPALIVE_S = 1.0
+
+
 def client_session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
-    """A keep-alive session of at most ``limit`` connections; ``timeout_s`` bounds the wait for a connection (pool
-    included) and each read, as httpx's ``timeout=`` did: a long stream that keeps sending is not cut."""
+    """A keep-alive session of at most ``limit`` connections, each idle for at most KEEPALIVE_S; ``timeout_s`` bounds
+    the wait for a connection (pool included) and each read, as httpx's ``timeout=`` did: a long stream that keeps
+    sending is not cut."""
     timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit), timeout=timeout)
+    connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
 def json_body(body: dict) -> bytes:
@@ -361,7 +371,7 @@ async def _send(
     try:
         async with session.post(f"{plan.base_url}/completions", data=json_body(body), headers=headers) as response:
             if plan.stream and response.status == 200:
-                status, ttft_s = await _stream(response, loop)
+                status, ttft_s, detail = await _stream(response, loop)
             else:
                 raw = await response.read()
                 status = OK if response.status == 200 else str(response.status)
@@ -392,9 +402,9 @@ def error_detail(status: str, raw: bytes) -> str:
         return status
 
 
-async def _stream(response: aiohttp.ClientResponse, loop) -> tuple[str, float | None]:
-    """(status, loop time of the first text) of an SSE completion answered 200; an ``{"error": ...}`` event maps to
-    its status."""
+async def _stream(response: aiohttp.ClientResponse, loop) -> tuple[str, float | None, str]:
+    """(status, loop time of the first text, detail) of an SSE completion answered 200; an ``{"error": ...}`` event
+    maps to its status, its detail as an HTTP error's (:func:`error_detail`)."""
     first_text_s = None
     async for raw in response.content:
         line = raw.decode().rstrip("\r\n")
@@ -402,13 +412,14 @@ async def _stream(response: aiohttp.ClientResponse, loop) -> tuple[str, float | 
             continue
         data = line[len("data: ") :]
         if data == "[DONE]":
-            return OK, first_text_s
+            return OK, first_text_s, ""
         event = json.loads(data)
         if "error" in event:
-            return stream_error_status(event["error"]), None
+            status = stream_error_status(event["error"])
+            return status, None, error_detail(status, data.encode())
         if first_text_s is None and any(c.get("text") for c in event.get("choices", ())):
             first_text_s = loop.time()
-    return ERROR, None  # the stream ended without [DONE]
+    return ERROR, None, "the stream ended without [DONE]"
 
 
 def stream_error_status(error: dict) -> str:

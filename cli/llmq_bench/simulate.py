@@ -13,12 +13,14 @@ Run: ``llmq simulate --rps 40000 --replicas 170 --duration-s 60``; a class mix:
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from llmq_batcher.ledger import WorkerLedger
 from llmq_batcher.policy import CLASS_KEYS, BatchPolicy, PolicyConfig, class_index
 from llmq_core import constants, wire
 
@@ -27,6 +29,7 @@ _REPLY = wire.HttpReply(instance_id="sim")
 _SAMPLING = wire.SamplingParams(max_tokens=16)
 CONSUME_MAX_RECORDS = 500  # deferred records taken in per tick, like one getmany of the batcher's consumer
 DEFERRED_DEADLINE_MS = 3_600_000
+GRANT_TTL_MS = 2_000  # a ledger grant's time in transit at most (a produce and a worker's fetch take ~ms here)
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -45,7 +48,8 @@ def parse_mix(text: str) -> dict[str, float]:
 
 @dataclass(slots=True)
 class _Worker:
-    """A fixed-time engine: runs one batch at a time for ``batch_time_ms``; batches that arrive meanwhile wait here."""
+    """A fixed-time engine, as llmq-sim's: runs up to ``max_batch`` requests at a time for ``batch_time_ms``; requests
+    that arrive meanwhile wait here, (dispatched_ms, request) in arrival order, whichever batch brought them."""
 
     worker_id: str
     partition: int
@@ -96,15 +100,24 @@ def run_simulation(
     seed: int = 0,
     burst_factor: float = 3.0,
     mix: dict[str, float] | None = None,
+    batchers: int = 1,
+    shared_capacity: bool = False,
+    leads_ms: tuple[int, ...] = (),
+    margin_ms: int | None = None,
 ) -> dict:
     """Simulate ``duration_s`` of traffic at ``rps`` (``mix``: share per traffic class, all interactive by default;
     ``paid_share`` of it paid, the rest free) against ``replicas`` fixed-time workers (``max_batch`` requests per
     ``batch_time_ms`` batch); then let queued work finish. Deferred requests get a deadline of an hour, others
-    ``deadline_ms``.
+    ``deadline_ms``. ``batchers``: policies of one consumer group, each given the requests of its request partitions
+    (a uniform share of arrivals) and every worker's heartbeats, and only its own batches' results.
+    ``shared_capacity``: each batch claims its requests from its worker's ledger first (llmq_batcher.ledger);
+    ``leads_ms``: the policy's fixed-engine class leads (PolicyConfig.fixed_engine_leads_ms); ``margin_ms``: a window's
+    last claim before it starts (None: ``dispatch_delay_ms`` + 1).
 
     Returns a dict: requests, completed, expired, throughput_rps (completed per simulated second of arrivals),
     latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``), the same per tier and per priority class,
-    deferred_backlog_max (deferred records left unread at most), mean_batch_fill (0..1), batches, flush reasons, worker
+    wait_ms_by_stage {batcher, worker} (arrival to dispatch; dispatch to start), deferred_backlog_max (deferred records
+    left unread at most), mean_batch_fill (0..1), batches, flush reasons, worker
     utilization (0..1), wall_s and sim_speed (simulated / wall seconds).
     """
     started = time.perf_counter()
@@ -121,13 +134,19 @@ def run_simulation(
         max_queued=1 << 40,
         model_max_batch={MODEL: max_batch},
         worker_heartbeat_timeout_ms=10 * heartbeat_interval_ms,
+        fixed_engine_leads_ms=leads_ms,
     )
-    policy = BatchPolicy(config)
+    policies = [BatchPolicy(replace(config, batch_id_prefix=f"sim{b}")) for b in range(batchers)]
+    owners = rng.integers(batchers, size=total)
     workers = [_Worker(f"w{i}", i) for i in range(replicas)]
-    sim = _Run(policy, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
+    sim = _Run(policies, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
+    if shared_capacity:
+        sim.ledgers = {w.worker_id: WorkerLedger(max_batch, fixed=True, batch_time_ms=batch_time_ms) for w in workers}
+        sim.lead_ms = max(leads_ms, default=0)
+        sim.margin_ms = dispatch_delay_ms + 1 if margin_ms is None else margin_ms
     for worker in workers:
         sim.heartbeat(worker, 0)
-    sim.run(counts, paid, classes, tick_ms, deadline_ms)
+    sim.run(counts, paid, classes, owners, tick_ms, deadline_ms)
     return sim.report(rps, duration_s, network_ms, time.perf_counter() - started)
 
 
@@ -136,14 +155,16 @@ class _Run:
 
     def __init__(
         self,
-        policy: BatchPolicy,
+        policies: list[BatchPolicy],
         workers: list[_Worker],
         max_batch: int,
         batch_time_ms: int,
         dispatch_delay_ms: int,
         heartbeat_interval_ms: int,
     ) -> None:
-        self.policy = policy
+        self.policies = policies
+        self.wake_ms = [0] * len(policies)  # when each policy asked to be scheduled next
+        self.owner: dict[str, int] = {}  # request_id -> the policy holding it
         self.now_ms = 0  # simulated time, epoch 0
         self.workers = workers
         self.by_id = {w.worker_id: w for w in workers}
@@ -155,20 +176,34 @@ class _Run:
         self.event_seq = 0
         self.latencies: dict[str, list[int]] = {key: [] for key in CLASS_KEYS}  # ms from arrival to batch end
         self.by_tier: dict[str, list[int]] = {tier: [] for tier in constants.TIERS}
-        self.backlog: deque[wire.GenerationRequest] = deque()  # deferred records not read yet
+        self.backlog: list[deque[wire.GenerationRequest]] = [deque() for _ in policies]  # deferred, unread
         self.backlog_max = 0
         self.batch_sizes: list[int] = []
         self.flushes: Counter[str] = Counter()
         self.expired = 0
         self.busy_ms = 0
+        self.ledgers: dict[str, WorkerLedger] = {}  # shared capacity: worker_id -> its ledger
+        self.lead_ms = 0  # the policies' largest class lead (their claims say it)
+        self.margin_ms = 0  # a window's last claim before it starts
+        self.windows: list[int] = []  # requests of each window a worker started
+        self.batcher_waits: list[int] = []  # ms from arrival to dispatch, of each request a worker started
+        self.worker_waits: list[int] = []  # ms from dispatch to its batch's start (dispatch delay included)
 
-    def run(self, counts: np.ndarray, paid: np.ndarray, classes: np.ndarray, tick_ms: int, deadline_ms: int) -> None:
+    def run(
+        self,
+        counts: np.ndarray,
+        paid: np.ndarray,
+        classes: np.ndarray,
+        owners: np.ndarray,
+        tick_ms: int,
+        deadline_ms: int,
+    ) -> None:
         next_id = 0
-        wake_ms = 0
         t = 0
         tick = 0
-        while tick < len(counts) or self.events or self.policy.queued_total or self.backlog:
+        while tick < len(counts) or self.events or self._holding():
             self.now_ms = t
+            arrived = [0] * len(self.policies)
             self._process_events(t)
             if t % self.heartbeat_interval_ms == 0:
                 for worker in self.workers:
@@ -188,32 +223,47 @@ class _Run:
                     reply_to=_REPLY,
                     prompt_tokens=8,
                 )
+                b = int(owners[i])
+                self.owner[request.request_id] = b
+                arrived[b] += 1
                 if deferred:
-                    self.backlog.append(request)
+                    self.backlog[b].append(request)
                 else:
-                    self.policy.add(request, t)
+                    self.policies[b].add(request, t)
             next_id += n
-            n += self._read_deferred(t)
-            if n or wake_ms <= t or self.events and self.events[0][0] <= t + tick_ms:
-                wake_ms = self._schedule(t)
+            soon = bool(self.events) and self.events[0][0] <= t + tick_ms
+            for b in range(len(self.policies)):
+                arrived[b] += self._read_deferred(b, t)
+                if arrived[b] or self.wake_ms[b] <= t or soon:
+                    self.wake_ms[b] = self._schedule(b, t)
             tick += 1
             t += tick_ms
 
-    def _read_deferred(self, t: int) -> int:
+    def _holding(self) -> bool:
+        return any(p.queued_total for p in self.policies) or any(self.backlog)
+
+    def _read_deferred(self, b: int, t: int) -> int:
         """Take in deferred records as the batcher's consumer does: up to one read's worth, unless the policy pauses."""
-        backlog = self.backlog
+        backlog, policy = self.backlog[b], self.policies[b]
         self.backlog_max = max(self.backlog_max, len(backlog))
-        if not backlog or self.policy.deferred_paused():
+        if not backlog or policy.deferred_paused():
             return 0
         n = min(len(backlog), CONSUME_MAX_RECORDS)
         for _ in range(n):
-            self.policy.add(backlog.popleft(), t)
+            policy.add(backlog.popleft(), t)
         return n
 
-    def _schedule(self, t: int) -> int:
-        decision = self.policy.schedule(t)
+    def _schedule(self, b: int, t: int) -> int:
+        policy = self.policies[b]
+        decision = policy.schedule(t)
         self.expired += len(decision.answers)
         for batch in decision.batches:
+            if self.ledgers:
+                ledger = self.ledgers[batch.worker_id]
+                grant = ledger.claim(batch.batch_id, len(batch.requests), t, GRANT_TTL_MS, self.lead_ms, self.margin_ms)
+                batch = policy.claimed(batch, grant)
+                if batch is None:
+                    continue
             self.batch_sizes.append(len(batch.requests))
             self.flushes[batch.flush_reason] += 1
             self._push(t + self.dispatch_delay_ms, 1, batch)
@@ -227,50 +277,58 @@ class _Run:
                 self._finish(payload, at)
             else:
                 worker = self.by_id[payload.worker_id]
-                worker.waiting.append(payload)
+                worker.waiting.extend((payload.formed_ms, r) for r in payload.requests)
                 worker.last_batch_id = payload.batch_id
+                if self.ledgers:
+                    self.ledgers[worker.worker_id].took(payload.batch_id, len(worker.running), len(worker.waiting))
                 if not worker.running:
                     self._start(worker, at)
 
     def _start(self, worker: _Worker, t: int) -> None:
-        batch = worker.waiting.popleft()
-        worker.running = batch.requests
+        taken = [worker.waiting.popleft() for _ in range(min(self.max_batch, len(worker.waiting)))]
+        self.batcher_waits += [sent_ms - r.created_ms for sent_ms, r in taken]
+        self.worker_waits += [t - sent_ms for sent_ms, _ in taken]
+        worker.running = [r for _, r in taken]
+        self.windows.append(len(taken))
         worker.busy_until_ms = t + self.batch_time_ms
+        if self.ledgers:
+            self.ledgers[worker.worker_id].holds(len(worker.running), len(worker.waiting), worker.busy_until_ms)
         self.busy_ms += self.batch_time_ms
         self._push(worker.busy_until_ms, 0, worker)
 
     def _finish(self, worker: _Worker, t: int) -> None:
-        on_result = self.policy.on_result
+        policies, owner = self.policies, self.owner
         latencies, by_tier = self.latencies, self.by_tier
         for request in worker.running:
-            on_result(request.request_id)
+            policies[owner.pop(request.request_id)].on_result(request.request_id)
             latency = t - request.created_ms
             latencies[CLASS_KEYS[class_index(request)]].append(latency)
             by_tier[request.tier].append(latency)
         worker.running = []
         if worker.waiting:
             self._start(worker, t)
+        elif self.ledgers:
+            self.ledgers[worker.worker_id].holds(0, 0)
 
     def heartbeat(self, worker: _Worker, t: int) -> None:
         running = len(worker.running)
-        queued = sum(len(b.requests) for b in worker.waiting)
-        drain = max(worker.busy_until_ms - t, 0) + len(worker.waiting) * self.batch_time_ms
-        self.policy.on_heartbeat(
-            wire.WorkerHeartbeat(
-                worker_id=worker.worker_id,
-                partition=worker.partition,
-                model=MODEL,
-                max_slots=self.max_batch,
-                running=running,
-                queued=queued,
-                free_slots=0 if running or queued else self.max_batch,
-                est_drain_ms=drain,
-                sent_ms=t,
-                fixed_batch_time_ms=self.batch_time_ms,
-                last_batch_id=worker.last_batch_id,
-            ),
-            t,
+        queued = len(worker.waiting)
+        drain = max(worker.busy_until_ms - t, 0) + math.ceil(queued / self.max_batch) * self.batch_time_ms
+        beat = wire.WorkerHeartbeat(
+            worker_id=worker.worker_id,
+            partition=worker.partition,
+            model=MODEL,
+            max_slots=self.max_batch,
+            running=running,
+            queued=queued,
+            free_slots=0 if running or queued else self.max_batch,
+            est_drain_ms=drain,
+            sent_ms=t,
+            fixed_batch_time_ms=self.batch_time_ms,
+            last_batch_id=worker.last_batch_id,
         )
+        for policy in self.policies:  # every batcher hears every worker (one pub/sub channel)
+            policy.on_heartbeat(beat, t)
 
     def _push(self, at: int, kind: int, payload: object) -> None:
         self.event_seq += 1
@@ -291,8 +349,13 @@ class _Run:
             "latency_ms_by_tier": {tier: _percentiles(values) for tier, values in tiers.items() if len(values)},
             "latency_ms_by_class": {key: _percentiles(values) for key, values in classes.items() if len(values)},
             "completed_by_class": {key: len(values) for key, values in classes.items() if len(values)},
+            "wait_ms_by_stage": {
+                "batcher": _percentiles(np.asarray(self.batcher_waits, dtype=np.int64)),
+                "worker": _percentiles(np.asarray(self.worker_waits, dtype=np.int64)),
+            },
             "deferred_backlog_max": self.backlog_max,
             "mean_batch_fill": round(float(np.mean(self.batch_sizes)) / self.max_batch, 4) if self.batch_sizes else 0.0,
+            "mean_window_fill": round(float(np.mean(self.windows)) / self.max_batch, 4) if self.windows else 0.0,
             "batches": len(self.batch_sizes),
             "flush": dict(self.flushes),
             "utilization": round(self.busy_ms / (len(self.workers) * max(sim_s, 1e-9) * 1000), 4),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from llmq_core.security import KAFKA_BROKER_PRINCIPAL, ROLES
@@ -17,8 +18,10 @@ LOOPBACK_NAMES = "subjectAltName=IP:127.0.0.1,DNS:localhost"
 class DevSecrets:
     """Paths of the secrets in ``folder``; :meth:`ensure` creates the missing ones."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, names: Mapping[str, str] | None = None) -> None:
+        """``names``: a certificate's subjectAltName extension by its name (default: 127.0.0.1 and localhost)."""
         self.folder = folder
+        self.names = dict(names or {})
         self.ca = folder / "ca.pem"
         self.broker_keystore = folder / f"{KAFKA_BROKER_PRINCIPAL}.keystore.pem"  # key + certificate (Kafka's PEM)
 
@@ -63,9 +66,11 @@ class DevSecrets:
                 _write_private(self.password_file(role), secrets.token_hex(24))
 
     def _issue(self, name: str) -> None:
-        """A certificate ``CN=<name>`` for 127.0.0.1/localhost signed by the CA (servers and mTLS clients alike)."""
+        """A certificate ``CN=<name>`` for its names (127.0.0.1/localhost unless given) signed by the CA (servers and
+        mTLS clients alike)."""
         csr = self.folder / f"{name}.csr"
-        self._openssl("req", *_new_key(self.key(name)), "-out", csr, "-subj", f"/CN={name}", "-addext", LOOPBACK_NAMES)
+        san = self.names.get(name, LOOPBACK_NAMES)
+        self._openssl("req", *_new_key(self.key(name)), "-out", csr, "-subj", f"/CN={name}", "-addext", san)
         self._openssl(
             "x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.folder / "ca.key", "-CAcreateserial",
             "-copy_extensions", "copyall", "-days", str(CERT_DAYS), "-out", self.cert(name),

@@ -26,6 +26,10 @@ def simulate(
     mix: str = typer.Option(
         "interactive=1", help="Share per traffic class, e.g. interactive=0.8,near_interactive=0.15,deferred=0.05."
     ),
+    batchers: int = typer.Option(1, min=1, help="Batchers of one group, each with its partitions' share of arrivals."),
+    shared_capacity: bool = typer.Option(
+        True, help="Claim each batch from its worker's ledger, with the class leads of LLMQ_BATCHER_* (the default)."
+    ),
     seed: Seed = 0,
     as_json: AsJson = False,
 ) -> None:
@@ -47,6 +51,8 @@ def simulate(
         paid_share=paid_share,
         seed=seed,
         mix=shares,
+        batchers=batchers,
+        **_capacity(shared_capacity),
     )
     if as_json:
         typer.echo(json.dumps(result, indent=2))
@@ -60,7 +66,7 @@ def simulate(
         "mean batch fill",
         "utilisation",
         "expired",
-        title=f"simulated {duration_s:g}s at {rps:g} req/s on {replicas} replicas "
+        title=f"simulated {duration_s:g}s at {rps:g} req/s on {replicas} replicas, {batchers} batcher(s) "
         f"(wall {result['wall_s']:.1f}s, {result['sim_speed']:.2f}x real time)",
     )
     table.add_row(
@@ -83,6 +89,24 @@ def simulate(
             str(latency["max"]),
         )
     console.print(by_class)
+    stages = result["wait_ms_by_stage"]
+    console.print(
+        "wait p50 / p99 ms: in the batchers "
+        f"{stages['batcher']['p50']:.0f} / {stages['batcher']['p99']:.0f}, "
+        f"in the workers' queues {stages['worker']['p50']:.0f} / {stages['worker']['p99']:.0f}"
+    )
+
+
+def _capacity(shared: bool) -> dict:
+    """The simulation's fleet-wide scheduling: the batcher settings' (llmq simulate's default), or none."""
+    if not shared:
+        return {}
+    from llmq_core.settings import Settings
+
+    batcher = Settings().batcher
+    return dict(
+        shared_capacity=True, leads_ms=tuple(batcher.fixed_engine_leads_ms), margin_ms=batcher.dispatch_margin_ms
+    )
 
 
 def capacity(

@@ -141,6 +141,9 @@ REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
 REDIS_WORKER_LEASE_PREFIX: Final = "llmq:worker-lease:"  # + partition of llmq.batches: the worker that serves it
+# + worker_id: its capacity ledger (hash: max_slots, fixed, batch_time_ms, running, queued, ends_ms), written by the
+# worker; + worker_id + ":grants" (hash: batch_id -> "<requests>:<expires ms>"), claimed by batchers (llmq_batcher.ledger)
+REDIS_CAPACITY_PREFIX: Final = "llmq:capacity:"
 # batch jobs and their files (llmq_jobs.jobs, llmq_jobs.store)
 REDIS_FILES_PREFIX: Final = "llmq:files:"
 REDIS_JOBS_PREFIX: Final = "llmq:jobs:"
@@ -227,6 +230,8 @@ def _digest(tenant_id: str, key: str) -> str:
 HTTP_REQUEST_ID: Final = "x-request-id"
 HTTP_TIMEOUT_MS: Final = "x-llmq-timeout-ms"
 HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
+# OpenAI's and Anthropic's Python SDKs send their read timeout (seconds, e.g. "600.0"): a non-streamed request's deadline
+HTTP_SDK_READ_TIMEOUT: Final = "x-stainless-read-timeout"
 HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
 HTTP_RETRY_AFTER: Final = "retry-after"
 HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request

@@ -323,6 +323,12 @@ async def send_message(
     )
 
 
+async def cluster_topics(producer: AIOKafkaProducer) -> set[str]:
+    """Every topic of the cluster, from one metadata request on the producer's connections (its own metadata, and so
+    the topics aiokafka tracks and refreshes, stays as it is). On a cluster with ACLs: those the principal may see."""
+    return (await producer.client.fetch_all_metadata()).topics()
+
+
 @dataclass(frozen=True, slots=True)
 class Letter:
     """A record to dead-letter that was never consumed (a consumed aiokafka record has the same three fields)."""

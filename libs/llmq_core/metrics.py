@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 from llmq_core import wire
 from llmq_core.ids import DEFAULT_REGION
 from llmq_core.labels import LabelSet
+from llmq_core.status import outcome_label
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,17 @@ class BatcherMetrics(_Metrics):
             "llmq_batcher_saturation_report_failures",
             "Saturation report (and stats) writes to Redis that failed; each is retried the next report interval",
         )
+        self.capacity_claims = self.counter(
+            "llmq_batcher_capacity_claims",
+            "Batches claimed from their worker's capacity ledger: granted (all), short (part), refused (none: the"
+            " worker's room or its window's turn), failed (Redis did not answer)",
+            ("model", "outcome"),
+        )
+        self.capacity_requests = self.counter(
+            "llmq_batcher_capacity_requests",
+            "Requests of claimed batches: granted, or held back for a later round",
+            ("model", "outcome"),
+        )
         self.lag = ConsumerLag(self.registry)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
@@ -259,6 +271,17 @@ class BatcherMetrics(_Metrics):
             self._fills(model).observe(min(1.0, size / max_batch))
         for request in requests:
             self._waits(request.traffic_class, model).observe(max(0, now_ms - request.created_ms) / 1000)
+
+    def claimed(self, model: str, requests: int, granted: int | None) -> None:
+        """One batch of ``requests`` claimed from the ledger; ``granted``: of them (None: the claim failed)."""
+        model = self.labels.model(model)
+        if granted is None:
+            outcome = "failed"
+        else:
+            outcome = "granted" if granted >= requests else "short" if granted else "refused"
+            self.capacity_requests.labels(model, "granted").inc(granted)
+        self.capacity_claims.labels(model, outcome).inc()
+        self.capacity_requests.labels(model, "held_back").inc(requests - (granted or 0))
 
     def answered_request(self, request: wire.GenerationRequest, outcome: str) -> None:
         self.answered.labels(request.traffic_class, self.labels.model(request.model), outcome).inc()
@@ -397,7 +420,8 @@ class RouterMetrics(_Metrics):
         if not first:
             self.duplicates.inc()
             return
-        cls, outcome, timings = _class(result.traffic_class), result.outcome.value, result.timings
+        cls, timings = _class(result.traffic_class), result.timings
+        outcome = outcome_label(result.outcome, result.error.type if result.error is not None else None).value
         model = self.labels.model(result.model)
         self._results(cls, model, outcome).inc()
         self._duration(cls, model, outcome).observe(timings.total_ms / 1000)

@@ -24,7 +24,12 @@ class Names:
     cancels_channel: str = constants.REDIS_CANCELS_CHANNEL
     stats_key: str = constants.STATS_BATCHER
     saturation_key: str = constants.REDIS_SATURATION_KEY
+    capacity_prefix: str = constants.REDIS_CAPACITY_PREFIX
     reply_topic_prefixes: tuple[str, ...] = ()  # Settings.kafka.reply_topic_prefixes: see kafka.reply_topic_error
+
+    def capacity_keys(self, worker_id: str) -> tuple[str, str]:
+        """A worker's capacity ledger and its grants (``constants.REDIS_CAPACITY_PREFIX``)."""
+        return f"{self.capacity_prefix}{worker_id}", f"{self.capacity_prefix}{worker_id}:grants"
 
     def request_topic(self, traffic_class: str) -> str:
         """The request topic of ``traffic_class`` (``request_topics`` are in ``constants.TRAFFIC_CLASSES``' order)."""

@@ -468,6 +468,12 @@ class ApiSettings(Group):
         "closes (responses, streams included, are never timed).",
     )
     keep_alive_timeout_ms: int = Field(5_000, **_MS, description="An idle kept-alive connection is closed after this.")
+    sse_keep_alive_ms: int = Field(
+        15_000,
+        **_MS,
+        description="A stream that has written nothing for this long (its prompt's prefill, a queue) gets an SSE "
+        "comment (`: keep-alive`), so a proxy's or load balancer's idle timeout does not cut it.",
+    )
     max_connections_per_client: int = Field(
         1024,
         ge=0,
@@ -606,6 +612,49 @@ class BatcherSettings(Group):
     tenant_weights: dict[str, float] = Field(
         {}, description="Fair-share weight per tenant_id (JSON in env); others weigh 1."
     )
+    shared_capacity: bool = Field(
+        True,
+        description="Each batch claims its requests from its worker's capacity ledger in Redis before it is produced,"
+        " so that the batchers of a group hand a worker's room out once (docs/architecture.md#several-batchers).",
+    )
+    fixed_engine_leads_ms: list[int] = Field(
+        [120, 90, 60, 40],
+        description="Per priority class (interactive paid, interactive free, near_interactive, deferred; JSON in env):"
+        " how long before a fixed-time worker's next window that class's batches may be sent ahead to wait for it in"
+        " the worker's queue, so that the window fills in class precedence from every batcher ([]: none, a batch goes"
+        " when the worker's work drains). Each must exceed `LLMQ_BATCHER_DISPATCH_MARGIN_MS`.",
+    )
+    dispatch_margin_ms: int = Field(
+        30,
+        ge=0,
+        description="A batch's way from its batcher to its worker's queue: a fixed-time worker's next window takes no"
+        " claim later than this before it starts.",
+    )
+    capacity_grant_ttl_ms: int = Field(
+        2000,
+        **_MS,
+        description="A ledger grant counts against its worker for at most this long until the worker takes its batch"
+        " (a batch never produced, or a killed batcher's, stops holding room then).",
+    )
+    worker_queue_bound: int = Field(
+        0,
+        ge=0,
+        description="Requests a continuous-batching worker may be handed beyond its slots (its queue), fleet-wide.",
+    )
+
+    @model_validator(mode="after")
+    def _leads(self) -> BatcherSettings:
+        leads = self.fixed_engine_leads_ms
+        if leads and (
+            len(leads) != len(PRIORITY_CLASSES)
+            or leads != sorted(leads, reverse=True)
+            or min(leads) <= self.dispatch_margin_ms
+        ):
+            raise ValueError(
+                "LLMQ_BATCHER_FIXED_ENGINE_LEADS_MS: four leads, one per priority class, highest class first and not"
+                f" increasing, each above LLMQ_BATCHER_DISPATCH_MARGIN_MS ({self.dispatch_margin_ms}); got {leads}"
+            )
+        return self
 
     def max_wait_ms(self) -> dict[str, int]:
         """Traffic class -> its max wait (ms)."""
@@ -711,8 +760,9 @@ class RouterSettings(Group):
     topic_refresh_ms: int = Field(
         1000,
         **_MS,
-        description="Result-router: the cluster's topics are listed at most this often; a reply topic missing from a "
-        "listing newer than its result is dead-lettered at once.",
+        description="Result-router and batcher: the cluster's topics are listed at most this often; a reply topic "
+        "missing from a listing newer than its result is dead-lettered at once (router), from one newer than its "
+        "Kafka-direct request refused at entry (batcher).",
     )
 
 
@@ -828,6 +878,30 @@ class ObservabilitySettings(Group):
         return value.upper() if isinstance(value, str) else value
 
 
+class SloSettings(Group):
+    """The service-level targets `llmq slo` checks (exit 1 when one is missed); 0 leaves a figure without a target.
+    Latencies are as the API pods measured them (accept to first token, accept to last byte), ms."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_SLO_")
+    interactive_ttft_p95_ms: int = Field(1_000, ge=0, description="interactive: p95 time to first token at most.")
+    interactive_latency_p95_ms: int = Field(0, ge=0, description="interactive: p95 total latency at most.")
+    interactive_latency_p99_ms: int = Field(
+        30_000, ge=0, description="interactive: p99 total latency at most (its default deadline)."
+    )
+    near_interactive_ttft_p95_ms: int = Field(0, ge=0, description="near_interactive: p95 time to first token at most.")
+    near_interactive_latency_p95_ms: int = Field(0, ge=0, description="near_interactive: p95 total latency at most.")
+    near_interactive_latency_p99_ms: int = Field(
+        60_000, ge=0, description="near_interactive: p99 total latency at most (its default deadline)."
+    )
+    deferred_completed_by_deadline_ratio: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="deferred: share of finished requests that succeeded by their deadline at least (requests that "
+        "errored for a client error are left out).",
+    )
+
+
 class RuntimeSettings(Group):
     """Every service process."""
 
@@ -887,12 +961,13 @@ class Settings:
     router = _Group(RouterSettings)
     jobs = _Group(JobsSettings)
     observability = _Group(ObservabilitySettings)
+    slo = _Group(SloSettings)
     runtime = _Group(RuntimeSettings)
     dev = _Group(DevSettings)
 
     GROUPS: ClassVar[tuple[str, ...]] = (
         "region", "kafka", "redis", "api", "result_store", "models", "batcher", "worker", "router", "jobs",
-        "observability", "runtime", "dev",
+        "observability", "slo", "runtime", "dev",
     )  # fmt: skip
 
     def __init__(self, **groups: Group | Mapping[str, Any]) -> None:

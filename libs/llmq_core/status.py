@@ -79,15 +79,22 @@ class OutcomeLabel(enum.StrEnum):
     CANCELED = Outcome.CANCELED.value
     EXPIRED = Outcome.EXPIRED.value
     REJECTED = "rejected"  # refused before it ran: the batcher's full queue, an API pod's 4xx
+    CLIENT_ERROR = "client_error"  # errored for what the caller sent (invalid_request_error, permission_error)
     UNAVAILABLE = "unavailable"  # an API pod's 429 or 5xx before anything was produced
     DEADLINE = "deadline"  # an API pod's own timer ran out
     ABANDONED = "abandoned"  # the client left before its answer
     INTERNAL_ERROR = "internal_error"  # an API pod failed unexpectedly
 
 
+CLIENT_ERROR_TYPES = frozenset({ErrorType.INVALID_REQUEST, ErrorType.PERMISSION})  # the caller must change the request
+
+
 def outcome_label(outcome: Outcome, error_type: str | None = None) -> OutcomeLabel:
-    """The ``outcome`` label of a request answered with ``outcome``; ``error_type`` given (the batcher's own
-    answers), a refusal for a full queue reads ``rejected``."""
+    """The ``outcome`` label of a request answered with ``outcome`` and an error of ``error_type``: a refusal for a
+    full queue reads ``rejected``, an error of the caller's own (:data:`CLIENT_ERROR_TYPES`: a bad line of a batch
+    job, an unknown model) ``client_error``, which no service level counts as a miss."""
     if outcome is Outcome.ERRORED and error_type == ErrorType.OVERLOADED:
         return OutcomeLabel.REJECTED
+    if outcome is Outcome.ERRORED and error_type in CLIENT_ERROR_TYPES:
+        return OutcomeLabel.CLIENT_ERROR
     return OutcomeLabel(outcome.value)

@@ -153,6 +153,27 @@ def parse_window(text: str, max_s: int) -> int:
     return seconds
 
 
+# OpenAI's expiration policies (files' ``expires_after``, batches' ``output_expires_after``): seconds after the file's
+# creation, the one anchor there is.
+EXPIRY_ANCHOR: Final = "created_at"
+EXPIRY_MIN_S: Final = 3_600  # 1 hour
+EXPIRY_MAX_S: Final = 2_592_000  # 30 days
+
+
+def check_expiry(anchor: object, seconds: object) -> tuple[str, str] | None:
+    """What is wrong with an expiration policy: (its field, a message for the client); None for one OpenAI accepts."""
+    if anchor != EXPIRY_ANCHOR:
+        return "anchor", f"anchor must be '{EXPIRY_ANCHOR}', got {echo(anchor)}"
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not EXPIRY_MIN_S <= seconds <= EXPIRY_MAX_S:
+        return "seconds", f"seconds must be an integer between {EXPIRY_MIN_S} and {EXPIRY_MAX_S}, got {echo(seconds)}"
+    return None
+
+
+def kept_s(expires_after_s: int | None, retention_s: int) -> int:
+    """How long a file is kept: its expiration policy's seconds, at most the deployment's retention (the default)."""
+    return retention_s if expires_after_s is None else min(expires_after_s, retention_s)
+
+
 # --- records --------------------------------------------------------------------------------------------------------
 
 
@@ -170,6 +191,7 @@ class FileRecord(msgspec.Struct, frozen=True, kw_only=True):
     path: str = ""
     batch_id: str | None = None
     kind: Literal["input", "output", "error"] = "input"
+    sized: bool = False  # an output or error file's ``bytes`` were counted (once its job ended: see the API's files)
 
 
 class LineError(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,6 +229,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     # The API the job was created through (constants.OPENAI: /v1/batches; constants.ANTHROPIC: /v1/messages/batches):
     # its listing, its retention, whether it has output/error files. A str, as wire.GenerationRequest.api_format.
     api_format: str = OPENAI
+    output_expires_after_s: int | None = None  # the create's output_expires_after (None: the retention)
 
 
 COUNTERS: Final = (
@@ -351,6 +374,15 @@ def retained_until(record: JobRecord, retention_s: int) -> int | None:
     if record.status not in RETIRED_STATUSES:
         return None
     return record.times.get(record.status, record.spec.created_ms // 1000) + retention_s
+
+
+def output_files_expire_at(spec: JobSpec, retention_s: int, ended_s: int | None = None) -> int:
+    """When a job's output and error files expire. With an ``output_expires_after`` they are created when the job
+    ends (``ended_s``; while it runs, the latest it may end: its window's end), so they expire that many seconds
+    (at most the retention) after it; without one, the retention after the window's end."""
+    if spec.output_expires_after_s is None or ended_s is None:
+        return spec.expires_ms // 1000 + kept_s(spec.output_expires_after_s, retention_s)
+    return ended_s + kept_s(spec.output_expires_after_s, retention_s)
 
 
 def output_files(spec: JobSpec, created_at: int, expires_at: int) -> list[FileRecord]:

@@ -51,11 +51,9 @@ async def restore(
     retention_s = jobs.retention_s(spec, settings)
     results = snapshot.results.get(batch_id, {})
     created_at = record.times.get(jobs.IN_PROGRESS, spec.created_ms // 1000)
-    outputs = (
-        []
-        if record.status == jobs.FAILED
-        else jobs.output_files(spec, created_at, spec.expires_ms // 1000 + retention_s)
-    )
+    ended_s = None if record.status in jobs.ACTIVE_STATUSES else record.times.get(record.status)
+    expires_at = jobs.output_files_expire_at(spec, retention_s, ended_s)
+    outputs = [] if record.status == jobs.FAILED else jobs.output_files(spec, created_at, expires_at)
     if record.status not in jobs.ACTIVE_STATUSES:
         if record.status != jobs.FAILED:
             await files.write(spec.results_path, [msgspec.json.encode(r) + b"\n" for r in results.values()])

@@ -26,6 +26,7 @@ import pytest
 import uvicorn
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
+from redis.exceptions import MaxConnectionsError
 
 from llmq_api.app import create_app
 from llmq_api.pod import Pod
@@ -337,6 +338,37 @@ async def test_the_sdk_retries_a_429_after_its_retry_after(api):
     assert sent == [429, 200] and completion.choices[0].text == "abc"
 
 
+async def test_the_sdks_read_timeout_is_a_non_streamed_requests_deadline(api):
+    """openai-python sends its read timeout (x-stainless-read-timeout): a non-streamed answer is one read, so it is
+    the deadline (capped at the class's maximum), and OpenAI(timeout=120) no longer gets a 504 at the 30 s default;
+    a stream's reads are per chunk, so it keeps the class default; x-llmq-timeout-ms wins over both. Every response
+    says the class and the timeout applied."""
+    base_url, pod, worker, _ = api
+    api_settings = pod.settings.api
+
+    async def applied(client, **options) -> tuple[int, dict]:
+        raw = await client.completions.with_raw_response.create(model=MODEL, prompt="abc", max_tokens=2, **options)
+        completion = raw.parse()
+        if options.get("stream"):
+            completion = [chunk async for chunk in completion][0]
+        request, _ = worker.seen[completion.id]
+        assert raw.headers["x-llmq-timeout-ms"] == str(request.deadline_ms - request.created_ms)
+        return request.deadline_ms - request.created_ms, raw.headers
+
+    async with openai.AsyncOpenAI(
+        base_url=f"{base_url}/v1", api_key="llmq-dev-key", max_retries=0, timeout=120
+    ) as client:
+        timeout_ms, headers = await applied(client)
+        assert timeout_ms == 120_000 and headers["x-llmq-class"] == "interactive"
+        assert (await applied(client, stream=True))[0] == api_settings.interactive_default_timeout_ms
+        assert (await applied(client, extra_headers={"x-llmq-timeout-ms": "5000"}))[0] == 5000
+        assert (await applied(client.with_options(timeout=3.5)))[0] == 3500  # a client that gives up sooner
+        capped, headers = await applied(
+            client.with_options(timeout=86_400), extra_headers={"x-llmq-class": "near_interactive"}
+        )
+        assert capped == api_settings.near_interactive_max_timeout_ms and headers["x-llmq-class"] == "near_interactive"
+
+
 async def test_chat_without_max_tokens_runs_to_the_context_window(api):
     base_url, _, worker, _ = api
     async with sdk(base_url) as client:
@@ -375,6 +407,38 @@ async def test_deadline_is_504_with_cancel_and_late_result_dropped(api):
     )
     await redis.publish(constants.replies_channel(pod.instance_id), wire.encode(late))
     await _eventually(lambda: pod.registry.dropped == dropped_before + 1)
+
+
+async def test_deadline_cancel_goes_out_while_the_pods_redis_pool_is_exhausted(api):
+    """A flood of 3,000 requests lost 17 Cancels to MaxConnectionsError: they went through the pod's shared pool."""
+    base_url, pod, worker, redis = api
+    cancels = redis.pubsub()
+    await cancels.subscribe(constants.REDIS_CANCELS_CHANNEL)
+    await cancels.get_message(timeout=1)
+    pool, held = pod.redis.connection_pool, []
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=DEV) as client:
+            call = asyncio.create_task(
+                client.post(
+                    "/v1/completions", json={"model": MODEL, "prompt": "silent"}, headers={"x-llmq-timeout-ms": "2000"}
+                )
+            )
+            await _eventually(
+                lambda: any(r.prompt == "silent" and r.request_id in pod.registry for r, _ in worker.seen.values())
+            )
+            (request_id,) = pod.registry.request_ids()
+            with contextlib.suppress(MaxConnectionsError):  # take every connection the pod's pool will give
+                while True:
+                    held.append(await pool.get_connection())
+            with pytest.raises(MaxConnectionsError):
+                await pod.redis.get("any")
+            response = await call
+        assert response.status_code == 504 and response.headers["x-request-id"] == request_id
+        assert await _next_cancel(cancels, request_id) == wire.Cancel(request_id=request_id, reason="deadline_exceeded")
+    finally:
+        for connection in held:
+            await pool.release(connection)
+        await cancels.aclose()
 
 
 async def test_stream_deadline_ends_with_error_event_then_done(api):

@@ -15,7 +15,7 @@ from llmq_api.auth import Principal
 from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.batches import BatchJobs
 from llmq_api.batch_jobs.builder import JobBuilder, line_result_bytes
-from llmq_api.batch_jobs.files import BatchFiles
+from llmq_api.batch_jobs.files import MAX_FILES_PAGE, BatchFiles
 from llmq_api.batch_jobs.message_batches import MessageBatches
 from llmq_api.errors import ApiError
 from llmq_api.ratelimit import RateLimiter
@@ -544,3 +544,83 @@ async def test_an_idempotency_key_reused_for_another_batch_is_refused(harness):
         constants.HTTP_IDEMPOTENCY_KEY,
     )
     assert (await harness.api.create(tenant, bodies[0], key)).spec.id == first.spec.id
+
+
+async def test_files_list_filters_by_purpose_across_pages_and_orders_both_ways(harness):
+    """Right after a batch is created its output and error files are the tenant's newest: a page of purpose=batch
+    still lists the uploads behind them (it answered empty with has_more), and order=asc lists oldest first."""
+    who = Principal(tenant_id=f"lister-{uuid.uuid4().hex[:8]}")
+    uploads = []
+    for i in range(12):
+        uploads.append((await harness.api_files.upload(who, f"{i}.jsonl", "batch", _Source(line("a").encode()))).id)
+        harness.clock.advance(1000)
+    job = await harness.create([line("a")], principal=who)
+    uploads.append(job.spec.input_file_id)
+    page, has_more = await harness.api_files.list_files(who, "batch", None, 2)
+    assert [r.id for r in page] == uploads[::-1][:2] and has_more
+    listed, after = [], None
+    while True:
+        page, has_more = await harness.api_files.list_files(who, "batch", after, 5)
+        listed += [r.id for r in page]
+        if not has_more:
+            break
+        after = page[-1].id
+    assert listed == uploads[::-1]
+    oldest, has_more = await harness.api_files.list_files(who, "batch", None, 3, "asc")
+    assert [r.id for r in oldest] == uploads[:3] and has_more
+    outputs, has_more = await harness.api_files.list_files(who, jobs.FILE_PURPOSE_OUTPUT, None, 10)
+    assert {r.id for r in outputs} == {job.spec.output_file_id, job.spec.error_file_id} and not has_more
+
+
+async def test_an_ended_jobs_output_file_has_its_bytes_and_no_error_file_when_none_failed(harness):
+    job = await harness.create([line(f"c{i}", f"prompt {i}") for i in range(3)])
+    batch_id = job.spec.id
+    while (job := await harness.job(batch_id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(batch_id)
+        for request in harness.producer.take():
+            await harness.answer(request)
+    assert job.status == jobs.COMPLETED
+    output = b"".join([c async for c in await harness.api_files.content(TENANT, job.spec.output_file_id)])
+    record = await harness.api_files.get_file(TENANT, job.spec.output_file_id)
+    assert record.bytes == len(output) > 0  # it was 0 for every output file
+    assert (await harness.store.files.get_file(record.id)).bytes == len(output)  # counted once, kept
+    body = render.batch_object(job)
+    assert body["output_file_id"] == record.id and body["error_file_id"] is None
+
+
+async def test_an_ended_job_whose_results_file_is_missing_lists_unsized_and_its_content_is_a_404(harness):
+    """make test found GET /v1/files a 500 (FileNotFoundError) while an ended job's results file was not there."""
+    job = await harness.create([line("c0", "prompt")])
+    while (job := await harness.job(job.spec.id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(job.spec.id)
+        for request in harness.producer.take():
+            await harness.answer(request)
+    await harness.files.delete(job.spec.results_path)
+    listed, _ = await harness.api_files.list_files(TENANT, jobs.FILE_PURPOSE_OUTPUT, None, MAX_FILES_PAGE)
+    assert (job.spec.output_file_id, 0) in {(r.id, r.bytes) for r in listed}  # the tenant's other tests' files too
+    with pytest.raises(ApiError) as caught:
+        await harness.api_files.content(TENANT, job.spec.output_file_id)
+    assert caught.value.status == 404
+
+
+async def test_expiration_policies_run_from_each_files_creation_and_the_sweep_honours_them(harness):
+    upload = await harness.api_files.upload(TENANT, "in.jsonl", "batch", _Source(line("a").encode()), 3600)
+    assert upload.expires_at == upload.created_at + 3600
+    policy = {"anchor": "created_at", "seconds": 3600}
+    body = {"input_file_id": upload.id, "endpoint": "/v1/completions", "completion_window": "10m"}
+    job = await harness.api.create(TENANT, json.dumps({**body, "output_expires_after": policy}).encode())
+    batch_id = job.spec.id
+    harness.created.append(batch_id)
+    harness.clock.advance(60_000)  # it ends a minute in, well before its window does
+    while (job := await harness.job(batch_id)).status == jobs.IN_PROGRESS:
+        await harness.driver.drive(batch_id)
+        for request in harness.producer.take():
+            await harness.answer(request)
+    ended_s = job.times[jobs.COMPLETED]
+    outputs = [job.spec.output_file_id, job.spec.error_file_id]
+    assert [(await harness.store.files.get_file(f)).expires_at for f in outputs] == [ended_s + 3600] * 2
+    await harness.driver.sweep_files(ended_s + 3599)
+    assert all([await harness.store.files.get_file(f) for f in outputs])
+    await harness.driver.sweep_files(ended_s + 3600)
+    assert [await harness.store.files.get_file(f) for f in [*outputs, upload.id]] == [None] * 3
+    assert not await harness.files.exists(job.spec.results_path) and not await harness.files.exists(upload.path)

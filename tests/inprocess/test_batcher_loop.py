@@ -85,15 +85,17 @@ async def _running_batcher(
     policy = BatchPolicy(config or PolicyConfig.defaults(tag))
     # the checks of requests from Kafka with the fake worker's context window unknown (as for LLMQ_MODELS_EXTRA): the
     # tests' multi-MiB prompts are about record sizes, not the model's window
+    renewable = kafka.RenewableProducer(make_producer)
     loop = BatcherLoop(
         policy,
         consumer,
-        kafka.RenewableProducer(make_producer),
+        renewable,
         redis,
         SYSTEM_CLOCK,
         max_queued=1000,
         names=names,
         entry=EntryRules(requests.Rules(windows={MODEL: 0})),
+        list_topics=lambda: kafka.cluster_topics(renewable),
     )
     await producer.start()
     await loop.producer.start()
@@ -225,9 +227,12 @@ async def test_the_same_kafka_direct_id_of_two_tenants_runs_as_two_requests(batc
     acme's request of the same id."""
     names, producer, _, _ = batcher
     request_id = f"order-{uuid.uuid4().hex}"
+    replies = {tenant: f"test.batcher.{tenant}.replies.{request_id}" for tenant in ("acme", "beta")}
+    for topic in replies.values():  # a reply topic exists before its requests are produced
+        assert await kafka.create_topic(Settings(), topic)
     for tenant in ("acme", "beta"):
         request = msgspec.structs.replace(
-            _request(request_id, "unused", tenant=tenant), reply_to=wire.KafkaReply(topic=f"{tenant}.replies")
+            _request(request_id, "unused", tenant=tenant), reply_to=wire.KafkaReply(topic=replies[tenant])
         )
         await kafka.send_message(producer, names.request_topics[0], request, key=request_id)
     wanted = {ids.tenant_scoped_id(tenant, request_id): tenant for tenant in ("acme", "beta")}
@@ -238,6 +243,31 @@ async def test_the_same_kafka_direct_id_of_two_tenants_runs_as_two_requests(batc
         return seen == wanted
 
     await _read_one(Settings(), names.batches_topic, has_both)
+
+
+async def test_a_kafka_direct_request_whose_reply_topic_does_not_exist_is_refused_at_entry(running):
+    """It ran in full, then its result was dead-lettered: now it is answered errored at entry (the result-router
+    dead-letters that answer, in the producer's format) and never queued, so nothing is computed."""
+    names, producer, _, _, loop = running
+    request_id = f"order-{uuid.uuid4().hex}"
+    topic = f"test.batcher.never-created.{request_id}"
+    request = msgspec.structs.replace(
+        _request(request_id, "unused", tenant="acme"), reply_to=wire.KafkaReply(topic=topic)
+    )
+    scoped = ids.tenant_scoped_id("acme", request_id)
+    deadline = time.monotonic() + 30
+    while loop.intake.reply_topics.wait_ms() > 0:  # another test's listing: the next one is due within a refresh
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await kafka.send_message(
+        producer, names.request_topics[0], request, key=request_id, content_type=constants.CONTENT_TYPE_JSON
+    )
+    logged = await _read_one(Settings(), names.results_topic, lambda r: r.key == scoped.encode())
+    result = wire.decode(logged.value, wire.content_type_of(logged.headers))
+    assert result.outcome is wire.Outcome.ERRORED and result.reply_to == wire.KafkaReply(topic=topic)
+    assert (result.error.code, result.error.param) == ("invalid_reply_topic", "reply_to.topic")
+    assert "does not exist" in result.error.message
+    assert not loop.policy.holds(scoped)  # answered at entry: never queued, never in a batch
 
 
 async def test_expired_request_is_answered_to_its_pod_and_the_results_log(batcher):

@@ -17,6 +17,7 @@ from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
 from llmq_result_router.loop import ResultRouter
 from llmq_result_router.once import Claim, KafkaReplyFinder
+from tests.fake_results import succeeded
 
 pytestmark = pytest.mark.integration
 
@@ -24,13 +25,7 @@ REPLY_PARTITIONS = 3  # the search must pick the partition the key maps to
 
 
 def result(request_id: str, reply_topic: str) -> wire.FinalResult:
-    return wire.FinalResult(
-        request_id=request_id,
-        outcome=wire.Outcome.SUCCEEDED,
-        model="llmq-sim",
-        reply_to=wire.KafkaReply(topic=reply_topic),
-        choices=[wire.Choice(index=0, text="hello", finish_reason="length")],
-    )
+    return succeeded(request_id, reply_topic, text="hello")
 
 
 async def delivered(redis: Redis, request_id: str) -> None:

@@ -250,7 +250,7 @@ async def test_made_up_model_names_from_kafka_do_not_grow_metrics(stack):
     async with httpx.AsyncClient(timeout=30) as client:
         before = {url: len((await client.get(url)).content) for url in (router, batcher)}
         errored_before = (
-            sample((await client.get(router)).text, "llmq_results_total", model="other", outcome="errored") or 0
+            sample((await client.get(router)).text, "llmq_results_total", model="other", outcome="client_error") or 0
         )
         await produce_direct(
             stack,
@@ -259,7 +259,8 @@ async def test_made_up_model_names_from_kafka_do_not_grow_metrics(stack):
                 for i in range(INVENTED)
             ],
         )
-        # Refused where they enter (model_not_found, llmq_core.requests): each ends errored, counted as "other".
+        # Refused where they enter (model_not_found, llmq_core.requests): each ends errored for a client error,
+        # counted as "other".
         await poll_metric(
             client,
             router,
@@ -267,7 +268,7 @@ async def test_made_up_model_names_from_kafka_do_not_grow_metrics(stack):
             errored_before + INVENTED,
             timeout_s=45,
             model="other",
-            outcome="errored",
+            outcome="client_error",
         )
         texts = {url: (await client.get(url)).text for url in (router, batcher)}
     reports = await saturation_reports(stack)

@@ -87,12 +87,12 @@ async def stops_within(process: asyncio.subprocess.Process, grace_s: int) -> flo
 
 
 async def test_the_topics_hook_runs_llmq_topics(local_release):
-    process, _ = await start(local_release, "Job", "-topics", "llmq-llmq-topics-x")
+    process, _ = await start(local_release, "Job", "-topics", "llmq-topics-x")
     assert await asyncio.wait_for(process.wait(), 120) == 0
 
 
 async def test_a_worker_pod_heartbeats_on_offset_plus_ordinal_and_drains_on_sigterm(local_release, settings):
-    pod_name = f"llmq-llmq-worker-sim-{ORDINAL}"
+    pod_name = f"llmq-worker-sim-{ORDINAL}"
     worker_id = ids.instance_id("local", pod_name)  # the pod's name in the chart's default region
     redis = Redis.from_url(settings.redis.url)
     pubsub = redis.pubsub()
@@ -120,7 +120,7 @@ async def test_an_api_pod_answers_its_probes_and_drains_on_sigterm(local_release
     pod = pod_of(local_release, "Deployment", "-api")
     (container,) = pod["containers"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    process, grace_s = await start(local_release, "Deployment", "-api", "llmq-llmq-api-abc12-xyz")
+    process, grace_s = await start(local_release, "Deployment", "-api", "llmq-api-abc12-xyz")
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['http']}") as client:
             deadline = time.monotonic() + 60

@@ -107,7 +107,7 @@ async def wait_batch(api: openai.AsyncOpenAI, batch_id: str, until, timeout_s: f
 async def files_ids(api: openai.AsyncOpenAI, batch) -> list[str]:
     """The custom_ids of the batch's output and error files, in one list."""
     ids = []
-    for file_id in (batch.output_file_id, batch.error_file_id):
+    for file_id in filter(None, (batch.output_file_id, batch.error_file_id)):  # no error file: none failed
         text = (await api.files.content(file_id)).text
         ids += [json.loads(line)["custom_id"] for line in text.splitlines() if line]
     return ids

@@ -35,6 +35,21 @@ class FileIndex:
             put_file_on(pipe, record)
             await pipe.execute()
 
+    async def update_file(self, record: FileRecord) -> None:
+        """Replace the record of a file that still exists (a deleted one stays deleted)."""
+        await self.redis.set(constants.file_key(record.id), msgspec.json.encode(record), xx=True)
+
+    async def reschedule(self, file_id: str, expires_at: int) -> None:
+        """Move a file's expiry to epoch s ``expires_at`` (a file that is gone stays gone)."""
+        record = await self.get_file(file_id)
+        if record is None:
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            moved = msgspec.structs.replace(record, expires_at=expires_at)
+            pipe.set(constants.file_key(file_id), msgspec.json.encode(moved), xx=True)
+            pipe.zadd(constants.FILE_EXPIRY_KEY, {file_id: expires_at})
+            await pipe.execute()
+
     async def get_file(self, file_id: str) -> FileRecord | None:
         data = await self.redis.get(constants.file_key(file_id))
         return msgspec.json.decode(data, type=FileRecord) if data else None
@@ -50,13 +65,29 @@ class FileIndex:
         ]
         await self._delete_file(keys=keys, args=[_file_member(record), record.id, stored])
 
-    async def list_files(self, tenant_id: str, after: FileRecord | None, limit: int) -> tuple[list[FileRecord], bool]:
-        """A tenant's files, newest first, starting after ``after``; returns (at most ``limit`` files, has_more)."""
-        top = "+" if after is None else "(" + _file_member(after)
-        members = await self.redis.zrevrangebylex(constants.tenant_files_key(tenant_id), top, "-", 0, limit + 1)
-        ids = [m.decode().split(":", 1)[1] for m in members]
-        records = await self.redis.mget([constants.file_key(i) for i in ids[:limit]]) if ids else []
-        return [msgspec.json.decode(r, type=FileRecord) for r in records if r], len(ids) > limit
+    async def list_files(
+        self, tenant_id: str, after: FileRecord | None, limit: int, purpose: str | None = None, ascending: bool = False
+    ) -> tuple[list[FileRecord], bool]:
+        """A tenant's files of ``purpose`` (None: any), newest first (``ascending``: oldest first), starting after
+        ``after``; returns (at most ``limit`` files, has_more). Reads the listing a page at a time until ``limit`` of
+        them match, so a page of other purposes (a job's output files) never hides older matches."""
+        key = constants.tenant_files_key(tenant_id)
+        start = None if after is None else "(" + _file_member(after)
+        found: list[FileRecord] = []
+        while len(found) <= limit:
+            if ascending:
+                members = await self.redis.zrangebylex(key, start or "-", "+", 0, limit + 1)
+            else:
+                members = await self.redis.zrevrangebylex(key, start or "+", "-", 0, limit + 1)
+            if not members:
+                break
+            start = "(" + members[-1].decode()
+            records = await self.redis.mget([constants.file_key(m.decode().split(":", 1)[1]) for m in members])
+            decoded = (msgspec.json.decode(r, type=FileRecord) for r in records if r)
+            found += [r for r in decoded if purpose is None or r.purpose == purpose]
+            if len(members) <= limit:  # the listing's end
+                break
+        return found[:limit], len(found) > limit
 
     async def expired_files(self, now_s: int, limit: int = 100) -> list[str]:
         """Ids of files whose ``expires_at`` has passed."""

@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from llmq_api.auth import KeyStore, Principal
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import BATCH_BUCKET, REQUESTS_BUCKET, TOKENS_BUCKET
+from llmq_api.sse import data_json
 from llmq_core import wire
 from llmq_core.constants import (
     HTTP_ANTHROPIC_REQUEST_ID,
@@ -143,12 +142,9 @@ def message_body(result: wire.FinalResult, message_id: str) -> dict:
     }
 
 
-_encode = msgspec.json.encode
-
-
 def event(name: str, payload: dict) -> bytes:
     """One Server-Sent Event of Anthropic's stream: its ``event:`` name and its JSON ``data:``."""
-    return b"event: " + name.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
+    return b"event: " + name.encode() + b"\ndata: " + data_json(payload) + b"\n\n"
 
 
 class AnthropicStream:

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llmq_api import anthropic_format, anthropic_messages, health, idempotency, validation
+from llmq_api import anthropic_format, anthropic_messages, health, idempotency, unsupported, validation
 from llmq_api.access_log import AccessLog, route_of
 from llmq_api.anthropic_format import ANTHROPIC_DIALECT
 from llmq_api.auth import KeyStore, Principal
@@ -44,6 +44,7 @@ from llmq_core.constants import (
     HTTP_ANTHROPIC_VERSION,
     HTTP_IDEMPOTENCY_KEY,
     HTTP_REQUEST_ID,
+    HTTP_SDK_READ_TIMEOUT,
     HTTP_TIMEOUT_MS,
     HTTP_TRAFFIC_CLASS,
 )
@@ -190,6 +191,7 @@ class Intake:
         self._max_body_bytes = settings.api.max_body_bytes
         self._max_stop_bytes = settings.api.max_stop_bytes
         self._region = settings.region.name
+        self.sse_keep_alive_s = settings.api.sse_keep_alive_ms / 1000
 
     async def parse(self, request: Request, edge: Edge) -> Ask:
         request_id = ids.request_id(self._region, edge.id_prefix)
@@ -201,13 +203,17 @@ class Intake:
         validation.check_content_type(headers.get("content-type"))
         traffic_class = principal.pick_class(headers.get(HTTP_TRAFFIC_CLASS))
         request.state.traffic_class = traffic_class
-        timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), *self._timeouts[traffic_class])
+        default_ms, max_ms = self._timeouts[traffic_class]
+        timeout_ms = validation.parse_timeout_ms(headers.get(HTTP_TIMEOUT_MS), default_ms, max_ms)
+        sdk_timeout_ms = validation.parse_sdk_read_timeout_ms(headers.get(HTTP_SDK_READ_TIMEOUT), max_ms)
         idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
         body = await read_body(request, self._max_body_bytes)
         valid = edge.parse(
             body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes, counters=self._counters
         )
         request.state.model = valid.model
+        if sdk_timeout_ms is not None and HTTP_TIMEOUT_MS not in headers and not valid.stream:
+            timeout_ms = sdk_timeout_ms  # the whole answer is one read of the SDK's: its timeout is the deadline
         return Ask(
             request_id=request_id,
             principal=principal.at_tier(valid.asked_tier),
@@ -221,8 +227,9 @@ class Intake:
 async def _generate(intake: Intake, generation: Generation, request: Request, edge: Edge) -> Response:
     pending = await generation.submit_or_join(await intake.parse(request, edge))
     request.state.request_id = pending.request_id  # a joined retry answers under the earlier request's id
-    response = StreamResponse if pending.request.stream else ResultResponse
-    return response(pending, edge.dialect)
+    if pending.request.stream:
+        return StreamResponse(pending, edge.dialect, intake.sse_keep_alive_s)
+    return ResultResponse(pending, edge.dialect)
 
 
 def _models_caller(keys: KeyStore, request: Request) -> Dialect:
@@ -306,6 +313,8 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
             str(exc.detail),
             type=ErrorType.INVALID_REQUEST if exc.status_code < 500 else ErrorType.SERVER,
         )
+        if exc.status_code == 404:  # no route (every 404 of llmq's own is an ApiError)
+            error = unsupported.not_found(request.method, request.url.path)
         status, body, headers = dialect_of(request).error(error, None)
         return JSONResponse(body, status_code=status, headers={**(exc.headers or {}), **headers})
 

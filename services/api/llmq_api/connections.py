@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from llmq_api.anthropic_format import anthropic_error, speaks_anthropic
 from llmq_api.errors import RETRY_AFTER_S, ApiError
@@ -189,6 +189,34 @@ class Refusal:
         self.timer.cancel()
 
 
+class UnchunkedCycle(RequestResponseCycle):
+    """uvicorn's request cycle for an HTTP/1.0 request: a response without a Content-Length (a stream) is sent as it
+    comes, ended by closing the connection, since HTTP/1.0 has no chunked transfer coding (RFC 9112 section 6.1:
+    uvicorn sent ``transfer-encoding: chunked`` to 1.0 clients too). HTTP/1.0 connections are never kept alive, so
+    uvicorn closes it after the last body message."""
+
+    _unbounded = False  # the response has no Content-Length: its end is the connection's
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            framed = {name.lower() for name, _ in message.get("headers", [])} & {
+                b"content-length",
+                b"transfer-encoding",
+            }
+            if not framed:
+                self.chunked_encoding = False
+                self._unbounded = True
+        elif message["type"] == "http.response.body" and self._unbounded:
+            # the bytes uvicorn counts down to 0 at the last message: this message's, and more while more come
+            self.expected_content_length = len(message.get("body", b"")) + (
+                _UNBOUNDED if message.get("more_body", False) else 0
+            )
+        await super().send(message)
+
+
+_UNBOUNDED = 1 << 62
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the deadlines and the per-address cap of :class:`ConnectionLimits`."""
 
@@ -273,6 +301,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_bytes = None
         self._disarm()
         super().on_headers_complete()
+        if self.scope.get("http_version") == "1.0" and self.cycle is not None and self.cycle.scope is self.scope:
+            self.cycle.__class__ = UnchunkedCycle  # the cycle uvicorn just made, for this request; same state
         self._arm(self.limits.body_timeout_s, self._body_timeout)  # on_message_complete disarms it, also at once
 
     def on_message_complete(self) -> None:

@@ -11,7 +11,7 @@ _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 
 
 class ApiMetrics(_Metrics):
-    """Requests by endpoint/outcome/status, in-flight waiters, latencies, dropped replies, published cancels."""
+    """Requests by endpoint/outcome/status, in-flight waiters, latencies, dropped replies, published and dropped cancels."""
 
     def __init__(self, in_flight: Callable[[], int], labels: LabelSet = LabelSet()) -> None:
         """``labels``: the model names the ``model`` label may carry (others, e.g. announced by a worker but not in
@@ -35,6 +35,11 @@ class ApiMetrics(_Metrics):
             "Replies for a request this pod holds that name another tenant (forgeries, dropped)",
         )
         self.cancels = self.counter("llmq_api_cancels_published", "Cancels this pod published, by reason", ("reason",))
+        self.cancels_dropped = self.counter(
+            "llmq_api_cancels_dropped",
+            "Cancels this pod gave up on (its queue full while Redis was unreachable, or unsent at shutdown), by reason",
+            ("reason",),
+        )
         self.admission_rejections = self.counter(
             "llmq_api_admission_rejections",
             "429s before any work: overload (queue_wait, queue_depth, pod_in_flight) "

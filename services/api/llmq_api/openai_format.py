@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from llmq_api.admission import too_many_requests
 from llmq_api.errors import RETRY_AFTER_S, ApiError
+from llmq_api.sse import data_json
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 from llmq_core import status, wire
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
@@ -23,13 +22,12 @@ if TYPE_CHECKING:
 
 CLIENT_GONE_STATUS = 499  # recorded in metrics/logs only: nobody is there to receive it
 
-_encode = msgspec.json.encode
 SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse(payload: dict) -> bytes:
     """One Server-Sent Event carrying ``payload`` as JSON."""
-    return b"data: " + _encode(payload) + b"\n\n"
+    return b"data: " + data_json(payload) + b"\n\n"
 
 
 def usage_dict(usage: wire.Usage) -> dict:

@@ -20,6 +20,7 @@ from llmq_api.batch_jobs.batches import BatchJobs
 from llmq_api.batch_jobs.builder import JobBuilder
 from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.batch_jobs.message_batches import MessageBatches
+from llmq_api.cancels import CancelSender
 from llmq_api.catalog import ModelCatalog
 from llmq_api.gateway import Gateway, RequestProducer
 from llmq_api.generation import Generation
@@ -321,6 +322,10 @@ class Pod:
         self.metrics = ApiMetrics(lambda: len(self.registry), LabelSet.from_settings(settings))
         self.keys = keys or KeyStore.from_settings(settings)
         self.redis = redis or make_redis(settings, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10)
+        self.names = names
+        # a client of their own (one connection, only ever one group in flight): the shared pool may be all taken
+        cancels_redis = redis or make_redis(settings, max_connections=1, socket_timeout=2, socket_connect_timeout=2)
+        self.cancels = CancelSender(cancels_redis, names.cancels_channel, self.metrics, settings.api.max_in_flight)
         self.saturation = SaturationMonitor(
             self.redis,
             clock,
@@ -337,7 +342,6 @@ class Pod:
             max_backoff_ms=settings.api.kafka_breaker_max_backoff_ms,
             probe_timeout_ms=settings.api.produce_timeout_ms,
         )
-        self.names = names
         self.producer = producer or KafkaRequestProducer(settings, self.breaker, names=names)
         self.listener = ReplyListener(
             self.redis,
@@ -367,7 +371,7 @@ class Pod:
             instance_id=self.instance_id,
             registry=self.registry,
             producer=self.producer,
-            publish_cancel=self.publish_cancel,
+            publish_cancel=self.cancels.publish,
             clock=self.clock,
             produce_timeout_ms=self.settings.api.produce_timeout_ms,
             accepting=lambda: self.accepting,
@@ -382,7 +386,7 @@ class Pod:
             limiter=self.limiter,
             catalog=self.catalog,
             metrics=self.metrics,
-            publish_cancel=self.publish_cancel,
+            publish_cancel=self.cancels.publish,
             clock=self.clock,
         )
 
@@ -440,15 +444,7 @@ class Pod:
             )
         with contextlib.suppress(Exception):  # bounded: a dead broker must not hold up the exit
             await asyncio.wait_for(self.producer.stop(), CLOSE_TIMEOUT_S)
+        await self.cancels.stop(CLOSE_TIMEOUT_S)  # after the drain: the Cancels of what it ended go out too
+        if self.cancels.redis is not self.redis:
+            await self.cancels.redis.aclose()
         await self.redis.aclose()
-
-    async def publish_cancel(self, request_id: str, reason: str) -> None:
-        """Publish a Cancel on ``names.cancels_channel`` (best effort, bounded; never raises)."""
-        cancel = wire.Cancel(request_id=request_id, reason=reason)
-        try:
-            await asyncio.wait_for(
-                self.redis.publish(self.names.cancels_channel, wire.encode(cancel)), REDIS_OP_TIMEOUT_S
-            )
-            self.metrics.cancels.labels(reason).inc()
-        except Exception as exc:
-            log.warning("publishing cancel of %s failed: %r", request_id, exc, extra={"request_id": request_id})

@@ -22,13 +22,17 @@ from llmq_api.errors import RETRY_AFTER_S, ApiError, unavailable
 from llmq_api.exchange import CancelPublisher, wait_for_resolution
 from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import CLIENT_GONE_STATUS, OPENAI, error_for, outcome_label
+from llmq_api.sse import KeepAlive
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import ANTHROPIC, HTTP_REQUEST_ID
+from llmq_core.constants import ANTHROPIC, HTTP_REQUEST_ID, HTTP_TIMEOUT_MS, HTTP_TRAFFIC_CLASS
+from llmq_core.settings import ApiSettings
 from llmq_core.status import ErrorCode
 
 log = logging.getLogger(__name__)
+
+KEEP_ALIVE_S = ApiSettings.model_fields["sse_keep_alive_ms"].default / 1000  # the setting's default
 
 # What a request still waiting when the pod's drain runs out gets (uvicorn cancels it): its Cancel went out, retry it.
 SHUTTING_DOWN = unavailable("The server is shutting down; retry the request", RETRY_AFTER_S, code="shutting_down")
@@ -184,8 +188,13 @@ async def _disconnected(receive: Receive) -> None:
 def _headers(
     pending: PendingRequest, dialect: Dialect, content_type: bytes, extra: dict[str, str] | None = None
 ) -> list:
+    request = pending.request
     headers = [(b"content-type", content_type), (HTTP_REQUEST_ID.encode(), pending.request_id.encode())]
-    merged = {**dialect.headers(pending.request_id), **pending.headers, **(extra or {})}
+    applied = {  # the class and the timeout this request runs under (from its headers, the SDK's, or the default)
+        HTTP_TRAFFIC_CLASS: request.traffic_class,
+        HTTP_TIMEOUT_MS: str(request.deadline_ms - request.created_ms),
+    }
+    merged = {**applied, **dialect.headers(pending.request_id), **pending.headers, **(extra or {})}
     headers += [(k.encode(), v.encode()) for k, v in merged.items()]
     return headers
 
@@ -239,19 +248,25 @@ class StreamResponse(Response):
     ``stream_interrupted`` instead.
     """
 
-    def __init__(self, pending: PendingRequest, dialect: Dialect = OPENAI) -> None:  # no Response.__init__
+    def __init__(
+        self, pending: PendingRequest, dialect: Dialect = OPENAI, keep_alive_s: float = KEEP_ALIVE_S
+    ) -> None:  # no Response.__init__
         self.pending = pending
         self.dialect = dialect
+        self.keep_alive_s = keep_alive_s
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pending = self.pending
         fmt = self.dialect.stream(pending)
         sent: dict[int, str] = {}
+        keep_alive: KeepAlive | None = None
 
         async def write(data: bytes) -> None:
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                if keep_alive is not None:
+                    keep_alive.wrote()
 
         async def on_chunk(chunk: wire.TokenChunk) -> None:
             if not sent:
@@ -270,12 +285,15 @@ class StreamResponse(Response):
         )
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await write(fmt.opening())
+        keep_alive = KeepAlive(write, self.keep_alive_s)
         try:
             resolution = await pending.resolution(receive, on_chunk)
         except asyncio.CancelledError:  # the pod's drain ran out of time: end the stream with a retryable error
+            await keep_alive.stop()
             await send({"type": "http.response.body", "body": fmt.failure(SHUTTING_DOWN), "more_body": False})
             pending.record(pending.waiter.resolution, SHUTTING_DOWN.status)
             return
+        await keep_alive.stop()
         if isinstance(resolution, Abandoned):
             pending.record(resolution, CLIENT_GONE_STATUS)
             return

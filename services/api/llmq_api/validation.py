@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from llmq_api import unsupported
 from llmq_api.errors import ApiError, invalid
 from llmq_core import requests, wire
 from llmq_core.constants import (
+    HTTP_SDK_READ_TIMEOUT,
     HTTP_TIMEOUT_MS,
     HTTP_TRAFFIC_CLASS,
     INTERACTIVE,
@@ -117,6 +119,8 @@ class _ChatBody(_CommonBody, kw_only=True):
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     response_format: _ResponseFormat | None = None
+    audio: Any = None  # audio output: refused (see llmq_api.unsupported)
+    modalities: list[str] | None = None  # only ["text"]
 
 
 # --- headers ----------------------------------------------------------------------------------------------------------
@@ -169,6 +173,26 @@ def parse_timeout_ms(value: str | None, default_ms: int, max_ms: int) -> int:
             f"{HTTP_TIMEOUT_MS} must be a positive integer number of milliseconds (at most {INT64_MAX}), "
             f"got {echo(value)}",
             param=HTTP_TIMEOUT_MS,
+            code=ErrorCode.INVALID_VALUE,
+        )
+    return min(timeout_ms, max_ms)
+
+
+_SECONDS = re.compile(r"(?P<whole>[0-9]+)(?:\.(?P<fraction>[0-9]+))?")
+
+
+def parse_sdk_read_timeout_ms(value: str | None, max_ms: int) -> int | None:
+    """The SDK's read timeout in ms from ``x-stainless-read-timeout`` (decimal seconds, as openai-python sends
+    ``str(timeout.read)``), clamped to ``max_ms``; None when absent; 400 when it is not a positive decimal number."""
+    if value is None:
+        return None
+    match = _SECONDS.fullmatch(value.strip())
+    whole = bounded_int(match.group("whole"), max_ms // 1000 + 1) if match else None
+    timeout_ms = 0 if whole is None else whole * 1000 + int((match.group("fraction") or "").ljust(3, "0")[:3])
+    if timeout_ms <= 0:
+        raise invalid(
+            f"{HTTP_SDK_READ_TIMEOUT} must be a positive number of seconds (e.g. 120.0), got {echo(value)}",
+            param=HTTP_SDK_READ_TIMEOUT,
             code=ErrorCode.INVALID_VALUE,
         )
     return min(timeout_ms, max_ms)
@@ -244,6 +268,8 @@ def _chat(raw: _ChatBody, context_window: int, max_stop_bytes: int, counter: Tok
         tools=bool(raw.tools),
         functions=bool(raw.functions),
         response_format=raw.response_format is not None and raw.response_format.type != "text",
+        audio=raw.audio is not None,
+        modalities=raw.modalities not in (None, ["text"]),
     )
     messages = _chat_messages(raw.messages)
     max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
@@ -313,7 +339,7 @@ def _type_error(text: str) -> ApiError:
     """Turn msgspec's message into a 400 naming the field, e.g. ``messages[0].role`` (a missing one, or an unknown one
     of a body that refuses them)."""
     match = _PATH.search(text)
-    path = match.group("path") if match else ""
+    path = match.group("path").replace("[...]", "") if match else ""  # a mapping's value: the mapping names it
     missing = _MISSING.match(text)
     if missing:
         path = f"{path}.{missing.group('field')}" if path else missing.group("field")
@@ -374,7 +400,8 @@ def joined_text(parts: list, param_of: Callable[[int], str], noun: str = "conten
     for j, part in enumerate(parts):
         if part.type != "text" or part.text is None:
             raise invalid(
-                f"Only text {noun} are supported, got {echo(part.type)}",
+                f"Only text {noun} are supported (images, audio and files are not: see {unsupported.DOCS}), "
+                f"got {echo(part.type)}",
                 param=param_of(j),
                 code=ErrorCode.INVALID_VALUE,
             )

@@ -11,7 +11,9 @@ from collections import Counter
 import msgspec
 from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerClosed
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from llmq_batcher.capacity import CLAIM_RETRY_MS
 from llmq_batcher.outcomes import final_result
 from llmq_batcher.policy import Answer, BatchDispatch, Decision
 from llmq_batcher.shared import Shared
@@ -96,8 +98,12 @@ class Dispatcher:
         return sent
 
     async def _send_batch(self, batch: BatchDispatch) -> list[BatchDispatch]:
-        """Produce ``batch``; returns the batches that went out (its parts, when the broker refused it as too large)."""
+        """Produce ``batch`` (what the fleet's ledger granted of it); returns the batches that went out (its parts, when
+        the broker refused it as too large)."""
         shared = self.shared
+        batch = await self._claimed(batch)
+        if batch is None:
+            return []
         message, flushes = batch.to_wire(), []
         if tracing.enabled():
             message, flushes = shared.spans.flush(message, batch.partition)
@@ -122,6 +128,26 @@ class Dispatcher:
         for request in batch.requests:
             shared.held.settle(request.request_id)
         return [batch]
+
+    async def _claimed(self, batch: BatchDispatch) -> BatchDispatch | None:
+        """``batch`` as far as its worker's ledger granted it (None: nothing); what was not granted is queued again for
+        the next round. A failed claim holds the model CLAIM_RETRY_MS."""
+        shared = self.shared
+        if shared.capacity is None:
+            return batch
+        now_ms = shared.clock.now_ms()
+        try:
+            grant = await shared.capacity.claim(batch, now_ms)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("claiming capacity for a batch failed, holding it %d ms: %r", CLAIM_RETRY_MS, exc)
+            shared.policy.claim_failed(batch, now_ms, CLAIM_RETRY_MS)
+            grant = None
+        if shared.metrics is not None:
+            shared.metrics.claimed(batch.model, len(batch.requests), None if grant is None else grant.granted)
+        kept = None if grant is None else shared.policy.claimed(batch, grant)
+        if kept is not batch:
+            shared.wake.set()  # what was not granted goes out in a later round
+        return kept
 
     async def _produce_failed(self, batch: BatchDispatch, exc: Exception) -> list[BatchDispatch]:
         """Carry :func:`on_produce_error` out; returns the parts of a split batch that went out."""

@@ -12,7 +12,7 @@ import heapq
 from llmq_batcher.classes import CLASS_KEYS, DEFERRED
 from llmq_batcher.entries import Entry
 from llmq_batcher.fairshare import FairQueue
-from llmq_batcher.workers import WorkerPool, WorkerView
+from llmq_batcher.workers import LeadSteps, WorkerPool, WorkerView
 from llmq_core import wire
 
 
@@ -35,10 +35,11 @@ class ModelState:
 
 class Fleet:
     """Models by name and live workers by id. A worker unheard for ``heartbeat_timeout_ms`` is silent: :meth:`expire`
-    removes it."""
+    removes it. ``steps``: when batches go ahead of fixed-time workers' windows (see workers.py)."""
 
-    def __init__(self, heartbeat_timeout_ms: int) -> None:
+    def __init__(self, heartbeat_timeout_ms: int, steps: LeadSteps | None = None) -> None:
         self.models: dict[str, ModelState] = {}
+        self._steps = steps
         self.workers: dict[str, WorkerView] = {}
         self._timeout_ms = heartbeat_timeout_ms
         self._liveness: list[tuple[int, str]] = []  # (expires_ms, worker_id), lazy
@@ -64,7 +65,7 @@ class Fleet:
             orphaned = self.remove(worker)
             worker = None
         if worker is None:
-            worker = self.workers[hb.worker_id] = WorkerView(hb)
+            worker = self.workers[hb.worker_id] = WorkerView(hb, self._steps)
             self.model(hb.model).pool.add(worker)
         finished = worker.held() if worker.apply_heartbeat(hb, now_ms, self._timeout_ms) else []
         model = self.model(hb.model)

@@ -8,6 +8,7 @@ A tenant at its cap is parked in the queues that found it so; releasing one of i
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
 
@@ -90,10 +91,22 @@ class Flights:
         parts = [entries[:half], entries[half:]] if len(entries) > 1 else [entries]
         return [self._redispatch(worker, batch, part, now_ms) for part in parts]
 
-    def take_back(self, batch: BatchDispatch) -> list[Entry]:
-        """Undo the worker's count of a batch that never reached Kafka; its entries still in flight there, in order."""
+    def shrink(self, batch: BatchDispatch, keep: int) -> tuple[BatchDispatch, list[Entry]]:
+        """``batch`` with only its first ``keep`` requests (same id and worker); returns it and the entries left out,
+        no longer counted at the worker (still DISPATCHED: the caller re-queues them)."""
+        entries = self.take_back(batch, forget=False)
+        kept, dropped = entries[:keep], entries[keep:]
         worker = self._fleet.workers.get(batch.worker_id)
         if worker is not None:
+            worker.shrink_batch(batch.batch_id, dropped)
+            self._fleet.touch(worker)
+        return dataclasses.replace(batch, requests=[e.request for e in kept]), dropped
+
+    def take_back(self, batch: BatchDispatch, forget: bool = True) -> list[Entry]:
+        """Undo the worker's count of a batch that never reached Kafka (``forget``); its entries still in flight there,
+        in order."""
+        worker = self._fleet.workers.get(batch.worker_id)
+        if worker is not None and forget:
             worker.forget_batch(batch.batch_id)
             self._fleet.touch(worker)
         entries = [self._entries.get(r.request_id) for r in batch.requests]

@@ -38,11 +38,18 @@ class BatchFormer:
             worker = model.pool.best(now_ms)
             if worker is None:
                 return model.pool.next_ready_ms()
+            if worker.roll(now_ms):
+                model.pool.touch(worker)
+                continue
             room, deferred_room = self._rooms(model, worker, now_ms)
-            reason, due_ms = self._due(model, room, deferred_room, now_ms, worker.fixed, drain)
+            opened = worker.open_classes(now_ms)
+            if worker.fixed and now_ms < worker.busy_until_ms:
+                reason, due_ms = self._ahead(model, worker, opened, drain)
+            else:
+                reason, due_ms = self._due(model, room, deferred_room, now_ms, worker.fixed, drain)
             if reason is None:
                 return due_ms
-            flight, full = self._take(model, worker, room, deferred_room)
+            flight, full = self._take(model, worker, room, deferred_room, opened)
             if not flight.live:
                 return None  # every queued tenant is at its in-flight cap: results will wake us
             if reason != "drain" and full:
@@ -77,6 +84,20 @@ class BatchFormer:
             due_ms = max(due_ms, self._busy_hold_ms(model, classes, room, pending))
         return ("wait", None) if due_ms <= now_ms else (None, due_ms)
 
+    def _ahead(
+        self, model: ModelState, worker: WorkerView, opened: int, drain: bool
+    ) -> tuple[wire.FlushReason | None, int | None]:
+        """A batch sent ahead of a fixed-time worker's next window goes once per class lead, with what the open classes
+        hold then (``wait``), so that it meets in the worker's queue the batches other batchers send for that window;
+        else (None, when the next class opens)."""
+        has_work = any(q.depth for q in model.queues[:opened])
+        if drain and has_work:
+            return "drain", None
+        if opened > worker.phase and has_work:
+            return "wait", None
+        later = worker.next_phase_ms()
+        return None, later if later is not None else worker.busy_until_ms
+
     def _busy_hold_ms(self, model: ModelState, classes: list[int], room: int, pending: int) -> int:
         """Until when a batch that is not full waits while another batch of its fixed-time model runs: until that one
         ends, at most ``fixed_engine_busy_wait_ms`` after its oldest request came (shrinking as work piles up, as the
@@ -92,14 +113,16 @@ class BatchFormer:
             bound = max(bound, self._config.fixed_engine_max_wait_ms)
         return bound * room // (room + pending)
 
-    def _take(self, model: ModelState, worker: WorkerView, room: int, deferred_room: int) -> tuple[Flight, bool]:
-        """Dispatch to ``worker`` up to ``room`` entries in class precedence, fair across tenants, deferred only after
-        all others, until the next one would overflow the byte budget. Returns their flight and whether the batch is full
-        (count or bytes)."""
+    def _take(
+        self, model: ModelState, worker: WorkerView, room: int, deferred_room: int, opened: int
+    ) -> tuple[Flight, bool]:
+        """Dispatch to ``worker`` up to ``room`` entries of the first ``opened`` classes in class precedence, fair across
+        tenants, deferred only after all others, until the next one would overflow the byte budget. Returns their flight
+        and whether the batch is full (count or bytes)."""
         flight = Flight(worker.worker_id)
         budget_bytes = self._config.max_batch_bytes
         is_capped, park = self._flights.is_capped, self._flights.park
-        for cls, queue in enumerate(model.queues):
+        for cls, queue in enumerate(model.queues[:opened]):
             limit = room if cls != DEFERRED else min(room, deferred_room)
             if cls == DEFERRED and any(q.depth for q in model.queues[:DEFERRED]):
                 break

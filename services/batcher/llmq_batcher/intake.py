@@ -4,7 +4,7 @@ the Redis reads it needs, and carry the plan out: queue it in the policy, answer
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -31,14 +31,18 @@ from llmq_batcher.entry_plan import (
     position_of,
     rules_now,
 )
-from llmq_batcher.outcomes import refused
+from llmq_batcher.outcomes import refused, reply_topic_refusal
 from llmq_batcher.policy import AddStatus
 from llmq_batcher.shared import Shared
 from llmq_core import constants, kafka, requests, tracing, wire
-from llmq_core.settings import IngressGrant, Settings
+from llmq_core.settings import IngressGrant, RouterSettings, Settings
 from llmq_core.telemetry import request_fields
+from llmq_core.topics import Presence, TopicView
 
 log = logging.getLogger(__name__)
+
+ROUTER_REFRESH_MS = RouterSettings.model_fields["topic_refresh_ms"].default  # the setting's default
+TopicLister = Callable[[], Awaitable[Iterable[str]]]
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class EntryRules:
     rules: requests.Rules = requests.Rules()
     request_id_ttl_ms: int = 86_400_000
     ingress_grants: Mapping[str, IngressGrant] = field(default_factory=dict)
+    reply_topic_refresh_ms: int = ROUTER_REFRESH_MS  # at most one listing of the cluster's topics per this
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EntryRules:
@@ -57,6 +62,7 @@ class EntryRules:
             requests.Rules.from_settings(settings),
             settings.kafka.request_id_ttl_s * 1000,
             kafka.ingress_grants(settings),
+            settings.router.topic_refresh_ms,
         )
 
 
@@ -64,11 +70,22 @@ class Intake:
     """Takes records of the request and ingress topics in. ``announced``: models workers' heartbeats named lately
     (:class:`llmq_batcher.signals.Signals` keeps it), accepted as an API pod's catalogue accepts them."""
 
-    def __init__(self, shared: Shared, consumer: AIOKafkaConsumer, entry: EntryRules, announced: Announced) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        consumer: AIOKafkaConsumer,
+        entry: EntryRules,
+        announced: Announced,
+        list_topics: TopicLister | None = None,
+    ) -> None:
+        """``list_topics``: lists the cluster's topics, for the entry check of a Kafka-direct request's reply topic
+        (None: no such check; the result-router still dead-letters a reply to a missing topic)."""
         self.shared = shared
         self.consumer = consumer
         self.entry = entry
         self.announced = announced
+        self.list_topics = list_topics
+        self.reply_topics = TopicView(shared.clock, entry.reply_topic_refresh_ms)
 
     def topics(self) -> list[str]:
         """What it consumes: the request and ingress topics."""
@@ -132,6 +149,9 @@ class Intake:
         rules = rules_now(self.entry.rules, self.announced, now_ms)
         grant = self.entry.ingress_grants.get(tp.topic)
         plan = plan_arrival(message, grant, position, self.shared.names.reply_topic_prefixes, rules, now_ms)
+        if isinstance(plan, Claim) and await self._reply_topic_missing(plan.request.reply_to.topic, record):
+            missing = self.reply_topics.missing(plan.request.reply_to.topic)
+            plan = Refuse(plan.request, reply_topic_refusal(missing.reason))
         if isinstance(plan, Claim):
             request = plan.request
             earlier = await self._claim(request.request_id, plan)
@@ -164,6 +184,24 @@ class Intake:
             )
         result = refused(request, plan.error, self.shared.clock.now_ms(), plan.request_copy)
         await self._answer_at_entry(tp, offset, request, result)
+
+    async def _reply_topic_missing(self, topic: str, record) -> bool:
+        """Whether a listing of the cluster's topics asked for after the request was produced (its ``record``'s
+        timestamp: its reply topic must exist by then) lacks ``topic``, so nothing is computed for a reply
+        nobody can read. A topic not listed yet gets a listing when one is due (at most one per refresh interval);
+        a record never waits for one, and a listing that fails lets the record through: the result-router checks
+        the topic again when the result is there."""
+        if self.list_topics is None:
+            return False
+        view, produced_ms = self.reply_topics, record.timestamp
+        if view.presence(topic, produced_ms) is Presence.UNKNOWN and view.wait_ms() == 0:
+            listed_ms = self.shared.clock.now_ms()
+            try:
+                view.update(await self.list_topics(), listed_ms)
+            except Exception as exc:
+                log.warning("listing the cluster's topics failed: %r", exc)
+                return False
+        return view.presence(topic, produced_ms) is Presence.MISSING
 
     def _twin(self, request_id: str) -> Twin:
         policy = self.shared.policy

@@ -17,8 +17,9 @@ from collections.abc import Collection
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from redis.asyncio import Redis
 
+from llmq_batcher.capacity import SharedCapacity
 from llmq_batcher.dispatch import Dispatcher
-from llmq_batcher.intake import EntryRules, Intake
+from llmq_batcher.intake import EntryRules, Intake, TopicLister
 from llmq_batcher.policy import BatchPolicy, Decision
 from llmq_batcher.report import ReportWriter
 from llmq_batcher.shared import Shared
@@ -52,17 +53,21 @@ class BatcherLoop:
         entry: EntryRules = EntryRules(),
         pods: PodChecks = PodChecks(),
         catalogue: Collection[str] = frozenset(BUILTIN_MODELS),
+        capacity: SharedCapacity | None = None,
+        list_topics: TopicLister | None = None,
     ) -> None:
         """``producer``: a kafka.RenewableProducer in service (one refused record must not break every later send).
         ``max_queued``: Settings.batcher.max_queued (deferred partitions pause at half of it). ``results``: a consumer
         of llmq.results for the tail (None: none); ``entry``: what records entering are checked against; ``pods``:
-        how gone API pods are told; ``catalogue``: the models the saturation report always carries."""
-        self.shared = shared = Shared(policy, producer, redis, clock, names, metrics)
+        how gone API pods are told; ``catalogue``: the models the saturation report always carries; ``capacity``: the
+        fleet's capacity ledgers each batch is claimed from (None: none); ``list_topics``: lists the cluster's
+        topics, for the entry check of Kafka-direct reply topics (None: none)."""
+        self.shared = shared = Shared(policy, producer, redis, clock, names, metrics, capacity)
         self.policy, self.consumer, self.producer, self.clock = policy, consumer, producer, clock
         self.offsets, self.names, self.metrics = shared.offsets, names, metrics
         self.max_queued = max_queued
         self.signals = Signals(shared, results, pods)
-        self.intake = Intake(shared, consumer, entry, self.signals.announced)
+        self.intake = Intake(shared, consumer, entry, self.signals.announced, list_topics)
         self.dispatcher = Dispatcher(shared)
         self.report = ReportWriter(shared, catalogue)
         self._last_commit_ms = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
+from llmq_batcher.capacity import SharedCapacity
 from llmq_batcher.intake import EntryRules
 from llmq_batcher.loop import BatcherLoop
 from llmq_batcher.policy import BatchPolicy, PolicyConfig
@@ -19,7 +20,7 @@ from llmq_core.names import Names
 from llmq_core.settings import Settings
 
 # The settings groups the batcher reads (validated at start; a bad value elsewhere is no concern of it)
-GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "batcher", "observability", "runtime")
+GROUPS = ("region", "kafka", "redis", "api", "models", "jobs", "batcher", "router", "observability", "runtime")
 
 
 async def build(
@@ -45,6 +46,7 @@ async def build(
         fetch_min_bytes=settings.kafka.results_fetch_min_bytes,
     )
     policy = BatchPolicy(PolicyConfig.from_settings(settings, ids.batch_id_prefix(instance_id)))
+    names = Names.from_settings(settings)
     loop = BatcherLoop(
         policy,
         consumer,
@@ -52,12 +54,18 @@ async def build(
         redis,
         SYSTEM_CLOCK,
         max_queued=settings.batcher.max_queued,
-        names=Names.from_settings(settings),
+        names=names,
         metrics=observed,
         results=results,
         entry=EntryRules.from_settings(settings),
         pods=PodChecks.from_settings(settings),
         catalogue=labels.models,
+        capacity=SharedCapacity(redis, names, settings) if settings.batcher.shared_capacity else None,
+        # a secure cluster lists only the topics a principal may describe, and the batcher may not describe reply
+        # topics: there the result-router's check alone stands
+        list_topics=(lambda: kafka.cluster_topics(producer))
+        if settings.kafka.security_protocol == "PLAINTEXT"
+        else None,
     )
     await runtime.start(stack, producer)
     await kafka.await_topics(settings, loop.topics())  # a topic missing at the group's join stays unassigned for long

@@ -37,6 +37,8 @@ from llmq_batcher.entries import DISPATCHED, DONE, QUEUED, Entry, EntryTable
 from llmq_batcher.fleet import Fleet
 from llmq_batcher.flights import BatchDispatch, Flights
 from llmq_batcher.forming import BatchFormer
+from llmq_batcher.ledger import Grant
+from llmq_batcher.workers import LeadSteps
 from llmq_core import constants, wire
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import Settings
@@ -92,6 +94,7 @@ class PolicyConfig:
     recent_cancels_max: int = 100_000
     max_batch_bytes: int = constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES  # encoded requests
     fixed_engine_busy_wait_ms: int = 0  # see BatchFormer._busy_hold_ms
+    fixed_engine_leads_ms: tuple[int, ...] = ()  # per CLASS_KEYS entry, see workers.LeadSteps (empty: none)
 
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
@@ -101,6 +104,7 @@ class PolicyConfig:
             max_wait_ms=batcher.max_wait_ms(),
             fixed_engine_max_wait_ms=batcher.fixed_engine_max_wait_ms,
             fixed_engine_busy_wait_ms=batcher.fixed_engine_busy_wait_ms,
+            fixed_engine_leads_ms=tuple(batcher.fixed_engine_leads_ms) if batcher.shared_capacity else (),
             worker_heartbeat_timeout_ms=batcher.worker_heartbeat_timeout_ms,
             max_queued=batcher.max_queued,
             deferred_reserved_share=batcher.deferred_reserved_share,
@@ -156,7 +160,7 @@ class BatchPolicy:
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
         self._entries = EntryTable()
-        self._fleet = Fleet(config.worker_heartbeat_timeout_ms)
+        self._fleet = Fleet(config.worker_heartbeat_timeout_ms, LeadSteps(config.fixed_engine_leads_ms))
         self._flights = Flights(
             self._entries,
             self._fleet,
@@ -269,6 +273,30 @@ class BatchPolicy:
         model = self._fleet.model(batch.model)
         model.hold_until_ms = max(model.hold_until_ms, now_ms + retry_in_ms)
 
+    def claimed(self, batch: BatchDispatch, grant: Grant) -> BatchDispatch | None:
+        """The fleet's capacity ledger granted ``batch`` its first ``grant.granted`` requests: returns the batch to
+        produce (None: nothing granted). The rest go back to the front of their queues unchanged, and the worker's view
+        follows the ledger (a fixed-time worker's next window with room)."""
+        worker = self._fleet.workers.get(batch.worker_id)
+        if worker is not None:
+            worker.follow(grant.next_ms, grant.next_room)
+            self._fleet.touch(worker)
+        if grant.granted >= len(batch.requests):
+            return batch
+        if grant.granted <= 0:
+            self._requeue(self._flights.take_back(batch), retry=False)
+            return None
+        kept, dropped = self._flights.shrink(batch, grant.granted)
+        self._requeue(dropped, retry=False)
+        return kept
+
+    def claim_failed(self, batch: BatchDispatch, now_ms: int, retry_in_ms: int) -> None:
+        """The ledger could not be asked (Redis slow or down): ``batch`` goes back to its queues unsent and its model
+        forms no batch for ``retry_in_ms``."""
+        self._requeue(self._flights.take_back(batch), retry=False)
+        model = self._fleet.model(batch.model)
+        model.hold_until_ms = max(model.hold_until_ms, now_ms + retry_in_ms)
+
     def split(self, batch: BatchDispatch, now_ms: int) -> list[BatchDispatch]:
         """The record of ``batch`` was refused as too large: the same worker gets its requests as two batches (new ids,
         in order). Requests no longer in flight there are left out; fewer than two come back as one batch."""
@@ -346,10 +374,11 @@ class BatchPolicy:
         tops = (self._deadlines[0][0] if self._deadlines else None, self._fleet.next_expiry_ms())
         return min((t for t in tops if t is not None), default=None)
 
-    def _requeue(self, entries: list[Entry]) -> None:
+    def _requeue(self, entries: list[Entry], retry: bool = True) -> None:
+        """Back to the front of their queues; ``retry``: they may have reached a worker (a new attempt)."""
         for old in sorted(entries, key=lambda e: e.seq, reverse=True):  # push_front: last first keeps their order
             self._flights.release(old)
-            request = msgspec.structs.replace(old.request, attempt=old.request.attempt + 1)
+            request = msgspec.structs.replace(old.request, attempt=old.request.attempt + 1) if retry else old.request
             entry = Entry(request, self._next_seq(), old.cls, old.cost, old.size_bytes, old.enqueued_ms)
             self._entries.transition(entry, QUEUED)
             self._fleet.model(request.model).queues[entry.cls].push_front(entry)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from llmq_batcher.capacity import SharedCapacity
 from llmq_batcher.offsets import HeldRecords, OffsetTracker
 from llmq_batcher.policy import BatchPolicy
 from llmq_batcher.spans import RequestSpans
@@ -28,6 +29,7 @@ class Shared:
     clock: Clock
     names: Names
     metrics: BatcherMetrics | None
+    capacity: SharedCapacity | None = None  # the fleet's capacity ledgers (None: this batcher's own view only)
     offsets: OffsetTracker = field(default_factory=OffsetTracker)
     spans: RequestSpans = field(default_factory=RequestSpans)  # used only while tracing is on
     wake: asyncio.Event = field(default_factory=asyncio.Event)

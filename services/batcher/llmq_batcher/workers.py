@@ -1,9 +1,12 @@
 """The batcher's view of workers: capacity from heartbeats corrected for batches sent since, and least-loaded choice.
 
 A heartbeat's ``free_slots`` is stale the moment it is sent: batches dispatched after the worker's ``last_batch_id``
-have not been counted yet, so they are subtracted here. Fixed-time engines (``fixed_batch_time_ms`` > 0) run one batch
-at a time; the batcher predicts when each becomes free (``busy_until_ms``) and sends it the next batch only then, so a
-batch can keep filling in the batcher instead of waiting in the worker.
+have not been counted yet, so they are subtracted here. Fixed-time engines (``fixed_batch_time_ms`` > 0) run up to
+``max_slots`` requests at a time, taking the next window's from their queue when one ends; the batcher predicts when
+the next window with room starts (``busy_until_ms``) and how much room it has (``window_room``). It sends a batch only
+then, so that a batch keeps filling in the batcher instead of waiting in the worker; or, with class leads
+(``steps``: :class:`LeadSteps`, one lead per CLASS_KEYS entry, highest class first), that long before, class by class, so that the batches
+several batchers send for one window meet in the worker's queue, the highest class's first.
 """
 
 from __future__ import annotations
@@ -11,11 +14,32 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from llmq_batcher.entries import Entry
 from llmq_core import wire
 
+_ALL = 1 << 30  # every class (no leads configured)
 ASSUMED_SERVICE_MS = 1000  # a continuous-batching slot's service time while the worker has no drain estimate
+
+
+@dataclass(frozen=True, slots=True)
+class LeadSteps:
+    """When batches go ahead of a fixed-time worker's next window: from ``leads_ms[i]`` before it, the first ``i + 1``
+    CLASS_KEYS entries may send (highest first; leads decreasing, one step each)."""
+
+    leads_ms: tuple[int, ...] = ()
+
+    def begun(self, ahead_ms: int) -> int:
+        """Steps begun ``ahead_ms`` before the window starts."""
+        return sum(1 for lead in self.leads_ms if ahead_ms <= lead)
+
+    def lead_after(self, begun: int) -> int | None:
+        """The lead of the step after the first ``begun`` (None: none)."""
+        return self.leads_ms[begun] if begun < len(self.leads_ms) else None
+
+
+NO_STEPS = LeadSteps()
 
 
 class WorkerView:
@@ -33,17 +57,23 @@ class WorkerView:
         "since",
         "since_count",
         "busy_until_ms",
+        "window_room",
+        "phase",
+        "steps",
         "_inflight",
         "version",
     )
 
-    def __init__(self, hb: wire.WorkerHeartbeat) -> None:
+    def __init__(self, hb: wire.WorkerHeartbeat, steps: LeadSteps | None = None) -> None:
         self.worker_id = hb.worker_id
         self.partition = hb.partition
         self.model = hb.model
         self.since: deque[tuple[str, int, int]] = deque()
         self.since_count = 0
         self.busy_until_ms = 0
+        self.window_room = hb.max_slots
+        self.phase = 0  # steps begun when this batcher last sent for the window at busy_until_ms
+        self.steps = steps or NO_STEPS
         self._inflight: dict[str, Entry] = {}
         self.version = 0
         self.last_heard_ms = 0
@@ -64,9 +94,51 @@ class WorkerView:
         self.last_heard_ms = now_ms
         self._forget_taken(hb.last_batch_id, now_ms - taken_after_ms)
         if self.fixed:
-            drained_at = now_ms + max(hb.est_drain_ms, 0) if hb.running or hb.queued else now_ms
-            self.busy_until_ms = drained_at if not self.since else max(self.busy_until_ms, drained_at)
+            start_ms, room = self._next_window(hb, now_ms)
+            if not self.since or start_ms > self.busy_until_ms:
+                self._open_window(start_ms, room)
         return not self.since and hb.running == 0 and hb.queued == 0
+
+    def _next_window(self, hb: wire.WorkerHeartbeat, now_ms: int) -> tuple[int, int]:
+        """When the heartbeat's worker starts its first window with room, and that room: its queue fills windows of
+        ``max_slots`` in order (``est_drain_ms`` is the running window's rest plus one batch time per started window
+        of queued requests). Without leads, a window after all its work."""
+        if not (hb.running or hb.queued):
+            return now_ms, hb.max_slots
+        if not self.steps.leads_ms:  # nothing is sent ahead: the next batch waits for all of the worker's work to drain
+            return now_ms + max(hb.est_drain_ms, 0), hb.max_slots
+        size = max(hb.max_slots, 1)
+        rest_ms = max(hb.est_drain_ms - -(-hb.queued // size) * self.fixed_batch_ms, 0)
+        return now_ms + rest_ms + hb.queued // size * self.fixed_batch_ms, size - hb.queued % size
+
+    def _open_window(self, start_ms: int, room: int) -> None:
+        if start_ms != self.busy_until_ms:
+            self.phase = 0
+        self.busy_until_ms, self.window_room = start_ms, room
+
+    def roll(self, now_ms: int) -> bool:
+        """The window this batcher sent ahead for has started: the next one is the one with room. True if it moved."""
+        if self.fixed and self.phase and now_ms >= self.busy_until_ms:
+            self._open_window(self.busy_until_ms + self.fixed_batch_ms, self.max_slots)
+            return True
+        return False
+
+    def begun(self, now_ms: int) -> int:
+        """How many of the steps before the window at ``busy_until_ms`` have begun by ``now_ms``."""
+        return self.steps.begun(self.busy_until_ms - now_ms)
+
+    def open_classes(self, now_ms: int) -> int:
+        """How many CLASS_KEYS entries, highest first, may send to this worker now: all once its next window is due,
+        else those of the step begun last (none without leads)."""
+        if not self.fixed or now_ms >= self.busy_until_ms:
+            return _ALL
+        return self.begun(now_ms)
+
+    def next_phase_ms(self) -> int | None:
+        """When the next step begins for the window at ``busy_until_ms`` after those begun by ``phase`` (None: none
+        left before it starts)."""
+        lead = self.steps.lead_after(self.phase)
+        return None if lead is None else self.busy_until_ms - lead
 
     def record_dispatch(self, batch_id: str, entries: list[Entry], now_ms: int) -> None:
         """Count a batch just sent to this worker against its free capacity; its entries are in flight here."""
@@ -74,8 +146,21 @@ class WorkerView:
             self._inflight[entry.request.request_id] = entry
         self.since.append((batch_id, len(entries), now_ms))
         self.since_count += len(entries)
-        if self.fixed:
-            self.busy_until_ms = max(self.busy_until_ms, now_ms) + self.fixed_batch_ms
+        if not self.fixed:
+            return
+        if now_ms >= self.busy_until_ms:  # it finds the worker idle or its window due: it starts the next one at once
+            self._open_window(now_ms + self.fixed_batch_ms, self.max_slots)
+            return
+        self.phase = self.begun(now_ms)  # sent ahead: it waits in the worker's queue for the window
+        self.window_room -= len(entries)
+        if self.window_room <= 0:
+            self._open_window(self.busy_until_ms + self.fixed_batch_ms, self.max_slots)
+
+    def follow(self, next_ms: int, next_room: int) -> None:
+        """The fleet's ledger answered a claim for this worker: a fixed-time worker's next window a batch may be
+        claimed for starts at ``next_ms`` with ``next_room`` (what other batchers' claims left)."""
+        if self.fixed and next_ms:
+            self._open_window(next_ms, next_room)
 
     def forget_batch(self, batch_id: str) -> None:
         """Undo :meth:`record_dispatch` for a batch that never reached Kafka."""
@@ -84,6 +169,17 @@ class WorkerView:
                 self.since.remove(item)
                 self.since_count -= item[1]
                 return
+
+    def shrink_batch(self, batch_id: str, dropped: list[Entry]) -> None:
+        """Batch ``batch_id`` goes out without ``dropped`` (the fleet's ledger granted fewer): they are neither counted
+        nor in flight here."""
+        for i, (item_id, size, sent_ms) in enumerate(self.since):
+            if item_id == batch_id:
+                self.since[i] = (item_id, size - len(dropped), sent_ms)
+                self.since_count -= len(dropped)
+                break
+        for entry in dropped:
+            self._inflight.pop(entry.request.request_id, None)
 
     def release(self, request_id: str) -> None:
         """``request_id`` is no longer in flight here (finished or handed back)."""
@@ -96,7 +192,7 @@ class WorkerView:
     def free_slots(self, now_ms: int) -> int:
         """Requests this worker can take now (before the model's batch cap)."""
         if self.fixed:
-            return self.max_slots if self.busy_until_ms <= now_ms else 0
+            return self.window_room if self.open_classes(now_ms) else 0
         return max(self.hb_free - self.since_count, 0)
 
     def capacity_per_s(self) -> float:
@@ -112,7 +208,8 @@ class WorkerView:
     def heap_key(self) -> tuple | None:
         """Ordering for :class:`WorkerPool`: ready time, then most free slots, then least drain time; None: no room."""
         if self.fixed:
-            return (self.busy_until_ms, -self.max_slots, self.est_drain_ms, self.worker_id, self.version)
+            lead_ms = self.steps.leads_ms[0] if self.steps.leads_ms else 0
+            return (self.busy_until_ms - lead_ms, -self.max_slots, self.est_drain_ms, self.worker_id, self.version)
         free = self.hb_free - self.since_count
         if free <= 0:
             return None

@@ -323,6 +323,10 @@ class JobDriver:
         allowed = [jobs.FINALIZING] if plan.final_status == jobs.COMPLETED else [job.status]
         if await self.store.jobs.move_status(spec.id, allowed, plan.final_status, now_s):
             await self.store.jobs.retire(spec.id, now_s + jobs.retention_s(spec, self.settings.jobs))
+            if spec.output_expires_after_s is not None:  # its output files exist from now on: they expire from now
+                expires_at = jobs.output_files_expire_at(spec, self.settings.jobs.files_retention_s, now_s)
+                for file_id in (spec.output_file_id, spec.error_file_id):
+                    await self.store.files.reschedule(file_id, expires_at)
             await self.files.delete(spec.prepared_path)
             self._wound_down.discard(spec.id)
             log.info("batch %s ended %s: %s", spec.id, plan.final_status, job.counts, extra={"batch_id": spec.id})

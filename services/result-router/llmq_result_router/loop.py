@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
+from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
@@ -19,10 +19,12 @@ from llmq_core.constants import HEADER_DELIVERY, KAFKA_COMMIT_INTERVAL_MS
 from llmq_core.metrics import RouterMetrics
 from llmq_core.names import Names
 from llmq_core.settings import Settings
+from llmq_core.topics import GiveUp, Presence, TopicView
 from llmq_result_router import replies
 from llmq_result_router.jobs import JobLedger
 from llmq_result_router.once import DeliveryClaims, ReplyFinder, Step
-from llmq_result_router.replies import GiveUp, LogGate, Presence, ReplyRetry, TopicView
+from llmq_result_router.replies import LogGate, ReplyRetry
+from llmq_result_router.reply_producer import send_reply
 from llmq_result_router.routing import Delivery, plan_delivery
 from llmq_result_router.store import ResultStore
 
@@ -33,18 +35,12 @@ RETRY_DELAY_S = 1.0
 TopicLister = Callable[[], Awaitable[Iterable[str]]]
 
 
-async def cluster_topics(producer: AIOKafkaProducer) -> set[str]:
-    """Every topic of the cluster, from one metadata request on the producer's connections (its own metadata, and so
-    the topics aiokafka tracks and refreshes, stays as it is)."""
-    return (await producer.client.fetch_all_metadata()).topics()
-
-
 class ResultRouter:
     """At-least-once over llmq.results; a claim on ``delivered_key`` keeps each Kafka reply to one delivery across
     kills and rebalances (:mod:`once`; per re-produced copy, for the answers to copies: ``copy_delivered_key``),
     the job ledger's compare-and-set each batch-job line to one settlement. A reply that cannot be produced within
     its tries, or whose topic does not exist (see :mod:`replies`), is dead-lettered: one result never holds up the
-    others for long. ``list_topics`` lists the cluster's topics (default: :func:`cluster_topics` of ``producer``).
+    others for long. ``list_topics`` lists the cluster's topics (default: :func:`llmq_core.kafka.cluster_topics` of ``producer``).
     ``instance_id``: this router's, whose alive key tells other routers it lives; ``finder``: searches a reply topic
     for a reply a router claimed but never marked (None: such a claim is taken over unsearched)."""
 
@@ -89,7 +85,7 @@ class ResultRouter:
         self.topics = TopicView(
             clock, settings.router.topic_refresh_ms, settings.kafka.security_protocol != "PLAINTEXT"
         )
-        self.list_topics = list_topics or (lambda: cluster_topics(producer))
+        self.list_topics = list_topics or (lambda: kafka.cluster_topics(producer))
         self.names = names
         self.log_gate = LogGate(clock)
         self._listing = asyncio.Lock()  # partitions routed side by side share one listing
@@ -208,7 +204,7 @@ class ResultRouter:
         first = await self._store(delivery)
         if delivery.undeliverable is not None:
             self._count_reply_dead_letter("invalid_topic")
-            await self._dead_letter(record, delivery.undeliverable, reply_topic=delivery.reply_topic)
+            await self._dead_letter(record, delivery.undeliverable, delivery.reply_topic, _unsent(delivery, record))
             return first
         if delivery.reply_topic is None:
             return first
@@ -220,7 +216,7 @@ class ResultRouter:
         )
         if failed is not None and failed is not Step.SKIP:
             self._count_reply_dead_letter(failed.kind)
-            await self._dead_letter(record, failed.reason, reply_topic=delivery.reply_topic)
+            await self._dead_letter(record, failed.reason, delivery.reply_topic, _unsent(delivery, record))
             if failed.topic_wide:  # deleted since the listing: its next results wait for none
                 self.topics.forget(delivery.reply_topic)
         return first
@@ -260,17 +256,13 @@ class ResultRouter:
         return presence is Presence.EXISTS
 
     async def _produce_reply(self, delivery: Delivery, elapsed_ms: int) -> None:
-        topic = delivery.reply_topic
-        timeout_ms = self.retry.try_timeout_ms(elapsed_ms, self.settings.router.reply_metadata_timeout_ms)
-        try:  # aiokafka alone would wait its whole request timeout for a topic without metadata
-            await asyncio.wait_for(self.producer.partitions_for(topic), timeout_ms / 1000)
-        except TimeoutError:
-            raise UnknownTopicOrPartitionError(f"no metadata for {topic!r}") from None
-        await self.producer.send_and_wait(
-            topic,
+        await send_reply(
+            self.producer,
+            delivery.reply_topic,
             delivery.reply_value,
-            key=delivery.reply_key,
-            headers=[*kafka.headers(delivery.reply_content_type), (HEADER_DELIVERY, delivery.delivered_key.encode())],
+            delivery.reply_key,
+            [*kafka.headers(delivery.reply_content_type), (HEADER_DELIVERY, delivery.delivered_key.encode())],
+            self.retry.try_timeout_ms(elapsed_ms, self.settings.router.reply_metadata_timeout_ms),
         )
 
     async def _store(self, delivery: Delivery) -> bool:
@@ -303,11 +295,25 @@ class ResultRouter:
         if self.metrics is not None:
             self.metrics.reply_dead_letters.labels(kind).inc()
 
-    async def _dead_letter(self, record, reason: str, reply_topic: str | None = None) -> None:
+    async def _dead_letter(
+        self, record, reason: str, reply_topic: str | None = None, letter: kafka.Letter | None = None
+    ) -> None:
+        """Dead-letter ``letter`` (the consumed ``record`` itself when None) with ``reason``."""
         if reply_topic is None or self.log_gate.allow(reply_topic):  # a producer may invent any number of topics
             log.warning("dead-lettering record at %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
         elif self.metrics is not None:
             self.metrics.log_lines_suppressed.inc()
         await kafka.dead_letter(
-            self.producer, record, reason, topic=self.names.dead_letters_topic, reply_topic=reply_topic
+            self.producer, letter or record, reason, topic=self.names.dead_letters_topic, reply_topic=reply_topic
         )
+
+
+def _unsent(delivery: Delivery, record) -> kafka.Letter:
+    """What is dead-lettered for a reply that cannot be sent: the reply itself, as the producer would have read it (its
+    format, JSON or msgpack, and its own request id as the key), with the result record's other headers (trace)."""
+    others = [(name, value) for name, value in record.headers or () if name != kafka.HEADER_CONTENT_TYPE]
+    return kafka.Letter(
+        value=delivery.reply_value,
+        key=delivery.reply_key,
+        headers=[*others, *kafka.headers(delivery.reply_content_type)],
+    )

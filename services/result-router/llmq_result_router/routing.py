@@ -31,33 +31,32 @@ def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = 
     or the batcher refused the request for its topic, ``invalid_reply_topic``)."""
     stored = None if result.request_copy else wire.encode(result)
     reply = result.reply_to
-    refused = _reply_refusal(result, allowed_prefixes) if isinstance(reply, wire.KafkaReply) else None
+    if not isinstance(reply, wire.KafkaReply):
+        return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored)
+    producer_id = ids.producer_request_id(result.request_id)
+    answer = {  # what the producer reads, in its format: also what is dead-lettered when it cannot be sent
+        "reply_topic": reply.topic,
+        "reply_key": producer_id.encode(),
+        "reply_value": wire.encode(msgspec.structs.replace(result, request_id=producer_id), reply.content_type),
+        "reply_content_type": reply.content_type,
+    }
+    refused = _reply_refusal(result, allowed_prefixes)
     if refused is not None:
         # An illegal name would fail on every redelivery; llmq's own or Kafka's internal topics must never get results.
         return Delivery(
-            request_id=result.request_id,
-            tenant_id=result.tenant_id,
-            store=stored,
-            reply_topic=reply.topic,
-            undeliverable=refused,
+            request_id=result.request_id, tenant_id=result.tenant_id, store=stored, undeliverable=refused, **answer
         )
-    if isinstance(reply, wire.KafkaReply):
-        producer_id = ids.producer_request_id(result.request_id)
-        return Delivery(
-            request_id=result.request_id,
-            tenant_id=result.tenant_id,
-            store=stored,
-            delivered_key=(
-                constants.copy_delivered_key(result.request_id, result.request_copy)
-                if result.request_copy
-                else constants.delivered_key(result.request_id)
-            ),
-            reply_topic=reply.topic,
-            reply_key=producer_id.encode(),
-            reply_value=wire.encode(msgspec.structs.replace(result, request_id=producer_id), reply.content_type),
-            reply_content_type=reply.content_type,
-        )
-    return Delivery(request_id=result.request_id, tenant_id=result.tenant_id, store=stored)
+    return Delivery(
+        request_id=result.request_id,
+        tenant_id=result.tenant_id,
+        store=stored,
+        delivered_key=(
+            constants.copy_delivered_key(result.request_id, result.request_copy)
+            if result.request_copy
+            else constants.delivered_key(result.request_id)
+        ),
+        **answer,
+    )
 
 
 def _reply_refusal(result: wire.FinalResult, allowed_prefixes: tuple[str, ...]) -> str | None:

@@ -123,6 +123,7 @@ class Capacity:
     running: int
     queued: int
     est_drain_ms: int
+    window_end_ms: int = 0  # a fixed-time engine: when its running batch ends (epoch ms; 0: none running)
 
     @property
     def free_slots(self) -> int:

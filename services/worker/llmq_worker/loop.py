@@ -26,6 +26,7 @@ from llmq_core.settings import Settings
 from llmq_worker.answers import streams
 from llmq_worker.core import Outbox, WorkerCore
 from llmq_worker.engine import Engine
+from llmq_worker.ledger import LedgerWriter
 from llmq_worker.publisher import ResultPublisher
 from llmq_worker.spans import RequestSpans
 
@@ -74,6 +75,7 @@ class WorkerLoop:
         self._names = names
         self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
         self._publisher = ResultPublisher(producer, redis, names, self._spans)
+        self._ledger = LedgerWriter(redis, names, core.worker_id)
 
     @classmethod
     def build(
@@ -178,7 +180,10 @@ class WorkerLoop:
             self._metrics.batch_taken(batch)
         if tracing.enabled():
             self._spans.taken(batch, self._clock.now_ms())
-        return self._core.take_batch(batch, record.offset, await self._stream_marks(batch))
+        out = self._core.take_batch(batch, record.offset, await self._stream_marks(batch))
+        await asyncio.sleep(0)  # an idle engine starts its window with this batch first: the ledger then says so
+        await self._write_ledger(took=batch.batch_id)
+        return out
 
     async def _stream_marks(self, batch: wire.Batch) -> dict[str, wire.StreamMark]:
         """The StreamMarks of the batch's streaming requests, in one round trip (none without Redis: the API pod still
@@ -243,8 +248,13 @@ class WorkerLoop:
                 log.warning("committing offset %d failed (%r): again at the next heartbeat", self._to_commit, exc)
             await self._heartbeat_once()
 
+    async def _write_ledger(self, took: str | None = None, beat: wire.WorkerHeartbeat | None = None) -> None:
+        beat = beat or self._core.heartbeat(self._clock.now_ms(), self._engine.context_window)
+        await self._ledger.write(beat, self._engine.capacity().window_end_ms, took)
+
     async def _heartbeat_once(self) -> None:
         beat = self._core.heartbeat(self._clock.now_ms(), self._engine.context_window)
+        await self._write_ledger(beat=beat)
         if self._metrics is not None:
             self._metrics.heartbeat(beat)
         data = wire.encode(beat)
@@ -261,6 +271,8 @@ class WorkerLoop:
         if not out:
             return
         produced = await self._publisher.publish(out)
+        if out.results:  # requests ended: a window may have started, slots freed
+            await self._write_ledger()
         if self._metrics is not None:
             for result in produced:
                 self._metrics.finished(result)

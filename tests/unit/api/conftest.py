@@ -65,7 +65,7 @@ class FakeWorker:
 @pytest.fixture
 async def make_app():
     """make_app(settings=None, keys=None) -> (client, pod, worker, redis); the client sends llmq-dev-key."""
-    clients = []
+    clients, pods = [], []
 
     async def make(settings: Settings | None = None, keys: KeyStore | None = None):
         worker, redis = FakeWorker(), FakeRedis()
@@ -73,6 +73,7 @@ async def make_app():
             settings or Settings(api={"max_body_bytes": 2000}), "pod-test", producer=worker, redis=redis, keys=keys
         )
         worker.pod = pod
+        pods.append(pod)
         pod.listener.subscribed = True  # stands in for the Redis subscription, which these tests never open
         pod.breaker.succeeded()  # and for the Kafka producer's start
         client = httpx.AsyncClient(
@@ -84,6 +85,18 @@ async def make_app():
     yield make
     for client in clients:
         await client.aclose()
+    for pod in pods:  # the one background task these pods start: the cancels' sender (pod.start is never called)
+        await pod.cancels.stop(1.0)
+
+
+async def published(redis: FakeRedis, count: int = 1) -> list[tuple[str, bytes]]:
+    """What ``redis`` got published once it holds ``count`` messages (a pod's Cancels go out from a task of its own,
+    a few loop turns after the response)."""
+    for _ in range(1000):
+        if len(redis.published) >= count:
+            return redis.published
+        await asyncio.sleep(0)
+    raise AssertionError(f"{len(redis.published)} messages published, not {count}")
 
 
 @pytest.fixture

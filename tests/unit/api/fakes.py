@@ -77,15 +77,21 @@ class MemoryFiles:
     async def get_file(self, file_id: str):
         return self.records.get(file_id)
 
+    async def update_file(self, record) -> None:
+        if record.id in self.records:
+            self.records[record.id] = record
+
     async def delete_file(self, record) -> None:
         if self.records.pop(record.id, None) is not None and record.kind == "input":
             await self.quotas.release_storage(record.tenant_id, record.bytes)
 
-    async def list_files(self, tenant_id: str, after, limit: int) -> tuple[list, bool]:
-        newest_first = [r for r in self.records.values() if r.tenant_id == tenant_id][::-1]
+    async def list_files(self, tenant_id: str, after, limit: int, purpose=None, ascending=False) -> tuple[list, bool]:
+        listed = [r for r in self.records.values() if r.tenant_id == tenant_id]
+        listed = listed if ascending else listed[::-1]
         if after is not None:
-            newest_first = newest_first[newest_first.index(after) + 1 :]
-        return newest_first[:limit], len(newest_first) > limit
+            listed = listed[listed.index(after) + 1 :]
+        listed = [r for r in listed if purpose is None or r.purpose == purpose]
+        return listed[:limit], len(listed) > limit
 
 
 class MemoryQuotas:

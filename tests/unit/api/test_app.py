@@ -7,6 +7,7 @@ import pytest
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
 from tests.builders import UNREADABLE_BODIES, chat_body
+from tests.unit.api.conftest import published
 
 
 async def test_completion_200_with_usage_and_request_id(setup):
@@ -62,7 +63,7 @@ async def test_deadline_is_504_and_publishes_cancel(setup):
         "/v1/completions", json={"model": "llmq-sim", "prompt": "abc"}, headers={"x-llmq-timeout-ms": "50"}
     )
     assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
-    ((channel, data),) = redis.published
+    ((channel, data),) = await published(redis)
     assert channel == constants.REDIS_CANCELS_CHANNEL
     assert wire.decode(data) == wire.Cancel(request_id=response.headers["x-request-id"], reason="deadline_exceeded")
     assert len(pod.registry) == 0
@@ -79,7 +80,7 @@ async def test_streamed_deadline_ends_with_error_event_then_done(setup):
     frames = [f[6:] for f in response.content.split(b"\n\n") if f]
     assert response.status_code == 200 and frames[-1] == b"[DONE]"
     assert msgspec.json.decode(frames[-2])["error"]["code"] == "deadline_exceeded"
-    assert len(redis.published) == 1
+    assert len(await published(redis)) == 1
 
 
 @pytest.mark.parametrize(

@@ -325,3 +325,30 @@ async def test_a_pipelined_request_past_the_header_cap_gets_431_after_the_answer
     await _answered(transport, 2)
     assert transport.written.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 431 " in transport.written
     assert transport.closed
+
+
+@pytest.mark.parametrize("version", [b"1.0", b"1.1"])
+async def test_a_stream_to_an_http_1_0_client_is_sent_unchunked_then_closed(version):
+    """HTTP/1.0 has no chunked transfer coding (RFC 9112): a response without a Content-Length (an SSE stream) goes
+    out as it comes and the connection's close ends it; an HTTP/1.1 one stays chunked."""
+    done = asyncio.Event()
+
+    async def stream(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for part in (b"data: 1\n\n", b"data: 2\n\n"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        done.set()
+
+    protocol_class = guarded_protocol(LIMITS)
+    loop, transport = HandLoop(), FakeTransport("203.0.113.7")
+    protocol = protocol_class(config=uvicorn.Config(stream), server_state=ServerState(), app_state={}, _loop=loop)
+    protocol.connection_made(transport)
+    protocol.data_received(b"GET /v1/stream HTTP/" + version + b"\r\nHost: pod\r\n\r\n")
+    await asyncio.wait_for(done.wait(), 5)
+    head, _, body = transport.written.partition(b"\r\n\r\n")
+    if version == b"1.0":
+        assert b"transfer-encoding" not in head.lower() and body == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+        assert transport.closed
+    else:
+        assert b"transfer-encoding: chunked" in head.lower() and body.endswith(b"0\r\n\r\n") and not transport.closed

@@ -30,6 +30,7 @@ header_text = (
 )
 HEADERS = [
     "x-llmq-timeout-ms",
+    "x-stainless-read-timeout",
     "x-llmq-class",
     "idempotency-key",
     "content-length",

@@ -10,6 +10,7 @@ from llmq_api.validation import (
     check_declared_length,
     parse_chat,
     parse_completion,
+    parse_sdk_read_timeout_ms,
     parse_timeout_ms,
     parse_traffic_class,
 )
@@ -227,6 +228,20 @@ def test_timeout_header_default_and_clamp(value, expected):
 def test_bad_timeout_header_is_400(value):
     error = rejected(parse_timeout_ms, value, 30_000, 600_000)
     assert (error.status, error.param) == (400, "x-llmq-timeout-ms")
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(None, None), ("600", 600_000), ("120.0", 120_000), (" 0.25 ", 250), ("3.14159", 3141), ("9" * 5000, 600_000)],
+)
+def test_the_sdks_read_timeout_in_seconds_is_taken_in_ms_and_clamped(value, expected):
+    assert parse_sdk_read_timeout_ms(value, 600_000) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "0.0004", "-5", "1e-05", "inf", "nan", "", "1.", "²"])
+def test_a_bad_sdk_read_timeout_is_400(value):
+    error = rejected(parse_sdk_read_timeout_ms, value, 600_000)
+    assert (error.status, error.param) == (400, "x-stainless-read-timeout")
 
 
 def test_traffic_class_header():

@@ -78,3 +78,31 @@ def test_queueing_delay_grows_toward_saturation_and_is_infinite_past_it():
     delays = [queueing_delay(40_000, r, 64, 250)["mean_ms"] for r in (158, 165, 200)]
     assert delays[0] > delays[1] > delays[2] >= 0
     assert queueing_delay(40_000, 150, 64, 250)["mean_ms"] == math.inf
+
+
+def test_several_batchers_share_the_arrivals_and_each_request_ends_once():
+    result = run_simulation(rps=380, replicas=2, batch_time_ms=500, duration_s=5, paid_share=0.5, batchers=3, seed=7)
+    alone = run_simulation(rps=380, replicas=2, batch_time_ms=500, duration_s=5, paid_share=0.5, seed=7)
+    assert result["requests"] == alone["requests"] == result["completed"] + result["expired"]
+    assert sum(result["completed_by_class"].values()) == result["completed"]
+
+
+def test_batches_of_several_batchers_meet_in_a_workers_queue():
+    """The mechanism issue 28 measured on the real stack: each batcher sends a worker it sees free a full batch, so with
+    three of them batches wait in the worker's queue (one batcher's never do) and paid work waits longer."""
+    run = dict(rps=380, replicas=2, batch_time_ms=500, duration_s=10, paid_share=0.5, seed=7)
+    one, three = run_simulation(**run), run_simulation(**run, batchers=3)
+    assert one["wait_ms_by_stage"]["worker"]["p99"] <= 2  # the dispatch delay and a tick
+    assert three["wait_ms_by_stage"]["worker"]["p50"] >= 500  # a batch time behind another batcher's batch
+    assert three["latency_ms_by_tier"]["paid"]["p99"] > 1.5 * one["latency_ms_by_tier"]["paid"]["p99"]
+
+
+def test_with_the_shared_ledger_and_class_leads_three_batchers_schedule_as_one():
+    """Issue 28's lever on paper: batches of each class go ahead of a worker's window in precedence, the ledger hands
+    each window out once, so the windows fill with paid work from every batcher before free work."""
+    run = dict(rps=380, replicas=2, batch_time_ms=500, duration_s=10, paid_share=0.5, seed=7)
+    one = run_simulation(**run)
+    three = run_simulation(**run, batchers=3, shared_capacity=True, leads_ms=(40, 30, 20, 10))
+    assert three["latency_ms_by_tier"]["paid"]["p99"] <= 1.1 * one["latency_ms_by_tier"]["paid"]["p99"]
+    assert three["mean_window_fill"] >= 0.95 * one["mean_window_fill"]
+    assert three["wait_ms_by_stage"]["worker"]["max"] <= 40 + 1  # the lead, never a window behind another batch

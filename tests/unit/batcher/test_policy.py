@@ -169,8 +169,11 @@ def test_batch_never_exceeds_the_models_max_batch_size():
     assert sizes == [32, 32, 26]
 
 
-def test_fixed_engine_holds_a_short_window_while_free_then_waits_for_the_batch_to_end():
-    policy, clock = make_policy(fixed_engine_max_wait_ms=20)
+@pytest.mark.parametrize("leads_ms", [(), (40, 30, 20, 10)])
+def test_fixed_engine_holds_a_short_window_while_free_then_waits_for_the_batch_to_end(leads_ms):
+    """Without leads the next batch goes when the running one ends; with them, its class's lead before (to meet in the
+    worker's queue the batches other batchers send for that window)."""
+    policy, clock = make_policy(fixed_engine_max_wait_ms=20, fixed_engine_leads_ms=leads_ms)
     policy.on_heartbeat(hb("w1", free=64, max_slots=64, fixed_ms=250), clock.now_ms())
     for i in range(10):
         policy.add(req(f"a{i}"), clock.now_ms())
@@ -183,8 +186,9 @@ def test_fixed_engine_holds_a_short_window_while_free_then_waits_for_the_batch_t
     for i in range(70):  # arrive while the worker runs its batch: held here, not queued at the worker
         policy.add(req(f"b{i}", now_ms=clock.now_ms()), clock.now_ms())
     decision = policy.schedule(clock.now_ms())
-    assert decision.batches == [] and decision.next_wake_ms == formed_ms + 250
-    clock.set(formed_ms + 250)
+    due_ms = formed_ms + 250 - (leads_ms[0] if leads_ms else 0)
+    assert decision.batches == [] and decision.next_wake_ms == due_ms
+    clock.set(due_ms)
     decision = policy.schedule(clock.now_ms())
     assert [len(b) for b in dispatched_ids(decision)] == [64] and decision.batches[0].flush_reason == "size"
 

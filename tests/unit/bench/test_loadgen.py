@@ -13,6 +13,7 @@ from aiohttp import web
 from llmq_bench import loadgen
 from llmq_bench.loadgen import OK, Planned, Sample
 from llmq_bench.prompts import CodePrompt
+from llmq_core.settings import ApiSettings
 from tests.unit.bench.local_http import refused_url, serve
 
 PROMPTS = [CodePrompt(id=f"p{i}", prompt=f"def f{i}():", max_tokens=16 + i) for i in range(3)]
@@ -194,10 +195,14 @@ async def test_request_shape_statuses_and_stream_ttft():
         body = json.loads(content)
         if body["prompt"] == "busy":
             return web.json_response({"error": {"type": "rate_limit_error"}}, status=429)
+        if body["prompt"] == "broken":
+            return web.json_response({"error": {"code": "engine_error", "message": "it broke"}}, status=500)
         if body["stream"]:
             events = [{"choices": [{"text": ""}]}, {"choices": [{"text": "ab"}]}]
             if body["prompt"] == "late":
                 events.append({"error": {"code": "deadline_exceeded", "type": "timeout_error"}})
+            if body["prompt"] == "lost":
+                events.append({"error": {"code": "stream_interrupted", "type": "server_error", "message": "lost"}})
             text = sse(*events)
             return web.Response(
                 body=text if body["prompt"] != "cut" else text[: text.index(b"data: [DONE]")],
@@ -213,9 +218,16 @@ async def test_request_shape_statuses_and_stream_ttft():
             Planned(at_s=0, prompt="busy", stream=False, **base),
             Planned(at_s=0, prompt="late", stream=True, **base),
             Planned(at_s=0, prompt="cut", stream=True, **base),
+            Planned(at_s=0, prompt="lost", stream=True, **base),
+            Planned(at_s=0, prompt="broken", stream=False, **base),
         ]
         samples = await loadgen.run_load(plans, model="llmq-sim", server_timeout_ms=1500)
-    assert [s.status for s in samples] == [OK, OK, "429", "504", loadgen.ERROR]
+    assert [s.status for s in samples] == [OK, OK, "429", "504", loadgen.ERROR, "stream_stream_interrupted", "500"]
+    # every failure says what it was (the report's errors), an error event in a stream as an error answer
+    assert [s.detail for s in samples] == [
+        "", "", "429 rate_limit_error", "504 deadline_exceeded", "the stream ended without [DONE]",
+        "stream_stream_interrupted stream_interrupted", "500 engine_error",
+    ]  # fmt: skip
     assert samples[0].ttft_ms is None and samples[1].ttft_ms is not None and samples[1].ttft_ms <= samples[1].e2e_ms
     # the first plan's request (they arrive concurrently, in any order)
     method, path, headers, content = next(r for r in seen if json.loads(r[3])["stream"] is False and b"abc" in r[3])
@@ -253,6 +265,25 @@ async def test_a_server_that_stalls_is_a_client_timeout_streaming_or_not():
             release.set()
     assert [s.status for s in samples] == [loadgen.TIMEOUT, loadgen.TIMEOUT]
     assert all(s.detail and s.ttft_ms is None for s in samples)
+
+
+async def test_an_idle_connection_is_not_reused_past_the_keep_alive(monkeypatch):
+    """Reusing a connection the server is closing fails the request written on it (ServerDisconnectedError): the
+    session drops idle connections itself, well before the API pods' keep-alive timeout closes them."""
+    assert loadgen.KEEPALIVE_S * 1000 <= ApiSettings().keep_alive_timeout_ms / 5
+    monkeypatch.setattr(loadgen, "KEEPALIVE_S", 0.05)
+    peers: list[tuple[str, int]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername"))
+        return web.json_response({})
+
+    async with serve(handler) as pod, loadgen.client_session(1, 5) as session:
+        for _ in range(2):
+            async with session.post(f"{pod}/v1/completions") as response:
+                await response.read()
+            await asyncio.sleep(0.1)  # idle twice the keep-alive
+    assert len(set(peers)) == 2
 
 
 async def test_unreachable_server_is_an_error_sample_not_a_crash():

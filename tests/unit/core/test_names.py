@@ -35,6 +35,8 @@ KEYS = [
     (constants.job_retries_key("b1"), "llmq:jobs:b1:retries"),
     (constants.job_lease_key("b1"), "llmq:jobs:b1:lease"),
     (constants.batch_idempotency_key("t1", "k"), f"llmq:jobs:idempotency:{DIGEST}"),
+    (Names().capacity_keys("w0")[0], "llmq:capacity:w0"),
+    (Names().capacity_keys("w0")[1], "llmq:capacity:w0:grants"),
 ]
 
 
@@ -71,6 +73,13 @@ def test_every_outcome_is_its_own_metric_label(outcome):
 def test_the_batchers_full_queue_reads_rejected():
     assert outcome_label(Outcome.ERRORED, ErrorType.OVERLOADED) is OutcomeLabel.REJECTED
     assert outcome_label(Outcome.ERRORED, "overloaded") is OutcomeLabel.REJECTED  # as decoded from the wire
+
+
+def test_an_error_of_what_the_caller_sent_reads_client_error():
+    for error_type in (ErrorType.INVALID_REQUEST, "invalid_request_error", ErrorType.PERMISSION):
+        assert outcome_label(Outcome.ERRORED, error_type) is OutcomeLabel.CLIENT_ERROR
+    assert outcome_label(Outcome.EXPIRED, ErrorType.INVALID_REQUEST) is OutcomeLabel.EXPIRED
+    assert outcome_label(Outcome.ERRORED, ErrorType.SERVER) is OutcomeLabel.ERRORED
 
 
 def test_error_vocabulary_members_are_the_strings_on_the_wire():

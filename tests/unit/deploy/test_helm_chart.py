@@ -8,6 +8,7 @@ Needs the pinned helm that `make helm` (part of `make setup`) builds; skipped, s
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -20,6 +21,7 @@ import yaml
 
 from llmq_cli import mirror as mirror_config
 from llmq_cli.devstack import StackConfig
+from llmq_cli.kafka_dist import KAFKA_VERSION
 from llmq_core import constants, security
 from llmq_core.settings import Settings, load_settings
 from tests.helm_chart import CHART, KUBE_VERSION, ROOT, helm, needs_helm, objects, template
@@ -28,6 +30,7 @@ SCHEMAS = ROOT / "deploy" / "helm" / "schemas"
 REGION_VALUES = sorted((ROOT / "deploy" / "helm" / "values").glob("*.yaml"))
 SETTINGS = set(Settings.variables())
 KUBERNETES_DOC = (ROOT / "docs" / "operations" / "kubernetes.md").read_text()
+KAFKA_DOCKERFILE = (ROOT / "deploy" / "images" / "kafka.Dockerfile").read_text()
 AUTOSCALING_DOC = (ROOT / "docs" / "operations" / "observability.md").read_text()  # the autoscaling table
 
 pytestmark = needs_helm
@@ -101,6 +104,18 @@ def test_every_environment_variable_is_a_setting_and_parses(values, monkeypatch)
     assert settings.observability.metrics_host == "0.0.0.0"
 
 
+@pytest.mark.parametrize("release,prefix", [("llmq", "llmq-"), ("prod", "prod-llmq-")])
+def test_helm_template_as_a_user_types_it_renders_objects_named_once(release, prefix):
+    """`helm template llmq deploy/helm/llmq` verbatim (no --kube-version) with the helm `make setup` builds: built
+    without helm's version ldflags it assumed Kubernetes v1.20.0 and refused the chart's kubeVersion; and release
+    `llmq` named every object `llmq-llmq-*`."""
+    result = helm("template", release, str(CHART))
+    assert result.returncode == 0, result.stderr + "\n(an old helm build without version ldflags: run `make helm`)"
+    names = {doc["metadata"]["name"] for doc in yaml.safe_load_all(result.stdout) if doc}
+    assert f"{prefix}api" in names and all(name.startswith(prefix) for name in names), sorted(names)
+    assert not any("llmq-llmq" in name for name in names)
+
+
 def test_region_values_name_their_region_and_mirror_the_others():
     regions = {path.stem for path in REGION_VALUES}
     assert len(regions) >= 2
@@ -128,6 +143,31 @@ def test_region_values_name_their_region_and_mirror_the_others():
         assert set(groups.values()) == {mirror_config.CHECKPOINTED_GROUPS}  # ...llmq's own groups, as the dev mirror
 
 
+def mirror_checksum(*sets: str) -> str:
+    (mirror,) = [
+        d
+        for d in objects(REGION_VALUES[0], sets=sets)
+        if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-mirrormaker2")
+    ]
+    return mirror["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "mirrorMaker.topics=llmq\\.results",
+        "mirrorMaker.groups=llmq-batcher",
+        "mirrorMaker.refreshTopicsIntervalS=5",
+        "kafka.topicReplicationFactor=5",
+        "kafka.bootstrapServers=other:9093",
+    ],
+)
+def test_any_change_of_mirrormakers_config_changes_its_pod_template(change):
+    """The pod template hashes the whole rendered mm2.properties, so helm upgrade restarts MirrorMaker 2 on any change
+    of it (it hashed the cluster list only: new topics, groups or a refresh interval never took effect)."""
+    assert mirror_checksum(change) != mirror_checksum()
+
+
 def worker_ranges(values: Path | None) -> dict[str, range]:
     """Worker StatefulSet -> the partitions its pods own, read from the rendered command and ScaledObject."""
     largest = {
@@ -139,6 +179,18 @@ def worker_ranges(values: Path | None) -> dict[str, range]:
         offset = int(re.search(r"\$\(\( (\d+) \+ \$\{HOSTNAME##\*-\} \)\)", script)[1])
         ranges[workers["metadata"]["name"]] = range(offset, offset + largest[workers["metadata"]["name"]])
     return ranges
+
+
+@pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
+def test_every_container_runs_an_image_make_images_builds(values):
+    """The values name the tags `make images` builds (deploy/images/build.sh) and docker-compose.yml runs."""
+    version = importlib.metadata.version("llmq")
+    built = {f"llmq:{version}", f"llmq-worker:{version}", f"llmq-kafka:{KAFKA_VERSION}"}
+    images = {container["image"] for container in containers(values)}
+    assert f"llmq:{version}" in images and images <= built, images - built
+    for mirror in (c for c in containers(values) if c["name"] == "mirrormaker2"):  # the image's MirrorMaker 2 script
+        assert mirror["image"] == f"llmq-kafka:{KAFKA_VERSION}" and mirror["command"][0] == "/opt/kafka/mirror.sh"
+        assert re.search(r"^COPY .*\bmirror\.sh\b.* /opt/kafka/$", KAFKA_DOCKERFILE, re.M)
 
 
 @pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
@@ -233,7 +285,7 @@ def test_workers_scale_from_zero_and_in_slowly_enough_to_drain():
 
 
 def scaled_object(name: str) -> dict:
-    (scaled,) = [o for o in of_kind(None, "ScaledObject") if o["metadata"]["name"] == f"llmq-llmq-{name}"]
+    (scaled,) = [o for o in of_kind(None, "ScaledObject") if o["metadata"]["name"] == f"llmq-{name}"]
     return scaled
 
 
@@ -322,7 +374,7 @@ def test_each_service_has_a_disruption_budget_and_is_scraped(values):
 
 @pytest.mark.parametrize("values", VALUES, ids=VALUE_IDS)
 def test_network_policies_deny_all_but_the_flows_design_needs(values):
-    policies = {p["metadata"]["name"].removeprefix("llmq-llmq-"): p["spec"] for p in of_kind(values, "NetworkPolicy")}
+    policies = {p["metadata"]["name"].removeprefix("llmq-"): p["spec"] for p in of_kind(values, "NetworkPolicy")}
     deny = policies["default-deny"]
     assert deny["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in deny and "egress" not in deny
     assert deny["podSelector"]["matchLabels"] == {

@@ -122,6 +122,14 @@ def test_a_failed_batch_lists_its_errors_and_has_no_files():
     assert body["output_file_id"] is None and body["error_file_id"] is None
 
 
+def test_a_batch_that_ended_with_every_line_succeeded_has_no_error_file():
+    """OpenAI's error_file_id is null then (it pointed at an empty file); one with a failed line keeps it."""
+    body = render.batch_object(view(jobs.COMPLETED, succeeded=10))
+    assert body["output_file_id"] == "file-out" and body["error_file_id"] is None
+    assert render.batch_object(view(jobs.COMPLETED, succeeded=9, errored=1))["error_file_id"] == "file-err"
+    assert render.batch_object(view(jobs.CANCELLED, succeeded=4, canceled=6))["error_file_id"] == "file-err"
+
+
 def test_file_object():
     record = FileRecord(
         id="file-1",

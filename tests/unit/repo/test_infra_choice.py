@@ -1,4 +1,5 @@
-"""tests/infra.py: the suite runs Kafka and Redis in testcontainers' containers only when a Docker engine answers."""
+"""tests/infra.py: the suite's Kafka and Redis are processes unless LLMQ_TEST_INFRA says containers (an engine that
+answers never decides it); containers run the images ``make images`` builds, configured like the processes."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import os
 import socket
 import socketserver
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from llmq_cli.kafka_dist import BROKER_TUNING
-from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES
-from llmq_core.redis_client import MEMORY_POLICY
+from llmq_cli.devstack import DevStack
+from llmq_cli.kafka_dist import BROKER_TUNING, KAFKA_VERSION, server_properties
 from tests import infra
 
 
@@ -43,22 +44,31 @@ def socket_path(tmp_path) -> Path:
     return tmp_path / "docker.sock"
 
 
-def test_an_engine_answering_on_its_socket_means_containers(socket_path):
+def test_the_suite_runs_processes_unless_the_setting_says_containers(socket_path, monkeypatch):
     with engine(socketserver.UnixStreamServer(str(socket_path), FakeEngine), b"HTTP/1.1 200 OK"):
-        assert infra.infra_kind(f"unix://{socket_path}") == "containers"
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{socket_path}")  # an engine answers: it changes nothing
+        assert infra.docker_engine_answers(f"unix://{socket_path}")
+        assert infra.infra_kind({}) == infra.infra_kind({"LLMQ_TEST_INFRA": ""}) == "processes"
+    assert infra.infra_kind({"LLMQ_TEST_INFRA": "containers"}) == "containers"
+    with pytest.raises(ValueError, match="LLMQ_TEST_INFRA='docker'"):
+        infra.infra_kind({"LLMQ_TEST_INFRA": "docker"})
 
 
-def test_an_engine_answering_on_local_tcp_means_containers():
+def test_an_engine_answering_on_its_socket_or_local_tcp_answers(socket_path):
+    with engine(socketserver.UnixStreamServer(str(socket_path), FakeEngine), b"HTTP/1.1 200 OK"):
+        assert infra.docker_engine_answers(f"unix://{socket_path}")
     with engine(socketserver.TCPServer(("127.0.0.1", 0), FakeEngine), b"HTTP/1.1 200 OK") as server:
-        assert infra.infra_kind(f"tcp://127.0.0.1:{server.server_address[1]}") == "containers"
+        assert infra.docker_engine_answers(f"tcp://127.0.0.1:{server.server_address[1]}")
 
 
-def test_no_socket_means_processes(socket_path):
-    assert infra.infra_kind(f"unix://{socket_path}") == "processes"
+def test_no_socket_or_an_error_is_no_engine(socket_path):
+    assert not infra.docker_engine_answers(f"unix://{socket_path}")
+    with engine(socketserver.UnixStreamServer(str(socket_path), FakeEngine), b"HTTP/1.1 500 Internal Server Error"):
+        assert not infra.docker_engine_answers(f"unix://{socket_path}")
 
 
-def test_a_docker_cli_without_an_engine_means_processes(tmp_path, socket_path, monkeypatch):
-    """This machine's case: `docker` is on PATH, nothing listens on the engine's socket (a stale socket file)."""
+def test_a_docker_cli_without_an_engine_is_no_engine(tmp_path, socket_path, monkeypatch):
+    """This machine's usual case: `docker` is on PATH, nothing listens on the engine's socket (a stale socket file)."""
     cli = tmp_path / "bin" / "docker"
     cli.parent.mkdir()
     cli.write_text("#!/bin/sh\necho 'Docker version 28.0.0'\n")
@@ -67,50 +77,61 @@ def test_a_docker_cli_without_an_engine_means_processes(tmp_path, socket_path, m
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(socket_path))  # the file exists; no engine listens on it
     stale.close()
-    assert infra.infra_kind(f"unix://{socket_path}") == "processes"
+    assert not infra.docker_engine_answers(f"unix://{socket_path}")
 
 
-def test_an_engine_answering_an_error_means_processes(socket_path):
-    with engine(socketserver.UnixStreamServer(str(socket_path), FakeEngine), b"HTTP/1.1 500 Internal Server Error"):
-        assert infra.infra_kind(f"unix://{socket_path}") == "processes"
-
-
-def test_a_remote_engine_means_processes():
-    """Its containers' ports would be published on another machine, not on 127.0.0.1 where the services look."""
+def test_a_remote_engine_is_none_of_ours():
+    """Its containers would listen on another machine, not on 127.0.0.1 where the services look."""
     assert infra.engine_address("tcp://10.0.0.5:2375") is None
     assert infra.engine_address("ssh://builder@example") is None
-    assert infra.infra_kind("tcp://10.0.0.5:2375") == "processes"
+    assert not infra.docker_engine_answers("tcp://10.0.0.5:2375")
 
 
 def test_unset_docker_host_probes_the_default_socket():
     assert infra.engine_address(None) == (socket.AF_UNIX, "/var/run/docker.sock")
 
 
-def test_with_an_engine_the_suite_runs_on_the_containers_ports(socket_path, tmp_path, monkeypatch):
+def test_containers_without_an_engine_fail_the_run_rather_than_fall_back(socket_path):
+    with pytest.raises(RuntimeError, match="no Docker engine answers"):
+        with infra.containers(f"unix://{socket_path}", "x", 1, 2, 3):
+            pass
+
+
+def test_in_containers_the_suite_runs_on_their_ports_and_starts_no_infra_of_its_own(tmp_path, monkeypatch):
     started = []
 
     @contextlib.contextmanager
-    def containers():
-        started.append(True)
-        yield 32771, 32772
+    def containers(docker_host, label, kafka_port, redis_port, redis_maxmemory_bytes):
+        started.append((docker_host, label, kafka_port, redis_port))
+        yield
 
     monkeypatch.setattr(infra, "containers", containers)
-    with engine(socketserver.UnixStreamServer(str(socket_path), FakeEngine), b"HTTP/1.1 200 OK"):
-        with infra.suite_infra(tmp_path, f"unix://{socket_path}") as stack:
-            assert (stack.cfg.kafka_bootstrap, stack.cfg.redis_url) == ("127.0.0.1:32771", "redis://127.0.0.1:32772/0")
-            assert stack.cfg.manage_infra is False  # private stacks of services start no Kafka or Redis of their own
-    assert started == [True]
+    monkeypatch.setattr(DevStack, "up", lambda self, **_: None)
+    with infra.suite_infra(tmp_path, "unix:///x.sock", "containers") as stack:
+        kafka_port, redis_port = stack.cfg.kafka_port, stack.cfg.redis_port
+        assert stack.cfg.manage_infra is False  # private stacks of services start no Kafka or Redis of their own
+    assert started == [("unix:///x.sock", str(tmp_path), kafka_port, redis_port)]
 
 
-def test_the_kafka_container_gets_the_local_brokers_settings():
-    env = infra.kafka_env()
-    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-    assert env["KAFKA_MESSAGE_MAX_BYTES"] == str(KAFKA_MAX_MESSAGE_BYTES)
-    assert env["KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS"] == "4"
-    assert len(env) == len(BROKER_TUNING)
+def test_the_containers_are_the_compose_files_images_of_make_images():
+    assert infra.compose_image("kafka") == f"llmq-kafka:{KAFKA_VERSION}"  # the dev stack's broker version
+    assert infra.compose_image("redis").startswith("llmq-redis:")
 
 
-def test_the_redis_container_runs_like_the_local_one():
-    command = infra.redis_command(1024).split()
-    assert command[command.index("--maxmemory") + 1] == "1024"
-    assert command[command.index("--maxmemory-policy") + 1] == MEMORY_POLICY
+def test_the_kafka_container_gets_the_local_brokers_properties(tmp_path):
+    """deploy/images/kafka-start.sh turns the environment back into exactly the local broker's properties."""
+    properties = server_properties(infra.CONTAINER_KAFKA_DATA, 29092, 29093)
+    env = infra.property_env(properties) | {"PATH": os.environ["PATH"], "KAFKA_PROPERTIES_FILE": str(tmp_path / "p")}
+    start = Path(infra.ROOT) / "deploy" / "images" / "kafka-start.sh"
+    done = subprocess.run(["bash", str(start), "--properties"], env=env, capture_output=True, text=True, check=True)
+    assert sorted(done.stdout.splitlines()) == sorted(filter(None, properties.splitlines()))
+    assert all(f"{key}={value}" in done.stdout.splitlines() for key, value in BROKER_TUNING.items())
+
+
+def test_property_names_with_underscores_and_dashes_survive():
+    assert infra.property_env("a.b_c-d=1") == {"KAFKA_A_B__C___D": "1"}
+
+
+def test_a_kraft_cluster_id_is_a_uuid_in_url_safe_base64():
+    ids = {infra.kafka_cluster_id() for _ in range(3)}
+    assert len(ids) == 3 and all(len(i) == 22 and "=" not in i for i in ids)

@@ -13,11 +13,12 @@ from llmq_core.clock import FakeClock
 from llmq_core.kafka import reply_topic_error
 from llmq_core.metrics import RouterMetrics
 from llmq_core.settings import Settings
+from llmq_core.topics import Presence, TopicView
 from llmq_result_router.loop import ResultRouter
-from llmq_result_router.replies import LogGate, Presence, ReplyRetry, TopicView, give_up
+from llmq_result_router.replies import LogGate, ReplyRetry, give_up
 from llmq_result_router.routing import plan_delivery
 from tests.fake_results import result_record, succeeded
-from tests.fakes import FakeConsumer, FakeRedis
+from tests.fakes import FakeClient, FakeCluster, FakeConsumer, FakeRedis
 
 TP = ("llmq.results", 0)
 
@@ -177,6 +178,7 @@ class Broker:
         self.sent: list[tuple[str, bytes, dict]] = []
         self.lookups: list[str] = []
         self.listings = 0
+        self.client = FakeClient(FakeCluster())
 
     def topics(self) -> set[str]:
         return self.existing | self.too_large | self.hang | self.flaky | {constants.TOPIC_DEAD_LETTERS}
@@ -193,12 +195,16 @@ class Broker:
             raise errors.UnknownTopicOrPartitionError()
         return {0}
 
-    async def send_and_wait(self, topic, value, key=None, headers=None):
+    async def send_and_wait(self, topic, value, key=None, partition=None, headers=None):
         if topic in self.too_large:
             raise errors.MessageSizeTooLargeError()
         if topic in self.flaky:
             raise errors.KafkaTimeoutError()
         self.sent.append((topic, key, dict(headers or ())))
+
+    async def send(self, topic, value, key=None, partition=None, headers=None):
+        """aiokafka's two-step send: queued at once, the ack then raises what the broker answered."""
+        return self.send_and_wait(topic, value, key=key, partition=partition, headers=headers)
 
 
 def _router(consumer, broker, redis, metrics=None, **router) -> ResultRouter:

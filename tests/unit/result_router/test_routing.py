@@ -54,4 +54,6 @@ def test_a_result_refused_for_its_reply_topic_is_never_produced_there():
         error=wire.ErrorInfo(type="invalid_request_error", code=ErrorCode.INVALID_REPLY_TOPIC, message="not yours"),
     )
     delivery = plan_delivery(refused)
-    assert (delivery.undeliverable, delivery.reply_value) == ("not yours", None) and delivery.store is not None
+    assert delivery.undeliverable == "not yours" and delivery.store is not None and not delivery.delivered_key
+    assert delivery.reply_content_type == "application/json"  # what is dead-lettered: the reply, in its format
+    assert msgspec.json.decode(delivery.reply_value)["error"]["code"] == ErrorCode.INVALID_REPLY_TOPIC

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from llmq_core import constants, wire
@@ -31,7 +32,7 @@ def test_legal_topic_names(name):
 
 def test_an_illegal_reply_topic_is_planned_as_undeliverable_and_still_stored():
     delivery = plan_delivery(succeeded("r1", "bad topic/ with spaces!!"))
-    assert delivery.reply_value is None and delivery.undeliverable
+    assert delivery.undeliverable and not delivery.delivered_key  # never produced there; dead-lettered as the reply
     assert wire.decode(delivery.store).request_id == "r1"
     assert plan_delivery(succeeded("r2", "ok.replies")).undeliverable is None
 
@@ -80,3 +81,22 @@ async def test_a_result_whose_routing_raises_is_dead_lettered_and_the_next_one_d
     )
     assert producer.keys() == [(constants.TOPIC_DEAD_LETTERS, b"odd"), ("ok.replies", b"good")]
     assert consumer.commits == [None]
+
+
+@pytest.mark.parametrize("content_type", [constants.CONTENT_TYPE_JSON, constants.CONTENT_TYPE_MSGPACK])
+async def test_a_dead_lettered_reply_keeps_the_producers_content_type(content_type):
+    """The dead letter of a reply that could not be sent is that reply, in the format its producer asked for (a JSON
+    producer's dead letters were the result records' msgpack)."""
+    result = msgspec.structs.replace(
+        succeeded("lost", "missing.replies"),
+        reply_to=wire.KafkaReply(topic="missing.replies", content_type=content_type),
+    )
+    record = result_record(0, result)
+    record.headers = [("traceparent", b"00-abc-def-01")]
+    _, producer, _ = await route(record)
+    (letter,) = producer.sent
+    headers = dict(letter["headers"])
+    assert letter["topic"] == constants.TOPIC_DEAD_LETTERS and letter["key"] == b"lost"
+    assert headers["content-type"] == content_type.encode() and headers["traceparent"] == b"00-abc-def-01"
+    assert wire.decode(letter["value"], content_type).request_id == "lost"
+    assert headers["x-llmq-reply-topic"] == b"missing.replies" and b"does not exist" in headers["x-llmq-error"]

@@ -1,6 +1,8 @@
 {{/* Names and labels. */}}
+{{- /* <release>-llmq, or the release's own name when it says llmq already (release llmq: llmq-api, not llmq-llmq-api) */ -}}
 {{- define "llmq.fullname" -}}
-{{- printf "%s-llmq" .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- $name := ternary .Release.Name (printf "%s-llmq" .Release.Name) (contains .Chart.Name .Release.Name) -}}
+{{- $name | trunc 40 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "llmq.labels" -}}

@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from llmq_api import validation
 from llmq_api.auth import Principal
 from llmq_api.batch_jobs import inputs
 from llmq_api.batch_jobs.access import check_deferred, not_found, owned_file, take_request
 from llmq_api.batch_jobs.builder import InvalidInput, JobBuilder
+from llmq_api.batch_jobs.expiry import OUTPUT_PARAM, ExpiresAfter, policy_seconds
 from llmq_api.errors import ApiError, invalid
 from llmq_core import ids
 from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, OPENAI
@@ -36,6 +38,7 @@ class CreateBatch(msgspec.Struct, kw_only=True):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None
 
 
 class BatchJobs:
@@ -49,14 +52,15 @@ class BatchJobs:
 
     async def create(self, principal: Principal, body: bytes, idempotency_key: str | None = None) -> JobView:
         """Validate and create a job from a ``POST /v1/batches`` body. A repeated ``idempotency_key`` returns the
-        batch it created (nothing runs twice); the same key with another input file, endpoint, window or metadata is
-        refused 422. Raises 400 (bad body, endpoint, window, metadata, input file purpose, an estimate over the batch
-        quota, possible results over the job's or the tenant's result bytes), 403 (the key may not use the deferred
-        class), 404 (input file), 409 (the same key's batch is being created), 429 (requests per minute, the batch
-        quota's rest today, the tenant's running jobs' result bytes, concurrent creates)."""
+        batch it created (nothing runs twice); the same key with another input file, endpoint, window, metadata or
+        output expiry is refused 422. Raises 400 (bad body, endpoint, window, metadata, output_expires_after, input file
+        purpose, an estimate over the batch quota, possible results over the job's or the tenant's result bytes), 403
+        (the key may not use the deferred class), 404 (input file), 409 (the same key's batch is being created), 429
+        (requests per minute, the batch quota's rest today, the tenant's running jobs' result bytes, concurrent
+        creates)."""
         check_deferred(principal, "create batches")
         await take_request(self.limiter, principal)
-        request = _decode_create(body)
+        request = validation.decode_body(body, CreateBatch)
         batch_id = ids.batch_job_id(self.settings.region.name)
         if idempotency_key is None:
             return await self._create(principal, request, batch_id)
@@ -76,7 +80,7 @@ class BatchJobs:
                 raise ApiError(
                     422,
                     f"This Idempotency-Key already created batch {job.spec.id} with a different "
-                    "input_file_id, endpoint, completion_window or metadata",
+                    "input_file_id, endpoint, completion_window, metadata or output_expires_after",
                     param=HTTP_IDEMPOTENCY_KEY,
                     code="idempotency_key_reused",
                 )
@@ -100,10 +104,11 @@ class BatchJobs:
         except ValueError as exc:
             raise invalid(str(exc), param="completion_window", code="invalid_completion_window") from None
         _check_metadata(request.metadata)
+        expires_after_s = policy_seconds(request.output_expires_after, OUTPUT_PARAM)
         source = await owned_file(self.store.files, principal, request.input_file_id)
         if source.purpose != jobs.FILE_PURPOSE_BATCH or source.kind != "input":
             raise invalid(f"File {source.id} does not have purpose 'batch'", param="input_file_id")
-        spec = self._spec(batch_id, principal, request, window_s)
+        spec = self._spec(batch_id, principal, request, window_s, expires_after_s)
         checker = self.builder.checker(spec.endpoint, self.settings.jobs.batch_max_lines)
         try:
             return await self.builder.build(spec, principal, self._file_lines(checker, source.path), checker.checked)
@@ -120,7 +125,9 @@ class BatchJobs:
                     break
         yield checker.end()
 
-    def _spec(self, batch_id: str, principal: Principal, request: CreateBatch, window_s: int) -> JobSpec:
+    def _spec(
+        self, batch_id: str, principal: Principal, request: CreateBatch, window_s: int, expires_after_s: int | None
+    ) -> JobSpec:
         region = self.settings.region.name
         return self.builder.new_spec(
             batch_id,
@@ -132,6 +139,7 @@ class BatchJobs:
             metadata=request.metadata,
             output_file_id=ids.file_id(region),
             error_file_id=ids.file_id(region),
+            output_expires_after_s=expires_after_s,
         )
 
     async def get(self, principal: Principal, batch_id: str) -> JobView:
@@ -164,21 +172,14 @@ class BatchJobs:
 
 def _repeats(request: CreateBatch, spec: JobSpec) -> bool:
     """Whether a create repeats the one that made ``spec`` (an Idempotency-Key retry) rather than asking for more."""
-    return (request.input_file_id, request.endpoint, request.completion_window, request.metadata) == (
-        spec.input_file_id,
-        spec.endpoint,
-        spec.completion_window,
-        spec.metadata,
-    )
-
-
-def _decode_create(body: bytes) -> CreateBatch:
-    try:
-        return msgspec.json.decode(body, type=CreateBatch)
-    except msgspec.ValidationError as exc:
-        raise invalid(f"Invalid request: {exc}", code="invalid_type") from None
-    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise invalid(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    policy = request.output_expires_after
+    return (
+        request.input_file_id,
+        request.endpoint,
+        request.completion_window,
+        request.metadata,
+        None if policy is None else policy.seconds,
+    ) == (spec.input_file_id, spec.endpoint, spec.completion_window, spec.metadata, spec.output_expires_after_s)
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:

@@ -260,7 +260,7 @@ class JobBuilder:
 
     async def _start(self, spec: JobSpec, errored: int) -> JobView:
         now_s = self.clock.now_ms() // 1000
-        expires_at = spec.expires_ms // 1000 + self.settings.jobs.files_retention_s
+        expires_at = jobs.output_files_expire_at(spec, self.settings.jobs.files_retention_s)
         await self.store.jobs.create_job(
             spec,
             jobs.IN_PROGRESS,

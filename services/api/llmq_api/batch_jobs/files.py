@@ -4,6 +4,7 @@ and serve a job's output and error files rendered from its results.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import BinaryIO
 
@@ -23,7 +24,10 @@ from llmq_jobs.filestore import FileStore
 from llmq_jobs.jobs import FileRecord, JobView
 from llmq_jobs.store import JobStore
 
+log = logging.getLogger(__name__)
+
 MAX_FILES_PAGE = 10_000  # OpenAI's bound on GET /v1/files?limit
+LIST_ORDERS = ("asc", "desc")  # GET /v1/files?order: by created_at
 UPLOAD_CHUNK_BYTES = 1 << 20
 _json = msgspec.json.encode
 
@@ -50,8 +54,11 @@ class BatchFiles:
         if used >= quota:
             raise self._over_quota(quota, used)
 
-    async def upload(self, principal: Principal, filename: str, purpose: str, source: BinaryIO) -> FileRecord:
-        """Store an uploaded input file (``purpose`` must be ``batch``). 413 past ``files_max_bytes``; 400 past the
+    async def upload(
+        self, principal: Principal, filename: str, purpose: str, source: BinaryIO, expires_after_s: int | None = None
+    ) -> FileRecord:
+        """Store an uploaded input file (``purpose`` must be ``batch``), kept ``expires_after_s`` (its
+        ``expires_after``; at most, and by default, ``files_retention_s``). 413 past ``files_max_bytes``; 400 past the
         tenant's storage quota (the bytes of its live uploads)."""
         if purpose != jobs.FILE_PURPOSE_BATCH:
             raise invalid(f"purpose must be '{jobs.FILE_PURPOSE_BATCH}', got {echo(purpose)}", param="purpose")
@@ -84,7 +91,7 @@ class BatchFiles:
             purpose=purpose,
             bytes=size,
             created_at=now_s,
-            expires_at=now_s + self.settings.jobs.files_retention_s,
+            expires_at=now_s + jobs.kept_s(expires_after_s, self.settings.jobs.files_retention_s),
             path=path,
         )
         try:
@@ -112,21 +119,46 @@ class BatchFiles:
         )
 
     async def get_file(self, principal: Principal, file_id: str) -> FileRecord:
-        return await owned_file(self.store.files, principal, file_id)
+        return await self._sized(await owned_file(self.store.files, principal, file_id))
+
+    async def _sized(self, record: FileRecord) -> FileRecord:
+        """``record`` with its ``bytes``: an output or error file's are counted by rendering it once its job has
+        ended (kept in the record from then on); while the job runs they are 0, as the file is not final."""
+        if record.kind == "input" or record.sized:
+            return record
+        job = await self.store.jobs.get_job(record.batch_id or "")
+        if job is None or job.status not in jobs.TERMINAL_STATUSES:
+            return record
+        try:
+            results = await self._results(job)
+        except FileNotFoundError:  # ended, its results file not written yet (or lost): sized on a later read
+            log.warning("the results file of ended batch %s is missing: %s unsized", job.spec.id, record.id)
+            return record
+        size = 0
+        async for line in _render_lines(results, want_success=record.kind == "output"):
+            size += len(line)
+        record = msgspec.structs.replace(record, bytes=size, sized=True)
+        await self.store.files.update_file(record)
+        return record
 
     async def list_files(
-        self, principal: Principal, purpose: str | None, after: str | None, limit: int
+        self, principal: Principal, purpose: str | None, after: str | None, limit: int, order: str = "desc"
     ) -> tuple[list[FileRecord], bool]:
-        """A page of the tenant's files, newest first, after the file ``after``; ``purpose`` filters within the page."""
+        """A page of the tenant's files of ``purpose`` (None: any), newest first (``order`` ``asc``: oldest first),
+        after the file ``after``."""
         if not 1 <= limit <= MAX_FILES_PAGE:
             raise invalid(f"limit must be between 1 and {MAX_FILES_PAGE}, got {echo(limit)}", param="limit")
-        cursor = await self.get_file(principal, after) if after else None
-        records, has_more = await self.store.files.list_files(principal.tenant_id, cursor, limit)
-        return [r for r in records if purpose is None or r.purpose == purpose], has_more
+        if order not in LIST_ORDERS:
+            raise invalid(f"order must be one of {', '.join(LIST_ORDERS)}, got {echo(order)}", param="order")
+        cursor = await owned_file(self.store.files, principal, after) if after else None
+        records, has_more = await self.store.files.list_files(
+            principal.tenant_id, cursor, limit, purpose, order == "asc"
+        )
+        return [await self._sized(record) for record in records], has_more
 
     async def delete_file(self, principal: Principal, file_id: str) -> None:
         """Forget the file; an input file's bytes go too (a job's results stay with the job)."""
-        record = await self.get_file(principal, file_id)
+        record = await owned_file(self.store.files, principal, file_id)
         await self.store.files.delete_file(record)
         if record.kind == "input":
             await self.files.delete(record.path)
@@ -134,7 +166,7 @@ class BatchFiles:
     async def content(self, principal: Principal, file_id: str) -> AsyncIterator[bytes]:
         """The file's bytes: an upload as stored; a job's output or error file rendered from its results so far
         (partial while the job runs). Raises 404 before the first chunk."""
-        record = await self.get_file(principal, file_id)
+        record = await owned_file(self.store.files, principal, file_id)
         if record.kind == "input":
             if not await self.files.exists(record.path):
                 raise not_found("file", file_id)
@@ -142,7 +174,10 @@ class BatchFiles:
         job = await self.store.jobs.get_job(record.batch_id or "")
         if job is None:
             raise not_found("file", file_id)
-        results = await self._results(job)
+        try:
+            results = await self._results(job)
+        except FileNotFoundError:  # its job ended without a results file (lost from the store)
+            raise not_found("file", file_id) from None
         return _render_lines(results, want_success=record.kind == "output")
 
     async def _results(self, job: JobView) -> list[wire.FinalResult]:

@@ -26,6 +26,8 @@ def batch_object(job: JobView) -> dict:
     counts = job.counts
     input_tokens, output_tokens = job.count("input_tokens"), job.count("output_tokens")
     succeeded = job.count(jobs.STATE_COUNTER[jobs.SUCCEEDED])
+    # OpenAI's error_file_id of a batch that ended with every line succeeded is null (no file with nothing in it)
+    no_errors = failed or (job.status in jobs.TERMINAL_STATUSES and succeeded == spec.total)
     body = {
         "id": spec.id,
         "object": "batch",
@@ -36,7 +38,7 @@ def batch_object(job: JobView) -> dict:
         "completion_window": spec.completion_window,
         "status": job.status,
         "output_file_id": None if failed else spec.output_file_id,
-        "error_file_id": None if failed else spec.error_file_id,
+        "error_file_id": None if no_errors else spec.error_file_id,
         "created_at": spec.created_ms // 1000,
         "expires_at": spec.expires_ms // 1000,
         **{f"{name}_at": job.times.get(name) for name in _TIMESTAMPS},

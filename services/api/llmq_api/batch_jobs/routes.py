@@ -10,7 +10,7 @@ from starlette.datastructures import UploadFile
 
 from llmq_api import idempotency, validation
 from llmq_api.auth import Principal
-from llmq_api.batch_jobs import render
+from llmq_api.batch_jobs import expiry, render
 from llmq_api.batch_jobs.batches import BatchJobs
 from llmq_api.batch_jobs.files import BatchFiles
 from llmq_api.errors import ApiError, invalid
@@ -110,13 +110,16 @@ async def create_file(request: Request) -> dict:
             raise invalid("'file' is required (a multipart file field)", param="file")
         if not isinstance(purpose, str):
             raise invalid("'purpose' is required", param="purpose")
-        record = await service.upload(principal, upload.filename or "", purpose, upload.file)
+        expires_after_s = expiry.form_seconds(form)
+        record = await service.upload(principal, upload.filename or "", purpose, upload.file, expires_after_s)
     return render.file_object(record)
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None, after: str | None = None, limit: int = 100) -> dict:
-    records, has_more = await _files(request).list_files(_principal(request), purpose, after, limit)
+async def list_files(
+    request: Request, purpose: str | None = None, after: str | None = None, limit: int = 100, order: str = "desc"
+) -> dict:
+    records, has_more = await _files(request).list_files(_principal(request), purpose, after, limit, order)
     return _page([render.file_object(r) for r in records], has_more)
 
 

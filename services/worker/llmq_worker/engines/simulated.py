@@ -120,6 +120,7 @@ class SimulatedEngine:
             running=len(self._running),
             queued=len(self._queue),
             est_drain_ms=rest_ms + batches * self.fixed_batch_time_ms,
+            window_end_ms=self._batch_end_ms if self._running else 0,
         )
 
     async def close(self) -> None:
