@@ -18,13 +18,11 @@ from llmq_api.auth import KeyStore, Principal
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import BATCH_BUCKET, REQUESTS_BUCKET, TOKENS_BUCKET
 from llmq_api.sse import data_json
-from llmq_core import wire
+from llmq_core import api_formats, wire
 from llmq_core.constants import (
     HTTP_ANTHROPIC_REQUEST_ID,
     HTTP_ANTHROPIC_VERSION,
     HTTP_API_KEY,
-    INTERACTIVE,
-    TIER_PAID,
 )
 from llmq_core.requests import echo
 from llmq_core.status import ErrorCode
@@ -37,43 +35,17 @@ if TYPE_CHECKING:
 # What anthropic-version may say: the pinned SDK's (anthropic 2.15 sends 2026-10-21) and Anthropic's documented
 # examples' (2023-06-01). The shapes served are the same for both.
 ANTHROPIC_VERSIONS = ("2023-06-01", "2026-10-21")
-OVERLOADED_STATUS = 529  # Anthropic's status for shed load (its SDK: OverloadedError, retried)
-
-# Anthropic's error type of each status the pod answers (429 is chosen by its cause: see anthropic_error).
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    409: "conflict_error",
-    410: "not_found_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    431: "invalid_request_error",
-    500: "api_error",
-    503: "api_error",
-    504: "timeout_error",
-}
 _TENANT_LIMITS = frozenset({REQUESTS_BUCKET, TOKENS_BUCKET, BATCH_BUCKET})  # a 429 of these is the tenant's own
 
 
 def anthropic_error(error: ApiError, request_id: str | None) -> tuple[int, dict, dict[str, str]]:
-    """(status, Anthropic error body, headers) of ``error``: see the module doc. Any status not in ERROR_TYPES (none
-    today) is an ``api_error`` when >= 500, an ``invalid_request_error`` below."""
-    status = error.status
-    if status == 429:
-        tenant = error.type in _TENANT_LIMITS
-        status, kind = (429, "rate_limit_error") if tenant else (OVERLOADED_STATUS, "overloaded_error")
-    else:
-        kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    message = f"{error.param}: {error.message}" if error.param else error.message
-    body = {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+    """(status, Anthropic error body, headers) of ``error``: see the module doc and
+    :func:`~llmq_core.api_formats.anthropic_status`."""
+    status, kind = api_formats.anthropic_status(error.status, tenant_limit=error.type in _TENANT_LIMITS)
     headers = error.response_headers()
     if request_id:
         headers[HTTP_ANTHROPIC_REQUEST_ID] = request_id
-    return status, body, headers
+    return status, api_formats.anthropic_error_body(error, kind, request_id), headers
 
 
 def speaks_anthropic(path: str, header_names: Iterable[str | bytes]) -> bool:
@@ -102,44 +74,6 @@ def authenticate(keys: KeyStore, headers: Headers) -> Principal:
     principal = keys.authenticate(f"Bearer {api_key}" if api_key is not None else headers.get("authorization"))
     check_version(headers)
     return principal
-
-
-def service_tier(result: wire.FinalResult) -> str:
-    """Anthropic's ``usage.service_tier``: ``batch`` for a batch job's line, ``priority`` for interactive work of a
-    paid key (llmq's highest priority class), ``standard`` for everything else."""
-    if isinstance(result.reply_to, wire.JobReply):
-        return "batch"
-    return "priority" if result.traffic_class == INTERACTIVE and result.tier == TIER_PAID else "standard"
-
-
-def stop_reason(choice: wire.Choice) -> str:
-    """``max_tokens`` (the limit or the result cap), ``stop_sequence`` (a stop string ended it), ``end_turn``."""
-    if choice.finish_reason == "length":
-        return "max_tokens"
-    return "stop_sequence" if choice.stop_sequence is not None else "end_turn"
-
-
-def usage(result: wire.FinalResult) -> dict:
-    return {
-        "input_tokens": result.usage.prompt_tokens,
-        "output_tokens": result.usage.completion_tokens,
-        "service_tier": service_tier(result),
-    }
-
-
-def message_body(result: wire.FinalResult, message_id: str) -> dict:
-    """The ``message`` of a succeeded result (its first choice: Anthropic has no ``n``)."""
-    choice = min(result.choices, key=lambda c: c.index)
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "text", "text": choice.text}],
-        "model": result.model,
-        "stop_reason": stop_reason(choice),
-        "stop_sequence": choice.stop_sequence,
-        "usage": usage(result),
-    }
 
 
 def event(name: str, payload: dict) -> bytes:
@@ -185,11 +119,13 @@ class AnthropicStream:
 
     def closing(self, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
         choice = min(result.choices, key=lambda c: c.index)
-        delta = {"stop_reason": stop_reason(choice), "stop_sequence": choice.stop_sequence}
+        delta = {"stop_reason": api_formats.stop_reason(choice), "stop_sequence": choice.stop_sequence}
         return (
             self.text(0, choice.text[len(sent.get(choice.index, "")) :])
             + event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            + event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage(result)})
+            + event(
+                "message_delta", {"type": "message_delta", "delta": delta, "usage": api_formats.anthropic_usage(result)}
+            )
             + event("message_stop", {"type": "message_stop"})
         )
 
@@ -202,7 +138,7 @@ class AnthropicDialect:
     """Anthropic's wire format (:class:`llmq_api.responses.Dialect`); every response carries ``request-id``."""
 
     def body(self, result: wire.FinalResult, pending: PendingRequest) -> dict:
-        return message_body(result, pending.request_id)
+        return api_formats.message_body(result, pending.request_id)
 
     def error(self, error: ApiError, request_id: str | None) -> tuple[int, dict, dict[str, str]]:
         return anthropic_error(error, request_id)

@@ -35,10 +35,10 @@ from llmq_api.errors import ApiError, store_unavailable
 from llmq_api.generation import Ask, Generation
 from llmq_api.hot_routes import HotRoutesApp
 from llmq_api.metrics import ApiMetrics
-from llmq_api.openai_format import OPENAI, error_for, response_body, usage_dict
+from llmq_api.openai_format import OPENAI, error_for
 from llmq_api.pod import Pod
 from llmq_api.responses import Dialect, ResultResponse, StreamResponse
-from llmq_core import ids, tracing, wire
+from llmq_core import api_formats, ids, tracing, wire
 from llmq_core.constants import (
     ANTHROPIC,
     HTTP_ANTHROPIC_VERSION,
@@ -267,15 +267,15 @@ def _request_object(result: wire.FinalResult) -> dict:
         "finished": result.finished_ms // 1000,
         "response": None if error else _stored_response(result, request_id),
         "error": error.body()["error"] if error else None,
-        "usage": usage_dict(result.usage),
+        "usage": api_formats.usage_dict(result.usage),
     }
 
 
 def _stored_response(result: wire.FinalResult, request_id: str) -> dict:
     """A succeeded result's body as its caller got it: an Anthropic message, or an OpenAI completion."""
     if result.api_format == ANTHROPIC:
-        return anthropic_format.message_body(result, request_id)
-    return response_body(result, request_id, result.endpoint, result.created_ms // 1000)
+        return api_formats.message_body(result, request_id)
+    return api_formats.response_body(result, request_id, result.endpoint, result.created_ms // 1000)
 
 
 def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:

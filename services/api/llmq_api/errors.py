@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from redis.exceptions import ResponseError
 
+from llmq_core.api_formats import error_body
 from llmq_core.constants import HTTP_RETRY_AFTER, HTTP_SHOULD_RETRY
 from llmq_core.requests import RequestError
 from llmq_core.status import ErrorCode, ErrorType
@@ -48,7 +49,7 @@ class ApiError(RequestError):
 
     def body(self) -> dict:
         """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}`` (param/code may be None)."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self)
 
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"

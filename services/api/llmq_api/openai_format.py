@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmq_api.admission import too_many_requests
-from llmq_api.errors import RETRY_AFTER_S, ApiError
+from llmq_api.errors import RETRY_AFTER_S, RETRYABLE_STATUSES, ApiError
 from llmq_api.sse import data_json
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 from llmq_core import status, wire
+from llmq_core.api_formats import response_body, result_error, usage_dict
+from llmq_core.constants import HTTP_RETRY_AFTER
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
 
 if TYPE_CHECKING:
@@ -28,48 +29,6 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse(payload: dict) -> bytes:
     """One Server-Sent Event carrying ``payload`` as JSON."""
     return b"data: " + data_json(payload) + b"\n\n"
-
-
-def usage_dict(usage: wire.Usage) -> dict:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-    }
-
-
-def response_body(result: wire.FinalResult, request_id: str, endpoint: wire.Endpoint, created_s: int) -> dict:
-    """The non-streaming body of a succeeded result: a ``text_completion`` or a ``chat.completion``."""
-    choices = sorted(result.choices, key=lambda c: c.index)
-    if endpoint == "chat.completions":
-        return {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": created_s,
-            "model": result.model,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None,
-                    "finish_reason": c.finish_reason,
-                }
-                for c in choices
-            ],
-            "usage": usage_dict(result.usage),
-            "system_fingerprint": None,
-        }
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created_s,
-        "model": result.model,
-        "choices": [
-            {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason} for c in choices
-        ],
-        "usage": usage_dict(result.usage),
-        "system_fingerprint": None,
-    }
 
 
 class ChunkFormatter:
@@ -186,34 +145,20 @@ def error_for(resolution: Resolution) -> ApiError | None:
             type=ErrorType.CANCELED,
             code=resolution.reason,
         )
-    if resolution.outcome == wire.Outcome.SUCCEEDED:
-        return None
-    if resolution.outcome == wire.Outcome.EXPIRED:
-        return ApiError(
-            504, "The request expired before it completed", type=ErrorType.TIMEOUT, code=ErrorCode.DEADLINE_EXCEEDED
-        )
-    if resolution.outcome == wire.Outcome.CANCELED:
-        reason = resolution.error.message if resolution.error else "canceled"
-        return ApiError(
-            409, f"The request was canceled: {reason}", type=ErrorType.CANCELED, code="request_canceled", retryable=True
-        )
-    return _errored(resolution.error)
-
-
-def _errored(error: wire.ErrorInfo | None) -> ApiError:
+    error = result_error(resolution)
     if error is None:
-        return ApiError(500, "The request failed", type=ErrorType.SERVER)
-    if error.type == ErrorType.INVALID_REQUEST:
-        return ApiError(400, error.message, type=error.type, param=error.param, code=error.code)
-    if (
-        error.type == ErrorType.OVERLOADED
-    ):  # the batcher's full queue: the backstop behind the pods' own admission control
-        return too_many_requests(error.message, RETRY_AFTER_S, type=error.type)
-    if error.retryable:
-        return ApiError(
-            503, error.message, type=error.type, code=error.code, headers={"retry-after": str(RETRY_AFTER_S)}
-        )
-    return ApiError(500, error.message, type=error.type or ErrorType.SERVER, code=error.code)
+        return None
+    canceled = error.type == ErrorType.CANCELED  # not the request's fault: retrying it is safe
+    retry = {HTTP_RETRY_AFTER: str(RETRY_AFTER_S)} if error.status in RETRYABLE_STATUSES else None
+    return ApiError(
+        error.status,
+        error.message,
+        type=error.type,
+        param=error.param,
+        code=error.code,
+        headers=retry,
+        retryable=canceled or None,
+    )
 
 
 def outcome_label(resolution: Resolution) -> str:

@@ -9,10 +9,11 @@ import httpx2
 import msgspec
 import pytest
 
-from llmq_api.anthropic_format import ANTHROPIC_VERSIONS, ERROR_TYPES
+from llmq_api.anthropic_format import ANTHROPIC_VERSIONS
 from llmq_api.anthropic_messages import IGNORED, READ, REFUSED_UNLESS_OFF
 from llmq_api.auth import KeyStore, Principal
 from llmq_core import constants, wire
+from llmq_core.api_formats import ANTHROPIC_ERROR_TYPES as ERROR_TYPES
 from llmq_core.settings import Settings
 from tests.unit.api.conftest import DEV_AUTH
 

@@ -14,7 +14,7 @@ from llmq_api.batch_jobs import inputs, message_render
 from llmq_api.batch_jobs.message_requests import MAX_OPENING_BYTES, RequestSplitter, input_line
 from llmq_api.errors import ApiError
 from llmq_core import wire
-from llmq_jobs import jobs
+from llmq_jobs import jobs, lines
 from llmq_jobs.jobs import JobView
 from tests.builders import generation_request, job_spec
 from tests.fake_results import fake_result
@@ -131,14 +131,13 @@ def test_each_result_type_validates():
         prompt=None,
         messages=[wire.ChatMessage(role="user", content="hi")],
     )
-    succeeded = message_render.result_line(fake_result(request, wire.Outcome.SUCCEEDED, "hi"))
+    succeeded = lines.result_line(fake_result(request, wire.Outcome.SUCCEEDED, "hi"))
     invalid = wire.ErrorInfo(type="invalid_request_error", message="bad", param="temperature")
-    errored = message_render.result_line(fake_result(request, wire.Outcome.ERRORED, error=invalid))
+    errored = lines.result_line(fake_result(request, wire.Outcome.ERRORED, error=invalid))
     lost = wire.ErrorInfo(type="engine_error", message="worker lost", retryable=True)
-    dead = message_render.result_line(fake_result(request, wire.Outcome.ERRORED, error=lost))
+    dead = lines.result_line(fake_result(request, wire.Outcome.ERRORED, error=lost))
     ended = [
-        message_render.result_line(fake_result(request, outcome))
-        for outcome in (wire.Outcome.CANCELED, wire.Outcome.EXPIRED)
+        lines.result_line(fake_result(request, outcome)) for outcome in (wire.Outcome.CANCELED, wire.Outcome.EXPIRED)
     ]
     parsed = [strict(MessageBatchIndividualResponse, line) for line in (succeeded, errored, dead, *ended)]
     assert [p.result.type for p in parsed] == ["succeeded", "errored", "errored", "canceled", "expired"]

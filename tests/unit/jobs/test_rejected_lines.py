@@ -7,10 +7,11 @@ import pytest
 
 from llmq_api import validation
 from llmq_api.auth import Principal
-from llmq_api.batch_jobs import inputs, render
+from llmq_api.batch_jobs import inputs
 from llmq_api.batch_jobs.builder import _rejected
 from llmq_api.errors import ApiError
 from llmq_core.models import BUILTIN_MODELS
+from llmq_jobs import lines
 from tests.builders import job_spec
 
 MODELS = {name: spec.context_window for name, spec in BUILTIN_MODELS.items()}
@@ -42,7 +43,7 @@ def test_the_error_line_has_the_endpoints_status_and_error_object(body):
     expected = endpoint_error(body)
     line = json.dumps({"custom_id": "c", "method": "POST", "url": ENDPOINT, "body": body})
     [checked] = inputs.check_input(line.encode(), ENDPOINT, MODELS, inputs.Limits(10, 1 << 20)).lines
-    succeeded, out = render.output_line(_rejected(SPEC, Principal(tenant_id="t"), checked))
+    succeeded, out = lines.output_line(_rejected(SPEC, Principal(tenant_id="t"), checked))
     assert not succeeded
     assert out["response"]["status_code"] == expected.status
     assert out["response"]["body"] == expected.body()

@@ -4,7 +4,7 @@ import pytest
 
 from llmq_api.batch_jobs import render
 from llmq_core import wire
-from llmq_jobs import jobs
+from llmq_jobs import jobs, lines
 from llmq_jobs.jobs import FileRecord, JobView, LineError
 from tests.builders import job_spec
 
@@ -26,7 +26,7 @@ def result(outcome=wire.Outcome.SUCCEEDED, endpoint="chat.completions", error=No
 
 
 def test_a_succeeded_chat_line_carries_the_chat_completion():
-    succeeded, line = render.output_line(result())
+    succeeded, line = lines.output_line(result())
     assert succeeded
     assert line["custom_id"] == "c1" and line["error"] is None and line["id"].startswith("batch_req_")
     response = line["response"]
@@ -37,7 +37,7 @@ def test_a_succeeded_chat_line_carries_the_chat_completion():
 
 
 def test_a_succeeded_completions_line_carries_a_text_completion():
-    _, line = render.output_line(result(endpoint="completions"))
+    _, line = lines.output_line(result(endpoint="completions"))
     assert line["response"]["body"]["object"] == "text_completion"
     assert line["response"]["body"]["choices"][0]["text"] == "hello"
 
@@ -52,7 +52,7 @@ def test_a_succeeded_completions_line_carries_a_text_completion():
     ],
 )
 def test_errored_lines_carry_the_http_status_and_openai_error_body(error, status, dead):
-    succeeded, line = render.output_line(result(wire.Outcome.ERRORED, error=error))
+    succeeded, line = lines.output_line(result(wire.Outcome.ERRORED, error=error))
     assert not succeeded
     assert line["response"]["status_code"] == status
     assert line["response"]["body"]["error"]["message"] == error.message
@@ -63,7 +63,7 @@ def test_errored_lines_carry_the_http_status_and_openai_error_body(error, status
     "outcome,code", [(wire.Outcome.CANCELED, "batch_cancelled"), (wire.Outcome.EXPIRED, "batch_expired")]
 )
 def test_cancelled_and_expired_lines_carry_an_error_and_no_response(outcome, code):
-    succeeded, line = render.output_line(result(outcome))
+    succeeded, line = lines.output_line(result(outcome))
     assert not succeeded
     assert line["response"] is None and line["error"]["code"] == code
 

@@ -11,7 +11,6 @@ from typing import BinaryIO
 import msgspec
 
 from llmq_api.auth import Principal
-from llmq_api.batch_jobs import render
 from llmq_api.batch_jobs.access import check_deferred, not_found, owned_file, take_request
 from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter
@@ -19,7 +18,7 @@ from llmq_core import ids, wire
 from llmq_core.clock import Clock
 from llmq_core.requests import echo
 from llmq_core.settings import Settings
-from llmq_jobs import jobs
+from llmq_jobs import jobs, lines
 from llmq_jobs.filestore import FileStore
 from llmq_jobs.jobs import FileRecord, JobView
 from llmq_jobs.store import JobStore
@@ -208,6 +207,6 @@ def _chunks(source: BinaryIO, limit: int) -> Iterator[bytes]:
 
 async def _render_lines(results: list[wire.FinalResult], want_success: bool) -> AsyncIterator[bytes]:
     for result in results:
-        succeeded, line = render.output_line(result)
+        succeeded, line = lines.output_line(result)
         if succeeded == want_success:
             yield _json(line) + b"\n"

@@ -26,7 +26,7 @@ from llmq_api.errors import ApiError, invalid
 from llmq_core import ids, wire
 from llmq_core.constants import ANTHROPIC
 from llmq_core.requests import echo
-from llmq_jobs import jobs
+from llmq_jobs import jobs, lines
 from llmq_jobs.jobs import JobView
 
 MAX_LIST_LIMIT = 1000  # Anthropic's
@@ -179,4 +179,4 @@ async def _result_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 def _render(line: bytes) -> bytes:
     result = msgspec.json.decode(line, type=wire.FinalResult)
-    return msgspec.json.encode(message_render.result_line(result)) + b"\n"
+    return msgspec.json.encode(lines.result_line(result)) + b"\n"

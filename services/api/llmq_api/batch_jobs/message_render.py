@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from llmq_api.anthropic_format import anthropic_error, message_body
-from llmq_api.batch_jobs.render import line_error
 from llmq_core import wire
 from llmq_jobs import jobs
 from llmq_jobs.jobs import JobView
@@ -50,19 +48,3 @@ def message_batch(job: JobView, results_url: str) -> dict:
         "archived_at": None,  # an ended batch is kept whole for its retention, then forgotten (404)
         "results_url": results_url if results_ready(job) else None,
     }
-
-
-def result_line(result: wire.FinalResult) -> dict:
-    """One line of the results: ``{custom_id, result}``; ``result`` is ``succeeded`` with the message, ``errored``
-    with Anthropic's error (an invalid request's ``invalid_request_error``; a line that failed every retry round
-    ``api_error``, or the error it last had), ``canceled`` or ``expired``."""
-    reply = result.reply_to
-    custom_id = reply.custom_id if isinstance(reply, wire.JobReply) else ""
-    outcome = result.outcome
-    if outcome is wire.Outcome.SUCCEEDED:
-        message = message_body(result, jobs.output_line_id(result.request_id, prefix="msg_"))
-        return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
-    if outcome is wire.Outcome.ERRORED:
-        _, error, _ = anthropic_error(line_error(result), None)
-        return {"custom_id": custom_id, "result": {"type": "errored", "error": error}}
-    return {"custom_id": custom_id, "result": {"type": outcome.value}}

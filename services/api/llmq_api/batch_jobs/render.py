@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-from llmq_api.errors import ApiError
-from llmq_api.openai_format import error_for, response_body
-from llmq_core import wire
-from llmq_core.status import ErrorCode
 from llmq_jobs import jobs
 from llmq_jobs.jobs import FileRecord, JobView
 
-_ENDED_CODES = {wire.Outcome.CANCELED: ErrorCode.BATCH_CANCELLED, wire.Outcome.EXPIRED: ErrorCode.BATCH_EXPIRED}
-_ENDED_MESSAGES = {
-    wire.Outcome.CANCELED: "This request was cancelled with its batch",
-    wire.Outcome.EXPIRED: "This request did not run before the batch's completion window ended",
-}
 _TIMESTAMPS = jobs.STATUSES[1:]  # every status but validating has its <status>_at
 
 
@@ -80,40 +71,3 @@ def file_object(record: FileRecord) -> dict:
         "expires_at": record.expires_at,
         "status_details": None,
     }
-
-
-def line_error(result: wire.FinalResult) -> ApiError:
-    """The error of a line that did not succeed, with the status its request would have got over HTTP (an unknown
-    model's 404: the stored error keeps only its invalid-request type)."""
-    error = error_for(result)
-    if error.code == ErrorCode.MODEL_NOT_FOUND:
-        error.status = 404
-    return error
-
-
-def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
-    """``(succeeded, line)``: one line of the output file (succeeded) or of the error file (everything else).
-
-    A request that got an answer carries ``response`` (status code, request id, body: the completion or the
-    OpenAI error); a cancelled or expired one carries ``error`` (``batch_cancelled`` / ``batch_expired``).
-    ``dead_letter`` marks a line that still failed with a retryable error after its last retry round.
-    """
-    reply = result.reply_to
-    custom_id = reply.custom_id if isinstance(reply, wire.JobReply) else ""
-    line = {"id": jobs.output_line_id(result.request_id), "custom_id": custom_id, "response": None, "error": None}
-    outcome = result.outcome
-    if outcome is wire.Outcome.SUCCEEDED:
-        line["response"] = {
-            "status_code": 200,
-            "request_id": result.request_id,
-            "body": response_body(result, result.request_id, result.endpoint, result.created_ms // 1000),
-        }
-        return True, line
-    if outcome in _ENDED_CODES:
-        line["error"] = {"code": _ENDED_CODES[outcome], "message": _ENDED_MESSAGES[outcome]}
-        return False, line
-    error = line_error(result)
-    line["response"] = {"status_code": error.status, "request_id": result.request_id, "body": error.body()}
-    if result.error is not None and result.error.retryable:
-        line["dead_letter"] = True
-    return False, line
