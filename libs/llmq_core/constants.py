@@ -244,6 +244,11 @@ HTTP_API_KEY: Final = "x-api-key"  # Anthropic's API key header (Authorization: 
 # The wire format a caller speaks (wire.GenerationRequest.api_format): how its responses and stored result look.
 OPENAI: Final = "openai"
 ANTHROPIC: Final = "anthropic"
+API_FORMATS: Final = (OPENAI, ANTHROPIC)
+# What a Kafka reply record holds (wire.KafkaReply.body): the FinalResult, or the result line of the request's api_format.
+REPLY_BODY_RESULT: Final = "result"
+REPLY_BODY_API: Final = "api"
+REPLY_BODIES: Final = (REPLY_BODY_RESULT, REPLY_BODY_API)
 
 # --- request limits ---
 MAX_LOGIT_BIAS_TOKENS: Final = 300  # entries of one request's logit_bias, as OpenAI allows

@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 import msgspec
 
 from llmq_core import wire
-from llmq_core.constants import DEFERRED, INTERACTIVE, MAX_LOGIT_BIAS_TOKENS, MAX_RESULT_BYTES, NEAR_INTERACTIVE
+from llmq_core.constants import (
+    ANTHROPIC,
+    API_FORMATS,
+    DEFERRED,
+    INTERACTIVE,
+    MAX_LOGIT_BIAS_TOKENS,
+    MAX_RESULT_BYTES,
+    NEAR_INTERACTIVE,
+    REPLY_BODIES,
+)
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import ApiSettings, JobsSettings, Settings
 from llmq_core.status import ErrorCode, ErrorType
@@ -123,6 +132,7 @@ def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
     """Check a request that did not pass an API pod, as the API checks a body; raises :class:`RequestError`."""
     window = check_model(request.model, rules.windows)
     chat = request.endpoint == "chat.completions"
+    check_formats(request, chat)
     counter = rules.counters.get(request.model, BYTES)
     if chat:
         tokens = count_prompt(counter, messages=check_messages(request.messages))
@@ -131,6 +141,22 @@ def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
     sampling = request.sampling
     check_sampling(sampling, max_stop_bytes=rules.max_stop_bytes)
     check_context(tokens, sampling.max_tokens, window, "messages" if chat else "prompt", True)
+
+
+def check_formats(request: wire.GenerationRequest, chat: bool) -> None:
+    """The request's ``api_format`` is one llmq speaks (Anthropic's: chat only, as its Messages API) and its Kafka
+    reply's ``body`` one it writes."""
+    if request.api_format not in API_FORMATS:
+        raise invalid(
+            f"api_format must be one of {', '.join(API_FORMATS)}, got {echo(request.api_format)}", param="api_format"
+        )
+    if request.api_format == ANTHROPIC and not chat:
+        raise invalid("api_format anthropic needs the chat.completions endpoint (Messages are chats)", param="endpoint")
+    reply = request.reply_to
+    if isinstance(reply, wire.KafkaReply) and reply.body not in REPLY_BODIES:
+        raise invalid(
+            f"reply_to.body must be one of {', '.join(REPLY_BODIES)}, got {echo(reply.body)}", param="reply_to.body"
+        )
 
 
 def count_prompt(counter: TokenCounter, *, prompt: str = "", messages: list[wire.ChatMessage] | None = None) -> int:

@@ -16,6 +16,7 @@ from llmq_core.constants import (
     CONTENT_TYPE_MSGPACK,
     HEADER_CONTENT_TYPE,
     OPENAI,
+    REPLY_BODY_RESULT,
     TIERS,
     TRAFFIC_CLASSES,
 )
@@ -55,10 +56,16 @@ class HttpReply(_Struct, kw_only=True, tag="http", tag_field="kind"):
 
 
 class KafkaReply(_Struct, kw_only=True, tag="kafka", tag_field="kind"):
-    """An internal producer consumes its results from Kafka ``topic`` (JSON or msgpack per ``content_type``)."""
+    """An internal producer consumes its results from Kafka ``topic`` (JSON or msgpack per ``content_type``).
+
+    ``body``: what each reply record holds (constants.REPLY_BODIES): ``result``, the FinalResult; ``api``, the request's
+    result as its ``api_format``'s batch API writes a result line (OpenAI's batch output line, Anthropic's Message Batch
+    result line). A str, not a Literal: the batcher refuses an unknown one with a clear error (param ``reply_to.body``).
+    """
 
     topic: str
     content_type: str = CONTENT_TYPE_JSON
+    body: str = REPLY_BODY_RESULT
 
 
 class JobReply(_Struct, kw_only=True, tag="job", tag_field="kind"):
@@ -365,8 +372,8 @@ _msgpack_decoder = msgspec.msgpack.Decoder(Message)
 _json_decoder = msgspec.json.Decoder(Message)
 
 
-def encode(message: Message, content_type: str = CONTENT_TYPE_MSGPACK) -> bytes:
-    """Serialise a wire message as msgpack (default) or JSON."""
+def encode(message: Message | dict, content_type: str = CONTENT_TYPE_MSGPACK) -> bytes:
+    """Serialise a wire message (or a plain dict: a Kafka reply's API result line) as msgpack (default) or JSON."""
     if content_type == CONTENT_TYPE_JSON:
         return _json_encoder.encode(message)
     return _msgpack_encoder.encode(message)

@@ -9,6 +9,7 @@ Anthropic's Message Batch results (``{custom_id, result: {type: succeeded | erro
 from __future__ import annotations
 
 from llmq_core import api_formats, wire
+from llmq_core.constants import ANTHROPIC
 from llmq_core.requests import RequestError
 from llmq_core.status import ErrorCode
 from llmq_jobs import jobs
@@ -42,7 +43,8 @@ def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
     ``custom_id`` :func:`custom_id_of` the result.
 
     A request that got an answer carries ``response`` (status code, request id, body: the completion or the
-    OpenAI error); a cancelled or expired one carries ``error`` (``batch_cancelled`` / ``batch_expired``).
+    OpenAI error); a batch line cancelled or expired with its batch carries ``error`` (``batch_cancelled`` /
+    ``batch_expired``), any other request's cancel or expiry is its HTTP answer's (409, 504) in ``response``.
     ``dead_letter`` marks a line that still failed with a retryable error after its last retry round.
     """
     line = {
@@ -56,7 +58,7 @@ def output_line(result: wire.FinalResult) -> tuple[bool, dict]:
         body = api_formats.response_body(result, result.request_id, result.endpoint, result.created_ms // 1000)
         line["response"] = {"status_code": 200, "request_id": result.request_id, "body": body}
         return True, line
-    if outcome in _ENDED_CODES:
+    if outcome in _ENDED_CODES and isinstance(result.reply_to, wire.JobReply):  # ended with its batch
         line["error"] = {"code": _ENDED_CODES[outcome], "message": _ENDED_MESSAGES[outcome]}
         return False, line
     error = line_error(result)
@@ -81,3 +83,9 @@ def result_line(result: wire.FinalResult) -> dict:
         body = api_formats.anthropic_error_body(error, kind, None)
         return {"custom_id": custom_id, "result": {"type": "errored", "error": body}}
     return {"custom_id": custom_id, "result": {"type": outcome.value}}
+
+
+def reply_line(result: wire.FinalResult) -> dict:
+    """A Kafka reply's body in the request's ``api_format`` (``KafkaReply.body`` ``api``): Anthropic's result line,
+    or OpenAI's output line."""
+    return result_line(result) if result.api_format == ANTHROPIC else output_line(result)[1]

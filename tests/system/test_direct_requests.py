@@ -13,6 +13,8 @@ import httpx
 import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from anthropic.types.messages import MessageBatchIndividualResponse
+from openai.types.chat import ChatCompletion
 
 from llmq_core import constants, ids, kafka, wire
 from llmq_core.redis_client import make_redis
@@ -209,3 +211,31 @@ async def test_a_reproduced_request_id_with_other_parameters_is_errored_request_
     assert (differs["outcome"], error["code"], error["param"]) == ("errored", "request_id_reused", "request_id")
     assert "different parameters" in error["message"] and not differs["choices"]
     assert repeat["outcome"] == "succeeded" and repeat["choices"] == first["choices"] and repeat["request_copy"]
+
+
+async def test_a_producer_gets_its_reply_in_openais_or_anthropics_format(clients):
+    """Issue 32 item 5: ``reply_to.body: api`` answers with the request's ``api_format``'s batch result line (the
+    shapes the SDKs parse), under the producer's own id; a chat in Anthropic's format gets its Message Batch line."""
+    topic, producer, reader, _ = clients
+    tag = uuid.uuid4().hex[:8]
+    now_ms = int(time.time() * 1000)
+    reply = wire.KafkaReply(topic=topic, body=constants.REPLY_BODY_API)
+    chat = wire.GenerationRequest(
+        request_id=f"chat-{tag}",
+        tenant_id="dev",
+        model="llmq-sim",
+        endpoint="chat.completions",
+        messages=[wire.ChatMessage(role="user", content="hello")],
+        sampling=wire.SamplingParams(max_tokens=4),
+        created_ms=now_ms,
+        deadline_ms=now_ms + 60_000,
+        reply_to=reply,
+    )
+    await produce(producer, chat)
+    await produce(producer, msgspec.structs.replace(chat, request_id=f"msg-{tag}", api_format=constants.ANTHROPIC))
+    got = {line.get("custom_id"): line for line in await replies(reader, topic, 2)}
+    openai_line = got[f"chat-{tag}"]
+    assert openai_line["response"]["status_code"] == 200
+    ChatCompletion.model_validate(openai_line["response"]["body"])
+    anthropic_line = MessageBatchIndividualResponse.model_validate(got[f"msg-{tag}"])
+    assert anthropic_line.result.type == "succeeded" and anthropic_line.result.message.usage.output_tokens == 4

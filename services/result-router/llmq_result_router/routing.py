@@ -7,6 +7,7 @@ import msgspec
 from llmq_core import constants, ids, wire
 from llmq_core.kafka import reply_topic_error
 from llmq_core.status import ErrorCode
+from llmq_jobs import lines
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,7 +38,7 @@ def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = 
     answer = {  # what the producer reads, in its format: also what is dead-lettered when it cannot be sent
         "reply_topic": reply.topic,
         "reply_key": producer_id.encode(),
-        "reply_value": wire.encode(msgspec.structs.replace(result, request_id=producer_id), reply.content_type),
+        "reply_value": _reply_value(msgspec.structs.replace(result, request_id=producer_id), reply),
         "reply_content_type": reply.content_type,
     }
     refused = _reply_refusal(result, allowed_prefixes)
@@ -56,6 +57,13 @@ def plan_delivery(result: wire.FinalResult, allowed_prefixes: tuple[str, ...] = 
             else constants.delivered_key(result.request_id)
         ),
         **answer,
+    )
+
+
+def _reply_value(result: wire.FinalResult, reply: wire.KafkaReply) -> bytes:
+    """The reply record's value in ``reply.content_type``: the FinalResult, or its API result line (``body`` api)."""
+    return wire.encode(
+        lines.reply_line(result) if reply.body == constants.REPLY_BODY_API else result, reply.content_type
     )
 
 

@@ -117,3 +117,24 @@ def test_deadlines_are_clamped_to_the_class_maximum(created, deadline, now, expe
         wire_request({"model": "llmq-sim", "prompt": "x"}), created_ms=created, deadline_ms=deadline
     )
     assert requests.clamp_deadline(request, 60_000, now).deadline_ms == expected
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"api_format": "gemini"}, "api_format"),
+        ({"api_format": "anthropic"}, "endpoint"),  # Anthropic's format is its Messages API's: chats only
+        ({"reply_to": wire.KafkaReply(topic="t", body="openai")}, "reply_to.body"),
+    ],
+)
+def test_a_kafka_direct_request_names_a_format_llmq_writes(fields, param):
+    request = msgspec.structs.replace(wire_request({"model": "llmq-sim", "prompt": "hello"}), **fields)
+    with pytest.raises(requests.RequestError) as raised:
+        requests.check_request(request, RULES)
+    assert (raised.value.status, raised.value.param) == (400, param)
+
+
+def test_an_anthropic_chat_with_an_api_reply_passes():
+    chat = wire_request({"model": "llmq-sim", "messages": [{"role": "user", "content": "hi"}]})
+    reply = wire.KafkaReply(topic="t", body="api")
+    requests.check_request(msgspec.structs.replace(chat, api_format="anthropic", reply_to=reply), RULES)
