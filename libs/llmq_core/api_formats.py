@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from llmq_core import wire
 from llmq_core.constants import INTERACTIVE, TIER_PAID
+from llmq_core.logprob_shapes import chat_logprobs, completion_logprobs
 from llmq_core.requests import RequestError
 from llmq_core.status import ErrorCode, ErrorType
 
@@ -58,7 +59,7 @@ def response_body(result: wire.FinalResult, request_id: str, endpoint: wire.Endp
                 {
                     "index": c.index,
                     "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None,
+                    "logprobs": chat_logprobs(c.logprobs),
                     "finish_reason": c.finish_reason,
                 }
                 for c in choices
@@ -72,7 +73,13 @@ def response_body(result: wire.FinalResult, request_id: str, endpoint: wire.Endp
         "created": created_s,
         "model": result.model,
         "choices": [
-            {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason} for c in choices
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": completion_logprobs(c.logprobs),
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
         ],
         "usage": usage_dict(result.usage),
         "system_fingerprint": None,

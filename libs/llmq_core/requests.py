@@ -21,6 +21,7 @@ from llmq_core.constants import (
     INTERACTIVE,
     MAX_LOGIT_BIAS_TOKENS,
     MAX_RESULT_BYTES,
+    MAX_TOP_LOGPROBS,
     NEAR_INTERACTIVE,
     REPLY_BODIES,
 )
@@ -237,6 +238,7 @@ def check_sampling(
     check_result_size(sampling.n, sampling.max_tokens, max_param, max_tokens_given)
     check_stop(sampling.stop, max_stop_bytes, stop_param)
     check_logit_bias(sampling.logit_bias)
+    in_range("logprobs", sampling.logprobs, 0, MAX_TOP_LOGPROBS)
 
 
 def in_range(param: str, value: float | None, low: float, high: float) -> None:

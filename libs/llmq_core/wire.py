@@ -92,7 +92,8 @@ class SamplingParams(_Struct, kw_only=True):
     """OpenAI sampling controls. ``max_tokens`` counts completion tokens per choice; ``n`` is the number of choices.
 
     ``logit_bias``: token id -> bias in [-100, 100] added to that token's logit (the worker checks ids against its model's
-    vocabulary).
+    vocabulary). ``logprobs``: None, no logprobs; k (0..MAX_TOP_LOGPROBS): each choice carries the log probability of
+    every token whose text it keeps and the k most likely alternatives at that position (see :class:`TokenLogprob`).
     """
 
     max_tokens: Int64 = 16
@@ -102,6 +103,7 @@ class SamplingParams(_Struct, kw_only=True):
     seed: Int64 | None = None
     n: Int64 = 1
     logit_bias: dict[Int64, float] | None = None
+    logprobs: Count | None = None
 
 
 class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
@@ -189,6 +191,25 @@ class ErrorInfo(_Struct, kw_only=True):
     param: str | None = None  # the request field at fault (OpenAI's ``param``), e.g. ``reply_to.topic``
 
 
+class TopLogprob(_Struct, kw_only=True):
+    """One candidate token at a position: its text (``bytes`` as UTF-8, a byte that is no character whole as ``\\xNN``),
+    its UTF-8 ``bytes`` and natural-log probability under the model (before logit_bias, temperature and top_p)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] = []
+
+
+class TokenLogprob(_Struct, kw_only=True):
+    """One generated token (OpenAI's chat ``logprobs.content`` entry, field for field): as :class:`TopLogprob`, plus
+    the ``top_logprobs`` most likely tokens at its position (SamplingParams.logprobs of them, most likely first)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] = []
+    top_logprobs: list[TopLogprob] = []
+
+
 class Choice(_Struct, kw_only=True):
     """``stop_sequence``: the stop string that ended the choice (finish_reason ``stop``; never part of ``text``), None
     when it ended otherwise or its worker predates the field (Anthropic's ``stop_sequence``)."""
@@ -197,6 +218,9 @@ class Choice(_Struct, kw_only=True):
     text: str
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
+    # SamplingParams.logprobs set: one entry per token whose text ``text`` keeps at least in part (a stop sequence or the
+    # result cap cuts the text: the tokens from the cut on are left out), in order; None when not asked
+    logprobs: list[TokenLogprob] | None = None
 
 
 class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
@@ -213,6 +237,7 @@ class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
     sent_ms: Int64
     attempt: Count = 0
     tenant_id: str = ""
+    logprobs: list[TokenLogprob] | None = None  # the entries (Choice.logprobs) released with this text, when asked
 
 
 class FinalResult(_Message, kw_only=True, tag="final_result"):

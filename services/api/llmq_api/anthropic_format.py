@@ -111,8 +111,8 @@ class AnthropicStream:
             + event("ping", {"type": "ping"})
         )
 
-    def text(self, index: int, text: str) -> bytes:
-        if index != 0 or not text:
+    def text(self, index: int, text: str, logprobs: list[wire.TokenLogprob] | None = None) -> bytes:
+        if index != 0 or not text:  # Anthropic's API has no logprobs
             return b""
         delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
         return event("content_block_delta", delta)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmq_api.errors import RETRY_AFTER_S, RETRYABLE_STATUSES, ApiError
+from llmq_api.logprobs_format import StreamLogprobs
 from llmq_api.sse import data_json
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 from llmq_core import status, wire
@@ -32,7 +33,8 @@ def sse(payload: dict) -> bytes:
 
 
 class ChunkFormatter:
-    """Stream chunks of one request (``text_completion`` or ``chat.completion.chunk``), all with the same id."""
+    """Stream chunks of one request (``text_completion`` or ``chat.completion.chunk``), all with the same id; each
+    text chunk carries the logprob entries of its text (``logprobs`` counts what was sent of them)."""
 
     def __init__(self, request_id: str, endpoint: wire.Endpoint, model: str, created_s: int, include_usage: bool):
         self.chat = endpoint == "chat.completions"
@@ -44,6 +46,7 @@ class ChunkFormatter:
             "model": model,
             "system_fingerprint": None,
         }
+        self.logprobs = StreamLogprobs(self.chat)
 
     def _chunk(self, choices: list[dict]) -> bytes:
         payload = {**self._head, "choices": choices}
@@ -62,13 +65,21 @@ class ChunkFormatter:
             ]
         )
 
-    def text(self, index: int, text: str, finish_reason: str | None = None) -> bytes:
-        """New ``text`` of choice ``index``; with ``finish_reason`` set it is that choice's last chunk."""
+    def text(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None = None,
+        logprobs: list[wire.TokenLogprob] | None = None,
+    ) -> bytes:
+        """New ``text`` of choice ``index`` and the ``logprobs`` entries of its tokens (None: not asked); with
+        ``finish_reason`` set it is that choice's last chunk."""
+        rendered = self.logprobs.render(index, logprobs)
         if self.chat:
             delta = {"content": text} if text else {}
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": rendered, "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": rendered, "finish_reason": finish_reason}
         return self._chunk([choice])
 
     def usage(self, usage: wire.Usage) -> bytes:
@@ -77,11 +88,12 @@ class ChunkFormatter:
 
 
 def finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
-    """Per choice: whatever text the stream has not carried yet, with the finish reason; then the usage if asked."""
+    """Per choice: whatever text (and logprob entries) the stream has not carried yet, with the finish reason; then
+    the usage if asked."""
     parts = []
     for choice in sorted(result.choices, key=lambda c: c.index):
         rest = choice.text[len(sent.get(choice.index, "")) :]
-        parts.append(fmt.text(choice.index, rest, choice.finish_reason))
+        parts.append(fmt.text(choice.index, rest, choice.finish_reason, fmt.logprobs.rest(choice)))
     if fmt.include_usage:
         parts.append(fmt.usage(result.usage))
     return b"".join(parts)
@@ -100,8 +112,8 @@ class OpenAIStream:
     def opening(self) -> bytes:
         return self._fmt.role(self._n)
 
-    def text(self, index: int, text: str) -> bytes:
-        return self._fmt.text(index, text)
+    def text(self, index: int, text: str, logprobs: list[wire.TokenLogprob] | None = None) -> bytes:
+        return self._fmt.text(index, text, logprobs=logprobs)
 
     def closing(self, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
         return finish_chunks(self._fmt, result, sent) + SSE_DONE

@@ -51,8 +51,8 @@ class StreamEncoder(Protocol):
         """What goes out before any text (may be empty)."""
         ...
 
-    def text(self, index: int, text: str) -> bytes:
-        """New ``text`` of choice ``index``."""
+    def text(self, index: int, text: str, logprobs: list[wire.TokenLogprob] | None = None) -> bytes:
+        """New ``text`` of choice ``index`` and the logprob entries of its tokens (None: not asked)."""
         ...
 
     def closing(self, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
@@ -275,7 +275,7 @@ class StreamResponse(Response):
                     time.perf_counter() - pending.started_s
                 )
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
-            await write(fmt.text(chunk.index, chunk.text))
+            await write(fmt.text(chunk.index, chunk.text, chunk.logprobs))
 
         headers = _headers(
             pending,

@@ -22,7 +22,9 @@ from llmq_core.constants import (
     HTTP_TIMEOUT_MS,
     HTTP_TRAFFIC_CLASS,
     INTERACTIVE,
+    MAX_COMPLETION_LOGPROBS,
     MAX_RESULT_BYTES,
+    MAX_TOP_LOGPROBS,
     OPENAI,
     TRAFFIC_CLASSES,
 )
@@ -247,12 +249,12 @@ def _completion(raw: _CompletionBody, context_window: int, max_stop_bytes: int, 
     _reject_unsupported(
         raw,
         echo=bool(raw.echo),
-        logprobs=raw.logprobs is not None,
         best_of=raw.best_of not in (None, 1),
         suffix=bool(raw.suffix),
     )
     prompt = _single_prompt(raw.prompt)
-    sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes)
+    requests.in_range("logprobs", raw.logprobs, 0, MAX_COMPLETION_LOGPROBS)
+    sampling = _sampling(raw, raw.max_tokens, max_stop_bytes=max_stop_bytes, logprobs=raw.logprobs)
     prompt_tokens = requests.count_prompt(counter, prompt=prompt)
     requests.check_context(prompt_tokens, sampling.max_tokens, context_window, "prompt", raw.max_tokens is not None)
     return sampling, prompt_tokens, {"prompt": prompt}
@@ -263,8 +265,6 @@ def _chat(raw: _ChatBody, context_window: int, max_stop_bytes: int, counter: Tok
     only by the context window and the result cap (OpenAI's chat contract): see :func:`chat_max_tokens`."""
     _reject_unsupported(
         raw,
-        logprobs=bool(raw.logprobs),
-        top_logprobs=bool(raw.top_logprobs),
         tools=bool(raw.tools),
         functions=bool(raw.functions),
         response_format=raw.response_format is not None and raw.response_format.type != "text",
@@ -274,7 +274,7 @@ def _chat(raw: _ChatBody, context_window: int, max_stop_bytes: int, counter: Tok
     messages = _chat_messages(raw.messages)
     max_param = "max_completion_tokens" if raw.max_completion_tokens is not None else "max_tokens"
     max_tokens = raw.max_completion_tokens if raw.max_completion_tokens is not None else raw.max_tokens
-    sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes)
+    sampling = _sampling(raw, max_tokens, max_param, max_stop_bytes=max_stop_bytes, logprobs=_chat_logprobs(raw))
     prompt_tokens = requests.count_prompt(counter, messages=messages)
     if max_tokens is None:
         sampling = msgspec.structs.replace(
@@ -284,6 +284,19 @@ def _chat(raw: _ChatBody, context_window: int, max_stop_bytes: int, counter: Tok
         prompt_tokens, sampling.max_tokens, context_window, "messages", max_tokens is not None, max_param
     )
     return sampling, prompt_tokens, {"messages": messages}
+
+
+def _chat_logprobs(raw: _ChatBody) -> int | None:
+    """Chat's ``logprobs`` (bool) and ``top_logprobs`` (0..MAX_TOP_LOGPROBS, only with ``logprobs: true``, as OpenAI
+    requires) as SamplingParams.logprobs: None when off, else the alternatives per token."""
+    requests.in_range("top_logprobs", raw.top_logprobs, 0, MAX_TOP_LOGPROBS)
+    if not raw.logprobs:
+        if raw.top_logprobs is not None:
+            raise invalid(
+                "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs", code=ErrorCode.INVALID_VALUE
+            )
+        return None
+    return raw.top_logprobs or 0
 
 
 def _valid(
@@ -409,7 +422,12 @@ def joined_text(parts: list, param_of: Callable[[int], str], noun: str = "conten
 
 
 def _sampling(
-    raw: _CommonBody, max_tokens: int | None, max_param: str = "max_tokens", *, max_stop_bytes: int
+    raw: _CommonBody,
+    max_tokens: int | None,
+    max_param: str = "max_tokens",
+    *,
+    max_stop_bytes: int,
+    logprobs: int | None = None,
 ) -> wire.SamplingParams:
     defaults = wire.SamplingParams()
     sampling = wire.SamplingParams(
@@ -420,6 +438,7 @@ def _sampling(
         seed=raw.seed,
         n=raw.n if raw.n is not None else defaults.n,
         logit_bias=_logit_bias(raw.logit_bias),
+        logprobs=logprobs,
     )
     requests.check_sampling(
         sampling, max_stop_bytes=max_stop_bytes, max_param=max_param, max_tokens_given=max_tokens is not None

@@ -106,6 +106,7 @@ class AnswerWriter:
             sent_ms=self._clock.now_ms(),
             attempt=request.attempt,
             tenant_id=request.tenant_id,
+            logprobs=event.logprobs,
         )
         active.seq += 1
         return chunk

@@ -18,7 +18,7 @@ from llmq_core.clock import Clock
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import render_chat
-from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, Usage
+from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, TokenLogprob, Usage
 
 
 class InvalidRequest(ValueError):
@@ -33,11 +33,13 @@ class InvalidRequest(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ChunkEvent:
-    """New visible text of choice ``index`` of ``request_id`` (never part of a UTF-8 character or of a stop string)."""
+    """New visible text of choice ``index`` of ``request_id`` (never part of a UTF-8 character or of a stop string);
+    ``logprobs``: the entries released with it (:attr:`llmq_worker.text.ChoiceText.take_logprobs`), None when not asked."""
 
     request_id: str
     index: int
     text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,7 @@ class ChoiceEnd:
     tokens: int
     finish_reason: FinishReason | None
     stop_sequence: str | None = None  # the stop string that ended it, if one did
+    logprobs: list[TokenLogprob] | None = None  # of the tokens its text keeps (None: not asked)
 
 
 class EngineRun(Protocol):
@@ -100,6 +103,7 @@ class FinalEvent:
                     text=c.text,
                     finish_reason=c.finish_reason if succeeded else None,
                     stop_sequence=c.stop_sequence if succeeded else None,
+                    logprobs=c.logprobs,
                 )
                 for c in ends
             ],

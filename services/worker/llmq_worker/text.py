@@ -1,8 +1,15 @@
-"""Engine-independent text handling of one choice: incremental detokenization, stop strings and the result byte cap.
+"""Engine-independent text handling of one choice: incremental detokenization, stop strings, logprobs and the result
+byte caps.
 
 Invariants: no part of a stop string is ever emitted, no partial UTF-8 character is ever emitted (never U+FFFD), the
 pieces returned by :meth:`ChoiceText.push` and :meth:`ChoiceText.finish` concatenate to :attr:`ChoiceText.text`, and
 the text of all choices sharing one :class:`ResultBudget` is at most its bytes (MAX_RESULT_BYTES) in UTF-8.
+
+Logprobs (when asked): a token's entry belongs to the choice when its text starts before the end of the kept text (it
+keeps at least one of its bytes, or it comes before one that does): so a stop sequence or a cap that cuts the text
+drops the tokens from the cut on, a token holding the start of the stop sequence included, and an end token (no text)
+is left out. An entry is released with the piece of text that reaches into its token, so the entries released with
+the pieces concatenate to :attr:`ChoiceText.logprobs`: a stream carries exactly the entries of the final result.
 """
 
 from __future__ import annotations
@@ -10,11 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from llmq_core.constants import MAX_RESULT_BYTES
+import msgspec
+
+from llmq_core.constants import MAX_LOGPROBS_BYTES, MAX_RESULT_BYTES
 from llmq_core.tokenizer import IncrementalDetokenizer
-from llmq_core.wire import FinishReason
+from llmq_core.wire import FinishReason, TokenLogprob
 
 REPLACEMENT_CHAR = "\ufffd"
+_json = msgspec.json.Encoder()
 
 
 class Detokenizer(Protocol):
@@ -104,10 +114,21 @@ def _overlap(text: str, stop: str) -> int:
 
 class ResultBudget:
     """The UTF-8 bytes the choices of one result may still add: every engine stops a request's generation where its
-    text reaches ``limit_bytes`` (default MAX_RESULT_BYTES), so every result fits one Kafka record."""
+    text reaches ``limit_bytes`` (default MAX_RESULT_BYTES), or its logprob entries (JSON-encoded) reach
+    ``logprob_limit_bytes`` (default MAX_LOGPROBS_BYTES), so every result fits one Kafka record."""
 
-    def __init__(self, limit_bytes: int = MAX_RESULT_BYTES) -> None:
+    def __init__(self, limit_bytes: int = MAX_RESULT_BYTES, logprob_limit_bytes: int = MAX_LOGPROBS_BYTES) -> None:
         self.left_bytes = limit_bytes
+        self.logprob_left_bytes = logprob_limit_bytes
+
+    def take_logprob(self, entry: TokenLogprob) -> bool:
+        """Spend the JSON size of ``entry``; False (nothing spent, and nothing will be again) when it does not fit."""
+        size = len(_json.encode(entry))
+        if size > self.logprob_left_bytes:
+            self.logprob_left_bytes = 0
+            return False
+        self.logprob_left_bytes -= size
+        return True
 
     @property
     def exhausted(self) -> bool:
@@ -131,10 +152,16 @@ class ChoiceText:
     ``budget`` (shared by the choices of one request; its own one of MAX_RESULT_BYTES unless given) ran out.
 
     ``detokenizer``: the byte-level one of the built-in models unless given (e.g. a :class:`WindowDetokenizer`).
+    ``logprobs``: the request asks for them (see the module's rule): :meth:`push` then takes one entry per id.
     """
 
     def __init__(
-        self, stops: list[str], detokenizer: Detokenizer | None = None, budget: ResultBudget | None = None
+        self,
+        stops: list[str],
+        detokenizer: Detokenizer | None = None,
+        budget: ResultBudget | None = None,
+        *,
+        logprobs: bool = False,
     ) -> None:
         self._detokenizer = detokenizer or IncrementalDetokenizer()
         self._matcher = StopMatcher(stops)
@@ -142,6 +169,12 @@ class ChoiceText:
         self._parts: list[str] = []
         self.tokens = 0
         self.capped = False  # the result's byte cap ended this choice: later tokens are ignored and not counted
+        self._entries: list[TokenLogprob] | None = [] if logprobs else None  # of the tokens counted
+        self._starts: list[int] = []  # each entry's token: where its text starts in the detokenized bytes
+        self._raw_bytes = 0  # bytes the detokenizer gave so far (the emitted text is a prefix of them)
+        self._emitted_bytes = 0
+        self._released = 0  # entries released with the text so far
+        self._taken = 0  # of them, handed out by take_logprobs
 
     @property
     def stopped(self) -> bool:
@@ -170,7 +203,19 @@ class ChoiceText:
         """All text emitted so far."""
         return "".join(self._parts)
 
-    def push(self, token_ids: list[int]) -> str:
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """The entries released with the text so far (None when not asked)."""
+        return None if self._entries is None else self._entries[: self._released]
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The entries released since the last call (None when not asked): those of the text pushed since."""
+        if self._entries is None:
+            return None
+        taken, self._taken = self._entries[self._taken : self._released], self._released
+        return taken
+
+    def push(self, token_ids: list[int], logprobs: list[TokenLogprob] | None = None) -> str:
         """Feed generated ids; returns the newly visible text ('' while a character or a possible stop is pending).
 
         With the byte-level detokenizer cost is in bytes, not tokens: the ids go through as one slice unless that slice
@@ -180,6 +225,10 @@ class ChoiceText:
         """
         if self.done:
             return ""
+        if self._entries is not None:
+            if logprobs is None or len(logprobs) != len(token_ids):
+                raise ValueError(f"{len(token_ids)} ids need as many logprob entries, got {logprobs!r:.80}")
+            return self._push_each(token_ids, logprobs)
         if not isinstance(self._detokenizer, IncrementalDetokenizer):
             return self._push_each(token_ids)
         checkpoint = self._detokenizer.state(), self._matcher.state()
@@ -191,14 +240,21 @@ class ChoiceText:
         self._matcher.restore(checkpoint[1])
         return self._push_each(token_ids)
 
-    def _push_each(self, token_ids: list[int]) -> str:
+    def _push_each(self, token_ids: list[int], logprobs: list[TokenLogprob] | None = None) -> str:
         out = []
-        for token_id in token_ids:
+        for i, token_id in enumerate(token_ids):
             self.capped = self.capped or self._budget.exhausted
+            if logprobs is not None and not self.done and not self._budget.take_logprob(logprobs[i]):
+                self.capped = True
             if self.done:
                 break
             self.tokens += 1
-            out.append(self._budget.take(self._matcher.push(self._detokenizer.push([token_id]))))
+            raw = self._detokenizer.push([token_id])
+            if logprobs is not None:
+                self._entries.append(logprobs[i])
+                self._starts.append(self._raw_bytes)
+                self._raw_bytes += len(raw.encode())
+            out.append(self._budget.take(self._matcher.push(raw)))
             self.capped = self._budget.exhausted
         return self._emit("".join(out))
 
@@ -214,4 +270,7 @@ class ChoiceText:
     def _emit(self, text: str) -> str:
         if text:
             self._parts.append(text)
+            self._emitted_bytes += len(text.encode())
+            while self._released < len(self._starts) and self._starts[self._released] < self._emitted_bytes:
+                self._released += 1
         return text

@@ -131,7 +131,9 @@ def test_completions_keep_the_legacy_default_of_16():
         (body(prompt="a", stream="yes"), "stream"),
         (body(prompt="a", stream_options={"include_usage": True}), "stream_options"),
         (body(prompt="a", echo=True), "echo"),
-        (body(prompt="a", logprobs=2), "logprobs"),
+        (body(prompt="a", logprobs=6), "logprobs"),
+        (body(prompt="a", logprobs=-1), "logprobs"),
+        (body(prompt="a", logprobs=True), "logprobs"),
         (body(prompt="a", best_of=3), "best_of"),
         (body(prompt="a", presence_penalty=1.0), "presence_penalty"),
         (body(prompt=""), "prompt"),
@@ -168,7 +170,10 @@ def test_completion_client_errors_are_400_naming_the_param(raw, param):
         ),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": False, "top_logprobs": 2}, "top_logprobs"),
         (
             {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
             "response_format",
@@ -178,6 +183,26 @@ def test_completion_client_errors_are_400_naming_the_param(raw, param):
 def test_chat_client_errors_are_400_naming_the_param(fields, param):
     error = rejected(parse_chat, body(**fields), MODELS)
     assert (error.status, error.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    "fields, logprobs",
+    [
+        ({}, None),
+        ({"logprobs": False}, None),
+        ({"logprobs": True}, 0),
+        ({"logprobs": True, "top_logprobs": 0}, 0),
+        ({"logprobs": True, "top_logprobs": 20}, 20),
+    ],
+)
+def test_chat_logprobs_and_top_logprobs_become_the_alternatives_per_token(fields, logprobs):
+    valid = parse_chat(body(messages=[{"role": "user", "content": "x"}], **fields), MODELS)
+    assert valid.sampling.logprobs == logprobs
+
+
+@pytest.mark.parametrize("logprobs", [None, 0, 5])
+def test_completion_logprobs_up_to_5_are_the_alternatives_per_token(logprobs):
+    assert parse_completion(body(prompt="a", logprobs=logprobs), MODELS).sampling.logprobs == logprobs
 
 
 def test_unknown_model_is_404_model_not_found():

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from llmq_core.wire import Outcome, SamplingParams, Usage
-from llmq_worker.engine import InvalidRequest
+from llmq_worker import logprobs
+from llmq_worker.engine import ChunkEvent, InvalidRequest
 from llmq_worker.engines.vllm_engine import (
     SEED_MODULUS,
     EngineDied,
     finish_reason,
     text_delta,
+    vllm_entries,
     vllm_sampling_kwargs,
 )
 from tests.unit.worker.worker_fakes import ScriptedClient, drain, make_request, scripted_vllm, settle
@@ -40,8 +44,10 @@ def test_sampled_choices_get_temperature_top_p_stop_bias_and_their_own_seed():
         "logit_bias": {5: -100.0, 9: 2.5},
         "skip_special_tokens": True,
         "include_stop_str_in_output": False,
+        "logprobs": None,
     }
     assert [k["seed"] for k in kwargs] == [41, 42, 43]
+    assert vllm_sampling_kwargs(SamplingParams(logprobs=20), 0)["logprobs"] == 20
     assert kwargs[0]["stop"] is not sampling.stop
 
 
@@ -159,3 +165,37 @@ async def test_submit_rejects_what_can_never_run(client_engine):
 
 def reject(**kwargs):
     raise ValueError("top_p must be in (0, 1]")
+
+
+def test_vllm_logprobs_become_entries_with_the_top_alternatives_most_likely_first():
+    candidates = {
+        3 + ord("a"): SimpleNamespace(logprob=-2.0),  # chosen, not among the top 1
+        3 + ord("b"): SimpleNamespace(logprob=-0.5),
+        3 + ord("c"): SimpleNamespace(logprob=-1.0),
+    }
+    (entry,) = vllm_entries([3 + ord("a")], [candidates], 2, logprobs.byte_token_bytes)
+    assert (entry.token, entry.logprob, entry.bytes) == ("a", -2.0, [97])
+    assert [(t.token, t.logprob) for t in entry.top_logprobs] == [("b", -0.5), ("c", -1.0)]
+    (alone,) = vllm_entries([3 + ord("a")], [candidates], 0, logprobs.byte_token_bytes)
+    assert alone.top_logprobs == []
+
+
+async def test_streamed_logprob_entries_add_up_to_the_final_ones_and_cover_a_split_character(client_engine):
+    _, engine = client_engine
+    engine.submit(make_request("lp", "héllo", max_tokens=4, logprobs=2))
+    engine.submit(make_request("plain", "hi", max_tokens=2))
+    finals, streamed = {}, {}
+    async with asyncio.timeout(5):
+        while len(finals) < 2:
+            for event in await engine.next_events():
+                if isinstance(event, ChunkEvent):
+                    streamed.setdefault(event.request_id, []).append(event.logprobs)
+                else:
+                    finals[event.request_id] = event
+    (choice,) = finals["lp"].choices
+    assert choice.text == "hél"
+    assert [e.token for e in choice.logprobs] == ["h", "\\xc3", "\\xa9", "l"]  # é's two bytes, each its own token
+    assert b"".join(bytes(e.bytes) for e in choice.logprobs).decode() == "hél"
+    assert [(t.token, t.logprob) for t in choice.logprobs[3].top_logprobs] == [("l", -0.13), ("m", -3.0)]
+    assert [e for chunk in streamed["lp"] for e in chunk] == choice.logprobs
+    assert finals["plain"].choices[0].logprobs is None and streamed["plain"] == [None, None]

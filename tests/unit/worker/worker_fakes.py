@@ -11,6 +11,7 @@ from llmq_core.clock import FakeClock
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import encode
 from llmq_core.wire import Batch, ChatMessage, Choice, GenerationRequest, HttpReply, Outcome, SamplingParams, Usage
+from llmq_worker import logprobs
 from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest, prompt_text
 from llmq_worker.engines.vllm_engine import VllmEngine
 
@@ -65,6 +66,7 @@ def make_request(
     temperature: float = 0.0,
     seed: int | None = None,
     logit_bias: dict[int, float] | None = None,
+    logprobs: int | None = None,
 ) -> GenerationRequest:
     return GenerationRequest(
         request_id=request_id,
@@ -73,7 +75,13 @@ def make_request(
         prompt=None if messages else prompt,
         messages=[ChatMessage(role=r, content=c) for r, c in messages] if messages else None,
         sampling=SamplingParams(
-            max_tokens=max_tokens, stop=stop or [], n=n, temperature=temperature, seed=seed, logit_bias=logit_bias
+            max_tokens=max_tokens,
+            stop=stop or [],
+            n=n,
+            temperature=temperature,
+            seed=seed,
+            logit_bias=logit_bias,
+            logprobs=logprobs,
         ),
         stream=stream,
         created_ms=created_ms,
@@ -171,9 +179,10 @@ class ScriptedClient:
                 text = bytes(t - 3 for t in ids).decode("utf-8", errors="replace")
                 done = len(ids) == min(len(prompt_ids), params["max_tokens"])
                 reason = ("length" if len(ids) == params["max_tokens"] else "stop") if done else None
-                yield SimpleNamespace(
-                    outputs=[SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason, stop_reason=None)]
-                )
+                out = SimpleNamespace(text=text, token_ids=list(ids), finish_reason=reason, stop_reason=None)
+                if params.get("logprobs") is not None:  # vLLM's: the chosen id and the top ones, by id
+                    out.logprobs = [_scripted_logprobs(t, k) for k, t in enumerate(ids)]
+                yield SimpleNamespace(outputs=[out])
                 await asyncio.sleep(0)
         except (asyncio.CancelledError, GeneratorExit):  # as AsyncLLM.generate: both abort the request
             self.aborted.append(request_id)
@@ -183,9 +192,23 @@ class ScriptedClient:
         pass
 
 
+def _scripted_logprobs(token_id: int, position: int) -> dict:
+    """The k-th token is the most likely at -0.1 - k/100; the id after it comes next at -3, and "z" at -5."""
+    return {
+        token_id: SimpleNamespace(logprob=-0.1 - position / 100),
+        token_id + 1: SimpleNamespace(logprob=-3.0),
+        3 + ord("z"): SimpleNamespace(logprob=-5.0),
+    }
+
+
 class ByteCodec:
+    token_bytes = staticmethod(logprobs.byte_token_bytes)
+
     def prompt_ids(self, request):
         return encode(prompt_text(request))
+
+    def text_size(self, token_id: int) -> int:
+        return len(logprobs.byte_token_bytes(token_id)) if token_id >= 3 else 0
 
 
 def scripted_vllm(client: ScriptedClient, **overrides) -> VllmEngine:

@@ -5,13 +5,15 @@ sample with ``torch.multinomial``: on a CPU and a 49k-token vocabulary that cost
 engine runs the manager greedy (argmax, no processors of its own) and :func:`install` adds four processors that pick
 each row's token themselves and leave only it possible, so the argmax takes it:
 
-- :class:`LogitBias` (first): adds a request's biases to its row's logits.
+- :class:`LogitBias` (first of the four): adds a request's biases to its row's logits.
 - :class:`Temperature`: divides a sampled row's logits by its temperature.
 - :class:`TopP`: the nucleus of a row with ``top_p`` < 1 (on a CPU it sorts only in steps that hold such a row).
-- :class:`Draw` (last): a greedy row takes its most likely token; a sampled row draws by inverse CDF on its final
+- :class:`Draw` (last of the four): a greedy row takes its most likely token; a sampled row draws by inverse CDF on its final
   distribution with a uniform number from its own ``random.Random`` when seeded (else from a shared one). The k-th
   token of a seeded request uses its k-th draw whatever else runs: a request run alone reproduces exactly; in a mixed
   batch its logits may differ in the last bits (other batch shapes), so there it is best effort.
+
+The logprob processors of :mod:`~llmq_worker.engines.cb_logprobs` come before and after them.
 
 They read only their tensor argument and tensors they own (no Python branching on tensor data; TopP's shortcut is taken
 only on a CPU), so they also work when the manager captures its steps in CUDA graphs or runs two steps in flight.
@@ -25,6 +27,7 @@ import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
+from llmq_worker.engines import cb_logprobs
 
 GREEDY = -1.0  # the draw of a greedy row: its most likely token
 _UNSEEDED = random.Random()  # draws of sampled rows without a seed
@@ -158,13 +161,17 @@ def chosen(scores: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
 
 
 def install(manager) -> None:
-    """Add the engine's processors to a manager that has not started yet (and runs greedy, without processors)."""
+    """Add the engine's processors to a manager that has not started yet (and runs greedy, without processors), between
+    the two of :mod:`~llmq_worker.engines.cb_logprobs` (which see the raw logits and the drawn token)."""
     processors = manager.logit_processor
+    raw_logprobs, record_logprobs = cb_logprobs.processors(manager)
     added = [
+        raw_logprobs,
         LogitBias(manager.continuous_batching_config.max_requests_per_batch, manager.model.device),
         Temperature(),
         TopP(),
         Draw(),
+        record_logprobs,
     ]
     processors.logits_processor.extend(added)
     processors.tensors_required += len(added)

@@ -7,6 +7,7 @@ from transformers import ByT5Tokenizer
 
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.wire import GenerationRequest
+from llmq_worker import logprobs
 from llmq_worker.text import ChoiceText, ResultBudget, WindowDetokenizer
 
 
@@ -19,6 +20,13 @@ class TextCodec:
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self.byte_level = isinstance(tokenizer, ByT5Tokenizer)
+        # id -> its bytes in logprob entries
+        self.token_bytes = logprobs.byte_token_bytes if self.byte_level else logprobs.Vocabulary(tokenizer)
+
+    def text_size(self, token_id: int) -> int:
+        """UTF-8 bytes ``token_id`` adds to the text (special tokens: none, as they are skipped)."""
+        special = logprobs.BYTE_SPECIALS if self.byte_level else self.token_bytes.special
+        return 0 if token_id in special else len(self.token_bytes(token_id))
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of the request's prompt (chat rendered with the model's template)."""
@@ -35,11 +43,15 @@ class TextCodec:
             return self._tokenizer(byte_tokenizer.render_chat(request.messages)).input_ids
         return self._tokenizer(request.prompt or "").input_ids
 
-    def choice(self, stops: list[str], budget: ResultBudget) -> ChoiceText:
-        """The text path of one choice (``budget``: its request's result bytes): exact byte detokenization, or a window
-        detokenizer over ``decode``."""
+    def choice(self, stops: list[str], budget: ResultBudget, logprobs: int | None = None) -> ChoiceText:
+        """The text path of one choice (``budget``: its request's result bytes; ``logprobs``: its request's
+        SamplingParams.logprobs): exact byte detokenization, or a window detokenizer over ``decode``."""
+        asked = logprobs is not None
         if self.byte_level:
-            return ChoiceText(stops, budget=budget)
+            return ChoiceText(stops, budget=budget, logprobs=asked)
         return ChoiceText(
-            stops, WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)), budget
+            stops,
+            WindowDetokenizer(lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)),
+            budget,
+            logprobs=asked,
         )

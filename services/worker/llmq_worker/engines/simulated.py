@@ -4,6 +4,7 @@ Requests queue; when idle the engine takes up to ``max_batch_size`` of them and 
 replays the prompt's own tokens (see :func:`replay_tokens`), spread evenly over the batch time so streams stream; all
 requests of a batch finish at its end. Deterministic: every choice of a request is the same replay, so a ``seed`` always
 reproduces its answer (it needs no use); ``logit_bias`` is checked against the byte vocabulary but does not change the replay.
+Logprobs, when asked, are made up but deterministic (:func:`llmq_worker.logprobs.simulated`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.status import ErrorType
 from llmq_core.tokenizer import VOCAB_SIZE, encode
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
+from llmq_worker import logprobs
 from llmq_worker.engine import Capacity, ChoiceEnd, ChunkEvent, EngineEvent, EventQueue, check_request, prompt_text
 from llmq_worker.text import ChoiceText, ResultBudget
 
@@ -54,7 +56,7 @@ class _Run:
     def choice_ends(self) -> list[ChoiceEnd]:
         natural_end = not self.tokens  # nothing to replay: the choice ends at once, as at an EOS
         return [
-            ChoiceEnd(i, c.text, c.tokens, c.finish_reason(natural_end), c.stop_sequence)
+            ChoiceEnd(i, c.text, c.tokens, c.finish_reason(natural_end), c.stop_sequence, c.logprobs)
             for i, c in enumerate(self.choices)
         ]
 
@@ -95,7 +97,8 @@ class SimulatedEngine:
         prompt_ids = encode(prompt_text(request))
         check_request(request, prompt_ids, self.context_window, VOCAB_SIZE)
         budget = ResultBudget(self._max_result_bytes)
-        choices = [ChoiceText(request.sampling.stop, budget=budget) for _ in range(request.sampling.n)]
+        asked = request.sampling.logprobs is not None
+        choices = [ChoiceText(request.sampling.stop, budget=budget, logprobs=asked) for _ in range(request.sampling.n)]
         self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, len(prompt_ids))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever())
@@ -162,13 +165,18 @@ class SimulatedEngine:
         """Emit ``run``'s ids up to ``target``, one choice's slice at a time (n=128 choices of 8,190 ids each cost about
         0.3 CPU s): heartbeats, cancels and results run between slices. A run canceled meanwhile emits nothing more."""
         new_ids = run.tokens[run.emitted : target]
+        top = run.request.sampling.logprobs
+        entries = None
+        if top is not None:
+            raw = logprobs.simulated(new_ids, run.emitted, top)
+            entries = [logprobs.entry(logprobs.byte_token_bytes, i, r) for i, r in zip(new_ids, raw, strict=True)]
         run.emitted = target
         if new_ids and not run.first_token_ms:
             run.first_token_ms = self._clock.now_ms()
         for index, choice in enumerate(run.choices):
             if run.request.request_id not in self._running:
                 return
-            self._chunk(run, index, choice.push(new_ids))
+            self._chunk(run, index, choice.push(new_ids, entries))
             await asyncio.sleep(0)
 
     def _finish(self, run: _Run) -> None:
@@ -185,7 +193,7 @@ class SimulatedEngine:
 
     def _chunk(self, run: _Run, index: int, text: str) -> None:
         if text:
-            self._events.put(ChunkEvent(run.request.request_id, index, text))
+            self._events.put(ChunkEvent(run.request.request_id, index, text, run.choices[index].take_logprobs()))
 
     async def _sleep_until(self, target_ms: int) -> None:
         delay_ms = target_ms - self._clock.now_ms()

@@ -4,8 +4,8 @@ The manager runs its own generation thread; its outputs reach the asyncio loop t
 (delivered with ``loop.call_soon_threadsafe``). What the manager lacks per request the engine adds: ``n`` choices are
 ``n`` sub-requests, stop strings are matched on detokenized text and end their sub-request with a cancel, ``max_tokens``
 is per sub-request, and every token is chosen by logits processors of the engine's own
-(:mod:`llmq_worker.engines.cb_processors`: ``logit_bias``, temperature, top-p, greedy or seeded draws) while the manager
-itself runs greedy: a seed reproduces its answer exactly for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
+(:mod:`llmq_worker.engines.cb_processors`: ``logit_bias``, temperature, top-p, greedy or seeded draws; logprobs by
+:mod:`llmq_worker.engines.cb_logprobs`) while the manager itself runs greedy: a seed reproduces its answer exactly for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
 shared failure (the worker bisects them) and is replaced by a fresh manager on the next submit.
 """
 
@@ -29,9 +29,10 @@ from llmq_core.models import LLMQ_TINY
 from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
+from llmq_worker import logprobs
 from llmq_worker.checkpoints import load_gguf
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, SequenceEngine, check_request
-from llmq_worker.engines import cb_processors
+from llmq_worker.engines import cb_logprobs, cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
 from llmq_worker.text import ChoiceText, ResultBudget
@@ -68,7 +69,9 @@ class _Job:
 
     def choice_ends(self) -> list[ChoiceEnd]:
         return [
-            ChoiceEnd(s.index, s.text.text, s.text.tokens, s.text.finish_reason(s.eos), s.text.stop_sequence)
+            ChoiceEnd(
+                s.index, s.text.text, s.text.tokens, s.text.finish_reason(s.eos), s.text.stop_sequence, s.text.logprobs
+            )
             for s in self.subs
         ]
 
@@ -155,7 +158,10 @@ class TransformersEngine(SequenceEngine):
             job = _Job(
                 request,
                 len(ids),
-                [_Sub(i, self._codec.choice(sampling.stop, budget), sampling.max_tokens) for i in range(sampling.n)],
+                [
+                    _Sub(i, self._codec.choice(sampling.stop, budget, sampling.logprobs), sampling.max_tokens)
+                    for i in range(sampling.n)
+                ],
             )
             if self._add(job, ids):
                 return
@@ -204,7 +210,7 @@ class TransformersEngine(SequenceEngine):
             else:
                 self._retire(output.error or "the generation loop crashed")
             return
-        self._take_tokens(job, sub, output.generated_tokens)
+        self._take_tokens(job, sub, output.generated_tokens, output.logprobs)
         if not job.started_ms and output.lifespan[0] > 0:
             job.started_ms = int(output.lifespan[0] * 1000 + self._perf_to_epoch_ms)
         if sub.text.done:  # a stop string or the result's byte cap: generating more would be wasted
@@ -213,16 +219,22 @@ class TransformersEngine(SequenceEngine):
         elif output.status == RequestStatus.FINISHED:
             self._end_sub(job, sub)
 
-    def _take_tokens(self, job: _Job, sub: _Sub, generated: list[int]) -> None:
+    def _take_tokens(self, job: _Job, sub: _Sub, generated: list[int], raw_logprobs: list) -> None:
+        """``raw_logprobs``: the manager's per generated token (:mod:`cb_logprobs`'s when the request asked)."""
         new_ids = generated[sub.seen :]
         if not new_ids:
             return
+        entries = None
+        if job.request.sampling.logprobs is not None:
+            raws = raw_logprobs[sub.seen : len(generated)]
+            raws += [cb_logprobs.UNKNOWN] * (len(new_ids) - len(raws))
+            entries = [logprobs.entry(self._codec.token_bytes, t, r) for t, r in zip(new_ids, raws, strict=True)]
         sub.seen = len(generated)
         sub.eos = new_ids[-1] in self._eos_ids
         self._rate.add(len(new_ids))
         if not job.first_token_ms:
             job.first_token_ms = self._clock.now_ms()
-        self._chunk(job, sub, sub.text.push(new_ids))
+        self._chunk(job, sub, sub.text.push(new_ids, entries))
 
     def _end_sub(self, job: _Job, sub: _Sub) -> None:
         sub.done = True
@@ -259,7 +271,7 @@ class TransformersEngine(SequenceEngine):
 
     def _chunk(self, job: _Job, sub: _Sub, text: str) -> None:
         if text:
-            self._events.put(ChunkEvent(job.request.request_id, sub.index, text))
+            self._events.put(ChunkEvent(job.request.request_id, sub.index, text, sub.text.take_logprobs()))
 
     # --- helpers -----------------------------------------------------------------------------------------------------
 
@@ -311,6 +323,8 @@ def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:
             kwargs["seed_rng"] = cb_processors.seed_rng(sampling.seed, index)
     if sampling.logit_bias:
         kwargs["logit_bias"] = tuple((token, float(bias)) for token, bias in sampling.logit_bias.items())
+    if sampling.logprobs is not None:
+        kwargs[cb_logprobs.KWARG] = int(sampling.logprobs)
     return kwargs
 
 

@@ -8,7 +8,9 @@ same prompts and counts as the transformers engine) and streamed with cumulative
 cumulative text not sent yet. vLLM matches stop strings (it never returns them, and holds back a tail that may start one
 while streaming), detokenizes incrementally and applies ``logit_bias`` and per-request seeds. A seed reproduces its
 answer for a request run alone on the same GPU and vLLM version; in mixed batches it is best effort (other batch shapes
-can change the logits' last bits). Cancelling a request cancels its ``generate`` iterations, which makes vLLM abort them.
+can change the logits' last bits). Logprobs are vLLM's own (``SamplingParams(logprobs=k)``: its default raw logprobs,
+before any processing), kept by the rule of :mod:`llmq_worker.text` (a token belongs to the text when its bytes start
+before the text's end). Cancelling a request cancels its ``generate`` iterations, which makes vLLM abort them.
 If vLLM's engine dies, :meth:`VllmEngine.next_events` raises :class:`EngineDied`: the worker process exits and its
 uncommitted batches are redelivered.
 """
@@ -25,7 +27,8 @@ from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
 from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
-from llmq_core.wire import ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams
+from llmq_core.wire import ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, TokenLogprob
+from llmq_worker import logprobs
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, EngineEvent, InvalidRequest, SequenceEngine, check_request
 from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
 
@@ -45,7 +48,8 @@ def vllm_sampling_kwargs(sampling: SamplingParams, index: int) -> dict:
     """Keyword arguments of ``vllm.SamplingParams`` for choice ``index`` of a request (always n=1).
 
     temperature 0 or top_p 0 is greedy (vLLM wants top_p in (0, 1]); a seed applies to sampled choices only, as
-    ``(seed + index) mod 2**63``; logit_bias maps token id -> bias.
+    ``(seed + index) mod 2**63``; logit_bias maps token id -> bias; logprobs (None or the alternatives per token) as
+    they are.
     """
     greedy = sampling.temperature <= 0 or sampling.top_p <= 0
     return {
@@ -58,7 +62,21 @@ def vllm_sampling_kwargs(sampling: SamplingParams, index: int) -> dict:
         "logit_bias": {int(t): float(b) for t, b in sampling.logit_bias.items()} if sampling.logit_bias else None,
         "skip_special_tokens": True,
         "include_stop_str_in_output": False,
+        "logprobs": sampling.logprobs,
     }
+
+
+def vllm_entries(
+    token_ids: list[int], position_logprobs: list[dict], top: int, token_bytes: Callable[[int], bytes]
+) -> list[TokenLogprob]:
+    """The entries of generated ``token_ids`` from vLLM's ``CompletionOutput.logprobs`` (per token: id -> an object with
+    ``logprob``, holding the ``top`` most likely ids and the chosen one)."""
+    out = []
+    for token_id, candidates in zip(token_ids, position_logprobs, strict=True):
+        ranked = sorted(candidates.items(), key=lambda item: -item[1].logprob)[:top]
+        raw = (candidates[token_id].logprob, [(i, lp.logprob) for i, lp in ranked])
+        out.append(logprobs.entry(token_bytes, token_id, raw))
+    return out
 
 
 def text_delta(cumulative: str, sent_chars: int) -> str:
@@ -86,6 +104,10 @@ class _Choice:
     stop_sequence: str | None = None  # vLLM's stop_reason when a stop string ended it (a stop token id is no string)
     done: bool = False
     capped: bool = False  # the result's byte cap ended it (finish_reason length)
+    entries: list[TokenLogprob] | None = None  # logprobs asked: one per token so far
+    starts: list[int] = field(default_factory=list)  # where each entry's token starts in the text (UTF-8 bytes)
+    end_bytes: int = 0  # where the text of the tokens so far ends
+    released: int = 0  # entries whose token starts in the text sent
 
 
 @dataclass(slots=True)
@@ -103,7 +125,17 @@ class _Job:
         return len(self.prompt_ids)
 
     def choice_ends(self) -> list[ChoiceEnd]:
-        return [ChoiceEnd(c.index, c.text, c.tokens, finish_reason(c.reason), c.stop_sequence) for c in self.choices]
+        return [
+            ChoiceEnd(
+                c.index,
+                c.text,
+                c.tokens,
+                finish_reason(c.reason),
+                c.stop_sequence,
+                None if c.entries is None else c.entries[: c.released],
+            )
+            for c in self.choices
+        ]
 
     def tokens_left(self) -> list[int]:
         return [self.request.sampling.max_tokens - c.tokens for c in self.choices if not c.done]
@@ -199,6 +231,8 @@ class VllmEngine(SequenceEngine):
             choices = [_Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i))) for i in range(sampling.n)]
         except self._request_errors as exc:
             raise InvalidRequest(str(exc)) from exc
+        for choice in choices:
+            choice.entries = None if sampling.logprobs is None else []
         job = _Job(request, ids, choices, ResultBudget(self._max_result_bytes))
         self._jobs[request.request_id] = job
         loop = asyncio.get_running_loop()
@@ -250,12 +284,35 @@ class VllmEngine(SequenceEngine):
             job.first_token_ms = job.first_token_ms or now
         choice.reason = completion.finish_reason
         choice.stop_sequence = completion.stop_reason if isinstance(completion.stop_reason, str) else None
+        if choice.entries is not None and not self._take_logprobs(job, choice, completion):
+            choice.capped, choice.reason, choice.stop_sequence = True, "length", None
         delta = job.budget.take(text_delta(completion.text, len(choice.text))) if not job.budget.exhausted else ""
         if job.budget.exhausted:
             choice.capped, choice.reason, choice.stop_sequence = True, "length", None
         if delta:
             choice.text += delta
-            self._events.put(ChunkEvent(job.request.request_id, choice.index, delta))
+            released = choice.released
+            if choice.entries is not None:
+                sent = len(choice.text.encode())
+                while choice.released < len(choice.starts) and choice.starts[choice.released] < sent:
+                    choice.released += 1
+            entries = None if choice.entries is None else choice.entries[released : choice.released]
+            self._events.put(ChunkEvent(job.request.request_id, choice.index, delta, entries))
+
+    def _take_logprobs(self, job: _Job, choice: _Choice, completion) -> bool:
+        """Add the entries of ``completion``'s new tokens; False when the result's logprob budget ran out."""
+        known = len(choice.entries)
+        new_ids = list(completion.token_ids[known:])
+        entries = vllm_entries(
+            new_ids, completion.logprobs[known:], job.request.sampling.logprobs, self._codec.token_bytes
+        )
+        for token_id, entry in zip(new_ids, entries, strict=True):
+            if not job.budget.take_logprob(entry):
+                return False
+            choice.entries.append(entry)
+            choice.starts.append(choice.end_bytes)
+            choice.end_bytes += self._codec.text_size(token_id)
+        return True
 
     def _end_choice(self, job: _Job, choice: _Choice) -> None:
         if self._jobs.get(job.request.request_id) is not job:
