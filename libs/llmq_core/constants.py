@@ -260,7 +260,7 @@ MAX_COMPLETION_LOGPROBS: Final = 5  # /v1/completions' logprobs, as OpenAI's leg
 # --- resource bounds (docs/limits.md): one place, so the API's checks, the workers' caps and the topics agree ---
 MAX_RESULT_BYTES: Final = 1 << 20  # UTF-8 bytes of all choices' text of one result; workers stop generating there
 # JSON bytes of all choices' logprob entries of one result (wire.TokenLogprob); workers stop generating there (about
-# 4,500 tokens with 20 alternatives each), so text, logprobs and envelope still fit one record (also as JSON)
+# 3,800 word tokens with 20 alternatives each), so text, logprobs and envelope still fit one record (also as JSON)
 MAX_LOGPROBS_BYTES: Final = 6 << 20
 RECORD_HEADROOM_BYTES: Final = 64 << 10  # a record's envelope beyond its payload (ids, usage, timings, error, headers)
 # Kafka max.message.bytes of every llmq topic and max_request_size of every producer: a request body of the largest

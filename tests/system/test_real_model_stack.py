@@ -92,6 +92,58 @@ def test_stream_text_equals_the_plain_text_at_temperature_0(clients):
     assert streamed == plain
 
 
+def _streamed_logprobs(stream) -> tuple[str, list]:
+    """The text and the logprob entries (chat's content entries, or the legacy lists per key) a stream carried."""
+    text, entries = "", []
+    for chunk in stream:
+        for choice in chunk.choices:
+            text += getattr(choice, "text", None) or (choice.delta.content if hasattr(choice, "delta") else "") or ""
+            if choice.logprobs is not None:
+                entries.append(choice.logprobs)
+    return text, entries
+
+
+def _same_logprobs(streamed: list[float], plain: list[float]) -> None:
+    # Each request runs alone at temperature 0 (the same tokens); the second may reuse the first's cached prefix, so
+    # the floats may differ in their last bits.
+    assert streamed == pytest.approx(plain, abs=1e-3)
+
+
+def test_chat_logprobs_are_the_same_streamed_and_not_at_temperature_0(clients):
+    params = dict(temperature=0, max_tokens=12, logprobs=True, top_logprobs=5)
+    plain = _chat(clients[0], **params).choices[0]
+    text, chunks = _streamed_logprobs(_chat(clients[1], stream=True, **params))
+    streamed = [e for chunk in chunks for e in chunk.content or []]
+    entries = plain.logprobs.content
+    assert text == plain.message.content and len(entries) == len(streamed) > 0
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in entries]
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == plain.message.content
+    _same_logprobs([e.logprob for e in streamed], [e.logprob for e in entries])
+    for e in entries:
+        assert [t.token for t in e.top_logprobs][0] == e.token and len(e.top_logprobs) == 5
+
+
+def test_a_stop_string_keeps_the_logprobs_of_the_tokens_its_text_starts_in(clients):
+    answer = _chat(clients[1], temperature=0, max_tokens=16, stop=["Paris"], logprobs=True).choices[0]
+    entries = answer.logprobs.content
+    joined = b"".join(bytes(e.bytes) for e in entries).decode()
+    # " Paris" keeps its space in the text: it stays, the last entry; nothing after it
+    assert entries[-1].token == " Paris" and joined == answer.message.content + "Paris"
+
+
+def test_completion_logprobs_are_the_same_streamed_and_not_at_temperature_0(clients):
+    params = dict(model=MODEL, prompt="def add(a, b):\n    return", max_tokens=8, temperature=0, logprobs=3)
+    plain = clients[0].completions.create(**params).choices[0]
+    text, chunks = _streamed_logprobs(clients[1].completions.create(stream=True, **params))
+    streamed = {key: [v for chunk in chunks for v in getattr(chunk, key)] for key in ("tokens", "text_offset")}
+    assert text == plain.text and streamed == {
+        "tokens": plain.logprobs.tokens,
+        "text_offset": plain.logprobs.text_offset,
+    }
+    _same_logprobs([v for chunk in chunks for v in chunk.token_logprobs], plain.logprobs.token_logprobs)
+    assert all(len(top) in (3, 4) for top in plain.logprobs.top_logprobs)  # the chosen token, when not among the 3
+
+
 def test_a_seeded_sample_repeats(clients):
     texts = {_chat(clients[i], temperature=1.0, seed=1234, max_tokens=8).choices[0].message.content for i in range(2)}
     assert len(texts) == 1

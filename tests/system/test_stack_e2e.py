@@ -173,3 +173,63 @@ async def test_the_issue_12_oversized_request_is_one_outcome_and_kills_no_worker
     after = await clients()[0].completions.create(model="llmq-sim", prompt="still here", max_tokens=5)
     assert after.choices[0].text == "still"
     assert sim_workers() == workers  # the same processes, none restarted
+
+
+async def _chat_logprobs_both_ways(pod: openai.AsyncOpenAI, **params) -> tuple[list, list, str]:
+    """(plain entries, streamed entries, text) of one chat asked twice, plain then streamed."""
+    plain = await pod.chat.completions.create(**params)
+    stream = await pod.chat.completions.create(**params, stream=True)
+    streamed, text = [], ""
+    async for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            if choice.logprobs is not None:
+                streamed += choice.logprobs.content or []
+    assert text == plain.choices[0].message.content
+    return plain.choices[0].logprobs.content, streamed, text
+
+
+async def test_chat_logprobs_through_the_sdk_are_the_same_streamed_and_not_on_llmq_tiny(stack):
+    pod = clients()[0]
+    messages = [{"role": "user", "content": "héllo wörld"}]
+    params = dict(model="llmq-tiny", messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=20)
+    plain, streamed, text = await _chat_logprobs_both_ways(pod, **params)
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in plain]
+    assert len(plain) >= len(text.encode()) > 0  # byte tokens: one per byte kept, and those dropped as invalid UTF-8
+    assert all(len(e.top_logprobs) == 20 and e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob for e in plain)
+    assert all(e.logprob <= 0 and e.logprob <= e.top_logprobs[0].logprob + 1e-6 for e in plain)
+
+
+async def test_completion_logprobs_through_the_sdk_are_the_legacy_lists_streamed_and_not(stack):
+    pod = clients()[1]
+    params = dict(model="llmq-sim", prompt="ab. cd", max_tokens=6, logprobs=2, stop=[". "])
+    plain = (await pod.completions.create(**params)).choices[0]
+    assert plain.text == "ab" and plain.logprobs.tokens == ["a", "b"]  # the stop sequence's tokens are left out
+    assert plain.logprobs.text_offset == [0, 1] and all(len(top) == 2 for top in plain.logprobs.top_logprobs)
+    streamed = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    async for chunk in await pod.completions.create(**params, stream=True):
+        for choice in chunk.choices:
+            for key in streamed:
+                streamed[key] += getattr(choice.logprobs, key) if choice.logprobs else []
+    assert streamed == plain.logprobs.model_dump()
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
+async def test_kcat_request_with_logprobs_gets_its_entries_on_the_reply_topic(stack):
+    request_id = f"kcat-lp-{uuid.uuid4().hex[:12]}"
+    now_ms = int(__import__("time").time() * 1000)
+    request = {
+        "type": "generation_request",
+        "request_id": request_id,
+        "model": "llmq-sim",
+        "prompt": "hé",
+        "sampling": {"max_tokens": 3, "logprobs": 1},
+        "created_ms": now_ms,
+        "deadline_ms": now_ms + 60_000,
+        "reply_to": {"kind": "kafka", "topic": f"team.replies.{request_id}"},
+    }
+    result = await kcat_request(stack, requests_topic("interactive"), request)
+    (choice,) = result["choices"]
+    assert choice["text"] == "hé"
+    assert [(e["token"], e["bytes"]) for e in choice["logprobs"]] == [("h", [104]), ("\\xc3", [195]), ("\\xa9", [169])]
+    assert all(e["top_logprobs"][0]["token"] == e["token"] for e in choice["logprobs"])

@@ -75,3 +75,76 @@ def test_status_mapping(resolution, status, label):
 def test_retryable_error_carries_retry_after():
     overloaded = error_for(errored("overloaded", retryable=True))
     assert overloaded.headers == {"retry-after": "1"} and overloaded.code == "rate_limit_exceeded"
+
+
+# --- logprobs --------------------------------------------------------------------------------------------------------
+
+
+def entry(token: bytes, logprob: float, *top: tuple[bytes, float]) -> wire.TokenLogprob:
+    spell = lambda data: data.decode(errors="backslashreplace")  # noqa: E731
+    return wire.TokenLogprob(
+        token=spell(token),
+        logprob=logprob,
+        bytes=list(token),
+        top_logprobs=[wire.TopLogprob(token=spell(t), logprob=lp, bytes=list(t)) for t, lp in top],
+    )
+
+
+# "é" split over two tokens, then " x"
+ENTRIES = [
+    entry(b"\xc3", -0.5, (b"\xc3", -0.5), (b"a", -1.5)),
+    entry(b"\xa9", -0.1, (b"\xa9", -0.1)),
+    entry(b" x", -2.0),
+]
+
+
+def with_logprobs(text: str, entries: list[wire.TokenLogprob]) -> wire.FinalResult:
+    result = final("r", text)
+    choice = msgspec.structs.replace(result.choices[0], logprobs=entries)
+    return msgspec.structs.replace(result, choices=[choice])
+
+
+def test_chat_logprobs_are_openais_content_entries():
+    body = response_body(with_logprobs("é x", ENTRIES), "chatcmpl-1", "chat.completions", 1)
+    logprobs = body["choices"][0]["logprobs"]
+    assert logprobs["refusal"] is None
+    assert logprobs["content"][0] == {
+        "token": "\\xc3",
+        "logprob": -0.5,
+        "bytes": [0xC3],
+        "top_logprobs": [
+            {"token": "\\xc3", "logprob": -0.5, "bytes": [0xC3]},
+            {"token": "a", "logprob": -1.5, "bytes": [97]},
+        ],
+    }
+    assert [e["token"] for e in logprobs["content"]] == ["\\xc3", "\\xa9", " x"]
+
+
+def test_completion_logprobs_are_the_legacy_four_lists_with_character_offsets():
+    body = response_body(with_logprobs("é x", ENTRIES), "cmpl-1", "completions", 1)
+    assert body["choices"][0]["logprobs"] == {
+        "tokens": ["\\xc3", "\\xa9", " x"],
+        "token_logprobs": [-0.5, -0.1, -2.0],
+        "top_logprobs": [{"\\xc3": -0.5, "a": -1.5}, {"\\xa9": -0.1}, {" x": -2.0}],  # the chosen one always in it
+        "text_offset": [0, 0, 1],  # the second byte of é starts where é does
+    }
+
+
+@pytest.mark.parametrize("endpoint", ["chat.completions", "completions"])
+def test_stream_chunks_carry_their_tokens_and_the_closing_one_the_rest(endpoint):
+    whole = response_body(with_logprobs("é x", ENTRIES), "id", endpoint, 1)["choices"][0]["logprobs"]
+    fmt = ChunkFormatter("id", endpoint, "llmq-sim", 5, include_usage=False)
+    (first,) = events(fmt.text(0, "é", logprobs=ENTRIES[:2]))
+    (last,) = events(_finish_chunks(fmt, with_logprobs("é x", ENTRIES), {0: "é"}))
+    parts = [first["choices"][0]["logprobs"], last["choices"][0]["logprobs"]]
+    if endpoint == "chat.completions":
+        assert [e for p in parts for e in p["content"]] == whole["content"]
+    else:
+        assert {k: parts[0][k] + parts[1][k] for k in whole} == whole  # offsets go on from the first chunk
+
+
+def test_without_logprobs_asked_every_shape_keeps_null():
+    fmt = ChunkFormatter("id", "chat.completions", "llmq-sim", 5, include_usage=False)
+    (chunk,) = events(fmt.text(0, "hi"))
+    assert chunk["choices"][0]["logprobs"] is None
+    assert response_body(final("r"), "id", "completions", 1)["choices"][0]["logprobs"] is None

@@ -7,6 +7,9 @@ import pytest
 from llmq_api import validation
 from llmq_api.batch_jobs.batches import CreateBatch, _repeats
 from llmq_api.batch_jobs.builder import (
+    LOGPROB_BYTES_PER_ALTERNATIVE,
+    LOGPROB_BYTES_PER_TOKEN,
+    MAX_LOGPROBS_BYTES,
     MAX_RESULT_BYTES,
     RESULT_BYTES_PER_TOKEN,
     RESULT_ENVELOPE_BYTES,
@@ -26,6 +29,14 @@ def test_a_lines_result_bytes_budget_its_tokens_within_the_workers_cap():
     assert line_result_bytes(completion(max_tokens=8190, n=128), 0) == MAX_RESULT_BYTES + RESULT_ENVELOPE_BYTES
     # the context window bounds what a choice may generate
     assert line_result_bytes(completion(max_tokens=1000), 104) == 100 * RESULT_BYTES_PER_TOKEN + RESULT_ENVELOPE_BYTES
+
+
+def test_a_line_asking_for_logprobs_budgets_their_entries_within_the_workers_cap():
+    text = 30 * RESULT_BYTES_PER_TOKEN + RESULT_ENVELOPE_BYTES
+    per_token = LOGPROB_BYTES_PER_TOKEN + 5 * LOGPROB_BYTES_PER_ALTERNATIVE
+    assert line_result_bytes(completion(max_tokens=10, n=3, logprobs=5), 0) == text + 30 * per_token
+    huge = line_result_bytes(completion(max_tokens=8190, n=128, logprobs=5), 0)
+    assert huge == MAX_RESULT_BYTES + MAX_LOGPROBS_BYTES + RESULT_ENVELOPE_BYTES
 
 
 @pytest.mark.parametrize(

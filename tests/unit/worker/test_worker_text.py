@@ -1,11 +1,14 @@
-"""Stop strings and incremental detokenization of one choice (engine-independent)."""
+"""Stop strings, incremental detokenization and logprob entries of one choice (engine-independent)."""
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmq_core.tokenizer import VOCAB_SIZE, IncrementalDetokenizer, encode
+from llmq_core.tokenizer import EOS_ID, VOCAB_SIZE, IncrementalDetokenizer, encode
+from llmq_core.wire import TokenLogprob
+from llmq_worker import logprobs
 from llmq_worker.text import ChoiceText, ResultBudget, StopMatcher, WindowDetokenizer
 
 
@@ -145,3 +148,70 @@ def test_slices_end_exactly_where_token_by_token_pushes_end(ids, stops, cuts, li
     assert "".join(pieces) == sliced.text == "".join(reference) == single.text
     assert (sliced.tokens, sliced.stopped, sliced.capped) == (single.tokens, single.stopped, single.capped)
     assert len(sliced.text.encode()) <= limit_bytes
+
+
+# --- logprob entries: which tokens a choice keeps, and when a stream gets them -----------------------------------------
+
+
+def entries_of(ids: list[int]) -> list[TokenLogprob]:
+    """One entry per id, told apart by its logprob (-position)."""
+    return [logprobs.entry(logprobs.byte_token_bytes, t, (-float(k), [])) for k, t in enumerate(ids)]
+
+
+def push_with_logprobs(text: ChoiceText, ids: list[int], cuts: list[int]) -> list[TokenLogprob]:
+    """Push ``ids`` in slices at ``cuts``, then finish; returns the entries released along the way, in order."""
+    released, bounds = [], sorted({0, len(ids), *(c % (len(ids) + 1) for c in cuts)})
+    entries = entries_of(ids)
+    for a, b in zip(bounds, bounds[1:]):
+        text.push(ids[a:b], entries[a:b])
+        released += text.take_logprobs()
+    text.finish()
+    return released + text.take_logprobs()
+
+
+def test_a_stop_sequence_drops_the_tokens_from_the_one_it_starts_in():
+    ids = encode("ab. cd")
+    text = ChoiceText([". "], logprobs=True)
+    assert push_with_logprobs(text, ids, [2]) == entries_of(ids)[:2]
+    assert text.text == "ab" and [e.token for e in text.logprobs] == ["a", "b"]
+
+
+def test_a_token_holding_part_of_a_character_is_kept_with_its_own_bytes():
+    ids = encode("é!")
+    text = ChoiceText([], logprobs=True)
+    released = push_with_logprobs(text, ids, [1])
+    assert [(e.token, e.bytes) for e in released] == [("\\xc3", [0xC3]), ("\\xa9", [0xA9]), ("!", [0x21])]
+    assert released == text.logprobs
+
+
+def test_an_end_token_after_the_text_is_left_out():
+    ids = [*encode("ok"), EOS_ID]
+    text = ChoiceText([], logprobs=True)
+    assert [e.token for e in push_with_logprobs(text, ids, [])] == ["o", "k"]
+    assert text.tokens == 3  # counted in usage all the same
+
+
+@given(
+    text=st.text(alphabet="ab.€ ", max_size=24),
+    stops=st.lists(st.text(alphabet="ab.€ ", min_size=1, max_size=3), max_size=2),
+    cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=6),
+)
+def test_streamed_entries_are_the_final_entries_for_any_slicing(text, stops, cuts):
+    ids = encode(text)
+    choice = ChoiceText(stops, logprobs=True)
+    released = push_with_logprobs(choice, ids, cuts)
+    assert released == choice.logprobs
+    kept = len(choice.text.encode())
+    # exactly the tokens that start inside the kept text (one byte each here)
+    assert [e.logprob for e in released] == [-float(k) for k in range(min(kept, len(ids)))]
+
+
+def test_the_logprob_budget_ends_every_choice_of_the_result_as_length():
+    one = len(msgspec.json.encode(entries_of(encode("a"))[0]))
+    budget = ResultBudget(logprob_limit_bytes=3 * one)
+    first, second = ChoiceText([], budget=budget, logprobs=True), ChoiceText([], budget=budget, logprobs=True)
+    first.push(encode("ab"), entries_of(encode("ab")))
+    second.push(encode("cd"), entries_of(encode("cd")))
+    assert (first.text, second.text) == ("ab", "c") and (first.tokens, second.tokens) == (2, 1)
+    assert second.capped and second.finish_reason(natural_end=True) == "length"
+    assert second.push(encode("e"), entries_of(encode("e"))) == "" and len(second.logprobs) == 1

@@ -342,3 +342,33 @@ def test_a_plain_prompt_gets_only_the_special_tokens_its_tokenizer_adds():
 
     codec = TextCodec(Tokenizer())
     assert codec.prompt_ids(request("r", "ab")) == [1, 97, 98]
+
+
+async def test_logprobs_are_the_models_raw_log_softmax_streamed_as_in_the_result(engine, tiny):
+    model, _ = tiny
+    asked = request("lp", "hello", max_tokens=6, logprobs=3, logit_bias={3 + ord("q"): 5.0})
+    finals, chunks = {}, []
+    for r in (asked, request("plain", "hello", max_tokens=6)):
+        engine.submit(r)
+    async with asyncio.timeout(60):
+        while len(finals) < 2:
+            for event in await engine.next_events():
+                if isinstance(event, FinalEvent):
+                    finals[event.request_id] = event
+                elif event.request_id == "lp":
+                    chunks += event.logprobs
+                else:
+                    assert event.logprobs is None
+    (choice,) = finals["lp"].choices
+    assert finals["plain"].choices[0].logprobs is None
+    assert chunks == choice.logprobs and len(choice.logprobs) == finals["lp"].usage.completion_tokens
+    prompt = byte_tokenizer.encode("hello")
+    generated = [byte_tokenizer.BYTE_OFFSET + e.bytes[0] for e in choice.logprobs]
+    with torch.no_grad():  # before logit_bias: the model's own distribution
+        reference = model(torch.tensor([prompt + generated])).logits[0].float().log_softmax(-1)
+    for k, e in enumerate(choice.logprobs):
+        row = reference[len(prompt) - 1 + k]
+        assert e.logprob == pytest.approx(row[generated[k]].item(), abs=1e-4)
+        top = row.topk(3)
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert [byte_tokenizer.BYTE_OFFSET + t.bytes[0] for t in e.top_logprobs] == top.indices.tolist()

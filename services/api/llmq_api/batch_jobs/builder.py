@@ -22,7 +22,7 @@ from llmq_api.errors import ApiError, invalid
 from llmq_api.ratelimit import RateLimiter, check_batch_fits, effective_max_tokens, token_cost
 from llmq_core import wire
 from llmq_core.clock import Clock
-from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, MAX_RESULT_BYTES
+from llmq_core.constants import CONTENT_TYPE_JSON, DEFERRED, MAX_LOGPROBS_BYTES, MAX_RESULT_BYTES
 from llmq_core.settings import Settings
 from llmq_core.status import ErrorType
 from llmq_core.token_counts import TokenCounter
@@ -36,6 +36,9 @@ CREATE_RETRY_AFTER_S = 2  # a busy pod's or tenant's creates: each takes about a
 # simulated engine makes 1) and a stored result's envelope beyond its text (ids, usage, timings, per-choice fields).
 RESULT_BYTES_PER_TOKEN = 4
 RESULT_ENVELOPE_BYTES = 512
+# A line that asks for logprobs: each token's entry, and each alternative in it (JSON, measured on word tokens: about
+# 93 and 77 bytes; msgpack, as stored, about 60% of that), at most MAX_LOGPROBS_BYTES in all.
+LOGPROB_BYTES_PER_TOKEN, LOGPROB_BYTES_PER_ALTERNATIVE = 100, 80
 
 
 @dataclass
@@ -194,7 +197,7 @@ class JobBuilder:
             raise invalid(
                 f"This batch's results could take {spec.result_bytes} bytes (each line's largest result: "
                 f"{RESULT_BYTES_PER_TOKEN} bytes per token of n x max_tokens, at most {MAX_RESULT_BYTES}, "
-                f"plus {RESULT_ENVELOPE_BYTES}); the limit is {bound} bytes per batch. Split the file or "
+                f"plus logprobs when asked, plus {RESULT_ENVELOPE_BYTES}); the limit is {bound} bytes per batch. Split the file or "
                 "lower max_tokens/n",
                 param="input_file_id",
                 code="batch_results_too_large",
@@ -284,9 +287,15 @@ class JobBuilder:
 
 def line_result_bytes(valid: validation.ValidRequest, context_window: int) -> int:
     """The most a line's stored result may take: its text budgeted at RESULT_BYTES_PER_TOKEN per token it may
-    generate (n x effective max_tokens), at most the workers' MAX_RESULT_BYTES, plus the result's envelope."""
+    generate (n x effective max_tokens), at most the workers' MAX_RESULT_BYTES, its logprob entries when it asks
+    (LOGPROB_BYTES_PER_TOKEN and LOGPROB_BYTES_PER_ALTERNATIVE, at most MAX_LOGPROBS_BYTES), plus the envelope."""
     tokens = valid.sampling.n * effective_max_tokens(valid, context_window)
-    return min(MAX_RESULT_BYTES, tokens * RESULT_BYTES_PER_TOKEN) + RESULT_ENVELOPE_BYTES
+    alternatives = valid.sampling.logprobs
+    logprobs = 0
+    if alternatives is not None:
+        per_token = LOGPROB_BYTES_PER_TOKEN + alternatives * LOGPROB_BYTES_PER_ALTERNATIVE
+        logprobs = min(MAX_LOGPROBS_BYTES, tokens * per_token)
+    return min(MAX_RESULT_BYTES, tokens * RESULT_BYTES_PER_TOKEN) + logprobs + RESULT_ENVELOPE_BYTES
 
 
 def _request(spec: JobSpec, principal: Principal, line: inputs.InputLine) -> wire.GenerationRequest:
