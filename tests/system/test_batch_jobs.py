@@ -188,6 +188,7 @@ REFUSED_BODIES = {  # custom_id -> a chat body the endpoint refuses: each kind o
     "stops": {"stop": ["s"] * 5},
     "bias": {"logit_bias": {"1" * 5000: 1}},
     "role": {"messages": [{"role": "wizard", "content": "hi"}]},
+    "top-logprobs": {"logprobs": True, "top_logprobs": 21},
 }
 
 
@@ -207,6 +208,21 @@ async def test_a_refused_line_carries_the_endpoints_own_status_and_error_object(
             answer = await http.post("/v1/chat/completions", json=bodies[line["custom_id"]])
             assert (line["response"]["status_code"], line["response"]["body"]) == (answer.status_code, answer.json())
             assert answer.json()["error"]["param"] is not None, line
+
+
+async def test_a_line_asking_for_logprobs_gets_them_as_the_endpoint_answers(client, stack):
+    body = {**chat_line("lp", "héllo")["body"], "max_tokens": 4, "logprobs": True, "top_logprobs": 2}
+    batch, output, errors = await finish(client, await submit(client, [{**chat_line("lp", "héllo"), "body": body}]))
+    assert batch.status == "completed" and errors == []
+    (line,) = output
+    answer = line["response"]["body"]["choices"][0]
+    assert answer["message"]["content"] == "hél"
+    assert [e["token"] for e in answer["logprobs"]["content"]] == ["h", "\\xc3", "\\xa9", "l"]
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{stack.cfg.api_ports[0]}", headers={"Authorization": "Bearer llmq-dev-key"}
+    ) as http:
+        plain = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]
+    assert answer["logprobs"] == plain["logprobs"]  # llmq-sim's are deterministic
 
 
 async def test_an_idempotency_key_repeats_only_the_same_create(client):
