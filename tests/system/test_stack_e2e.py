@@ -107,26 +107,31 @@ async def test_deadline_ends_in_504_with_an_openai_error(stack):
     assert "message" in caught.value.body
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
-async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
+async def kcat_sim_request(stack, prompt: str, sampling: dict) -> tuple[str, dict]:
+    """A llmq-sim completion produced by kcat as JSON with a Kafka reply topic of its own: (request_id, its result)."""
     request_id = f"kcat-{uuid.uuid4().hex[:12]}"
-    reply_topic = f"team.replies.{request_id}"
     now_ms = int(__import__("time").time() * 1000)
     request = {
         "type": "generation_request",
         "request_id": request_id,
         "tenant_id": "team-a",
         "model": "llmq-sim",
-        "prompt": "kafka says hi",
-        "sampling": {"max_tokens": 20},
+        "prompt": prompt,
+        "sampling": sampling,
         "created_ms": now_ms,
         "deadline_ms": now_ms + 60_000,
-        "reply_to": {"kind": "kafka", "topic": reply_topic},
+        "reply_to": {"kind": "kafka", "topic": f"team.replies.{request_id}"},
     }
-    result = await kcat_request(stack, requests_topic("interactive"), request)
+    return request_id, await kcat_request(stack, requests_topic("interactive"), request)
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
+async def test_kcat_request_answered_on_a_kafka_reply_topic(stack):
+    request_id, result = await kcat_sim_request(stack, "kafka says hi", {"max_tokens": 20})
     assert result["request_id"] == request_id
     assert result["outcome"] == "succeeded"
     assert result["choices"][0]["text"] == sim_answer("kafka says hi", 20)
+    assert result["choices"][0].get("logprobs") is None
 
 
 async def test_the_issue_12_oversized_request_is_one_outcome_and_kills_no_worker(stack):
@@ -216,19 +221,7 @@ async def test_completion_logprobs_through_the_sdk_are_the_legacy_lists_streamed
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make test`")
 async def test_kcat_request_with_logprobs_gets_its_entries_on_the_reply_topic(stack):
-    request_id = f"kcat-lp-{uuid.uuid4().hex[:12]}"
-    now_ms = int(__import__("time").time() * 1000)
-    request = {
-        "type": "generation_request",
-        "request_id": request_id,
-        "model": "llmq-sim",
-        "prompt": "hé",
-        "sampling": {"max_tokens": 3, "logprobs": 1},
-        "created_ms": now_ms,
-        "deadline_ms": now_ms + 60_000,
-        "reply_to": {"kind": "kafka", "topic": f"team.replies.{request_id}"},
-    }
-    result = await kcat_request(stack, requests_topic("interactive"), request)
+    _, result = await kcat_sim_request(stack, "hé", {"max_tokens": 3, "logprobs": 1})
     (choice,) = result["choices"]
     assert choice["text"] == "hé"
     assert [(e["token"], e["bytes"]) for e in choice["logprobs"]] == [("h", [104]), ("\\xc3", [195]), ("\\xa9", [169])]
