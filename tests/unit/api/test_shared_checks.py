@@ -138,3 +138,15 @@ def test_an_anthropic_chat_with_an_api_reply_passes():
     chat = wire_request({"model": "llmq-sim", "messages": [{"role": "user", "content": "hi"}]})
     reply = wire.KafkaReply(topic="t", body="api")
     requests.check_request(msgspec.structs.replace(chat, api_format="anthropic", reply_to=reply), RULES)
+
+
+@pytest.mark.parametrize("logprobs, refused", [(None, False), (0, False), (20, False), (21, True)])
+def test_a_kafka_direct_request_may_ask_up_to_20_alternatives_per_token(logprobs, refused):
+    request = wire_request({"model": "llmq-sim", "prompt": "hi"})
+    request = msgspec.structs.replace(request, sampling=wire.SamplingParams(logprobs=logprobs))
+    if not refused:
+        requests.check_request(request, RULES)
+        return
+    with pytest.raises(requests.RequestError) as caught:
+        requests.check_request(request, RULES)
+    assert (caught.value.param, caught.value.code) == ("logprobs", "out_of_range")

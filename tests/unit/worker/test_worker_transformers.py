@@ -372,3 +372,62 @@ async def test_logprobs_are_the_models_raw_log_softmax_streamed_as_in_the_result
         top = row.topk(3)
         assert [t.logprob for t in e.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-4)
         assert [byte_tokenizer.BYTE_OFFSET + t.bytes[0] for t in e.top_logprobs] == top.indices.tolist()
+
+
+class _State:
+    """A manager's RequestState, as far as the logprob table uses it."""
+
+    def __init__(self, request_id: str, alternatives: int | None) -> None:
+        self.request_id = request_id
+        self.logit_processor_kwargs = {} if alternatives is None else {"logprobs": alternatives}
+        self.updates: list[tuple[int, object]] = []
+
+    def update_and_check_completion(self, token_id: int, logprob) -> bool:
+        self.updates.append((token_id, logprob))
+        return False
+
+
+@pytest.mark.parametrize("async_batching", [False, True])
+def test_each_update_reads_the_logprobs_of_its_own_step_also_with_two_steps_in_flight(async_batching):
+    """The manager's order: sync prepares, computes and updates step k in turn; async prepares k+1 before it updates
+    k. Each step here gives its rows other logits, so a line read from the wrong step or half shows."""
+    from types import SimpleNamespace
+
+    from llmq_worker.engines import cb_logprobs
+
+    manager = SimpleNamespace(batch_processor=SimpleNamespace(use_async_batching=async_batching))
+    table = cb_logprobs.LogprobTable(manager, rows=2, device=torch.device("cpu"))
+    raw, record = cb_logprobs.RawLogprobs(table), cb_logprobs.RecordLogprobs(table)
+    asked, plain = _State("asked", 2), _State("plain", None)
+    rows = [SimpleNamespace(state=asked), SimpleNamespace(state=plain)]
+    vocab = 30
+
+    def step_logits(step: int) -> torch.Tensor:
+        return torch.arange(2 * vocab, dtype=torch.float32).view(2, vocab).roll(step, dims=1) / 7
+
+    def compute(step: int) -> None:  # one forward: the processors around a greedy draw
+        lines = raw.prepare_tensor_args(rows)
+        scores = raw(step_logits(step), lines)
+        chosen = torch.full_like(scores, float("-inf")).scatter(-1, scores.argmax(-1, keepdim=True), 0.0)
+        record(chosen, record.prepare_tensor_args(rows))
+
+    def update(step: int) -> None:
+        for future in rows:
+            future.state.update_and_check_completion(int(step_logits(step)[rows.index(future)].argmax()), None)
+
+    steps = 4
+    if async_batching:
+        compute(0)
+        for step in range(1, steps + 1):
+            compute(step)
+            update(step - 1)
+    else:
+        for step in range(steps):
+            compute(step)
+            update(step)
+    for step, (token, (logprob, top)) in enumerate(asked.updates):
+        expected = step_logits(step)[0].log_softmax(-1)
+        assert token == int(expected.argmax())
+        assert logprob == pytest.approx(expected[token].item())
+        assert [i for i, _ in top] == expected.topk(2).indices.tolist()
+    assert len(asked.updates) == steps and [lp for _, lp in plain.updates] == [None] * steps

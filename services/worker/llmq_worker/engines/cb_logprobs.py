@@ -15,7 +15,11 @@ Each request that asked gets its ``update_and_check_completion`` wrapped: when t
 the generation thread, after the step's outputs are on the host) the wrapper reads its line of that step and passes
 ``(logprob, [(id, logprob), ...])`` as the token's logprob, so the manager keeps it in ``GenerationOutput.logprobs``,
 aligned with ``generated_tokens``. A step's update follows its own preparation (synchronous batching) or the next
-step's (async batching): the step read is the latest prepared one, less one when the manager runs async.
+step's (async batching): the step read is the latest prepared one, less one when the manager runs async. (The one
+exception: an async manager's very last update, when its loop stops, follows no preparation; the requests it holds end
+errored then anyway, and a token whose line is not found gets the UNKNOWN entry, logged, rather than another's.)
+Untested on a GPU so far (CUDA graphs, async batching): ``test_each_update_reads_the_logprobs_of_its_own_step...``
+replays the manager's order of calls on a CPU.
 """
 
 from __future__ import annotations
