@@ -148,3 +148,13 @@ def test_without_logprobs_asked_every_shape_keeps_null():
     (chunk,) = events(fmt.text(0, "hi"))
     assert chunk["choices"][0]["logprobs"] is None
     assert response_body(final("r"), "id", "completions", 1)["choices"][0]["logprobs"] is None
+
+
+def test_a_batch_output_line_and_an_api_shaped_kafka_reply_carry_the_logprobs_as_the_endpoint_does():
+    from llmq_jobs.lines import output_line, reply_line
+
+    result = with_logprobs("é x", ENTRIES)
+    ok, line = output_line(result)
+    assert ok and line == reply_line(result)
+    assert line["response"]["body"] == response_body(result, result.request_id, result.endpoint, 0)
+    assert line["response"]["body"]["choices"][0]["logprobs"]["tokens"] == ["\\xc3", "\\xa9", " x"]
