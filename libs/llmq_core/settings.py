@@ -418,6 +418,13 @@ class ApiSettings(Group):
     max_stop_bytes: int = Field(
         256, ge=1, description="UTF-8 bytes of one stop sequence; longer ones get 400 (param `stop`)."
     )
+    max_json_schema_bytes: int = Field(
+        32 * 1024,
+        ge=1,
+        description="UTF-8 bytes of the JSON Schema a request constrains its answer to (`response_format`'s "
+        "`json_schema.schema`, or all of its `tools`' parameters), as compact JSON; larger ones get 400 "
+        "(param `response_format` or `tools`). Kafka-direct requests are held to it by the batcher.",
+    )
     kafka_breaker_backoff_ms: int = Field(
         1000,
         **_MS,
