@@ -127,6 +127,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     engine = build_engine(args, settings)
     stack.push_async_callback(engine.close)
     observed = metrics.WorkerMetrics(args.model, settings.region.name)
+    observed.watch_grammars(getattr(engine, "grammar_stats", None))
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)
     lease = PartitionLease(redis, args.partition, this_process(args.worker_id), settings.worker.lease_ttl_ms)

@@ -34,6 +34,7 @@ from llmq_worker.engine import ChoiceEnd, ChunkEvent, SequenceEngine, check_requ
 from llmq_worker.engines import cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
+from llmq_worker.grammars import GrammarCache, SequenceGrammar, check_constraint, ll_tokenizer
 from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,11 @@ class TransformersEngine(SequenceEngine):
         self._generation_config = _generation_config(model, tokenizer)
         self._eos_ids = frozenset(self._generation_config.eos_token_id)
         self._cb_config = _cb_config(model, max_concurrent_sequences, max_batched_tokens, self.context_window)
+        vocab_size = model.config.get_text_config().vocab_size
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else self._generation_config.eos_token_id[0]
+        self._grammars = GrammarCache(
+            ll_tokenizer(tokenizer, vocab_size, eos, self._codec.byte_level), self.grammar_stats
+        )
         self._manager = None
         self._manager_dead = False
         self._ensure_manager()
@@ -145,10 +151,37 @@ class TransformersEngine(SequenceEngine):
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue ``request`` as ``n`` manager requests. Raises InvalidRequest when it cannot fit the context window or
-        its logit_bias names ids outside the model's vocabulary."""
-        sampling = request.sampling
+        its logit_bias names ids outside the model's vocabulary. A constrained request whose grammar is not compiled
+        yet waits, without sequences, while a thread compiles it (:meth:`_compiled` then queues it)."""
         ids = self._codec.prompt_ids(request)
         check_request(request, ids, self.context_window, self._model.config.get_text_config().vocab_size)
+        constraint = request.structured
+        if constraint is None:
+            self._queue(request, ids, None)
+            return
+        check_constraint(constraint)
+        matcher = self._grammars.cached(constraint)
+        if matcher is not None:
+            self._queue(request, ids, matcher)
+            return
+        waiting = _Job(request, len(ids), [])
+        self._jobs[request.request_id] = waiting
+        self._grammars.compiling(constraint).add_done_callback(lambda done: self._compiled(waiting, ids, done))
+
+    def _compiled(self, waiting: _Job, ids: list[int], done: asyncio.Future) -> None:
+        request = waiting.request
+        error = done.exception()
+        if self._jobs.get(request.request_id) is not waiting:
+            return  # cancelled (or the engine closed) while compiling
+        del self._jobs[request.request_id]
+        if error is not None:
+            info = ErrorInfo(type=ErrorType.INVALID_REQUEST, message=f"the schema does not compile: {error}")
+            self._events.final(waiting, Outcome.ERRORED, error=info)
+            return
+        self._queue(request, ids, done.result())
+
+    def _queue(self, request: GenerationRequest, ids: list[int], matcher) -> None:
+        sampling = request.sampling
         for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
             self._ensure_manager()
             budget = ResultBudget(self._max_result_bytes)
@@ -157,12 +190,12 @@ class TransformersEngine(SequenceEngine):
                 len(ids),
                 [_Sub(i, self._codec.choice(sampling.stop, budget), sampling.max_tokens) for i in range(sampling.n)],
             )
-            if self._add(job, ids):
+            if self._add(job, ids, matcher):
                 return
             self._retire("the generation loop stopped accepting requests")
         self._fail(job, "the generation loop is not accepting requests")
 
-    def _add(self, job: _Job, ids: list[int]) -> bool:
+    def _add(self, job: _Job, ids: list[int], matcher=None) -> bool:
         """Add every choice of ``job`` to the manager; False (nothing of it left there) when the manager refuses."""
         self._jobs[job.request.request_id] = job
         for sub in job.subs:
@@ -176,6 +209,7 @@ class TransformersEngine(SequenceEngine):
                 max_new_tokens=job.request.sampling.max_tokens,
                 streaming=True,
                 **_sampling_kwargs(job.request, sub.index),
+                **({"grammar": SequenceGrammar(matcher.deep_copy())} if matcher is not None else {}),
             )
             if added is None:
                 del self._jobs[job.request.request_id]
@@ -337,6 +371,9 @@ def _cb_config(
         max_requests_per_batch=max_sequences,
         max_batch_tokens=max_batched_tokens,
         per_request_processors=True,
+        # The grammar mask (structured outputs) needs each step's tokens before the next step is prepared, which the
+        # library's asynchronous batching (two steps in flight, with CUDA graphs) does not give.
+        use_async_batching=False,
     )
     if model.device.type == "cpu":
         config.max_batch_tokens = max_batched_tokens or CPU_MAX_BATCHED_TOKENS
