@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import threading
 import time
+from typing import Any
 
 import llguidance
 import llguidance.hf
@@ -142,3 +144,38 @@ class SequenceGrammar:
             return False
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
         return True
+
+
+def minimal_instance(schema: Any) -> Any:
+    """A small instance of a JSON Schema, for llmq-sim's answers: the first of an ``enum``, ``const``, ``anyOf`` or
+    ``oneOf``; every property of an object (an empty one when it names none); ``minItems`` (at least one) copies of an
+    array's item; the least number or string a bound allows. Not honoured: ``pattern``, ``format``, ``$ref``,
+    ``allOf`` and ``uniqueItems`` beyond one item (the simulated engine constrains nothing; a real one's grammar does)."""
+    if not isinstance(schema, dict):
+        return {}
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return minimal_instance(schema[key][0])
+    kind = schema.get("type", "object")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object":
+        return {name: minimal_instance(sub) for name, sub in schema.get("properties", {}).items()}
+    if kind == "array":
+        count = max(1, schema.get("minItems", 1)) if schema.get("maxItems", 1) > 0 else 0
+        return [minimal_instance(schema.get("items", {}))] * count
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum", -1) + 1)
+        return int(low) if kind == "integer" else low
+    if kind == "string":
+        return "x" * schema.get("minLength", 1)
+    return {"boolean": True, "null": None}.get(kind, {})
+
+
+def minimal_answer(constraint: Structured) -> str:
+    """llmq-sim's answer to ``constraint``: :func:`minimal_instance` of its schema (``{}`` for any object), compact."""
+    schema = json.loads(constraint.schema) if constraint.schema else structured.ANY_OBJECT
+    return structured.compact(minimal_instance(schema) if constraint.kind != "json_object" else {})

@@ -71,13 +71,21 @@ async def engine():
     await engine.close()
 
 
-def chat(request_id: str, temperature: float, constraint: Structured | None, *, tools=None, tool_choice="", seed=7):
+def chat(
+    request_id: str,
+    temperature: float,
+    constraint: Structured | None,
+    *,
+    tools=None,
+    tool_choice="",
+    max_tokens=MAX_TOKENS,
+):
     return GenerationRequest(
         request_id=request_id,
         model=SMOLLM2_135M_INSTRUCT.name,
         endpoint="chat.completions",
         messages=[ChatMessage(role="user", content=PROMPT)],
-        sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=seed),
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=7),
         created_ms=0,
         deadline_ms=1 << 60,
         reply_to=HttpReply(instance_id="pod"),
@@ -146,3 +154,13 @@ async def test_a_required_tool_choice_answers_calls_whose_arguments_validate(eng
     named = results["named"].choices[0].tool_calls
     assert [c.name for c in named] == ["get_weather"]
     assert engine.grammar_stats.tool_call_parse_failures == 0
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_llmq_sim_answers_a_valid_instance_of_each_schema(name):
+    from llmq_core import tokenizer
+    from llmq_worker.engines.simulated import replay_tokens
+
+    request = chat(name, 1.0, structured.json_schema_constraint(name, SCHEMAS[name]), max_tokens=256)  # byte tokens
+    text = bytes(t - tokenizer.BYTE_OFFSET for t in replay_tokens(request)).decode()
+    jsonschema.validate(json.loads(text), SCHEMAS[name])
