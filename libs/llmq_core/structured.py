@@ -20,6 +20,7 @@ from llmq_core.settings import ApiSettings
 
 DEFAULT_MAX_SCHEMA_BYTES = ApiSettings.model_fields["max_json_schema_bytes"].default
 ANY_OBJECT = {"type": "object"}
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # OpenAI: parameters omitted
 # llguidance's JSON options: compact separators, no whitespace between tokens (x-guidance in the schema is overridden)
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
@@ -70,7 +71,7 @@ def tool_calls_schema(tools: list[wire.Tool], only: str = "", parallel: bool = T
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": _parameters(tool)},
+            "properties": {"name": {"const": tool.name}, "arguments": parameters(tool)},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
@@ -81,8 +82,9 @@ def tool_calls_schema(tools: list[wire.Tool], only: str = "", parallel: bool = T
     return {"type": "array", "items": items, "minItems": 1, **({} if parallel else {"maxItems": 1})}
 
 
-def _parameters(tool: wire.Tool) -> Any:
-    return json.loads(tool.parameters) if tool.parameters else ANY_OBJECT
+def parameters(tool: wire.Tool) -> Any:
+    """A function's arguments schema: its ``parameters``, or none at all (an empty object) when it gives none."""
+    return json.loads(tool.parameters) if tool.parameters else NO_PARAMETERS
 
 
 def tool_constraint(tools: list[wire.Tool], only: str = "", parallel: bool = True) -> wire.Structured:
@@ -122,7 +124,7 @@ def tools_prompt(tools: list[wire.Tool]) -> str:
     """What a chat template that cannot render tools gets instead, as a system message: the functions and the form of
     a call."""
     listed = "\n".join(
-        compact({"name": t.name, "description": t.description, "parameters": _parameters(t)}) for t in tools
+        compact({"name": t.name, "description": t.description, "parameters": parameters(t)}) for t in tools
     )
     return (
         "You may call these functions:\n"
