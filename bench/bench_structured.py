@@ -23,23 +23,12 @@ import time
 
 from bench_engine import load, real_workload
 
+from llmq_bench.prompts import CLAIM_SCHEMA as CLAIM
+from llmq_bench.prompts import CLAIM_TEXT
 from llmq_core import structured
 from llmq_core.wire import ChatMessage, GenerationRequest, HttpReply, SamplingParams, Structured
 from llmq_worker.engine import FinalEvent
 from llmq_worker.engines.transformers_engine import TransformersEngine, route_library_logs
-
-CLAIM = {
-    "type": "object",
-    "properties": {
-        "category": {"enum": ["auto", "property", "health", "liability"]},
-        "urgent": {"type": "boolean"},
-        "amount_eur": {"type": "integer", "minimum": 0, "maximum": 1000000},
-        "parties": {"type": "array", "items": {"enum": ["driver", "owner", "witness"]}, "maxItems": 3},
-    },
-    "required": ["category", "urgent", "amount_eur", "parties"],
-    "additionalProperties": False,
-}
-CLAIM_TEXT = "Classify this claim: a car hit a fence on Monday, damage about 2,400 euros, nobody hurt."
 
 
 def plain(i: int, prompt: str, max_tokens: int) -> GenerationRequest:

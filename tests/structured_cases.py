@@ -2,38 +2,31 @@
 
 from __future__ import annotations
 
+from llmq_bench.prompts import CLAIM_SCHEMA, CLAIM_TEXT
 from llmq_core.models import SMOLLM2_135M_INSTRUCT
 from llmq_core.wire import ChatMessage, GenerationRequest, HttpReply, SamplingParams, Structured
 
 # A claims-classification schema like seed 000's nightly job, and the shapes people constrain to most.
-CLAIM = {
-    "type": "object",
-    "properties": {
-        "category": {"enum": ["auto", "property", "health", "liability"]},
-        "urgent": {"type": "boolean"},
-        "amount_eur": {"type": "integer", "minimum": 0, "maximum": 1000000},
-    },
-    "required": ["category", "urgent", "amount_eur"],
-    "additionalProperties": False,
-}
+CLAIM = CLAIM_SCHEMA
 SCHEMAS = {
     "enum": {"enum": ["yes", "no", "unsure"]},
     "nested": {
         "type": "object",
-        "properties": {"person": CLAIM | {"properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}}}},
+        "properties": {
+            "person": {
+                "type": "object",
+                "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}, "claim": CLAIM},
+                "required": ["age", "claim"],
+                "additionalProperties": False,
+            }
+        },
         "required": ["person"],
         "additionalProperties": False,
     },
     "array": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3},
     "claim": CLAIM,
 }
-SCHEMAS["nested"]["properties"]["person"] = {
-    "type": "object",
-    "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}, "claim": CLAIM},
-    "required": ["age", "claim"],
-    "additionalProperties": False,
-}
-PROMPT = "Classify this claim as JSON: a car hit a fence on Monday, damage about 2,400 euros, nobody hurt."
+PROMPT = CLAIM_TEXT
 MAX_TOKENS = 64  # every instance of the schemas above closes well within it (no free-length strings or lists)
 
 

@@ -11,6 +11,7 @@ from llmq_api.errors import ApiError
 from llmq_api.validation import parse_chat
 from llmq_core import requests, structured, wire
 from llmq_core.constants import JSON_OBJECT, JSON_SCHEMA, TOOL
+from tests.builders import generation_request
 
 MODELS = {"m": 1000}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -119,32 +120,18 @@ def test_tool_results_and_assistant_calls_are_accepted_in_the_next_turn():
 
 
 def test_kafka_direct_requests_get_the_same_schema_checks():
-    request = wire.GenerationRequest(
-        request_id="r",
-        model="llmq-sim",
-        endpoint="chat.completions",
-        messages=[wire.ChatMessage(role="user", content="hi")],
-        created_ms=0,
-        deadline_ms=1,
-        reply_to=wire.HttpReply(instance_id="p"),
-        structured=wire.Structured(kind=JSON_SCHEMA, schema='{"type":"nope"}'),
-    )
-    with pytest.raises(requests.RequestError) as caught:
-        requests.check_request(request, requests.Rules())
-    assert (caught.value.param, caught.value.code) == ("response_format", "invalid_schema")
-    with pytest.raises(requests.RequestError) as caught:
-        requests.check_request(
-            wire.GenerationRequest(**{**_fields(request), "structured": wire.Structured(kind="xml")}), requests.Rules()
-        )
-    assert caught.value.param == "response_format"
-    tool = wire.Structured(kind=TOOL, schema='{"type":"array"}')
-    with pytest.raises(requests.RequestError) as caught:
-        requests.check_request(wire.GenerationRequest(**{**_fields(request), "structured": tool}), requests.Rules())
-    assert caught.value.param == "tools"
+    messages = [wire.ChatMessage(role="user", content="hi")]
 
+    def checked(constraint: wire.Structured) -> requests.RequestError:
+        request = generation_request(prompt=None, endpoint="chat.completions", messages=messages, structured=constraint)
+        with pytest.raises(requests.RequestError) as caught:
+            requests.check_request(request, requests.Rules())
+        return caught.value
 
-def _fields(request: wire.GenerationRequest) -> dict:
-    return {f: getattr(request, f) for f in request.__struct_fields__}
+    bad = checked(wire.Structured(kind=JSON_SCHEMA, schema='{"type":"nope"}'))
+    assert (bad.param, bad.code) == ("response_format", "invalid_schema")
+    assert checked(wire.Structured(kind="xml")).param == "response_format"
+    assert checked(wire.Structured(kind=TOOL, schema='{"type":"array"}')).param == "tools"
 
 
 def test_tool_calls_parse_from_the_constrained_form_and_tagged_forms():
