@@ -306,6 +306,8 @@ class StreamResponse(Response):
 
 
 def _extends(result: wire.FinalResult, sent: dict[int, str]) -> bool:
-    """Whether every choice of ``result`` starts with the text already sent of it (one generation)."""
-    texts = {choice.index: choice.text for choice in result.choices}
-    return all(texts.get(index, "").startswith(text) for index, text in sent.items())
+    """Whether every choice of ``result`` starts with the text already sent of it (one generation). A choice that
+    became tool calls is answered as calls, its text never sent (a stream with tools holds it back)."""
+    texts = {choice.index: choice.text for choice in result.choices if not choice.tool_calls}
+    called = {choice.index for choice in result.choices if choice.tool_calls}
+    return all(index in called or texts.get(index, "").startswith(text) for index, text in sent.items())
