@@ -129,7 +129,7 @@ class OpenAIStream:
         return b"" if self._holds else self._fmt.text(index, text)
 
     def closing(self, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
-        return finish_chunks(self._fmt, result, {} if self._holds else sent) + SSE_DONE
+        return finish_chunks(self._fmt, result, sent) + SSE_DONE  # held text was never sent: all of it goes now
 
     def failure(self, error: ApiError) -> bytes:
         return sse(error.body()) + SSE_DONE

@@ -269,13 +269,16 @@ class StreamResponse(Response):
                     keep_alive.wrote()
 
         async def on_chunk(chunk: wire.TokenChunk) -> None:
+            data = fmt.text(chunk.index, chunk.text)
+            if not data:  # nothing reached the client (a stream that holds its text back: tools)
+                return
             if not sent:
                 pending.first_text_s = pending.since_accepted_s()
                 pending.metrics.child(pending.metrics.ttft, pending.endpoint_label).observe(
                     time.perf_counter() - pending.started_s
                 )
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
-            await write(fmt.text(chunk.index, chunk.text))
+            await write(data)
 
         headers = _headers(
             pending,
@@ -306,8 +309,6 @@ class StreamResponse(Response):
 
 
 def _extends(result: wire.FinalResult, sent: dict[int, str]) -> bool:
-    """Whether every choice of ``result`` starts with the text already sent of it (one generation). A choice that
-    became tool calls is answered as calls, its text never sent (a stream with tools holds it back)."""
-    texts = {choice.index: choice.text for choice in result.choices if not choice.tool_calls}
-    called = {choice.index for choice in result.choices if choice.tool_calls}
-    return all(index in called or texts.get(index, "").startswith(text) for index, text in sent.items())
+    """Whether every choice of ``result`` starts with the text already sent of it (one generation)."""
+    texts = {choice.index: choice.text for choice in result.choices}
+    return all(texts.get(index, "").startswith(text) for index, text in sent.items())
