@@ -190,7 +190,7 @@ class Intake:
         self._timeouts = timeouts_by_class(settings)
         self._max_body_bytes = settings.api.max_body_bytes
         self._max_stop_bytes = settings.api.max_stop_bytes
-        self._max_schema_bytes = settings.api.max_json_schema_bytes  # response_format and tools: chat only
+        self._max_schema_bytes = settings.api.max_json_schema_bytes  # response_format, tools, output_config
         self._region = settings.region.name
         self.sse_keep_alive_s = settings.api.sse_keep_alive_ms / 1000
 
@@ -209,13 +209,12 @@ class Intake:
         sdk_timeout_ms = validation.parse_sdk_read_timeout_ms(headers.get(HTTP_SDK_READ_TIMEOUT), max_ms)
         idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
         body = await read_body(request, self._max_body_bytes)
-        schema_limit = {"max_schema_bytes": self._max_schema_bytes} if edge is CHAT else {}
         valid = edge.parse(
             body,
             self._catalog.context_windows(),
             max_stop_bytes=self._max_stop_bytes,
             counters=self._counters,
-            **schema_limit,
+            max_schema_bytes=self._max_schema_bytes,
         )
         request.state.model = valid.model
         if sdk_timeout_ms is not None and HTTP_TIMEOUT_MS not in headers and not valid.stream:

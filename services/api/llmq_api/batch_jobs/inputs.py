@@ -223,7 +223,13 @@ def _check_body(
 ) -> InputLine:
     try:
         if endpoint == jobs.MESSAGES_ENDPOINT:
-            valid = parse_messages(body, models, max_stop_bytes=limits.max_stop_bytes, counters=limits.counters)
+            valid = parse_messages(
+                body,
+                models,
+                max_stop_bytes=limits.max_stop_bytes,
+                counters=limits.counters,
+                max_schema_bytes=limits.max_schema_bytes,
+            )
         else:
             valid = validation.parse(
                 jobs.BATCH_ENDPOINTS[endpoint],
