@@ -697,6 +697,13 @@ class WorkerSettings(Group):
         " docs/performance.md).",
         json_schema_extra=was("LLMQ_TORCH_THREADS"),
     )
+    constrained_decoding: bool = Field(
+        True,
+        description="Transformers engine: structured outputs (a grammar mask per constrained sequence). It runs the "
+        "library's continuous batching without asynchronous batching (two steps in flight, chosen with CUDA graphs), "
+        "which would hand the mask each token one step late; false keeps that mode and answers constrained requests "
+        "errored (`invalid_request_error`, param `response_format`).",
+    )
     id: str = Field("", description="--worker-id: this worker's id (qualified by the region).")
     partition: int | None = Field(None, ge=0, description="--partition: the partition of llmq.batches it serves.")
     model: str = Field("", description="--model: the model served, e.g. llmq-sim or llmq-tiny.")

@@ -95,6 +95,7 @@ def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> 
         device=args.device,
         gguf_file=args.gguf_file,
         torch_threads=settings.worker.torch_threads,
+        constrained_decoding=settings.worker.constrained_decoding,
     )
 
 

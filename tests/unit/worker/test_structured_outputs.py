@@ -55,3 +55,20 @@ async def test_llmq_tiny_decodes_every_schema_under_its_byte_vocabulary_with_n_c
         assert [c.finish_reason for c in finals[name].choices] == ["stop", "stop"], finals[name]
         for choice in finals[name].choices:
             jsonschema.validate(json.loads(choice.text), schema)
+
+
+async def test_a_worker_without_constrained_decoding_refuses_constrained_requests():
+    pytest.importorskip("torch")
+    from llmq_worker.engine import InvalidRequest
+    from llmq_worker.engines.tiny_model import build_llmq_tiny
+    from llmq_worker.engines.transformers_engine import TransformersEngine
+
+    model, tokenizer_ = build_llmq_tiny()
+    engine = TransformersEngine(model, tokenizer_, max_concurrent_sequences=2, constrained_decoding=False)
+    try:
+        request = chat("c", 0.0, structured.json_schema_constraint("enum", SCHEMAS["enum"]))
+        with pytest.raises(InvalidRequest) as refused:
+            engine.submit(msgspec.structs.replace(request, model="llmq-tiny"))
+        assert refused.value.param == "response_format"
+    finally:
+        await engine.close()

@@ -219,13 +219,15 @@ def chosen(scores: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     return torch.full_like(scores, float("-inf")).scatter(-1, token, 0.0)
 
 
-def install(manager) -> None:
-    """Add the engine's processors to a manager that has not started yet (and runs greedy, without processors)."""
+def install(manager, grammars: bool = True) -> None:
+    """Add the engine's processors to a manager that has not started yet (and runs greedy, without processors);
+    ``grammars``: with the grammar mask (structured outputs)."""
     processors = manager.logit_processor
     rows = manager.continuous_batching_config.max_requests_per_batch
+    vocab_size = manager.model.config.get_text_config().vocab_size
     added = [
         LogitBias(rows, manager.model.device),
-        GrammarMask(rows, manager.model.config.get_text_config().vocab_size, manager.model.device),
+        *([GrammarMask(rows, vocab_size, manager.model.device)] if grammars else []),
         Temperature(),
         TopP(),
         Draw(),
