@@ -27,6 +27,20 @@ def stdlib_sources() -> list[Path]:
 
 
 # Short questions with a known answer, for a real chat model: a person reading the demo can check them.
+# A claims-classification schema like seed 000's nightly job (structured outputs: bench/bench_structured.py, tests)
+CLAIM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "category": {"enum": ["auto", "property", "health", "liability"]},
+        "urgent": {"type": "boolean"},
+        "amount_eur": {"type": "integer", "minimum": 0, "maximum": 1000000},
+        "parties": {"type": "array", "items": {"enum": ["driver", "owner", "witness"]}, "maxItems": 3},
+    },
+    "required": ["category", "urgent", "amount_eur", "parties"],
+    "additionalProperties": False,
+}
+CLAIM_TEXT = "Classify this claim as JSON: a car hit a fence on Monday, damage about 2,400 euros, nobody hurt."
+
 CHAT_QUESTIONS = [
     "What is the capital of France?",
     "Write a Python function that reverses a string.",

@@ -46,6 +46,22 @@ def usage_dict(usage: wire.Usage) -> dict:
     }
 
 
+def tool_call_dict(call: wire.ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def chat_message(choice: wire.Choice) -> dict:
+    """The assistant message of a chat choice: its text, or the tool calls it made (content null)."""
+    if choice.tool_calls:
+        return {"role": "assistant", "content": None, "tool_calls": [tool_call_dict(c) for c in choice.tool_calls]}
+    return {"role": "assistant", "content": choice.text}
+
+
+def finish_reason(choice: wire.Choice) -> str | None:
+    """OpenAI's finish_reason: ``tool_calls`` for a choice that ended with calls (the wire says ``stop``)."""
+    return "tool_calls" if choice.tool_calls and choice.finish_reason == "stop" else choice.finish_reason
+
+
 def response_body(result: wire.FinalResult, request_id: str, endpoint: wire.Endpoint, created_s: int) -> dict:
     """The non-streaming body of a succeeded result: a ``text_completion`` or a ``chat.completion``."""
     choices = sorted(result.choices, key=lambda c: c.index)
@@ -58,9 +74,9 @@ def response_body(result: wire.FinalResult, request_id: str, endpoint: wire.Endp
             "choices": [
                 {
                     "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
+                    "message": chat_message(c),
                     "logprobs": chat_logprobs(c.logprobs),
-                    "finish_reason": c.finish_reason,
+                    "finish_reason": finish_reason(c),
                 }
                 for c in choices
             ],

@@ -270,3 +270,15 @@ KAFKA_MAX_MESSAGE_BYTES: Final = 8 << 20
 # A model no worker heartbeat announced for this long is no longer accepted (built-in and configured models always are):
 # the API pods' catalogue and the batcher's checks of requests from Kafka agree on it.
 SEEN_MODEL_TTL_MS: Final = 60_000
+
+# Structured outputs (wire.Structured.kind): constrained decoding of a response_format or a tool_choice.
+JSON_OBJECT: Final = "json_object"
+JSON_SCHEMA: Final = "json_schema"
+TOOL: Final = "tool"
+STRUCTURED_KINDS: Final = (JSON_OBJECT, JSON_SCHEMA, TOOL)
+# OpenAI's tool_choice (wire.GenerationRequest.tool_choice): a named function travels as "function" + Structured.name.
+TOOL_CHOICE_NONE: Final = "none"
+TOOL_CHOICE_AUTO: Final = "auto"
+TOOL_CHOICE_REQUIRED: Final = "required"
+TOOL_CHOICE_FUNCTION: Final = "function"
+TOOL_CHOICES: Final = (TOOL_CHOICE_NONE, TOOL_CHOICE_AUTO, TOOL_CHOICE_REQUIRED, TOOL_CHOICE_FUNCTION)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -26,7 +27,9 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from llmq_core import wire
 from llmq_core.ids import DEFAULT_REGION
@@ -307,6 +310,44 @@ class BatcherMetrics(_Metrics):
 # --- worker ------------------------------------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class GrammarStats:
+    """What an engine's grammar cache did (structured outputs), read by :class:`WorkerMetrics` at each scrape: plain
+    numbers, so the engine's threads count without a registry."""
+
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    max_compile_seconds: float = 0.0
+    hits: int = 0
+    tool_call_parse_failures: int = 0  # an answer to a tool constraint that did not parse as calls (should stay 0)
+
+    def compiled(self, seconds: float) -> None:
+        self.compiles += 1
+        self.compile_seconds += seconds
+        self.max_compile_seconds = max(self.max_compile_seconds, seconds)
+
+
+class _GrammarCollector(Collector):
+    def __init__(self, model: str, stats: GrammarStats) -> None:
+        self._model, self._stats = model, stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        for name, doc, value in (
+            ("llmq_worker_grammar_compiles", "Grammars compiled (cache misses) for structured outputs", stats.compiles),
+            ("llmq_worker_grammar_compile_seconds", "Seconds spent compiling grammars", stats.compile_seconds),
+            ("llmq_worker_grammar_cache_hits", "Constrained sequences that found their grammar compiled", stats.hits),
+            (
+                "llmq_worker_tool_call_parse_failures",
+                "Answers to a tool constraint that did not parse as calls (0 unless the grammar failed)",
+                stats.tool_call_parse_failures,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=("model",))
+            family.add_metric((self._model,), value)
+            yield family
+
+
 class WorkerMetrics(_Metrics):
     """Slots (free, running, queued), utilisation, Batches taken, requests finished by outcome, tokens generated,
     consumer lag of the worker's partition."""
@@ -326,6 +367,11 @@ class WorkerMetrics(_Metrics):
             "llmq_worker_requests", "Requests this worker finished, by outcome", CLASS_MODEL_OUTCOME
         )
         self.tokens = self.counter("llmq_worker_completion_tokens", "Completion tokens generated", ("model",))
+        self.constrained = self.counter(
+            "llmq_worker_constrained_requests",
+            "Requests taken with constrained decoding, by kind (json_object, json_schema, tool)",
+            ("model", "kind"),
+        )
         self.lag = ConsumerLag(self.registry)
         self._requests, self._tokens = _Children(self.requests), _Children(self.tokens)
 
@@ -340,6 +386,14 @@ class WorkerMetrics(_Metrics):
 
     def batch_taken(self, batch: wire.Batch) -> None:
         self.batch_size.labels(self.model).observe(len(batch.requests))
+        for request in batch.requests:
+            if request.structured is not None:
+                self.constrained.labels(self.model, request.structured.kind).inc()
+
+    def watch_grammars(self, stats: GrammarStats | None) -> None:
+        """Expose an engine's grammar cache (None: its engine constrains nothing)."""
+        if stats is not None:
+            self.registry.register(_GrammarCollector(self.model, stats))
 
     def finished(self, result: wire.FinalResult) -> None:
         """Labelled with the worker's own model: a Batch produced straight to its partition may name any other."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from llmq_core import wire
+from llmq_core import structured, wire
 from llmq_core.constants import (
     ANTHROPIC,
     API_FORMATS,
@@ -24,6 +24,8 @@ from llmq_core.constants import (
     MAX_TOP_LOGPROBS,
     NEAR_INTERACTIVE,
     REPLY_BODIES,
+    TOOL,
+    TOOL_CHOICES,
 )
 from llmq_core.models import BUILTIN_MODELS
 from llmq_core.settings import ApiSettings, JobsSettings, Settings
@@ -35,7 +37,7 @@ MAX_STOP_SEQUENCES = 4
 DEFAULT_MAX_STOP_BYTES = ApiSettings.model_fields["max_stop_bytes"].default
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ECHOED_CHARS = 40  # of a bad value quoted back in an error message
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 def echo(value: object, *, quote: bool = True) -> str:
@@ -104,6 +106,7 @@ class Rules:
         default_factory=lambda: {m.name: m.context_window for m in BUILTIN_MODELS.values()}
     )
     max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES
+    max_schema_bytes: int = structured.DEFAULT_MAX_SCHEMA_BYTES
     max_timeout_ms: Mapping[str, int] = field(
         default_factory=lambda: {cls: bounds[1] for cls, bounds in timeouts_by_class(Settings.defaults()).items()}
     )
@@ -117,6 +120,7 @@ class Rules:
         return cls(
             windows=windows,
             max_stop_bytes=settings.api.max_stop_bytes,
+            max_schema_bytes=settings.api.max_json_schema_bytes,
             max_timeout_ms={cls_: bounds[1] for cls_, bounds in timeouts_by_class(settings).items()},
             max_job_timeout_ms=settings.jobs.batch_max_window_s * 1000,
             counters=load_counters(settings),
@@ -141,6 +145,7 @@ def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
         tokens = count_prompt(counter, prompt=check_prompt(request.prompt))
     sampling = request.sampling
     check_sampling(sampling, max_stop_bytes=rules.max_stop_bytes)
+    check_structured(request, rules.max_schema_bytes)
     check_context(tokens, sampling.max_tokens, window, "messages" if chat else "prompt", True)
 
 
@@ -173,7 +178,9 @@ def count_prompt(counter: TokenCounter, *, prompt: str = "", messages: list[wire
 def fingerprint(request: wire.GenerationRequest) -> str:
     """Hex digest of what shapes a request's result (model, endpoint, input, sampling): a re-produced request_id is a
     true repeat only when this matches (ids, times, reply target and tenant are the record's, not its parameters)."""
-    shape = (request.model, request.endpoint, request.prompt, request.messages, request.sampling)
+    shape: tuple = (request.model, request.endpoint, request.prompt, request.messages, request.sampling)
+    if request.structured is not None or request.tools is not None:  # requests without them keep their old digest
+        shape += (request.structured, request.tools, request.tool_choice)
     return hashlib.sha256(msgspec.msgpack.encode(shape)).hexdigest()
 
 
@@ -208,7 +215,33 @@ def check_messages(messages: list[wire.ChatMessage] | None) -> list[wire.ChatMes
         raise invalid("'messages' must be a non-empty list", param="messages")
     for i, message in enumerate(messages):
         check_role(i, message.role)
+        if message.role == "tool" and not message.tool_call_id:
+            raise invalid(
+                "A 'tool' message needs the 'tool_call_id' of the call it answers",
+                param=f"messages[{i}].tool_call_id",
+                code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            )
     return messages
+
+
+def check_structured(request: wire.GenerationRequest, max_schema_bytes: int) -> None:
+    """A request's constraint (``structured``) and tools, as the API checks them: a 400 naming ``response_format``
+    (``tool_choice`` for a tool constraint) for a schema past ``max_schema_bytes`` or one that does not compile."""
+    constraint = request.structured
+    if request.tool_choice and request.tool_choice not in TOOL_CHOICES:
+        raise invalid(f"Unknown tool_choice {echo(request.tool_choice)}", param="tool_choice")
+    if constraint is None:
+        return
+    if constraint.kind == TOOL and not request.tools:
+        raise invalid("A tool constraint needs the request's 'tools'", param="tools")
+    check_constraint(constraint, max_schema_bytes, "tools" if constraint.kind == TOOL else "response_format")
+
+
+def check_constraint(constraint: wire.Structured, max_schema_bytes: int, param: str) -> None:
+    """A 400 naming ``param`` when ``constraint``'s schema is past ``max_schema_bytes`` or does not compile."""
+    found = structured.problem(constraint, max_schema_bytes)
+    if found is not None:
+        raise invalid(found[0], param=param, code=found[1])
 
 
 def check_role(i: int, role: str) -> None:

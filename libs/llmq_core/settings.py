@@ -418,6 +418,13 @@ class ApiSettings(Group):
     max_stop_bytes: int = Field(
         256, ge=1, description="UTF-8 bytes of one stop sequence; longer ones get 400 (param `stop`)."
     )
+    max_json_schema_bytes: int = Field(
+        32 * 1024,
+        ge=1,
+        description="UTF-8 bytes of the JSON Schema a request constrains its answer to (`response_format`'s "
+        "`json_schema.schema`, or all of its `tools`' parameters), as compact JSON; larger ones get 400 "
+        "(param `response_format` or `tools`). Kafka-direct requests are held to it by the batcher.",
+    )
     kafka_breaker_backoff_ms: int = Field(
         1000,
         **_MS,
@@ -689,6 +696,13 @@ class WorkerSettings(Group):
         description="Transformers engine on CPU: torch's intra-op threads (0: 1, measured on a shared 2-core machine, see"
         " docs/performance.md).",
         json_schema_extra=was("LLMQ_TORCH_THREADS"),
+    )
+    constrained_decoding: bool = Field(
+        True,
+        description="Transformers engine: structured outputs (a grammar mask per constrained sequence). It runs the "
+        "library's continuous batching without asynchronous batching (two steps in flight, chosen with CUDA graphs), "
+        "which would hand the mask each token one step late; false keeps that mode and answers constrained requests "
+        "errored (`invalid_request_error`, param `response_format`).",
     )
     id: str = Field("", description="--worker-id: this worker's id (qualified by the region).")
     partition: int | None = Field(None, ge=0, description="--partition: the partition of llmq.batches it serves.")

@@ -83,9 +83,44 @@ ReplyTo = HttpReply | KafkaReply | JobReply
 DEFAULT_TENANT_ID = "default"  # the tenant of a request that names none
 
 
+class ToolCall(_Struct, kw_only=True):
+    """One call of a function the request offered (OpenAI's ``tool_calls[*]``): ``arguments`` is JSON object text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(_Struct, kw_only=True):
+    """``tool_calls``: the calls an assistant turn made (its ``content`` then often ""); ``tool_call_id``: the call a
+    ``tool`` turn answers."""
+
     role: str
     content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class Tool(_Struct, kw_only=True):
+    """A function the model may call: ``parameters`` is its arguments' JSON Schema as JSON text ("": any object)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""
+
+
+class Structured(_Struct, kw_only=True):
+    """A constraint on every choice's text, enforced while decoding (structured outputs; ``llmq_core.structured``).
+
+    ``kind`` (constants.STRUCTURED_KINDS): ``json_object`` (any JSON object), ``json_schema`` (an instance of
+    ``schema``), ``tool`` (calls of the request's ``tools``: ``schema`` is that of the call list the API built). A
+    str, not a Literal: a worker refuses a kind it does not know with a clear error. ``schema``: JSON Schema text;
+    ``name``: the schema's name (json_schema) or the one function a named tool_choice forces (tool).
+    """
+
+    kind: str
+    schema: str = ""
+    name: str = ""
 
 
 class SamplingParams(_Struct, kw_only=True):
@@ -134,6 +169,11 @@ class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
     # The caller's wire format (constants.OPENAI, constants.ANTHROPIC): only how its result is rendered. A str, not a
     # Literal, so a format added later never makes an older consumer refuse the record.
     api_format: str = OPENAI
+    structured: Structured | None = None  # constrained decoding (response_format, a required or named tool_choice)
+    tools: list[Tool] | None = (
+        None  # the functions the chat template renders (tool_choice none and auto: no constraint)
+    )
+    tool_choice: str = ""  # constants.TOOL_CHOICES ("": no tools); a named function: "function"
 
 
 class Batch(_Message, kw_only=True, tag="batch"):
@@ -221,6 +261,9 @@ class Choice(_Struct, kw_only=True):
     # SamplingParams.logprobs set: one entry per token whose text ``text`` keeps at least in part (a stop sequence or the
     # result cap cuts the text: the tokens from the cut on are left out), in order; None when not asked
     logprobs: list[TokenLogprob] | None = None
+    # The calls the choice's text made (a request with tools; the text is then ""): renderers answer finish_reason
+    # ``tool_calls`` for a choice that ended ``stop`` with calls.
+    tool_calls: list[ToolCall] | None = None
 
 
 class TokenChunk(_Message, kw_only=True, tag="token_chunk"):

@@ -137,12 +137,20 @@ class FakeWorker:
             model=request.model,
             endpoint=request.endpoint,
             reply_to=request.reply_to,
-            choices=[wire.Choice(index=0, text=text, finish_reason="length")],
+            choices=[_choice(request, text)],
             usage=wire.Usage(
                 prompt_tokens=request.prompt_tokens, completion_tokens=n, total_tokens=request.prompt_tokens + n
             ),
         )
         await self.redis.publish(channel, wire.encode(result))
+
+
+def _choice(request: wire.GenerationRequest, text: str) -> wire.Choice:
+    """llmq-sim's replay; a request with tools calls its first one instead (as a worker's parsed answer)."""
+    if not request.tools:
+        return wire.Choice(index=0, text=text, finish_reason="length")
+    call = wire.ToolCall(id="call_0", name=request.tools[0].name, arguments='{"city":"Oslo"}')
+    return wire.Choice(index=0, text="", finish_reason="stop", tool_calls=[call])
 
 
 async def wait_ready(base_url: str) -> None:
@@ -569,3 +577,56 @@ async def _eventually(condition, timeout_s: float = 10) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+async def test_tool_calls_through_the_openai_sdk_plain_and_streamed(api):
+    base_url, _, worker, _ = api
+    asked = {"model": MODEL, "messages": [{"role": "user", "content": "weather?"}], "max_tokens": 8}
+    async with sdk(base_url) as client:
+        completion = await client.chat.completions.create(**asked, tools=[WEATHER_TOOL], tool_choice="required")
+        stream = await client.chat.completions.create(**asked, tools=[WEATHER_TOOL], stream=True)
+        chunks = [chunk async for chunk in stream]
+    (choice,) = completion.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert (call.id, call.function.name, msgspec.json.decode(call.function.arguments)) == (
+        "call_0",
+        "get_weather",
+        {"city": "Oslo"},
+    )
+    request, _ = worker.seen[completion.id]
+    assert request.structured.kind == constants.TOOL and request.tool_choice == "required"
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not any(d.content for d in deltas)  # the held text never reaches the client
+    calls = [t for d in deltas for t in d.tool_calls or ()]
+    assert [(t.index, t.id, t.function.name) for t in calls] == [(0, "call_0", "get_weather")]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert worker.seen[chunks[0].id][0].structured is None  # auto: decoding is free, the answer is read for calls
+
+
+async def test_response_format_through_the_openai_sdk(api):
+    base_url, _, worker, _ = api
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    asked = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    async with sdk(base_url) as client:
+        completion = await client.chat.completions.create(
+            **asked, response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+        )
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                **asked, response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": 3}}}
+            )
+    request, _ = worker.seen[completion.id]
+    assert request.structured == wire.Structured(
+        kind=constants.JSON_SCHEMA, schema=msgspec.json.encode(schema).decode(), name="r"
+    )
+    assert refused.value.body["param"] == "response_format" and refused.value.body["code"] == "invalid_schema"

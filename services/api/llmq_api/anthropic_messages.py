@@ -16,7 +16,7 @@ import msgspec
 
 from llmq_api.errors import invalid
 from llmq_api.validation import ValidRequest, client_errors, decode_body, joined_text
-from llmq_core import requests, wire
+from llmq_core import requests, structured, wire
 from llmq_core.constants import ANTHROPIC, TIER_FREE
 from llmq_core.requests import echo
 from llmq_core.token_counts import BYTES, TokenCounter
@@ -24,12 +24,12 @@ from llmq_core.token_counts import BYTES, TokenCounter
 # temperature, top_p, top_k arrive through the SDK's extra_body (anthropic 2.15 has no such arguments).
 READ = frozenset(
     {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "metadata", "service_tier"}
-    | {"temperature", "top_p", "top_k"}
+    | {"temperature", "top_p", "top_k", "output_config"}  # output_config: its format (structured outputs) only
 )
 # cache_control: no prompt cache; container: no code execution; diagnostics: no cache to diagnose; inference_geo: the
 # region is the endpoint's; speed: one speed. top_k is read but not applied (no engine takes it yet).
 IGNORED = frozenset({"cache_control", "container", "diagnostics", "inference_geo", "speed"})
-REFUSED_UNLESS_OFF = frozenset({"tools", "tool_choice", "thinking", "output_config"})
+REFUSED_UNLESS_OFF = frozenset({"tools", "tool_choice", "thinking"})
 ROLES = ("user", "assistant")
 DEFAULT_TEMPERATURE = 1.0  # Anthropic's default; top_p's is 1.0 (off), as wire.SamplingParams has them
 
@@ -54,6 +54,17 @@ class _ToolChoice(msgspec.Struct, kw_only=True):
     type: str
 
 
+class _OutputFormat(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    type: str
+    schema: dict[str, Any] | None = None
+
+
+class _OutputConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Anthropic's structured outputs: ``format`` ``{"type": "json_schema", "schema"}`` (other keys: a 400)."""
+
+    format: _OutputFormat | None = None
+
+
 class PromptBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What ``/v1/messages/count_tokens`` takes (the SDK's ``MessageCountTokensParams``)."""
 
@@ -61,7 +72,7 @@ class PromptBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     messages: list[_Message]
     system: str | list[_Block] | None = None
     cache_control: Any = None
-    output_config: dict[str, Any] | None = None
+    output_config: _OutputConfig | None = None
     speed: Any = None
     thinking: _Thinking | None = None
     tool_choice: _ToolChoice | None = None
@@ -94,8 +105,10 @@ def parse_messages(
     *,
     max_stop_bytes: int = requests.DEFAULT_MAX_STOP_BYTES,
     counters: Mapping[str, TokenCounter] = {},
+    max_schema_bytes: int = structured.DEFAULT_MAX_SCHEMA_BYTES,
 ) -> ValidRequest:
-    """A ``/v1/messages`` body as the one internal request (chat endpoint). ``models``: name -> context window.
+    """A ``/v1/messages`` body as the one internal request (chat endpoint). ``models``: name -> context window;
+    ``max_schema_bytes``: of ``output_config.format``'s schema (Settings.api.max_json_schema_bytes).
 
     Raises ApiError: 400 (malformed, wrong types, out of range, an unknown or refused key), 404 (unknown model).
     """
@@ -111,6 +124,7 @@ def parse_messages(
         )
         requests.check_sampling(sampling, max_stop_bytes=max_stop_bytes, stop_param="stop_sequences")
         requests.check_context(prompt_tokens, raw.max_tokens, window, "messages", True)
+        constraint = _output_format(raw.output_config, max_schema_bytes)
     return ValidRequest(
         endpoint="chat.completions",
         model=raw.model,
@@ -119,6 +133,7 @@ def parse_messages(
         stream=bool(raw.stream),
         prompt_tokens=prompt_tokens,
         api_format=ANTHROPIC,
+        structured=constraint,
         asked_tier=TIER_FREE if raw.service_tier == "standard_only" else None,
     )
 
@@ -155,11 +170,24 @@ def _refuse_unless_off(raw: PromptBody) -> None:
         "tools": bool(raw.tools),
         "tool_choice": raw.tool_choice is not None and raw.tool_choice.type != "none",
         "thinking": raw.thinking is not None and raw.thinking.type != "disabled",
-        "output_config": bool(raw.output_config),
     }
     for param, is_used in used.items():
         if is_used:
             raise invalid(f"'{param}' is not supported by this server", param=param, code="unsupported_parameter")
+
+
+def _output_format(config: _OutputConfig | None, max_schema_bytes: int) -> wire.Structured | None:
+    """``output_config.format`` as the wire's constraint: a JSON schema, checked as OpenAI's response_format is."""
+    if config is None or config.format is None:
+        return None
+    if config.format.type != "json_schema":
+        raise invalid(
+            f"output_config.format.type must be json_schema, got {echo(config.format.type)}",
+            param="output_config.format",
+        )
+    constraint = structured.json_schema_constraint("output", config.format.schema or {})
+    requests.check_constraint(constraint, max_schema_bytes, "output_config.format")
+    return constraint
 
 
 def _message(i: int, message: _Message) -> wire.ChatMessage:

@@ -190,6 +190,7 @@ class Intake:
         self._timeouts = timeouts_by_class(settings)
         self._max_body_bytes = settings.api.max_body_bytes
         self._max_stop_bytes = settings.api.max_stop_bytes
+        self._max_schema_bytes = settings.api.max_json_schema_bytes  # response_format, tools, output_config
         self._region = settings.region.name
         self.sse_keep_alive_s = settings.api.sse_keep_alive_ms / 1000
 
@@ -209,7 +210,11 @@ class Intake:
         idempotency_key = idempotency.parse_key(headers.get(HTTP_IDEMPOTENCY_KEY))
         body = await read_body(request, self._max_body_bytes)
         valid = edge.parse(
-            body, self._catalog.context_windows(), max_stop_bytes=self._max_stop_bytes, counters=self._counters
+            body,
+            self._catalog.context_windows(),
+            max_stop_bytes=self._max_stop_bytes,
+            counters=self._counters,
+            max_schema_bytes=self._max_schema_bytes,
         )
         request.state.model = valid.model
         if sdk_timeout_ms is not None and HTTP_TIMEOUT_MS not in headers and not valid.stream:

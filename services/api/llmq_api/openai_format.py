@@ -15,8 +15,8 @@ from llmq_api.logprobs_format import StreamLogprobs
 from llmq_api.sse import data_json
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
 from llmq_core import status, wire
-from llmq_core.api_formats import response_body, result_error, usage_dict
-from llmq_core.constants import HTTP_RETRY_AFTER
+from llmq_core.api_formats import finish_reason, response_body, result_error, tool_call_dict, usage_dict
+from llmq_core.constants import HTTP_RETRY_AFTER, TOOL_CHOICE_NONE
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
 
 if TYPE_CHECKING:
@@ -82,6 +82,24 @@ class ChunkFormatter:
             choice = {"index": index, "text": text, "logprobs": rendered, "finish_reason": finish_reason}
         return self._chunk([choice])
 
+    def tool_calls(self, choice: wire.Choice) -> bytes:
+        """Chat's chunks of a choice that made tool calls: one delta per call (its own ``index``, id, name and the
+        whole arguments), then the finish chunk."""
+        chunks = [
+            self._chunk(
+                [
+                    {
+                        "index": choice.index,
+                        "delta": {"tool_calls": [{"index": i, **tool_call_dict(call)}]},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for i, call in enumerate(choice.tool_calls or ())
+        ]
+        return b"".join(chunks) + self.text(choice.index, "", finish_reason(choice))
+
     def usage(self, usage: wire.Usage) -> bytes:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
         return sse({**self._head, "choices": [], "usage": usage_dict(usage)})
@@ -92,6 +110,9 @@ def finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int,
     the usage if asked."""
     parts = []
     for choice in sorted(result.choices, key=lambda c: c.index):
+        if choice.tool_calls and fmt.chat:
+            parts.append(fmt.tool_calls(choice))
+            continue
         rest = choice.text[len(sent.get(choice.index, "")) :]
         parts.append(fmt.text(choice.index, rest, choice.finish_reason, fmt.logprobs.rest(choice)))
     if fmt.include_usage:
@@ -100,10 +121,14 @@ def finish_chunks(fmt: ChunkFormatter, result: wire.FinalResult, sent: dict[int,
 
 
 class OpenAIStream:
-    """A stream of OpenAI chunks: chat's role chunk first, text chunks, the finish chunks, ``data: [DONE]``."""
+    """A stream of OpenAI chunks: chat's role chunk first, text chunks, the finish chunks, ``data: [DONE]``.
+
+    A chat with tools it may call (tool_choice auto, required or named) holds its text back: whether an answer is
+    calls is known only at its end, so the closing chunks carry its calls as tool-call deltas or its whole text."""
 
     def __init__(self, pending: PendingRequest) -> None:
         request = pending.request
+        self._holds = bool(request.tools) and request.tool_choice not in ("", TOOL_CHOICE_NONE)
         self._n = request.sampling.n
         self._fmt = ChunkFormatter(
             pending.request_id, request.endpoint, request.model, pending.created_s, pending.include_usage
@@ -113,10 +138,10 @@ class OpenAIStream:
         return self._fmt.role(self._n)
 
     def text(self, index: int, text: str, logprobs: list[wire.TokenLogprob] | None = None) -> bytes:
-        return self._fmt.text(index, text, logprobs=logprobs)
+        return b"" if self._holds else self._fmt.text(index, text, logprobs=logprobs)
 
     def closing(self, result: wire.FinalResult, sent: dict[int, str]) -> bytes:
-        return finish_chunks(self._fmt, result, sent) + SSE_DONE
+        return finish_chunks(self._fmt, result, sent) + SSE_DONE  # held text was never sent: all of it goes now
 
     def failure(self, error: ApiError) -> bytes:
         return sse(error.body()) + SSE_DONE

@@ -269,13 +269,16 @@ class StreamResponse(Response):
                     keep_alive.wrote()
 
         async def on_chunk(chunk: wire.TokenChunk) -> None:
+            data = fmt.text(chunk.index, chunk.text, chunk.logprobs)
+            if not data:  # nothing reached the client (a stream that holds its text back: tools)
+                return
             if not sent:
                 pending.first_text_s = pending.since_accepted_s()
                 pending.metrics.child(pending.metrics.ttft, pending.endpoint_label).observe(
                     time.perf_counter() - pending.started_s
                 )
             sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
-            await write(fmt.text(chunk.index, chunk.text, chunk.logprobs))
+            await write(data)
 
         headers = _headers(
             pending,

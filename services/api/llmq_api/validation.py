@@ -16,16 +16,22 @@ import msgspec
 
 from llmq_api import unsupported
 from llmq_api.errors import ApiError, invalid
-from llmq_core import requests, wire
+from llmq_core import requests, structured, wire
 from llmq_core.constants import (
     HTTP_SDK_READ_TIMEOUT,
     HTTP_TIMEOUT_MS,
     HTTP_TRAFFIC_CLASS,
     INTERACTIVE,
+    JSON_OBJECT,
+    JSON_SCHEMA,
     MAX_COMPLETION_LOGPROBS,
     MAX_RESULT_BYTES,
     MAX_TOP_LOGPROBS,
     OPENAI,
+    TOOL_CHOICE_AUTO,
+    TOOL_CHOICE_FUNCTION,
+    TOOL_CHOICE_NONE,
+    TOOL_CHOICE_REQUIRED,
     TRAFFIC_CLASSES,
 )
 from llmq_core.requests import DEFAULT_MAX_STOP_BYTES, INT64_MAX, RequestError, echo
@@ -52,6 +58,9 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
     prompt_tokens: int
     api_format: str = OPENAI  # the caller's wire format (constants.OPENAI, constants.ANTHROPIC)
+    structured: wire.Structured | None = None  # response_format json_object / json_schema, or a forced tool_choice
+    tools: list[wire.Tool] | None = None
+    tool_choice: str = ""
     asked_tier: wire.Tier | None = None  # a tier below its key's the caller asked for (Anthropic's standard_only): free
 
     def to_wire(self, principal: Principal, traffic_class: str, **fields) -> wire.GenerationRequest:
@@ -64,7 +73,19 @@ class ValidRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # What a GenerationRequest takes of a ValidRequest, field by field under the same name.
-WIRE_FIELDS = ("model", "endpoint", "prompt", "messages", "sampling", "stream", "prompt_tokens", "api_format")
+WIRE_FIELDS = (
+    "model",
+    "endpoint",
+    "prompt",
+    "messages",
+    "sampling",
+    "stream",
+    "prompt_tokens",
+    "api_format",
+    "structured",
+    "tools",
+    "tool_choice",
+)
 
 
 # --- request bodies (unknown fields are ignored, as OpenAI-compatible servers do) -------------------------------------
@@ -103,14 +124,56 @@ class _ContentPart(msgspec.Struct, kw_only=True):
     text: str | None = None
 
 
+class _CalledFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class _ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: _CalledFunction
+
+
 class _Message(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[_ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[_ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # the call a tool turn answers
+
+
+class _JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 class _ResponseFormat(msgspec.Struct, kw_only=True):
     type: str
+    json_schema: _JsonSchemaFormat | None = None
+
+
+class _Function(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class _ToolDef(msgspec.Struct, kw_only=True):
+    type: str
+    function: _Function
+
+
+class _FunctionName(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class _NamedChoice(msgspec.Struct, kw_only=True):
+    type: str
+    function: _FunctionName
 
 
 class _ChatBody(_CommonBody, kw_only=True):
@@ -118,7 +181,9 @@ class _ChatBody(_CommonBody, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[_ToolDef] | None = None
+    tool_choice: str | _NamedChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     response_format: _ResponseFormat | None = None
     audio: Any = None  # audio output: refused (see llmq_api.unsupported)
@@ -224,10 +289,12 @@ def parse(
     *,
     max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES,
     counters: Mapping[str, TokenCounter] = {},
+    max_schema_bytes: int = structured.DEFAULT_MAX_SCHEMA_BYTES,
 ) -> ValidRequest:
     """Validate a body of ``endpoint`` (``/v1/completions``: :func:`parse_completion`, ``/v1/chat/completions``:
     :func:`parse_chat`). ``models`` maps served model names to context windows (0: unknown); ``max_stop_bytes``: UTF-8
-    bytes of one stop sequence, at most (Settings.api.max_stop_bytes).
+    bytes of one stop sequence, at most (Settings.api.max_stop_bytes); ``max_schema_bytes``: of a response_format's
+    JSON schema or of the tools' (Settings.api.max_json_schema_bytes).
 
     Raises :class:`ApiError`: 400 (malformed, wrong types, out of range, unsupported), 404 (unknown model).
     """
@@ -237,6 +304,8 @@ def parse(
         context_window = requests.check_model(raw.model, models)
         counter = counters.get(raw.model, BYTES)
         sampling, prompt_tokens, text = (_chat if chat else _completion)(raw, context_window, max_stop_bytes, counter)
+        if chat:
+            text.update(_constraint(raw, max_schema_bytes))
     return _valid(raw, endpoint, sampling, prompt_tokens, **text)
 
 
@@ -265,9 +334,7 @@ def _chat(raw: _ChatBody, context_window: int, max_stop_bytes: int, counter: Tok
     only by the context window and the result cap (OpenAI's chat contract): see :func:`chat_max_tokens`."""
     _reject_unsupported(
         raw,
-        tools=bool(raw.tools),
         functions=bool(raw.functions),
-        response_format=raw.response_format is not None and raw.response_format.type != "text",
         audio=raw.audio is not None,
         modalities=raw.modalities not in (None, ["text"]),
     )
@@ -297,6 +364,94 @@ def _chat_logprobs(raw: _ChatBody) -> int | None:
             )
         return None
     return raw.top_logprobs or 0
+
+
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_RESPONSE_FORMATS = ("text", JSON_OBJECT, JSON_SCHEMA)
+
+
+def _constraint(raw: _ChatBody, max_schema_bytes: int) -> dict[str, Any]:
+    """The ``structured``, ``tools`` and ``tool_choice`` of a chat body: a ``required`` or named tool_choice constrains
+    the answer to calls of the tools (it wins over a response_format); otherwise a JSON response_format does."""
+    tools = _tools(raw.tools, max_schema_bytes)
+    choice, only = _tool_choice(raw.tool_choice, tools)
+    constraint = None
+    if choice in (TOOL_CHOICE_REQUIRED, TOOL_CHOICE_FUNCTION):
+        constraint = structured.tool_constraint(tools, only, raw.parallel_tool_calls is not False)
+        requests.check_constraint(constraint, max_schema_bytes * 2, "tools")  # the tools' own size was checked
+    elif raw.response_format is not None:
+        constraint = _response_format(raw.response_format, max_schema_bytes)
+    return {"structured": constraint, "tools": tools or None, "tool_choice": choice}
+
+
+def _response_format(response_format: _ResponseFormat, max_schema_bytes: int) -> wire.Structured | None:
+    kind = response_format.type
+    if kind not in _RESPONSE_FORMATS:
+        raise invalid(
+            f"'response_format.type' must be one of {', '.join(_RESPONSE_FORMATS)}, got {echo(kind)}",
+            param="response_format",
+        )
+    if kind == "text":
+        return None
+    if kind == JSON_OBJECT:
+        return wire.Structured(kind=JSON_OBJECT)
+    spec = response_format.json_schema
+    if spec is None:
+        raise invalid(
+            "'response_format.json_schema' is required for type json_schema",
+            param="response_format",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+        )
+    constraint = structured.json_schema_constraint(spec.name, spec.schema if spec.schema is not None else {})
+    requests.check_constraint(constraint, max_schema_bytes, "response_format")
+    return constraint
+
+
+def _tools(tools: list[_ToolDef] | None, max_schema_bytes: int) -> list[wire.Tool]:
+    checked = []
+    for i, tool in enumerate(tools or ()):
+        if tool.type != "function":
+            raise invalid(f"Only function tools are supported, got {echo(tool.type)}", param=f"tools[{i}].type")
+        function = tool.function
+        if not _FUNCTION_NAME.fullmatch(function.name):
+            raise invalid(
+                "A function name must be 1 to 64 letters, digits, underscores or dashes",
+                param=f"tools[{i}].function.name",
+            )
+        parameters = structured.compact(function.parameters) if function.parameters is not None else ""
+        checked.append(wire.Tool(name=function.name, description=function.description or "", parameters=parameters))
+    if len({t.name for t in checked}) != len(checked):
+        raise invalid("Function names must be unique", param="tools")
+    size = sum(len(t.parameters.encode()) for t in checked)
+    if size > max_schema_bytes:
+        raise invalid(
+            f"the tools' parameters schemas are {size} bytes; at most {max_schema_bytes} are allowed",
+            param="tools",
+            code="schema_too_large",
+        )
+    for i, tool in enumerate(checked):
+        if tool.parameters:
+            constraint = wire.Structured(kind=JSON_SCHEMA, schema=tool.parameters)
+            requests.check_constraint(constraint, max_schema_bytes, f"tools[{i}].function.parameters")
+    return checked
+
+
+def _tool_choice(choice: str | _NamedChoice | None, tools: list[wire.Tool]) -> tuple[str, str]:
+    """(constants.TOOL_CHOICES value, the named function or ""); "" without tools (OpenAI's default: auto)."""
+    if choice is None:
+        return (TOOL_CHOICE_AUTO if tools else ""), ""
+    if not tools:
+        raise invalid("'tool_choice' is only allowed when 'tools' are given", param="tool_choice")
+    if isinstance(choice, str):
+        if choice not in (TOOL_CHOICE_NONE, TOOL_CHOICE_AUTO, TOOL_CHOICE_REQUIRED):
+            raise invalid(
+                f"'tool_choice' must be none, auto, required or a named function, got {echo(choice)}",
+                param="tool_choice",
+            )
+        return choice, ""
+    if choice.type != "function" or choice.function.name not in {t.name for t in tools}:
+        raise invalid(f"'tool_choice' names no function of 'tools': {echo(choice.function.name)}", param="tool_choice")
+    return TOOL_CHOICE_FUNCTION, choice.function.name
 
 
 def _valid(
@@ -398,13 +553,19 @@ def _chat_message(i: int, message: _Message) -> wire.ChatMessage:
     content = message.content
     if isinstance(content, list):
         content = joined_text(content, lambda j: f"messages[{i}].content[{j}]")
+    calls = None
+    if message.tool_calls and message.role == "assistant":
+        calls = [
+            wire.ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in message.tool_calls
+        ]
+        content = content or ""  # an assistant turn that only called tools has null content
     if content is None:
         raise invalid(
             "Message content is required",
             param=f"messages[{i}].content",
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
         )
-    return wire.ChatMessage(role=message.role, content=content)
+    return wire.ChatMessage(role=message.role, content=content, tool_calls=calls, tool_call_id=message.tool_call_id)
 
 
 def joined_text(parts: list, param_of: Callable[[int], str], noun: str = "content parts") -> str:

@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmq_core import structured
 from llmq_core.clock import Clock
-from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
+from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS, TOOL, TOOL_CHOICE_NONE
+from llmq_core.metrics import GrammarStats
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import render_chat
 from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, TokenLogprob, Usage
@@ -88,25 +90,25 @@ class FinalEvent:
 
     @classmethod
     def build(
-        cls, run: EngineRun, outcome: Outcome, finished_ms: int, *, error: ErrorInfo | None = None, shared: bool = False
+        cls,
+        run: EngineRun,
+        outcome: Outcome,
+        finished_ms: int,
+        *,
+        error: ErrorInfo | None = None,
+        shared: bool = False,
+        stats: GrammarStats | None = None,
     ) -> FinalEvent:
         """The end of ``run`` with the text so far; choices carry a finish reason only when it succeeded, usage counts
-        the prompt once and every choice's tokens; ``shared``: see ``shared_failure``."""
+        the prompt once and every choice's tokens; ``shared``: see ``shared_failure``. A succeeded choice of a request
+        with tools (tool_choice auto, required or named) that parses as calls carries them instead of its text
+        (:func:`tool_choice_of`); ``stats`` counts a forced choice that did not parse."""
         ends = run.choice_ends()
         succeeded = outcome is Outcome.SUCCEEDED
         return cls(
             request_id=run.request.request_id,
             outcome=outcome,
-            choices=[
-                Choice(
-                    index=c.index,
-                    text=c.text,
-                    finish_reason=c.finish_reason if succeeded else None,
-                    stop_sequence=c.stop_sequence if succeeded else None,
-                    logprobs=c.logprobs,
-                )
-                for c in ends
-            ],
+            choices=[_choice(run.request, c, succeeded, stats) for c in ends],
             usage=Usage.of(run.prompt_tokens, sum(c.tokens for c in ends)),
             started_ms=run.started_ms,
             first_token_ms=run.first_token_ms,
@@ -114,6 +116,23 @@ class FinalEvent:
             error=error,
             shared_failure=shared,
         )
+
+
+def _choice(request: GenerationRequest, end: ChoiceEnd, succeeded: bool, stats: GrammarStats | None) -> Choice:
+    calls = None
+    if succeeded and request.tools and request.tool_choice not in ("", TOOL_CHOICE_NONE):
+        calls = structured.parse_tool_calls(end.text, request.tools, f"call_{request.request_id[-16:]}_{end.index}")
+        forced = request.structured is not None and request.structured.kind == TOOL
+        if calls is None and forced and end.finish_reason == "stop" and stats is not None:
+            stats.tool_call_parse_failures += 1
+    return Choice(
+        index=end.index,
+        text="" if calls else end.text,
+        finish_reason=end.finish_reason if succeeded else None,
+        stop_sequence=end.stop_sequence if succeeded else None,
+        tool_calls=calls,
+        logprobs=end.logprobs,
+    )
 
 
 EngineEvent = ChunkEvent | FinalEvent
@@ -165,8 +184,9 @@ class EventQueue:
     """The event stream engines share: ``put`` from the engine's loop, ``next_events`` drains in batches; ``final``
     ends a request at the engine's ``clock``."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, stats: GrammarStats | None = None) -> None:
         self._clock = clock
+        self._stats = stats
         self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
     def put(self, event: EngineEvent) -> None:
@@ -176,7 +196,10 @@ class EventQueue:
         self, run: EngineRun, outcome: Outcome, *, error: ErrorInfo | None = None, shared_failure: bool = False
     ) -> None:
         """Put the FinalEvent of ``run`` ending now (see :meth:`FinalEvent.build`)."""
-        self.put(FinalEvent.build(run, outcome, self._clock.now_ms(), error=error, shared=shared_failure))
+        final = FinalEvent.build(
+            run, outcome, self._clock.now_ms(), error=error, shared=shared_failure, stats=self._stats
+        )
+        self.put(final)
 
     async def next_events(self) -> list[EngineEvent]:
         events = [await self._queue.get()]
@@ -227,7 +250,8 @@ class SequenceEngine:
     def __init__(self, *, max_sequences: int, clock: Clock) -> None:
         self._max_sequences = max_sequences
         self._clock = clock
-        self._events = EventQueue(clock)
+        self.grammar_stats = GrammarStats()  # structured outputs (llmq_core.metrics reads it)
+        self._events = EventQueue(clock, self.grammar_stats)
         self._jobs: dict = {}
         self._rate = TokenRate()
 

@@ -95,6 +95,7 @@ def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> 
         device=args.device,
         gguf_file=args.gguf_file,
         torch_threads=settings.worker.torch_threads,
+        constrained_decoding=settings.worker.constrained_decoding,
     )
 
 
@@ -127,6 +128,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     engine = build_engine(args, settings)
     stack.push_async_callback(engine.close)
     observed = metrics.WorkerMetrics(args.model, settings.region.name)
+    observed.watch_grammars(getattr(engine, "grammar_stats", None))
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)
     lease = PartitionLease(redis, args.partition, this_process(args.worker_id), settings.worker.lease_ttl_ms)

@@ -385,3 +385,27 @@ async def test_the_header_keys_are_ignored(client):
         model="llmq-sim", max_tokens=1, messages=USER, user_profile_id="p", workspace_id="w"
     )
     assert message.type == "message"
+
+
+def test_output_config_format_is_the_wire_constraint_checked_as_response_format():
+    from llmq_api.anthropic_messages import parse_messages
+    from llmq_api.errors import ApiError
+
+    def parsed(output_config: dict, **limits):
+        body = msgspec.json.encode({**BODY, "output_config": output_config})
+        return parse_messages(body, {"llmq-sim": 8192}, **limits)
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    valid = parsed({"format": {"type": "json_schema", "schema": schema}})
+    assert valid.structured.kind == constants.JSON_SCHEMA and msgspec.json.decode(valid.structured.schema) == schema
+    assert parsed({}).structured is None
+    for config, code in [
+        ({"format": {"type": "json_schema", "schema": {"type": "nope"}}}, "invalid_schema"),
+        ({"format": {"type": "text"}}, "invalid_value"),
+    ]:
+        with pytest.raises(ApiError) as refused:
+            parsed(config)
+        assert (refused.value.status, refused.value.param, refused.value.code) == (400, "output_config.format", code)
+    with pytest.raises(ApiError) as too_large:
+        parsed({"format": {"type": "json_schema", "schema": schema}}, max_schema_bytes=10)
+    assert (too_large.value.param, too_large.value.code) == ("output_config.format", "schema_too_large")

@@ -158,3 +158,30 @@ def test_a_batch_output_line_and_an_api_shaped_kafka_reply_carry_the_logprobs_as
     assert ok and line == reply_line(result)
     assert line["response"]["body"] == response_body(result, result.request_id, result.endpoint, 0)
     assert line["response"]["body"]["choices"][0]["logprobs"]["tokens"] == ["\\xc3", "\\xa9", " x"]
+
+
+def with_calls() -> wire.FinalResult:
+    calls = [wire.ToolCall(id=f"call_{i}", name="f", arguments=f'{{"i":{i}}}') for i in range(2)]
+    choice = wire.Choice(index=0, text="", finish_reason="stop", tool_calls=calls)
+    return msgspec.structs.replace(final("r", ""), choices=[choice])
+
+
+def test_a_choice_with_tool_calls_is_a_message_of_calls_finished_tool_calls():
+    (choice,) = response_body(with_calls(), "chatcmpl-1", "chat.completions", 1)["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][1] == {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "f", "arguments": '{"i":1}'},
+    }
+
+
+def test_streamed_tool_calls_are_deltas_with_distinct_indices_then_the_finish():
+    fmt = ChunkFormatter("chatcmpl-1", "chat.completions", "llmq-sim", 5, include_usage=False)
+    *deltas, last = events(_finish_chunks(fmt, with_calls(), {}))
+    calls = [d["choices"][0]["delta"]["tool_calls"][0] for d in deltas]
+    assert [(c["index"], c["id"], c["function"]["arguments"]) for c in calls] == [
+        (0, "call_0", '{"i":0}'),
+        (1, "call_1", '{"i":1}'),
+    ]
+    assert last["choices"][0]["finish_reason"] == "tool_calls" and last["choices"][0]["delta"] == {}

@@ -163,3 +163,23 @@ def test_batch_lines_apply_the_stop_limit_of_the_endpoints():
     loose = check_input(data, "/v1/completions", MODELS, Limits(max_lines=10, max_line_bytes=10_000))
     assert tight.lines[0].error is not None and tight.lines[0].error.param == "stop"
     assert loose.lines[0].error is None
+
+
+def test_a_chat_lines_response_format_gets_the_http_checks_and_bound():
+    messages = [{"role": "user", "content": "hi"}]
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    good = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+    bad = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "nope"}}}
+    text = "\n".join(
+        line(cid, model="llmq-sim", messages=messages, response_format=fmt)
+        for cid, fmt in (("good", good), ("bad", bad))
+    )
+    checked = check(text)
+    good_line, bad_line = checked.lines
+    assert good_line.valid.structured.kind == "json_schema"
+    assert (bad_line.error.param, bad_line.error.code) == ("response_format", "invalid_schema")
+    (small,) = check(
+        line("good", model="llmq-sim", messages=messages, response_format=good),
+        limits=Limits(max_lines=100, max_line_bytes=10_000, max_schema_bytes=10),
+    ).lines
+    assert (small.error.param, small.error.code) == ("response_format", "schema_too_large")

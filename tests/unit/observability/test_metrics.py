@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmq_core import metrics, wire
 from llmq_core.labels import LabelSet
-from tests.builders import heartbeat
+from tests.builders import generation_request, heartbeat
 from tests.fakes import FakeConsumer
 
 T0 = 1_700_000_000_000
@@ -106,6 +106,25 @@ def test_worker_slots_and_utilisation_from_its_heartbeat():
     assert (
         value(m, "llmq_worker_requests_total", traffic_class="interactive", model="llmq-sim", outcome="succeeded") == 1
     )
+
+
+def test_worker_counts_constrained_requests_by_kind_and_its_engines_grammar_cache():
+    m = metrics.WorkerMetrics("llmq-sim")
+    constrained = [wire.Structured(kind="json_schema", schema="{}"), wire.Structured(kind="tool"), None]
+    requests = [generation_request(str(i), structured=c) for i, c in enumerate(constrained)]
+    m.batch_taken(
+        wire.Batch(batch_id="b", worker_id="w", model="llmq-sim", requests=requests, formed_ms=0, flush_reason="size")
+    )
+    assert value(m, "llmq_worker_constrained_requests_total", model="llmq-sim", kind="json_schema") == 1
+    assert value(m, "llmq_worker_constrained_requests_total", model="llmq-sim", kind="tool") == 1
+    stats = metrics.GrammarStats()
+    m.watch_grammars(stats)
+    stats.compiled(0.002)
+    stats.hits += 3
+    assert value(m, "llmq_worker_grammar_compiles_total", model="llmq-sim") == 1
+    assert value(m, "llmq_worker_grammar_compile_seconds_total", model="llmq-sim") == 0.002
+    assert value(m, "llmq_worker_grammar_cache_hits_total", model="llmq-sim") == 3
+    assert value(m, "llmq_worker_tool_call_parse_failures_total", model="llmq-sim") == 0
 
 
 async def test_consumer_lag_per_partition_forgets_revoked_ones():

@@ -199,3 +199,20 @@ async def test_streamed_logprob_entries_add_up_to_the_final_ones_and_cover_a_spl
     assert [(t.token, t.logprob) for t in choice.logprobs[3].top_logprobs] == [("l", -0.13), ("m", -3.0)]
     assert [e for chunk in streamed["lp"] for e in chunk] == choice.logprobs
     assert finals["plain"].choices[0].logprobs is None and streamed["plain"] == [None, None]
+
+
+def test_a_constraint_maps_to_vllms_own_structured_outputs():
+    import types
+
+    from llmq_core.wire import Structured
+    from llmq_worker.engines.vllm_engine import structured_params, vllm_structured
+
+    assert vllm_structured(None) == {}
+    assert vllm_structured(Structured(kind="json_object")) == {"json_object": True}
+    assert vllm_structured(Structured(kind="json_schema", schema='{"enum":[1]}')) == {"json": {"enum": [1]}}
+    assert vllm_structured(Structured(kind="tool", schema='{"type":"array"}')) == {"json": {"type": "array"}}
+    newer = types.SimpleNamespace(sampling_params=types.SimpleNamespace(StructuredOutputsParams=dict))
+    older = types.SimpleNamespace(sampling_params=types.SimpleNamespace(GuidedDecodingParams=dict))
+    assert structured_params(newer)(json_object=True) == {"structured_outputs": {"json_object": True}}
+    assert structured_params(older)(json={"a": 1}) == {"guided_decoding": {"json": {"a": 1}}}
+    assert structured_params(newer)() == {}

@@ -131,8 +131,9 @@ class JobBuilder:
     def checker(self, endpoint: str, max_lines: int) -> inputs.InputChecker:
         """A checker of ``endpoint``'s requests, at most ``max_lines`` of them, each within the line bound."""
         jobs_settings = self.settings.jobs
+        api = self.settings.api
         limits = inputs.Limits(
-            max_lines, jobs_settings.batch_max_line_bytes, self.settings.api.max_stop_bytes, self.counters
+            max_lines, jobs_settings.batch_max_line_bytes, api.max_stop_bytes, self.counters, api.max_json_schema_bytes
         )
         return inputs.InputChecker(endpoint, self.models(), limits)
 

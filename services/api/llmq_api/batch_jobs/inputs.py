@@ -19,6 +19,7 @@ import msgspec
 from llmq_api import validation
 from llmq_api.anthropic_messages import parse_messages
 from llmq_api.errors import ApiError
+from llmq_core import structured
 from llmq_core.requests import echo
 from llmq_core.token_counts import TokenCounter
 from llmq_jobs import jobs
@@ -40,6 +41,7 @@ class Limits:
     max_line_bytes: int
     max_stop_bytes: int = validation.DEFAULT_MAX_STOP_BYTES  # per stop sequence, as over HTTP
     counters: Mapping[str, TokenCounter] = field(default_factory=dict)  # model -> its tokenizer, as over HTTP
+    max_schema_bytes: int = structured.DEFAULT_MAX_SCHEMA_BYTES  # a chat line's response_format or tools, as over HTTP
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +223,13 @@ def _check_body(
 ) -> InputLine:
     try:
         if endpoint == jobs.MESSAGES_ENDPOINT:
-            valid = parse_messages(body, models, max_stop_bytes=limits.max_stop_bytes, counters=limits.counters)
+            valid = parse_messages(
+                body,
+                models,
+                max_stop_bytes=limits.max_stop_bytes,
+                counters=limits.counters,
+                max_schema_bytes=limits.max_schema_bytes,
+            )
         else:
             valid = validation.parse(
                 jobs.BATCH_ENDPOINTS[endpoint],
@@ -229,6 +237,7 @@ def _check_body(
                 models,
                 max_stop_bytes=limits.max_stop_bytes,
                 counters=limits.counters,
+                max_schema_bytes=limits.max_schema_bytes,
             )
     except ApiError as exc:
         return InputLine(line=number, custom_id=custom_id, model=_model_of(body), error=exc)

@@ -5,7 +5,8 @@ sample with ``torch.multinomial``: on a CPU and a 49k-token vocabulary that cost
 engine runs the manager greedy (argmax, no processors of its own) and :func:`install` adds four processors that pick
 each row's token themselves and leave only it possible, so the argmax takes it:
 
-- :class:`LogitBias` (first of the four): adds a request's biases to its row's logits.
+- :class:`LogitBias`: adds a request's biases to its row's logits.
+- :class:`GrammarMask`: leaves only the tokens a constrained row's grammar allows (structured outputs).
 - :class:`Temperature`: divides a sampled row's logits by its temperature.
 - :class:`TopP`: the nucleus of a row with ``top_p`` < 1 (on a CPU it sorts only in steps that hold such a row).
 - :class:`Draw` (last of the four): a greedy row takes its most likely token; a sampled row draws by inverse CDF on its final
@@ -28,6 +29,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import Con
 
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS
 from llmq_worker.engines import cb_logprobs
+from llmq_worker.grammars import SequenceGrammar
 
 GREEDY = -1.0  # the draw of a greedy row: its most likely token
 _UNSEEDED = random.Random()  # draws of sampled rows without a seed
@@ -72,6 +74,66 @@ class LogitBias(ContinuousBatchingLogitsProcessor):
         # Padded rows (CUDA graphs) hold stale indices: clamp them into the table.
         lines = tensor_arg[: scores.size(0)].long().clamp(0, self._empty)
         return scores.scatter_add(-1, self._ids[lines], self._values[lines])
+
+
+class GrammarMask(ContinuousBatchingLogitsProcessor):
+    """Per-request ``grammar`` (a ``llmq_worker.grammars.SequenceGrammar``): each step the row's matcher consumes the
+    tokens its sequence generated since, and writes its allowed-token bitmask into a line of a table of
+    ``2 * rows + 1`` lines (the last one allows every token), as LogitBias does. Needs each step's tokens before the
+    next step is prepared: the engine turns off the library's asynchronous batching."""
+
+    supported_kwargs: dict[str, type] = {"grammar": SequenceGrammar}
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
+        self._rows = rows
+        self._vocab = vocab_size
+        self._empty = 2 * rows
+        words = (vocab_size + 31) // 32
+        self._host = torch.full((2 * rows + 1, words), -1, dtype=torch.int32)
+        self._bits = self._host.to(device)
+        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self._half = 0
+        self._any = True
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        int32_tensor.fill_(self._empty)
+
+    def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
+        base, self._half = self._half * self._rows, 1 - self._half
+        lines, written = [], []
+        for i, request in enumerate(requests_with_new_token):
+            grammar = request.state.logit_processor_kwargs.get("grammar")
+            line = base + i
+            if (
+                grammar is None
+                or i >= self._rows
+                or not grammar.fill_mask(_generated(request.state), self._host[line].numpy())
+            ):
+                lines.append(self._empty)
+                continue
+            lines.append(line)
+            written.append(line)
+        self._any = bool(written)
+        if written and self._bits.device != self._host.device:
+            index = torch.tensor(written)
+            self._bits[index.to(self._bits.device)] = self._host[index].to(self._bits.device)
+        return torch.tensor(lines, dtype=torch.int32)
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        if not self._any and scores.device.type == "cpu":
+            return scores
+        lines = tensor_arg[: scores.size(0)].long().clamp(0, self._empty)
+        bits = self._bits[lines]  # [rows, words]
+        allowed = ((bits.unsqueeze(-1) >> self._shifts) & 1).view(bits.size(0), -1)[:, : scores.size(-1)]
+        return scores.masked_fill(allowed == 0, float("-inf"))
+
+
+def _generated(state) -> list[int]:
+    """The tokens a request generated, also after the library re-queued it (its tokens then moved into the prompt)."""
+    if state._true_initial_tokens:
+        return state.initial_tokens[state._true_initial_tokens :] + state.generated_tokens
+    return state.generated_tokens
 
 
 def _floats(values: list[float]) -> torch.Tensor:
@@ -160,14 +222,18 @@ def chosen(scores: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     return torch.full_like(scores, float("-inf")).scatter(-1, token, 0.0)
 
 
-def install(manager) -> None:
+def install(manager, grammars: bool = True) -> None:
     """Add the engine's processors to a manager that has not started yet (and runs greedy, without processors), between
-    the two of :mod:`~llmq_worker.engines.cb_logprobs` (which see the raw logits and the drawn token)."""
+    the two of :mod:`~llmq_worker.engines.cb_logprobs` (which see the raw logits and the drawn token); ``grammars``:
+    with the grammar mask (structured outputs)."""
     processors = manager.logit_processor
+    rows = manager.continuous_batching_config.max_requests_per_batch
+    vocab_size = manager.model.config.get_text_config().vocab_size
     raw_logprobs, record_logprobs = cb_logprobs.processors(manager)
     added = [
         raw_logprobs,
-        LogitBias(manager.continuous_batching_config.max_requests_per_batch, manager.model.device),
+        LogitBias(rows, manager.model.device),
+        *([GrammarMask(rows, vocab_size, manager.model.device)] if grammars else []),
         Temperature(),
         TopP(),
         Draw(),

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import json
+
 from transformers import ByT5Tokenizer
 
+from llmq_core import structured
 from llmq_core import tokenizer as byte_tokenizer
+from llmq_core.constants import TOOL_CHOICE_NONE
 from llmq_core.wire import GenerationRequest
 from llmq_worker import logprobs
 from llmq_worker.text import ChoiceText, ResultBudget, WindowDetokenizer
@@ -35,9 +39,10 @@ class TextCodec:
                 byte_tokenizer.render_chat(request.messages) if request.messages is not None else request.prompt or ""
             )
             return byte_tokenizer.encode(text)
-        if request.messages is not None and getattr(self._tokenizer, "chat_template", None):
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        template = getattr(self._tokenizer, "chat_template", None)
+        if request.messages is not None and template:
+            turns, tools = chat_turns(request, "tools" in template)
+            text = self._tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=False)
             return self._tokenizer(text, add_special_tokens=False).input_ids
         if request.messages is not None:
             return self._tokenizer(byte_tokenizer.render_chat(request.messages)).input_ids
@@ -55,3 +60,40 @@ class TextCodec:
             budget,
             logprobs=asked,
         )
+
+
+def chat_turns(request: GenerationRequest, template_renders_tools: bool) -> tuple[list[dict], list[dict] | None]:
+    """The messages and tools ``apply_chat_template`` gets. A template that renders tools gets them (OpenAI's
+    function shape) and the turns' ``tool_calls`` / ``tool_call_id``; one that does not gets the tools as a first
+    system message (``structured.tools_prompt``) and each assistant call as its text, in the constrained form."""
+    tools = request.tools if request.tool_choice != TOOL_CHOICE_NONE or template_renders_tools else None
+    turns = []
+    for m in request.messages or ():
+        turn: dict = {"role": m.role, "content": m.content}
+        if m.tool_calls and template_renders_tools:
+            turn["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                for c in m.tool_calls
+            ]
+        elif m.tool_calls:
+            calls = [{"name": c.name, "arguments": json.loads(c.arguments)} for c in m.tool_calls]
+            turn["content"] = (m.content + "\n" if m.content else "") + structured.compact(calls)
+        if m.tool_call_id and template_renders_tools:
+            turn["tool_call_id"] = m.tool_call_id
+        turns.append(turn)
+    if not tools:
+        return turns, None
+    if template_renders_tools:
+        functions = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": structured.parameters(t),
+                },
+            }
+            for t in tools
+        ]
+        return turns, functions
+    return [{"role": "system", "content": structured.tools_prompt(tools)}, *turns], None

@@ -23,6 +23,7 @@ from llmq_core.tokenizer import VOCAB_SIZE, encode
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker import logprobs
 from llmq_worker.engine import Capacity, ChoiceEnd, ChunkEvent, EngineEvent, EventQueue, check_request, prompt_text
+from llmq_worker.grammars import minimal_answer
 from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,11 @@ MAX_TICKS = 32  # emission steps per batch: enough to stream, few enough to stay
 
 
 def replay_tokens(request: GenerationRequest) -> list[int]:
-    """llmq-sim's completion ids: the prompt's tokens from its start, cycled to ``max_tokens`` (chat: last user message)."""
+    """llmq-sim's completion ids: the prompt's tokens from its start, cycled to ``max_tokens`` (chat: last user message).
+    A constrained request (structured outputs) gets a small instance of its schema instead (``grammars.minimal_answer``),
+    cut at ``max_tokens``."""
+    if request.structured is not None:
+        return encode(minimal_answer(request.structured))[: request.sampling.max_tokens]
     if request.messages is not None:
         source = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
     else:
@@ -54,7 +59,10 @@ class _Run:
     first_token_ms: int = 0
 
     def choice_ends(self) -> list[ChoiceEnd]:
-        natural_end = not self.tokens  # nothing to replay: the choice ends at once, as at an EOS
+        # nothing to replay (the choice ends at once, as at an EOS), or a structured answer that closed within max_tokens
+        natural_end = not self.tokens or (
+            self.request.structured is not None and len(self.tokens) < self.request.sampling.max_tokens
+        )
         return [
             ChoiceEnd(i, c.text, c.tokens, c.finish_reason(natural_end), c.stop_sequence, c.logprobs)
             for i, c in enumerate(self.choices)

@@ -31,10 +31,11 @@ from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker import logprobs
 from llmq_worker.checkpoints import load_gguf
-from llmq_worker.engine import ChoiceEnd, ChunkEvent, SequenceEngine, check_request
+from llmq_worker.engine import ChoiceEnd, ChunkEvent, InvalidRequest, SequenceEngine, check_request
 from llmq_worker.engines import cb_logprobs, cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
+from llmq_worker.grammars import GrammarCache, SequenceGrammar, check_constraint, ll_tokenizer
 from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,12 @@ class TransformersEngine(SequenceEngine):
         context_window: int | None = None,
         clock: Clock = SYSTEM_CLOCK,
         max_result_bytes: int = MAX_RESULT_BYTES,
+        constrained_decoding: bool = True,
     ) -> None:
         """``max_concurrent_sequences``: sequences per step (and the engine's slots); ``max_batched_tokens``: tokens per
         step (prefill chunks + decodes), None lets the library size it (on GPU). ``context_window`` in tokens;
-        ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its generation stops."""
+        ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its generation stops;
+        ``constrained_decoding``: structured outputs (Settings.worker.constrained_decoding)."""
         super().__init__(max_sequences=max_concurrent_sequences, clock=clock)
         self.context_window = context_window or model.config.max_position_embeddings
         self._max_result_bytes = max_result_bytes
@@ -104,7 +107,15 @@ class TransformersEngine(SequenceEngine):
         self._perf_to_epoch_ms = time.time() * 1000 - time.perf_counter() * 1000
         self._generation_config = _generation_config(model, tokenizer)
         self._eos_ids = frozenset(self._generation_config.eos_token_id)
-        self._cb_config = _cb_config(model, max_concurrent_sequences, max_batched_tokens, self.context_window)
+        self._constrained = constrained_decoding
+        self._cb_config = _cb_config(
+            model, max_concurrent_sequences, max_batched_tokens, self.context_window, constrained_decoding
+        )
+        vocab_size = model.config.get_text_config().vocab_size
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else self._generation_config.eos_token_id[0]
+        self._grammars = GrammarCache(
+            ll_tokenizer(tokenizer, vocab_size, eos, self._codec.byte_level), self.grammar_stats
+        )
         self._manager = None
         self._manager_dead = False
         self._ensure_manager()
@@ -119,6 +130,7 @@ class TransformersEngine(SequenceEngine):
         device: str | None = None,
         gguf_file: str | None = None,
         torch_threads: int = 0,
+        constrained_decoding: bool = True,
     ) -> TransformersEngine:
         """llmq-tiny (built in code), the HF causal-LM checkpoint at ``model_path``, or the GGUF file ``gguf_file`` in
         it (dequantized to float32), on ``device`` (default: cuda if available). On CPU torch runs ``torch_threads``
@@ -142,16 +154,48 @@ class TransformersEngine(SequenceEngine):
             max_concurrent_sequences=max_concurrent_sequences,
             max_batched_tokens=max_batched_tokens,
             context_window=context_window,
+            constrained_decoding=constrained_decoding,
         )
 
     # --- Engine interface --------------------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue ``request`` as ``n`` manager requests. Raises InvalidRequest when it cannot fit the context window or
-        its logit_bias names ids outside the model's vocabulary."""
-        sampling = request.sampling
+        its logit_bias names ids outside the model's vocabulary. A constrained request whose grammar is not compiled
+        yet waits, without sequences, while a thread compiles it (:meth:`_compiled` then queues it)."""
         ids = self._codec.prompt_ids(request)
         check_request(request, ids, self.context_window, self._model.config.get_text_config().vocab_size)
+        constraint = request.structured
+        if constraint is None:
+            self._queue(request, ids, None)
+            return
+        check_constraint(constraint)
+        if not self._constrained:
+            raise InvalidRequest(
+                "this worker runs without constrained decoding (structured outputs)", "response_format"
+            )
+        matcher = self._grammars.cached(constraint)
+        if matcher is not None:
+            self._queue(request, ids, matcher)
+            return
+        waiting = _Job(request, len(ids), [])
+        self._jobs[request.request_id] = waiting
+        self._grammars.compiling(constraint).add_done_callback(lambda done: self._compiled(waiting, ids, done))
+
+    def _compiled(self, waiting: _Job, ids: list[int], done: asyncio.Future) -> None:
+        request = waiting.request
+        error = done.exception()
+        if self._jobs.get(request.request_id) is not waiting:
+            return  # cancelled (or the engine closed) while compiling
+        del self._jobs[request.request_id]
+        if error is not None:
+            info = ErrorInfo(type=ErrorType.INVALID_REQUEST, message=f"the schema does not compile: {error}")
+            self._events.final(waiting, Outcome.ERRORED, error=info)
+            return
+        self._queue(request, ids, done.result())
+
+    def _queue(self, request: GenerationRequest, ids: list[int], matcher) -> None:
+        sampling = request.sampling
         for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
             self._ensure_manager()
             budget = ResultBudget(self._max_result_bytes)
@@ -163,12 +207,12 @@ class TransformersEngine(SequenceEngine):
                     for i in range(sampling.n)
                 ],
             )
-            if self._add(job, ids):
+            if self._add(job, ids, matcher):
                 return
             self._retire("the generation loop stopped accepting requests")
         self._fail(job, "the generation loop is not accepting requests")
 
-    def _add(self, job: _Job, ids: list[int]) -> bool:
+    def _add(self, job: _Job, ids: list[int], matcher=None) -> bool:
         """Add every choice of ``job`` to the manager; False (nothing of it left there) when the manager refuses."""
         self._jobs[job.request.request_id] = job
         for sub in job.subs:
@@ -182,6 +226,7 @@ class TransformersEngine(SequenceEngine):
                 max_new_tokens=job.request.sampling.max_tokens,
                 streaming=True,
                 **_sampling_kwargs(job.request, sub.index),
+                **({"grammar": SequenceGrammar(matcher.deep_copy())} if matcher is not None else {}),
             )
             if added is None:
                 del self._jobs[job.request.request_id]
@@ -287,7 +332,7 @@ class TransformersEngine(SequenceEngine):
         self._manager = self._model.init_continuous_batching(
             generation_config=self._generation_config, continuous_batching_config=self._cb_config
         )
-        cb_processors.install(self._manager)
+        cb_processors.install(self._manager, grammars=self._constrained)
         self._manager_dead = False
         self._manager.start()
         # The first steps pay one-off costs (allocations, kernel selection): pay them before a caller waits.
@@ -343,7 +388,7 @@ def _generation_config(model, tokenizer) -> GenerationConfig:
 
 
 def _cb_config(
-    model, max_sequences: int, max_batched_tokens: int | None, context_window: int
+    model, max_sequences: int, max_batched_tokens: int | None, context_window: int, constrained: bool
 ) -> ContinuousBatchingConfig:
     """The library's knobs. On CPU the paged KV cache is sized for every slot at a quarter context (at least one full
     context), within CPU_KV_CACHE_BYTES: a cache that holds only a few sequences leaves the other slots waiting."""
@@ -351,6 +396,9 @@ def _cb_config(
         max_requests_per_batch=max_sequences,
         max_batch_tokens=max_batched_tokens,
         per_request_processors=True,
+        # The grammar mask (structured outputs) needs each step's tokens before the next step is prepared, which the
+        # library's asynchronous batching (two steps in flight, with CUDA graphs) does not give; None: its choice.
+        use_async_batching=False if constrained else None,
     )
     if model.device.type == "cpu":
         config.max_batch_tokens = max_batched_tokens or CPU_MAX_BATCHED_TOKENS

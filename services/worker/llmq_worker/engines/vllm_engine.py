@@ -19,15 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
-from llmq_core.constants import MAX_RESULT_BYTES
+from llmq_core.constants import JSON_OBJECT, MAX_RESULT_BYTES
 from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
-from llmq_core.wire import ErrorInfo, FinishReason, GenerationRequest, Outcome, SamplingParams, TokenLogprob
+from llmq_core.wire import (
+    ErrorInfo,
+    FinishReason,
+    GenerationRequest,
+    Outcome,
+    SamplingParams,
+    Structured,
+    TokenLogprob,
+)
 from llmq_worker import logprobs
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, EngineEvent, InvalidRequest, SequenceEngine, check_request
 from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
@@ -77,6 +86,27 @@ def vllm_entries(
         raw = (candidates[token_id].logprob, [(i, lp.logprob) for i, lp in ranked])
         out.append(logprobs.entry(token_bytes, token_id, raw))
     return out
+
+
+def vllm_structured(constraint: Structured | None) -> dict:
+    """The keyword arguments of vLLM's own structured outputs (``StructuredOutputsParams``, formerly
+    ``GuidedDecodingParams``: the same ``json`` / ``json_object`` fields) for a request's constraint; {} for none.
+    A tool constraint is the JSON schema of its call list (``llmq_core.structured.tool_calls_schema``)."""
+    if constraint is None:
+        return {}
+    if constraint.kind == JSON_OBJECT:
+        return {"json_object": True}
+    return {"json": json.loads(constraint.schema or "{}")}
+
+
+def structured_params(vllm_module) -> Callable[..., dict]:
+    """How this vLLM takes ``vllm_structured``'s arguments in ``SamplingParams``: ``structured_outputs=`` (0.12 and
+    later) or ``guided_decoding=`` (before)."""
+    params = getattr(vllm_module.sampling_params, "StructuredOutputsParams", None)
+    if params is not None:
+        return lambda **kwargs: {"structured_outputs": params(**kwargs)} if kwargs else {}
+    guided = vllm_module.sampling_params.GuidedDecodingParams
+    return lambda **kwargs: {"guided_decoding": guided(**kwargs)} if kwargs else {}
 
 
 def text_delta(cumulative: str, sent_chars: int) -> str:
@@ -208,10 +238,13 @@ class VllmEngine(SequenceEngine):
             **(engine_args or {}),
         )
         client = AsyncLLM.from_engine_args(engine_args)
+        constrained = structured_params(vllm)
         return cls(
             client,
             TextCodec(AutoTokenizer.from_pretrained(model_path)),
-            make_params=lambda **kwargs: vllm.SamplingParams(**kwargs, output_kind=RequestOutputKind.CUMULATIVE),
+            make_params=lambda structured=None, **kwargs: vllm.SamplingParams(
+                **kwargs, **constrained(**(structured or {})), output_kind=RequestOutputKind.CUMULATIVE
+            ),
             make_prompt=lambda ids: vllm.TokensPrompt(prompt_token_ids=ids),
             max_num_seqs=max_concurrent_sequences,
             context_window=client.model_config.max_model_len,
@@ -228,7 +261,11 @@ class VllmEngine(SequenceEngine):
         ids = self._codec.prompt_ids(request)
         check_request(request, ids, self.context_window, self._vocab_size)
         try:
-            choices = [_Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i))) for i in range(sampling.n)]
+            constraint = vllm_structured(request.structured)
+            extra = {"structured": constraint} if constraint else {}
+            choices = [
+                _Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i), **extra)) for i in range(sampling.n)
+            ]
         except self._request_errors as exc:
             raise InvalidRequest(str(exc)) from exc
         for choice in choices:
