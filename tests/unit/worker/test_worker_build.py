@@ -25,3 +25,19 @@ def test_heartbeat_and_grace_come_from_the_settings_and_pending_is_four_times_th
     loop = build()
     assert (loop._heartbeat_interval_ms, loop._shutdown_grace_s, loop._max_pending) == (100, 3, 32)
     assert build(max_pending=5)._max_pending == 5
+
+
+def test_llmq_sim_and_the_worker_loop_need_no_torch_or_transformers():
+    """The `llmq` image (API pods, batchers, routers, llmq-sim workers) has neither: its sim worker must start and
+    answer a structured request without them (llmq-sim's schema instances need no tokenizer)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules.update(torch=None, transformers=None)\n"
+        "from llmq_worker.engines.simulated import SimulatedEngine\n"
+        "from llmq_worker.grammars import minimal_answer\n"
+        "import llmq_worker.loop, llmq_worker.main\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
