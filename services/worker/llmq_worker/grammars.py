@@ -36,9 +36,9 @@ def ll_tokenizer(hf_tokenizer, vocab_size: int, eos_token_id: int, byte_level: b
     """llguidance's view of the model's tokenizer: a fast HF tokenizer as it is, or llmq's byte vocabulary (ids
     ``BYTE_OFFSET + b``); ``vocab_size``: the logits' width (ids past the tokenizer's are never allowed)."""
     if not byte_level:
-        import llguidance.hf  # imports transformers: not in the images without torch (llmq-sim's, whose answers need none)
+        from llguidance import hf  # imports transformers: not in the images without torch (llmq-sim's needs none)
 
-        return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos_token_id)
+        return hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos_token_id)
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(eos_token_id)), n_vocab=vocab_size)
 
 
