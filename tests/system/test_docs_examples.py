@@ -30,6 +30,7 @@ import pytest
 from llmq_cli.devstack import DevStack
 from tests import ports
 from tests.doc_examples import ROOT, Example, all_examples
+from tests.infra import infra_kind
 from tests.stacks import private_stack
 from tests.system.test_stack_e2e import sim_answer
 
@@ -228,7 +229,10 @@ def test_dev_status_names_every_process_port(stack):
         timeout=60,
     )
     rows = {row["name"]: row for row in json.loads(shown.stdout)}
-    assert rows["redis"]["port"] == stack.cfg.redis_port and rows["kafka"]["port"] == stack.cfg.kafka_port
+    if infra_kind() == "processes":  # in containers they are testcontainers', not processes of the state dir
+        assert rows["redis"]["port"] == stack.cfg.redis_port and rows["kafka"]["port"] == stack.cfg.kafka_port
+    else:
+        assert "redis" not in rows and "kafka" not in rows
     base = API_PORTS[0] + 10
     assert (rows["result-router"]["port"], rows["batcher"]["port"]) == (base, base + 1)
     workers = sorted(row["metrics_port"] for name, row in rows.items() if name.startswith("worker-"))
