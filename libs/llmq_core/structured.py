@@ -15,7 +15,7 @@ from typing import Any
 from llguidance import LLMatcher
 
 from llmq_core import wire
-from llmq_core.constants import JSON_OBJECT, JSON_SCHEMA, STRUCTURED_KINDS, TOOL
+from llmq_core.constants import JSON_OBJECT, JSON_SCHEMA, STRUCTURED_KINDS, TOOL, TOOL_CHOICE_NONE
 from llmq_core.settings import ApiSettings
 
 DEFAULT_MAX_SCHEMA_BYTES = ApiSettings.model_fields["max_json_schema_bytes"].default
@@ -89,6 +89,12 @@ def parameters(tool: wire.Tool) -> Any:
 
 def tool_constraint(tools: list[wire.Tool], only: str = "", parallel: bool = True) -> wire.Structured:
     return wire.Structured(kind=TOOL, schema=compact(tool_calls_schema(tools, only, parallel)), name=only)
+
+
+def may_call_tools(request: wire.GenerationRequest) -> bool:
+    """Whether an answer to ``request`` may be tool calls: it has tools and a tool_choice other than ``none`` (auto,
+    required or a named function). Its text is then parsed for calls at the end, so a stream holds it back."""
+    return bool(request.tools) and request.tool_choice not in ("", TOOL_CHOICE_NONE)
 
 
 def parse_tool_calls(text: str, tools: list[wire.Tool], id_prefix: str) -> list[wire.ToolCall] | None:

@@ -14,9 +14,9 @@ from llmq_api.errors import RETRY_AFTER_S, RETRYABLE_STATUSES, ApiError
 from llmq_api.logprobs_format import StreamLogprobs
 from llmq_api.sse import data_json
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution
-from llmq_core import status, wire
+from llmq_core import status, structured, wire
 from llmq_core.api_formats import finish_reason, response_body, result_error, tool_call_dict, usage_dict
-from llmq_core.constants import HTTP_RETRY_AFTER, TOOL_CHOICE_NONE
+from llmq_core.constants import HTTP_RETRY_AFTER
 from llmq_core.status import ErrorCode, ErrorType, OutcomeLabel
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class OpenAIStream:
 
     def __init__(self, pending: PendingRequest) -> None:
         request = pending.request
-        self._holds = bool(request.tools) and request.tool_choice not in ("", TOOL_CHOICE_NONE)
+        self._holds = structured.may_call_tools(request)
         self._n = request.sampling.n
         self._fmt = ChunkFormatter(
             pending.request_id, request.endpoint, request.model, pending.created_s, pending.include_usage

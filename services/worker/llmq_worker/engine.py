@@ -16,7 +16,7 @@ from typing import Protocol
 
 from llmq_core import structured
 from llmq_core.clock import Clock
-from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS, TOOL, TOOL_CHOICE_NONE
+from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS, TOOL
 from llmq_core.metrics import GrammarStats
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import render_chat
@@ -102,7 +102,7 @@ class FinalEvent:
         """The end of ``run`` with the text so far; choices carry a finish reason only when it succeeded, usage counts
         the prompt once and every choice's tokens; ``shared``: see ``shared_failure``. A succeeded choice of a request
         with tools (tool_choice auto, required or named) that parses as calls carries them instead of its text
-        (:func:`tool_choice_of`); ``stats`` counts a forced choice that did not parse."""
+        (:func:`llmq_core.structured.may_call_tools`); ``stats`` counts a forced choice that did not parse."""
         ends = run.choice_ends()
         succeeded = outcome is Outcome.SUCCEEDED
         return cls(
@@ -120,7 +120,7 @@ class FinalEvent:
 
 def _choice(request: GenerationRequest, end: ChoiceEnd, succeeded: bool, stats: GrammarStats | None) -> Choice:
     calls = None
-    if succeeded and request.tools and request.tool_choice not in ("", TOOL_CHOICE_NONE):
+    if succeeded and structured.may_call_tools(request):
         calls = structured.parse_tool_calls(end.text, request.tools, f"call_{request.request_id[-16:]}_{end.index}")
         forced = request.structured is not None and request.structured.kind == TOOL
         if calls is None and forced and end.finish_reason == "stop" and stats is not None:
