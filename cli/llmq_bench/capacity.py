@@ -57,7 +57,15 @@ def capacity_math(
     """Closed-form capacity plan. ``headroom``: share of capacity kept free for bursts (0.3: run at <= 70%);
     ``spare_replicas``: added on top so losing a host keeps the plan (N+1); ``batch_time``: a batch's time as a
     function of its uncached prompt tokens (None: every batch takes ``batch_time_ms``). Returns a dict of throughputs
-    (req/s), replica counts, utilisation, batch times and expected latency parts (ms)."""
+    (req/s), replica counts, utilisation, batch times and expected latency parts (ms); ValueError on input that makes
+    no plan."""
+    if not rps > 0 or max_batch < 1 or spare_replicas < 0:
+        raise ValueError(
+            f"want a peak > 0 req/s, batches of >= 1 and spare replicas >= 0, not {rps:g}, {max_batch}, "
+            f"{spare_replicas}"
+        )
+    if headroom_problem(headroom):
+        raise ValueError(headroom_problem(headroom))
     model = batch_time or BatchTimeModel(fixed_ms=batch_time_ms)
     full_ms, half_ms = model.expected_batch_ms(max_batch), model.expected_batch_ms(max_batch / 2)
     full = max_batch * 1000 / full_ms
@@ -84,6 +92,11 @@ def capacity_math(
         "latency_bound_with_a_free_replica_ms": network_ms + wait_ms + full_ms,  # low load: window + one batch
         "p99_target_ms": p99_target_ms,
     }
+
+
+def headroom_problem(headroom: float) -> str | None:
+    """Why ``headroom`` is no share of capacity to keep free (a sentence), or None."""
+    return None if 0 <= headroom < 1 else f"--headroom is the share of capacity kept free, 0 <= h < 1, not {headroom:g}"
 
 
 def max_batch_within(model: BatchTimeModel, max_batch: int, budget_ms: float) -> int:
@@ -191,7 +204,7 @@ def processes_for(rps: float, cpu_ms_per_request: float, cores_per_process: floa
     processes of ``cores_per_process`` that keep ``headroom`` of them free (at least one)."""
     cores = rps * cpu_ms_per_request / 1000
     return {
-        "cpu_ms_per_request": cpu_ms_per_request,
+        "cpu_ms_per_request": round(cpu_ms_per_request, 4),
         "requests_per_s_per_core": round(1000 / cpu_ms_per_request, 1) if cpu_ms_per_request else None,
         "cores_at_peak": round(cores, 2),
         "cores_per_process": cores_per_process,
@@ -331,8 +344,8 @@ def _fleet_problem(
         return f"CPU ms per request must be >= 0: {', '.join(f'{k} {cpu_ms[k]}' for k in negative)}"
     if not rps > 0 or replicas < 1:
         return f"want a peak > 0 req/s and at least one replica, not {rps:g} req/s on {replicas}"
-    if not 0 <= headroom < 1:
-        return f"--headroom is the share of capacity kept free, 0 <= h < 1, not {headroom:g}"
+    if headroom_problem(headroom):
+        return headroom_problem(headroom)
     if not broker_cores > 0 or replication < 1:
         return f"want --broker-cores > 0 and --replication-factor >= 1, not {broker_cores:g} and {replication}"
     return None

@@ -170,17 +170,20 @@ def capacity(
     from llmq_bench.capacity import capacity_report, record_bytes
 
     model = batch_time_model(batch_time_ms, prompt_tokens, prefill_ms_per_token, prefix_tokens, prefix_hit_rate)
-    report = capacity_report(
-        peak_rps,
-        max_batch,
-        batch_time_ms,
-        headroom,
-        spare_replicas,
-        p99_target_ms=p99_target_ms,
-        simulate=simulated,
-        duration_s=duration_s,
-        batch_time=model,
-    )
+    try:
+        report = capacity_report(
+            peak_rps,
+            max_batch,
+            batch_time_ms,
+            headroom,
+            spare_replicas,
+            p99_target_ms=p99_target_ms,
+            simulate=simulated,
+            duration_s=duration_s,
+            batch_time=model,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     profile = _cpu_profile(cpu_profile)
     if profile:
         report["cpu_profile"] = profile
