@@ -112,8 +112,7 @@ def row(batchers: int, report: dict, cpu: dict) -> dict:
         "goodput_rps": round(report["goodput_rps"], 1),
         "throughput_rps": round(report["throughput_rps"], 1),
         "batch_fill": round(batches["fill"], 3) if batches else None,
-        "cpu_ms_per_request": {kind: c["ms_per_request"] for kind, c in cpu.items()},
-        "requests_per_s_per_core": {kind: c["requests_per_s_per_core"] for kind, c in cpu.items()},
+        **cpu_figures(cpu),
     }
 
 
@@ -157,20 +156,27 @@ def goals(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
+def cpu_figures(cpu: dict) -> dict:
+    """A row's CPU columns from :func:`cpu_by_kind`'s: ms per request and requests/s per core, per kind."""
+    return {
+        "cpu_ms_per_request": {kind: c["ms_per_request"] for kind, c in cpu.items()},
+        "requests_per_s_per_core": {kind: c["requests_per_s_per_core"] for kind, c in cpu.items()},
+    }
+
+
+DIRECT_FIELDS = ("requests", "answered", "unanswered", "offered_rps", "throughput_rps")  # of a direct_feed summary
+
+
 def direct_row(batchers: int, summary: dict, cpu: dict) -> dict:
     """The figures of one Kafka-fed run (a :func:`direct_feed.summarize` summary and :func:`cpu_by_kind`'s), flat."""
+    latency = summary["latency_ms"]
     return {
         "batchers": batchers,
         "feed": "kafka",
-        "requests": summary["requests"],
-        "answered": summary["answered"],
-        "unanswered": summary["unanswered"],
-        "offered_rps": summary["offered_rps"],
-        "throughput_rps": summary["throughput_rps"],
-        "p50_ms": summary["latency_ms"]["p50"],
-        "p99_ms": summary["latency_ms"]["p99"],
-        "cpu_ms_per_request": {kind: c["ms_per_request"] for kind, c in cpu.items()},
-        "requests_per_s_per_core": {kind: c["requests_per_s_per_core"] for kind, c in cpu.items()},
+        **{name: summary[name] for name in DIRECT_FIELDS},
+        "p50_ms": latency["p50"],
+        "p99_ms": latency["p99"],
+        **cpu_figures(cpu),
     }
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+PROCESS_COLUMNS = ("process", "CPU ms/req", "req/s per core", "cores at peak", "cores each", "processes")
+PARTITION_COLUMNS = ("topic", "consumers", "partitions needed", "deployed", "consumers that get one")
+
 
 def print_fleet(console: Console, plan: dict, profile: dict) -> None:
     """The profile's source and load, then the processes, the partitions and the brokers' traffic."""
@@ -35,15 +38,8 @@ def print_profile(console: Console, profile: dict) -> None:
 
 
 def print_processes(console: Console, plan: dict) -> None:
-    table = Table(
-        "process",
-        "CPU ms/req",
-        "req/s per core",
-        "cores at peak",
-        "cores each",
-        "processes",
-        title=f"fleet at {plan['rps']:g} req/s, {plan['headroom']:.0%} of each kind's cores free",
-    )
+    title = f"fleet at {plan['rps']:g} req/s, {plan['headroom']:.0%} of each kind's cores free"
+    table = Table(*PROCESS_COLUMNS, title=title)
     for kind, entry in plan["processes"].items():
         table.add_row(
             "kafka brokers" if kind == "kafka" else kind,
@@ -75,14 +71,8 @@ def print_processes(console: Console, plan: dict) -> None:
 
 
 def print_partitions(console: Console, caps: list[dict]) -> None:
-    table = Table(
-        "topic",
-        "consumers",
-        "partitions needed",
-        "deployed",
-        "consumers that get one",
-        title="partitions: a consumer group gives each partition to one consumer, so the partitions cap the consumers",
-    )
+    title = "partitions: a consumer group gives each partition to one consumer, so the partitions cap the consumers"
+    table = Table(*PARTITION_COLUMNS, title=title)
     for cap in caps:
         table.add_row(
             cap["topic"],
