@@ -1,8 +1,15 @@
-"""Capacity math for fixed-time batch engines (seed 003), in closed form, with the simulated p99 beside it.
+"""Capacity math for batch engines (seed 003), in closed form, with the simulated p99 beside it, and the fleet around
+them.
 
 One replica runs a batch of up to ``max_batch`` requests in ``batch_time_ms``, so its throughput is
-``max_batch / batch_time`` for full batches and half that for half-full ones. Queueing for a free replica is modelled as
-M/D/c with batches as the customers (Erlang C for the chance to wait; the deterministic service halves M/M/c's wait).
+``max_batch / batch_time`` for full batches and half that for half-full ones. With a prefill term
+(:class:`llmq_bench.batch_time.BatchTimeModel`) a batch's time grows with its requests' uncached prompt tokens, and a
+half-full batch is quicker than a full one. Queueing for a free replica is modelled as M/D/c with batches as the
+customers (Erlang C for the chance to wait; the deterministic service halves M/M/c's wait).
+
+:func:`fleet_plan` sizes the processes around the replicas (API pods, batchers, result-routers, Redis, brokers) from CPU
+ms per request per process kind (:func:`cpu_profile`, from an ``llmq bench scale`` JSON), the topics' partitions that
+cap their consumers, and the brokers' bytes/s (:func:`record_bytes`, :func:`kafka_traffic`).
 
 Run: ``llmq capacity --peak-rps 40000 --max-batch 64 --batch-time-ms 250 --p99-target-ms 600 --headroom 0.3``.
 """

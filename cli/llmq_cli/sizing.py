@@ -1,5 +1,6 @@
 """``llmq simulate`` and ``llmq capacity``: the batcher's policy in a discrete-event simulation, and the closed-form
-capacity math for fixed-time batch engines beside it (docs/simulator.md)."""
+capacity math for batch engines (fixed time, or prefill per uncached prompt token) beside it, with the fleet around the
+replicas (docs/simulator.md)."""
 
 from __future__ import annotations
 
