@@ -358,34 +358,34 @@ def _fleet_problem(
     return None
 
 
-DEFAULT_CPU_PROFILE = "bench/results/scale.json"
-SATURATED_BELOW = 0.98  # a run that answered less than this share of its offered load ran at saturation or past it
+DEFAULT_CPU_PROFILE = "bench/results/scale-profile.json"  # `llmq bench scale` below saturation (docs/simulator.md)
+SATURATED_BELOW = 0.98  # a run that answered less than this share of its requests ran at saturation or past it
 
 
 def cpu_profile(data: dict, source: str) -> dict:
     """CPU ms per request per process kind from an ``llmq bench scale`` JSON (``data``, read from ``source``): its
-    HTTP-fed run with the fewest batchers, the batcher's figure replaced by that of a Kafka-fed run of as many batchers
-    (the batcher alone: no HTTP load on the machine) where the JSON has one, with the load it was measured at.
-    ValueError when ``data`` is not such a JSON."""
+    HTTP-fed run with the fewest batchers, with the load and the batch fill it was measured at, and the batcher's
+    figure of a Kafka-fed run of as many batchers (the batcher alone, fed by a Kafka-direct producer) beside it where
+    the JSON has one. ValueError when ``data`` is not such a JSON."""
     try:
         http = [run for run in data["runs"] if run.get("feed", "http") == "http"]
         run = min(http, key=lambda r: r["batchers"])
         cpu = dict(run["row"]["cpu_ms_per_request"])
-        offered, answered = run["report"]["offered_rps"], run["report"]["throughput_rps"]
-    except (KeyError, TypeError, ValueError) as exc:
+        report = run["report"]
+        answered_share = report["succeeded"] / report["requests"]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise ValueError(f"{source} is not an `llmq bench scale` JSON with an HTTP-fed run ({exc!r})") from exc
     alone = [r for r in data["runs"] if r.get("feed") == "kafka" and r.get("batchers") == run["batchers"]]
-    if alone:
-        cpu["batcher"] = alone[0]["row"]["cpu_ms_per_request"]["batcher"]
     return {
         "source": source,
         "batchers": run["batchers"],
-        "offered_rps": round(offered, 1),
-        "answered_rps": round(answered, 1),
-        "below_saturation": answered >= SATURATED_BELOW * offered,
+        "offered_rps": round(report["offered_rps"], 1),
+        "answered_share": round(answered_share, 4),
+        "below_saturation": answered_share >= SATURATED_BELOW,
+        "batch_fill": run["row"].get("batch_fill"),
         "machine_busy_fraction": run.get("machine_busy_fraction"),
-        "batcher_from": "the batcher alone, fed by a Kafka-direct producer" if alone else "the HTTP-fed run",
         "cpu_ms_per_request": cpu,
+        "batcher_alone_ms_per_request": alone[0]["row"]["cpu_ms_per_request"]["batcher"] if alone else None,
         "batcher_growth": batcher_growth(http),
     }
 

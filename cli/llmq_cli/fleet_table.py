@@ -21,12 +21,18 @@ def print_fleet(console: Console, plan: dict, profile: dict) -> None:
 
 def print_profile(console: Console, profile: dict) -> None:
     load = "below saturation" if profile["below_saturation"] else "at saturation or past it"
-    busy = profile["machine_busy_fraction"]
+    busy, fill = profile["machine_busy_fraction"], profile["batch_fill"]
     console.print(
-        f"CPU profile: {profile['source']}, {profile['batchers']} batcher(s), offered {profile['offered_rps']:g} req/s, "
-        f"answered {profile['answered_rps']:g} req/s ({load}; machine {'?' if busy is None else f'{busy:.0%}'} busy); "
-        f"batcher from {profile['batcher_from']}"
+        f"CPU profile: {profile['source']}, HTTP-fed, {profile['batchers']} batcher(s), offered "
+        f"{profile['offered_rps']:g} req/s, {profile['answered_share']:.0%} answered ({load}); batch fill "
+        f"{'?' if fill is None else f'{fill:.0%}'}, machine {'?' if busy is None else f'{busy:.0%}'} busy"
     )
+    alone = profile["batcher_alone_ms_per_request"]
+    if alone is not None:
+        console.print(
+            f"the batcher alone, fed by a Kafka-direct producer: {alone:g} ms/request (such requests take the entry "
+            "work an API pod does for HTTP ones); the plan, for HTTP traffic, takes the HTTP-fed figure"
+        )
     growth = profile["batcher_growth"]
     if growth:
         (n1, n2), (ms1, ms2) = growth["batchers"], growth["cpu_ms_per_request"]

@@ -157,7 +157,8 @@ def capacity(
     prefix_hit_rate: PrefixHitRate = 0.0,
     simulated: bool = typer.Option(True, "--simulate/--no-simulate", help="Simulate the planned replica count too."),
     cpu_profile: Path = typer.Option(
-        None, help="`llmq bench scale` JSON of CPU ms per request per process kind (default: bench/results/scale.json)."
+        None,
+        help="`llmq bench scale` JSON of CPU ms per request per process kind (default: bench/results/scale-profile.json).",
     ),
     broker_cores: float = typer.Option(8.0, help="Cores of one Kafka broker."),
     replication_factor: int = typer.Option(3, help="Replicas of each llmq topic on the production cluster."),
@@ -205,7 +206,7 @@ def capacity(
 
 
 def _cpu_profile(path: Path | None) -> dict | None:
-    """The CPU profile of ``path`` (None: the committed bench/results/scale.json when it is here, else no profile)."""
+    """The CPU profile of ``path`` (None: the committed DEFAULT_CPU_PROFILE when it is here, else no profile)."""
     from llmq_bench.capacity import DEFAULT_CPU_PROFILE, cpu_profile
 
     if path is None:

@@ -121,43 +121,55 @@ def test_input_that_makes_no_plan_is_refused_saying_why(change, problem):
         fleet_plan(rps, cpu, **args)
 
 
-def _run(batchers: int, cpu_ms: dict, offered: float, answered: float, feed: str | None = None) -> dict:
-    run = {"batchers": batchers, "row": {"cpu_ms_per_request": cpu_ms}, "machine_busy_fraction": 0.5}
-    run["report"] = {"offered_rps": offered, "throughput_rps": answered}
+def _run(batchers: int, cpu_ms: dict, requests: int, answered: int, feed: str | None = None) -> dict:
+    run = {
+        "batchers": batchers,
+        "row": {"cpu_ms_per_request": cpu_ms, "batch_fill": 0.15},
+        "machine_busy_fraction": 0.5,
+    }
+    run["report"] = {"offered_rps": requests / 30, "requests": requests, "succeeded": answered}
     return run | ({"feed": feed} if feed else {})
 
 
-def test_the_profile_is_the_http_run_of_fewest_batchers_with_the_batcher_alone_where_measured():
-    runs = [_run(3, CPU_MS | {"batcher": 1.4}, 150, 150), _run(1, CPU_MS, 150, 149.5)]
+def test_the_profile_is_the_http_run_of_fewest_batchers_with_the_batcher_alone_beside_it():
+    runs = [_run(3, CPU_MS | {"batcher": 1.4}, 4500, 4500), _run(1, CPU_MS, 4500, 4490)]
     profile = cpu_profile({"runs": runs}, "p.json")
     assert (profile["batchers"], profile["below_saturation"], profile["cpu_ms_per_request"]) == (1, True, CPU_MS)
-    assert profile["batcher_from"] == "the HTTP-fed run"
+    assert (profile["batch_fill"], profile["offered_rps"], profile["batcher_alone_ms_per_request"]) == (0.15, 150, None)
     assert profile["batcher_growth"] == {
         "batchers": [1, 3],
         "cpu_ms_per_request": [0.8, 1.4],
         "ms_per_extra_batcher": 0.3,
     }
-    alone = cpu_profile({"runs": [*runs, _run(1, CPU_MS | {"batcher": 0.3}, 150, 150, feed="kafka")]}, "p.json")
-    assert alone["cpu_ms_per_request"]["batcher"] == 0.3
-    assert alone["batcher_from"] == "the batcher alone, fed by a Kafka-direct producer"
+    alone = cpu_profile({"runs": [*runs, _run(1, CPU_MS | {"batcher": 1.9}, 4500, 4500, feed="kafka")]}, "p.json")
+    assert alone["batcher_alone_ms_per_request"] == 1.9
+    assert alone["cpu_ms_per_request"] == CPU_MS  # the plan is for HTTP traffic: its batcher figure stays
 
 
 def test_a_profile_measured_past_saturation_says_so():
-    profile = cpu_profile({"runs": [_run(1, CPU_MS, 380, 245)]}, "p.json")
-    assert not profile["below_saturation"]
+    profile = cpu_profile({"runs": [_run(1, CPU_MS, 11_400, 8657)]}, "p.json")
+    assert not profile["below_saturation"] and profile["answered_share"] == 0.7594
     assert profile["batcher_growth"] is None
 
 
 @pytest.mark.parametrize(
-    "data", [{}, {"runs": []}, {"runs": [{"batchers": 1}]}, {"runs": [_run(1, CPU_MS, 1, 1, "kafka")]}]
+    "data",
+    [
+        {},
+        {"runs": []},
+        {"runs": [{"batchers": 1}]},
+        {"runs": [_run(1, CPU_MS, 1, 1, "kafka")]},
+        {"runs": [_run(1, CPU_MS, 0, 0)]},
+    ],
 )
 def test_a_json_that_is_no_bench_scale_result_is_refused(data):
     with pytest.raises(ValueError, match="not an `llmq bench scale` JSON"):
         cpu_profile(data, "p.json")
 
 
-def test_the_committed_profile_has_every_kind():
-    profile = cpu_profile(json.loads((REPO / DEFAULT_CPU_PROFILE).read_text()), DEFAULT_CPU_PROFILE)
+@pytest.mark.parametrize("path", [DEFAULT_CPU_PROFILE, "bench/results/scale.json"])
+def test_the_committed_profiles_have_every_kind(path):
+    profile = cpu_profile(json.loads((REPO / path).read_text()), path)
     assert set(PROCESS_KINDS) <= set(profile["cpu_ms_per_request"])
 
 
@@ -192,7 +204,7 @@ def test_the_command_refuses_a_profile_that_is_not_json(tmp_path):
 
 def test_the_command_plans_the_fleet_from_a_given_profile(tmp_path):
     path = tmp_path / "profile.json"
-    path.write_text(json.dumps({"runs": [_run(1, CPU_MS, 150, 150)]}))
+    path.write_text(json.dumps({"runs": [_run(1, CPU_MS, 4500, 4500)]}))
     result = _capacity("--cpu-profile", str(path), "--json")
     report = json.loads(result.output)
     assert report["cpu_profile"]["source"] == str(path)
