@@ -9,6 +9,12 @@ answered and within the SLO, paid p50/p99, free answered/429/504, goodput, throu
 answered request per process kind and the answered requests/s one core of that kind would carry. The goals compare
 each count with the first (issue 28: paid p99 at most 1.25x, goodput and fill at least 0.9x, no paid 429 or 504).
 
+``feeds`` picks what loads each stack, one after the other: ``http`` (the above, through the API pods) and ``kafka``
+(:mod:`llmq_bench.direct_feed`: the same arrivals as interactive paid requests produced straight to Kafka, so the
+batcher's CPU per request is measured alone, without the API pods and the load generator on the machine). A CPU profile
+for ``llmq capacity --cpu-profile`` is measured below saturation: ``llmq bench scale --batchers 1 --rate 150 --count
+4500 --feeds http,kafka --output bench/results/scale-profile.json`` (150 of the stack's 256 req/s).
+
 Pure parts (:func:`cpu_by_kind`, :func:`row`, :func:`ratios`, :func:`goals`) are apart from the stacks
 (:func:`run_scale`), so they can be tested alone.
 """
@@ -23,13 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmq_bench import loadgen, pipeline
+from llmq_bench import direct_feed, loadgen, pipeline
 from llmq_bench.prompts import CodePrompt
 from llmq_core import constants, kafka
 
 PAID_KEY = "llmq-dev-key"
 FREE_KEY = "llmq-dev-free-key"
 KINDS = ("api", "batcher", "worker", "result-router", "kafka", "redis")
+FEEDS = ("http", "kafka")  # through the API pods; straight to Kafka (the batcher alone)
 GROUP_SETTLE_TIMEOUT_S = 120.0
 # issue 28's goals for N batchers against one: paid p99 at most this ratio, goodput and batch fill at least these
 P99_RATIO_MAX = 1.25
@@ -59,6 +66,7 @@ class ScaleConfig:
     sim_max_batch_size: int = 64
     model: str = "llmq-sim"
     output: Path = Path("bench/results/scale.json")
+    feeds: tuple[str, ...] = ("http",)  # of FEEDS, each run on every stack in turn
 
 
 # --- pure parts ----------------------------------------------------------------------------------------------------
@@ -104,8 +112,7 @@ def row(batchers: int, report: dict, cpu: dict) -> dict:
         "goodput_rps": round(report["goodput_rps"], 1),
         "throughput_rps": round(report["throughput_rps"], 1),
         "batch_fill": round(batches["fill"], 3) if batches else None,
-        "cpu_ms_per_request": {kind: c["ms_per_request"] for kind, c in cpu.items()},
-        "requests_per_s_per_core": {kind: c["requests_per_s_per_core"] for kind, c in cpu.items()},
+        **cpu_figures(cpu),
     }
 
 
@@ -149,9 +156,34 @@ def goals(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
+def cpu_figures(cpu: dict) -> dict:
+    """A row's CPU columns from :func:`cpu_by_kind`'s: ms per request and requests/s per core, per kind."""
+    return {
+        "cpu_ms_per_request": {kind: c["ms_per_request"] for kind, c in cpu.items()},
+        "requests_per_s_per_core": {kind: c["requests_per_s_per_core"] for kind, c in cpu.items()},
+    }
+
+
+DIRECT_FIELDS = ("requests", "answered", "unanswered", "offered_rps", "throughput_rps")  # of a direct_feed summary
+
+
+def direct_row(batchers: int, summary: dict, cpu: dict) -> dict:
+    """The figures of one Kafka-fed run (a :func:`direct_feed.summarize` summary and :func:`cpu_by_kind`'s), flat."""
+    latency = summary["latency_ms"]
+    return {
+        "batchers": batchers,
+        "feed": "kafka",
+        **{name: summary[name] for name in DIRECT_FIELDS},
+        "p50_ms": latency["p50"],
+        "p99_ms": latency["p99"],
+        **cpu_figures(cpu),
+    }
+
+
 def result(config: ScaleConfig, runs: Sequence[dict]) -> dict:
-    """The JSON of a whole benchmark: its config, each run (row, report, CPU, machine), ratios and goals."""
-    rows = [run["row"] for run in runs]
+    """The JSON of a whole benchmark: its config, each run (row, report, CPU, machine), and the HTTP-fed runs' ratios
+    and goals."""
+    rows = [run["row"] for run in runs if run.get("feed", "http") == "http"]
     return {
         "config": {**asdict(config), "output": str(config.output)},
         "runs": list(runs),
@@ -177,7 +209,7 @@ def run_scale(
         log(f"{n} batcher(s): starting a stack of {n} batchers and {n} result-routers")
         try:
             stack.up(timeout_s=300, log=lambda *_: None)
-            runs.append(measure(config, n, stack, prompts, base_urls, log))
+            runs.extend(measure(config, n, stack, prompts, base_urls, log))
         finally:
             stack.down()
     out = result(config, runs)
@@ -185,9 +217,9 @@ def run_scale(
     return out
 
 
-def measure(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], base_urls: Sequence[str], log) -> dict:
-    """One count's run on its healthy ``stack``: the group settled, the warm-up, then the overload with CPU and batch
-    counters read around it."""
+def measure(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], base_urls: Sequence[str], log) -> list:
+    """Each of ``config.feeds`` in turn on ``n`` batchers' healthy ``stack``, once the group settled and the warm-up
+    ran."""
     settings = stack.cfg.settings()
     asyncio.run(kafka.await_group(settings, constants.GROUP_BATCHER, n, GROUP_SETTLE_TIMEOUT_S))
     if config.warmup:
@@ -206,6 +238,18 @@ def measure(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], b
         )
         asyncio.run(loadgen.run_load(plans, model=config.model, timeout_s=config.timeout_s))
         time.sleep(config.idle_after_warmup_s)
+    runs = []
+    for feed in config.feeds:
+        log(f"{n} batcher(s), fed by {feed}: {config.count} requests at most over {config.duration_s:g} s")
+        if feed == "http":
+            runs.append(measure_http(config, n, stack, prompts, base_urls))
+        else:
+            runs.append(measure_direct(config, n, stack, prompts))
+    return runs
+
+
+def measure_http(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], base_urls: Sequence[str]) -> dict:
+    """The overload through the API pods, with CPU and batch counters read around it."""
     rng = random.Random(config.seed)
     arrivals = loadgen.poisson_arrivals(config.rate, count=config.count, duration_s=config.duration_s, rng=rng)
     plans = loadgen.plan_requests(
@@ -217,21 +261,16 @@ def measure(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], b
         base_urls=base_urls,
         rng=rng,
     )
-    rows = [r for r in stack.status() if r["health"] != "exited"]
-    pids = {r["name"]: r["pid"] for r in rows}
-    kinds = {r["name"]: r["kind"] for r in rows}
-    redis_url = settings.redis.url
+    redis_url = stack.cfg.settings().redis.url
     counts_before = loadgen.batch_counts(redis_url, constants.STATS_BATCHER)
-    load_before = os.getloadavg()[0]
-    cpu_before, machine_before, own_before = pipeline.cpu_snapshot(pids), pipeline.machine_ticks(), time.process_time()
-    log(f"{n} batcher(s): {len(plans)} requests over {config.duration_s:g} s")
-    samples = asyncio.run(loadgen.run_load(plans, model=config.model, timeout_s=config.timeout_s))
-    own_s, machine_after, cpu_after = (
-        time.process_time() - own_before,
-        pipeline.machine_ticks(),
-        pipeline.cpu_snapshot(pids),
-    )
-    answered = sum(s.status == loadgen.OK for s in samples)
+    outcome: dict = {}
+
+    def load() -> int:
+        outcome["samples"] = asyncio.run(loadgen.run_load(plans, model=config.model, timeout_s=config.timeout_s))
+        return sum(s.status == loadgen.OK for s in outcome["samples"])
+
+    measured = with_cpu(stack, load)
+    samples, answered = outcome["samples"], measured.pop("answered")
     delta = loadgen.batch_delta(
         lambda: loadgen.batch_counts(redis_url, constants.STATS_BATCHER), counts_before, answered
     )
@@ -242,15 +281,70 @@ def measure(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt], b
         batch_delta=delta,
         max_batch_size=config.sim_max_batch_size,
     )
-    cpu = cpu_by_kind(kinds, cpu_before, cpu_after, answered)
+    own_s = measured.pop("own_cpu_s")
     return {
         "batchers": n,
-        "row": row(n, report, cpu),
-        "cpu": cpu,
+        "feed": "http",
+        "row": row(n, report, measured["cpu"]),
+        **measured,
         "loadgen_cpu_ms_per_request": round(own_s * 1000 / len(samples), 4) if samples else 0.0,
+        "report": report,
+    }
+
+
+def measure_direct(config: ScaleConfig, n: int, stack, prompts: Sequence[CodePrompt]) -> dict:
+    """The same arrivals as interactive paid requests produced straight to Kafka (:mod:`llmq_bench.direct_feed`),
+    with CPU read around them."""
+    arrivals = loadgen.poisson_arrivals(
+        config.rate, count=config.count, duration_s=config.duration_s, rng=random.Random(config.seed)
+    )
+    window_s = loadgen.arrival_window_s(arrivals, config.count, config.duration_s)
+    outcome: dict = {}
+
+    def load() -> int:
+        outcome["summary"] = asyncio.run(
+            direct_feed.run_feed(
+                stack.cfg.settings(),
+                arrivals,
+                prompts,
+                model=config.model,
+                timeout_s=config.timeout_s,
+                window_s=window_s,
+            )
+        )
+        return outcome["summary"]["answered"]
+
+    measured = with_cpu(stack, load)
+    measured.pop("answered")
+    own_s = measured.pop("own_cpu_s")
+    summary = outcome["summary"]
+    return {
+        "batchers": n,
+        "feed": "kafka",
+        "row": direct_row(n, summary, measured["cpu"]),
+        **measured,
+        "loadgen_cpu_ms_per_request": round(own_s * 1000 / summary["requests"], 4) if summary["requests"] else 0.0,
+        "summary": summary,
+    }
+
+
+def with_cpu(stack, load: Callable[[], int]) -> dict:
+    """Run ``load`` (it returns the requests answered) with every live process's CPU, the machine's and this one's
+    read around it: {answered, cpu (:func:`cpu_by_kind`), own_cpu_s, machine_busy_fraction, load_average, cores}."""
+    rows = [r for r in stack.status() if r["health"] != "exited"]
+    pids = {r["name"]: r["pid"] for r in rows}
+    kinds = {r["name"]: r["kind"] for r in rows}
+    load_before = os.getloadavg()[0]
+    cpu_before, machine_before, own_before = pipeline.cpu_snapshot(pids), pipeline.machine_ticks(), time.process_time()
+    answered = load()
+    own_s = time.process_time() - own_before
+    machine_after, cpu_after = pipeline.machine_ticks(), pipeline.cpu_snapshot(pids)
+    return {
+        "answered": answered,
+        "cpu": cpu_by_kind(kinds, cpu_before, cpu_after, answered),
+        "own_cpu_s": own_s,
         "machine_busy_fraction": pipeline.busy_fraction(machine_before, machine_after),
         # the machine is shared: its 1-minute load average as the run began and ended (cores: os.cpu_count())
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "cores": os.cpu_count(),
-        "report": report,
     }

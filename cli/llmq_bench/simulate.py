@@ -22,6 +22,7 @@ import numpy as np
 
 from llmq_batcher.ledger import WorkerLedger
 from llmq_batcher.policy import CLASS_KEYS, BatchPolicy, PolicyConfig, class_index
+from llmq_bench.batch_time import BatchTimeModel
 from llmq_core import constants, wire
 
 MODEL = "llmq-sim"
@@ -104,6 +105,7 @@ def run_simulation(
     shared_capacity: bool = False,
     leads_ms: tuple[int, ...] = (),
     margin_ms: int | None = None,
+    batch_time: BatchTimeModel | None = None,
 ) -> dict:
     """Simulate ``duration_s`` of traffic at ``rps`` (``mix``: share per traffic class, all interactive by default;
     ``paid_share`` of it paid, the rest free) against ``replicas`` fixed-time workers (``max_batch`` requests per
@@ -112,15 +114,20 @@ def run_simulation(
     (a uniform share of arrivals) and every worker's heartbeats, and only its own batches' results.
     ``shared_capacity``: each batch claims its requests from its worker's ledger first (llmq_batcher.ledger);
     ``leads_ms``: the policy's fixed-engine class leads (PolicyConfig.fixed_engine_leads_ms); ``margin_ms``: a window's
-    last claim before it starts (None: ``dispatch_delay_ms`` + 1).
+    last claim before it starts (None: ``dispatch_delay_ms`` + 1). ``batch_time``: a window's time as a function of its
+    requests' uncached prompt tokens (each request's header cached with the model's hit rate), replacing
+    ``batch_time_ms``; workers declare the expected time of a full window as their fixed batch time (None: every
+    window takes ``batch_time_ms``).
 
     Returns a dict: requests, completed, expired, throughput_rps (completed per simulated second of arrivals),
     latency_ms {p50, p99, mean, max} (arrival to batch end + ``network_ms``), the same per tier and per priority class,
     wait_ms_by_stage {batcher, worker} (arrival to dispatch; dispatch to start), deferred_backlog_max (deferred records
-    left unread at most), mean_batch_fill (0..1), batches, flush reasons, worker
-    utilization (0..1), wall_s and sim_speed (simulated / wall seconds).
+    left unread at most), mean_batch_fill (0..1), batches, flush reasons, mean_window_ms (engine time per window),
+    worker utilization (0..1), wall_s and sim_speed (simulated / wall seconds).
     """
     started = time.perf_counter()
+    model = batch_time or BatchTimeModel(fixed_ms=batch_time_ms)
+    batch_time_ms = round(model.expected_batch_ms(max_batch))  # what a worker declares: a full window's time
     rng = np.random.default_rng(seed)
     counts = arrival_counts(rps, duration_s, tick_ms, pattern, rng, burst_factor=burst_factor)
     mix = mix or {constants.INTERACTIVE: 1.0}
@@ -140,6 +147,9 @@ def run_simulation(
     owners = rng.integers(batchers, size=total)
     workers = [_Worker(f"w{i}", i) for i in range(replicas)]
     sim = _Run(policies, workers, max_batch, batch_time_ms, dispatch_delay_ms, heartbeat_interval_ms)
+    if not model.fixed:
+        hits = rng.random(total) < model.prefix_hit_rate
+        sim.model, sim.uncached = model, np.where(hits, model.uncached_tokens(True), model.uncached_tokens(False))
     if shared_capacity:
         sim.ledgers = {w.worker_id: WorkerLedger(max_batch, fixed=True, batch_time_ms=batch_time_ms) for w in workers}
         sim.lead_ms = max(leads_ms, default=0)
@@ -186,6 +196,9 @@ class _Run:
         self.lead_ms = 0  # the policies' largest class lead (their claims say it)
         self.margin_ms = 0  # a window's last claim before it starts
         self.windows: list[int] = []  # requests of each window a worker started
+        self.window_ms: list[int] = []  # engine time of each window a worker started
+        self.model: BatchTimeModel | None = None  # prefill mode: windows take the model's time
+        self.uncached: np.ndarray | None = None  # prefill mode: uncached prompt tokens by request id
         self.batcher_waits: list[int] = []  # ms from arrival to dispatch, of each request a worker started
         self.worker_waits: list[int] = []  # ms from dispatch to its batch's start (dispatch delay included)
 
@@ -290,11 +303,19 @@ class _Run:
         self.worker_waits += [t - sent_ms for sent_ms, _ in taken]
         worker.running = [r for _, r in taken]
         self.windows.append(len(taken))
-        worker.busy_until_ms = t + self.batch_time_ms
+        window_ms = self._window_ms(worker.running)
+        self.window_ms.append(window_ms)
+        worker.busy_until_ms = t + window_ms
         if self.ledgers:
             self.ledgers[worker.worker_id].holds(len(worker.running), len(worker.waiting), worker.busy_until_ms)
-        self.busy_ms += self.batch_time_ms
+        self.busy_ms += window_ms
         self._push(worker.busy_until_ms, 0, worker)
+
+    def _window_ms(self, running: list[wire.GenerationRequest]) -> int:
+        if self.model is None:
+            return self.batch_time_ms
+        tokens = sum(int(self.uncached[int(r.request_id)]) for r in running)
+        return round(self.model.batch_ms(tokens))
 
     def _finish(self, worker: _Worker, t: int) -> None:
         policies, owner = self.policies, self.owner
@@ -357,6 +378,7 @@ class _Run:
             "mean_batch_fill": round(float(np.mean(self.batch_sizes)) / self.max_batch, 4) if self.batch_sizes else 0.0,
             "mean_window_fill": round(float(np.mean(self.windows)) / self.max_batch, 4) if self.windows else 0.0,
             "batches": len(self.batch_sizes),
+            "mean_window_ms": round(float(np.mean(self.window_ms)), 1) if self.window_ms else 0.0,
             "flush": dict(self.flushes),
             "utilization": round(self.busy_ms / (len(self.workers) * max(sim_s, 1e-9) * 1000), 4),
             "wall_s": round(wall_s, 2),

@@ -457,17 +457,31 @@ def bench_scale(
     output: Path = typer.Option(Path("bench/results/scale.json"), help="JSON out."),
     state_dir: Path = typer.Option(Path("var/bench-scale"), help="The private stacks' state folders (under it)."),
     port_base: PortBase = 32100,  # below the ephemeral range (32768+): the load generator's connections never take one
+    feeds: str = typer.Option(
+        "http", help="What loads each stack, in turn: http (through the API pods), kafka (the batcher alone)."
+    ),
 ) -> None:
     """Issue 28's overload (interactive, half paid and half free, none streamed) on two llmq-sim workers (256 req/s)
     with 1, 2, 3... batchers: paid and free outcomes, goodput, batch fill, CPU per request per process kind, and each
-    count against the first."""
+    count against the first. --feeds http,kafka also feeds the same arrivals straight to Kafka (interactive, paid):
+    the batcher's CPU per request alone."""
     from llmq_bench import admission, scale
 
     counts = tuple(int(x) for x in batchers.split(",") if x.strip())
     if not counts or min(counts) < 1:
         raise typer.BadParameter("want counts >= 1, e.g. 1,2,3", param_hint="--batchers")
+    chosen = tuple(x.strip() for x in feeds.split(",") if x.strip())
+    if not chosen or not set(chosen) <= set(scale.FEEDS):
+        raise typer.BadParameter(f"want some of {', '.join(scale.FEEDS)}, e.g. http,kafka", param_hint="--feeds")
     cfg = scale.ScaleConfig(
-        batchers=counts, rate=rate, count=count, duration_s=duration_s, warmup=warmup, seed=seed, output=output
+        batchers=counts,
+        rate=rate,
+        count=count,
+        duration_s=duration_s,
+        warmup=warmup,
+        seed=seed,
+        output=output,
+        feeds=chosen,
     )
     api_ports = (port_base, port_base + 1)
 
@@ -509,6 +523,8 @@ def print_scale(result: dict, console: Console) -> None:
     )
     short = ("api", "batcher", "worker", "result-router", "kafka")
     for run in result["runs"]:
+        if run.get("feed", "http") != "http":
+            continue
         r = run["row"]
         cpu, per_core = r["cpu_ms_per_request"], r["requests_per_s_per_core"]
         table.add_row(
@@ -533,3 +549,31 @@ def print_scale(result: dict, console: Console) -> None:
         console.print(
             f"goals, {goal['batchers']} batcher(s): {', '.join(f'{k} {v}' for k, v in goal.items() if k != 'batchers')}"
         )
+    direct = [run["row"] for run in result["runs"] if run.get("feed") == "kafka"]
+    if direct:
+        print_direct(direct, console)
+
+
+def print_direct(rows: list[dict], console: Console) -> None:
+    """The Kafka-fed runs: the batcher alone (no API pod or HTTP load generator on the path)."""
+    table = Table(
+        "batchers",
+        "answered / sent",
+        "offered / answered req/s",
+        "p50 / p99 ms",
+        "CPU ms/req (bat wrk rtr kafka)",
+        "batcher req/s/core",
+        title="fed straight to Kafka: the batcher alone",
+    )
+    short = ("batcher", "worker", "result-router", "kafka")
+    for r in rows:
+        cpu = r["cpu_ms_per_request"]
+        table.add_row(
+            str(r["batchers"]),
+            f"{r['answered']} / {r['requests']}",
+            f"{r['offered_rps']:.1f} / {r['throughput_rps']:.1f}",
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f}",
+            " ".join(f"{cpu.get(kind, 0):.2f}" for kind in short),
+            f"{r['requests_per_s_per_core'].get('batcher') or 0:.0f}",
+        )
+    console.print(table)

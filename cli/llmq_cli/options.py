@@ -24,3 +24,12 @@ PortBase = Annotated[
         help="Private ports: API +0/+1, metrics +10 to +15, Kafka +92 (+93), Redis +379, Ray Serve +500 (pipeline)."
     ),
 ]
+# the batch-time model's prefill term (llmq_bench.batch_time): absent, every batch takes --batch-time-ms
+PromptTokens = Annotated[
+    int, typer.Option(help="Prompt tokens per request; > 0 adds prefill per uncached token to each batch's time.")
+]
+PrefillMsPerToken = Annotated[
+    float, typer.Option(help="Prefill ms per uncached prompt token (default derived: docs/simulator.md).")
+]
+PrefixTokens = Annotated[int, typer.Option(help="Tokens of a shared prompt header, part of --prompt-tokens.")]
+PrefixHitRate = Annotated[float, typer.Option(help="Share of requests (0..1) whose header is in the prefix cache.")]

@@ -9,9 +9,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from llmq_bench import loadgen, scale
+from llmq_bench import direct_feed, loadgen, scale
+from llmq_bench.prompts import CodePrompt
 from llmq_cli import bench_cmd
 from llmq_cli.main import app
+from llmq_core import wire
 
 
 def planned(key: str) -> loadgen.Planned:
@@ -87,3 +89,46 @@ def test_the_json_and_the_table_show_every_run(tmp_path):
 def test_the_command_refuses_a_count_below_one():
     refused = CliRunner().invoke(app, ["bench", "scale", "--batchers", "0,3"])
     assert refused.exit_code == 2 and "--batchers" in refused.output
+
+
+def test_a_direct_request_is_interactive_paid_and_answered_on_its_reply_topic():
+    prompt = CodePrompt(id="m-1", prompt="def f(", max_tokens=12)
+    request = direct_feed.direct_request(
+        7, prompt, "bench.direct.ab", model="llmq-sim", now_ms=1000, timeout_ms=60_000, run_id="ab"
+    )
+    assert (request.request_id, request.traffic_class, request.tier) == ("direct-ab-7", "interactive", "paid")
+    assert (request.prompt, request.sampling.max_tokens, request.deadline_ms) == ("def f(", 12, 61_000)
+    assert request.reply_to == wire.KafkaReply(topic="bench.direct.ab")
+
+
+def test_a_direct_summary_counts_outcomes_and_times_the_answered_ones():
+    sent = {"a": 0.0, "b": 0.5, "c": 1.0, "d": 1.5}
+    replies = {"a": (0.3, "succeeded"), "b": (1.5, "succeeded"), "c": (1.2, "expired")}
+    summary = direct_feed.summarize(sent, replies, window_s=2.0)
+    assert (summary["requests"], summary["answered"], summary["unanswered"]) == (4, 2, 1)
+    assert summary["other_outcomes"] == {"expired": 1}
+    assert (summary["offered_rps"], summary["throughput_rps"]) == (2.0, 1.0)
+    assert summary["latency_ms"]["p50"] == pytest.approx(300.0) and summary["latency_ms"]["p99"] == pytest.approx(
+        1000.0
+    )
+
+
+def test_kafka_fed_runs_have_their_own_rows_and_stay_out_of_the_ratios(tmp_path):
+    one, three = rows()
+    summary = direct_feed.summarize({"a": 0.0}, {"a": (0.25, "succeeded")}, window_s=1.0)
+    cpu = scale.cpu_by_kind({"b": "batcher"}, {"b": 0.0}, {"b": 0.0003}, answered=1)
+    alone = scale.direct_row(1, summary, cpu)
+    assert (alone["feed"], alone["answered"], alone["p50_ms"]) == ("kafka", 1, 250.0)
+    assert alone["cpu_ms_per_request"] == {"batcher": 0.3}
+    runs = [{"batchers": 1, "row": one}, {"batchers": 1, "feed": "kafka", "row": alone}, {"batchers": 3, "row": three}]
+    result = scale.result(scale.ScaleConfig(batchers=(1, 3), output=tmp_path / "s.json"), runs)
+    assert [q["batchers"] for q in result["ratios"]] == [3]
+    console = Console(record=True, width=250)
+    bench_cmd.print_scale(result, console)
+    text = console.export_text()
+    assert "the batcher alone" in text and "1 / 1 " in text
+
+
+def test_the_command_refuses_an_unknown_feed():
+    refused = CliRunner().invoke(app, ["bench", "scale", "--feeds", "http,grpc"])
+    assert refused.exit_code == 2 and "--feeds" in refused.output
