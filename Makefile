@@ -127,12 +127,13 @@ models: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/llmq demo
 
-# Test lanes (tests/conftest.py): `check` is the fast one (unit tests, then the in-process tier on one broker and
-# Redis); `test` runs `check`, then the system tier (real processes: faults, regions, secure mode, the real model) in
-# two worker processes, each test file whole in one of them (its stack is module-scoped), each worker on its own broker;
-# then the files that assert latency bounds under load (marked `alone`) in one process, with the machine to themselves.
+# Test lanes (tests/conftest.py): `check` is the fast one (unit tests and the in-process tier); `test` runs `check`,
+# then the system tier (real processes: faults, regions, secure mode, the real model). Both run their files in two
+# worker processes, each file whole in one of them (its fixtures are module-scoped), each worker on its own broker and
+# Redis; then `test` runs the files that assert latency bounds under load (marked `alone`) in one process, with the
+# machine to themselves.
 check: setup
-	$(VENV)/bin/pytest -q tests/unit tests/inprocess
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests/unit tests/inprocess
 
 test: check
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not alone" tests/system

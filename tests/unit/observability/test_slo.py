@@ -139,6 +139,7 @@ def run_slo(monkeypatch, *args: str, env: dict[str, str] | None = None):
         monkeypatch.delenv(name)
     for name, value in (env or {}).items():
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("COLUMNS", raising=False)  # pytest-xdist's workers have COLUMNS=80: the table would wrap
     return CliRunner().invoke(app, ["slo", *args])
 
 
