@@ -71,8 +71,8 @@ def capacity_math(
             f"want a peak > 0 req/s, batches of >= 1 and spare replicas >= 0, not {rps:g}, {max_batch}, "
             f"{spare_replicas}"
         )
-    if headroom_problem(headroom):
-        raise ValueError(headroom_problem(headroom))
+    if problem := headroom_problem(headroom):
+        raise ValueError(problem)
     model = batch_time or BatchTimeModel(fixed_ms=batch_time_ms)
     full_ms, half_ms = model.expected_batch_ms(max_batch), model.expected_batch_ms(max_batch / 2)
     full = max_batch * 1000 / full_ms
