@@ -117,6 +117,10 @@ HEADER_REPLY_TOPIC: Final = "x-llmq-reply-topic"  # on a dead-lettered result: t
 HEADER_DELIVERY: Final = "x-llmq-delivery"
 HEADER_ERROR_MAX_BYTES: Final = 512  # a dead letter's HEADER_ERROR is cut to this
 
+# --- prefix identity (llmq_core.prefixes): workers and batchers must agree, so these are wire constants ---
+PREFIX_BLOCK_BYTES: Final = 128  # bytes of prompt per block of a prefix chain
+PREFIX_MAX_BLOCKS: Final = 128  # blocks a chain holds at most (the first 16 KiB of a prompt)
+
 # --- Redis channels and keys ---
 REDIS_REPLIES_PREFIX: Final = "llmq:replies:"
 REDIS_HEARTBEATS_CHANNEL: Final = "llmq:heartbeats"

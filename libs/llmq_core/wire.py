@@ -201,6 +201,7 @@ class Usage(_Struct, kw_only=True):
     prompt_tokens: Count = 0
     completion_tokens: Count = 0
     total_tokens: Count = 0
+    cached_tokens: Count = 0  # of prompt_tokens, those served from the worker's prefix cache (not prefilled again)
 
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
@@ -365,6 +366,21 @@ class WorkerHeartbeat(_Message, kw_only=True, tag="worker_heartbeat"):
     last_batch_id: str = ""
 
 
+class PrefixSummary(_Message, kw_only=True, tag="prefix_summary"):
+    """What a worker's prefix cache holds, sent on Redis channel ``llmq:heartbeats`` every
+    ``prefix_summary_interval_ms``: the prefix-chain hashes (``llmq_core.prefixes``, blocks of ``block_bytes``) of the
+    prompts whose blocks it keeps, most recently used first, at most ``prefix_summary_max_blocks``. Each summary
+    replaces the last; a lost one costs affinity, never correctness. ``tenant_scoped``: the hashes are salted by
+    tenant (the worker's cache shares no prefix across tenants)."""
+
+    worker_id: str
+    model: str
+    block_bytes: Count
+    tenant_scoped: bool = True
+    blocks: list[Int64] = []
+    sent_ms: Int64
+
+
 class PodHeartbeat(_Message, kw_only=True, tag="pod_heartbeat"):
     """An API pod is alive; work whose pod stops sending these is cancelled."""
 
@@ -428,6 +444,7 @@ Message = (
     | TokenChunk
     | FinalResult
     | WorkerHeartbeat
+    | PrefixSummary
     | PodHeartbeat
     | BatcherSaturation
     | PodUnfinished
