@@ -455,3 +455,17 @@ async def test_prefix_cache_hits_are_reported_within_a_tenant_only(tiny):
         assert cached == {"cold": 0, "warm": 512, "rival": rival_cached}, scoped
         # each tenant's four 128-byte blocks of the header (whole blocks only; the tails are past them)
         assert len(ledger) == (2 if scoped else 1) * (512 // PREFIX_BLOCK_BYTES)
+
+
+async def test_the_prefix_cache_keeps_its_budget_evicting_the_least_recently_used_prompt(tiny):
+    model, tokenizer = tiny
+    ledger = PrefixLedger(budget_tokens=512)  # two 256-token pages: one header's
+    engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, prefix_ledger=ledger)
+    cached = []
+    try:
+        for rid, header in (("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")):
+            finals, _ = await run(engine, request(rid, header * 600 + rid, max_tokens=2))
+            cached.append(finals[rid].usage.cached_tokens)
+    finally:
+        await engine.close()
+    assert cached == [0, 0, 0, 512]  # b's pages pushed a's out; a's second run brought them back

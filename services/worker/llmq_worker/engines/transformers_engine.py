@@ -105,7 +105,7 @@ class TransformersEngine(SequenceEngine):
         caching on (the library's block sharing, scoped and sized as the ledger is; :mod:`cb_prefix`), None: off."""
         super().__init__(max_sequences=max_concurrent_sequences, clock=clock, prefix_ledger=prefix_ledger)
         if prefix_ledger is not None:
-            cb_prefix.install()
+            cb_prefix.install(prefix_ledger.budget_tokens)
         self.context_window = context_window or model.config.max_position_embeddings
         self._max_result_bytes = max_result_bytes
         self._model = model
