@@ -437,11 +437,11 @@ def test_each_update_reads_the_logprobs_of_its_own_step_also_with_two_steps_in_f
 
 
 async def test_prefix_cache_hits_are_reported_within_a_tenant_only(tiny):
-    """The library's block sharing (pages of 256 tokens) reused across requests: a hit is counted in usage and the
-    ledger, and the tenant salt keeps another tenant's identical prompt from reusing the blocks (unless shared)."""
+    """The library's block sharing (pages of 64 tokens on CPU) reused across requests: a hit is counted in usage and
+    the ledger, and the tenant salt keeps another tenant's identical prompt from reusing the blocks (unless shared)."""
     model, tokenizer = tiny
-    header = "h" * 600  # byte tokens: two whole pages and a part
-    for scoped, rival_cached in ((True, 0), (False, 512)):
+    header = "h" * 600  # byte tokens: nine whole pages and a part
+    for scoped, rival_cached in ((True, 0), (False, 576)):
         ledger = PrefixLedger(budget_tokens=4096, tenant_scoped=scoped)
         engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, prefix_ledger=ledger)
         try:
@@ -452,14 +452,14 @@ async def test_prefix_cache_hits_are_reported_within_a_tenant_only(tiny):
         finally:
             await engine.close()
         cached = {rid: final.usage.cached_tokens for rid, final in finals.items()}
-        assert cached == {"cold": 0, "warm": 512, "rival": rival_cached}, scoped
+        assert cached == {"cold": 0, "warm": 576, "rival": rival_cached}, scoped
         # each tenant's four 128-byte blocks of the header (whole blocks only; the tails are past them)
         assert len(ledger) == (2 if scoped else 1) * (512 // PREFIX_BLOCK_BYTES)
 
 
 async def test_the_prefix_cache_keeps_its_budget_evicting_the_least_recently_used_prompt(tiny):
     model, tokenizer = tiny
-    ledger = PrefixLedger(budget_tokens=512)  # two 256-token pages: one header's
+    ledger = PrefixLedger(budget_tokens=512)  # eight 64-token pages: most of one header's nine
     engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, prefix_ledger=ledger)
     cached = []
     try:
@@ -468,4 +468,4 @@ async def test_the_prefix_cache_keeps_its_budget_evicting_the_least_recently_use
             cached.append(finals[rid].usage.cached_tokens)
     finally:
         await engine.close()
-    assert cached == [0, 0, 0, 512]  # b's pages pushed a's out; a's second run brought them back
+    assert cached == [0, 0, 0, 512]  # b's pages pushed a's out; a's second run brought eight of them back

@@ -42,6 +42,10 @@ from llmq_worker.text import ChoiceText, ResultBudget
 log = logging.getLogger(__name__)
 
 CPU_MAX_BATCHED_TOKENS = 1024  # on CPU the library would size its buffers from host RAM: keep them small
+# KV pages on CPU: 64 tokens, not the library's 256, since a page is the unit of prefix sharing. Measured on
+# smollm2-135m-instruct, code prompts of ~430 tokens sharing a 1.2 KB header: 320 tokens cached instead of 256, first
+# token after 0.55 s instead of 0.85 s (1.8 s uncached), decoding no slower.
+CPU_PAGE_TOKENS = 64
 CPU_KV_CACHE_BYTES = 1 << 30  # upper bound of the paged KV cache on CPU
 WARMUP_TIMEOUT_S = 120
 # torch threads on CPU: one. Measured on the shared 2-core machine (docs/performance.md): with two, every step's
@@ -437,6 +441,7 @@ def _cb_config(
     )
     if model.device.type == "cpu":
         config.max_batch_tokens = max_batched_tokens or CPU_MAX_BATCHED_TOKENS
+        config.page_size = CPU_PAGE_TOKENS
         budget_tokens = prefix_ledger.budget_tokens if prefix_ledger is not None else 0
         wanted_tokens = max(context_window, max_sequences * context_window // 4) + budget_tokens
         affordable_tokens = CPU_KV_CACHE_BYTES // _kv_bytes_per_token(model)
