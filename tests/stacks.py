@@ -28,6 +28,7 @@ from llmq_core.security import ROLE_ADMIN
 from llmq_core.settings import Settings
 from llmq_worker.engines.simulated import SimulatedEngine
 from llmq_worker.loop import WorkerLoop
+from llmq_worker.prefix_cache import PrefixLedger
 from tests import ports
 
 
@@ -169,13 +170,22 @@ def shed_wait_env(shed_wait_ms: dict[str, int]) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def simulated_worker(
-    worker_id: str, partition: int, model: str, *, batch_time_ms: int, names: Names = Names(), **clients
+    worker_id: str,
+    partition: int,
+    model: str,
+    *,
+    batch_time_ms: int,
+    names: Names = Names(),
+    prefix_ledger: PrefixLedger | None = None,
+    **clients,
 ) -> AsyncIterator[asyncio.Task]:
-    """A worker loop in-process on the simulated engine (8 per batch), heartbeating every 100 ms, running for the
-    ``async with`` block: yields its task. ``clients``: its ``consumer``, ``producer`` and ``redis``. Stopped after,
-    and its engine closed."""
-    engine = SimulatedEngine(max_batch_size=8, batch_time_ms=batch_time_ms)
-    settings = Settings(worker={"heartbeat_interval_ms": 100}, runtime={"shutdown_grace_s": 5})
+    """A worker loop in-process on the simulated engine (8 per batch), heartbeating every 100 ms (and publishing its
+    ``prefix_ledger``, if one, as often), running for the ``async with`` block: yields its task. ``clients``: its
+    ``consumer``, ``producer`` and ``redis``. Stopped after, and its engine closed."""
+    engine = SimulatedEngine(max_batch_size=8, batch_time_ms=batch_time_ms, prefix_ledger=prefix_ledger)
+    settings = Settings(
+        worker={"heartbeat_interval_ms": 100, "prefix_summary_interval_ms": 100}, runtime={"shutdown_grace_s": 5}
+    )
     loop = WorkerLoop.build(
         engine,
         settings=settings,

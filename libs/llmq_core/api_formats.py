@@ -39,10 +39,12 @@ ANTHROPIC_ERROR_TYPES = {
 
 
 def usage_dict(usage: wire.Usage) -> dict:
+    """OpenAI's usage: ``prompt_tokens_details.cached_tokens`` counts the prompt tokens found in the prefix cache."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 
@@ -152,8 +154,12 @@ def stop_reason(choice: wire.Choice) -> str:
 
 
 def anthropic_usage(result: wire.FinalResult) -> dict:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the prefix cache, as Anthropic counts
+    them; ``cache_read_input_tokens`` the rest."""
+    usage = result.usage
     return {
-        "input_tokens": result.usage.prompt_tokens,
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": result.usage.completion_tokens,
         "service_tier": service_tier(result),
     }

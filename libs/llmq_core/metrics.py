@@ -387,7 +387,8 @@ class _GrammarCollector(Collector):
 
 class WorkerMetrics(_Metrics):
     """Slots (free, running, queued), utilisation, Batches taken, requests finished by outcome, tokens generated,
-    consumer lag of the worker's partition."""
+    prefix-cache hits (prompt tokens found cached of those looked up) and blocks held, consumer lag of the worker's
+    partition."""
 
     def __init__(self, model: str, region: str = DEFAULT_REGION) -> None:
         super().__init__(region)
@@ -409,8 +410,28 @@ class WorkerMetrics(_Metrics):
             "Requests taken with constrained decoding, by kind (json_object, json_schema, tool)",
             ("model", "kind"),
         )
+        self.prefix_hit_tokens = self.counter(
+            "llmq_worker_prefix_cache_hit_tokens",
+            "Prompt tokens of succeeded requests found in the prefix cache (not prefilled again)",
+            ("model",),
+        )
+        self.prefix_query_tokens = self.counter(
+            "llmq_worker_prefix_cache_query_tokens",
+            "Prompt tokens of succeeded requests looked up in the prefix cache (hit rate: hit / query)",
+            ("model",),
+        )
+        self.prefix_blocks = self.gauge(
+            "llmq_worker_prefix_cache_blocks",
+            "Prefix blocks (PREFIX_BLOCK_BYTES of prompt each) the worker accounts as cached",
+            ("model",),
+        )
         self.lag = ConsumerLag(self.registry)
         self._requests, self._tokens = _Children(self.requests), _Children(self.tokens)
+
+    def watch_prefix_cache(self, ledger) -> None:
+        """Expose the blocks a prefix ledger (anything with a length) holds; None: the engine caches none."""
+        if ledger is not None:
+            self.prefix_blocks.labels(self.model).set_function(lambda: len(ledger))
 
     def heartbeat(self, beat: wire.WorkerHeartbeat) -> None:
         """Capacity from the heartbeat the worker just built."""
@@ -435,8 +456,12 @@ class WorkerMetrics(_Metrics):
     def finished(self, result: wire.FinalResult) -> None:
         """Labelled with the worker's own model: a Batch produced straight to its partition may name any other."""
         self._requests(_class(result.traffic_class), self.model, result.outcome.value).inc()
-        if result.usage.completion_tokens:
-            self._tokens(self.model).inc(result.usage.completion_tokens)
+        usage = result.usage
+        if usage.completion_tokens:
+            self._tokens(self.model).inc(usage.completion_tokens)
+        if result.outcome is wire.Outcome.SUCCEEDED:  # ran on the engine: its prompt was looked up
+            self.prefix_query_tokens.labels(self.model).inc(usage.prompt_tokens)
+            self.prefix_hit_tokens.labels(self.model).inc(usage.cached_tokens)
 
 
 # --- result-router -----------------------------------------------------------------------------------------------------

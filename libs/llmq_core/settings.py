@@ -725,6 +725,42 @@ class WorkerSettings(Group):
         "which would hand the mask each token one step late; false keeps that mode and answers constrained requests "
         "errored (`invalid_request_error`, param `response_format`).",
     )
+    prefix_cache: bool = Field(
+        True,
+        description="Keep the KV blocks of prompt prefixes for later requests (transformers: the library's block"
+        " sharing; vllm: its prefix caching; simulated: its cache model) and publish what is kept to the batchers"
+        " (docs/architecture.md#prefix-caching).",
+    )
+    prefix_cache_budget_tokens: int = Field(
+        8192,
+        ge=0,
+        description="Prompt tokens of cached prefixes a worker keeps beyond its running sequences (transformers on CPU:"
+        " room added to its paged KV cache, within its byte cap; simulated: its cache model's size); least recently"
+        " used prefixes go first.",
+    )
+    prefix_cache_scope: Literal["tenant", "shared"] = Field(
+        "tenant",
+        description="Whose requests share cached prefixes: `tenant` (one tenant's only: a cache shared across tenants"
+        " is a timing side channel, as vLLM's cache_salt says) or `shared` (every tenant's).",
+    )
+    prefix_summary_interval_ms: int = Field(
+        1000,
+        **_MS,
+        description="How often a worker publishes what its prefix cache holds (a PrefixSummary on the heartbeats"
+        " channel); each summary replaces the last.",
+    )
+    prefix_summary_max_blocks: int = Field(
+        2048,
+        ge=0,
+        description="Prefix blocks a summary names at most, most recently used first (9 bytes each on the wire: 2,048"
+        " make about 18 KiB).",
+    )
+    prefill_ms_per_token: float = Field(
+        0.0,
+        ge=0,
+        description="--prefill-ms-per-token: simulated: a batch takes its batch time plus this per prompt token not"
+        " found in its prefix cache (0: every batch takes the batch time).",
+    )
     id: str = Field("", description="--worker-id: this worker's id (qualified by the region).")
     partition: int | None = Field(None, ge=0, description="--partition: the partition of llmq.batches it serves.")
     model: str = Field("", description="--model: the model served, e.g. llmq-sim or llmq-tiny.")

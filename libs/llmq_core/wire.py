@@ -204,10 +204,16 @@ class Usage(_Struct, kw_only=True):
     cached_tokens: Count = 0  # of prompt_tokens, those served from the worker's prefix cache (not prefilled again)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
-        """``prompt_tokens`` in, ``completion_tokens`` out (every choice's), and their sum."""
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+        """``prompt_tokens`` in (``cached_tokens`` of them from the prefix cache), ``completion_tokens`` out (every
+        choice's), and their sum."""
         total = prompt_tokens + completion_tokens
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total)
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=total,
+            cached_tokens=min(cached_tokens, prompt_tokens),
+        )
 
 
 class Timings(_Struct, kw_only=True):

@@ -238,6 +238,7 @@ COUNTERS: Final = (
     "dead_letters",
     "produced",
     "input_tokens",
+    "cached_tokens",
     "output_tokens",
 )
 
@@ -353,6 +354,7 @@ def result_counts(results: Iterable[wire.FinalResult]) -> dict[str, int]:
         add("retried", line_round(result))
         if result.outcome is wire.Outcome.SUCCEEDED and result.usage is not None:
             add("input_tokens", result.usage.prompt_tokens)
+            add("cached_tokens", result.usage.cached_tokens)
             add("output_tokens", result.usage.completion_tokens)
         elif result.outcome is wire.Outcome.ERRORED and result.error is not None and result.error.retryable:
             add("dead_letters", 1)

@@ -12,6 +12,7 @@ from aiokafka import TopicPartition
 from llmq_core import wire
 from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.constants import (
+    PREFIX_BLOCK_BYTES,
     REDIS_HEARTBEATS_CHANNEL,
     TOPIC_BATCHES,
     TOPIC_RESULTS,
@@ -20,6 +21,7 @@ from llmq_core.constants import (
     worker_group,
 )
 from llmq_core.kafka import make_consumer, make_producer
+from llmq_worker.prefix_cache import PrefixLedger
 from tests.builders import generation_request
 from tests.stacks import send_batch, simulated_worker
 
@@ -125,3 +127,52 @@ async def test_worker_answers_a_batch_on_redis_and_llmq_results(settings):
         await asyncio.gather(worker_consumer.stop(), offsets.stop(), results.stop(), producer.stop())
         await pubsub.aclose()
         await redis.aclose()
+
+
+async def test_worker_publishes_its_prefix_cache_and_reports_the_hits_of_a_repeated_prefix(settings):
+    """A worker that ran a prompt names its prefix blocks in a PrefixSummary on the heartbeats channel, and the next
+    request sharing that prefix reports the cached tokens in its usage."""
+    run = uuid.uuid4().hex[:8]
+    worker_id, instance_id = f"itest-prefix-worker-{run}", f"itest-prefix-pod-{run}"
+    header = f"# shared header {run}\n" + "import x\n" * 60  # over four whole prefix blocks
+    redis = aioredis.from_url(settings.redis.url)
+    producer = make_producer(settings)
+    await producer.start()
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(replies_channel(instance_id), REDIS_HEARTBEATS_CHANNEL)
+    worker_consumer = make_consumer(settings, group_id=worker_group(PARTITION))
+    await worker_consumer.start()
+    ledger = PrefixLedger(budget_tokens=100_000)
+    clients = {"consumer": worker_consumer, "producer": producer, "redis": redis}
+    try:
+        async with simulated_worker(worker_id, PARTITION, MODEL, batch_time_ms=50, prefix_ledger=ledger, **clients):
+            first = request(f"first-{run}", instance_id, header + "def a():", stream=False)
+            second = request(f"second-{run}", instance_id, header + "def b():", stream=False)
+            await send_batch(producer, f"b1-{run}", worker_id, PARTITION, first)
+            finals, summary = await _until(pubsub, worker_id, lambda f, s: f and s is not None)
+            assert set(ledger.chain(first)) <= set(summary.blocks)
+            assert (summary.model, summary.block_bytes, summary.tenant_scoped) == (MODEL, PREFIX_BLOCK_BYTES, True)
+            await send_batch(producer, f"b2-{run}", worker_id, PARTITION, second)
+            finals, _ = await _until(pubsub, worker_id, lambda f, s: second.request_id in f)
+            shared_blocks = len(header) // PREFIX_BLOCK_BYTES
+            assert finals[second.request_id].usage.cached_tokens == shared_blocks * PREFIX_BLOCK_BYTES
+    finally:
+        await asyncio.gather(worker_consumer.stop(), producer.stop())
+        await pubsub.aclose()
+        await redis.aclose()
+
+
+async def _until(pubsub, worker_id: str, done) -> tuple[dict[str, wire.FinalResult], wire.PrefixSummary | None]:
+    """Read the pod's replies and the heartbeats channel until ``done(finals, newest summary of worker_id)``."""
+    finals, summary = {}, None
+    async with asyncio.timeout(20):
+        while not done(finals, summary):
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            if message is None:
+                continue
+            decoded = wire.decode(message["data"])
+            if isinstance(decoded, wire.FinalResult):
+                finals[decoded.request_id] = decoded
+            elif isinstance(decoded, wire.PrefixSummary) and decoded.worker_id == worker_id:
+                summary = decoded
+    return finals, summary

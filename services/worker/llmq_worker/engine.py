@@ -21,6 +21,7 @@ from llmq_core.metrics import GrammarStats
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import render_chat
 from llmq_core.wire import Choice, ErrorInfo, FinishReason, GenerationRequest, Outcome, TokenLogprob, Usage
+from llmq_worker.prefix_cache import PrefixLedger
 
 
 class InvalidRequest(ValueError):
@@ -62,6 +63,7 @@ class EngineRun(Protocol):
     request: GenerationRequest
     started_ms: int
     first_token_ms: int
+    cached_tokens: int  # prompt tokens its engine found in its prefix cache
 
     @property
     def prompt_tokens(self) -> int: ...
@@ -109,7 +111,7 @@ class FinalEvent:
             request_id=run.request.request_id,
             outcome=outcome,
             choices=[_choice(run.request, c, succeeded, stats) for c in ends],
-            usage=Usage.of(run.prompt_tokens, sum(c.tokens for c in ends)),
+            usage=Usage.of(run.prompt_tokens, sum(c.tokens for c in ends), run.cached_tokens),
             started_ms=run.started_ms,
             first_token_ms=run.first_token_ms,
             finished_ms=finished_ms,
@@ -158,6 +160,7 @@ class Engine(Protocol):
 
     fixed_batch_time_ms: int  # > 0 for a fixed-time batch engine, else 0
     context_window: int  # tokens, prompt + completion
+    prefix_ledger: PrefixLedger | None  # what its prefix cache holds, published to the batchers (None: keeps none)
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue ``request``; raises :class:`InvalidRequest` if it can never run. Exactly one FinalEvent follows."""
@@ -247,8 +250,9 @@ class SequenceEngine:
 
     fixed_batch_time_ms = 0
 
-    def __init__(self, *, max_sequences: int, clock: Clock) -> None:
+    def __init__(self, *, max_sequences: int, clock: Clock, prefix_ledger: PrefixLedger | None = None) -> None:
         self._max_sequences = max_sequences
+        self.prefix_ledger = prefix_ledger
         self._clock = clock
         self.grammar_stats = GrammarStats()  # structured outputs (llmq_core.metrics reads it)
         self._events = EventQueue(clock, self.grammar_stats)

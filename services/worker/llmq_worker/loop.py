@@ -27,6 +27,7 @@ from llmq_worker.answers import streams
 from llmq_worker.core import Outbox, WorkerCore
 from llmq_worker.engine import Engine
 from llmq_worker.ledger import LedgerWriter
+from llmq_worker.prefix_cache import PrefixReporter
 from llmq_worker.publisher import ResultPublisher
 from llmq_worker.spans import RequestSpans
 
@@ -53,9 +54,11 @@ class WorkerLoop:
         max_pending: int,
         metrics: WorkerMetrics | None = None,
         names: Names = Names(),
+        prefix_reporter: PrefixReporter | None = None,
     ) -> None:
         """``consumer`` must be started with no subscription; ``max_pending``: requests taken but not final, at most;
-        ``names``: the topics and channels it uses (llmq's own; tests may pick others)."""
+        ``names``: the topics and channels it uses (llmq's own; tests may pick others); ``prefix_reporter``: publishes
+        the engine's prefix cache with the heartbeats (None: the engine keeps none)."""
         self._core = core
         self._engine = engine
         self._consumer = consumer
@@ -76,6 +79,7 @@ class WorkerLoop:
         self._spans = RequestSpans(core.worker_id)  # used only while tracing is on
         self._publisher = ResultPublisher(producer, redis, names, self._spans)
         self._ledger = LedgerWriter(redis, names, core.worker_id)
+        self._prefix_reporter = prefix_reporter
 
     @classmethod
     def build(
@@ -98,6 +102,17 @@ class WorkerLoop:
         ``partition``, heartbeat and shutdown grace from ``settings``; ``max_pending`` None: four times the engine's
         slots."""
         core = WorkerCore(worker_id=worker_id, partition=partition, model=model, engine=engine, clock=clock)
+        ledger = getattr(engine, "prefix_ledger", None)
+        reporter = None
+        if ledger is not None:
+            reporter = PrefixReporter(
+                ledger,
+                worker_id=worker_id,
+                model=model,
+                interval_ms=settings.worker.prefix_summary_interval_ms,
+                max_blocks=settings.worker.prefix_summary_max_blocks,
+                channel=names.heartbeats_channel,
+            )
         return cls(
             core=core,
             engine=engine,
@@ -110,6 +125,7 @@ class WorkerLoop:
             max_pending=4 * engine.capacity().max_slots if max_pending is None else max_pending,
             metrics=metrics,
             names=names,
+            prefix_reporter=reporter,
         )
 
     @property
@@ -265,6 +281,8 @@ class WorkerLoop:
                 await pipe.execute()
         except Exception:  # noqa: BLE001 - a missed heartbeat is retried next interval
             log.exception("heartbeat failed")
+        if self._prefix_reporter is not None:
+            await self._prefix_reporter.publish(self._redis, self._clock.now_ms())
 
     async def _deliver(self, out: Outbox) -> None:
         """Publish ``out`` (results first, then replies: see publisher.py), then release its offsets and commit."""

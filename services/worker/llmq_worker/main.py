@@ -20,6 +20,7 @@ from llmq_worker import checkpoints
 from llmq_worker.engine import Engine
 from llmq_worker.lease import PartitionLease, this_process
 from llmq_worker.loop import WorkerLoop
+from llmq_worker.prefix_cache import PrefixLedger
 
 log = logging.getLogger("llmq_worker")
 
@@ -34,6 +35,7 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--model": ("model", {}),
     "--engine": ("engine", {"choices": ["simulated", "transformers", "vllm"]}),
     "--batch-time-ms": ("batch_time_ms", {"type": int}),
+    "--prefill-ms-per-token": ("prefill_ms_per_token", {"type": float}),
     "--max-batch-size": ("max_batch_size", {"type": int}),
     "--poison-marker": ("poison_marker", {}),
     "--model-path": ("model_path", {}),
@@ -82,9 +84,9 @@ def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> 
         except checkpoints.CheckpointError as exc:
             raise SystemExit(str(exc)) from None
     if args.engine == "simulated":
-        return _simulated(args, spec)
+        return _simulated(args, spec, settings)
     if args.engine == "vllm":
-        return _vllm(args, spec)
+        return _vllm(args, spec, settings)
     from llmq_worker.engines.transformers_engine import TransformersEngine, route_library_logs
 
     route_library_logs()
@@ -96,10 +98,11 @@ def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> 
         gguf_file=args.gguf_file,
         torch_threads=settings.worker.torch_threads,
         constrained_decoding=settings.worker.constrained_decoding,
+        prefix_ledger=PrefixLedger.from_settings(settings.worker),
     )
 
 
-def _vllm(args: argparse.Namespace, spec) -> Engine:
+def _vllm(args: argparse.Namespace, spec, settings: Settings) -> Engine:
     if args.model_path is None:
         raise SystemExit("--engine vllm needs --model-path (a HF checkpoint directory)")
     from llmq_worker.engines.vllm_engine import VllmEngine
@@ -109,10 +112,11 @@ def _vllm(args: argparse.Namespace, spec) -> Engine:
         max_concurrent_sequences=args.max_concurrent_sequences or (spec.max_batch_size if spec else 64),
         max_batched_tokens=args.max_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        prefix_ledger=PrefixLedger.from_settings(settings.worker),
     )
 
 
-def _simulated(args: argparse.Namespace, spec) -> Engine:
+def _simulated(args: argparse.Namespace, spec, settings: Settings) -> Engine:
     from llmq_worker.engines.simulated import SimulatedEngine
 
     return SimulatedEngine(
@@ -120,6 +124,8 @@ def _simulated(args: argparse.Namespace, spec) -> Engine:
         batch_time_ms=args.batch_time_ms,
         context_window=spec.context_window if spec else 8192,
         poison_marker=args.poison_marker,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        prefix_ledger=PrefixLedger.from_settings(settings.worker),
     )
 
 
@@ -129,6 +135,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     stack.push_async_callback(engine.close)
     observed = metrics.WorkerMetrics(args.model, settings.region.name)
     observed.watch_grammars(getattr(engine, "grammar_stats", None))
+    observed.watch_prefix_cache(engine.prefix_ledger)
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)
     lease = PartitionLease(redis, args.partition, this_process(args.worker_id), settings.worker.lease_ttl_ms)

@@ -21,7 +21,12 @@ async def test_completion_200_with_usage_and_request_id(setup):
     body = response.json()
     assert body["id"].startswith("cmpl-") and response.headers["x-request-id"] == body["id"]
     assert body["choices"][0]["text"] == "abcab"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     (request,) = worker.produced
     assert request.request_id == body["id"] and request.traffic_class == "near_interactive"
     assert len(pod.registry) == 0

@@ -285,7 +285,12 @@ async def test_stored_results_are_served_to_their_tenant_only(setup):
     body = (await client.get("/v1/requests/cmpl-1")).json()
     assert (body["status"], body["created"], body["error"]) == ("succeeded", 5, None)
     assert body["response"]["choices"][0]["text"] == "abcab" and body["response"]["id"] == "cmpl-1"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     expired = (await client.get("/v1/requests/cmpl-2")).json()
     assert expired["status"] == "expired" and expired["error"]["code"] == "deadline_exceeded"
     assert (await client.get("/v1/requests/cmpl-1", headers=FREE)).status_code == 404

@@ -21,7 +21,12 @@ def test_completion_and_chat_bodies():
     body = response_body(result, "cmpl-1", "completions", 123)
     assert body["object"] == "text_completion" and body["id"] == "cmpl-1" and body["created"] == 123
     assert body["choices"] == [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "length"}]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     chat = response_body(result, "chatcmpl-1", "chat.completions", 123)
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"}

@@ -35,7 +35,9 @@ def test_prompts_sharing_a_header_share_exactly_its_whole_blocks():
 def test_only_whole_blocks_are_hashed_and_the_chain_is_bounded():
     assert prefixes.request_chain(_request("x" * (PREFIX_BLOCK_BYTES - 1))) == ()
     assert len(prefixes.request_chain(_request("x" * (3 * PREFIX_BLOCK_BYTES + 5)))) == 3
-    assert len(prefixes.request_chain(_request("x" * PREFIX_BLOCK_BYTES * (PREFIX_MAX_BLOCKS + 9)))) == PREFIX_MAX_BLOCKS
+    assert (
+        len(prefixes.request_chain(_request("x" * PREFIX_BLOCK_BYTES * (PREFIX_MAX_BLOCKS + 9)))) == PREFIX_MAX_BLOCKS
+    )
 
 
 def test_a_block_hash_depends_on_every_byte_before_it():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import urllib.request
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmq_core import metrics, wire
@@ -106,6 +107,20 @@ def test_worker_slots_and_utilisation_from_its_heartbeat():
     assert (
         value(m, "llmq_worker_requests_total", traffic_class="interactive", model="llmq-sim", outcome="succeeded") == 1
     )
+
+
+def test_worker_counts_prefix_cache_hit_and_query_tokens_of_succeeded_requests_and_its_blocks():
+    m = metrics.WorkerMetrics("llmq-sim")
+    hit = msgspec.structs.replace(result(), usage=wire.Usage.of(7, 10, cached_tokens=5))
+    m.finished(hit)
+    m.finished(msgspec.structs.replace(hit, outcome=wire.Outcome.CANCELED))  # not counted: it may not have run
+    assert value(m, "llmq_worker_prefix_cache_hit_tokens_total", model="llmq-sim") == 5
+    assert value(m, "llmq_worker_prefix_cache_query_tokens_total", model="llmq-sim") == 7
+    held = [1, 2, 3]
+    m.watch_prefix_cache(held)
+    assert value(m, "llmq_worker_prefix_cache_blocks", model="llmq-sim") == 3
+    held.append(4)
+    assert value(m, "llmq_worker_prefix_cache_blocks", model="llmq-sim") == 4
 
 
 def test_worker_counts_constrained_requests_by_kind_and_its_engines_grammar_cache():

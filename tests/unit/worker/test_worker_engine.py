@@ -69,6 +69,7 @@ class FakeJob:
     prompt_tokens: int = 12
     started_ms: int = 5
     first_token_ms: int = 7
+    cached_tokens: int = 4
     max_tokens: int = 10
 
     def choice_ends(self) -> list[ChoiceEnd]:
@@ -81,7 +82,7 @@ class FakeJob:
 def test_final_event_counts_the_prompt_once_and_every_choice_and_keeps_finish_reasons_only_for_success():
     job = FakeJob(make_request(n=3), [("ab", 5, "stop", True), ("cd", 7, "length", True), ("", 0, None, False)])
     done = FinalEvent.build(job, Outcome.SUCCEEDED, 9)
-    assert done.usage == Usage(prompt_tokens=12, completion_tokens=12, total_tokens=24)
+    assert done.usage == Usage(prompt_tokens=12, completion_tokens=12, total_tokens=24, cached_tokens=4)
     assert [(c.index, c.text, c.finish_reason) for c in done.choices] == [
         (0, "ab", "stop"),
         (1, "cd", "length"),

@@ -9,7 +9,7 @@ REQUIRED = ["--worker-id", "w", "--partition", "0", "--model", "llmq-sim", "--en
 
 
 def test_every_flag_is_a_worker_setting():
-    assert len(main._FLAGS) == 14
+    assert len(main._FLAGS) == 15
     assert {field for field, _ in main._FLAGS.values()} <= set(WorkerSettings.model_fields)
 
 

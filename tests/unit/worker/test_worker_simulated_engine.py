@@ -7,11 +7,13 @@ import asyncio
 import pytest
 
 from llmq_core.clock import FakeClock
+from llmq_core.constants import PREFIX_BLOCK_BYTES
 from llmq_core.tokenizer import render_chat
 from llmq_core.wire import Batch, Outcome
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest
 from llmq_worker.engines.simulated import SimulatedEngine
+from llmq_worker.prefix_cache import PrefixLedger
 from tests.unit.worker.worker_fakes import T0_MS, make_request, settle
 
 
@@ -249,3 +251,62 @@ async def test_an_unknown_logit_bias_id_is_an_invalid_request_error_that_is_not_
     (result,) = core.take_batch(batch, offset=0).results
     assert result.outcome is Outcome.ERRORED and result.error.type == "invalid_request_error"
     assert "logit_bias" in result.error.message and not result.error.retryable
+
+
+PREFIXED = "h" * (4 * PREFIX_BLOCK_BYTES)  # four whole prefix blocks, as many byte tokens
+
+
+@pytest.fixture
+async def prefill_engine(manual_time):
+    engine = SimulatedEngine(
+        max_batch_size=2,
+        batch_time_ms=500,
+        clock=manual_time.clock,
+        sleep=manual_time.sleep,
+        prefill_ms_per_token=0.5,
+        prefix_ledger=PrefixLedger(budget_tokens=100_000),
+    )
+    yield engine
+    await engine.close()
+
+
+async def test_a_batch_prefills_its_uncached_prompt_tokens_before_its_first_token(prefill_engine, manual_time):
+    prompt = PREFIXED + "tail"  # 516 tokens, none cached: 258 ms of prefill, then the 500 ms batch
+    prefill_engine.submit(make_request("cold", prompt, max_tokens=4, stream=False))
+    await manual_time.advance(758)
+    cold = finals(await collect(prefill_engine))["cold"]
+    assert (cold.usage.prompt_tokens, cold.usage.cached_tokens) == (516, 0)
+    assert cold.first_token_ms > T0_MS + 258 and cold.finished_ms == T0_MS + 758
+
+    prefill_engine.submit(make_request("warm", PREFIXED + "others", max_tokens=4, stream=False))
+    start_ms = manual_time.clock.now_ms()
+    await manual_time.advance(503)  # 4 blocks cached: 6 uncached tokens, 3 ms of prefill
+    warm = finals(await collect(prefill_engine))["warm"]
+    assert (warm.usage.prompt_tokens, warm.usage.cached_tokens) == (518, 512)
+    assert warm.finished_ms == start_ms + 503
+
+
+async def test_requests_of_one_batch_do_not_find_each_others_blocks(prefill_engine, manual_time):
+    prefill_engine.submit(make_request("a", PREFIXED + "1", max_tokens=2, stream=False))
+    prefill_engine.submit(make_request("b", PREFIXED + "2", max_tokens=2, stream=False))
+    await manual_time.advance(1500)
+    result = finals(await collect(prefill_engine))
+    assert [result[r].usage.cached_tokens for r in "ab"] == [0, 0]
+    assert result["a"].finished_ms == T0_MS + 500 + 513  # both prompts prefilled: 1,026 tokens at 0.5 ms
+
+
+async def test_without_a_prefill_term_the_batch_time_is_fixed_and_hits_are_still_counted(manual_time):
+    engine = SimulatedEngine(
+        max_batch_size=2,
+        batch_time_ms=500,
+        clock=manual_time.clock,
+        sleep=manual_time.sleep,
+        prefix_ledger=PrefixLedger(budget_tokens=100_000),
+    )
+    for rid in ("first", "again"):
+        engine.submit(make_request(rid, PREFIXED, max_tokens=2, stream=False))
+        await manual_time.advance(500)
+    result = finals(await collect(engine))
+    assert result["first"].finished_ms == T0_MS + 500 and result["again"].finished_ms == T0_MS + 1000
+    assert [result[r].usage.cached_tokens for r in ("first", "again")] == [0, len(PREFIXED)]
+    await engine.close()

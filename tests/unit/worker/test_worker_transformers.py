@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import msgspec
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from llmq_core import tokenizer as byte_tokenizer  # noqa: E402
+from llmq_core.constants import PREFIX_BLOCK_BYTES  # noqa: E402
 from llmq_core.wire import ChatMessage, GenerationRequest, HttpReply, Outcome, SamplingParams  # noqa: E402
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest  # noqa: E402
 from llmq_worker.engines.tiny_model import build_llmq_tiny, tiny_tokenizer  # noqa: E402
 from llmq_worker.engines.transformers_engine import TransformersEngine  # noqa: E402
+from llmq_worker.prefix_cache import PrefixLedger  # noqa: E402
 
 TEXTS = ["", "hello", "héllo wörld", "日本語のテキスト", "emoji 😀👍🏽 mix\n\t", "\x00\x7f ascii edge"]
 
@@ -431,3 +434,38 @@ def test_each_update_reads_the_logprobs_of_its_own_step_also_with_two_steps_in_f
         assert logprob == pytest.approx(expected[token].item())
         assert [i for i, _ in top] == expected.topk(2).indices.tolist()
     assert len(asked.updates) == steps and [lp for _, lp in plain.updates] == [None] * steps
+
+
+async def test_prefix_cache_hits_are_reported_within_a_tenant_only(tiny):
+    """The library's block sharing (pages of 64 tokens on CPU) reused across requests: a hit is counted in usage and
+    the ledger, and the tenant salt keeps another tenant's identical prompt from reusing the blocks (unless shared)."""
+    model, tokenizer = tiny
+    header = "h" * 600  # byte tokens: nine whole pages and a part
+    for scoped, rival_cached in ((True, 0), (False, 576)):
+        ledger = PrefixLedger(budget_tokens=4096, tenant_scoped=scoped)
+        engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, prefix_ledger=ledger)
+        try:
+            finals = {}
+            for rid, tenant in (("cold", "acme"), ("warm", "acme"), ("rival", "rival")):
+                one = msgspec.structs.replace(request(rid, header + rid, max_tokens=2), tenant_id=tenant)
+                finals.update((await run(engine, one))[0])
+        finally:
+            await engine.close()
+        cached = {rid: final.usage.cached_tokens for rid, final in finals.items()}
+        assert cached == {"cold": 0, "warm": 576, "rival": rival_cached}, scoped
+        # each tenant's four 128-byte blocks of the header (whole blocks only; the tails are past them)
+        assert len(ledger) == (2 if scoped else 1) * (512 // PREFIX_BLOCK_BYTES)
+
+
+async def test_the_prefix_cache_keeps_its_budget_evicting_the_least_recently_used_prompt(tiny):
+    model, tokenizer = tiny
+    ledger = PrefixLedger(budget_tokens=512)  # eight 64-token pages: most of one header's nine
+    engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, prefix_ledger=ledger)
+    cached = []
+    try:
+        for rid, header in (("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")):
+            finals, _ = await run(engine, request(rid, header * 600 + rid, max_tokens=2))
+            cached.append(finals[rid].usage.cached_tokens)
+    finally:
+        await engine.close()
+    assert cached == [0, 0, 0, 512]  # b's pages pushed a's out; a's second run brought eight of them back

@@ -41,7 +41,7 @@ def batch_object(job: JobView) -> dict:
         "metadata": spec.metadata,
         "usage": {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": job.count("cached_tokens")},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,

@@ -1,4 +1,10 @@
-"""A fixed-time batch engine: any batch of up to ``max_batch_size`` requests takes ``batch_time_ms`` (seed 003).
+"""A fixed-time batch engine: any batch of up to ``max_batch_size`` requests takes ``batch_time_ms`` (seed 003), plus,
+with ``prefill_ms_per_token`` > 0, that much per prompt token of the batch not found in its prefix cache (its prefill,
+before the first token).
+
+The prefix cache is a :class:`~llmq_worker.prefix_cache.PrefixLedger` (None: no cache): a request's cached tokens are
+its leading prefix blocks found there when its batch starts (a block of PREFIX_BLOCK_BYTES bytes is as many byte
+tokens); every request of the batch is recorded there when it starts.
 
 Requests queue; when idle the engine takes up to ``max_batch_size`` of them and runs them for ``batch_time_ms``. Each choice
 replays the prompt's own tokens (see :func:`replay_tokens`), spread evenly over the batch time so streams stream; all
@@ -24,6 +30,7 @@ from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker import logprobs
 from llmq_worker.engine import Capacity, ChoiceEnd, ChunkEvent, EngineEvent, EventQueue, check_request, prompt_text
 from llmq_worker.grammars import minimal_answer
+from llmq_worker.prefix_cache import PrefixLedger, tokens_per_block
 from llmq_worker.text import ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -54,9 +61,11 @@ class _Run:
     tokens: list[int]
     choices: list[ChoiceText]
     prompt_tokens: int
+    chain: tuple[int, ...] = ()
     emitted: int = 0
     started_ms: int = 0
     first_token_ms: int = 0
+    cached_tokens: int = 0
 
     def choice_ends(self) -> list[ChoiceEnd]:
         # nothing to replay (the choice ends at once, as at an EOS), or a structured answer that closed within max_tokens
@@ -82,10 +91,16 @@ class SimulatedEngine:
         sleep: Sleep = asyncio.sleep,
         poison_marker: str | None = None,
         max_result_bytes: int = MAX_RESULT_BYTES,
+        prefill_ms_per_token: float = 0.0,
+        prefix_ledger: PrefixLedger | None = None,
     ) -> None:
         """``poison_marker``: fault injection for tests; a batch holding a prompt that contains it fails as a whole.
-        ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its replay stops (``length``)."""
+        ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its replay stops (``length``).
+        ``prefill_ms_per_token``: ms a batch takes per uncached prompt token beyond ``batch_time_ms``;
+        ``prefix_ledger``: the prefix cache (None: none)."""
         self.fixed_batch_time_ms = batch_time_ms
+        self.prefix_ledger = prefix_ledger
+        self._prefill_ms_per_token = prefill_ms_per_token
         self._max_result_bytes = max_result_bytes
         self.context_window = context_window
         self._max_batch_size = max_batch_size
@@ -107,7 +122,8 @@ class SimulatedEngine:
         budget = ResultBudget(self._max_result_bytes)
         asked = request.sampling.logprobs is not None
         choices = [ChoiceText(request.sampling.stop, budget=budget, logprobs=asked) for _ in range(request.sampling.n)]
-        self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, len(prompt_ids))
+        chain = self.prefix_ledger.chain(request) if self.prefix_ledger is not None else ()
+        self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, len(prompt_ids), chain)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever())
         self._wake.set()
@@ -147,9 +163,23 @@ class SimulatedEngine:
                 runs = [self._queue.popitem(last=False)[1] for _ in range(min(self._max_batch_size, len(self._queue)))]
                 await self._run_batch(runs)
 
+    def _prefill(self, runs: list[_Run]) -> int:
+        """Look every run up in the prefix cache, then record them all (a batch's requests prefill together, so none
+        finds another's blocks); returns the batch's uncached prompt tokens."""
+        ledger = self.prefix_ledger
+        if ledger is None:
+            return sum(r.prompt_tokens for r in runs)
+        weights = [tokens_per_block(r.request, r.prompt_tokens) for r in runs]
+        for run, weight in zip(runs, weights, strict=True):
+            run.cached_tokens = min(run.prompt_tokens, round(ledger.match(run.chain) * weight))
+        for run, weight in zip(runs, weights, strict=True):
+            ledger.record(run.chain, weight)
+        return sum(r.prompt_tokens - r.cached_tokens for r in runs)
+
     async def _run_batch(self, runs: list[_Run]) -> None:
         start_ms = self._clock.now_ms()
-        self._batch_end_ms = start_ms + self.fixed_batch_time_ms
+        prefill_ms = round(self._prefill_ms_per_token * self._prefill(runs))  # before the first token
+        self._batch_end_ms = start_ms + prefill_ms + self.fixed_batch_time_ms
         for run in runs:
             run.started_ms = start_ms
             self._running[run.request.request_id] = run
@@ -159,7 +189,7 @@ class SimulatedEngine:
         for tick in range(1, ticks + 1):
             if not streamed and 1 < tick < ticks:
                 continue  # no one receives a non-streamed request's chunks: the first tick times its first token
-            await self._sleep_until(start_ms + self.fixed_batch_time_ms * tick // ticks)
+            await self._sleep_until(start_ms + prefill_ms + self.fixed_batch_time_ms * tick // ticks)
             if poisoned:
                 self._fail_running()
                 return

@@ -39,6 +39,7 @@ from llmq_core.wire import (
 )
 from llmq_worker import logprobs
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, EngineEvent, InvalidRequest, SequenceEngine, check_request
+from llmq_worker.prefix_cache import PrefixLedger, tokens_per_block
 from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ class _Job:
     tasks: list[asyncio.Task] = field(default_factory=list)
     started_ms: int = 0
     first_token_ms: int = 0
+    cached_tokens: int = 0  # vLLM's num_cached_tokens of the first choice
 
     @property
     def prompt_tokens(self) -> int:
@@ -175,7 +177,8 @@ class VllmEngine(SequenceEngine):
     """Create it inside the running event loop (``from_args``). ``client``: a vLLM ``AsyncLLM``; ``make_params`` builds
     a ``vllm.SamplingParams`` from :func:`vllm_sampling_kwargs`; ``make_prompt`` a prompt from token ids;
     ``request_errors``: the exceptions that mean a request is invalid (vLLM's validation errors); ``max_result_bytes``:
-    UTF-8 bytes of all choices' text of one request, where its generation stops."""
+    UTF-8 bytes of all choices' text of one request, where its generation stops; ``make_prompt`` also takes the
+    request's ``cache_salt`` (None: unsalted) when ``prefix_ledger`` scopes the cache to tenants."""
 
     def __init__(
         self,
@@ -190,8 +193,9 @@ class VllmEngine(SequenceEngine):
         request_errors: tuple[type[BaseException], ...] = (ValueError,),
         clock: Clock = SYSTEM_CLOCK,
         max_result_bytes: int = MAX_RESULT_BYTES,
+        prefix_ledger: PrefixLedger | None = None,
     ) -> None:
-        super().__init__(max_sequences=max_num_seqs, clock=clock)
+        super().__init__(max_sequences=max_num_seqs, clock=clock, prefix_ledger=prefix_ledger)
         self.context_window = context_window
         self._max_result_bytes = max_result_bytes
         self._client = client
@@ -211,6 +215,7 @@ class VllmEngine(SequenceEngine):
         max_batched_tokens: int | None,
         gpu_memory_utilization: float = 0.9,
         engine_args: dict | None = None,
+        prefix_ledger: PrefixLedger | None = None,
     ) -> VllmEngine:
         """vLLM on the HF checkpoint at ``model_path``: ``max_concurrent_sequences`` is vLLM's max_num_seqs (the slots),
         ``max_batched_tokens`` its max_num_batched_tokens (None: vLLM's default); ``engine_args``: more
@@ -235,6 +240,7 @@ class VllmEngine(SequenceEngine):
             max_num_seqs=max_concurrent_sequences,
             max_num_batched_tokens=max_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=prefix_ledger is not None,
             **(engine_args or {}),
         )
         client = AsyncLLM.from_engine_args(engine_args)
@@ -245,9 +251,12 @@ class VllmEngine(SequenceEngine):
             make_params=lambda structured=None, **kwargs: vllm.SamplingParams(
                 **kwargs, **constrained(**(structured or {})), output_kind=RequestOutputKind.CUMULATIVE
             ),
-            make_prompt=lambda ids: vllm.TokensPrompt(prompt_token_ids=ids),
+            make_prompt=lambda ids, salt=None: vllm.TokensPrompt(
+                prompt_token_ids=ids, **({"cache_salt": salt} if salt else {})
+            ),
             max_num_seqs=max_concurrent_sequences,
             context_window=client.model_config.max_model_len,
+            prefix_ledger=prefix_ledger,
             vocab_size=client.model_config.get_vocab_size(),
             request_errors=(ValueError, VLLMValidationError),
         )
@@ -272,6 +281,8 @@ class VllmEngine(SequenceEngine):
             choice.entries = None if sampling.logprobs is None else []
         job = _Job(request, ids, choices, ResultBudget(self._max_result_bytes))
         self._jobs[request.request_id] = job
+        if self.prefix_ledger is not None:
+            self.prefix_ledger.record(self.prefix_ledger.chain(request), tokens_per_block(request, len(ids)))
         loop = asyncio.get_running_loop()
         job.tasks = [loop.create_task(self._run_choice(job, choice)) for choice in choices]
 
@@ -295,10 +306,12 @@ class VllmEngine(SequenceEngine):
 
     async def _run_choice(self, job: _Job, choice: _Choice) -> None:
         sub_id = f"{job.request.request_id}#{choice.index}"
-        outputs = self._client.generate(self._make_prompt(job.prompt_ids), choice.params, sub_id)
+        outputs = self._client.generate(self._prompt(job), choice.params, sub_id)
         try:
             async with contextlib.aclosing(outputs):  # leaving early (the byte cap) closes it: vLLM aborts the request
                 async for output in outputs:
+                    if choice.index == 0:
+                        job.cached_tokens = getattr(output, "num_cached_tokens", None) or 0
                     self._take(job, choice, output.outputs[0])
                     if choice.capped:
                         break
@@ -308,6 +321,13 @@ class VllmEngine(SequenceEngine):
             self._failed(job, exc)
             return
         self._end_choice(job, choice)
+
+    def _prompt(self, job: _Job):
+        """The vLLM prompt of ``job``: its token ids, salted by tenant when the prefix cache is tenant-scoped."""
+        ledger = self.prefix_ledger
+        if ledger is None or not ledger.tenant_scoped:
+            return self._make_prompt(job.prompt_ids)
+        return self._make_prompt(job.prompt_ids, job.request.tenant_id)
 
     def _take(self, job: _Job, choice: _Choice, completion) -> None:
         if self._jobs.get(job.request.request_id) is not job:
