@@ -29,10 +29,8 @@ def main() -> None:
     batcher_ms = batcher_ms_per_request()
     rows = []
     for size in SIZES_BYTES:
-        prompts = [
-            p.prompt.encode()[:size].decode(errors="ignore")
-            for p in cut_prompts(PROMPTS, seed=size, min_chars=size, max_chars=size + 1)
-        ]
+        cut = cut_prompts(2 * PROMPTS, seed=size, min_chars=1000, max_chars=2 * size)
+        prompts = [p.prompt.encode()[:size].decode(errors="ignore") for p in cut if len(p.prompt.encode()) >= size]
         cost = hash_cost(prompts)
         rows.append({"prompt_bytes": size, **cost, "share_of_batcher_cpu": share_of(cost, batcher_ms)})
         print(
