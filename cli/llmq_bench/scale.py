@@ -15,6 +15,9 @@ batcher's CPU per request is measured alone, without the API pods and the load g
 for ``llmq capacity --cpu-profile`` is measured below saturation: ``llmq bench scale --batchers 1 --rate 150 --count
 4500 --feeds http,kafka --output bench/results/scale-profile.json`` (150 of the stack's 256 req/s).
 
+The JSON also says what hashing the prompts' prefixes costs a batcher per request (``prefix_hash``:
+:mod:`llmq_bench.prefix_cost`, measured in this process on the prompts sent), with its share of each run's batcher CPU.
+
 Pure parts (:func:`cpu_by_kind`, :func:`row`, :func:`ratios`, :func:`goals`) are apart from the stacks
 (:func:`run_scale`), so they can be tested alone.
 """
