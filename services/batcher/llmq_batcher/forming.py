@@ -46,7 +46,9 @@ class BatchFormer:
             if worker.roll(now_ms):
                 model.pool.touch(worker)
                 continue
-            worker, route = self._router.route(model.pool.workers.values(), worker, self._head(model), now_ms)
+            route = None
+            if not worker.fixed:  # fixed-time workers: the least-loaded, as their windows were predicted for
+                worker, route = self._router.route(model.pool.workers.values(), worker, self._head(model), now_ms)
             room, deferred_room = self._rooms(model, worker, now_ms)
             opened = worker.open_classes(now_ms)
             if worker.fixed and now_ms < worker.busy_until_ms:

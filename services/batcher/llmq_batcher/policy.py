@@ -398,6 +398,7 @@ class BatchPolicy:
             self._flights.release(old)
             request = msgspec.structs.replace(old.request, attempt=old.request.attempt + 1) if retry else old.request
             entry = Entry(request, self._next_seq(), old.cls, old.cost, old.size_bytes, old.enqueued_ms)
+            entry.chains = old.chains  # its prompt is unchanged: no hashing again
             self._entries.transition(entry, QUEUED)
             self._fleet.model(request.model).queues[entry.cls].push_front(entry)
             heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))

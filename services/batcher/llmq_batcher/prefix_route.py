@@ -86,8 +86,8 @@ class PrefixRouter:
         self, workers: Iterable[WorkerView], best: WorkerView, head: Entry | None, now_ms: int
     ) -> tuple[WorkerView, RouteReason | None]:
         """The worker for a batch headed by ``head`` among a model's live ``workers`` (``best``: the pool's
-        least-loaded one with room) and why; None: not routed here (a fixed-time worker, or no head to take)."""
-        if best.fixed or head is None:
+        least-loaded one with room, continuous-batching) and why; None: not routed (no head to take)."""
+        if head is None:
             return best, None
         if not self.enabled:
             return best, "off"
