@@ -20,8 +20,10 @@ from llmq_core.clock import SYSTEM_CLOCK
 from llmq_core.metrics import BatcherMetrics
 from llmq_core.prefixes import request_chain
 from llmq_core.settings import Settings
+from llmq_worker.prefix_cache import PrefixLedger
 from tests.builders import heartbeat
 from tests.inprocess.test_batcher_loop import MODEL, _create_topics, _names, _request
+from tests.stacks import simulated_worker
 
 pytestmark = pytest.mark.integration
 
@@ -66,18 +68,13 @@ async def _until(condition, what: str, bound_s: float = 60) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _stack():
-    """A BatcherLoop (with metrics) on fresh private topics and the two announcing workers; yields (names, producer,
-    loop, metrics, free) where ``free`` sets what each worker's next heartbeats say is free."""
-    settings, tag = Settings(), uuid.uuid4().hex[:8]
+async def _batcher(settings: Settings, tag: str, redis: Redis):
+    """A BatcherLoop with metrics on the private names of ``tag`` (topics created), running for the block; yields
+    (loop, metrics)."""
     names = _names(tag)
-    await _create_topics(settings, names)
-    redis = Redis.from_url(settings.redis.url)
-    producer = kafka.make_producer(settings)
     metrics = BatcherMetrics()
-    policy = BatchPolicy(PolicyConfig.defaults(tag))
     loop = BatcherLoop(
-        policy,
+        BatchPolicy(PolicyConfig.defaults(tag)),
         kafka.make_consumer(settings, group_id=f"test-batcher-{tag}"),
         kafka.RenewableProducer(lambda: kafka.make_producer(settings)),
         redis,
@@ -87,27 +84,49 @@ async def _stack():
         metrics=metrics,
         entry=EntryRules(requests.Rules(windows={MODEL: 0})),
     )
-    await producer.start()
     await loop.producer.start()
     loop.subscribe()
     await loop.consumer.start()
     task = asyncio.create_task(loop.run())
-    free = dict.fromkeys(WARM, SLOTS)
-    announcing = asyncio.create_task(_announce(redis, names.heartbeats_channel, free))
     try:
-        warm = {w: request_chain(_request("warm", "pod", prompt=p), True) for w, p in WARM.items()}
-        await _until(
-            lambda: all(policy.prefixes.matched(w, c, SYSTEM_CLOCK.now_ms()) == 8 for w, c in warm.items()),
-            "the batcher never took both workers' summaries",
-        )
-        yield names, producer, loop, metrics, free
+        yield loop, metrics
     finally:
-        announcing.cancel()
         loop.stop()
         await asyncio.wait_for(task, 15)
         await loop.consumer.stop()
-        await producer.stop()
         await loop.producer.stop()
+
+
+async def _until_held(loop: BatcherLoop, warm: dict[str, str]) -> None:
+    """Until the batcher's index has each worker holding all 8 blocks of its warm prompt (``warm``: worker -> it)."""
+    chains = {w: request_chain(_request("warm", "pod", prompt=p), True) for w, p in warm.items()}
+    await _until(
+        lambda: all(loop.policy.prefixes.matched(w, c, SYSTEM_CLOCK.now_ms()) == 8 for w, c in chains.items()),
+        "the batcher never took both workers' summaries",
+    )
+
+
+@contextlib.asynccontextmanager
+async def _stack():
+    """A batcher on fresh private topics and the two announcing workers; yields (names, producer, loop, metrics, free)
+    where ``free`` sets what each worker's next heartbeats say is free."""
+    settings, tag = Settings(), uuid.uuid4().hex[:8]
+    names = _names(tag)
+    await _create_topics(settings, names)
+    redis = Redis.from_url(settings.redis.url)
+    producer = kafka.make_producer(settings)
+    await producer.start()
+    free = dict.fromkeys(WARM, SLOTS)
+    try:
+        async with _batcher(settings, tag, redis) as (loop, metrics):
+            announcing = asyncio.create_task(_announce(redis, names.heartbeats_channel, free))
+            try:
+                await _until_held(loop, WARM)
+                yield names, producer, loop, metrics, free
+            finally:
+                announcing.cancel()
+    finally:
+        await producer.stop()
         await redis.aclose()
 
 
@@ -167,3 +186,49 @@ async def test_requests_go_to_the_holder_of_their_prefix_and_elsewhere_when_it_i
         after = _decisions(metrics)
         assert after.get("load_override", 0) >= 1, after  # the first: w-b held none of it yet, later ones tie on it
         assert not after.get("no_match"), after
+
+
+async def test_two_simulated_workers_each_warm_a_prefix_and_later_requests_go_to_its_holder():
+    """Real worker loops (llmq-sim without a fixed batch time: continuous batching to the batcher) publish what their
+    prefix ledgers hold after one warm batch each, produced straight to their partitions."""
+    settings, tag = Settings(), uuid.uuid4().hex[:8]
+    names = _names(tag)
+    await _create_topics(settings, names)
+    redis = Redis.from_url(settings.redis.url)
+    producer = kafka.make_producer(settings)
+    await producer.start()
+    warm = {f"w-a-{tag}": WARM["w-a"], f"w-b-{tag}": WARM["w-b"]}
+    consumers = {w: kafka.make_consumer(settings, group_id=f"test-prefix-{w}") for w in warm}
+    try:
+        await asyncio.gather(*(c.start() for c in consumers.values()))
+        async with contextlib.AsyncExitStack() as workers:
+            for partition, worker_id in enumerate(warm):
+                clients = {"consumer": consumers[worker_id], "producer": producer, "redis": redis}
+                ledger = PrefixLedger(budget_tokens=100_000)
+                await workers.enter_async_context(
+                    simulated_worker(
+                        worker_id, partition, MODEL, batch_time_ms=0, names=names, prefix_ledger=ledger, **clients
+                    )
+                )
+                batch = wire.Batch(
+                    batch_id=f"warm-{worker_id}",
+                    worker_id=worker_id,
+                    model=MODEL,
+                    requests=[_request(f"warm-{worker_id}", "pod", prompt=warm[worker_id])],
+                    formed_ms=SYSTEM_CLOCK.now_ms(),
+                    flush_reason="size",
+                )
+                await kafka.send_message(producer, names.batches_topic, batch, key=batch.batch_id, partition=partition)
+            async with _batcher(settings, tag, redis) as (loop, metrics):
+                await _until_held(loop, warm)
+                for worker_id, prompt in warm.items():
+                    these = {f"{worker_id}-{i}": prompt + f" question {i}" for i in range(5)}
+                    await _send(producer, names, these)
+                    placed = await _workers_of(settings, names.batches_topic, set(these))
+                    assert set(placed.values()) == {worker_id}, placed
+                decided = _decisions(metrics)
+                assert decided.get("affinity", 0) >= 2 and set(decided) == {"affinity"}, decided
+    finally:
+        await asyncio.gather(*(c.stop() for c in consumers.values()))
+        await producer.stop()
+        await redis.aclose()
