@@ -136,10 +136,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def quantiles_ms(values: Sequence[float]) -> dict[str, float]:
-    """p50 / p95 / p99 (nearest rank) and mean of ``values`` (ms); all 0.0 for no values."""
+    """p50 / p90 / p95 / p99 (nearest rank) and mean of ``values`` (ms); all 0.0 for no values."""
     values = list(values)
     return {
         "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
         "p95": percentile(values, 95),
         "p99": percentile(values, 99),
         "mean": statistics.fmean(values) if values else 0.0,

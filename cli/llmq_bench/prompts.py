@@ -93,3 +93,38 @@ def write_jsonl(prompts: list[CodePrompt], path: Path) -> Path:
 def read_jsonl(path: Path) -> list[CodePrompt]:
     decoder = msgspec.json.Decoder(CodePrompt)
     return [decoder.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+SESSION_GAP = "\n# ...\n"  # between a session's file header and the code at its cursor
+
+
+def session_prompts(
+    headers: int = 30,
+    cursors: int = 10,
+    *,
+    seed: int = 0,
+    header_bytes: int = 1200,
+    tail_bytes: int = 430,
+    max_tokens: int = 24,
+) -> list[CodePrompt]:
+    """Editing sessions, interleaved: ``headers`` stdlib files, ``cursors`` prompts each, shuffled together. A prompt is
+    its file's header (its first lines, at most ``header_bytes``) then the ``tail_bytes`` of code before a cursor
+    placed at random after the header (from a line start). So ``cursors - 1`` of every session's prompts repeat a
+    prefix seen before: a repeat share of ``1 - 1 / cursors``. Shaped like the editing-session prompts these benchmarks
+    were designed on (30 headers of 1,132-1,199 bytes, 10 cursors each, prompts of 1,542-1,673 bytes, 24 tokens out);
+    deterministic for a seed and Python installation. Raises ValueError when the stdlib has too few large files."""
+    rng = random.Random(seed)
+    sources = [p for p in stdlib_sources() if p.stat().st_size > 4 * (header_bytes + tail_bytes)]
+    if len(sources) < headers:
+        raise ValueError(f"{headers} sessions asked, {len(sources)} stdlib files are large enough")
+    prompts = []
+    for path in rng.sample(sources, headers):
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        header = text[: text.rfind("\n", 0, header_bytes) + 1]
+        for i in range(cursors):
+            cursor = rng.randrange(len(header) + tail_bytes, len(text))
+            start = text.find("\n", cursor - tail_bytes, cursor) + 1 or cursor - tail_bytes
+            prompt = header + SESSION_GAP + text[start:cursor]
+            prompts.append(CodePrompt(id=f"{path.stem}-{i}", prompt=prompt, max_tokens=max_tokens))
+    rng.shuffle(prompts)
+    return prompts

@@ -577,3 +577,107 @@ def print_direct(rows: list[dict], console: Console) -> None:
             f"{r['requests_per_s_per_core'].get('batcher') or 0:.0f}",
         )
     console.print(table)
+
+
+@bench.command("prefix")
+def bench_prefix(
+    engine: str = typer.Option("sim", help="sim (llmq-sim with a prefill term) or real (smollm2-135m-instruct)."),
+    workers: int = typer.Option(4, min=1, help="Workers of the engine."),
+    headers: int = typer.Option(30, min=1, help="Editing sessions (one file header each)."),
+    cursors: int = typer.Option(10, min=1, help="Prompts per session."),
+    rate: float = typer.Option(20.0, help="Offered load: mean Poisson arrival rate, requests per second."),
+    slo_ms: float = typer.Option(2000.0, help="A succeeded request within this (ms, end to end) is good."),
+    prefill_ms_per_token: float = typer.Option(0.5, help="sim: prefill ms per uncached prompt token."),
+    seed: Seed = 7,
+    output: Path = typer.Option(None, help="JSON out (default bench/results/prefix-<engine>.json)."),
+    state_dir: Path = typer.Option(Path("var/bench-prefix"), help="The private stack's state folder."),
+    port_base: PortBase = 32300,
+) -> None:
+    """Prefix-aware dispatch against least-loaded on interleaved editing sessions (every prompt streamed): prefix hit
+    rate, TTFT, throughput, goodput per class and shedding per mode, each worker's prefix cache holding about 1/N of
+    the sessions' headers."""
+    from llmq_bench import admission, prefix_bench
+    from llmq_core.token_counts import counter_of, load_counters
+
+    if engine not in prefix_bench.ENGINES:
+        raise typer.BadParameter(f"want one of {', '.join(prefix_bench.ENGINES)}", param_hint="--engine")
+    cfg = prefix_bench.PrefixBenchConfig(
+        engine=engine,
+        workers=workers,
+        headers=headers,
+        cursors=cursors,
+        rate=rate,
+        slo_ms=slo_ms,
+        prefill_ms_per_token=prefill_ms_per_token,
+        seed=seed,
+        output=output or Path(f"bench/results/prefix-{engine}.json"),
+    )
+    prompts = prompts_mod.session_prompts(headers, cursors, seed=seed)
+    counter = counter_of(load_counters(Settings()), cfg.model)
+    header_tokens = [counter.prompt(h) for h in sorted({prefix_bench.header_of(p) for p in prompts})]
+    api_ports = (port_base, port_base + 1)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    shape = {"sim_workers": 0, "smollm2_workers": 0}
+    shape["sim_workers" if engine == "sim" else "smollm2_workers"] = workers
+
+    def stack_for(mode: str, budget: int) -> DevStack:
+        env = {
+            **admission.LOAD_GENERATOR_ENV,
+            "LLMQ_BATCHER_PREFIX_ROUTING": str(mode == "prefix").lower(),
+            "LLMQ_WORKER_PREFIX_CACHE_BUDGET_TOKENS": str(budget),
+        }
+        return private_stack(
+            state_dir,
+            kafka_port=port_base + 92,
+            redis_port=port_base + 379,
+            api_ports=api_ports,
+            sim_batch_time_ms=cfg.sim_batch_time_ms,
+            sim_max_batch_size=cfg.sim_max_batch_size,
+            sim_worker_args=("--prefill-ms-per-token", str(prefill_ms_per_token)),
+            extra_env=env,
+            **shape,
+        )
+
+    base_urls = [f"http://127.0.0.1:{port}/v1" for port in api_ports]
+    try:
+        result = prefix_bench.run_prefix(
+            cfg, stack_for, prompts, header_tokens, base_urls, make_console(stderr=True).print
+        )
+    finally:
+        stack_for("prefix", 0).down()
+    print_prefix(result, make_console())
+
+
+def print_prefix(result: dict, console: Console) -> None:
+    """One row per routing mode, then the comparison."""
+    sessions = result["sessions"]
+    table = Table(
+        "routing",
+        "hit rate",
+        "TTFT p50 / p90 / p99 ms",
+        "latency p50 / p99 ms",
+        "throughput",
+        "goodput",
+        "429 / 503",
+        "decisions",
+        title=(
+            f"llmq bench prefix: {result['config']['workers']} {result['config']['model']} workers,"
+            f" {sessions['headers']} sessions x {sessions['cursors']}, working set / one worker's cache"
+            f" {sessions['working_set_ratio']}"
+        ),
+    )
+    for r in result["rows"]:
+        ttft, latency = r["ttft_ms"], r["latency_ms"]
+        table.add_row(
+            r["mode"],
+            f"{r['hit_rate']:.0%}",
+            f"{ttft['p50']:.0f} / {ttft['p90']:.0f} / {ttft['p99']:.0f}",
+            f"{latency['p50']:.0f} / {latency['p99']:.0f}",
+            f"{r['throughput_rps']:.2f}",
+            f"{r['goodput_rps']:.2f}",
+            f"{r['share_429']:.1%} / {r['share_503']:.1%}",
+            " ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items())),
+        )
+    console.print(table)
+    if result["comparison"]:
+        console.print(f"prefix-aware against least-loaded: {result['comparison']}")

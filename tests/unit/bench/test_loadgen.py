@@ -107,8 +107,8 @@ def test_percentile_by_nearest_rank():
 
 def test_quantiles_by_nearest_rank():
     q = loadgen.quantiles_ms(list(range(1, 101)))
-    assert (q["p50"], q["p95"], q["p99"], q["mean"]) == (50, 95, 99, 50.5)
-    assert loadgen.quantiles_ms([]) == {"p50": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
+    assert (q["p50"], q["p90"], q["p95"], q["p99"], q["mean"]) == (50, 90, 95, 99, 50.5)
+    assert loadgen.quantiles_ms([]) == {"p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
 
 
 def test_summary_goodput_counts_only_successes_within_the_slo():

@@ -284,6 +284,7 @@ async def test_a_batch_prefills_its_uncached_prompt_tokens_before_its_first_toke
     warm = finals(await collect(prefill_engine))["warm"]
     assert (warm.usage.prompt_tokens, warm.usage.cached_tokens) == (518, 512)
     assert warm.finished_ms == start_ms + 503
+    assert prefill_engine.fixed_batch_time_ms == 0  # its batch time varies: no fixed-time engine to the batchers
 
 
 async def test_requests_of_one_batch_do_not_find_each_others_blocks(prefill_engine, manual_time):

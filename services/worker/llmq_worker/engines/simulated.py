@@ -2,7 +2,9 @@
 with ``prefill_ms_per_token`` > 0, that much per prompt token of the batch not found in its prefix cache (its prefill,
 before the first token).
 
-The prefix cache is a :class:`~llmq_worker.prefix_cache.PrefixLedger` (None: no cache): a request's cached tokens are
+With a prefill term it reports no fixed batch time (``fixed_batch_time_ms`` 0): batchers then dispatch to its free
+slots as to a continuous-batching engine, by prefix affinity too, instead of timing its windows. The prefix cache is a
+:class:`~llmq_worker.prefix_cache.PrefixLedger` (None: no cache): a request's cached tokens are
 its leading prefix blocks found there when its batch starts (a block of PREFIX_BLOCK_BYTES bytes is as many byte
 tokens); every request of the batch is recorded there when it starts.
 
@@ -98,7 +100,10 @@ class SimulatedEngine:
         ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its replay stops (``length``).
         ``prefill_ms_per_token``: ms a batch takes per uncached prompt token beyond ``batch_time_ms``;
         ``prefix_ledger``: the prefix cache (None: none)."""
-        self.fixed_batch_time_ms = batch_time_ms
+        # With a prefill term a batch's time varies with its prompts: batchers then treat the engine as they treat a
+        # continuous-batching one (dispatch to its free slots, by prefix affinity too) instead of timing its windows.
+        self.fixed_batch_time_ms = 0 if prefill_ms_per_token else batch_time_ms
+        self._batch_time_ms = batch_time_ms
         self.prefix_ledger = prefix_ledger
         self._prefill_ms_per_token = prefill_ms_per_token
         self._max_result_bytes = max_result_bytes
@@ -146,8 +151,8 @@ class SimulatedEngine:
             max_slots=self._max_batch_size,
             running=len(self._running),
             queued=len(self._queue),
-            est_drain_ms=rest_ms + batches * self.fixed_batch_time_ms,
-            window_end_ms=self._batch_end_ms if self._running else 0,
+            est_drain_ms=rest_ms + batches * self._batch_time_ms,
+            window_end_ms=self._batch_end_ms if self._running and self.fixed_batch_time_ms else 0,
         )
 
     async def close(self) -> None:
@@ -179,7 +184,7 @@ class SimulatedEngine:
     async def _run_batch(self, runs: list[_Run]) -> None:
         start_ms = self._clock.now_ms()
         prefill_ms = round(self._prefill_ms_per_token * self._prefill(runs))  # before the first token
-        self._batch_end_ms = start_ms + prefill_ms + self.fixed_batch_time_ms
+        self._batch_end_ms = start_ms + prefill_ms + self._batch_time_ms
         for run in runs:
             run.started_ms = start_ms
             self._running[run.request.request_id] = run
@@ -189,7 +194,7 @@ class SimulatedEngine:
         for tick in range(1, ticks + 1):
             if not streamed and 1 < tick < ticks:
                 continue  # no one receives a non-streamed request's chunks: the first tick times its first token
-            await self._sleep_until(start_ms + prefill_ms + self.fixed_batch_time_ms * tick // ticks)
+            await self._sleep_until(start_ms + prefill_ms + self._batch_time_ms * tick // ticks)
             if poisoned:
                 self._fail_running()
                 return
