@@ -15,6 +15,9 @@ batcher's CPU per request is measured alone, without the API pods and the load g
 for ``llmq capacity --cpu-profile`` is measured below saturation: ``llmq bench scale --batchers 1 --rate 150 --count
 4500 --feeds http,kafka --output bench/results/scale-profile.json`` (150 of the stack's 256 req/s).
 
+The JSON also says what hashing the prompts' prefixes costs a batcher per request (``prefix_hash``:
+:mod:`llmq_bench.prefix_cost`, measured in this process on the prompts sent), with its share of each run's batcher CPU.
+
 Pure parts (:func:`cpu_by_kind`, :func:`row`, :func:`ratios`, :func:`goals`) are apart from the stacks
 (:func:`run_scale`), so they can be tested alone.
 """
@@ -29,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmq_bench import direct_feed, loadgen, pipeline
+from llmq_bench import direct_feed, loadgen, pipeline, prefix_cost
 from llmq_bench.prompts import CodePrompt
 from llmq_core import constants, kafka
 
@@ -180,16 +183,23 @@ def direct_row(batchers: int, summary: dict, cpu: dict) -> dict:
     }
 
 
-def result(config: ScaleConfig, runs: Sequence[dict]) -> dict:
+def result(config: ScaleConfig, runs: Sequence[dict], prefix_hash: dict | None = None) -> dict:
     """The JSON of a whole benchmark: its config, each run (row, report, CPU, machine), and the HTTP-fed runs' ratios
-    and goals."""
+    and goals; ``prefix_hash``: what hashing its prompts' prefixes costs a batcher (:func:`prefix_cost.hash_cost`),
+    with its share of each run's batcher CPU per request."""
     rows = [run["row"] for run in runs if run.get("feed", "http") == "http"]
-    return {
+    out = {
         "config": {**asdict(config), "output": str(config.output)},
         "runs": list(runs),
         "ratios": ratios(rows) if rows else [],
         "goals": goals(rows) if rows else [],
     }
+    if prefix_hash is not None:
+        shares = [
+            prefix_cost.share_of(prefix_hash, run["row"].get("cpu_ms_per_request", {}).get("batcher")) for run in runs
+        ]
+        out["prefix_hash"] = {**prefix_hash, "share_of_batcher_cpu": shares}
+    return out
 
 
 # --- the stacks ----------------------------------------------------------------------------------------------------
@@ -212,7 +222,7 @@ def run_scale(
             runs.extend(measure(config, n, stack, prompts, base_urls, log))
         finally:
             stack.down()
-    out = result(config, runs)
+    out = result(config, runs, prefix_cost.hash_cost([p.prompt for p in prompts]))
     pipeline.write_result(out, config.output)
     return out
 

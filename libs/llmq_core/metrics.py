@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -251,6 +251,25 @@ class BatcherMetrics(_Metrics):
             "Requests of claimed batches: granted, or held back for a later round",
             ("model", "outcome"),
         )
+        self.prefix_routes = self.counter(
+            "llmq_batcher_prefix_route_decisions",
+            "Batches for continuous-batching workers by why their worker was chosen: affinity (it holds most of the"
+            " first request's prefix), load_override (the holder was loaded past LLMQ_BATCHER_PREFIX_AFFINITY_MAX_LOAD:"
+            " the least-loaded instead), no_match (no worker holds a block of it: the least-loaded), off (prefix"
+            " routing disabled)",
+            ("model", "reason"),
+        )
+        self.prefix_index_blocks = self.gauge(
+            "llmq_batcher_prefix_index_blocks",
+            "Prefix-chain hashes the batcher's prefix index holds, every live worker's summary and its own dispatches",
+        )
+        self.prefix_summaries_ignored = self.counter(
+            "llmq_batcher_prefix_summaries_ignored",
+            "Worker prefix summaries not taken: block_bytes (another block size), unknown_worker (not live, or another"
+            " model), out_of_order (older than the last taken)",
+            ("reason",),
+        )
+        self._ignored_seen: dict[str, int] = {}
         self.lag = ConsumerLag(self.registry)
         self._queue_labels: set[tuple[str, str]] = set()
         self._requests, self._waits = _Children(self.requests), _Children(self.dispatch_wait)
@@ -264,10 +283,19 @@ class BatcherMetrics(_Metrics):
         self._requests(request.traffic_class, self.labels.model(request.model)).inc()
 
     def dispatched(
-        self, model: str, flush_reason: str, requests: list[wire.GenerationRequest], now_ms: int, max_batch: int | None
+        self,
+        model: str,
+        flush_reason: str,
+        requests: list[wire.GenerationRequest],
+        now_ms: int,
+        max_batch: int | None,
+        route: str | None = None,
     ) -> None:
-        """One Batch produced at ``now_ms`` (epoch ms); ``max_batch``: the model's largest batch (None: unknown)."""
+        """One Batch produced at ``now_ms`` (epoch ms); ``max_batch``: the model's largest batch (None: unknown);
+        ``route``: why prefix routing chose its worker (None: not routed)."""
         size, model = len(requests), self.labels.model(model)
+        if route is not None:
+            self.prefix_routes.labels(model, route).inc()
         self._sizes(model, flush_reason).observe(size)
         self._flushes(model, flush_reason).inc()
         if max_batch:
@@ -285,6 +313,15 @@ class BatcherMetrics(_Metrics):
             self.capacity_requests.labels(model, "granted").inc(granted)
         self.capacity_claims.labels(model, outcome).inc()
         self.capacity_requests.labels(model, "held_back").inc(requests - (granted or 0))
+
+    def prefix_index(self, blocks: int, ignored: Mapping[str, int]) -> None:
+        """The prefix index holds ``blocks`` hashes; ``ignored``: summaries it did not take since start, by reason."""
+        self.prefix_index_blocks.set(blocks)
+        for reason, count in ignored.items():
+            seen = self._ignored_seen.get(reason, 0)
+            if count > seen:
+                self.prefix_summaries_ignored.labels(reason).inc(count - seen)
+                self._ignored_seen[reason] = count
 
     def answered_request(self, request: wire.GenerationRequest, outcome: str) -> None:
         self.answered.labels(request.traffic_class, self.labels.model(request.model), outcome).inc()

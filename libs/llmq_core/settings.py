@@ -648,6 +648,27 @@ class BatcherSettings(Group):
         ge=0,
         description="Requests a continuous-batching worker may be handed beyond its slots (its queue), fleet-wide.",
     )
+    prefix_routing: bool = Field(
+        True,
+        description="A continuous-batching worker is chosen for the longest prefix of a batch's first request its"
+        " prompt cache holds (the workers' summaries and this batcher's own dispatches), unless it is loaded past"
+        " `LLMQ_BATCHER_PREFIX_AFFINITY_MAX_LOAD`; off: the least-loaded worker (docs/architecture.md#prefix-aware-"
+        "dispatch). Fixed-time workers are always chosen least-loaded.",
+    )
+    prefix_affinity_max_load: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="The worker holding a batch's prefix keeps it while its load (1 - free/max slots, free slots as"
+        " its heartbeat said less what this batcher sent it since) is below this; from it on the batch goes to the"
+        " least-loaded worker instead (a `load_override`).",
+    )
+    prefix_index_ttl_ms: int = Field(
+        5000,
+        **_MS,
+        description="A worker's prefix summary not renewed within this is dropped, and so is a prefix this batcher"
+        " sent a worker this long ago: the worker then draws no affinity for it.",
+    )
 
     @model_validator(mode="after")
     def _leads(self) -> BatcherSettings:

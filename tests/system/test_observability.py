@@ -138,6 +138,7 @@ async def test_metrics_exist_and_move_when_load_arrives(stack):
     for gauge in (
         "llmq_batcher_queue_depth",
         "llmq_batcher_oldest_queued_age_seconds",
+        "llmq_batcher_prefix_index_blocks",
         "llmq_worker_slots",
         "llmq_worker_utilization_ratio",
         "llmq_kafka_consumer_lag",

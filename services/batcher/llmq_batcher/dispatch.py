@@ -124,6 +124,7 @@ class Dispatcher:
                 batch.requests,
                 shared.clock.now_ms(),
                 shared.policy.config.model_max_batch.get(batch.model),
+                batch.route,
             )
         for request in batch.requests:
             shared.held.settle(request.request_id)

@@ -26,9 +26,22 @@ NEW, QUEUED, DISPATCHED, DONE = EntryState.NEW, EntryState.QUEUED, EntryState.DI
 
 class Entry:
     """One request as the policy holds it. ``cost`` is estimated tokens; ``cls`` indexes CLASS_KEYS; ``size_bytes`` is
-    what the request adds to a Batch record (measured once, on arrival); ``flight``: its batch once dispatched."""
+    what the request adds to a Batch record (measured once, on arrival); ``flight``: its batch once dispatched;
+    ``chains``: its prefix chain, [not tenant-scoped, tenant-scoped], each hashed when first needed (prefix_route.py)."""
 
-    __slots__ = ("request", "seq", "cls", "tenant", "cost", "size_bytes", "tag", "enqueued_ms", "state", "flight")
+    __slots__ = (
+        "request",
+        "seq",
+        "cls",
+        "tenant",
+        "cost",
+        "size_bytes",
+        "tag",
+        "enqueued_ms",
+        "state",
+        "flight",
+        "chains",
+    )
 
     def __init__(
         self, request: wire.GenerationRequest, seq: int, cls: int, cost: int, size_bytes: int, enqueued_ms: int
@@ -43,6 +56,7 @@ class Entry:
         self.enqueued_ms = enqueued_ms
         self.state = NEW
         self.flight: Flight | None = None
+        self.chains: list[tuple[int, ...] | None] | None = None
 
 
 class Flight:

@@ -12,6 +12,7 @@ import heapq
 from llmq_batcher.classes import CLASS_KEYS, DEFERRED
 from llmq_batcher.entries import Entry
 from llmq_batcher.fairshare import FairQueue
+from llmq_batcher.prefix_index import PrefixIndex
 from llmq_batcher.workers import LeadSteps, WorkerPool, WorkerView
 from llmq_core import wire
 
@@ -35,11 +36,15 @@ class ModelState:
 
 class Fleet:
     """Models by name and live workers by id. A worker unheard for ``heartbeat_timeout_ms`` is silent: :meth:`expire`
-    removes it. ``steps``: when batches go ahead of fixed-time workers' windows (see workers.py)."""
+    removes it. ``steps``: when batches go ahead of fixed-time workers' windows (see workers.py). ``prefixes``: what the
+    live workers' caches hold (a removed worker is forgotten there)."""
 
-    def __init__(self, heartbeat_timeout_ms: int, steps: LeadSteps | None = None) -> None:
+    def __init__(
+        self, heartbeat_timeout_ms: int, steps: LeadSteps | None = None, prefixes: PrefixIndex | None = None
+    ) -> None:
         self.models: dict[str, ModelState] = {}
         self._steps = steps
+        self.prefixes = prefixes if prefixes is not None else PrefixIndex(heartbeat_timeout_ms)
         self.workers: dict[str, WorkerView] = {}
         self._timeout_ms = heartbeat_timeout_ms
         self._liveness: list[tuple[int, str]] = []  # (expires_ms, worker_id), lazy
@@ -76,6 +81,7 @@ class Fleet:
 
     def expire(self, now_ms: int) -> list[list[Entry]]:
         """Remove the workers silent at ``now_ms``; returns what each held, one list per worker, in removal order."""
+        self.prefixes.expire(now_ms)
         liveness, held = self._liveness, []
         while liveness and liveness[0][0] <= now_ms:
             _, worker_id = heapq.heappop(liveness)
@@ -88,6 +94,7 @@ class Fleet:
         """Forget ``worker``; returns the entries it holds that are not known finished."""
         self.workers.pop(worker.worker_id, None)
         self.model(worker.model).pool.remove(worker)
+        self.prefixes.forget(worker.worker_id)
         return worker.held()
 
     def next_expiry_ms(self) -> int | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from llmq_batcher.entries import DISPATCHED, DONE, Entry, EntryTable, Flight
 from llmq_batcher.fairshare import FairQueue
 from llmq_batcher.fleet import Fleet, ModelState
+from llmq_batcher.prefix_route import RouteReason
 from llmq_batcher.workers import WorkerView
 from llmq_core import wire
 
@@ -30,6 +31,7 @@ class BatchDispatch:
     requests: list[wire.GenerationRequest]
     flush_reason: wire.FlushReason
     formed_ms: int
+    route: RouteReason | None = None  # why prefix routing chose its worker (None: not routed, see prefix_route.py)
 
     def to_wire(self) -> wire.Batch:
         return wire.Batch(
@@ -67,9 +69,16 @@ class Flights:
         self._parked.setdefault(tenant, []).append(queue)
 
     def dispatch(
-        self, model: ModelState, worker: WorkerView, flight: Flight, reason: wire.FlushReason, now_ms: int
+        self,
+        model: ModelState,
+        worker: WorkerView,
+        flight: Flight,
+        reason: wire.FlushReason,
+        now_ms: int,
+        route: RouteReason | None = None,
     ) -> BatchDispatch:
-        """``flight`` (its entries already DISPATCHED) as a new batch to ``worker``, counted against its slots."""
+        """``flight`` (its entries already DISPATCHED) as a new batch to ``worker``, counted against its slots;
+        ``route``: why prefix routing chose ``worker``."""
         batch_id = self._next_batch_id()
         requests = [entry.request for entry in flight.entries]
         release_ms = max(r.deadline_ms for r in requests) + self._grace_ms
@@ -78,7 +87,7 @@ class Flights:
         model.pool.touch(worker)
         if worker.fixed:
             model.busy_until_ms = max(model.busy_until_ms, worker.busy_until_ms)
-        return BatchDispatch(batch_id, worker.worker_id, worker.partition, model.name, requests, reason, now_ms)
+        return BatchDispatch(batch_id, worker.worker_id, worker.partition, model.name, requests, reason, now_ms, route)
 
     def split(self, batch: BatchDispatch, now_ms: int) -> list[BatchDispatch]:
         """The requests of refused ``batch`` still in flight at its worker, as two batches to it (one if fewer than

@@ -1,10 +1,11 @@
 """Forming one model's batches: when a batch flushes, how many slots it gets, and which queued entries it takes.
 
-A batch goes to the model's live worker with the least outstanding work and flushes on size (the worker's free slots,
-capped by the model's max batch, or the byte budget of one record) or when its oldest request has waited its class's
-window (``bound * room / (room + pending)``: it shrinks as work piles up). Deferred work only fills slots above the
-worker's reserve, and only while no other class waits. A batch takes entries in class precedence, fair across tenants,
-and closes at the first one that would overflow its bytes.
+A batch goes to the model's live worker with the least outstanding work (among continuous-batching workers, the one
+holding most of its first request's prefix unless it is loaded past a threshold: prefix_route.py) and flushes on size
+(the worker's free slots, capped by the model's max batch, or the byte budget of one record) or when its oldest request
+has waited its class's window (``bound * room / (room + pending)``: it shrinks as work piles up). Deferred work only
+fills slots above the worker's reserve, and only while no other class waits. A batch takes entries in class precedence,
+fair across tenants, and closes at the first one that would overflow its bytes.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmq_batcher.classes import CLASS_KEYS, DEFERRED, TRAFFIC_CLASS
-from llmq_batcher.entries import DISPATCHED, EntryTable, Flight
+from llmq_batcher.entries import DISPATCHED, Entry, EntryTable, Flight
 from llmq_batcher.fleet import ModelState
 from llmq_batcher.flights import BatchDispatch, Flights
+from llmq_batcher.prefix_index import PrefixIndex
+from llmq_batcher.prefix_route import PrefixRouter
 from llmq_batcher.workers import WorkerView
 from llmq_core import wire
 
@@ -23,10 +26,12 @@ if TYPE_CHECKING:
 
 
 class BatchFormer:
-    """Turns a model's queues into batches by ``config`` (windows, caps, byte budget, deferred reserve)."""
+    """Turns a model's queues into batches by ``config`` (windows, caps, byte budget, deferred reserve, prefix routing
+    by ``prefixes``)."""
 
-    def __init__(self, config: PolicyConfig, entries: EntryTable, flights: Flights) -> None:
+    def __init__(self, config: PolicyConfig, entries: EntryTable, flights: Flights, prefixes: PrefixIndex) -> None:
         self._config = config
+        self._router = PrefixRouter(prefixes, config.prefix_routing, config.prefix_affinity_max_load)
         self._max_wait_ms = [config.max_wait_ms[TRAFFIC_CLASS[key]] for key in CLASS_KEYS]
         self._entries = entries
         self._flights = flights
@@ -41,6 +46,9 @@ class BatchFormer:
             if worker.roll(now_ms):
                 model.pool.touch(worker)
                 continue
+            route = None
+            if not worker.fixed:  # fixed-time workers: the least-loaded, as their windows were predicted for
+                worker, route = self._router.route(model.pool.workers.values(), worker, self._head(model), now_ms)
             room, deferred_room = self._rooms(model, worker, now_ms)
             opened = worker.open_classes(now_ms)
             if worker.fixed and now_ms < worker.busy_until_ms:
@@ -54,7 +62,16 @@ class BatchFormer:
                 return None  # every queued tenant is at its in-flight cap: results will wake us
             if reason != "drain" and full:
                 reason = "size"
-            out.append(self._flights.dispatch(model, worker, flight, reason, now_ms))
+            self._router.dispatched(worker, flight.entries, now_ms)
+            out.append(self._flights.dispatch(model, worker, flight, reason, now_ms, route))
+        return None
+
+    def _head(self, model: ModelState) -> Entry | None:
+        """The entry a batch of ``model`` would take first (as :meth:`_take` does with every class open)."""
+        is_capped, park = self._flights.is_capped, self._flights.park
+        for queue in model.queues:
+            if queue.depth and (entry := queue.peek(is_capped, park)) is not None:
+                return entry
         return None
 
     def _rooms(self, model: ModelState, worker: WorkerView, now_ms: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ from llmq_batcher.fleet import Fleet
 from llmq_batcher.flights import BatchDispatch, Flights
 from llmq_batcher.forming import BatchFormer
 from llmq_batcher.ledger import Grant
+from llmq_batcher.prefix_index import PrefixIndex
 from llmq_batcher.workers import LeadSteps
 from llmq_core import constants, wire
 from llmq_core.models import BUILTIN_MODELS
@@ -95,6 +96,9 @@ class PolicyConfig:
     max_batch_bytes: int = constants.KAFKA_MAX_MESSAGE_BYTES - constants.RECORD_HEADROOM_BYTES  # encoded requests
     fixed_engine_busy_wait_ms: int = 0  # see BatchFormer._busy_hold_ms
     fixed_engine_leads_ms: tuple[int, ...] = ()  # per CLASS_KEYS entry, see workers.LeadSteps (empty: none)
+    prefix_routing: bool = True  # see prefix_route.py
+    prefix_affinity_max_load: float = 0.75
+    prefix_index_ttl_ms: int = 5000
 
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
@@ -112,6 +116,9 @@ class PolicyConfig:
             tenant_max_inflight=batcher.tenant_max_inflight,
             tenant_weights=dict(batcher.tenant_weights),
             batch_id_prefix=batch_id_prefix,
+            prefix_routing=batcher.prefix_routing,
+            prefix_affinity_max_load=batcher.prefix_affinity_max_load,
+            prefix_index_ttl_ms=batcher.prefix_index_ttl_ms,
         )
 
     @classmethod
@@ -160,7 +167,8 @@ class BatchPolicy:
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
         self._entries = EntryTable()
-        self._fleet = Fleet(config.worker_heartbeat_timeout_ms, LeadSteps(config.fixed_engine_leads_ms))
+        prefixes = PrefixIndex(config.prefix_index_ttl_ms)
+        self._fleet = Fleet(config.worker_heartbeat_timeout_ms, LeadSteps(config.fixed_engine_leads_ms), prefixes)
         self._flights = Flights(
             self._entries,
             self._fleet,
@@ -168,7 +176,7 @@ class BatchPolicy:
             grace_ms=config.worker_heartbeat_timeout_ms,
             tenant_max_inflight=config.tenant_max_inflight,
         )
-        self._former = BatchFormer(config, self._entries, self._flights)
+        self._former = BatchFormer(config, self._entries, self._flights, prefixes)
         self._deadlines: list[tuple[int, int, Entry]] = []  # queued entries by deadline (lazy)
         self._recent_cancels: OrderedDict[str, str] = OrderedDict()
         self._answers: list[Answer] = []
@@ -242,6 +250,16 @@ class BatchPolicy:
         self._requeue(orphaned)
         for entry in finished:
             self._flights.release(entry)
+
+    def on_prefix_summary(self, summary: wire.PrefixSummary, now_ms: int) -> None:
+        """Learn what a live worker's prompt cache holds from its summary received at ``now_ms`` (see prefix_index.py)."""
+        worker = self._fleet.workers.get(summary.worker_id)
+        self._fleet.prefixes.summary(summary, worker.model if worker is not None else None, now_ms)
+
+    @property
+    def prefixes(self) -> PrefixIndex:
+        """What the live workers' caches hold, as this batcher knows it."""
+        return self._fleet.prefixes
 
     def on_result(self, request_id: str, tenant_id: str | None = None) -> None:
         """A final result for ``request_id`` exists (from llmq.results): free its in-flight slot; a queued copy of it
@@ -380,6 +398,7 @@ class BatchPolicy:
             self._flights.release(old)
             request = msgspec.structs.replace(old.request, attempt=old.request.attempt + 1) if retry else old.request
             entry = Entry(request, self._next_seq(), old.cls, old.cost, old.size_bytes, old.enqueued_ms)
+            entry.chains = old.chains  # its prompt is unchanged: no hashing again
             self._entries.transition(entry, QUEUED)
             self._fleet.model(request.model).queues[entry.cls].push_front(entry)
             heapq.heappush(self._deadlines, (request.deadline_ms, entry.seq, entry))

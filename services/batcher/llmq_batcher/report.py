@@ -97,6 +97,7 @@ class ReportWriter:
                 for name, state in models.items()
                 for key, c in state.classes.items()
             )
+            shared.metrics.prefix_index(shared.policy.prefixes.blocks(), shared.policy.prefixes.ignored)
         report = saturation_report(
             shared.policy.config.batch_id_prefix,
             self.started_ms,

@@ -88,6 +88,9 @@ class Signals:
             self.announced[message.model] = (message.context_window, now_ms)
         elif isinstance(message, wire.Cancel):
             self.shared.policy.cancel(message.request_id, message.reason)
+        elif isinstance(message, wire.PrefixSummary):
+            self.shared.policy.on_prefix_summary(message, self.shared.clock.now_ms())
+            return  # changes no room: nothing to decide anew
         else:
             return
         self.shared.wake.set()
