@@ -228,17 +228,21 @@ class WorkerView:
 
 
 class WorkerPool:
-    """Live workers of one model in a lazily invalidated heap: :meth:`best` is O(log workers) amortised."""
+    """Live workers of one model in a lazily invalidated heap: :meth:`best` is O(log workers) amortised. Versions
+    count pool-wide, so an entry left by a worker's earlier view (removed, then back with a fresh one) never passes
+    for its new view's."""
 
-    __slots__ = ("workers", "heap")
+    __slots__ = ("workers", "heap", "_versions")
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerView] = {}
         self.heap: list[tuple] = []
+        self._versions = 0
 
     def touch(self, worker: WorkerView) -> None:
         """Re-rank ``worker`` after its state changed (heartbeat, dispatch)."""
-        worker.version += 1
+        self._versions += 1
+        worker.version = self._versions
         key = worker.heap_key()
         if key is not None:
             heapq.heappush(self.heap, key)
@@ -251,7 +255,8 @@ class WorkerPool:
 
     def remove(self, worker: WorkerView) -> None:
         self.workers.pop(worker.worker_id, None)
-        worker.version += 1
+        self._versions += 1
+        worker.version = self._versions
 
     def best(self, now_ms: int) -> WorkerView | None:
         """The worker with room now and the least outstanding work (most free slots, then least drain time)."""
