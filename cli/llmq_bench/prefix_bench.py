@@ -163,9 +163,9 @@ def run_prefix(
                 slo_ms=config.slo_ms,
             )
             urls = stack.metrics_urls()
-            texts = {name: _read(url) for name, url in urls.items() if name.startswith(("worker-", "batcher-"))}
+            texts = {name: _read(url) for name, url in urls.items() if name.startswith(("worker-", "batcher"))}
             workers = [t for n, t in texts.items() if n.startswith("worker-")]
-            batchers = [t for n, t in texts.items() if n.startswith("batcher-")]
+            batchers = [t for n, t in texts.items() if n.startswith("batcher")]  # batcher, batcher-1, ...
             rows.append(row(mode, report, workers, batchers))
             reports[mode] = report
         finally:
