@@ -29,7 +29,7 @@ def test_sessions_interleave_headers_each_repeated_at_every_cursor():
 
 
 def test_a_worker_budget_holds_its_share_of_the_headers():
-    assert prefix_bench.budget_tokens([300, 300, 301], workers=2) == 676  # 1.5 x 901 / 2, rounded up
+    assert prefix_bench.budget_tokens([300, 300, 301], workers=2) == 541  # 1.2 x 901 / 2, rounded up
 
 
 def test_a_row_sums_the_workers_hits_and_the_batchers_decisions():
