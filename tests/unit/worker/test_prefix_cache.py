@@ -7,7 +7,7 @@ import msgspec
 from llmq_core import prefixes, wire
 from llmq_core.constants import PREFIX_BLOCK_BYTES
 from llmq_core.settings import WorkerSettings
-from llmq_worker.prefix_cache import PrefixLedger, PrefixReporter, tokens_per_block
+from llmq_worker.prefix_cache import PrefixLedger, PrefixReporter, SegmentedLRU, tokens_per_block
 from tests.unit.worker.worker_fakes import make_request
 
 HEADER = "".join(f"import module_{i}  # line {i}\n" for i in range(40))  # about 1.1 KB
@@ -34,6 +34,36 @@ def test_the_budget_evicts_least_recently_used_prompts_tail_first():
     assert (ledger.match(first), ledger.match(second), ledger.tokens, len(ledger)) == (2, 4, 6, 6)
     ledger.record(first, tokens_per_block=1)  # used again: now the second is the older one
     assert (ledger.match(first), ledger.match(second)) == (4, 2)
+
+
+def test_a_header_used_again_outlives_a_run_of_one_off_tails():
+    header, tails = chain_of("h" * 4 * PREFIX_BLOCK_BYTES), [chain_of(c * 3 * PREFIX_BLOCK_BYTES) for c in "wxyz"]
+    ledger = PrefixLedger(budget_tokens=10)
+    ledger.record(header, tokens_per_block=1)
+    ledger.record(header, tokens_per_block=1)  # used again: protected (4 of the 8 its share allows)
+    for tail in tails:  # 12 blocks seen once each: a plain LRU would have pushed the header out
+        ledger.record(tail, tokens_per_block=1)
+    assert (ledger.match(header), ledger.match(tails[-1]), ledger.tokens) == (4, 3, 10)
+    assert ledger.match(tails[0]) == 0
+
+
+def test_blocks_used_again_hold_at_most_their_share_so_a_new_header_still_enters():
+    lru = SegmentedLRU(budget=10, protected_share=0.5)
+    evicted = lru.use([(k, 1, True) for k in "abcdefgh"])  # all used again, but protected holds 5: a, b, c back
+    assert evicted == [] and len(lru) == 8
+    assert list(lru.keys_recent_first()) == list("hgfed") + list("cba")
+    assert lru.use([(k, 1, False) for k in "xyz"]) == ["a"]  # probation's oldest go first
+    assert lru.use([(k, 1, False) for k in "uvw"]) == ["b", "c", "x"]
+    assert "h" in lru and "u" in lru and "a" not in lru
+
+
+def test_a_discarded_key_gives_back_its_weight_and_evicts_nothing():
+    lru = SegmentedLRU(budget=4)
+    lru.use([("a", 2, False), ("b", 2, True)])
+    lru.discard("b")
+    lru.discard("missing")
+    assert (lru.total, "b" in lru) == (2, False)
+    assert lru.use([("c", 2, False)]) == [] and lru.total == 4
 
 
 def test_a_summary_names_the_most_recently_used_blocks_first_within_its_bound():

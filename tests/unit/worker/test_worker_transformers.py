@@ -469,3 +469,21 @@ async def test_the_prefix_cache_keeps_its_budget_evicting_the_least_recently_use
     finally:
         await engine.close()
     assert cached == [0, 0, 0, 512]  # b's pages pushed a's out; a's second run brought eight of them back
+
+
+async def test_a_header_matched_again_outlives_one_off_prompts_within_the_budget(tiny):
+    """A plain LRU of 16 pages would lose the header's pages to the 18 of three one-off prompts run after it; blocks a
+    request matched count as used again, so the one-off pages go first."""
+    model, tokenizer = tiny
+    ledger = PrefixLedger(budget_tokens=1024)
+    engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=4, prefix_ledger=ledger)
+    cached = []
+    try:
+        for rid, prompt in (("h1", "h" * 600), ("h2", "h" * 600), ("x", "x" * 400), ("y", "y" * 400), ("z", "z" * 400)):
+            finals, _ = await run(engine, request(rid, prompt + rid, max_tokens=2))
+            cached.append(finals[rid].usage.cached_tokens)
+        finals, _ = await run(engine, request("h3", "h" * 600 + "h3", max_tokens=2))
+        cached.append(finals["h3"].usage.cached_tokens)
+    finally:
+        await engine.close()
+    assert cached == [0, 576, 0, 0, 0, 576]

@@ -10,23 +10,25 @@ the manager's own thread; one engine per worker process, so the budget is the pr
 - the block hash of a request's first block folds in its salt (:data:`SALTS`, by manager request id, set by the
   engine before it adds the request): requests with different salts share no block. A request without a salt hashes as
   the library does;
-- ``PagedAttentionCache.free_blocks`` (a request ended) then evicts the least recently released cached blocks past
-  :data:`budget` tokens (the library keeps them in release order), so that a worker holds about its budget's worth of
-  prefixes, as its ledger accounts.
+- ``PagedAttentionCache.free_blocks`` (a request ended) then evicts cached blocks past :data:`budget` tokens as the
+  worker's ledger does (a :class:`~llmq_worker.prefix_cache.SegmentedLRU` per allocator: a block the request had
+  matched counts as used again), so that a worker holds about its budget's worth of prefixes, as its ledger accounts.
 Both dicts are written by one thread and read by the other through single dict operations (atomic under the GIL).
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import threading
 
 from transformers.generation.continuous_batching import cache as cb_cache
 from transformers.generation.continuous_batching.cache_allocators import cache_allocator
 
+from llmq_worker.prefix_cache import SegmentedLRU
+
 HITS: dict[str, int] = {}  # manager request id -> prompt tokens its prefix match found cached
 SALTS: dict[str, int] = {}  # manager request id -> the salt of its first block (unsigned 64-bit)
+_matched: dict[str, int] = {}  # manager request id -> tokens matched, for the budget (the manager's thread only)
 _current = threading.local()  # the salt of the request the library is hashing blocks for, in the manager's thread
 budget = {"tokens": None}  # cached tokens kept per allocator after a request ends (None: as the library keeps them)
 _installed = False
@@ -59,7 +61,7 @@ def install(budget_tokens: int | None = None) -> None:
             matched = search(self, request_id, prompt_ids)
         finally:
             _current.salt = None
-        HITS[request_id] = matched
+        HITS[request_id] = _matched[request_id] = matched
         return matched
 
     def mark_complete_blocks(self, state, complete_blocks):
@@ -72,9 +74,11 @@ def install(budget_tokens: int | None = None) -> None:
     def free_blocks(self, request_id, no_cache=False):
         tables = {name: list(a.block_table.get(request_id, ())) for name, a in self.cache_allocators.items()}
         free(self, request_id, no_cache)
+        matched = _matched.pop(request_id, 0)
         if budget["tokens"] is not None:
             for name, allocator in self.cache_allocators.items():
-                _trim(allocator, tables[name], budget["tokens"] // allocator.tokens_per_page)
+                pages = allocator.tokens_per_page
+                _trim(allocator, tables[name], matched // pages, budget["tokens"] // pages)
 
     cache_allocator.compute_block_hash = salted_hash
     paged.search_prefix_match, paged.mark_complete_blocks, paged.free_blocks = (
@@ -84,20 +88,24 @@ def install(budget_tokens: int | None = None) -> None:
     )
 
 
-def _trim(allocator, released: list[int], keep_blocks: int) -> None:
-    """The blocks of the request just ``released`` become the most recently used, its first block last (so that a
-    prompt loses its tail before its head); then the allocator's least recently used cached blocks beyond
-    ``keep_blocks`` are evicted (hashes forgotten, blocks back to the pool), as the library's own eviction does."""
-    ledger = allocator.ledger
-    for block_id in reversed(released):
-        if block_id in ledger.cached_blocks:
-            del ledger.cached_blocks[block_id]
-            ledger.cached_blocks[block_id] = None
-    excess = len(ledger.cached_blocks) - keep_blocks
-    if excess <= 0:
-        return
-    evicted = list(itertools.islice(ledger.cached_blocks, excess))
+def _trim(allocator, released: list[int], matched_blocks: int, keep_blocks: int) -> None:
+    """The cached blocks of the request just ``released`` are used (the first ``matched_blocks`` of them again: it
+    found them cached), its first block last, so that a prompt loses its tail before its head; then the blocks past
+    ``keep_blocks`` that the allocator's SegmentedLRU gives up are evicted (hashes forgotten, blocks back to the pool),
+    as the library's own eviction does. A block the LRU names that is no longer cached (evicted by the library, or in
+    use again) is dropped from it first; a cached block it does not know enters it as the oldest."""
+    cached = allocator.ledger.cached_blocks
+    lru = getattr(allocator, "_llmq_lru", None)
+    if lru is None or lru.budget != keep_blocks:
+        lru = allocator._llmq_lru = SegmentedLRU(keep_blocks)
+    for block_id in [b for b in lru.keys_recent_first() if b not in cached]:
+        lru.discard(block_id)
+    mine = set(released)
+    uses = [(b, 1, False) for b in cached if b not in lru and b not in mine]
+    uses += [(b, 1, i < matched_blocks) for i, b in reversed(list(enumerate(released))) if b in cached]
+    evicted = lru.use(uses)
     for block_id in evicted:
-        del ledger.cached_blocks[block_id]
-        ledger.hash_to_block.pop(ledger.block_to_hash.pop(block_id))
-    allocator.pool.free_blocks(allocator.index, evicted)
+        del cached[block_id]
+        allocator.ledger.hash_to_block.pop(allocator.ledger.block_to_hash.pop(block_id))
+    if evicted:
+        allocator.pool.free_blocks(allocator.index, evicted)
