@@ -729,14 +729,14 @@ class WorkerSettings(Group):
         True,
         description="Keep the KV blocks of prompt prefixes for later requests (transformers: the library's block"
         " sharing; vllm: its prefix caching; simulated: its cache model) and publish what is kept to the batchers"
-        " (docs/architecture.md#prefix-caching).",
+        " (docs/workers.md#prefix-caching).",
     )
     prefix_cache_budget_tokens: int = Field(
         8192,
         ge=0,
         description="Prompt tokens of cached prefixes a worker keeps beyond its running sequences (transformers on CPU:"
-        " room added to its paged KV cache, within its byte cap; simulated: its cache model's size); least recently"
-        " used prefixes go first.",
+        " room added to its paged KV cache, within its byte cap; simulated: its cache model's size); blocks seen once go"
+        " before blocks used again (a segmented LRU), least recently used first.",
     )
     prefix_cache_scope: Literal["tenant", "shared"] = Field(
         "tenant",
