@@ -34,7 +34,7 @@ HIT, QUERY = "llmq_worker_prefix_cache_hit_tokens_total", "llmq_worker_prefix_ca
 DECISIONS = "llmq_batcher_prefix_route_decisions_total"
 TTFT_P90_RATIO_GOAL = 0.5  # issue 31: prefix-aware TTFT p90 at most half of least-loaded's, shedding no more
 # A worker's budget over its 1/N share of the headers: room for the tails its prompts cache too (each prompt's ~430
-# bytes after its header), which an LRU would otherwise let push the headers out between two turns of a session.
+# bytes after its header), which would otherwise evict the header of a session it has seen only once.
 BUDGET_HEADROOM = 1.2
 
 

@@ -197,39 +197,41 @@ async def test_requests_go_to_the_holder_of_their_prefix_and_elsewhere_when_it_i
 async def test_two_simulated_workers_each_warm_a_prefix_and_later_requests_go_to_its_holder():
     """Real worker loops (llmq-sim without a fixed batch time: continuous batching to the batcher) publish what their
     prefix ledgers hold after one warm batch each, produced straight to their partitions."""
-    async with _clients() as (settings, tag, names, redis, producer):
+    async with _clients() as (settings, tag, names, redis, producer), contextlib.AsyncExitStack() as stack:
         warm = {f"w-a-{tag}": WARM["w-a"], f"w-b-{tag}": WARM["w-b"]}
-        consumers = {w: kafka.make_consumer(settings, group_id=f"test-prefix-{w}") for w in warm}
-        try:
-            await asyncio.gather(*(c.start() for c in consumers.values()))
-            async with contextlib.AsyncExitStack() as workers:
-                for partition, worker_id in enumerate(warm):
-                    clients = {"consumer": consumers[worker_id], "producer": producer, "redis": redis}
-                    ledger = PrefixLedger(budget_tokens=100_000)
-                    await workers.enter_async_context(
-                        simulated_worker(
-                            worker_id, partition, MODEL, batch_time_ms=0, names=names, prefix_ledger=ledger, **clients
-                        )
-                    )
-                    batch = wire.Batch(
-                        batch_id=f"warm-{worker_id}",
-                        worker_id=worker_id,
-                        model=MODEL,
-                        requests=[_request(f"warm-{worker_id}", "pod", prompt=warm[worker_id])],
-                        formed_ms=SYSTEM_CLOCK.now_ms(),
-                        flush_reason="size",
-                    )
-                    await kafka.send_message(
-                        producer, names.batches_topic, batch, key=batch.batch_id, partition=partition
-                    )
-                async with _batcher(settings, tag, redis) as (loop, metrics):
-                    await _until_held(loop, warm)
-                    for worker_id, prompt in warm.items():
-                        these = {f"{worker_id}-{i}": prompt + f" question {i}" for i in range(5)}
-                        await _send(producer, names, these)
-                        placed = await _workers_of(settings, names.batches_topic, set(these))
-                        assert set(placed.values()) == {worker_id}, placed
-                    decided = _decisions(metrics)
-                    assert decided.get("affinity", 0) >= 2 and set(decided) == {"affinity"}, decided
-        finally:
-            await asyncio.gather(*(c.stop() for c in consumers.values()))
+        for partition, worker_id in enumerate(warm):
+            consumer = kafka.make_consumer(settings, group_id=f"test-prefix-{worker_id}")
+            await consumer.start()
+            stack.push_async_callback(consumer.stop)
+            ledger = PrefixLedger(budget_tokens=100_000)
+            await stack.enter_async_context(
+                simulated_worker(
+                    worker_id,
+                    partition,
+                    MODEL,
+                    batch_time_ms=0,
+                    names=names,
+                    prefix_ledger=ledger,
+                    consumer=consumer,
+                    producer=producer,
+                    redis=redis,
+                )
+            )
+            batch = wire.Batch(
+                batch_id=f"warm-{worker_id}",
+                worker_id=worker_id,
+                model=MODEL,
+                requests=[_request(f"warm-{worker_id}", "pod", prompt=warm[worker_id])],
+                formed_ms=SYSTEM_CLOCK.now_ms(),
+                flush_reason="size",
+            )
+            await kafka.send_message(producer, names.batches_topic, batch, key=batch.batch_id, partition=partition)
+        async with _batcher(settings, tag, redis) as (loop, metrics):
+            await _until_held(loop, warm)
+            for worker_id, prompt in warm.items():
+                these = {f"{worker_id}-{i}": prompt + f" question {i}" for i in range(5)}
+                await _send(producer, names, these)
+                placed = await _workers_of(settings, names.batches_topic, set(these))
+                assert set(placed.values()) == {worker_id}, placed
+            decided = _decisions(metrics)
+            assert decided.get("affinity", 0) >= 2 and set(decided) == {"affinity"}, decided

@@ -1,8 +1,7 @@
 """What a worker's prefix cache holds, and the summaries it publishes of it for the batchers' prefix-aware dispatch.
 
-:class:`PrefixLedger` keeps the prefix-chain hashes (``llmq_core.prefixes``) of the prompts the worker ran, least
-recently used first, each weighing the prompt tokens of its block, within ``budget_tokens``, evicted as a
-:class:`SegmentedLRU` (a block used again outlives the one-off tails of prompts). For the simulated engine it
+:class:`PrefixLedger` keeps the prefix-chain hashes (``llmq_core.prefixes``) of the prompts the worker ran, each
+weighing the prompt tokens of its block, within ``budget_tokens``, evicted as a :class:`SegmentedLRU` (a block used again outlives the one-off tails of prompts). For the simulated engine it
 is the cache itself (a hit is a block found here); for the transformers and vllm engines, whose caches key blocks by
 token ids, it is the worker's account of what they keep (the same budget sizes both), so its summary can be approximate
 the way llm-d's approximate prefix scorer is: a block it names may have been evicted, which costs affinity, never
