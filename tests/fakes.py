@@ -210,6 +210,7 @@ class FakeRedis:
         self.published: list[tuple[str, bytes]] = []
         self.data: dict[str, bytes] = {}
         self.hashes: dict[str, dict[bytes, bytes | int]] = {}
+        self.lists: dict[str, list[bytes]] = {}
         self.take_reply = [1, 0, 0]
         self.takes: list[tuple[list, list]] = []
         self.gives: list[tuple[list, list]] = []
@@ -253,7 +254,15 @@ class FakeRedis:
         return fields[_bytes(field)]
 
     async def pexpire(self, key: str, ms: int) -> int:
-        return int(key in self.data or key in self.hashes)  # no expiry here
+        return int(key in self.data or key in self.hashes or key in self.lists)  # no expiry here
+
+    async def rpush(self, key: str, *values: bytes) -> int:
+        self.lists.setdefault(key, []).extend(values)
+        return len(self.lists[key])
+
+    async def lrange(self, key: str, start: int, end: int) -> list[bytes]:
+        values = self.lists.get(key, [])
+        return values[start : None if end == -1 else end + 1]
 
     async def hdel(self, key: str, *fields: bytes) -> int:
         return sum(self.hashes.get(key, {}).pop(f, None) is not None for f in fields)

@@ -144,6 +144,7 @@ REDIS_RESULT_INDEX_PREFIX: Final = "llmq:result-index:"
 REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
+REDIS_PROGRESS_PREFIX: Final = "llmq:progress:"
 REDIS_WORKER_LEASE_PREFIX: Final = "llmq:worker-lease:"  # + partition of llmq.batches: the worker that serves it
 # + worker_id: its capacity ledger (hash: max_slots, fixed, batch_time_ms, running, queued, ends_ms), written by the
 # worker; + worker_id + ":grants" (hash: batch_id -> "<requests>:<expires ms>"), claimed by batchers (llmq_batcher.ledger)
@@ -176,6 +177,7 @@ result_bytes_key = _keys(REDIS_RESULT_BYTES_PREFIX)  # counter: the bytes of a t
 delivered_key = _keys(REDIS_DELIVERED_PREFIX)  # set once a request's result reached its Kafka reply topic: no duplicate
 request_copy_key = _keys(REDIS_REQUEST_COPY_PREFIX)  # the Kafka position of the first record with a request_id
 streamed_key = _keys(REDIS_STREAMED_PREFIX)  # a streaming request whose text reached its caller (wire.StreamMark)
+progress_key = _keys(REDIS_PROGRESS_PREFIX)  # list: the wire.Progress frames of a running request's generated tokens
 pod_key = _keys(REDIS_POD_PREFIX)  # exists while the API pod instance_id is alive (its heartbeat refreshes it)
 file_key = _keys(REDIS_FILES_PREFIX)  # string: a FileRecord (JSON), expiring with the file
 # zsets (lex order, score 0) of a tenant's files and jobs: members "<created_ms:015>:<id>" (jobs.listing_member)

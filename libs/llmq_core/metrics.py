@@ -259,6 +259,18 @@ class BatcherMetrics(_Metrics):
             " routing disabled)",
             ("model", "reason"),
         )
+        self.redispatches = self.counter(
+            "llmq_batcher_redispatches",
+            "Requests dispatched again after their worker was lost, by outcome: continued (from the tokens earlier"
+            " attempts generated, docs/workers.md#continuation) or from_start (nothing to continue, or past"
+            " LLMQ_BATCHER_MAX_CONTINUATIONS, constrained or with logprobs)",
+            ("model", "outcome"),
+        )
+        self.continued_tokens = self.counter(
+            "llmq_batcher_continued_tokens",
+            "Generated tokens re-dispatched requests carried to their next worker (not generated again)",
+            ("model",),
+        )
         self.prefix_index_blocks = self.gauge(
             "llmq_batcher_prefix_index_blocks",
             "Prefix-chain hashes the batcher's prefix index holds, every live worker's summary and its own dispatches",
@@ -313,6 +325,16 @@ class BatcherMetrics(_Metrics):
             self.capacity_requests.labels(model, "granted").inc(granted)
         self.capacity_claims.labels(model, outcome).inc()
         self.capacity_requests.labels(model, "held_back").inc(requests - (granted or 0))
+
+    def redispatched(self, model: str, requests: Sequence[wire.GenerationRequest]) -> None:
+        """Re-dispatched ``requests`` of one batch of ``model``, continued or not."""
+        model = self.labels.model(model)
+        continued = [r.continuation for r in requests if r.continuation is not None]
+        if continued:
+            self.redispatches.labels(model, "continued").inc(len(continued))
+            self.continued_tokens.labels(model).inc(sum(len(ids) for c in continued for ids in c.token_ids))
+        if len(continued) < len(requests):
+            self.redispatches.labels(model, "from_start").inc(len(requests) - len(continued))
 
     def prefix_index(self, blocks: int, ignored: Mapping[str, int]) -> None:
         """The prefix index holds ``blocks`` hashes; ``ignored``: summaries it did not take since start, by reason."""

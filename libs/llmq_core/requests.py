@@ -135,6 +135,12 @@ class Rules:
 
 def check_request(request: wire.GenerationRequest, rules: Rules) -> None:
     """Check a request that did not pass an API pod, as the API checks a body; raises :class:`RequestError`."""
+    if request.continuation is not None:
+        raise invalid(
+            "continuation is set only by llmq's batchers, when they re-dispatch a request whose worker was lost;"
+            " a producer may not send one",
+            "continuation",
+        )
     window = check_model(request.model, rules.windows)
     chat = request.endpoint == "chat.completions"
     check_formats(request, chat)

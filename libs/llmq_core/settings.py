@@ -669,6 +669,13 @@ class BatcherSettings(Group):
         description="A worker's prefix summary not renewed within this is dropped, and so is a prefix this batcher"
         " sent a worker this long ago: the worker then draws no affinity for it.",
     )
+    max_continuations: int = Field(
+        3,
+        ge=0,
+        description="Times a request whose worker was lost continues on another from the tokens it had generated"
+        " (docs/workers.md#continuation); past it (0: never) it runs again from its start, and a stream whose text"
+        " reached its caller ends `stream_interrupted`. Like Dynamo's `--migration-limit`.",
+    )
 
     @model_validator(mode="after")
     def _leads(self) -> BatcherSettings:
@@ -754,6 +761,13 @@ class WorkerSettings(Group):
         ge=0,
         description="Prefix blocks a summary names at most, most recently used first (9 bytes each on the wire: 2,048"
         " make about 18 KiB).",
+    )
+    progress_interval_ms: int = Field(
+        500,
+        **_MS,
+        description="How often a worker writes the tokens a non-streamed request generated since its last write"
+        " (`llmq:progress:<id>`), so that another worker can continue it: the most a continuation recomputes. A"
+        " stream's are written with each chunk.",
     )
     prefill_ms_per_token: float = Field(
         0.0,

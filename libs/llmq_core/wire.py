@@ -141,6 +141,19 @@ class SamplingParams(_Struct, kw_only=True):
     logprobs: Count | None = None
 
 
+class Continuation(_Struct, kw_only=True):
+    """What a re-dispatched request already generated (its worker was lost): set only by a batcher, from the
+    :class:`Progress` its earlier attempts wrote (``constants.progress_key``), never by a producer (the batcher
+    refuses a request record that carries one). The next worker prefills the prompt plus ``token_ids[i]`` for choice i
+    and generates only the rest of ``max_tokens``. ``hops``: continuations of the request so far, this one included
+    (at most ``batcher.max_continuations``); ``from_attempt``: the attempt whose progress it carries."""
+
+    version: Count = 1
+    token_ids: list[list[Count]]
+    hops: Count = 1
+    from_attempt: Count = 0
+
+
 class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
     """One caller's request, as produced to ``llmq.requests.<traffic_class>`` (Kafka key = request_id).
 
@@ -174,6 +187,7 @@ class GenerationRequest(_Message, kw_only=True, tag="generation_request"):
         None  # the functions the chat template renders (tool_choice none and auto: no constraint)
     )
     tool_choice: str = ""  # constants.TOOL_CHOICES ("": no tools); a named function: "function"
+    continuation: Continuation | None = None  # set by a batcher only: the tokens earlier attempts generated
 
 
 class Batch(_Message, kw_only=True, tag="batch"):
@@ -288,6 +302,10 @@ class TokenChunk(_Message, kw_only=True, tag="token_chunk"):
     attempt: Count = 0
     tenant_id: str = ""
     logprobs: list[TokenLogprob] | None = None  # the entries (Choice.logprobs) released with this text, when asked
+    # Characters of the choice's text before this chunk in its generation, counted from the request's first token
+    # (a continued attempt re-sends the text its continuation holds, from 0): how an API pod joins two attempts.
+    # -1: not given (a worker that predates continuations).
+    offset: Int64 = -1
 
 
 class FinalResult(_Message, kw_only=True, tag="final_result"):
@@ -345,6 +363,18 @@ class StreamMark(_Message, kw_only=True, tag="stream_mark"):
     attempt: Count
     completion_tokens: Count = 0
     done: bool = False
+
+
+class Progress(_Message, kw_only=True, tag="progress"):
+    """Token ids of choice ``index`` that attempt ``attempt`` of a request generated from position ``start`` (the
+    choice's tokens before them, its continuation's included): RPUSHed by the worker at ``constants.progress_key``,
+    with each stream chunk before it is published, and every ``worker.progress_interval_ms`` otherwise. A batcher
+    re-dispatching the request reads them into its :class:`Continuation` (``llmq_core.continuation``)."""
+
+    attempt: Count
+    index: Count = 0
+    start: Count = 0
+    token_ids: list[Count]
 
 
 # --- heartbeats --------------------------------------------------------------------------------------------------------
@@ -455,6 +485,7 @@ Message = (
     | BatcherSaturation
     | PodUnfinished
     | StreamMark
+    | Progress
 )
 
 _msgpack_encoder = msgspec.msgpack.Encoder()

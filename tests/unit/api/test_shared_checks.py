@@ -134,6 +134,20 @@ def test_a_kafka_direct_request_names_a_format_llmq_writes(fields, param):
     assert (raised.value.status, raised.value.param) == (400, param)
 
 
+def test_a_kafka_direct_request_may_not_carry_a_continuation():
+    """Only a batcher continues a request (from tokens its workers wrote): a producer's would inject text as if
+    generated, past the model and its usage."""
+    forged = wire.Continuation(token_ids=[[72, 105]])
+    request = msgspec.structs.replace(wire_request({"model": "llmq-sim", "prompt": "hello"}), continuation=forged)
+    with pytest.raises(requests.RequestError) as raised:
+        requests.check_request(request, RULES)
+    assert (raised.value.status, raised.value.param, raised.value.type) == (
+        400,
+        "continuation",
+        "invalid_request_error",
+    )
+
+
 def test_an_anthropic_chat_with_an_api_reply_passes():
     chat = wire_request({"model": "llmq-sim", "messages": [{"role": "user", "content": "hi"}]})
     reply = wire.KafkaReply(topic="t", body="api")
