@@ -1,8 +1,17 @@
 """The one interface every worker engine implements, and the events it streams.
 
 An engine takes GenerationRequests (:meth:`Engine.submit`), runs them however it batches, and reports progress as events:
-:class:`ChunkEvent` (new visible text of one choice) and exactly one :class:`FinalEvent` per submitted request.
-Times in events are epoch milliseconds from the engine's clock.
+:class:`ChunkEvent` (new visible text of one choice, and the token ids it generated since its previous event) and
+exactly one :class:`FinalEvent` per submitted request. Every token id a choice generates (and counts in usage) is in
+exactly one ChunkEvent before its request's FinalEvent, in order. Times in events are epoch milliseconds from the
+engine's clock.
+
+A request with a ``continuation`` (its earlier attempt's worker was lost) resumes each choice from the ids it carries:
+the engine primes the choice's text with them (:meth:`llmq_worker.text.ChoiceText.prime`: usage counts them once,
+stop strings and UTF-8 characters join across the seam), sends first a ChunkEvent of the text they make (its
+``token_ids`` empty: the worker already has them; an API pod re-joins the stream with it) and generates only the rest
+of ``max_tokens``. Prompt tokens stay the original prompt's. A continuation of a constrained request (structured
+outputs) or of one asking logprobs is ignored (the batcher never sends one: their state does not cross a seam).
 """
 
 from __future__ import annotations
@@ -37,12 +46,18 @@ class InvalidRequest(ValueError):
 @dataclass(frozen=True, slots=True)
 class ChunkEvent:
     """New visible text of choice ``index`` of ``request_id`` (never part of a UTF-8 character or of a stop string);
-    ``logprobs``: the entries released with it (:attr:`llmq_worker.text.ChoiceText.take_logprobs`), None when not asked."""
+    ``logprobs``: the entries released with it (:attr:`llmq_worker.text.ChoiceText.take_logprobs`), None when not asked;
+    ``token_ids``: the ids of the choice the engine consumed (and counts) since its previous event for the choice.
+
+    Each generated id is in exactly one event, in order. ``text`` may be "" when an event only reports ids (their text
+    is held back: a possible stop string, an incomplete UTF-8 character). A continued choice's first event is the text
+    of its continuation's ids, with ``token_ids`` empty (see the module's docstring)."""
 
     request_id: str
     index: int
     text: str
     logprobs: list[TokenLogprob] | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +305,17 @@ def prompt_text(request: GenerationRequest) -> str:
     if request.messages is not None:
         return render_chat(request.messages)
     return request.prompt or ""
+
+
+def continued_ids(request: GenerationRequest) -> list[list[int]] | None:
+    """The ids each choice of ``request`` resumes from (one list per choice, at most max_tokens ids; a missing index:
+    none), or None when it runs from its start: no continuation, or one the engines ignore (constrained decoding or
+    logprobs asked: their state does not cross a seam, and the batcher never continues them)."""
+    continuation = request.continuation
+    if continuation is None or request.structured is not None or request.sampling.logprobs is not None:
+        return None
+    ids, most = continuation.token_ids, request.sampling.max_tokens
+    return [list(ids[i][:most]) if i < len(ids) else [] for i in range(request.sampling.n)]
 
 
 def check_request(request: GenerationRequest, prompt_ids: list[int], context_window: int, vocab_size: int) -> None:

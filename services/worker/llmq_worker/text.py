@@ -240,6 +240,17 @@ class ChoiceText:
         self._matcher.restore(checkpoint[1])
         return self._push_each(token_ids)
 
+    def prime(self, token_ids: list[int]) -> str:
+        """Resume a choice from the ids an earlier attempt generated (a continuation): they are pushed as if generated
+        here (counted in :attr:`tokens` once; a stop string or a character split at the seam joins the ids that follow)
+        and the text they release is returned. Without logprobs only (a continuation never asks them)."""
+        return self.push(list(token_ids))
+
+    def counted(self, token_ids: list[int], before: int) -> tuple[int, ...]:
+        """Of ``token_ids`` just pushed when :attr:`tokens` was ``before``, those counted (the ids an end left out are
+        ignored): what a ChunkEvent reports."""
+        return tuple(token_ids[: self.tokens - before])
+
     def _push_each(self, token_ids: list[int], logprobs: list[TokenLogprob] | None = None) -> str:
         out = []
         for i, token_id in enumerate(token_ids):

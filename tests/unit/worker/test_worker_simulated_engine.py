@@ -8,13 +8,13 @@ import pytest
 
 from llmq_core.clock import FakeClock
 from llmq_core.constants import PREFIX_BLOCK_BYTES
-from llmq_core.tokenizer import render_chat
+from llmq_core.tokenizer import IncrementalDetokenizer, encode, render_chat
 from llmq_core.wire import Batch, Outcome
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest
-from llmq_worker.engines.simulated import SimulatedEngine
+from llmq_worker.engines.simulated import SimulatedEngine, replay_tokens
 from llmq_worker.prefix_cache import PrefixLedger
-from tests.unit.worker.worker_fakes import T0_MS, make_request, settle
+from tests.unit.worker.worker_fakes import T0_MS, make_request, resumed, settle
 
 
 @pytest.fixture
@@ -311,3 +311,85 @@ async def test_without_a_prefill_term_the_batch_time_is_fixed_and_hits_are_still
     assert result["first"].finished_ms == T0_MS + 500 and result["again"].finished_ms == T0_MS + 1000
     assert [result[r].usage.cached_tokens for r in ("first", "again")] == [0, len(PREFIXED)]
     await engine.close()
+
+
+# --- continuations: a request resumed from the ids an earlier attempt generated ----------------------------------------
+
+
+def chunks_of(events, request_id: str, index: int = 0) -> list[ChunkEvent]:
+    return [e for e in events if isinstance(e, ChunkEvent) and e.request_id == request_id and e.index == index]
+
+
+@pytest.mark.parametrize("prompt, max_tokens, k", [("hello world", 11, 4), ("é😀中", 9, 3), ("abc", 7, 5)])
+async def test_a_continuation_replays_its_text_first_and_generates_only_the_rest(
+    engine, manual_time, prompt, max_tokens, k
+):
+    whole = make_request("whole", prompt, max_tokens=max_tokens)
+    replay = replay_tokens(whole)
+    engine.submit(whole)
+    engine.submit(resumed(make_request("cont", prompt, max_tokens=max_tokens), replay[:k]))
+    first = chunks_of(await collect(engine), "cont")  # before the batch runs: the replay chunk only
+    await manual_time.advance(500)
+    events = await collect(engine)
+    result = finals(events)
+    expected_replay = decode_prefix(replay[:k])
+    assert [(c.text, c.token_ids) for c in first] == [(expected_replay, ())]
+    assert result["cont"].choices == result["whole"].choices
+    assert result["cont"].usage == result["whole"].usage  # prompt: the original's; completion: max_tokens, once
+    assert result["cont"].usage.completion_tokens == max_tokens
+    later = chunks_of(events, "cont")
+    assert [i for c in later for i in c.token_ids] == replay[k:]  # each id generated here, once, in order
+    assert expected_replay + "".join(c.text for c in later) == result["whole"].choices[0].text
+
+
+def decode_prefix(ids: list[int]) -> str:
+    """The text ``ids`` release (a trailing incomplete character held back)."""
+    return IncrementalDetokenizer().push(ids)
+
+
+async def test_each_choice_resumes_from_its_own_ids_and_a_missing_one_from_the_start(engine, manual_time):
+    engine.submit(resumed(make_request("n", "abcd", max_tokens=4, n=3), encode("ab"), []))
+    await manual_time.advance(500)
+    events = await collect(engine)
+    final = finals(events)["n"]
+    assert [c.text for c in final.choices] == ["abcd"] * 3 and final.usage.completion_tokens == 12
+    assert [[i for c in chunks_of(events, "n", index) for i in c.token_ids] for index in range(3)] == [
+        encode("cd"),
+        encode("abcd"),
+        encode("abcd"),
+    ]
+
+
+async def test_a_stop_string_across_the_seam_matches(engine, manual_time):
+    engine.submit(resumed(make_request("s", "hello world", max_tokens=11, stop=["o w"]), encode("hello")))
+    await manual_time.advance(500)
+    events = await collect(engine)
+    final = finals(events)["s"]
+    assert (final.choices[0].text, final.choices[0].finish_reason, final.choices[0].stop_sequence) == (
+        "hell",
+        "stop",
+        "o w",
+    )
+    assert final.usage.completion_tokens == len("hello w")
+    assert chunks_of(events, "s")[0].text == "hell" and streamed(events, "s") == "hell"
+
+
+@pytest.mark.parametrize("given", ["abcab", "abcabcabc"])  # max_tokens reached, or more ids than it (cut at it)
+async def test_a_continuation_with_nothing_left_ends_at_once(engine, manual_time, given):
+    engine.submit(resumed(make_request("done", "abc", max_tokens=5), encode(given)))
+    events = await collect(engine)  # no time passes: no batch runs it
+    final = finals(events)["done"]
+    assert [(c.text, c.finish_reason) for c in final.choices] == [("abcab", "length")]
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, 5)
+    assert final.started_ms == final.finished_ms == T0_MS and engine.capacity().queued == 0
+    assert [(c.text, c.token_ids) for c in chunks_of(events, "done")] == [("abcab", ())]
+
+
+async def test_a_continuation_of_a_request_asking_logprobs_is_ignored(engine, manual_time):
+    engine.submit(resumed(make_request("lp", "abcd", max_tokens=4, logprobs=1), encode("ab")))
+    await manual_time.advance(500)
+    events = await collect(engine)
+    final = finals(events)["lp"]
+    assert final.choices[0].text == "abcd" and final.usage.completion_tokens == 4
+    assert [i for c in chunks_of(events, "lp") for i in c.token_ids] == encode("abcd")
+    assert len(final.choices[0].logprobs) == 4

@@ -215,3 +215,39 @@ def test_the_logprob_budget_ends_every_choice_of_the_result_as_length():
     assert (first.text, second.text) == ("ab", "c") and (first.tokens, second.tokens) == (2, 1)
     assert second.capped and second.finish_reason(natural_end=True) == "length"
     assert second.push(encode("e"), entries_of(encode("e"))) == "" and len(second.logprobs) == 1
+
+
+# --- priming (a continuation: a choice resumed from the ids an earlier attempt generated) ------------------------------
+
+
+def test_priming_that_ends_inside_a_stop_string_holds_it_back_and_the_stop_matches_across_the_seam():
+    choice = ChoiceText(["END"])
+    assert choice.prime(encode("abcEN")) == "abc"  # "EN" may start the stop: held back
+    assert choice.tokens == 5 and not choice.done
+    rest = encode("Dxyz")
+    assert choice.push(rest) == ""
+    assert (choice.stopped, choice.stop_sequence, choice.text) == (True, "END", "abc")
+    assert choice.tokens == 6  # the D that completed the stop counts, the ids after it do not
+    assert choice.counted(rest, 5) == (rest[0],)
+
+
+def test_priming_that_ends_inside_a_character_joins_it_with_the_ids_that_follow():
+    ids = encode("aé😀!")  # 1 + 2 + 4 + 1 bytes
+    choice = ChoiceText([])
+    assert choice.prime(ids[:5]) == "aé"  # two of 😀's four bytes: held back, never U+FFFD
+    assert choice.push(ids[5:]) == "😀!"
+    assert (choice.finish(), choice.text, choice.tokens) == ("", "aé😀!", len(ids))
+
+
+def test_priming_a_window_detokenizer_joins_a_character_across_the_seam():
+    data = "é😀x".encode()
+    choice = ChoiceText([], WindowDetokenizer(lambda ids: bytes(ids).decode("utf-8", errors="replace")))
+    assert choice.prime(list(data[:3])) == "é"
+    assert choice.push(list(data[3:])) == "😀x"
+    assert (choice.text, choice.tokens) == ("é😀x", len(data))
+
+
+def test_priming_past_a_stop_ends_the_choice_at_once():
+    choice = ChoiceText(["\n"])
+    assert choice.prime(encode("ok\nmore")) == "ok"
+    assert choice.done and choice.finish_reason(False) == "stop" and choice.tokens == 3

@@ -13,7 +13,14 @@ pytest.importorskip("transformers")
 
 from llmq_core import tokenizer as byte_tokenizer  # noqa: E402
 from llmq_core.constants import PREFIX_BLOCK_BYTES  # noqa: E402
-from llmq_core.wire import ChatMessage, GenerationRequest, HttpReply, Outcome, SamplingParams  # noqa: E402
+from llmq_core.wire import (  # noqa: E402
+    ChatMessage,
+    Continuation,
+    GenerationRequest,
+    HttpReply,
+    Outcome,
+    SamplingParams,
+)
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest  # noqa: E402
 from llmq_worker.engines.tiny_model import build_llmq_tiny, tiny_tokenizer  # noqa: E402
 from llmq_worker.engines.transformers_engine import TransformersEngine  # noqa: E402
@@ -487,3 +494,58 @@ async def test_a_header_matched_again_outlives_one_off_prompts_within_the_budget
     finally:
         await engine.close()
     assert cached == [0, 576, 0, 0, 0, 576]
+
+
+# --- continuations: a request resumed from the ids an earlier attempt generated ----------------------------------------
+
+
+def continued(r: GenerationRequest, *token_ids: list[int]) -> GenerationRequest:
+    return msgspec.structs.replace(r, continuation=Continuation(token_ids=list(token_ids)))
+
+
+async def events_of(engine, r: GenerationRequest, timeout_s: float = 60) -> tuple[list[ChunkEvent], FinalEvent]:
+    engine.submit(r)
+    chunks = []
+    async with asyncio.timeout(timeout_s):
+        while True:
+            for event in await engine.next_events():
+                if isinstance(event, FinalEvent):
+                    return chunks, event
+                chunks.append(event)
+
+
+async def test_a_greedy_continuation_resumes_at_its_exact_token_and_counts_each_token_once(engine):
+    prompt = "The quick brown fox 🦊"
+    whole_chunks, whole = await events_of(engine, request("whole", prompt, max_tokens=12))
+    ids = [i for c in whole_chunks for i in c.token_ids]
+    assert len(ids) == whole.usage.completion_tokens == 12 and whole.choices[0].finish_reason == "length"
+    k = 5
+    chunks, final = await events_of(engine, continued(request("cont", prompt, max_tokens=12), ids[:k]))
+    assert (chunks[0].text, chunks[0].token_ids) == (byte_tokenizer.IncrementalDetokenizer().push(ids[:k]), ())
+    assert [i for c in chunks[1:] for i in c.token_ids] == ids[k:]  # only the rest was generated here
+    assert final.choices == whole.choices
+    assert final.usage == whole.usage  # prompt tokens the original's, each completion token once
+    assert "".join(c.text for c in chunks) == whole.choices[0].text
+
+
+@pytest.mark.parametrize(
+    "ids, stop, text, reason, tokens",
+    [
+        (byte_tokenizer.encode("abcdef"), [], "abcdef", "length", 6),  # max_tokens reached
+        ([*byte_tokenizer.encode("ab"), byte_tokenizer.EOS_ID], [], "ab", "stop", 3),  # it ended at an end token
+        (
+            byte_tokenizer.encode("abcd"),
+            ["c"],
+            "ab",
+            "stop",
+            3,
+        ),  # a stop string in it: the ids after it are not counted
+    ],
+)
+async def test_a_continuation_with_nothing_left_ends_at_once(engine, ids, stop, text, reason, tokens):
+    r = continued(request("done", "xyz", max_tokens=6, stop=stop), ids)
+    chunks, final = await events_of(engine, r, timeout_s=5)
+    assert [(c.text, c.token_ids) for c in chunks] == [(text, ())]
+    assert [(c.text, c.finish_reason) for c in final.choices] == [(text, reason)]
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, tokens)
+    assert final.started_ms > 0 and engine.capacity().running == 0

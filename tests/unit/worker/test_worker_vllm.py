@@ -9,18 +9,21 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmq_core.tokenizer import encode
 from llmq_core.wire import Outcome, SamplingParams, Usage
 from llmq_worker import logprobs
 from llmq_worker.engine import ChunkEvent, InvalidRequest
 from llmq_worker.engines.vllm_engine import (
     SEED_MODULUS,
     EngineDied,
+    eos_ids,
     finish_reason,
     text_delta,
+    vllm_continued_kwargs,
     vllm_entries,
     vllm_sampling_kwargs,
 )
-from tests.unit.worker.worker_fakes import ScriptedClient, drain, make_request, scripted_vllm, settle
+from tests.unit.worker.worker_fakes import ScriptedClient, drain, make_request, resumed, scripted_vllm, settle
 
 
 def test_importing_the_worker_never_imports_vllm_or_torch():
@@ -216,3 +219,81 @@ def test_a_constraint_maps_to_vllms_own_structured_outputs():
     assert structured_params(newer)(json_object=True) == {"structured_outputs": {"json_object": True}}
     assert structured_params(older)(json={"a": 1}) == {"guided_decoding": {"json": {"a": 1}}}
     assert structured_params(newer)() == {}
+
+
+# --- token ids and continuations -----------------------------------------------------------------------------------
+
+
+async def events_of(engine, count: int) -> tuple[list[ChunkEvent], dict]:
+    chunks, finals = [], {}
+    async with asyncio.timeout(5):
+        while len(finals) < count:
+            for event in await engine.next_events():
+                if isinstance(event, ChunkEvent):
+                    chunks.append(event)
+                else:
+                    finals[event.request_id] = event
+    return chunks, finals
+
+
+def ids_of(chunks: list[ChunkEvent], request_id: str, index: int = 0) -> list[int]:
+    return [i for c in chunks if (c.request_id, c.index) == (request_id, index) for i in c.token_ids]
+
+
+async def test_every_generated_id_is_reported_once_also_while_its_text_is_held_back(client_engine):
+    _, engine = client_engine
+    engine.submit(make_request("a", "héllo", max_tokens=4))
+    chunks, finals = await events_of(engine, 1)
+    assert ids_of(chunks, "a") == encode("héllo")[:4]
+    assert [(c.text, len(c.token_ids)) for c in chunks] == [("h", 1), ("", 1), ("é", 1), ("l", 1)]
+    assert finals["a"].usage.completion_tokens == 4
+
+
+def test_a_continued_choice_asks_vllm_for_the_rest_without_stop_strings():
+    sampling = SamplingParams(max_tokens=7, stop=["x"], temperature=0.5, seed=3)
+    assert vllm_continued_kwargs(sampling, 1, 3) == vllm_sampling_kwargs(sampling, 1) | {"max_tokens": 4, "stop": []}
+    assert eos_ids(2, [2, 5], None, (7,)) == frozenset({2, 5, 7})
+
+
+async def test_a_continuation_prompts_with_its_ids_and_generates_only_the_rest():
+    client, params = ScriptedClient(), []
+    engine = scripted_vllm(client, make_params=lambda **kwargs: params.append(kwargs) or kwargs)
+    # The scripted vLLM echoes its prompt: prompt + continuation is "abcdefab", of which it generates the rest (4).
+    engine.submit(resumed(make_request("c", "abcdef", max_tokens=6, stop=["zz"]), encode("ab")))
+    chunks, finals = await events_of(engine, 1)
+    final = finals["c"]
+    assert (chunks[0].text, chunks[0].token_ids) == ("ab", ())
+    assert ids_of(chunks, "c") == encode("abcd")
+    assert [(c.text, c.finish_reason) for c in final.choices] == [("ababcd", "length")]
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (6, 6)
+    assert [(p["max_tokens"], p["stop"]) for p in params] == [(4, [])]
+    await engine.close()
+
+
+async def test_a_stop_string_across_the_seam_ends_the_choice_and_aborts_its_vllm_request(client_engine):
+    client, engine = client_engine
+    # prompt + continuation "xyzab": after "ab" the first new id ("x") completes the stop "bx"
+    engine.submit(resumed(make_request("s", "xyz", max_tokens=6, stop=["bx"], n=2), encode("ab"), encode("a")))
+    chunks, finals = await events_of(engine, 1)
+    final = finals["s"]
+    assert [(c.text, c.finish_reason, c.stop_sequence) for c in final.choices] == [
+        ("a", "stop", "bx"),
+        ("axyza", "stop", None),  # the whole echo of its prompt + "a" fits its 5 tokens left: a natural end
+    ]
+    assert final.usage.completion_tokens == 3 + 5
+    assert ids_of(chunks, "s", 0) == encode("x") and ids_of(chunks, "s", 1) == encode("xyza")
+    assert "".join(c.text for c in chunks if c.index == 0) == "a"  # the held "b" was never sent
+    await settle()
+    assert client.aborted == ["s#0"]
+
+
+async def test_a_continuation_with_nothing_left_ends_at_once_without_vllm(client_engine):
+    client, engine = client_engine
+    engine.submit(resumed(make_request("d", "abc", max_tokens=4, n=2), encode("abca"), encode("ab\n")))
+    engine.submit(resumed(make_request("stop", "abc", max_tokens=4, stop=["\n"]), encode("ab\n")))
+    chunks, finals = await events_of(engine, 2)
+    assert [(c.text, c.finish_reason) for c in finals["stop"].choices] == [("ab", "stop")]
+    assert finals["stop"].usage.completion_tokens == 3
+    assert client.started == ["d#1"]  # only the choice with tokens left runs
+    assert [(c.text, c.finish_reason) for c in finals["d"].choices] == [("abca", "length"), ("ab\na", "length")]
+    assert finals["d"].usage.completion_tokens == 8

@@ -7,13 +7,26 @@ import heapq
 import itertools
 from types import SimpleNamespace
 
+import msgspec
+
 from llmq_core.clock import FakeClock
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import encode
-from llmq_core.wire import Batch, ChatMessage, Choice, GenerationRequest, HttpReply, Outcome, SamplingParams, Usage
+from llmq_core.wire import (
+    Batch,
+    ChatMessage,
+    Choice,
+    Continuation,
+    GenerationRequest,
+    HttpReply,
+    Outcome,
+    SamplingParams,
+    Usage,
+)
 from llmq_worker import logprobs
 from llmq_worker.engine import Capacity, ChunkEvent, FinalEvent, InvalidRequest, prompt_text
 from llmq_worker.engines.vllm_engine import VllmEngine
+from llmq_worker.text import ChoiceText
 
 T0_MS = 1_700_000_000_000
 
@@ -89,6 +102,11 @@ def make_request(
         reply_to=HttpReply(instance_id="pod-1"),
         attempt=attempt,
     )
+
+
+def resumed(request: GenerationRequest, *token_ids: list[int]) -> GenerationRequest:
+    """``request`` re-dispatched as a continuation: choice i already generated ``token_ids[i]``."""
+    return msgspec.structs.replace(request, continuation=Continuation(token_ids=list(token_ids)))
 
 
 def batch(*requests, batch_id="b1") -> Batch:
@@ -209,6 +227,9 @@ class ByteCodec:
 
     def text_size(self, token_id: int) -> int:
         return len(logprobs.byte_token_bytes(token_id)) if token_id >= 3 else 0
+
+    def choice(self, stops, budget, logprobs=None) -> ChoiceText:
+        return ChoiceText(stops, budget=budget, logprobs=logprobs is not None)
 
 
 def scripted_vllm(client: ScriptedClient, **overrides) -> VllmEngine:

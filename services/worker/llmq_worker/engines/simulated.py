@@ -13,6 +13,11 @@ replays the prompt's own tokens (see :func:`replay_tokens`), spread evenly over 
 requests of a batch finish at its end. Deterministic: every choice of a request is the same replay, so a ``seed`` always
 reproduces its answer (it needs no use); ``logit_bias`` is checked against the byte vocabulary but does not change the replay.
 Logprobs, when asked, are made up but deterministic (:func:`llmq_worker.logprobs.simulated`).
+
+A continued request (``continuation``, see :mod:`llmq_worker.engine`) resumes each choice of the replay at the number
+of ids its continuation holds (those ids are primed, not checked against the replay) and replays only the rest,
+spread over the batch it runs in like any other request. A continuation of a constrained request or one asking
+logprobs is ignored (it runs from its start).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import collections
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
@@ -30,7 +35,16 @@ from llmq_core.status import ErrorType
 from llmq_core.tokenizer import VOCAB_SIZE, encode
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker import logprobs
-from llmq_worker.engine import Capacity, ChoiceEnd, ChunkEvent, EngineEvent, EventQueue, check_request, prompt_text
+from llmq_worker.engine import (
+    Capacity,
+    ChoiceEnd,
+    ChunkEvent,
+    EngineEvent,
+    EventQueue,
+    check_request,
+    continued_ids,
+    prompt_text,
+)
 from llmq_worker.grammars import minimal_answer
 from llmq_worker.prefix_cache import PrefixLedger, tokens_per_block
 from llmq_worker.text import ChoiceText, ResultBudget
@@ -63,8 +77,9 @@ class _Run:
     tokens: list[int]
     choices: list[ChoiceText]
     prompt_tokens: int
+    starts: list[int]  # per choice: where its replay begins here (a continued one: after its continuation's ids)
     chain: tuple[int, ...] = ()
-    emitted: int = 0
+    emitted: list[int] = field(default_factory=list)  # per choice: replay ids emitted so far
     started_ms: int = 0
     first_token_ms: int = 0
     cached_tokens: int = 0
@@ -78,6 +93,19 @@ class _Run:
             ChoiceEnd(i, c.text, c.tokens, c.finish_reason(natural_end), c.stop_sequence, c.logprobs)
             for i, c in enumerate(self.choices)
         ]
+
+    def __post_init__(self) -> None:
+        self.emitted = list(self.starts)
+
+    @property
+    def rest(self) -> int:
+        """The most replay ids a choice of it has left to emit here."""
+        return max((len(self.tokens) - start for start in self.starts), default=0)
+
+    def target(self, index: int, tick: int, ticks: int) -> int:
+        """Where choice ``index``'s replay stands after ``tick`` of ``ticks``: its rest spread evenly from its start."""
+        start = self.starts[index]
+        return start + (len(self.tokens) - start) * tick // ticks
 
 
 class SimulatedEngine:
@@ -121,14 +149,26 @@ class SimulatedEngine:
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue ``request``. Raises InvalidRequest unless it passes :func:`~llmq_worker.engine.check_request` with the
-        byte vocabulary."""
+        byte vocabulary. A continued request's choices first get their continuation's text (a ChunkEvent each); one
+        that none of them has anything left to generate ends at once."""
         prompt_ids = encode(prompt_text(request))
         check_request(request, prompt_ids, self.context_window, VOCAB_SIZE)
         budget = ResultBudget(self._max_result_bytes)
         asked = request.sampling.logprobs is not None
         choices = [ChoiceText(request.sampling.stop, budget=budget, logprobs=asked) for _ in range(request.sampling.n)]
         chain = self.prefix_ledger.chain(request) if self.prefix_ledger is not None else ()
-        self._queue[request.request_id] = _Run(request, replay_tokens(request), choices, len(prompt_ids), chain)
+        tokens = replay_tokens(request)
+        resumed = continued_ids(request)
+        starts = [min(len(ids), len(tokens)) for ids in resumed] if resumed is not None else [0] * len(choices)
+        run = _Run(request, tokens, choices, len(prompt_ids), starts, chain)
+        if resumed is not None:
+            for index, (choice, ids) in enumerate(zip(choices, resumed, strict=True)):
+                self._chunk(run, index, choice.prime(ids))  # no ids: the worker has them already
+            if all(c.done or start >= len(tokens) for c, start in zip(choices, starts, strict=True)):
+                run.started_ms = self._clock.now_ms()
+                self._finish(run)
+                return
+        self._queue[request.request_id] = run
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever())
         self._wake.set()
@@ -189,7 +229,7 @@ class SimulatedEngine:
             run.started_ms = start_ms
             self._running[run.request.request_id] = run
         poisoned = self._poison_marker is not None and any(self._poison_marker in prompt_text(r.request) for r in runs)
-        ticks = max(1, min(MAX_TICKS, max(len(r.tokens) for r in runs)))
+        ticks = max(1, min(MAX_TICKS, max(r.rest for r in runs)))
         streamed = any(r.request.stream for r in runs)
         for tick in range(1, ticks + 1):
             if not streamed and 1 < tick < ticks:
@@ -199,27 +239,37 @@ class SimulatedEngine:
                 self._fail_running()
                 return
             for run in list(self._running.values()):
-                await self._advance(run, len(run.tokens) * tick // ticks)
+                await self._advance(run, tick, ticks)
         for run in list(self._running.values()):
             self._finish(run)
         self._running.clear()
 
-    async def _advance(self, run: _Run, target: int) -> None:
-        """Emit ``run``'s ids up to ``target``, one choice's slice at a time (n=128 choices of 8,190 ids each cost about
-        0.3 CPU s): heartbeats, cancels and results run between slices. A run canceled meanwhile emits nothing more."""
-        new_ids = run.tokens[run.emitted : target]
+    async def _advance(self, run: _Run, tick: int, ticks: int) -> None:
+        """Emit each choice's ids up to where ``tick`` of ``ticks`` puts it, one choice's slice at a time (n=128
+        choices of 8,190 ids each cost about 0.3 CPU s): heartbeats, cancels and results run between slices. A run
+        canceled meanwhile emits nothing more."""
         top = run.request.sampling.logprobs
-        entries = None
-        if top is not None:
-            raw = logprobs.simulated(new_ids, run.emitted, top)
-            entries = [logprobs.entry(logprobs.byte_token_bytes, i, r) for i, r in zip(new_ids, raw, strict=True)]
-        run.emitted = target
-        if new_ids and not run.first_token_ms:
-            run.first_token_ms = self._clock.now_ms()
+        slices: dict[tuple[int, int], list] = {}  # choices at the same place share one slice (and its entries)
         for index, choice in enumerate(run.choices):
             if run.request.request_id not in self._running:
                 return
-            self._chunk(run, index, choice.push(new_ids, entries))
+            begin, end = run.emitted[index], run.target(index, tick, ticks)
+            run.emitted[index] = end
+            if (begin, end) not in slices:
+                new_ids = run.tokens[begin:end]
+                entries = None
+                if top is not None:
+                    raw = logprobs.simulated(new_ids, begin, top)
+                    entries = [
+                        logprobs.entry(logprobs.byte_token_bytes, i, r) for i, r in zip(new_ids, raw, strict=True)
+                    ]
+                slices[(begin, end)] = [new_ids, entries]
+            new_ids, entries = slices[(begin, end)]
+            if new_ids and not run.first_token_ms:
+                run.first_token_ms = self._clock.now_ms()
+            before = choice.tokens
+            text = choice.push(new_ids, entries)
+            self._chunk(run, index, text, choice.counted(new_ids, before))
             await asyncio.sleep(0)
 
     def _finish(self, run: _Run) -> None:
@@ -234,9 +284,10 @@ class SimulatedEngine:
         log.warning("simulated batch of %d failed", len(self._running))
         self._running.clear()
 
-    def _chunk(self, run: _Run, index: int, text: str) -> None:
-        if text:
-            self._events.put(ChunkEvent(run.request.request_id, index, text, run.choices[index].take_logprobs()))
+    def _chunk(self, run: _Run, index: int, text: str, token_ids: tuple[int, ...] = ()) -> None:
+        if text or token_ids:
+            entries = run.choices[index].take_logprobs()
+            self._events.put(ChunkEvent(run.request.request_id, index, text, entries, token_ids))
 
     async def _sleep_until(self, target_ms: int) -> None:
         delay_ms = target_ms - self._clock.now_ms()

@@ -7,6 +7,11 @@ is per sub-request, and every token is chosen by logits processors of the engine
 (:mod:`llmq_worker.engines.cb_processors`: ``logit_bias``, temperature, top-p, greedy or seeded draws; logprobs by
 :mod:`llmq_worker.engines.cb_logprobs`) while the manager itself runs greedy: a seed reproduces its answer exactly for a request run alone and is best effort in a mixed batch. A crashed generation loop fails every request it held as a
 shared failure (the worker bisects them) and is replaced by a fresh manager on the next submit.
+
+A continued request (``continuation``, see :mod:`llmq_worker.engine`) runs each choice as prompt + its continuation's
+ids, for the rest of ``max_tokens``; its text is primed with those ids. A seeded sampled choice cannot resume its
+generator's stream at the seam (its draws restart from the seed), so it reproduces nothing across one; greedy choices
+continue exactly. A continuation of a constrained request or one asking logprobs is ignored (it runs from its start).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,7 +36,7 @@ from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker import logprobs
 from llmq_worker.checkpoints import load_gguf
-from llmq_worker.engine import ChoiceEnd, ChunkEvent, InvalidRequest, SequenceEngine, check_request
+from llmq_worker.engine import ChoiceEnd, ChunkEvent, InvalidRequest, SequenceEngine, check_request, continued_ids
 from llmq_worker.engines import cb_logprobs, cb_prefix, cb_processors
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
@@ -55,14 +60,21 @@ CPU_TORCH_THREADS = 1
 
 @dataclass(slots=True)
 class _Sub:
-    """One choice of a request, run as one manager request ``<request_id>#<index>``."""
+    """One choice of a request, run as one manager request ``<request_id>#<index>``: prompt + ``resumed`` (a
+    continuation's ids, already in ``text``), for ``max_tokens`` new tokens (the request's less ``resumed``)."""
 
     index: int
     text: ChoiceText
     max_tokens: int
+    resumed: list[int] = field(default_factory=list)
     seen: int = 0
     done: bool = False
     eos: bool = False
+
+    @property
+    def over(self) -> bool:
+        """Nothing to generate: its continuation reached max_tokens, a stop, the byte cap or an end token."""
+        return self.max_tokens <= 0 or self.text.done or self.eos
 
 
 @dataclass(slots=True)
@@ -212,39 +224,47 @@ class TransformersEngine(SequenceEngine):
         self._queue(request, ids, done.result())
 
     def _queue(self, request: GenerationRequest, ids: list[int], matcher) -> None:
-        sampling = request.sampling
         if self.prefix_ledger is not None:
             self.prefix_ledger.record(self.prefix_ledger.chain(request), tokens_per_block(request, len(ids)))
         for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
             self._ensure_manager()
-            budget = ResultBudget(self._max_result_bytes)
-            job = _Job(
-                request,
-                len(ids),
-                [
-                    _Sub(i, self._codec.choice(sampling.stop, budget, sampling.logprobs), sampling.max_tokens)
-                    for i in range(sampling.n)
-                ],
-            )
+            job, replays = _new_job(request, len(ids), self._codec, self._max_result_bytes, self._eos_ids)
             if self._add(job, ids, matcher):
+                self._resume(job, replays)
                 return
             self._retire("the generation loop stopped accepting requests")
         self._fail(job, "the generation loop is not accepting requests")
+
+    def _resume(self, job: _Job, replays: list[str] | None) -> None:
+        """A continued job just added: each choice's first event is its continuation's text; one with nothing left to
+        generate ends now."""
+        if replays is None:
+            return
+        for sub, text in zip(job.subs, replays, strict=True):
+            self._chunk(job, sub, text)
+        if all(sub.over for sub in job.subs):  # nothing runs, so no output will tell when it started
+            job.started_ms = job.started_ms or self._clock.now_ms()
+        for sub in job.subs:
+            if sub.over and not sub.done:
+                self._end_sub(job, sub)
 
     def _add(self, job: _Job, ids: list[int], matcher=None) -> bool:
         """Add every choice of ``job`` to the manager; False (nothing of it left there) when the manager refuses."""
         self._jobs[job.request.request_id] = job
         for sub in job.subs:
+            if sub.over:
+                continue  # a continued choice with nothing left to generate (:meth:`_resume` ends it)
             sub_id = _sub_id(job.request.request_id, sub.index)
             if self.prefix_ledger is not None and self.prefix_ledger.tenant_scoped:
                 cb_prefix.SALTS[sub_id] = cb_prefix.salt_of(job.request.tenant_id)
             self._manager.register_result_handler(
                 sub_id, lambda output, job=job, sub=sub: self._on_output(job, sub, output)
             )
+            # A seeded choice's generator restarts at a seam (it cannot resume its stream): see the module docstring.
             added = self._manager.add_request(
-                ids,
+                ids + sub.resumed,
                 request_id=sub_id,
-                max_new_tokens=job.request.sampling.max_tokens,
+                max_new_tokens=sub.max_tokens,
                 streaming=True,
                 **_sampling_kwargs(job.request, sub.index),
                 **({"grammar": SequenceGrammar(matcher.deep_copy())} if matcher is not None else {}),
@@ -300,7 +320,9 @@ class TransformersEngine(SequenceEngine):
         self._rate.add(len(new_ids))
         if not job.first_token_ms:
             job.first_token_ms = self._clock.now_ms()
-        self._chunk(job, sub, sub.text.push(new_ids, entries))
+        before = sub.text.tokens
+        text = sub.text.push(new_ids, entries)
+        self._chunk(job, sub, text, sub.text.counted(new_ids, before))
 
     def _end_sub(self, job: _Job, sub: _Sub) -> None:
         sub.done = True
@@ -337,9 +359,9 @@ class TransformersEngine(SequenceEngine):
                     # A cancelled request never finishes, so its handler would never be cleaned up (dict.pop is atomic).
                     self._manager.output_router.result_handlers.pop(sub_id, None)
 
-    def _chunk(self, job: _Job, sub: _Sub, text: str) -> None:
-        if text:
-            self._events.put(ChunkEvent(job.request.request_id, sub.index, text, sub.text.take_logprobs()))
+    def _chunk(self, job: _Job, sub: _Sub, text: str, token_ids: tuple[int, ...] = ()) -> None:
+        if text or token_ids:
+            self._events.put(ChunkEvent(job.request.request_id, sub.index, text, sub.text.take_logprobs(), token_ids))
 
     # --- helpers -----------------------------------------------------------------------------------------------------
 
@@ -375,17 +397,34 @@ def route_library_logs(level: str = "WARNING") -> None:
     library_logger.setLevel(level)
 
 
+def _new_job(
+    request: GenerationRequest, prompt_tokens: int, codec: TextCodec, max_result_bytes: int, eos_ids
+) -> tuple[_Job, list[str] | None]:
+    """A fresh job of ``request``, and the text its continuation's ids make per choice (None: not continued)."""
+    sampling = request.sampling
+    budget = ResultBudget(max_result_bytes)
+    resumed = continued_ids(request)
+    subs = []
+    for i in range(sampling.n):
+        ids = resumed[i] if resumed is not None else []
+        text = codec.choice(sampling.stop, budget, sampling.logprobs)
+        subs.append(_Sub(i, text, sampling.max_tokens - len(ids), ids, eos=bool(ids) and ids[-1] in eos_ids))
+    replays = [sub.text.prime(sub.resumed) for sub in subs] if resumed is not None else None
+    return _Job(request, prompt_tokens, subs), replays
+
+
 def _sub_id(request_id: str, index: int) -> str:
     return f"{request_id}#{index}"
 
 
 def _forget_prefix(job: _Job) -> int:
     """Drop the job's entries in :mod:`cb_prefix`'s tables; returns the prompt tokens its first choice found cached
-    (the prompt is counted once, as usage counts it), or what was known before."""
+    (the prompt is counted once, as usage counts it; a continued choice's own ids are no prompt tokens), or what was
+    known before."""
     hits = [cb_prefix.HITS.pop(_sub_id(job.request.request_id, s.index), None) for s in job.subs]
     for sub in job.subs:
         cb_prefix.SALTS.pop(_sub_id(job.request.request_id, sub.index), None)
-    return hits[0] if hits and hits[0] is not None else job.cached_tokens
+    return min(hits[0], job.prompt_tokens) if hits and hits[0] is not None else job.cached_tokens
 
 
 def _sampling_kwargs(request: GenerationRequest, index: int) -> dict:

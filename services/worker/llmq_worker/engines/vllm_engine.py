@@ -13,6 +13,13 @@ before any processing), kept by the rule of :mod:`llmq_worker.text` (a token bel
 before the text's end). Cancelling a request cancels its ``generate`` iterations, which makes vLLM abort them.
 If vLLM's engine dies, :meth:`VllmEngine.next_events` raises :class:`EngineDied`: the worker process exits and its
 uncommitted batches are redelivered.
+
+A continued request (``continuation``, see :mod:`llmq_worker.engine`) prompts each choice with the prompt's ids plus its
+continuation's, for the rest of ``max_tokens`` (:func:`vllm_continued_kwargs`), and takes the text from the generated
+ids itself, through a :class:`~llmq_worker.text.ChoiceText` primed with the continuation's ids: vLLM's own stop strings
+and detokenizer would not see the text before the seam (a stop string or a character across it). A seeded choice
+restarts its generator at the seam (vLLM cannot resume its stream). A continuation of a constrained request or one
+asking logprobs is ignored (it runs from its start).
 """
 
 from __future__ import annotations
@@ -38,9 +45,17 @@ from llmq_core.wire import (
     TokenLogprob,
 )
 from llmq_worker import logprobs
-from llmq_worker.engine import ChoiceEnd, ChunkEvent, EngineEvent, InvalidRequest, SequenceEngine, check_request
+from llmq_worker.engine import (
+    ChoiceEnd,
+    ChunkEvent,
+    EngineEvent,
+    InvalidRequest,
+    SequenceEngine,
+    check_request,
+    continued_ids,
+)
 from llmq_worker.prefix_cache import PrefixLedger, tokens_per_block
-from llmq_worker.text import REPLACEMENT_CHAR, ResultBudget
+from llmq_worker.text import REPLACEMENT_CHAR, ChoiceText, ResultBudget
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +89,13 @@ def vllm_sampling_kwargs(sampling: SamplingParams, index: int) -> dict:
         "include_stop_str_in_output": False,
         "logprobs": sampling.logprobs,
     }
+
+
+def vllm_continued_kwargs(sampling: SamplingParams, index: int, resumed: int) -> dict:
+    """:func:`vllm_sampling_kwargs` of choice ``index`` continued after ``resumed`` generated ids: at most the rest of
+    max_tokens (at least 1 here: a choice with nothing left is not sent to vLLM), and no stop strings (the engine
+    matches them on the text across the seam)."""
+    return vllm_sampling_kwargs(sampling, index) | {"max_tokens": sampling.max_tokens - resumed, "stop": []}
 
 
 def vllm_entries(
@@ -116,6 +138,14 @@ def text_delta(cumulative: str, sent_chars: int) -> str:
     return cumulative.replace(REPLACEMENT_CHAR, "")[sent_chars:]
 
 
+def eos_ids(*values) -> frozenset[int]:
+    """The end-token ids among ``values`` (each an id, a list of ids, or None: a tokenizer's or config's)."""
+    ids = set()
+    for value in values:
+        ids.update(value if isinstance(value, list | tuple) else [] if value is None else [value])
+    return frozenset(int(i) for i in ids)
+
+
 def finish_reason(vllm_reason: str | None) -> FinishReason | None:
     """vLLM's finish_reason as ours: ``stop`` (EOS, stop string or stop token) and ``length``; None for anything else
     (``abort``, ``error``, or not finished)."""
@@ -139,6 +169,59 @@ class _Choice:
     starts: list[int] = field(default_factory=list)  # where each entry's token starts in the text (UTF-8 bytes)
     end_bytes: int = 0  # where the text of the tokens so far ends
     released: int = 0  # entries whose token starts in the text sent
+    resumed: list[int] | None = None  # continued: its continuation's ids (prompted after the prompt's); else None
+    text_path: ChoiceText | None = None  # continued: the text of its ids (vLLM's text and stops are not used)
+    seen: int = 0  # continued: vLLM's generated ids taken so far
+    ended: bool = False  # continued: its text ended it (a stop string, the byte cap): vLLM's request is aborted
+
+    @property
+    def over(self) -> bool:
+        """A continued choice with nothing to generate: max_tokens reached, a stop, the byte cap or an end token."""
+        return self.params is None
+
+    def take_logprobs(self, completion, top: int, budget: ResultBudget, codec) -> bool:
+        """Add the entries of ``completion``'s new tokens (``top`` alternatives each, bytes from ``codec``); False
+        when the result's logprob ``budget`` ran out."""
+        known = len(self.entries)
+        new_ids = list(completion.token_ids[known:])
+        entries = vllm_entries(new_ids, completion.logprobs[known:], top, codec.token_bytes)
+        for token_id, entry in zip(new_ids, entries, strict=True):
+            if not budget.take_logprob(entry):
+                return False
+            self.entries.append(entry)
+            self.starts.append(self.end_bytes)
+            self.end_bytes += codec.text_size(token_id)
+        return True
+
+    def push_resumed(self, completion) -> tuple[str, tuple[int, ...]]:
+        """A continued choice takes vLLM's cumulative ``completion``: its new ids go through its primed text; returns
+        the text released and the ids counted."""
+        new_ids = list(completion.token_ids[self.seen :])
+        self.seen = len(completion.token_ids)
+        before = self.text_path.tokens
+        delta = self.text_path.push(new_ids)
+        self.text, self.tokens = self.text_path.text, self.text_path.tokens
+        return delta, self.text_path.counted(new_ids, before)
+
+    def end_text(self, *, natural_end: bool) -> str:
+        """A continued choice's text ends: returns what it still held back; sets its finish reason and stop string."""
+        rest = self.text_path.finish()
+        self.text = self.text_path.text
+        self.reason, self.stop_sequence = self.text_path.finish_reason(natural_end), self.text_path.stop_sequence
+        return rest
+
+
+def _resumed_choice(
+    index: int, ids: list[int], text: ChoiceText, sampling: SamplingParams, eos: frozenset[int], make_params: Callable
+) -> _Choice:
+    """Choice ``index`` continued after ``ids``: ``text`` primed with them (sent first by ``VllmEngine._resume``), and
+    no parameters when nothing is left to generate."""
+    replay = text.prime(ids)
+    over = len(ids) >= sampling.max_tokens or text.done or (bool(ids) and ids[-1] in eos)
+    params = None if over else make_params(**vllm_continued_kwargs(sampling, index, len(ids)))
+    choice = _Choice(index, params, resumed=ids)
+    choice.text_path, choice.text, choice.tokens = text, replay, text.tokens
+    return choice
 
 
 @dataclass(slots=True)
@@ -194,8 +277,11 @@ class VllmEngine(SequenceEngine):
         clock: Clock = SYSTEM_CLOCK,
         max_result_bytes: int = MAX_RESULT_BYTES,
         prefix_ledger: PrefixLedger | None = None,
+        eos_ids: frozenset[int] = frozenset(),
     ) -> None:
+        """``eos_ids``: the model's end tokens (a continuation ending in one has nothing left to generate)."""
         super().__init__(max_sequences=max_num_seqs, clock=clock, prefix_ledger=prefix_ledger)
+        self._eos_ids = eos_ids
         self.context_window = context_window
         self._max_result_bytes = max_result_bytes
         self._client = client
@@ -245,9 +331,12 @@ class VllmEngine(SequenceEngine):
         )
         client = AsyncLLM.from_engine_args(engine_args)
         constrained = structured_params(vllm)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        hf_eos = getattr(getattr(client.model_config, "hf_config", None), "eos_token_id", None)
         return cls(
             client,
-            TextCodec(AutoTokenizer.from_pretrained(model_path)),
+            TextCodec(tokenizer),
+            eos_ids=eos_ids(tokenizer.eos_token_id, hf_eos),
             make_params=lambda structured=None, **kwargs: vllm.SamplingParams(
                 **kwargs, **constrained(**(structured or {})), output_kind=RequestOutputKind.CUMULATIVE
             ),
@@ -265,26 +354,53 @@ class VllmEngine(SequenceEngine):
 
     def submit(self, request: GenerationRequest) -> None:
         """Start every choice of ``request`` on vLLM. Raises InvalidRequest when it cannot fit the context window, its
-        logit_bias names unknown ids, or vLLM refuses its sampling parameters."""
+        logit_bias names unknown ids, or vLLM refuses its sampling parameters. A continued request's choices first get
+        their continuation's text (a ChunkEvent each); one with nothing left to generate ends at once."""
         sampling = request.sampling
         ids = self._codec.prompt_ids(request)
         check_request(request, ids, self.context_window, self._vocab_size)
+        budget = ResultBudget(self._max_result_bytes)
+        resumed = continued_ids(request)
         try:
             constraint = vllm_structured(request.structured)
             extra = {"structured": constraint} if constraint else {}
-            choices = [
-                _Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i), **extra)) for i in range(sampling.n)
-            ]
+            if resumed is None:
+                choices = [
+                    _Choice(i, self._make_params(**vllm_sampling_kwargs(sampling, i), **extra))
+                    for i in range(sampling.n)
+                ]
+            else:
+                choices = [
+                    _resumed_choice(
+                        i, ids, self._codec.choice(sampling.stop, budget), sampling, self._eos_ids, self._make_params
+                    )
+                    for i, ids in enumerate(resumed)
+                ]
         except self._request_errors as exc:
             raise InvalidRequest(str(exc)) from exc
         for choice in choices:
             choice.entries = None if sampling.logprobs is None else []
-        job = _Job(request, ids, choices, ResultBudget(self._max_result_bytes))
+        job = _Job(request, ids, choices, budget)
         self._jobs[request.request_id] = job
         if self.prefix_ledger is not None:
             self.prefix_ledger.record(self.prefix_ledger.chain(request), tokens_per_block(request, len(ids)))
         loop = asyncio.get_running_loop()
-        job.tasks = [loop.create_task(self._run_choice(job, choice)) for choice in choices]
+        job.tasks = [loop.create_task(self._run_choice(job, choice)) for choice in choices if not choice.over]
+        if resumed is not None:
+            self._resume(job)
+
+    def _resume(self, job: _Job) -> None:
+        """Each continued choice's first event: its continuation's text; one with nothing left to generate ends now."""
+        for choice in job.choices:
+            if choice.text:
+                self._events.put(ChunkEvent(job.request.request_id, choice.index, choice.text))
+        if all(choice.over for choice in job.choices):  # nothing runs, so no output will tell when it started
+            job.started_ms = self._clock.now_ms()
+        for choice in job.choices:
+            if choice.over:
+                ids = choice.resumed
+                self._end_text(job, choice, natural_end=bool(ids) and ids[-1] in self._eos_ids)
+                self._end_choice(job, choice)
 
     async def next_events(self) -> list[EngineEvent]:
         """Events in order; raises EngineDied once vLLM's engine is dead."""
@@ -306,14 +422,17 @@ class VllmEngine(SequenceEngine):
 
     async def _run_choice(self, job: _Job, choice: _Choice) -> None:
         sub_id = f"{job.request.request_id}#{choice.index}"
-        outputs = self._client.generate(self._prompt(job), choice.params, sub_id)
+        outputs = self._client.generate(self._prompt(job, choice), choice.params, sub_id)
         try:
             async with contextlib.aclosing(outputs):  # leaving early (the byte cap) closes it: vLLM aborts the request
                 async for output in outputs:
                     if choice.index == 0:
                         job.cached_tokens = getattr(output, "num_cached_tokens", None) or 0
-                    self._take(job, choice, output.outputs[0])
-                    if choice.capped:
+                    if choice.text_path is not None:
+                        self._take_resumed(job, choice, output.outputs[0])
+                    else:
+                        self._take(job, choice, output.outputs[0])
+                    if choice.capped or choice.ended:
                         break
         except asyncio.CancelledError:
             raise
@@ -322,31 +441,35 @@ class VllmEngine(SequenceEngine):
             return
         self._end_choice(job, choice)
 
-    def _prompt(self, job: _Job):
-        """The vLLM prompt of ``job``: its token ids, salted by tenant when the prefix cache is tenant-scoped."""
+    def _prompt(self, job: _Job, choice: _Choice):
+        """The vLLM prompt of ``choice``: its job's token ids (and a continued choice's own after them), salted by
+        tenant when the prefix cache is tenant-scoped."""
+        ids = job.prompt_ids + choice.resumed if choice.resumed is not None else job.prompt_ids
         ledger = self.prefix_ledger
         if ledger is None or not ledger.tenant_scoped:
-            return self._make_prompt(job.prompt_ids)
-        return self._make_prompt(job.prompt_ids, job.request.tenant_id)
+            return self._make_prompt(ids)
+        return self._make_prompt(ids, job.request.tenant_id)
 
     def _take(self, job: _Job, choice: _Choice, completion) -> None:
         if self._jobs.get(job.request.request_id) is not job:
             return
         now = self._clock.now_ms()
         job.started_ms = job.started_ms or now  # vLLM reports nothing earlier in a stable form: its first output
-        new_tokens = len(completion.token_ids) - choice.tokens
-        if new_tokens > 0:
-            self._rate.add(new_tokens)
+        new_ids = tuple(completion.token_ids[choice.tokens :])
+        if new_ids:
+            self._rate.add(len(new_ids))
             choice.tokens = len(completion.token_ids)
             job.first_token_ms = job.first_token_ms or now
         choice.reason = completion.finish_reason
         choice.stop_sequence = completion.stop_reason if isinstance(completion.stop_reason, str) else None
-        if choice.entries is not None and not self._take_logprobs(job, choice, completion):
+        if choice.entries is not None and not choice.take_logprobs(
+            completion, job.request.sampling.logprobs, job.budget, self._codec
+        ):
             choice.capped, choice.reason, choice.stop_sequence = True, "length", None
         delta = job.budget.take(text_delta(completion.text, len(choice.text))) if not job.budget.exhausted else ""
         if job.budget.exhausted:
             choice.capped, choice.reason, choice.stop_sequence = True, "length", None
-        if delta:
+        if delta or new_ids:
             choice.text += delta
             released = choice.released
             if choice.entries is not None:
@@ -354,22 +477,31 @@ class VllmEngine(SequenceEngine):
                 while choice.released < len(choice.starts) and choice.starts[choice.released] < sent:
                     choice.released += 1
             entries = None if choice.entries is None else choice.entries[released : choice.released]
-            self._events.put(ChunkEvent(job.request.request_id, choice.index, delta, entries))
+            self._events.put(ChunkEvent(job.request.request_id, choice.index, delta, entries, new_ids))
 
-    def _take_logprobs(self, job: _Job, choice: _Choice, completion) -> bool:
-        """Add the entries of ``completion``'s new tokens; False when the result's logprob budget ran out."""
-        known = len(choice.entries)
-        new_ids = list(completion.token_ids[known:])
-        entries = vllm_entries(
-            new_ids, completion.logprobs[known:], job.request.sampling.logprobs, self._codec.token_bytes
-        )
-        for token_id, entry in zip(new_ids, entries, strict=True):
-            if not job.budget.take_logprob(entry):
-                return False
-            choice.entries.append(entry)
-            choice.starts.append(choice.end_bytes)
-            choice.end_bytes += self._codec.text_size(token_id)
-        return True
+    def _take_resumed(self, job: _Job, choice: _Choice, completion) -> None:
+        """A continued choice's output (:meth:`_Choice.push_resumed`); vLLM's finish (EOS, max_tokens) or the text's
+        own end (a stop string, the byte cap) ends it."""
+        if self._jobs.get(job.request.request_id) is not job:
+            return
+        now = self._clock.now_ms()
+        job.started_ms = job.started_ms or now
+        seen = choice.seen
+        delta, counted = choice.push_resumed(completion)
+        if choice.seen > seen:
+            self._rate.add(choice.seen - seen)
+            job.first_token_ms = job.first_token_ms or now
+        if delta or counted:
+            self._events.put(ChunkEvent(job.request.request_id, choice.index, delta, None, counted))
+        if choice.text_path.done or finish_reason(completion.finish_reason) is not None:
+            choice.ended = choice.text_path.done
+            self._end_text(job, choice, natural_end=completion.finish_reason == "stop")
+        else:
+            choice.reason = completion.finish_reason  # None while running; abort or error fail the request
+
+    def _end_text(self, job: _Job, choice: _Choice, *, natural_end: bool) -> None:
+        if rest := choice.end_text(natural_end=natural_end):
+            self._events.put(ChunkEvent(job.request.request_id, choice.index, rest))
 
     def _end_choice(self, job: _Job, choice: _Choice) -> None:
         if self._jobs.get(job.request.request_id) is not job:
