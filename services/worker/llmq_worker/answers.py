@@ -7,7 +7,7 @@ turns that into wire messages, so the core holds no message layout and the write
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -28,6 +28,7 @@ from llmq_core.wire import (
     TokenChunk,
 )
 from llmq_worker.engine import ChunkEvent, FinalEvent
+from llmq_worker.progress import Generated
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ class Active:
     cancel_reason: str | None = None
     seq: int = 0
     sent_tokens: int | None = None  # streaming: tokens of text published to the caller (None: nothing yet)
+    generated: Generated = field(init=False)  # token ids per choice, for another worker to continue from
+    chars: dict[int, int] = field(default_factory=dict)  # streaming: characters of each choice's text sent
+
+    def __post_init__(self) -> None:
+        self.generated = Generated(self.request.continuation)
 
 
 class AnswerWriter:
@@ -98,6 +104,8 @@ class AnswerWriter:
         """The next TokenChunk of ``active``'s stream, counted as sent (its seq and tokens)."""
         request = active.request
         active.sent_tokens = (active.sent_tokens or 0) + count_tokens(event.text)
+        offset = active.chars.get(event.index, 0)
+        active.chars[event.index] = offset + len(event.text)
         chunk = TokenChunk(
             request_id=request.request_id,
             index=event.index,
@@ -107,6 +115,7 @@ class AnswerWriter:
             attempt=request.attempt,
             tenant_id=request.tenant_id,
             logprobs=event.logprobs,
+            offset=offset,
         )
         active.seq += 1
         return chunk
@@ -115,12 +124,21 @@ class AnswerWriter:
         """The StreamMark of a request whose text reached its caller, kept until its deadline has surely passed:
         (request_id, mark, ttl_ms)."""
         request = active.request
-        ttl_ms = max(request.deadline_ms - self._clock.now_ms(), 0) + STREAM_MARK_GRACE_MS
         return (
             request.request_id,
             StreamMark(attempt=request.attempt, completion_tokens=active.sent_tokens or 0, done=done),
-            ttl_ms,
+            self._ttl_ms(request),
         )
+
+    def progress(self, active: Active) -> list[tuple[str, wire.Progress, int]]:
+        """The Progress frames of ``active``'s ids not written yet: (request_id, frame, ttl_ms), kept as long as its
+        stream mark."""
+        request = active.request
+        ttl_ms = self._ttl_ms(request)
+        return [(request.request_id, frame, ttl_ms) for frame in active.generated.frames(request.attempt)]
+
+    def _ttl_ms(self, request: GenerationRequest) -> int:
+        return max(request.deadline_ms - self._clock.now_ms(), 0) + STREAM_MARK_GRACE_MS
 
     def result(
         self, active: Active, outcome: Outcome, *, finished_ms: int | None = None, timings=None, **fields

@@ -21,6 +21,7 @@ from llmq_core.wire import (
     FinalResult,
     HttpReply,
     Outcome,
+    Progress,
     StreamMark,
     TokenChunk,
     Usage,
@@ -50,21 +51,27 @@ REMEMBERED_IDS = 100_000  # cancels that arrived before their request, and finis
 class Outbox:
     """What the loop must send: ``replies`` (Redis channel, message) in order, ``results`` for llmq.results, and the batch
     ``offsets`` (one entry per finished request) to pass to :meth:`WorkerCore.release` once both are delivered.
-    ``marks``: (request_id, StreamMark, ttl_ms) to SET at ``constants.streamed_key`` before the replies are published."""
+    ``marks``: (request_id, StreamMark, ttl_ms) to SET at ``constants.streamed_key`` and ``progress``: (request_id,
+    Progress, ttl_ms) to RPUSH at ``constants.progress_key``, both before the replies are published; ``forget``: the
+    request ids whose progress key goes once their results are out."""
 
     replies: list[tuple[str, TokenChunk | FinalResult]] = field(default_factory=list)
     results: list[FinalResult] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     marks: list[tuple[str, StreamMark, int]] = field(default_factory=list)
+    progress: list[tuple[str, Progress, int]] = field(default_factory=list)
+    forget: list[str] = field(default_factory=list)
 
     def extend(self, other: Outbox) -> None:
         self.replies += other.replies
         self.results += other.results
         self.offsets += other.offsets
         self.marks += other.marks
+        self.progress += other.progress
+        self.forget += other.forget
 
     def __bool__(self) -> bool:
-        return bool(self.replies or self.results or self.offsets or self.marks)
+        return bool(self.replies or self.results or self.offsets or self.marks or self.progress or self.forget)
 
 
 class WorkerCore:
@@ -103,8 +110,11 @@ class WorkerCore:
         """Start every request of ``batch`` (read at ``offset``); answers expired/canceled/invalid ones at once.
 
         ``marks``: the StreamMarks found for streaming requests of the batch (see :func:`streams`). One whose text
-        already reached its caller is answered ``stream_interrupted`` and not run again (one generation per stream);
-        one whose mark is ``done`` already has its result out."""
+        already reached its caller runs only as a continuation (its request carries the tokens generated so far, and
+        the API pod joins the two attempts' text); without one it is answered ``stream_interrupted`` and not run
+        again (one generation per stream). One whose mark is ``done`` already has its result out; one whose mark is
+        of a later attempt streams elsewhere (this is a lost attempt's record, read again by its partition's next
+        worker)."""
         self.last_batch_id = batch.batch_id
         self._offsets.add(offset, len(batch.requests))
         marks = marks or {}
@@ -113,9 +123,11 @@ class WorkerCore:
             mark = marks.get(request.request_id)
             if (request.request_id, request.attempt) in self._finished or (mark is not None and mark.done):
                 out.offsets.append(offset)  # a redelivered duplicate: its result is already out
+            elif mark is not None and mark.attempt > request.attempt:
+                out.offsets.append(offset)  # a lost attempt's record read again: a later attempt streams it
             elif request.request_id in self._active:
                 self._active[request.request_id].offsets.append(offset)
-            elif mark is not None:
+            elif mark is not None and request.continuation is None:
                 active = self._active[request.request_id] = Active(request, [offset], len(batch.requests))
                 out.extend(self._interrupted(active, mark.completion_tokens))
             else:
@@ -155,6 +167,15 @@ class WorkerCore:
             else:
                 del self._active[active.request.request_id]
         self._held.clear()
+
+    def flush_progress(self) -> Outbox:
+        """The Progress frames of every request's tokens generated since its last ones (a stream's text already went
+        out with its own). Call every ``worker.progress_interval_ms``."""
+        out = Outbox()
+        for active in self._active.values():
+            if active.generated.unwritten:
+                out.progress += self._writer.progress(active)
+        return out
 
     def on_events(self, events: list[EngineEvent]) -> Outbox:
         """Turn engine events into TokenChunks and FinalResults; runs the next isolation step when the engine is idle."""
@@ -258,11 +279,14 @@ class WorkerCore:
 
     def _chunk(self, active: Active, event: ChunkEvent) -> Outbox:
         request = active.request
+        active.generated.add(event.index, event.token_ids)
         if not event.text or not streams(request):
             return Outbox()
         chunk = self._writer.chunk(active, event)
         return Outbox(
-            replies=[(replies_channel(request.reply_to.instance_id), chunk)], marks=[self._writer.mark(active)]
+            replies=[(replies_channel(request.reply_to.instance_id), chunk)],
+            marks=[self._writer.mark(active)],
+            progress=self._writer.progress(active),  # the ids of the text sent, and of what it holds back
         )
 
     def _interrupted(self, active: Active, completion_tokens: int) -> Outbox:
@@ -312,6 +336,8 @@ class WorkerCore:
         out = Outbox(results=[result], offsets=list(active.offsets))
         if active.sent_tokens is not None:  # written after the result is produced: replays of it are duplicates
             out.marks.append(self._writer.mark(active, done=True))
+        if active.generated.wrote:
+            out.forget.append(request.request_id)
         if isinstance(request.reply_to, HttpReply):
             out.replies.append((replies_channel(request.reply_to.instance_id), result))
         return out

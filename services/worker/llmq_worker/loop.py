@@ -1,8 +1,9 @@
 """The worker's I/O loop: consume Batches from its partition -> run them on the engine -> publish results.
 
-Four tasks share one :class:`~llmq_worker.core.WorkerCore`: batch fetching (with backpressure), engine events, heartbeats
-(which also expire overdue requests) and Cancels. All policy is in the core; this module only moves bytes, and what the
-core answers goes out through a :class:`~llmq_worker.publisher.ResultPublisher`.
+Five tasks share one :class:`~llmq_worker.core.WorkerCore`: batch fetching (with backpressure), engine events, heartbeats
+(which also expire overdue requests), Cancels, and the progress writes that let another worker continue a request. All
+policy is in the core; this module only moves bytes, and what the core answers goes out through a
+:class:`~llmq_worker.publisher.ResultPublisher`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from redis.exceptions import RedisError
 
 from llmq_core import runtime, tracing, wire
 from llmq_core.clock import SYSTEM_CLOCK, Clock
-from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS, alive_key, streamed_key
+from llmq_core.constants import KAFKA_COMMIT_INTERVAL_MS, alive_key
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, dead_letter
 from llmq_core.metrics import WorkerMetrics
 from llmq_core.names import Names
 from llmq_core.settings import Settings
-from llmq_worker.answers import streams
+from llmq_worker import resume
 from llmq_worker.core import Outbox, WorkerCore
 from llmq_worker.engine import Engine
 from llmq_worker.ledger import LedgerWriter
@@ -55,10 +56,14 @@ class WorkerLoop:
         metrics: WorkerMetrics | None = None,
         names: Names = Names(),
         prefix_reporter: PrefixReporter | None = None,
+        progress_interval_ms: int = 500,
+        max_continuations: int = 3,
     ) -> None:
         """``consumer`` must be started with no subscription; ``max_pending``: requests taken but not final, at most;
         ``names``: the topics and channels it uses (llmq's own; tests may pick others); ``prefix_reporter``: publishes
-        the engine's prefix cache with the heartbeats (None: the engine keeps none)."""
+        the engine's prefix cache with the heartbeats (None: the engine keeps none); ``progress_interval_ms``: how
+        often the tokens generated go to Redis for a continuation (:meth:`WorkerCore.flush_progress`);
+        ``max_continuations``: the batchers' limit, which a restarted worker's continuations count against too."""
         self._core = core
         self._engine = engine
         self._consumer = consumer
@@ -80,6 +85,8 @@ class WorkerLoop:
         self._publisher = ResultPublisher(producer, redis, names, self._spans)
         self._ledger = LedgerWriter(redis, names, core.worker_id)
         self._prefix_reporter = prefix_reporter
+        self._progress_interval_ms = progress_interval_ms
+        self._max_continuations = max_continuations
 
     @classmethod
     def build(
@@ -126,6 +133,8 @@ class WorkerLoop:
             metrics=metrics,
             names=names,
             prefix_reporter=reporter,
+            progress_interval_ms=settings.worker.progress_interval_ms,
+            max_continuations=settings.batcher.max_continuations,
         )
 
     @property
@@ -139,6 +148,7 @@ class WorkerLoop:
         workers = [
             asyncio.create_task(self._events(), name="events"),
             asyncio.create_task(self._cancels(), name="cancels"),
+            asyncio.create_task(self._progress_writes(), name="progress"),
         ]
         takers = [
             asyncio.create_task(self._fetch(), name="fetch"),
@@ -196,36 +206,22 @@ class WorkerLoop:
             self._metrics.batch_taken(batch)
         if tracing.enabled():
             self._spans.taken(batch, self._clock.now_ms())
-        out = self._core.take_batch(batch, record.offset, await self._stream_marks(batch))
+        marks = await resume.stream_marks(self._redis, batch)
+        batch = await resume.continued(self._redis, batch, marks, self._max_continuations)
+        out = self._core.take_batch(batch, record.offset, marks)
         await asyncio.sleep(0)  # an idle engine starts its window with this batch first: the ledger then says so
         await self._write_ledger(took=batch.batch_id)
         return out
-
-    async def _stream_marks(self, batch: wire.Batch) -> dict[str, wire.StreamMark]:
-        """The StreamMarks of the batch's streaming requests, in one round trip (none without Redis: the API pod still
-        never mixes two generations, it ends such a stream with an error instead)."""
-        ids = [r.request_id for r in batch.requests if streams(r)]
-        if not ids:
-            return {}
-        try:
-            values = await self._redis.mget([streamed_key(i) for i in ids])
-        except (RedisError, OSError) as exc:
-            log.warning("reading stream marks failed (%r): running the batch without them", exc)
-            return {}
-        marks = {}
-        for request_id, value in zip(ids, values):
-            try:
-                mark = wire.decode(value) if value is not None else None
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                mark = None
-            if isinstance(mark, wire.StreamMark):
-                marks[request_id] = mark
-        return marks
 
     async def _events(self) -> None:
         while True:
             events = await self._engine.next_events()
             await self._deliver(self._core.on_events(events))
+
+    async def _progress_writes(self) -> None:
+        while True:
+            await asyncio.sleep(self._progress_interval_ms / 1000)
+            await self._deliver(self._core.flush_progress())
 
     async def _cancels(self) -> None:
         while True:

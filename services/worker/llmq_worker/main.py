@@ -26,7 +26,7 @@ log = logging.getLogger("llmq_worker")
 
 
 # The settings groups a worker reads (validated at start; a bad value elsewhere is no concern of it)
-GROUPS = ("region", "kafka", "redis", "models", "worker", "observability", "runtime")
+GROUPS = ("region", "kafka", "redis", "models", "worker", "batcher", "observability", "runtime")
 
 # flag -> (WorkerSettings field, argparse options); each flag's default is its setting (env LLMQ_WORKER_<FIELD>)
 _FLAGS: dict[str, tuple[str, dict]] = {

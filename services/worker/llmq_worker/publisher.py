@@ -1,5 +1,5 @@
-"""Publishing what the worker core wrote: results to llmq.results (durable), then stream marks and replies to Redis
-(best effort).
+"""Publishing what the worker core wrote: results to llmq.results (durable), then stream marks, progress frames and
+replies to Redis (best effort).
 
 Produce first: a result the broker refuses is replaced by its errored stand-in before any waiter sees it, so the
 caller's answer is always the durable outcome (DESIGN invariant 1). The cost is one produce ack on the answer's path
@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from llmq_core import tracing, wire
-from llmq_core.constants import streamed_key
+from llmq_core.constants import progress_key, streamed_key
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, headers
 from llmq_core.names import Names
 from llmq_core.status import ErrorCode
@@ -47,11 +47,16 @@ class ResultPublisher:
         traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
         produced = await asyncio.gather(*(self._produce_result(r, traced) for r in out.results))
         stand_ins = {r.request_id: r for r, original in zip(produced, out.results, strict=True) if r is not original}
-        if out.replies or out.marks:
+        if out.replies or out.marks or out.progress or out.forget:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for request_id, mark, ttl_ms in out.marks:  # before its chunk: a mark never trails what was sent
                         pipe.set(streamed_key(request_id), wire.encode(mark), px=ttl_ms)
+                    for request_id, frame, ttl_ms in out.progress:  # likewise: a continuation holds what was sent
+                        pipe.rpush(progress_key(request_id), wire.encode(frame))
+                        pipe.pexpire(progress_key(request_id), ttl_ms)
+                    if out.forget:  # their results are produced: no worker will continue them
+                        pipe.delete(*(progress_key(request_id) for request_id in out.forget))
                     for channel, message in out.replies:
                         if isinstance(message, wire.FinalResult):
                             message = stand_ins.get(message.request_id, message)

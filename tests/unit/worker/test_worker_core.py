@@ -7,11 +7,11 @@ import msgspec
 from llmq_core.clock import FakeClock
 from llmq_core.constants import replies_channel
 from llmq_core.status import ErrorCode
-from llmq_core.wire import FinalResult, KafkaReply, Outcome, StreamMark, TokenChunk
+from llmq_core.wire import FinalResult, KafkaReply, Outcome, Progress, StreamMark, TokenChunk
 from llmq_worker.answers import STREAM_MARK_GRACE_MS
 from llmq_worker.core import WorkerCore
 from llmq_worker.engine import ChunkEvent
-from tests.unit.worker.worker_fakes import T0_MS, StepEngine, batch, make_request
+from tests.unit.worker.worker_fakes import T0_MS, StepEngine, batch, make_request, resumed
 
 POD = replies_channel("pod-1")
 
@@ -51,7 +51,7 @@ def test_runs_a_batch_and_commits_after_delivery():
     )
     assert (final.timings.queued_ms, final.timings.ttft_ms, final.timings.total_ms) == (100, 105, 110)
     assert [m for _, m in out.replies if isinstance(m, TokenChunk)] == [
-        TokenChunk(request_id="a", index=0, text="hi", seq=0, sent_ms=clock.now_ms(), tenant_id="default")
+        TokenChunk(request_id="a", index=0, text="hi", seq=0, sent_ms=clock.now_ms(), tenant_id="default", offset=0)
     ]  # the request's tenant: the pod takes chunks only for the tenant it holds the request for
     assert {ch for ch, _ in out.replies} == {POD}
     assert sorted(out.offsets) == [41, 41]
@@ -217,6 +217,47 @@ def test_a_request_marked_mid_stream_is_answered_interrupted_and_not_run_again()
     assert out.marks[0][1] == StreamMark(attempt=1, completion_tokens=7, done=True)
     assert set(engine.submitted) == {"fresh", "n"}
     assert out.offsets == [9]
+
+
+def test_a_continued_stream_runs_again_and_restates_its_tokens_before_its_new_ones():
+    clock, engine, core = setup()
+    request = resumed(make_request("s", "hello", attempt=1, deadline_ms=T0_MS + 5_000), [104, 101])
+    core.take_batch(batch(request), offset=3, marks={"s": StreamMark(attempt=0, completion_tokens=2)})
+    assert engine.submitted["s"].continuation is not None  # it runs: the pod joins the two attempts' text
+    ttl_ms = T0_MS + 5_000 - clock.now_ms() + STREAM_MARK_GRACE_MS
+    replay = core.on_events([ChunkEvent("s", 0, "he")])  # the engine's replay of the continuation: no new ids
+    assert [(m.text, m.seq, m.attempt, m.offset) for _, m in replay.replies] == [("he", 0, 1, 0)]
+    assert replay.progress == [("s", Progress(attempt=1, index=0, start=0, token_ids=[104, 101]), ttl_ms)]
+    more = core.on_events([ChunkEvent("s", 0, "ll", token_ids=(108, 108))])
+    assert [(m.text, m.seq, m.offset) for _, m in more.replies] == [("ll", 1, 2)]
+    assert [frame for _, frame, _ in more.progress] == [Progress(attempt=1, index=0, start=2, token_ids=[108, 108])]
+    done = core.on_events([engine.final(engine.submitted.pop("s"), Outcome.SUCCEEDED, "hell")])
+    assert done.forget == ["s"] and results_of(done)["s"].outcome is Outcome.SUCCEEDED
+
+
+def test_a_request_that_does_not_stream_writes_its_progress_when_flushed_and_forgets_it_at_its_result():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("n", "hi", stream=False)), offset=0)
+    assert not core.flush_progress()  # nothing generated yet
+    quiet = core.on_events([ChunkEvent("n", 0, "", token_ids=(104,))])  # ids whose text is held back
+    assert not quiet.replies and not quiet.progress  # not a stream: its frames wait for the next flush
+    assert [f for _, f, _ in core.flush_progress().progress] == [Progress(attempt=0, index=0, start=0, token_ids=[104])]
+    assert not core.flush_progress()  # nothing new since
+    out = core.on_events([engine.final(engine.submitted.pop("n"), Outcome.SUCCEEDED, "h")])
+    assert out.forget == ["n"]
+
+
+def test_a_result_with_no_progress_written_forgets_nothing():
+    _, engine, core = setup()
+    core.take_batch(batch(make_request("n", "hi", stream=False)), offset=0)
+    out = run_until_idle(core, engine)
+    assert out.forget == [] and results_of(out)["n"].outcome is Outcome.SUCCEEDED
+
+
+def test_a_lost_attempts_record_read_again_is_skipped_when_a_later_attempt_streams_it():
+    _, engine, core = setup()
+    out = core.take_batch(batch(make_request("s", attempt=0)), offset=6, marks={"s": StreamMark(attempt=1)})
+    assert not out.results and not engine.submitted and core.release(out.offsets) == 7
 
 
 def test_a_request_whose_mark_is_done_is_a_duplicate():
