@@ -5,6 +5,7 @@ the pods' reply channels), settling what went out. What a failed batch produce m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 
@@ -17,7 +18,7 @@ from llmq_batcher.capacity import CLAIM_RETRY_MS
 from llmq_batcher.outcomes import final_result
 from llmq_batcher.policy import Answer, BatchDispatch, Decision
 from llmq_batcher.shared import Shared
-from llmq_core import constants, kafka, tracing, wire
+from llmq_core import constants, continuation, kafka, progress, tracing, wire
 from llmq_core.status import ErrorCode, ErrorType, outcome_label
 from llmq_core.telemetry import request_fields
 
@@ -104,6 +105,7 @@ class Dispatcher:
         batch = await self._claimed(batch)
         if batch is None:
             return []
+        batch = await self._continued(batch)
         message, flushes = batch.to_wire(), []
         if tracing.enabled():
             message, flushes = shared.spans.flush(message, batch.partition)
@@ -149,6 +151,27 @@ class Dispatcher:
         if kept is not batch:
             shared.wake.set()  # what was not granted goes out in a later round
         return kept
+
+    async def _continued(self, batch: BatchDispatch) -> BatchDispatch:
+        """``batch`` with each re-dispatched request carrying what its earlier attempts generated (read from their
+        progress frames: :func:`llmq_core.continuation.continued`). Progress that cannot be read leaves the requests
+        to run from their start (a stream that reached its caller then ends ``stream_interrupted``)."""
+        retried = [r.request_id for r in batch.requests if r.attempt > 0]
+        if not retried:
+            return batch
+        try:
+            frames = await progress.read(self.shared.redis, retried)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("reading the progress of %d re-dispatched requests failed: %r", len(retried), exc)
+            frames = {}
+        max_hops = self.shared.policy.config.max_continuations
+        requests = [
+            continuation.continued(r, frames.get(r.request_id, ()), max_hops) if r.attempt > 0 else r
+            for r in batch.requests
+        ]
+        if self.shared.metrics is not None:
+            self.shared.metrics.redispatched(batch.model, [r for r in requests if r.attempt > 0])
+        return dataclasses.replace(batch, requests=requests)
 
     async def _produce_failed(self, batch: BatchDispatch, exc: Exception) -> list[BatchDispatch]:
         """Carry :func:`on_produce_error` out; returns the parts of a split batch that went out."""

@@ -99,6 +99,7 @@ class PolicyConfig:
     prefix_routing: bool = True  # see prefix_route.py
     prefix_affinity_max_load: float = 0.75
     prefix_index_ttl_ms: int = 5000
+    max_continuations: int = 3  # see llmq_core.continuation
 
     @classmethod
     def from_settings(cls, settings: Settings, batch_id_prefix: str) -> PolicyConfig:
@@ -119,6 +120,7 @@ class PolicyConfig:
             prefix_routing=batcher.prefix_routing,
             prefix_affinity_max_load=batcher.prefix_affinity_max_load,
             prefix_index_ttl_ms=batcher.prefix_index_ttl_ms,
+            max_continuations=batcher.max_continuations,
         )
 
     @classmethod

@@ -19,9 +19,10 @@ from aiokafka.errors import (
 
 from llmq_batcher.dispatch import is_permanent, retry_delay_ms
 from llmq_core import constants, wire
+from llmq_core.metrics import BatcherMetrics
 from llmq_core.status import ErrorCode
 from tests.fakes import FakeConsumer, Record
-from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, NAMES, T0, hb, make_loop, req
+from tests.unit.batcher.helpers import DEFERRED, INTERACTIVE, MODEL, NAMES, T0, hb, make_loop, req
 
 
 def _json(request: wire.GenerationRequest, header: bool) -> Record:
@@ -102,6 +103,31 @@ async def test_failed_produce_hands_the_batch_back_and_commits_nothing(batcher):
     assert [wire.decode(s["value"]).requests[0].attempt for s in producer.on(NAMES.batches_topic)] == [1]
     assert consumer.commits == [{INTERACTIVE: 1}]
     assert redis.hashes[NAMES.stats_key][b"batches"] == 1
+
+
+async def test_a_request_of_a_lost_worker_goes_out_again_continuing_from_its_progress():
+    loop, _, producer, redis = make_loop(metrics=BatcherMetrics(), policy_config={"worker_heartbeat_timeout_ms": 2000})
+    loop.policy.on_heartbeat(hb("w1", free=8), loop.clock.now_ms())
+    for offset, request_id in enumerate(["r1", "r2"]):
+        await loop.ingest(INTERACTIVE, Record(offset=offset, value=wire.encode(req(request_id, max_tokens=50))))
+    await loop.step()
+    frames = [
+        wire.Progress(attempt=0, index=0, start=0, token_ids=[5, 6]),
+        wire.Progress(attempt=0, index=0, start=2, token_ids=[7]),
+    ]
+    await redis.rpush(constants.progress_key("r1"), *(wire.encode(f) for f in frames), b"not a frame")
+    loop.clock.advance(2001)  # w1 went silent: its two requests go to w2 as attempt 1
+    loop.policy.on_heartbeat(hb("w2", free=8, now_ms=loop.clock.now_ms()), loop.clock.now_ms())
+    await loop.step(drain=True)
+    _, again = [wire.decode(s["value"]) for s in producer.on(NAMES.batches_topic)]
+    assert {r.request_id: (r.attempt, r.continuation) for r in again.requests} == {
+        "r1": (1, wire.Continuation(token_ids=[[5, 6, 7]], hops=1, from_attempt=0)),
+        "r2": (1, None),  # nothing generated (or none written): from its start
+    }
+    registry = loop.metrics.registry
+    assert registry.get_sample_value("llmq_batcher_redispatches_total", {"model": MODEL, "outcome": "continued"}) == 1
+    assert registry.get_sample_value("llmq_batcher_redispatches_total", {"model": MODEL, "outcome": "from_start"}) == 1
+    assert registry.get_sample_value("llmq_batcher_continued_tokens_total", {"model": MODEL}) == 3
 
 
 async def test_batch_stats_count_batches_requests_and_flush_reasons(batcher):
