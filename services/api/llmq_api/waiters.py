@@ -12,6 +12,8 @@ import asyncio
 import enum
 from dataclasses import dataclass
 
+import msgspec
+
 from llmq_core import wire
 
 
@@ -49,10 +51,14 @@ class DuplicateRequestError(Exception):
 class Waiter:
     """One request's mailbox: TokenChunks (streaming only), then its resolution.
 
-    Chunks pass in order (``seq`` 0, 1, 2...) and of one generation only: the ``attempt`` of the first one that passed.
-    Once one passed, a chunk of another attempt, a repeat or a gap (a lost chunk, or a generation run again from
-    its start) stops all later chunks: the rest of the text may come only from the FinalResult, and only if it
-    extends what the client got (see ``responses.StreamResponse``)."""
+    Chunks pass in order (``seq`` 0, 1, 2...) and of one generation: an attempt's, or a run that continues it (its
+    worker was lost: another, or the same one restarted, continued from the tokens generated, see
+    ``llmq_core.continuation``). A continuing run starts at seq 0, of the same or a later attempt, and its chunks carry
+    their ``offset`` in the choice's text: what the client already has of it is cut off (it must be the same text),
+    the rest passes; chunks of an older attempt are dropped.
+    A repeat or a gap, a later attempt without offsets, or text that is not the client's stops all later chunks: the
+    rest of the text may come only from the FinalResult, and only if it extends what the client got (see
+    ``responses.StreamResponse``)."""
 
     def __init__(self, request_id: str, stream: bool, tenant_id: str | None = None) -> None:
         """``tenant_id``: whose request this is (replies naming another are forgeries); None: not checked."""
@@ -64,6 +70,7 @@ class Waiter:
         self._last_seq = -1
         self.attempt: int | None = None  # of the chunks that passed
         self._sealed = False
+        self._texts: dict[int, str] = {}  # choice index -> the text passed (to join a continued attempt's)
 
     @property
     def done(self) -> bool:
@@ -76,13 +83,34 @@ class Waiter:
     def _push_chunk(self, chunk: wire.TokenChunk) -> bool:
         if not self.stream or self.done or self._sealed:
             return False
-        if chunk.seq != self._last_seq + 1 or (self.attempt is not None and chunk.attempt != self.attempt):
+        if self.attempt is not None and chunk.attempt < self.attempt:
+            return False  # a lost attempt's late chunk: its continuation is streaming
+        if self.attempt is not None and chunk.attempt >= self.attempt and chunk.seq == 0 and chunk.offset >= 0:
+            self._last_seq = -1  # a continuation starts (the same attempt's: its worker was restarted)
+        elif chunk.seq != self._last_seq + 1 or (self.attempt is not None and chunk.attempt != self.attempt):
             self._sealed = self.attempt is not None
             return False
         self.attempt = chunk.attempt
         self._last_seq = chunk.seq
-        self._events.put_nowait(chunk)
+        text = self._new_text(chunk)
+        if text is None:
+            self._sealed = True
+            return False
+        if text:
+            self._texts[chunk.index] = self._texts.get(chunk.index, "") + text
+            self._events.put_nowait(chunk if text is chunk.text else msgspec.structs.replace(chunk, text=text))
         return True
+
+    def _new_text(self, chunk: wire.TokenChunk) -> str | None:
+        """What ``chunk`` adds to the text its choice passed ("" if nothing); None when it contradicts that text or
+        leaves a gap after it. A chunk without an offset follows the last."""
+        have = self._texts.get(chunk.index, "")
+        if chunk.offset < 0:
+            return chunk.text
+        known = len(have) - chunk.offset
+        if known < 0 or not have.startswith(chunk.text[:known], chunk.offset):
+            return None
+        return chunk.text[known:] if known > 0 else chunk.text
 
     def _resolve(self, resolution: Resolution) -> None:
         self.resolution = resolution

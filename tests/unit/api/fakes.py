@@ -37,8 +37,10 @@ def refusal(rejection) -> tuple:
     return rejection.reason, error.status, error.type, error.code, error.param, error.headers
 
 
-def chunk(request_id: str, text: str, seq: int, index: int = 0, attempt: int = 0) -> wire.TokenChunk:
-    return wire.TokenChunk(request_id=request_id, index=index, text=text, seq=seq, sent_ms=0, attempt=attempt)
+def chunk(request_id: str, text: str, seq: int, index: int = 0, attempt: int = 0, offset: int = -1) -> wire.TokenChunk:
+    return wire.TokenChunk(
+        request_id=request_id, index=index, text=text, seq=seq, sent_ms=0, attempt=attempt, offset=offset
+    )
 
 
 class CancelRecorder:

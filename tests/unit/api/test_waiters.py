@@ -105,6 +105,63 @@ async def test_chunks_after_a_lost_chunk_are_dropped_the_result_brings_the_rest(
     assert events[1].choices[0].text == "abcd"
 
 
+async def test_a_continued_attempt_joins_the_stream_after_the_text_the_client_has():
+    registry = WaiterRegistry(10)
+    waiter = registry.register("r1", stream=True)
+    for seq, text, offset in [(0, "hel", 0), (1, "lo", 3)]:
+        assert registry.dispatch(chunk("r1", text, seq, offset=offset))
+    # its worker was lost; the next one replays the tokens it had (more than the client got: " w" was held back)
+    assert registry.dispatch(chunk("r1", "hello w", 0, attempt=1, offset=0))
+    assert not registry.dispatch(chunk("r1", "!", 2, offset=5))  # the lost attempt's late chunk: dropped
+    assert registry.dispatch(chunk("r1", "orld", 1, attempt=1, offset=7))
+    assert registry.dispatch(chunk("r1", "x", 2, index=1, attempt=1, offset=0))  # seq counts every choice's chunks
+    registry.dispatch(final("r1", "hello world"))
+    events = [await waiter.next_event() for _ in range(6)]
+    assert [(e.index, e.text) for e in events[:5]] == [(0, "hel"), (0, "lo"), (0, " w"), (0, "orld"), (1, "x")]
+    assert waiter.attempt == 1 and events[5].choices[0].text == "hello world"
+
+
+async def test_a_restarted_worker_continues_the_same_attempt():
+    registry = WaiterRegistry(10)
+    waiter = registry.register("r1", stream=True)
+    assert registry.dispatch(chunk("r1", "ab", 0, offset=0)) and registry.dispatch(chunk("r1", "c", 1, offset=2))
+    assert registry.dispatch(chunk("r1", "abc", 0, offset=0))  # attempt 0 again: its worker's next process
+    assert registry.dispatch(chunk("r1", "d", 1, offset=3))
+    registry.dispatch(final("r1", "abcd"))
+    events = [await waiter.next_event() for _ in range(4)]
+    assert [e.text for e in events[:3]] == ["ab", "c", "d"] and waiter.attempt == 0
+
+
+async def test_a_replay_that_only_restates_the_clients_text_adds_nothing():
+    registry = WaiterRegistry(10)
+    waiter = registry.register("r1", stream=True)
+    assert registry.dispatch(chunk("r1", "abc", 0, offset=0))
+    assert registry.dispatch(chunk("r1", "ab", 0, attempt=1, offset=0))  # the frames held less: nothing new
+    assert registry.dispatch(chunk("r1", "cd", 1, attempt=1, offset=2))  # overlaps the client's "c"
+    registry.dispatch(final("r1", "abcd"))
+    events = [await waiter.next_event() for _ in range(3)]
+    assert [e.text for e in events[:2]] == ["abc", "d"]
+
+
+@pytest.mark.parametrize(
+    "joining",
+    [
+        chunk("r1", "hexyz", 0, attempt=1, offset=0),  # not the client's text
+        chunk("r1", "rld", 0, attempt=1, offset=8),  # past what the client has: a gap
+        chunk("r1", "hello", 0, attempt=1),  # no offset (a worker from before continuations): a run from its start
+    ],
+)
+async def test_a_later_attempt_that_cannot_join_stops_the_stream_and_the_result_decides(joining):
+    registry = WaiterRegistry(10)
+    waiter = registry.register("r1", stream=True)
+    assert registry.dispatch(chunk("r1", "hello", 0, offset=0))
+    assert not registry.dispatch(joining)
+    assert not registry.dispatch(chunk("r1", "more", 1, attempt=1, offset=len(joining.text)))
+    registry.dispatch(final("r1", "hello world"))
+    events = [await waiter.next_event() for _ in range(2)]
+    assert events[0].text == "hello" and events[1].choices[0].text == "hello world"
+
+
 async def test_chunks_for_non_streaming_waiters_are_dropped():
     registry = WaiterRegistry(10)
     waiter = registry.register("r1", stream=False)
