@@ -70,7 +70,8 @@ class Waiter:
         self._last_seq = -1
         self.attempt: int | None = None  # of the chunks that passed
         self._sealed = False
-        self._texts: dict[int, str] = {}  # choice index -> the text passed (to join a continued attempt's)
+        self._texts: dict[int, list[str]] = {}  # choice index -> the pieces of text passed (to join a continuing run)
+        self._chars: dict[int, int] = {}  # choice index -> characters passed
 
     @property
     def done(self) -> bool:
@@ -97,20 +98,22 @@ class Waiter:
             self._sealed = True
             return False
         if text:
-            self._texts[chunk.index] = self._texts.get(chunk.index, "") + text
-            self._events.put_nowait(chunk if text is chunk.text else msgspec.structs.replace(chunk, text=text))
+            self._texts.setdefault(chunk.index, []).append(text)
+            self._chars[chunk.index] = self._chars.get(chunk.index, 0) + len(text)
+            trimmed = len(text) < len(chunk.text)
+            self._events.put_nowait(msgspec.structs.replace(chunk, text=text) if trimmed else chunk)
         return True
 
     def _new_text(self, chunk: wire.TokenChunk) -> str | None:
         """What ``chunk`` adds to the text its choice passed ("" if nothing); None when it contradicts that text or
         leaves a gap after it. A chunk without an offset follows the last."""
-        have = self._texts.get(chunk.index, "")
-        if chunk.offset < 0:
+        known = self._chars.get(chunk.index, 0) - chunk.offset
+        if chunk.offset < 0 or known == 0:
             return chunk.text
-        known = len(have) - chunk.offset
-        if known < 0 or not have.startswith(chunk.text[:known], chunk.offset):
+        if known < 0:
             return None
-        return chunk.text[known:] if known > 0 else chunk.text
+        have = "".join(self._texts[chunk.index])  # a continuing run's first chunks only: they restate text passed
+        return chunk.text[known:] if have.startswith(chunk.text[:known], chunk.offset) else None
 
     def _resolve(self, resolution: Resolution) -> None:
         self.resolution = resolution
