@@ -130,11 +130,12 @@ class AnswerWriter:
             self._ttl_ms(request),
         )
 
-    def progress(self, active: Active) -> list[tuple[str, wire.Progress, int]]:
-        """The Progress frames of ``active``'s ids not written yet: (request_id, frame, ttl_ms), kept as long as its
-        stream mark."""
+    def progress(self, active: Active) -> list[tuple[str, wire.Progress, int | None]]:
+        """The Progress frames of ``active``'s ids not written yet: (request_id, frame, ttl_ms), their key kept as long
+        as its stream mark; ttl_ms None once this worker set the key's expiry (its first frames did: the deadline
+        does not move)."""
         request = active.request
-        ttl_ms = self._ttl_ms(request)
+        ttl_ms = None if active.generated.wrote else self._ttl_ms(request)
         return [(request.request_id, frame, ttl_ms) for frame in active.generated.frames(request.attempt)]
 
     def _ttl_ms(self, request: GenerationRequest) -> int:

@@ -52,14 +52,14 @@ class Outbox:
     """What the loop must send: ``replies`` (Redis channel, message) in order, ``results`` for llmq.results, and the batch
     ``offsets`` (one entry per finished request) to pass to :meth:`WorkerCore.release` once both are delivered.
     ``marks``: (request_id, StreamMark, ttl_ms) to SET at ``constants.streamed_key`` and ``progress``: (request_id,
-    Progress, ttl_ms) to RPUSH at ``constants.progress_key``, both before the replies are published; ``forget``: the
-    request ids whose progress key goes once their results are out."""
+    Progress, ttl_ms: None once set) to RPUSH at ``constants.progress_key``, both before the replies are published;
+    ``forget``: the request ids whose progress key goes once their results are out."""
 
     replies: list[tuple[str, TokenChunk | FinalResult]] = field(default_factory=list)
     results: list[FinalResult] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     marks: list[tuple[str, StreamMark, int]] = field(default_factory=list)
-    progress: list[tuple[str, Progress, int]] = field(default_factory=list)
+    progress: list[tuple[str, Progress, int | None]] = field(default_factory=list)
     forget: list[str] = field(default_factory=list)
 
     def extend(self, other: Outbox) -> None:

@@ -54,7 +54,8 @@ class ResultPublisher:
                         pipe.set(streamed_key(request_id), wire.encode(mark), px=ttl_ms)
                     for request_id, frame, ttl_ms in out.progress:  # likewise: a continuation holds what was sent
                         pipe.rpush(progress_key(request_id), wire.encode(frame))
-                        pipe.pexpire(progress_key(request_id), ttl_ms)
+                        if ttl_ms is not None:
+                            pipe.pexpire(progress_key(request_id), ttl_ms)
                     if out.forget:  # their results are produced: no worker will continue them
                         pipe.delete(*(progress_key(request_id) for request_id in out.forget))
                     for channel, message in out.replies:

@@ -231,6 +231,7 @@ def test_a_continued_stream_runs_again_and_restates_its_tokens_before_its_new_on
     more = core.on_events([ChunkEvent("s", 0, "ll", token_ids=(108, 108))])
     assert [(m.text, m.seq, m.offset) for _, m in more.replies] == [("ll", 1, 2)]
     assert [frame for _, frame, _ in more.progress] == [Progress(attempt=1, index=0, start=2, token_ids=[108, 108])]
+    assert [ttl for _, _, ttl in more.progress] == [None]  # its key's expiry was set with its first frames
     done = core.on_events([engine.final(engine.submitted.pop("s"), Outcome.SUCCEEDED, "hell")])
     assert done.forget == ["s"] and results_of(done)["s"].outcome is Outcome.SUCCEEDED
 
