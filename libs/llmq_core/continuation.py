@@ -52,7 +52,7 @@ def continued(
     does not cross a seam: the grammar's and the entries of the tokens before it), or a record past
     MAX_REQUEST_RECORD_BYTES with it. A stream whose text reached its caller and that is not continued is answered
     ``stream_interrupted`` by the worker that takes it."""
-    if request.structured is not None or request.sampling.logprobs is not None:
+    if not resumable(request):
         return _plain(request)
     found = generated(frames, request.sampling.n)
     if found is None or not any(found[1]):
@@ -64,6 +64,12 @@ def continued(
     continuation = wire.Continuation(token_ids=token_ids, hops=hops, from_attempt=attempt)
     out = msgspec.structs.replace(request, continuation=continuation)
     return out if len(wire.encode(out)) <= MAX_REQUEST_RECORD_BYTES else _plain(request)
+
+
+def resumable(request: wire.GenerationRequest) -> bool:
+    """Whether ``request`` can continue across a seam: not with constrained decoding or logprobs asked (the grammar's
+    state and the entries of the tokens before it do not cross one)."""
+    return request.structured is None and request.sampling.logprobs is None
 
 
 def _hops(earlier: wire.Continuation | None, attempt: int) -> int:

@@ -26,6 +26,7 @@ from typing import Protocol
 from llmq_core import structured
 from llmq_core.clock import Clock
 from llmq_core.constants import MAX_LOGIT_BIAS_TOKENS, TOOL
+from llmq_core.continuation import resumable
 from llmq_core.metrics import GrammarStats
 from llmq_core.status import ErrorCode
 from llmq_core.tokenizer import render_chat
@@ -312,7 +313,7 @@ def continued_ids(request: GenerationRequest) -> list[list[int]] | None:
     none), or None when it runs from its start: no continuation, or one the engines ignore (constrained decoding or
     logprobs asked: their state does not cross a seam, and the batcher never continues them)."""
     continuation = request.continuation
-    if continuation is None or request.structured is not None or request.sampling.logprobs is not None:
+    if continuation is None or not resumable(request):
         return None
     ids, most = continuation.token_ids, request.sampling.max_tokens
     return [list(ids[i][:most]) if i < len(ids) else [] for i in range(request.sampling.n)]
