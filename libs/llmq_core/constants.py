@@ -145,6 +145,8 @@ REDIS_RESULT_BYTES_PREFIX: Final = "llmq:result-bytes:"
 REDIS_REQUEST_COPY_PREFIX: Final = "llmq:request-copy:"
 REDIS_STREAMED_PREFIX: Final = "llmq:streamed:"
 REDIS_PROGRESS_PREFIX: Final = "llmq:progress:"
+REDIS_STREAM_LOG_PREFIX: Final = "llmq:stream-log:"
+REDIS_STREAM_HOLDER_PREFIX: Final = "llmq:stream-holder:"
 REDIS_WORKER_LEASE_PREFIX: Final = "llmq:worker-lease:"  # + partition of llmq.batches: the worker that serves it
 # + worker_id: its capacity ledger (hash: max_slots, fixed, batch_time_ms, running, queued, ends_ms), written by the
 # worker; + worker_id + ":grants" (hash: batch_id -> "<requests>:<expires ms>"), claimed by batchers (llmq_batcher.ledger)
@@ -178,6 +180,9 @@ delivered_key = _keys(REDIS_DELIVERED_PREFIX)  # set once a request's result rea
 request_copy_key = _keys(REDIS_REQUEST_COPY_PREFIX)  # the Kafka position of the first record with a request_id
 streamed_key = _keys(REDIS_STREAMED_PREFIX)  # a streaming request whose text reached its caller (wire.StreamMark)
 progress_key = _keys(REDIS_PROGRESS_PREFIX)  # list: the wire.Progress frames of a running request's generated tokens
+stream_log_key = _keys(REDIS_STREAM_LOG_PREFIX)  # list: the wire.TokenChunks of a resumable stream, as published
+# string "<instance_id> <token>": the API pod connection that last resumed a stream (none: its first pod holds it)
+stream_holder_key = _keys(REDIS_STREAM_HOLDER_PREFIX)
 pod_key = _keys(REDIS_POD_PREFIX)  # exists while the API pod instance_id is alive (its heartbeat refreshes it)
 file_key = _keys(REDIS_FILES_PREFIX)  # string: a FileRecord (JSON), expiring with the file
 # zsets (lex order, score 0) of a tenant's files and jobs: members "<created_ms:015>:<id>" (jobs.listing_member)
@@ -239,6 +244,7 @@ HTTP_TRAFFIC_CLASS: Final = "x-llmq-class"
 # OpenAI's and Anthropic's Python SDKs send their read timeout (seconds, e.g. "600.0"): a non-streamed request's deadline
 HTTP_SDK_READ_TIMEOUT: Final = "x-stainless-read-timeout"
 HTTP_IDEMPOTENCY_KEY: Final = "idempotency-key"
+HTTP_LAST_EVENT_ID: Final = "last-event-id"  # SSE: the id of the last event a client resuming a stream got
 HTTP_RETRY_AFTER: Final = "retry-after"
 HTTP_PREDICTED_WAIT_MS: Final = "x-llmq-predicted-wait-ms"  # admission's predicted queue wait of an admitted request
 HTTP_SHOULD_RETRY: Final = "x-should-retry"  # on every error response: whether a retry can help (OpenAI SDKs obey it)

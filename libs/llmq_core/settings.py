@@ -475,6 +475,13 @@ class ApiSettings(Group):
         "closes (responses, streams included, are never timed).",
     )
     keep_alive_timeout_ms: int = Field(5_000, **_MS, description="An idle kept-alive connection is closed after this.")
+    stream_resume_window_ms: int = Field(
+        10_000,
+        ge=0,
+        description="A stream sent with an `Idempotency-Key` keeps running this long after its client left or its"
+        " pod died; a request with that key (and `Last-Event-ID`) to any pod resumes it within it, else it is"
+        " cancelled (0: cancelled at once, as any other stream).",
+    )
     sse_keep_alive_ms: int = Field(
         15_000,
         **_MS,
@@ -768,6 +775,13 @@ class WorkerSettings(Group):
         description="How often a worker writes the tokens a non-streamed request generated since its last write"
         " (`llmq:progress:<id>`), so that another worker can continue it: the most a continuation recomputes. A"
         " stream's are written with each chunk.",
+    )
+    stream_log_max_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="The chunks a worker keeps of one resumable stream (`llmq:stream-log:<id>`), in encoded bytes per"
+        " run (a chunk of one token takes about 130); past them a resume gets the rest of the text with the final"
+        " result (0: none kept).",
     )
     prefill_ms_per_token: float = Field(
         0.0,

@@ -15,6 +15,7 @@ from llmq_core import wire
 from llmq_core.clock import Clock
 from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES, TOPIC_RESULTS
 from llmq_core.status import ErrorCode, ErrorType
+from llmq_core.stream_log import resumable
 from llmq_core.telemetry import request_fields
 from llmq_core.tokenizer import count_tokens
 from llmq_core.wire import (
@@ -86,6 +87,7 @@ class Active:
     sent_tokens: int | None = None  # streaming: tokens of text published to the caller (None: nothing yet)
     generated: Generated = field(init=False)  # token ids per choice, for another worker to continue from
     chars: dict[int, int] = field(default_factory=dict)  # streaming: characters of each choice's text sent
+    logged_bytes: int = 0  # a resumable stream: bytes of its chunks in its stream log (past the bound: none more)
 
     def __post_init__(self) -> None:
         self.generated = Generated(self.request.continuation)
@@ -95,10 +97,12 @@ class AnswerWriter:
     """Writes the messages of worker ``worker_id``; ``max_record_bytes``: the encoded size of a FinalResult that still
     fits one llmq.results record."""
 
-    def __init__(self, worker_id: str, clock: Clock, max_record_bytes: int) -> None:
+    def __init__(self, worker_id: str, clock: Clock, max_record_bytes: int, stream_log_max_bytes: int = 0) -> None:
+        """``stream_log_max_bytes``: the bytes of one resumable stream's chunks its log keeps per run."""
         self._worker_id = worker_id
         self._clock = clock
         self._max_record_bytes = max_record_bytes
+        self._stream_log_max_bytes = stream_log_max_bytes
 
     def chunk(self, active: Active, event: ChunkEvent) -> TokenChunk:
         """The next TokenChunk of ``active``'s stream, counted as sent (its seq and tokens)."""
@@ -119,6 +123,19 @@ class AnswerWriter:
         )
         active.seq += 1
         return chunk
+
+    def log_entry(self, active: Active, chunk: TokenChunk) -> tuple[str, bytes, int | None] | None:
+        """The stream-log entry of ``chunk`` of a resumable stream (see ``llmq_core.stream_log``): (request_id, encoded
+        chunk, ttl_ms: None once set); None for another request, or once its log holds its bound (no later chunk is
+        logged either: a log has no gaps)."""
+        if not resumable(active.request) or active.logged_bytes > self._stream_log_max_bytes:
+            return None
+        data = wire.encode(chunk)
+        ttl_ms = None if active.logged_bytes else self._ttl_ms(active.request)
+        active.logged_bytes += len(data)
+        if active.logged_bytes > self._stream_log_max_bytes:
+            return None
+        return active.request.request_id, data, ttl_ms
 
     def mark(self, active: Active, done: bool = False) -> tuple[str, StreamMark, int]:
         """The StreamMark of a request whose text reached its caller, kept until its deadline has surely passed:

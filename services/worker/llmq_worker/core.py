@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from llmq_core.clock import Clock
 from llmq_core.constants import replies_channel
+from llmq_core.settings import WorkerSettings
 from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import (
@@ -52,7 +53,8 @@ class Outbox:
     """What the loop must send: ``replies`` (Redis channel, message) in order, ``results`` for llmq.results, and the batch
     ``offsets`` (one entry per finished request) to pass to :meth:`WorkerCore.release` once both are delivered.
     ``marks``: (request_id, StreamMark, ttl_ms) to SET at ``constants.streamed_key`` and ``progress``: (request_id,
-    Progress, ttl_ms: None once set) to RPUSH at ``constants.progress_key``, both before the replies are published;
+    Progress, ttl_ms: None once set) to RPUSH at ``constants.progress_key`` and ``stream_log``: (request_id, encoded
+    TokenChunk, ttl_ms: None once set) to RPUSH at ``constants.stream_log_key``, all before the replies are published;
     ``forget``: the request ids whose progress key goes once their results are out."""
 
     replies: list[tuple[str, TokenChunk | FinalResult]] = field(default_factory=list)
@@ -60,6 +62,7 @@ class Outbox:
     offsets: list[int] = field(default_factory=list)
     marks: list[tuple[str, StreamMark, int]] = field(default_factory=list)
     progress: list[tuple[str, Progress, int | None]] = field(default_factory=list)
+    stream_log: list[tuple[str, bytes, int | None]] = field(default_factory=list)
     forget: list[str] = field(default_factory=list)
 
     def extend(self, other: Outbox) -> None:
@@ -68,10 +71,16 @@ class Outbox:
         self.offsets += other.offsets
         self.marks += other.marks
         self.progress += other.progress
+        self.stream_log += other.stream_log
         self.forget += other.forget
 
     def __bool__(self) -> bool:
-        return bool(self.replies or self.results or self.offsets or self.marks or self.progress or self.forget)
+        return bool(self.replies or self.results or self.offsets or self.redis_writes)
+
+    @property
+    def redis_writes(self) -> bool:
+        """Whether anything goes to Redis besides the replies."""
+        return bool(self.marks or self.progress or self.stream_log or self.forget)
 
 
 class WorkerCore:
@@ -86,15 +95,17 @@ class WorkerCore:
         engine: Engine,
         clock: Clock,
         max_record_bytes: int = MAX_RESULT_RECORD_BYTES,
+        stream_log_max_bytes: int = WorkerSettings.model_fields["stream_log_max_bytes"].default,
     ) -> None:
-        """``max_record_bytes``: the encoded size of a FinalResult that still fits one llmq.results record."""
+        """``max_record_bytes``: the encoded size of a FinalResult that still fits one llmq.results record;
+        ``stream_log_max_bytes``: a resumable stream's chunks kept in its log per run (``worker.stream_log_max_bytes``)."""
         self.worker_id = worker_id
         self.partition = partition
         self.model = model
         self.last_batch_id = ""
         self._engine = engine
         self._clock = clock
-        self._writer = AnswerWriter(worker_id, clock, max_record_bytes)
+        self._writer = AnswerWriter(worker_id, clock, max_record_bytes, stream_log_max_bytes)
         self._active: dict[str, Active] = {}
         self._held: collections.deque[str] = (
             collections.deque()
@@ -283,10 +294,12 @@ class WorkerCore:
         if not event.text or not streams(request):
             return Outbox()
         chunk = self._writer.chunk(active, event)
+        logged = self._writer.log_entry(active, chunk)
         return Outbox(
             replies=[(replies_channel(request.reply_to.instance_id), chunk)],
             marks=[self._writer.mark(active)],
             progress=self._writer.progress(active),  # the ids of the text sent, and of what it holds back
+            stream_log=[logged] if logged is not None else [],
         )
 
     def _interrupted(self, active: Active, completion_tokens: int) -> Outbox:

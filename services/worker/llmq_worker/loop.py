@@ -108,7 +108,14 @@ class WorkerLoop:
         """A loop over a fresh :class:`WorkerCore` of ``engine``: worker ``worker_id`` serving ``model`` on
         ``partition``, heartbeat and shutdown grace from ``settings``; ``max_pending`` None: four times the engine's
         slots."""
-        core = WorkerCore(worker_id=worker_id, partition=partition, model=model, engine=engine, clock=clock)
+        core = WorkerCore(
+            worker_id=worker_id,
+            partition=partition,
+            model=model,
+            engine=engine,
+            clock=clock,
+            stream_log_max_bytes=settings.worker.stream_log_max_bytes,
+        )
         ledger = getattr(engine, "prefix_ledger", None)
         reporter = None
         if ledger is not None:

@@ -1,5 +1,5 @@
-"""Publishing what the worker core wrote: results to llmq.results (durable), then stream marks, progress frames and
-replies to Redis (best effort).
+"""Publishing what the worker core wrote: results to llmq.results (durable), then stream marks, progress frames,
+stream logs and replies to Redis (best effort).
 
 Produce first: a result the broker refuses is replaced by its errored stand-in before any waiter sees it, so the
 caller's answer is always the durable outcome (DESIGN invariant 1). The cost is one produce ack on the answer's path
@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from llmq_core import tracing, wire
-from llmq_core.constants import progress_key, streamed_key
+from llmq_core.constants import progress_key, stream_log_key, streamed_key
 from llmq_core.kafka import RECORD_REFUSED_ERRORS, RECORD_TOO_LARGE_ERRORS, headers
 from llmq_core.names import Names
 from llmq_core.status import ErrorCode
@@ -47,7 +47,7 @@ class ResultPublisher:
         traced = self._spans.publishing(out.results) if tracing.enabled() and out.results else None
         produced = await asyncio.gather(*(self._produce_result(r, traced) for r in out.results))
         stand_ins = {r.request_id: r for r, original in zip(produced, out.results, strict=True) if r is not original}
-        if out.replies or out.marks or out.progress or out.forget:
+        if out.replies or out.redis_writes:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for request_id, mark, ttl_ms in out.marks:  # before its chunk: a mark never trails what was sent
@@ -56,6 +56,10 @@ class ResultPublisher:
                         pipe.rpush(progress_key(request_id), wire.encode(frame))
                         if ttl_ms is not None:
                             pipe.pexpire(progress_key(request_id), ttl_ms)
+                    for request_id, data, ttl_ms in out.stream_log:  # a resume replays at least what was sent
+                        pipe.rpush(stream_log_key(request_id), data)
+                        if ttl_ms is not None:
+                            pipe.pexpire(stream_log_key(request_id), ttl_ms)
                     if out.forget:  # their results are produced: no worker will continue them
                         pipe.delete(*(progress_key(request_id) for request_id in out.forget))
                     for channel, message in out.replies:

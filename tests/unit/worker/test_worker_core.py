@@ -292,3 +292,24 @@ def test_a_result_over_the_record_limit_is_one_errored_outcome_for_the_caller_an
     assert [m for _, m in out.replies if isinstance(m, FinalResult) and m.request_id == "big"] == [big]
     assert small.outcome is Outcome.SUCCEEDED and small.choices[0].text == "ok"
     assert core.release(out.offsets) == 8
+
+
+def test_a_stream_with_an_idempotency_key_logs_each_chunk_it_publishes_within_its_bound():
+    clock = FakeClock(T0_MS + 100)
+    engine = StepEngine(clock)
+    core = WorkerCore(
+        worker_id="w1", partition=3, model="llmq-sim", engine=engine, clock=clock, stream_log_max_bytes=300
+    )
+    keyed = msgspec.structs.replace(make_request("k", "hello"), idempotency_key="order-1")
+    core.take_batch(batch(keyed, make_request("plain", "hello")), offset=0)
+    first = core.on_events([ChunkEvent("k", 0, "he"), ChunkEvent("plain", 0, "he")])
+    published = [m for _, m in first.replies if m.request_id == "k"]
+    ttl_ms = keyed.deadline_ms - clock.now_ms() + STREAM_MARK_GRACE_MS
+    assert [(i, msgspec.msgpack.decode(d, type=TokenChunk), t) for i, d, t in first.stream_log] == [
+        ("k", published[0], ttl_ms)  # the very chunk published; a stream without a key logs nothing
+    ]
+    logged = [core.on_events([ChunkEvent("k", 0, "l" * 40)]).stream_log for _ in range(5)]
+    sizes = [len(data) for entries in [first.stream_log, *logged] for _, data, _ in entries]
+    assert sum(sizes) <= 300 < sum(sizes) + sizes[-1]  # past its bound: none more (a log has no gaps)
+    assert [len(entries) for entries in logged] == [1] * (len(sizes) - 1) + [0] * (6 - len(sizes))
+    assert [ttl for entries in logged for _, _, ttl in entries] == [None] * (len(sizes) - 1)  # set with the first
