@@ -359,13 +359,13 @@ class BatchPolicy:
         last worker heartbeat (drain rates are the loop's to fill in)."""
         return self._fleet.model_states(now_ms)
 
-    def requests_by_pod(self) -> dict[str, list[str]]:
-        """Ids of the requests held here (queued or in flight) by the API pod waiting for them (HttpReply only). O(held)."""
-        out: dict[str, list[str]] = {}
+    def requests_by_pod(self) -> dict[str, list[wire.GenerationRequest]]:
+        """The requests held here (queued or in flight) by the API pod waiting for them (HttpReply only). O(held)."""
+        out: dict[str, list[wire.GenerationRequest]] = {}
         for entry in self._entries.held():
             reply = entry.request.reply_to
             if isinstance(reply, wire.HttpReply):
-                out.setdefault(reply.instance_id, []).append(entry.request.request_id)
+                out.setdefault(reply.instance_id, []).append(entry.request)
         return out
 
     def deferred_paused(self) -> bool:

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import msgspec
 from aiokafka import AIOKafkaConsumer
 
-from llmq_batcher.pods import PodWatch
+from llmq_batcher.pods import HeldWork, by_holder
 from llmq_batcher.shared import Shared
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
+from llmq_core.stream_log import resumable
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,17 @@ async def supervised(read: Callable[[], Awaitable[None]], stopping: asyncio.Even
 
 @dataclass(frozen=True)
 class PodChecks:
-    """Every ``check_ms`` the pods of held requests are looked up; one missing for ``grace_ms`` is gone."""
+    """Every ``check_ms`` the pods of held requests are looked up; one missing for ``grace_ms`` is gone, and the
+    resumable streams it holds are cancelled ``resume_window_ms`` after that."""
 
     check_ms: int = 1000
     grace_ms: int = 2000
+    resume_window_ms: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PodChecks:
-        return cls(settings.api.pod_heartbeat_interval_ms, 2 * settings.api.pod_heartbeat_interval_ms)
+        interval_ms = settings.api.pod_heartbeat_interval_ms
+        return cls(interval_ms, 2 * interval_ms, settings.api.stream_resume_window_ms)
 
 
 class Signals:
@@ -55,7 +59,7 @@ class Signals:
         self.shared = shared
         self.results = results
         self.pod_check_ms = pods.check_ms
-        self.pods = PodWatch(pods.grace_ms)
+        self.held = HeldWork(pods.grace_ms, pods.resume_window_ms)
         self.announced: dict[str, tuple[int, int]] = {}
 
     def inputs(self) -> list[Callable[[], Awaitable[None]]]:
@@ -96,18 +100,23 @@ class Signals:
         self.shared.wake.set()
 
     async def watch_pods(self) -> None:
-        """Publish a Cancel for every held request of a gone API pod: queued ones are answered canceled here (our own
-        cancels subscription), running ones are aborted by their worker."""
+        """Publish a Cancel for every held request of a gone API pod (a resumable stream: of its holder, gone for the
+        resume window too): queued ones are answered canceled here (our own cancels subscription), running ones are
+        aborted by their worker."""
         shared = self.shared
         while not shared.stopping.is_set():
             await asyncio.sleep(self.pod_check_ms / 1000)
             held = shared.policy.requests_by_pod()
-            pods = list(held)
+            streams = [r.request_id for requests in held.values() for r in requests if resumable(r)]
+            holders = await shared.redis.mget([constants.stream_holder_key(i) for i in streams]) if streams else []
+            work = by_holder(held, dict(zip(streams, holders)))
+            pods = list(work)
             alive = await shared.redis.mget([constants.pod_key(pod) for pod in pods]) if pods else []
-            for pod in self.pods.observe({p: v is not None for p, v in zip(pods, alive)}, shared.clock.now_ms()):
-                log.warning("API pod %s is gone: cancelling its %d requests", pod, len(held[pod]))
+            seen = dict(zip(pods, (v is not None for v in alive)))
+            for pod, request_ids in self.held.gone(work, seen, shared.clock.now_ms()):
+                log.warning("API pod %s is gone: cancelling its %d requests", pod, len(request_ids))
                 async with shared.redis.pipeline(transaction=False) as pipe:
-                    for request_id in held[pod]:
+                    for request_id in request_ids:
                         cancel = wire.Cancel(request_id=request_id, reason=POD_GONE_REASON)
                         pipe.publish(shared.names.cancels_channel, wire.encode(cancel))
                     await pipe.execute()
