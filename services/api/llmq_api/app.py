@@ -38,11 +38,13 @@ from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import OPENAI, error_for
 from llmq_api.pod import Pod
 from llmq_api.responses import Dialect, ResultResponse, StreamResponse
+from llmq_api.stream_events import parse_last_event_id
 from llmq_core import api_formats, ids, tracing, wire
 from llmq_core.constants import (
     ANTHROPIC,
     HTTP_ANTHROPIC_VERSION,
     HTTP_IDEMPOTENCY_KEY,
+    HTTP_LAST_EVENT_ID,
     HTTP_REQUEST_ID,
     HTTP_SDK_READ_TIMEOUT,
     HTTP_TIMEOUT_MS,
@@ -217,6 +219,9 @@ class Intake:
             max_schema_bytes=self._max_schema_bytes,
         )
         request.state.model = valid.model
+        last_event_id = parse_last_event_id(
+            headers.get(HTTP_LAST_EVENT_ID), keyed=idempotency_key is not None, stream=valid.stream
+        )
         if sdk_timeout_ms is not None and HTTP_TIMEOUT_MS not in headers and not valid.stream:
             timeout_ms = sdk_timeout_ms  # the whole answer is one read of the SDK's: its timeout is the deadline
         return Ask(
@@ -226,6 +231,7 @@ class Intake:
             timeout_ms=timeout_ms,
             idempotency_key=idempotency_key,
             valid=valid,
+            last_event_id=last_event_id,
         )
 
 

@@ -26,12 +26,14 @@ from llmq_api.gateway import Gateway
 from llmq_api.metrics import ApiMetrics
 from llmq_api.ratelimit import Charge, RateLimiter, check_fits, token_cost
 from llmq_api.responses import PendingRequest
+from llmq_api.resume import FIRST, StreamHolds
 from llmq_api.saturation import SaturationMonitor
 from llmq_api.validation import ValidRequest
 from llmq_api.waiters import Resolution, Waiter, WaiterRegistry
 from llmq_core import constants, ids, wire
 from llmq_core.clock import Clock
-from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_IDEMPOTENT_REPLAYED, HTTP_REQUEST_ID
+from llmq_core.constants import HTTP_IDEMPOTENCY_KEY, HTTP_IDEMPOTENT_REPLAYED, HTTP_LAST_EVENT_ID, HTTP_REQUEST_ID
+from llmq_core.stream_log import resumable
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Ask:
     timeout_ms: int
     idempotency_key: str | None
     valid: ValidRequest
+    last_event_id: int | None = None  # a stream resumed: the id of the last event its client got (chars of text)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Generation:
     metrics: ApiMetrics
     publish_cancel: CancelPublisher
     clock: Clock
+    holds: StreamHolds | None = None  # resumable streams' holds (None: a stream is cancelled once its client left)
     _followers: set[asyncio.Task] = field(default_factory=set, init=False)  # joined retries polling for a result
 
     async def admit(self, ask: Ask) -> Admitted:
@@ -133,20 +137,26 @@ class Generation:
         )
         earlier = await _redis_call(self.store.find(tenant_id, key))
         admitted = None
+        if earlier is None and ask.last_event_id is not None:
+            raise stream_not_found()
         if earlier is None:
             admitted = await self.admit(ask)
             earlier = await self._claim(tenant_id, key, claim, admitted.charge)
         if earlier is not None:
             try:
-                return await self._join(request, ask.valid, claim, earlier)
+                return await self._join(request, ask, claim, earlier)
             except ApiError as exc:
                 exc.headers[HTTP_REQUEST_ID] = earlier.request_id
                 raise
+        return await self._submit(request, ask.valid, admitted, self._releaser(tenant_id, key, request.request_id))
+
+    def _releaser(self, tenant_id: str, key: str, request_id: str) -> Callable[[], Awaitable[None]]:
+        """What drops ``request_id``'s claim on ``key`` once the pod gives up on it."""
 
         async def release() -> None:
-            await self.store.release(tenant_id, key, request.request_id)
+            await self.store.release(tenant_id, key, request_id)
 
-        return await self._submit(request, ask.valid, admitted, release)
+        return release
 
     async def result_for(self, principal: Principal, request_id: str) -> wire.FinalResult | None:
         """The stored result of ``request_id`` if ``principal``'s tenant sent it (None for anyone else, or while it
@@ -160,7 +170,9 @@ class Generation:
         return None
 
     async def stop(self) -> None:
-        """Cancel the joined retries' polling (their connections are being closed)."""
+        """Cancel the joined retries' polling (their connections are being closed) and the resume windows' waits."""
+        if self.holds is not None:
+            await self.holds.stop()
         followers = list(self._followers)
         for task in followers:
             task.cancel()
@@ -195,23 +207,31 @@ class Generation:
             if on_gave_up is not None:
                 await on_gave_up()
             raise
+        publish_cancel = self.publish_cancel
+        if on_gave_up is not None and self._resumes(request):  # its holds cancel it, and release its key
+            publish_cancel, on_gave_up = self.holds.canceller(FIRST, on_gave_up), None
         return self._pending(
             request,
             waiter,
             valid,
-            self.publish_cancel,
+            publish_cancel,
             on_gave_up=on_gave_up,
             on_resolved=admitted.charge.settle,
             headers=admitted.headers,
         )
 
+    def _resumes(self, request: wire.GenerationRequest) -> bool:
+        """Whether ``request`` is a stream another connection may resume here."""
+        return self.holds is not None and self.holds.window_ms > 0 and resumable(request)
+
     async def _join(
-        self, request: wire.GenerationRequest, valid: ValidRequest, claim: idempotency.Claim, earlier: idempotency.Claim
+        self, request: wire.GenerationRequest, ask: Ask, claim: idempotency.Claim, earlier: idempotency.Claim
     ) -> PendingRequest:
         """A retry with a claimed Idempotency-Key: the earlier request's stored result, or its result once it has one.
 
-        Nothing runs again and leaving cancels nothing: the earlier request is not this connection's. 422 when the
-        retry's parameters differ from the earlier request's.
+        Nothing runs again, and leaving cancels nothing: the earlier request is not this connection's, unless it is a
+        resumable stream, which this connection then holds (its events replayed from the log, after
+        ``ask.last_event_id`` if given). 422 when the retry's parameters differ from the earlier request's.
         """
         if earlier.fingerprint != claim.fingerprint:
             raise ApiError(
@@ -226,14 +246,27 @@ class Generation:
         result = await _redis_call(self.store.result(earlier.request_id))
         if result is None and self.clock.now_ms() >= earlier.deadline_ms + JOIN_GRACE_MS:
             raise result_evicted()
-        if result is not None:
+        publish_cancel, resumes = _cancel_nothing, self._resumes(replay)
+        if resumes and result is None:  # this connection holds it now
+            token = await _redis_call(self.holds.take(earlier.request_id, deadline_ms - self.clock.now_ms()))
+            release = self._releaser(ask.principal.tenant_id, ask.idempotency_key, earlier.request_id)
+            publish_cancel = self.holds.canceller(token, release)
+        if resumes:
+            self._follow(self.store.follow_stream(waiter, self.registry, deadline_ms))
+            self.metrics.stream_resumes.labels("resumed" if ask.last_event_id is not None else "replayed").inc()
+        elif result is not None:
             self.registry.resolve(waiter, result)
         else:
-            follower = asyncio.create_task(self.store.follow(waiter, self.registry, deadline_ms))
-            self._followers.add(follower)
-            follower.add_done_callback(self._followers.discard)
+            self._follow(self.store.follow(waiter, self.registry, deadline_ms))
         self.metrics.idempotent_replays.inc()
-        return self._pending(replay, waiter, valid, _cancel_nothing, headers={HTTP_IDEMPOTENT_REPLAYED: "true"})
+        pending = self._pending(replay, waiter, ask.valid, publish_cancel, headers={HTTP_IDEMPOTENT_REPLAYED: "true"})
+        pending.last_event_id = ask.last_event_id
+        return pending
+
+    def _follow(self, following: Awaitable[None]) -> None:
+        follower = asyncio.create_task(following)
+        self._followers.add(follower)
+        follower.add_done_callback(self._followers.discard)
 
     def _pending(
         self,
@@ -269,6 +302,17 @@ def result_evicted() -> ApiError:
         "send a new key to run it again",
         param=HTTP_IDEMPOTENCY_KEY,
         code="result_evicted",
+    )
+
+
+def stream_not_found() -> ApiError:
+    """A resume (``Last-Event-ID``) whose Idempotency-Key names no request: it never ran, was cancelled and its claim
+    released (its client and every later one left for the resume window), or ended longer ago than results are kept."""
+    return ApiError(
+        404,
+        "No stream with this Idempotency-Key is running or stored; send the request without Last-Event-ID to run it",
+        param=HTTP_LAST_EVENT_ID,
+        code="stream_not_found",
     )
 
 

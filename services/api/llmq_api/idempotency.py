@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 import re
+from typing import TypeVar
 
 import msgspec
 from redis.asyncio import Redis
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MAX_KEY_CHARS = 255
 POLL_S = 0.1  # how often a retry that joined a running request looks for its result
+T = TypeVar("T")
 _PRINTABLE = re.compile(r"[\x21-\x7e][\x20-\x7e]*")
 
 # Delete KEYS[1] only while it still holds the claim of request ARGV[1] (a newer claim is someone else's).
@@ -103,14 +105,29 @@ class IdempotencyStore:
 
     async def result(self, request_id: str) -> wire.FinalResult | None:
         """The stored FinalResult of ``request_id`` (None when there is none, or it is undecodable)."""
-        data = await self._redis.get(constants.result_key(request_id))
-        if not data:
-            return None
-        try:
-            result = wire.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
-        return result if isinstance(result, wire.FinalResult) else None
+        return _decoded(await self._redis.get(constants.result_key(request_id)), wire.FinalResult)
+
+    async def follow_stream(self, waiter: Waiter, registry: WaiterRegistry, until_ms: int) -> None:
+        """:meth:`follow`, passing ``waiter`` the chunks of its stream's log (``constants.stream_log_key``) from the
+        first as they are written, each poll's before its stored result (a stream that ended replays whole)."""
+        request_id, logged = waiter.request_id, 0
+        while not waiter.done and self._clock.now_ms() < until_ms:
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.lrange(constants.stream_log_key(request_id), logged, -1)
+                    pipe.get(constants.result_key(request_id))
+                    entries, stored = await pipe.execute()
+            except Exception as exc:
+                log.warning("reading the stream of %s failed: %r", request_id, exc)
+                entries, stored = [], None
+            logged += len(entries)
+            for entry in entries:
+                if (chunk := _decoded(entry, wire.TokenChunk)) is not None:
+                    waiter.offer(chunk)
+            if (result := _decoded(stored, wire.FinalResult)) is not None:
+                registry.resolve(waiter, result)
+                return
+            await self._sleep(POLL_S)
 
     async def follow(self, waiter: Waiter, registry: WaiterRegistry, until_ms: int) -> None:
         """Resolve ``waiter`` with its request's stored result once there is one; give up when it is resolved
@@ -125,3 +142,14 @@ class IdempotencyStore:
                 registry.resolve(waiter, result)
                 return
             await self._sleep(POLL_S)
+
+
+def _decoded(data: bytes | None, kind: type[T]) -> T | None:
+    """``data`` as a wire message of ``kind`` (None when there is none, or it is undecodable or of another kind)."""
+    if not data:
+        return None
+    try:
+        message = wire.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return message if isinstance(message, kind) else None

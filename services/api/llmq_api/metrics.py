@@ -49,6 +49,12 @@ class ApiMetrics(_Metrics):
         self.idempotent_replays = self.counter(
             "llmq_api_idempotent_replays", "Retries answered from an earlier request (stored result or joined)"
         )
+        self.stream_resumes = self.counter(
+            "llmq_api_stream_resumes",
+            "Resumable streams taken by a request with their Idempotency-Key: outcome resumed (after a Last-Event-ID),"
+            " replayed (whole), failed (the events after its Last-Event-ID were not kept)",
+            ("outcome",),
+        )
         # by traffic class and model (``unknown`` while not known yet): what the SLOs and autoscaling read
         self.responses = self.counter(
             "llmq_api_responses", "Generation responses by class, model and HTTP status", (*CLASS_MODEL, "code")

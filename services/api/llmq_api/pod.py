@@ -28,6 +28,7 @@ from llmq_api.health import KAFKA, REDIS, CircuitBreaker, Dependency
 from llmq_api.idempotency import IdempotencyStore
 from llmq_api.metrics import ApiMetrics
 from llmq_api.ratelimit import RateLimiter
+from llmq_api.resume import StreamHolds
 from llmq_api.saturation import SaturationMonitor
 from llmq_api.waiters import Dispatched, WaiterRegistry
 from llmq_core import constants, kafka, runtime, tracing, wire
@@ -388,6 +389,9 @@ class Pod:
             metrics=self.metrics,
             publish_cancel=self.cancels.publish,
             clock=self.clock,
+            holds=StreamHolds(
+                self.redis, self.instance_id, self.settings.api.stream_resume_window_ms, self.cancels.publish
+            ),
         )
 
     @property

@@ -23,6 +23,7 @@ from llmq_api.exchange import CancelPublisher, wait_for_resolution
 from llmq_api.metrics import ApiMetrics
 from llmq_api.openai_format import CLIENT_GONE_STATUS, OPENAI, error_for, outcome_label
 from llmq_api.sse import KeepAlive
+from llmq_api.stream_events import StreamEvents, events_not_kept
 from llmq_api.waiters import Abandoned, DeadlineExceeded, Resolution, Waiter, WaiterRegistry
 from llmq_core import tracing, wire
 from llmq_core.clock import Clock
@@ -102,6 +103,7 @@ class PendingRequest:
     on_gave_up: Callable[[], Awaitable[None]] | None = None
     on_resolved: Callable[[Resolution], None] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    last_event_id: int | None = None  # a resumed stream: the id of the last event its client got
     started_s: float = field(init=False, default_factory=time.perf_counter)
     first_text_s: float | None = field(init=False, default=None)  # streaming: accepted (created_ms) to the first text
 
@@ -245,7 +247,8 @@ class StreamResponse(Response):
     Ends with the dialect's closing events (OpenAI: the finish chunks, the usage chunk when asked, ``[DONE]``), or its
     error event. Text the chunks missed is taken from the FinalResult, so the stream always adds up to the result's
     text; a result that does not extend the text sent (another generation) ends the stream with
-    ``stream_interrupted`` instead.
+    ``stream_interrupted`` instead. Events carry ids, and a resumed stream writes only what follows its
+    ``last_event_id`` (``llmq_api.stream_events``).
     """
 
     def __init__(
@@ -259,7 +262,7 @@ class StreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pending = self.pending
         fmt = self.dialect.stream(pending)
-        sent: dict[int, str] = {}
+        events = StreamEvents(fmt.text, pending.last_event_id, ids=pending.request.idempotency_key is not None)
         keep_alive: KeepAlive | None = None
 
         async def write(data: bytes) -> None:
@@ -269,15 +272,15 @@ class StreamResponse(Response):
                     keep_alive.wrote()
 
         async def on_chunk(chunk: wire.TokenChunk) -> None:
-            data = fmt.text(chunk.index, chunk.text, chunk.logprobs)
-            if not data:  # nothing reached the client (a stream that holds its text back: tools)
+            first = not events.written
+            data = events.text(chunk.index, chunk.text, chunk.logprobs)
+            if not data:  # nothing reached the client (it has it, or the stream holds its text back: tools)
                 return
-            if not sent:
+            if first and pending.last_event_id is None:
                 pending.first_text_s = pending.since_accepted_s()
                 pending.metrics.child(pending.metrics.ttft, pending.endpoint_label).observe(
                     time.perf_counter() - pending.started_s
                 )
-            sent[chunk.index] = sent.get(chunk.index, "") + chunk.text
             await write(data)
 
         headers = _headers(
@@ -287,7 +290,7 @@ class StreamResponse(Response):
             {"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await write(fmt.opening())
+        await write(events.opening(fmt.opening()))
         keep_alive = KeepAlive(write, self.keep_alive_s)
         try:
             resolution = await pending.resolution(receive, on_chunk)
@@ -301,9 +304,12 @@ class StreamResponse(Response):
             pending.record(resolution, CLIENT_GONE_STATUS)
             return
         error = error_for(resolution)
-        if error is None and not _extends(resolution, sent):
+        if error is None and not events.catch_up(resolution):
+            error = events_not_kept(pending.request_id)
+            pending.metrics.stream_resumes.labels("failed").inc()
+        if error is None and not _extends(resolution, events.sent):
             error = INTERRUPTED
-        end = fmt.closing(resolution, sent) if error is None else fmt.failure(error)
+        end = events.closing(fmt.closing(resolution, events.sent), resolution) if error is None else fmt.failure(error)
         await send({"type": "http.response.body", "body": end, "more_body": False})
         pending.record(resolution, 200 if error is None else error.status)
 

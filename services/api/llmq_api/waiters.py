@@ -81,6 +81,10 @@ class Waiter:
         """The next chunk, or the resolution (always the last event: stop reading after it)."""
         return await self._events.get()
 
+    def offer(self, chunk: wire.TokenChunk) -> bool:
+        """Pass ``chunk`` to an unregistered waiter (a stream replayed from its log); whether it passed."""
+        return self._push_chunk(chunk)
+
     def _push_chunk(self, chunk: wire.TokenChunk) -> bool:
         if not self.stream or self.done or self._sealed:
             return False

@@ -8,14 +8,20 @@ import pytest
 from llmq_api.auth import KeyEntry, KeyStore
 from llmq_core import constants, wire
 from llmq_core.settings import Settings
-from tests.unit.api.fakes import final
+from tests.unit.api.fakes import chunk, final
 
 BODY = {"model": "llmq-sim", "prompt": "abc", "max_tokens": 5}
 FREE = {"authorization": "Bearer llmq-dev-free-key"}
 
 
 def sse_frames(response) -> list[bytes]:
-    return [f[len(b"data: ") :] for f in response.content.split(b"\n\n") if f]
+    """The data of each event of a stream."""
+    return [line[len(b"data: ") :] for line in response.content.split(b"\n") if line.startswith(b"data: ")]
+
+
+def sse_ids(response) -> list[int]:
+    """The ids of the events of a stream that carry one."""
+    return [int(line[len(b"id: ") :]) for line in response.content.split(b"\n") if line.startswith(b"id: ")]
 
 
 @pytest.mark.parametrize(
@@ -242,6 +248,7 @@ async def test_idempotent_retry_joins_the_request_still_running(setup):
         chunks = [msgspec.json.decode(f) for f in frames[:-1]]
         assert frames[-1] == b"[DONE]" and chunks[-1]["usage"]["completion_tokens"] == 5
         assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "abcab"
+        assert sse_ids(response)[-1] == 5  # a keyed stream's events carry ids: the characters of text they hold
     assert responses[1].headers["x-request-id"] == request.request_id and len(worker.produced) == 1
 
 
@@ -296,3 +303,53 @@ async def test_stored_results_are_served_to_their_tenant_only(setup):
     assert (await client.get("/v1/requests/cmpl-1", headers=FREE)).status_code == 404
     assert (await client.get("/v1/requests/cmpl-9")).json()["error"]["code"] == "request_not_found"
     assert (await client.get("/v1/requests/cmpl-1", headers={"authorization": ""})).status_code == 401
+
+
+async def test_a_keyed_stream_resumed_with_last_event_id_gets_only_the_events_after_it(setup):
+    client, pod, worker, redis = setup
+    worker.silent = True
+    idem = {"idempotency-key": "order-6"}
+    body = BODY | {"stream": True}
+    first = asyncio.create_task(client.post("/v1/completions", json=body, headers=idem))
+    while not worker.produced:
+        await asyncio.sleep(0.01)
+    (request,) = worker.produced
+    log = redis.lists.setdefault(constants.stream_log_key(request.request_id), [])
+    for piece in (chunk(request.request_id, "ab", 0, offset=0), chunk(request.request_id, "c", 1, offset=2)):
+        piece = msgspec.structs.replace(piece, tenant_id=request.tenant_id)
+        log.append(wire.encode(piece))  # the worker logs each chunk before publishing it
+        assert pod.registry.dispatch(piece)
+    resumed = asyncio.create_task(client.post("/v1/completions", json=body, headers=idem | {"last-event-id": "2"}))
+    async with asyncio.timeout(5):
+        while not pod.metrics.registry.get_sample_value("llmq_api_stream_resumes_total", {"outcome": "resumed"}):
+            await asyncio.sleep(0.01)
+    log.append(wire.encode(chunk(request.request_id, "a", 2, offset=3)))
+    result = final(request.request_id, "abcab")
+    pod.registry.dispatch(result)
+    redis.data[constants.result_key(request.request_id)] = wire.encode(result)
+    first, resumed = await asyncio.gather(first, resumed)
+    texts = [
+        "".join(c["choices"][0]["text"] for c in map(msgspec.json.decode, sse_frames(r)[:-1]) if c["choices"])
+        for r in (first, resumed)
+    ]
+    assert texts == ["abcab", "cab"]  # the resumed client had "ab" (id 2): it gets the rest, once
+    assert sse_ids(first) == [2, 3, 5] and sse_ids(resumed) == [3, 4, 5]
+    assert resumed.headers["x-request-id"] == request.request_id and len(worker.produced) == 1
+    assert redis.data[constants.stream_holder_key(request.request_id)].startswith(b"pod-test ")  # it holds it now
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "code"),
+    [
+        ({"last-event-id": "3"}, {"stream": True}, 400, "invalid_value"),  # no Idempotency-Key: nothing to resume
+        ({"last-event-id": "3", "idempotency-key": "k"}, {}, 400, "invalid_value"),  # not a stream
+        ({"last-event-id": "x3", "idempotency-key": "k"}, {"stream": True}, 400, "invalid_value"),
+        ({"last-event-id": "3", "idempotency-key": "never-sent"}, {"stream": True}, 404, "stream_not_found"),
+    ],
+)
+async def test_a_bad_resume_is_refused_naming_last_event_id_and_runs_nothing(setup, headers, body, status, code):
+    client, _, worker, _ = setup
+    response = await client.post("/v1/completions", json=BODY | body, headers=headers)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code and response.json()["error"]["param"] == "last-event-id"
+    assert worker.produced == []
