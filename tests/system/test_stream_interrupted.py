@@ -1,9 +1,10 @@
 """One generation per stream, on a real stack: a worker killed with SIGKILL mid-stream and started again continues the
 stream from the tokens its previous process generated (docs/workers.md#continuation), and the client sees one
-uninterrupted generation.
+uninterrupted generation; an API pod killed mid-stream leaves a stream sent with an Idempotency-Key running, and its
+client resumes it at the other pod after its Last-Event-ID (docs/api.md#resuming-a-stream).
 
-One API pod, the batcher, the result-router and one llmq-sim worker whose fixed 6 s batches stream their tokens over the
-whole batch time, so "mid-stream" is deterministic. llmq-sim replays the prompt's bytes, so every generation of a
+Two API pods, the batcher, the result-router and one llmq-sim worker whose fixed 6 s batches stream their tokens over
+the whole batch time, so "mid-stream" is deterministic. llmq-sim replays the prompt's bytes, so every generation of a
 request is known in advance. With the suite's own Kafka/Redis the stack reuses them; otherwise it brings its own.
 """
 
@@ -33,12 +34,20 @@ PROMPT = "one generation per stream. "
 MAX_TOKENS = 64
 GENERATION = (PROMPT * 3)[:MAX_TOKENS]  # llmq-sim's completion: the prompt's bytes, cycled
 KILL_AFTER_CHARS = 12
+# A killed pod is gone to the batcher (its key expired, then the grace of two intervals) within about 3.5 s, well before
+# the stream ends: only the resume window keeps a resumable stream of it running. The defaults' ratios, halved.
+POD_HEARTBEATS = {"LLMQ_API_POD_HEARTBEAT_INTERVAL_MS": "500", "LLMQ_API_POD_HEARTBEAT_TTL_MS": "2000"}
 
 
 @pytest.fixture(scope="module")
 def stack(infra):
     shape = dict(
-        api_ports=(API_PORT,), tiny_workers=0, sim_workers=1, sim_batch_time_ms=BATCH_TIME_MS, sim_max_batch_size=8
+        api_ports=(API_PORT, API_PORT + 1),
+        tiny_workers=0,
+        sim_workers=1,
+        sim_batch_time_ms=BATCH_TIME_MS,
+        sim_max_batch_size=8,
+        extra_env=POD_HEARTBEATS,
     )
     own = dict(
         state_dir=ROOT / "var" / f"test-stream-{uuid.uuid4().hex[:6]}",
@@ -110,3 +119,59 @@ async def test_a_stream_whose_worker_dies_continues_on_its_restart_and_a_plain_r
         assert response.json()["choices"][0]["text"] == GENERATION
         assert plain_done[0] - killed_s >= BATCH_TIME_MS / 1000  # a whole batch after the kill: it ran again
         assert (await stored(client, response.headers["x-request-id"]))["status"] == "succeeded"
+
+
+async def read_events(response: httpx.Response, until_chars: int | None = None) -> tuple[str, int | None, list[str]]:
+    """Read a stream's events as an SSE client does (an event counts once its blank line arrived): the text of its
+    choices, the id of its last event that carried one, and every event's data; stops at ``[DONE]``, or once
+    ``until_chars`` of text arrived."""
+    text, last_id, datas, event = "", None, [], {}
+    async for line in response.aiter_lines():
+        if line:
+            field, _, value = line.partition(": ")
+            event[field] = value
+            continue
+        if "id" in event:
+            last_id = int(event["id"])
+        if "data" in event:
+            datas.append(event["data"])
+            if event["data"] == "[DONE]":
+                break
+            text += "".join(choice["text"] for choice in json.loads(event["data"]).get("choices", ()))
+        event = {}
+        if until_chars is not None and len(text) >= until_chars:
+            break
+    return text, last_id, datas
+
+
+async def test_a_keyed_stream_whose_api_pod_is_killed_resumes_at_the_other_pod_after_its_last_event_id(stack):
+    body = {
+        "model": "llmq-sim",
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"idempotency-key": f"resume-{uuid.uuid4().hex}"}
+    first_pod, other_pod = (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=DEV, timeout=60) for port in stack.api_ports
+    )
+    async with first_pod, other_pod:
+        async with first_pod.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+            assert response.status_code == 200
+            request_id = response.headers["x-request-id"]
+            before, last_id, _ = await read_events(response, until_chars=KILL_AFTER_CHARS)
+            stack.send("api-0", signal.SIGKILL)
+        assert last_id == len(before) > 0  # an event's id: the characters of text the stream held
+        resume = headers | {"last-event-id": str(last_id)}
+        async with other_pod.stream("POST", "/v1/completions", json=body, headers=resume) as response:
+            assert response.status_code == 200 and response.headers["x-request-id"] == request_id
+            after, final_id, events = await read_events(response)
+        assert events[-1] == "[DONE]" and final_id == len(GENERATION)
+        assert len(events) > len(after) // 2  # streamed from the log as generated, not all at once with the result
+        assert before + after == GENERATION  # no text repeated or missing across the pods
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == MAX_TOKENS
+
+        outcome = await stored(other_pod, request_id)
+    assert outcome["status"] == "succeeded" and outcome["response"]["choices"][0]["text"] == GENERATION
+    await stack.heal()
