@@ -175,6 +175,11 @@ def check_both_sdks(runs: list[Run]) -> None:
         assert int(counted) > 0
 
 
+def check_resumed_stream(runs: list[Run]) -> None:
+    for run in runs:  # the text before the drop and after the resume: one generation, nothing repeated or missing
+        assert run.stdout.rstrip("\n") == sim_answer("Once upon a time", 48)
+
+
 CHECKS = {
     ("README.md", 'model="llmq-sim", prompt="def fib(n):"'): check_sdk,
     ("README.md", "/healthz"): check_curl,
@@ -186,6 +191,7 @@ CHECKS = {
     ("docs/batch-jobs.md", "llmq batch run job.jsonl"): check_batch_run,
     ("docs/kafka-producers.md", "claims-etl.replies -o"): check_kcat_docs,
     ("docs/anthropic.md", "claude.messages.create"): check_both_sdks,
+    ("docs/api.md", 'Last-Event-ID": str(len(text))'): check_resumed_stream,
 }
 
 

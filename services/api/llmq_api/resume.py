@@ -2,8 +2,8 @@
 
 A stream sent with an ``Idempotency-Key`` is held by the connection that last took it: its first one, or the latest
 that resumed it (a request with that key to any pod, which writes the stream's holder key). When the holder's client
-leaves, the stream keeps running for ``api.stream_resume_window_ms``; then, unless another connection holds it by then,
-it is cancelled and its key released, as any stream is at once. Its deadline cancels it at once; its pod's shutdown or
+leaves, the stream keeps running for ``api.stream_resume_window_ms``; then, unless another connection holds it by then
+or it has ended, it is cancelled and its key released, as any stream is at once. Its deadline cancels it at once; its pod's shutdown or
 death leaves the cancel to the batchers, which count the window from the pod's going (``llmq_batcher.pods``).
 """
 
@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from llmq_api.exchange import CLIENT_GONE_REASON, SHUTDOWN_REASON, CancelPublisher
 from llmq_core.clock import Sleep
-from llmq_core.constants import stream_holder_key
+from llmq_core.constants import result_key, stream_holder_key
 from llmq_core.stream_log import holder_value
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,15 @@ class StreamHolds:
     async def _cancel_unless_resumed(self, request_id: str, token: str, release: Callable[[], Awaitable[None]]) -> None:
         await self._sleep(self.window_ms / 1000)
         try:
-            holder = await self._redis.get(stream_holder_key(request_id))
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(stream_holder_key(request_id))
+                pipe.exists(result_key(request_id))
+                holder, ended = await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - cancel rather than leave it running for no one
             log.warning("reading the holder of stream %s failed: %r", request_id, exc, extra={"request_id": request_id})
-            holder = None
+            holder, ended = None, False
         ours = holder_value(self._instance_id, token).encode() if token != FIRST else None
-        if holder == ours:
+        if holder == ours and not ended:  # an ended one keeps its key: a retry gets its stored result
             await self._cancel(request_id, CLIENT_GONE_REASON, release)
 
     async def _cancel(self, request_id: str, reason: str, release: Callable[[], Awaitable[None]]) -> None:

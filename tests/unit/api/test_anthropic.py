@@ -4,6 +4,8 @@ prompt's last message and answers ``finish_reason: length``)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import anthropic
 import httpx2
 import msgspec
@@ -409,3 +411,52 @@ def test_output_config_format_is_the_wire_constraint_checked_as_response_format(
     with pytest.raises(ApiError) as too_large:
         parsed({"format": {"type": "json_schema", "schema": schema}}, max_schema_bytes=10)
     assert (too_large.value.param, too_large.value.code) == ("output_config.format", "schema_too_large")
+
+
+async def test_a_keyed_stream_resumes_in_anthropic_s_events_after_its_last_event_id(setup):
+    http, pod, worker, redis = setup
+    worker.silent = True
+    headers = {"anthropic-version": "2023-06-01", "idempotency-key": "story-1"}
+    body = {"model": "llmq-sim", "max_tokens": 5, "messages": USER, "stream": True}
+    first = asyncio.create_task(http.post("/v1/messages", json=body, headers=headers))
+    while not worker.produced:
+        await asyncio.sleep(0.01)
+    (request,) = worker.produced
+    log = redis.lists.setdefault(constants.stream_log_key(request.request_id), [])
+    for seq, (offset, text) in enumerate([(0, "he"), (2, "ll")]):
+        chunk = wire.TokenChunk(
+            request_id=request.request_id,
+            tenant_id=request.tenant_id,
+            index=0,
+            text=text,
+            seq=seq,
+            sent_ms=0,
+            offset=offset,
+        )
+        log.append(wire.encode(chunk))
+        assert pod.registry.dispatch(chunk)
+    resumed = asyncio.create_task(http.post("/v1/messages", json=body, headers=headers | {"last-event-id": "3"}))
+    async with asyncio.timeout(5):
+        while not pod.metrics.registry.get_sample_value("llmq_api_stream_resumes_total", {"outcome": "resumed"}):
+            await asyncio.sleep(0.01)
+    result = wire.FinalResult.for_request(
+        request,
+        wire.Outcome.SUCCEEDED,
+        finished_ms=1,
+        worker_id="w",
+        choices=[wire.Choice(index=0, text="hello", finish_reason="length")],
+    )
+    pod.registry.dispatch(result)
+    redis.data[constants.result_key(request.request_id)] = wire.encode(result)
+    first, resumed = await asyncio.gather(first, resumed)
+    events = [
+        [
+            (name.removeprefix(b"event: ").decode(), msgspec.json.decode(data.removeprefix(b"data: ")))
+            for name, data in (line for line in (f.split(b"\n")[-2:] for f in r.content.split(b"\n\n") if f))
+        ]
+        for r in (first, resumed)
+    ]
+    texts = ["".join(e["delta"].get("text", "") for name, e in es if name == "content_block_delta") for es in events]
+    assert texts == ["hello", "lo"]  # the client had "hel" (id 3)
+    assert events[0][0][0] == "message_start" and "message_start" not in {name for name, _ in events[1]}
+    assert events[1][-1][0] == "message_stop"

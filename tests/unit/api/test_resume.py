@@ -145,3 +145,11 @@ async def test_stop_ends_the_windows_being_waited_out(holds):
         await asyncio.sleep(0)
     await holds.stop()
     assert cancels.cancels == [] and sleeps.waiting[0].cancelled()
+
+
+async def test_a_stream_that_ended_within_the_window_is_neither_cancelled_nor_freed(holds):
+    holds, redis, cancels, sleeps, released, release = holds
+    await holds.canceller(FIRST, release)("r", CLIENT_GONE_REASON)
+    redis.data[constants.result_key("r")] = b"stored"  # the result-router stored its result
+    await sleeps.end()
+    assert cancels.cancels == [] and released == []  # a retry with its key gets that result
