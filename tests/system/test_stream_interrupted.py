@@ -34,6 +34,13 @@ PROMPT = "one generation per stream. "
 MAX_TOKENS = 64
 GENERATION = (PROMPT * 3)[:MAX_TOKENS]  # llmq-sim's completion: the prompt's bytes, cycled
 KILL_AFTER_CHARS = 12
+STREAM = {
+    "model": "llmq-sim",
+    "prompt": PROMPT,
+    "max_tokens": MAX_TOKENS,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 # A killed pod is gone to the batcher (its key expired, then the grace of two intervals) within about 3.5 s, well before
 # the stream ends: only the resume window keeps a resumable stream of it running. The defaults' ratios, halved.
 POD_HEARTBEATS = {"LLMQ_API_POD_HEARTBEAT_INTERVAL_MS": "500", "LLMQ_API_POD_HEARTBEAT_TTL_MS": "2000"}
@@ -61,15 +68,8 @@ def stack(infra):
 async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> tuple[str, str, dict, float]:
     """Stream a completion, SIGKILL the worker once KILL_AFTER_CHARS arrived, start it again; returns the request id,
     the text the client got, the stream's last JSON event (its usage) and when the kill was sent (monotonic)."""
-    body = {
-        "model": "llmq-sim",
-        "prompt": PROMPT,
-        "max_tokens": MAX_TOKENS,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
     text, events, killed = "", [], 0.0
-    async with client.stream("POST", "/v1/completions", json=body) as response:
+    async with client.stream("POST", "/v1/completions", json=STREAM) as response:
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
         async for line in response.aiter_lines():
@@ -145,26 +145,19 @@ async def read_events(response: httpx.Response, until_chars: int | None = None) 
 
 
 async def test_a_keyed_stream_whose_api_pod_is_killed_resumes_at_the_other_pod_after_its_last_event_id(stack):
-    body = {
-        "model": "llmq-sim",
-        "prompt": PROMPT,
-        "max_tokens": MAX_TOKENS,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
     headers = {"idempotency-key": f"resume-{uuid.uuid4().hex}"}
     first_pod, other_pod = (
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=DEV, timeout=60) for port in stack.api_ports
     )
     async with first_pod, other_pod:
-        async with first_pod.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+        async with first_pod.stream("POST", "/v1/completions", json=STREAM, headers=headers) as response:
             assert response.status_code == 200
             request_id = response.headers["x-request-id"]
             before, last_id, _ = await read_events(response, until_chars=KILL_AFTER_CHARS)
             stack.send("api-0", signal.SIGKILL)
         assert last_id == len(before) > 0  # an event's id: the characters of text the stream held
         resume = headers | {"last-event-id": str(last_id)}
-        async with other_pod.stream("POST", "/v1/completions", json=body, headers=resume) as response:
+        async with other_pod.stream("POST", "/v1/completions", json=STREAM, headers=resume) as response:
             assert response.status_code == 200 and response.headers["x-request-id"] == request_id
             after, final_id, events = await read_events(response)
         assert events[-1] == "[DONE]" and final_id == len(GENERATION)
