@@ -8,6 +8,7 @@ on this CPU the model makes about 13 tokens/s alone, far fewer on a loaded machi
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import httpx
@@ -24,6 +25,7 @@ from llmq_core.token_counts import TokenizerCounter
 from llmq_worker import checkpoints
 from tests import ports
 from tests.stacks import private_stack
+from tests.system.faults.stack import FaultStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -234,3 +236,50 @@ async def _running_after(pubsub, wanted, within_s: float = 30) -> int:
 def test_models_lists_the_real_context_window(clients):
     listed = {m.id: m for m in clients[0].models.list().data}
     assert listed[MODEL].model_extra["context_window"] == 8192
+
+
+async def _stream_chat(client: httpx.AsyncClient, body: dict, on_text=None) -> tuple[str, dict]:
+    """Stream a chat completion to its end: its text and its usage (``on_text(text so far)`` after each chunk)."""
+    text, usage = "", None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            usage = event.get("usage") or usage
+            text += "".join(choice["delta"].get("content") or "" for choice in event["choices"])
+            if on_text is not None:
+                await on_text(text)
+    return text, usage
+
+
+async def test_a_stream_whose_real_model_worker_is_killed_continues_on_its_restart_with_the_same_text(stack):
+    """kill -9 of the transformers worker mid-stream: restarted, it prefills the prompt and the tokens already sent and
+    generates only the rest (docs/workers.md#continuation). At temperature 0, alone on the worker both times, the text
+    is the uninterrupted run's, and usage counts each token once."""
+    faults = FaultStack(stack.cfg)
+    headers = {"authorization": "Bearer llmq-dev-key", HTTP_TIMEOUT_MS: str(TIMEOUT_MS)}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+        "max_tokens": 32,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    killed = []
+
+    async def kill_once_begun(text: str) -> None:
+        if not killed and len(text) >= 12:
+            killed.append(faults.send(f"worker-{MODEL}-0", signal.SIGKILL))
+            await faults.heal()  # the same worker comes back and reads its uncommitted batch again
+
+    port = stack.cfg.api_ports[0]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=TIMEOUT_MS) as client:
+        reference, reference_usage = await _stream_chat(client, body)
+        text, usage = await _stream_chat(client, body, kill_once_begun)
+    assert killed, f"the stream ended before 12 characters: {text!r}"
+    assert reference_usage["completion_tokens"] == 32  # it ran to max_tokens: the kill came mid-generation
+    assert text == reference and usage == reference_usage
