@@ -119,7 +119,10 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
     await batches.start()
     await results.start()
     load = HttpLoad(stack.api_ports, rate_per_s=5, timeout_ms=20_000, tag="worker-kill")
+    # streams stranded mid-text continue on the other worker from their tokens: each is checked for its whole text
+    streams = HttpLoad(stack.api_ports, rate_per_s=3, timeout_ms=20_000, stream=True, tag="worker-kill-streams")
     load.start()
+    streams.start()
     await asyncio.sleep(3)
     async with asyncio.timeout(10):
         while not ((hb := await stack.worker_heartbeat("sim-0")) and hb.running):
@@ -127,7 +130,7 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
     killed_s = stack.send("worker-sim-0", signal.SIGKILL)
     killed_ms = int(time.time() * 1000)
     await asyncio.sleep(8)
-    tally = await load.stop()
+    tally, streamed = await asyncio.gather(load.stop(), streams.stop())
     await asyncio.sleep(1)
     await batches.stop()
     await results.stop()
@@ -163,6 +166,7 @@ async def test_worker_kill9_mid_batch_moves_its_work_to_the_other_worker(stack):
         note=f"{len(stranded)} stranded requests finished on the other worker {max(moved_ms)} ms after the kill",
     )
     all_answered(tally)
+    all_answered(streamed)  # no stream_interrupted: one generation each, nothing repeated or missing
     assert max(moved_ms) <= bound_ms, f"stranded work finished {sorted(moved_ms)} ms after the kill"
 
 
