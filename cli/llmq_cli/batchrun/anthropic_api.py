@@ -49,6 +49,10 @@ class AnthropicBatchApi:
         (self._staging / name).write_bytes(data)
         return name
 
+    def find_upload(self, name: str, size: int) -> str | None:
+        """None: an upload here only writes the staging folder, so doing it again leaves nothing behind."""
+        return None
+
     def delete(self, file_id: str) -> bool:
         (self._staging / file_id).unlink(missing_ok=True)
         return True

@@ -33,6 +33,7 @@ class BatchState:
 class BatchApi(Protocol):
     def limits(self) -> ShardLimits | None: ...
     def upload(self, name: str, data: bytes) -> str: ...
+    def find_upload(self, name: str, size: int) -> str | None: ...
     def delete(self, file_id: str) -> bool: ...
     def create(self, file_id: str, endpoint: str, window: str, metadata: dict[str, str], key: str) -> BatchState: ...
     def find(self, metadata: dict[str, str], since_s: float) -> BatchState | None: ...
@@ -85,6 +86,14 @@ class OpenAIBatchApi:
 
     def upload(self, name: str, data: bytes) -> str:
         return self._client.files.create(file=(name, data), purpose="batch").id
+
+    def find_upload(self, name: str, size: int) -> str | None:
+        """The id of the newest batch upload named ``name`` of ``size`` bytes, if the target holds one (an upload
+        whose answer a kill lost)."""
+        for file in self._client.files.list(purpose="batch"):
+            if file.filename == name and file.bytes == size:
+                return file.id
+        return None
 
     def delete(self, file_id: str) -> bool:
         """``DELETE /v1/files/{id}``: True when the file is gone (deleted now, or before), False when the target

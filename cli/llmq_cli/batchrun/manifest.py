@@ -4,8 +4,10 @@ Tables: ``job`` (key/value: the job's digest, its tag, when it started), ``shard
 status, file id, batch id), ``shard_ids`` (the custom_ids each shard holds), ``results`` (one row per custom_id: its
 accepted result, upserted so a late success replaces nothing twice) and ``failures`` (one row per custom_id and shard
 that did not end accepted: outcome, code, message, whether it may be retried). Every step commits before the next
-network call, in this order per shard: planned -> uploaded (file id) -> submitting -> submitted (batch id) -> collected
-(its results stored in the same transaction), and then its upload deleted from the target (``deleted_uploads``).
+network call, in this order per shard: planned -> uploading -> uploaded (file id) -> submitting -> submitted (batch id)
+-> collected (its results stored in the same transaction), and then its upload deleted from the target
+(``deleted_uploads``). A shard found ``uploading`` or ``submitting`` may have reached the target before a kill: the
+resumed run looks for its file or batch there before making another.
 A line that can never be uploaded is a ``failures`` row of round 0 with shard :data:`NOT_UPLOADED`, written with the
 first round's shards.
 
@@ -25,7 +27,8 @@ from pathlib import Path
 
 from llmq_cli.batchrun.outcomes import Attempt
 
-PLANNED, UPLOADED, SUBMITTING, SUBMITTED, COLLECTED = "planned", "uploaded", "submitting", "submitted", "collected"
+PLANNED, UPLOADING, UPLOADED = "planned", "uploading", "uploaded"
+SUBMITTING, SUBMITTED, COLLECTED = "submitting", "submitted", "collected"
 NOT_UPLOADED = -1  # the shard of a failure that never reached the target (a line too large to upload)
 LINE_TOO_LARGE = "line_too_large"  # its code (the one llmq's upload check gives such a line)
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
@@ -183,6 +186,9 @@ class Manifest:
     def current_round(self) -> int | None:
         (round_,) = self._db.execute("SELECT MAX(round) FROM shards").fetchone()
         return round_
+
+    def set_uploading(self, number: int) -> None:
+        self._db.execute("UPDATE shards SET status = ? WHERE number = ?", (UPLOADING, number))
 
     def set_uploaded(self, number: int, file_id: str) -> None:
         self._db.execute("UPDATE shards SET status = ?, file_id = ? WHERE number = ?", (UPLOADED, file_id, number))

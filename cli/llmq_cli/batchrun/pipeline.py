@@ -18,7 +18,16 @@ from typing import Protocol
 from llmq_cli.batchrun import outcomes
 from llmq_cli.batchrun.api import BatchApi, BatchState
 from llmq_cli.batchrun.jobfile import IdTemplate, Job, shard_file
-from llmq_cli.batchrun.manifest import COLLECTED, PLANNED, SUBMITTED, SUBMITTING, UPLOADED, Manifest, Shard
+from llmq_cli.batchrun.manifest import (
+    COLLECTED,
+    PLANNED,
+    SUBMITTED,
+    SUBMITTING,
+    UPLOADED,
+    UPLOADING,
+    Manifest,
+    Shard,
+)
 from llmq_cli.batchrun.shard import ShardLimits, plan, retry_limits, too_large
 
 
@@ -105,7 +114,18 @@ class Pipeline:
                 self._sleep(self.config.poll_interval_s)
 
     def _start(self, shard: Shard) -> None:
-        if shard.status == PLANNED:
+        if shard.status in (PLANNED, UPLOADING):
+            self._upload(shard)
+            shard = self._reload(shard)
+        if shard.status == UPLOADED:
+            self.manifest.set_submitting(shard.number, self._clock())
+            self._submit(self._reload(shard))
+
+    def _upload(self, shard: Shard) -> None:
+        """Upload the shard's file, unless an upload of an earlier run got through (found by its name and size)."""
+        name = f"{self.tag}-shard-{shard.number}.jsonl"
+        file_id = self.api.find_upload(name, shard.bytes) if shard.status == UPLOADING else None
+        if file_id is None:
             data = shard_file(
                 self.job, [self._lines[cid] for cid in self.manifest.shard_ids(shard.number)], self._template
             )
@@ -113,12 +133,9 @@ class Pipeline:
                 raise RuntimeError(
                     f"shard {shard.number}: the job file changed ({len(data)} bytes, planned {shard.bytes})"
                 )
-            file_id = self.api.upload(f"{self.tag}-shard-{shard.number}.jsonl", data)
-            self.manifest.set_uploaded(shard.number, file_id)
-            shard = self._reload(shard)
-        if shard.status == UPLOADED:
-            self.manifest.set_submitting(shard.number, self._clock())
-            self._submit(self._reload(shard))
+            self.manifest.set_uploading(shard.number)
+            file_id = self.api.upload(name, data)
+        self.manifest.set_uploaded(shard.number, file_id)
 
     def _submit(self, shard: Shard) -> None:
         """Create the shard's batch, unless a create of an earlier run got through (found by its metadata)."""

@@ -32,6 +32,7 @@ class FakeBatchApi:
         self.answer = answer
         self._limits = limits
         self.files: dict[str, bytes] = {}
+        self.names: dict[str, str] = {}  # file id -> the name it was uploaded as
         self.batches: dict[str, dict] = {}
         self.attempts: Counter[str] = Counter()
         self.downloads: Counter[str] = Counter()
@@ -49,8 +50,13 @@ class FakeBatchApi:
         self.uploaded += 1
         file_id = f"file-{self.uploaded}"
         self.files[file_id] = data
+        self.names[file_id] = name
         self.upload_log.append(data)
         return file_id
+
+    def find_upload(self, name: str, size: int) -> str | None:
+        found = [f for f, data in self.uploads().items() if self.names[f] == name and len(data) == size]
+        return found[-1] if found else None
 
     def delete(self, file_id: str) -> bool:
         if self.refuse_deletes:

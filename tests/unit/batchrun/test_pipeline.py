@@ -123,30 +123,35 @@ def test_a_kill_after_a_create_got_through_resumes_without_a_second_create(job, 
 
 
 class Killer:
-    """Makes the API's n-th call raise KeyboardInterrupt (a kill before that call reached the target)."""
+    """Makes the API's n-th call raise KeyboardInterrupt: before that call reached the target, or (``landed``) once
+    it did and its answer was lost."""
 
-    def __init__(self, api: FakeBatchApi, kill_at: int) -> None:
-        self.calls, self.kill_at = 0, kill_at
-        for name in ("upload", "create", "find", "retrieve", "content", "delete"):
+    def __init__(self, api: FakeBatchApi, kill_at: int, landed: bool) -> None:
+        self.calls, self.kill_at, self.landed = 0, kill_at, landed
+        for name in ("upload", "find_upload", "create", "find", "retrieve", "content", "delete"):
             setattr(api, name, self._wrap(getattr(api, name)))
 
     def _wrap(self, method):
         def call(*args, **kwargs):
             self.calls += 1
-            if self.calls == self.kill_at:
-                raise KeyboardInterrupt
-            return method(*args, **kwargs)
+            if self.calls != self.kill_at:
+                return method(*args, **kwargs)
+            if self.landed:
+                method(*args, **kwargs)
+            raise KeyboardInterrupt
 
         return call
 
 
-def test_a_kill_at_every_step_still_ends_with_one_batch_per_shard(job, tmp_path):
-    """Kill the run at its n-th call to the API, rerun, for every n: each shard gets exactly one batch, every id one
-    accepted result, and no shard collected before the kill is downloaded again."""
+@pytest.mark.parametrize("landed", [False, True], ids=["before-the-call", "after-the-call-landed"])
+def test_a_kill_at_every_step_still_ends_with_one_batch_and_no_upload_per_shard(job, tmp_path, landed):
+    """Kill the run at its n-th call to the API, rerun, for every n: each shard gets exactly one batch and one
+    upload, every id one accepted result, no upload is left on the target, and no shard collected before the kill is
+    downloaded again."""
     for kill_at in range(1, 40):
         state = tmp_path / f"k{kill_at}"
         api = FakeBatchApi()
-        killer = Killer(api, kill_at)
+        killer = Killer(api, kill_at, landed)
         try:
             run(api, job, state)
         except KeyboardInterrupt:
@@ -158,6 +163,7 @@ def test_a_kill_at_every_step_still_ends_with_one_batch_per_shard(job, tmp_path)
             assert killer.calls < kill_at
             break
         assert len(api.batches) == len(manifest.shards()) == 3
+        assert api.uploaded == 3  # an upload whose answer the kill lost is found, not made again
         assert manifest.accepted_count() == 10
         assert api.uploads() == {}  # a kill between a collect and its delete: the rerun deletes it
         assert all(api.downloads[f] == before[f] for f in before if f.rsplit("-", 1)[0] in collected)
