@@ -259,6 +259,12 @@ class BatcherMetrics(_Metrics):
             " routing disabled)",
             ("model", "reason"),
         )
+        self.preempting_dispatches = self.counter(
+            "llmq_batcher_preempting_dispatches",
+            "Batches dispatched into a continuous-batching worker's preemptible room (no worker had free slots: the"
+            " worker preempts running deferred sequences to run their interactive or near-interactive requests)",
+            ("model",),
+        )
         self.redispatches = self.counter(
             "llmq_batcher_redispatches",
             "Requests dispatched again after their worker was lost, by outcome: continued (from the tokens earlier"
@@ -302,12 +308,16 @@ class BatcherMetrics(_Metrics):
         now_ms: int,
         max_batch: int | None,
         route: str | None = None,
+        preempting: bool = False,
     ) -> None:
         """One Batch produced at ``now_ms`` (epoch ms); ``max_batch``: the model's largest batch (None: unknown);
-        ``route``: why prefix routing chose its worker (None: not routed)."""
+        ``route``: why prefix routing chose its worker (None: not routed); ``preempting``: it went into its worker's
+        preemptible room."""
         size, model = len(requests), self.labels.model(model)
         if route is not None:
             self.prefix_routes.labels(model, route).inc()
+        if preempting:
+            self.preempting_dispatches.labels(model).inc()
         self._sizes(model, flush_reason).observe(size)
         self._flushes(model, flush_reason).inc()
         if max_batch:

@@ -23,9 +23,11 @@ CLAIM_TIMEOUT_S = 0.25  # a claim slower than this fails (its batch waits): a st
 CLAIM_RETRY_MS = 100  # how long a model's batches wait after a claim failed
 
 # KEYS: the worker's ledger, its grants. ARGV: batch_id, requests, now_ms, grant_ttl_ms, lead_ms, margin_ms,
-# queue_bound. Returns {granted, next_ms, next_room} (WorkerLedger.claim's Grant).
+# queue_bound, urgent (1: no deferred request, so a continuous worker's preemptible room counts too; a ledger without
+# the field, an older worker's, reads 0). Returns {granted, next_ms, next_room} (WorkerLedger.claim's Grant).
 _CLAIM = """
-local f = redis.call('HMGET', KEYS[1], 'max_slots', 'fixed', 'batch_time_ms', 'running', 'queued', 'ends_ms')
+local f = redis.call('HMGET', KEYS[1], 'max_slots', 'fixed', 'batch_time_ms', 'running', 'queued', 'ends_ms',
+  'preemptible')
 local want = tonumber(ARGV[2])
 if not f[1] then return {want, 0, 0} end
 local max_slots, fixed, bt = tonumber(f[1]), tonumber(f[2]) == 1, tonumber(f[3])
@@ -45,7 +47,9 @@ local room
 if fixed then
   room = math.max(max_slots - queued - in_transit, 0)
 else
-  room = math.max(max_slots + tonumber(ARGV[7]) - running - queued - in_transit, 0)
+  local preemptible = 0
+  if ARGV[8] == '1' then preemptible = tonumber(f[7]) or 0 end
+  room = math.max(max_slots + tonumber(ARGV[7]) + preemptible - running - queued - in_transit, 0)
 end
 local function grant(n)
   if n > 0 then
@@ -81,9 +85,20 @@ class SharedCapacity:
         self._claim = redis.register_script(_CLAIM)
 
     async def claim(self, batch: BatchDispatch, now_ms: int) -> Grant:
-        """Claim ``batch``'s requests from its worker's ledger. Raises what Redis raises, TimeoutError past
+        """Claim ``batch``'s requests from its worker's ledger (a batch without deferred requests may also take a
+        continuous-batching worker's preemptible room). Raises what Redis raises, TimeoutError past
         CLAIM_TIMEOUT_S."""
-        args = (batch.batch_id, len(batch.requests), now_ms, self._ttl_ms, self._lead_ms, self._margin_ms, self._bound)
+        urgent = int(batch.urgent())
+        args = (
+            batch.batch_id,
+            len(batch.requests),
+            now_ms,
+            self._ttl_ms,
+            self._lead_ms,
+            self._margin_ms,
+            self._bound,
+            urgent,
+        )
         granted, next_ms, next_room = await asyncio.wait_for(
             self._claim(keys=self._names.capacity_keys(batch.worker_id), args=args), CLAIM_TIMEOUT_S
         )

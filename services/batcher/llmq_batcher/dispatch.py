@@ -127,6 +127,7 @@ class Dispatcher:
                 shared.clock.now_ms(),
                 shared.policy.config.model_max_batch.get(batch.model),
                 batch.route,
+                batch.preempting,
             )
         for request in batch.requests:
             shared.held.settle(request.request_id)

@@ -17,7 +17,7 @@ from llmq_batcher.fairshare import FairQueue
 from llmq_batcher.fleet import Fleet, ModelState
 from llmq_batcher.prefix_route import RouteReason
 from llmq_batcher.workers import WorkerView
-from llmq_core import wire
+from llmq_core import constants, wire
 
 
 @dataclass(slots=True)
@@ -32,6 +32,11 @@ class BatchDispatch:
     flush_reason: wire.FlushReason
     formed_ms: int
     route: RouteReason | None = None  # why prefix routing chose its worker (None: not routed, see prefix_route.py)
+    preempting: bool = False  # formed into its worker's preemptible room (forming.py): no free slots, no deferred work
+
+    def urgent(self) -> bool:
+        """Whether no request of the batch is deferred: the worker's ledger then also grants its preemptible room."""
+        return all(r.traffic_class != constants.DEFERRED for r in self.requests)
 
     def to_wire(self) -> wire.Batch:
         return wire.Batch(
@@ -76,9 +81,11 @@ class Flights:
         reason: wire.FlushReason,
         now_ms: int,
         route: RouteReason | None = None,
+        *,
+        preempting: bool = False,
     ) -> BatchDispatch:
         """``flight`` (its entries already DISPATCHED) as a new batch to ``worker``, counted against its slots;
-        ``route``: why prefix routing chose ``worker``."""
+        ``route``: why prefix routing chose ``worker``; ``preempting``: the batch goes into its preemptible room."""
         batch_id = self._next_batch_id()
         requests = [entry.request for entry in flight.entries]
         release_ms = max(r.deadline_ms for r in requests) + self._grace_ms
@@ -87,7 +94,9 @@ class Flights:
         model.pool.touch(worker)
         if worker.fixed:
             model.busy_until_ms = max(model.busy_until_ms, worker.busy_until_ms)
-        return BatchDispatch(batch_id, worker.worker_id, worker.partition, model.name, requests, reason, now_ms, route)
+        return BatchDispatch(
+            batch_id, worker.worker_id, worker.partition, model.name, requests, reason, now_ms, route, preempting
+        )
 
     def split(self, batch: BatchDispatch, now_ms: int) -> list[BatchDispatch]:
         """The requests of refused ``batch`` still in flight at its worker, as two batches to it (one if fewer than
@@ -158,6 +167,7 @@ class Flights:
             [e.request for e in entries],
             batch.flush_reason,
             batch.formed_ms,
+            preempting=batch.preempting,
         )
 
     def _next_batch_id(self) -> str:

@@ -4,8 +4,10 @@ A batch goes to the model's live worker with the least outstanding work (among c
 holding most of its first request's prefix unless it is loaded past a threshold: prefix_route.py) and flushes on size
 (the worker's free slots, capped by the model's max batch, or the byte budget of one record) or when its oldest request
 has waited its class's window (``bound * room / (room + pending)``: it shrinks as work piles up). Deferred work only
-fills slots above the worker's reserve, and only while no other class waits. A batch takes entries in class precedence,
-fair across tenants, and closes at the first one that would overflow its bytes.
+fills slots above the worker's reserve, and only while no other class waits. When no worker has room and interactive or
+near-interactive work waits, its batch goes to the continuous-batching worker with the most preemptible room (running
+deferred sequences it would preempt for such work, workers.py), as many as that room, never deferred work. A batch takes
+entries in class precedence, fair across tenants, and closes at the first one that would overflow its bytes.
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ class BatchFormer:
         while model.depth():
             worker = model.pool.best(now_ms)
             if worker is None:
-                return model.pool.next_ready_ms()
+                worker = model.pool.most_preemptible() if self._urgent_queued(model) else None
+                if worker is None:
+                    return model.pool.next_ready_ms()
+                room = self._preempting_room(model, worker)
+                reason, due_ms = self._due(model, room, 0, now_ms, False, drain)
+                if reason is None:
+                    return _earliest(due_ms, model.pool.next_ready_ms())
+                flight, full = self._take(model, worker, room, 0, worker.open_classes(now_ms))
+                if not flight.live:
+                    return None  # every queued tenant is at its in-flight cap: results will wake us
+                if reason != "drain" and full:
+                    reason = "size"
+                self._router.dispatched(worker, flight.entries, now_ms)
+                out.append(self._flights.dispatch(model, worker, flight, reason, now_ms, preempting=True))
+                continue
             if worker.roll(now_ms):
                 model.pool.touch(worker)
                 continue
@@ -73,6 +89,17 @@ class BatchFormer:
             if queue.depth and (entry := queue.peek(is_capped, park)) is not None:
                 return entry
         return None
+
+    @staticmethod
+    def _urgent_queued(model: ModelState) -> bool:
+        """Whether interactive or near-interactive work of ``model`` is queued."""
+        return any(q.depth for q in model.queues[:DEFERRED])
+
+    def _preempting_room(self, model: ModelState, worker: WorkerView) -> int:
+        """Slots for a batch into ``worker``'s preemptible room (capped by the model's max batch); deferred work may
+        use none of them."""
+        room = worker.preemptible_room()
+        return min(room, self._config.model_max_batch.get(model.name, worker.max_slots) or room)
 
     def _rooms(self, model: ModelState, worker: WorkerView, now_ms: int) -> tuple[int, int]:
         """Slots for this batch, and how many of them deferred work may use (never the reserved last ones)."""
@@ -153,3 +180,9 @@ class BatchFormer:
                 budget_bytes -= entry.size_bytes
                 self._entries.transition(entry, DISPATCHED, flight)  # counts the tenant's in-flight cap at once
         return flight, flight.live >= room
+
+
+def _earliest(*times_ms: int | None) -> int | None:
+    """The earliest of ``times_ms`` that is known (None: none is)."""
+    known = [t for t in times_ms if t is not None]
+    return min(known) if known else None

@@ -10,7 +10,11 @@ requests before producing it. The room a claim can get:
   from ``lead_ms`` until ``margin_ms`` before the running window ends (``ends_ms``, which the worker writes when a
   window starts; a claim on an idle worker starts one at once, and predicts its end). Outside that, nothing: the
   claim learns which window to come back for;
-- a continuous-batching engine: ``max_slots + queue_bound - running - queued - in transit``.
+- a continuous-batching engine: ``max_slots + queue_bound - running - queued - in transit``; for a batch that holds
+  no deferred request (``urgent``), also its ``preemptible``: running deferred sequences the worker would preempt for
+  such work (the worker writes it; 0 when it never preempts, or an older worker that does not write it).
+
+All rooms are floored at 0.
 
 In transit are the grants not yet taken, each for at most ``grant_ttl_ms`` (a batch that never reached its worker, or
 a killed batcher's, stops counting then).
@@ -43,23 +47,34 @@ class WorkerLedger:
     queue_bound: int = 0
     running: int = 0
     queued: int = 0
+    preemptible: int = 0  # continuous-batching engines: room urgent claims get beyond the rest
     ends_ms: int = 0  # fixed-time engines: when the running window ends (as predicted, until the worker says)
     grants: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def room(self, now_ms: int) -> int:
-        """Requests a claim at ``now_ms`` could be granted, its timing aside."""
+    def room(self, now_ms: int, urgent: bool = False) -> int:
+        """Requests a claim at ``now_ms`` could be granted, its timing aside; ``urgent``: for a batch without deferred
+        requests (a continuous-batching worker's preemptible room counts too)."""
         self.grants = {b: g for b, g in self.grants.items() if g[1] > now_ms}
         in_transit = sum(n for n, _ in self.grants.values())
         if self.fixed:
             return max(self.max_slots - self.queued - in_transit, 0)
-        return max(self.max_slots + self.queue_bound - self.running - self.queued - in_transit, 0)
+        preemptible = self.preemptible if urgent else 0
+        return max(self.max_slots + self.queue_bound + preemptible - self.running - self.queued - in_transit, 0)
 
     def claim(
-        self, batch_id: str, requests: int, now_ms: int, grant_ttl_ms: int, lead_ms: int = 0, margin_ms: int = 0
+        self,
+        batch_id: str,
+        requests: int,
+        now_ms: int,
+        grant_ttl_ms: int,
+        lead_ms: int = 0,
+        margin_ms: int = 0,
+        urgent: bool = False,
     ) -> Grant:
         """Grant ``batch_id`` up to ``requests``: a fixed-time worker's next window takes claims from ``lead_ms`` (the
-        batcher's largest class lead) until ``margin_ms`` (a batch's way to the worker) before it starts."""
-        room = self.room(now_ms)
+        batcher's largest class lead) until ``margin_ms`` (a batch's way to the worker) before it starts. ``urgent``:
+        the batch holds no deferred request (it may take a continuous-batching worker's preemptible room)."""
+        room = self.room(now_ms, urgent)
         if not self.fixed:
             return Grant(self._grant(batch_id, min(requests, room), now_ms, grant_ttl_ms))
         if not (self.running or self.queued or self.grants) or self.ends_ms <= now_ms:  # idle: this batch starts one
@@ -83,14 +98,14 @@ class WorkerLedger:
         """The grant of a batch that will not be produced goes back."""
         self.grants.pop(batch_id, None)
 
-    def took(self, batch_id: str, running: int, queued: int) -> None:
+    def took(self, batch_id: str, running: int, queued: int, preemptible: int = 0) -> None:
         """The worker took ``batch_id`` (its grant is no longer in transit) and now holds this."""
         self.grants.pop(batch_id, None)
-        self.holds(running, queued)
+        self.holds(running, queued, preemptible=preemptible)
 
-    def holds(self, running: int, queued: int, ends_ms: int = 0) -> None:
-        """The worker's requests now: running and queued, and when its running window ends (it writes this as it
-        changes)."""
-        self.running, self.queued = running, queued
+    def holds(self, running: int, queued: int, ends_ms: int = 0, preemptible: int = 0) -> None:
+        """The worker's requests now: running and queued, when its running window ends, and how many of its running
+        deferred sequences it would preempt (it writes these as they change)."""
+        self.running, self.queued, self.preemptible = running, queued, preemptible
         if ends_ms:
             self.ends_ms = ends_ms

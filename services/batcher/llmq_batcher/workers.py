@@ -7,6 +7,10 @@ the next window with room starts (``busy_until_ms``) and how much room it has (`
 then, so that a batch keeps filling in the batcher instead of waiting in the worker; or, with class leads
 (``steps``: :class:`LeadSteps`, one lead per CLASS_KEYS entry, highest class first), that long before, class by class, so that the batches
 several batchers send for one window meet in the worker's queue, the highest class's first.
+
+A continuous-batching worker that preempts reports ``preemptible``: running deferred sequences it would preempt for
+interactive or near-interactive work. When no worker of a model has free room, such work may go into that room
+(``preemptible_room``, corrected for batches sent since like ``free_slots``); deferred work never does.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class WorkerView:
         "max_slots",
         "fixed_batch_ms",
         "hb_free",
+        "hb_preemptible",
         "est_drain_ms",
         "last_heard_ms",
         "since",
@@ -77,7 +82,7 @@ class WorkerView:
         self._inflight: dict[str, Entry] = {}
         self.version = 0
         self.last_heard_ms = 0
-        self.max_slots = self.fixed_batch_ms = self.hb_free = self.est_drain_ms = 0
+        self.max_slots = self.fixed_batch_ms = self.hb_free = self.hb_preemptible = self.est_drain_ms = 0
 
     @property
     def fixed(self) -> bool:
@@ -90,6 +95,7 @@ class WorkerView:
         self.max_slots = hb.max_slots
         self.fixed_batch_ms = hb.fixed_batch_time_ms
         self.hb_free = hb.free_slots
+        self.hb_preemptible = hb.preemptible
         self.est_drain_ms = hb.est_drain_ms
         self.last_heard_ms = now_ms
         self._forget_taken(hb.last_batch_id, now_ms - taken_after_ms)
@@ -195,6 +201,14 @@ class WorkerView:
             return self.window_room if self.open_classes(now_ms) else 0
         return max(self.hb_free - self.since_count, 0)
 
+    def preemptible_room(self) -> int:
+        """Requests a continuous-batching worker can take now for interactive or near-interactive work beyond its free
+        slots, by preempting running deferred sequences (0 for a fixed-time worker): what its free and preemptible
+        slots leave after the batches sent since its heartbeat, less its free slots."""
+        if self.fixed:
+            return 0
+        return max(min(self.hb_free + self.hb_preemptible - self.since_count, self.hb_preemptible), 0)
+
     def capacity_per_s(self) -> float:
         """Requests per second this worker can take by its heartbeat: its slots per batch time (fixed-time engines) or
         per its drain estimate, at least ASSUMED_SERVICE_MS (continuous batching). API pods predict waits with it until
@@ -264,6 +278,20 @@ class WorkerPool:
         if item is None or item[0] > now_ms:
             return None
         return self.workers[item[3]]
+
+    def most_preemptible(self) -> WorkerView | None:
+        """The continuous-batching worker with the most :meth:`WorkerView.preemptible_room` (None: none has any);
+        ties go to the least drain time, then the worker id. A linear scan: it is asked only when no worker has
+        free room."""
+        best, best_key = None, None
+        for worker in self.workers.values():
+            room = worker.preemptible_room()
+            if room <= 0:
+                continue
+            key = (-room, worker.est_drain_ms, worker.worker_id)
+            if best_key is None or key < best_key:
+                best, best_key = worker, key
+        return best
 
     def next_ready_ms(self) -> int | None:
         """When the next worker gets room by itself (a fixed-time engine finishing its batch), if known."""

@@ -1,6 +1,7 @@
 """The worker's side of the fleet's capacity ledger (llmq_batcher.ledger has the rule, llmq_batcher.capacity the
 batchers' claims): what the worker holds, written each time it changes, and the grant of each batch it takes removed
-(that batch's requests are then counted as queued here, no longer in transit)."""
+(that batch's requests are then counted as queued here, no longer in transit), and how many running deferred sequences
+the worker would preempt (batches without deferred requests may claim that room too)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class LedgerWriter:
             "batch_time_ms": beat.fixed_batch_time_ms,
             "running": beat.running,
             "queued": beat.queued,
+            "preemptible": beat.preemptible,
         }
         if window_end_ms:
             fields["ends_ms"] = window_end_ms

@@ -71,8 +71,10 @@ def hb(
     last_batch_id: str = "",
     est_drain_ms: int = 0,
     now_ms: int = T0,
+    preemptible: int = 0,
 ) -> wire.WorkerHeartbeat:
-    """A heartbeat; ``running`` defaults to the busy slots (max_slots - free - queued)."""
+    """A heartbeat; ``running`` defaults to the busy slots (max_slots - free - queued); ``preemptible``: running
+    deferred sequences the worker would preempt."""
     busy = max_slots - free - queued if running is None else running
     return wire.WorkerHeartbeat(
         worker_id=worker_id,
@@ -86,6 +88,7 @@ def hb(
         sent_ms=now_ms,
         fixed_batch_time_ms=fixed_ms,
         last_batch_id=last_batch_id,
+        preemptible=preemptible,
     )
 
 
