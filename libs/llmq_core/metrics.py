@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -396,6 +396,52 @@ class GrammarStats:
         self.max_compile_seconds = max(self.max_compile_seconds, seconds)
 
 
+@dataclass(slots=True)
+class PreemptionStats:
+    """What a continuous-batching engine's preemptions did (llmq_worker.preemption), read by :class:`WorkerMetrics`
+    at each scrape: ``preemptions`` by the traffic class they made room for; ``resumes`` of preempted requests and the
+    ``recomputed_tokens`` their resumes prefilled again (prompt + the ids generated before, per sequence; a prefix
+    cache may hold part of them)."""
+
+    preemptions: dict[str, int] = field(default_factory=dict)
+    resumes: int = 0
+    recomputed_tokens: int = 0
+
+    def preempted(self, traffic_class: str) -> None:
+        self.preemptions[traffic_class] = self.preemptions.get(traffic_class, 0) + 1
+
+    def resumed(self, tokens: int) -> None:
+        self.resumes += 1
+        self.recomputed_tokens += tokens
+
+
+class _PreemptionCollector(Collector):
+    def __init__(self, model: str, stats: PreemptionStats) -> None:
+        self._model, self._stats = model, stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        family = CounterMetricFamily(
+            "llmq_worker_preemptions",
+            "Deferred requests preempted, by the traffic class they made room for",
+            labels=("model", "traffic_class"),
+        )
+        for traffic_class, count in sorted(stats.preemptions.items()):
+            family.add_metric((self._model, traffic_class), count)
+        yield family
+        for name, doc, value in (
+            ("llmq_worker_preemption_resumes", "Preempted requests resumed", stats.resumes),
+            (
+                "llmq_worker_preemption_recomputed_tokens",
+                "Tokens resumes of preempted requests prefilled again (prompt + ids generated before, per sequence)",
+                stats.recomputed_tokens,
+            ),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=("model",))
+            counter.add_metric((self._model,), value)
+            yield counter
+
+
 class _GrammarCollector(Collector):
     def __init__(self, model: str, stats: GrammarStats) -> None:
         self._model, self._stats = model, stats
@@ -484,6 +530,11 @@ class WorkerMetrics(_Metrics):
         """Expose an engine's grammar cache (None: its engine constrains nothing)."""
         if stats is not None:
             self.registry.register(_GrammarCollector(self.model, stats))
+
+    def watch_preemptions(self, stats: PreemptionStats | None) -> None:
+        """Expose an engine's preemptions (None: its engine never preempts)."""
+        if stats is not None:
+            self.registry.register(_PreemptionCollector(self.model, stats))
 
     def finished(self, result: wire.FinalResult) -> None:
         """Labelled with the worker's own model: a Batch produced straight to its partition may name any other."""

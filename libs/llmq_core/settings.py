@@ -739,6 +739,19 @@ class WorkerSettings(Group):
         "which would hand the mask each token one step late; false keeps that mode and answers constrained requests "
         "errored (`invalid_request_error`, param `response_format`).",
     )
+    max_preemptions: int = Field(
+        2,
+        ge=0,
+        description="Transformers engine: times a running deferred request may be preempted for interactive or"
+        " near-interactive work waiting on a full worker (it resumes later from its tokens; 0: never preempt;"
+        " docs/workers.md#preemption).",
+    )
+    preemption_min_slack_ms: int = Field(
+        60_000,
+        **_MS,
+        description="Transformers engine: a deferred request is preempted only while its deadline is at least this"
+        " far beyond the time its tokens left take at the worker's current rate.",
+    )
     prefix_cache: bool = Field(
         True,
         description="Keep the KV blocks of prompt prefixes for later requests (transformers: the library's block"

@@ -385,7 +385,9 @@ class WorkerHeartbeat(_Message, kw_only=True, tag="worker_heartbeat"):
 
     ``free_slots`` = ``max_slots`` - running - queued. ``fixed_batch_time_ms`` > 0 marks a fixed-time batch engine (the
     batcher then holds a short wait window). ``last_batch_id`` is the newest Batch the worker has taken from its partition,
-    so the batcher can subtract batches it dispatched since then from ``free_slots``.
+    so the batcher can subtract batches it dispatched since then from ``free_slots``. ``preemptible``: running deferred
+    sequences the worker would preempt for interactive or near-interactive work (room such work may claim beyond
+    ``free_slots``; 0: none, or a worker that never preempts).
     """
 
     worker_id: str
@@ -400,6 +402,7 @@ class WorkerHeartbeat(_Message, kw_only=True, tag="worker_heartbeat"):
     fixed_batch_time_ms: Int64 = 0
     context_window: Int64 = 0
     last_batch_id: str = ""
+    preemptible: Int64 = 0
 
 
 class PrefixSummary(_Message, kw_only=True, tag="prefix_summary"):

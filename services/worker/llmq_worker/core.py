@@ -232,6 +232,7 @@ class WorkerCore:
             fixed_batch_time_ms=self._engine.fixed_batch_time_ms,
             context_window=context_window,
             last_batch_id=self.last_batch_id,
+            preemptible=capacity.preemptible,
         )
 
     # --- internals ---------------------------------------------------------------------------------------------------

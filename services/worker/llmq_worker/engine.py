@@ -158,13 +158,16 @@ EngineEvent = ChunkEvent | FinalEvent
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """Slots of an engine: ``free_slots`` = ``max_slots`` - running - queued (floored at 0); ``est_drain_ms`` until idle."""
+    """Slots of an engine: ``free_slots`` = ``max_slots`` - running - queued (floored at 0); ``est_drain_ms`` until idle.
+    ``preemptible``: running deferred sequences the engine would preempt now for interactive or near-interactive work
+    (:mod:`llmq_worker.preemption`; 0 for an engine that never preempts)."""
 
     max_slots: int
     running: int
     queued: int
     est_drain_ms: int
     window_end_ms: int = 0  # a fixed-time engine: when its running batch ends (epoch ms; 0: none running)
+    preemptible: int = 0
 
     @property
     def free_slots(self) -> int:

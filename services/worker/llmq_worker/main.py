@@ -99,6 +99,8 @@ def build_engine(args: argparse.Namespace, settings: Settings | None = None) -> 
         torch_threads=settings.worker.torch_threads,
         constrained_decoding=settings.worker.constrained_decoding,
         prefix_ledger=PrefixLedger.from_settings(settings.worker),
+        max_preemptions=settings.worker.max_preemptions,
+        preemption_min_slack_ms=settings.worker.preemption_min_slack_ms,
     )
 
 
@@ -135,6 +137,7 @@ async def build(args: argparse.Namespace, settings: Settings, stack: contextlib.
     stack.push_async_callback(engine.close)
     observed = metrics.WorkerMetrics(args.model, settings.region.name)
     observed.watch_grammars(getattr(engine, "grammar_stats", None))
+    observed.watch_preemptions(getattr(engine, "preemption_stats", None))
     observed.watch_prefix_cache(engine.prefix_ledger)
     runtime.serve_metrics(stack, observed.registry, settings, args.metrics_port)
     redis = runtime.redis(stack, settings)

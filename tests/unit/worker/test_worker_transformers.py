@@ -549,3 +549,90 @@ async def test_a_continuation_with_nothing_left_ends_at_once(engine, ids, stop, 
     assert [(c.text, c.finish_reason) for c in final.choices] == [(text, reason)]
     assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, tokens)
     assert final.started_ms > 0 and engine.capacity().running == 0
+
+
+# --- preemption: deferred work yields its slots to people and resumes from its tokens --------------------------------
+
+
+def deferred(r: GenerationRequest) -> GenerationRequest:
+    return msgspec.structs.replace(r, traffic_class="deferred")
+
+
+async def until_tokens(engine, request_id: str, count: int, seen: list) -> None:
+    """Collect events into ``seen`` until ``request_id`` has streamed ``count`` token ids."""
+    async with asyncio.timeout(60):
+        while sum(len(e.token_ids) for e in seen if e.request_id == request_id and isinstance(e, ChunkEvent)) < count:
+            seen += await engine.next_events()
+
+
+async def rest_of(engine, count: int, seen: list) -> list:
+    """Collect events into ``seen`` until it holds ``count`` FinalEvents; returns the FinalEvents in arrival order."""
+    async with asyncio.timeout(60):
+        while sum(isinstance(e, FinalEvent) for e in seen) < count:
+            seen += await engine.next_events()
+    return [e for e in seen if isinstance(e, FinalEvent)]
+
+
+@pytest.fixture
+async def one_slot(tiny):
+    model, tokenizer = tiny
+    engines = []
+
+    def make(**limits) -> TransformersEngine:
+        engines.append(TransformersEngine(model, tokenizer, max_concurrent_sequences=1, context_window=8192, **limits))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        await engine.close()
+
+
+async def test_a_person_waiting_on_a_full_engine_preempts_deferred_work_which_resumes_with_each_token_once(one_slot):
+    """One slot, held by a deferred generation: an interactive request preempts it and ends first; the deferred one
+    resumes from its tokens and ends as it would have run alone (greedy), each token streamed and counted once."""
+    engine = one_slot()
+    long = deferred(request("long", "The quick brown fox", max_tokens=200))
+    alone_chunks, alone = await events_of(engine, msgspec.structs.replace(long, request_id="alone"))
+    seen: list = []
+    engine.submit(long)
+    await until_tokens(engine, "long", 5, seen)
+    assert engine.capacity().preemptible == 1
+    engine.submit(request("person", "hi", max_tokens=4))
+    assert engine.capacity().preemptible == 0  # the deferred one waits, preempted
+    finals = await rest_of(engine, 2, seen)
+    assert [f.request_id for f in finals] == ["person", "long"]
+    (final,) = [f for f in finals if f.request_id == "long"]
+    assert final.outcome is Outcome.SUCCEEDED and final.choices == alone.choices and final.usage == alone.usage
+    chunks = [e for e in seen if isinstance(e, ChunkEvent) and e.request_id == "long"]
+    assert [i for c in chunks for i in c.token_ids] == [i for c in alone_chunks for i in c.token_ids]
+    assert "".join(c.text for c in chunks) == final.choices[0].text
+    stats = engine.preemption_stats
+    assert (stats.preemptions, stats.resumes) == ({"interactive": 1}, 1)
+    assert stats.recomputed_tokens >= final.usage.prompt_tokens + 5
+
+
+async def test_without_preemptions_a_person_waits_for_the_deferred_work_and_deferred_work_never_preempts(one_slot):
+    engine = one_slot(max_preemptions=0)
+    seen: list = []
+    engine.submit(deferred(request("long", "The quick brown fox", max_tokens=60)))
+    await until_tokens(engine, "long", 5, seen)
+    assert engine.capacity().preemptible == 0
+    engine.submit(deferred(request("other", "hi", max_tokens=4)))
+    engine.submit(request("person", "hi", max_tokens=4))
+    finals = await rest_of(engine, 3, seen)
+    assert [f.request_id for f in finals] == ["long", "person", "other"]  # people first among what waited
+    assert engine.preemption_stats.preemptions == {}
+
+
+async def test_a_preempted_request_cancelled_while_it_waits_ends_canceled_and_frees_nothing_twice(one_slot):
+    engine = one_slot()
+    seen: list = []
+    engine.submit(deferred(request("long", "The quick brown fox", max_tokens=400)))
+    await until_tokens(engine, "long", 5, seen)
+    engine.submit(request("person", "hi", max_tokens=40))
+    assert engine.preemption_stats.preemptions == {"interactive": 1}
+    engine.cancel("long")
+    finals = await rest_of(engine, 2, seen)
+    assert {f.request_id: f.outcome for f in finals} == {"long": Outcome.CANCELED, "person": Outcome.SUCCEEDED}
+    capacity = engine.capacity()
+    assert (capacity.running, capacity.queued, capacity.preemptible, engine.preemption_stats.resumes) == (0, 0, 0, 0)

@@ -12,6 +12,13 @@ A continued request (``continuation``, see :mod:`llmq_worker.engine`) runs each 
 ids, for the rest of ``max_tokens``; its text is primed with those ids. A seeded sampled choice cannot resume its
 generator's stream at the seam (its draws restart from the seed), so it reproduces nothing across one; greedy choices
 continue exactly. A continuation of a constrained request or one asking logprobs is ignored (it runs from its start).
+
+The engine, not the manager, queues what exceeds its slots: the manager holds at most ``max_concurrent_sequences``
+sequences, the rest wait here in :func:`llmq_worker.preemption.admission_order` (people's work first). Interactive or
+near-interactive work waiting on full slots preempts running deferred requests (:func:`~llmq_worker.preemption.
+choose_victims`): their sequences leave the manager, keep the ids they generated and wait again; admitted later, each
+runs as prompt + those ids for the rest of its tokens, its text and usage carried on (no event tells the worker: a
+preemption is invisible outside the engine, but for the pause and the metrics).
 """
 
 from __future__ import annotations
@@ -30,14 +37,22 @@ from transformers.generation.continuous_batching import RequestStatus
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.clock import SYSTEM_CLOCK, Clock
 from llmq_core.constants import MAX_RESULT_BYTES
+from llmq_core.continuation import resumable
 from llmq_core.models import LLMQ_TINY
 from llmq_core.status import ErrorType
 from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
-from llmq_worker import logprobs
+from llmq_worker import logprobs, preemption
 from llmq_worker.checkpoints import load_gguf
-from llmq_worker.engine import ChoiceEnd, ChunkEvent, InvalidRequest, SequenceEngine, check_request, continued_ids
+from llmq_worker.engine import (
+    ChoiceEnd,
+    ChunkEvent,
+    InvalidRequest,
+    check_request,
+    continued_ids,
+)
 from llmq_worker.engines import cb_logprobs, cb_prefix, cb_processors
+from llmq_worker.engines.cb_queue import QueueingEngine
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
 from llmq_worker.grammars import GrammarCache, SequenceGrammar, check_constraint, ll_tokenizer
@@ -60,31 +75,74 @@ CPU_TORCH_THREADS = 1
 
 @dataclass(slots=True)
 class _Sub:
-    """One choice of a request, run as one manager request ``<request_id>#<index>``: prompt + ``resumed`` (a
-    continuation's ids, already in ``text``), for ``max_tokens`` new tokens (the request's less ``resumed``)."""
+    """One choice of a request, run as one manager request (:func:`_sub_id`) per run: prompt + ``resumed`` (a
+    continuation's ids and those of runs before a preemption, already in ``text``), for ``max_tokens`` new tokens (the
+    request's less ``resumed``); ``generated``: the ids of the current run."""
 
     index: int
     text: ChoiceText
     max_tokens: int
     resumed: list[int] = field(default_factory=list)
-    seen: int = 0
+    generated: list[int] = field(default_factory=list)
+    run: int = 0
     done: bool = False
     eos: bool = False
+
+    @property
+    def seen(self) -> int:
+        return len(self.generated)
 
     @property
     def over(self) -> bool:
         """Nothing to generate: its continuation reached max_tokens, a stop, the byte cap or an end token."""
         return self.max_tokens <= 0 or self.text.done or self.eos
 
+    @property
+    def live(self) -> bool:
+        """It still has a sequence to run."""
+        return not self.done and not self.over
+
+    def preempt(self) -> None:
+        """Its run left the manager: the next run resumes after the ids this one generated."""
+        self.resumed += self.generated
+        self.max_tokens -= len(self.generated)
+        self.generated = []
+        self.run += 1
+
 
 @dataclass(slots=True)
 class _Job:
+    """A request: its choices, and where it stands in the engine's queue (``admitted``: its sequences are in the
+    manager; ``order``: arrival rank; ``preemptions`` so far)."""
+
     request: GenerationRequest
     prompt_tokens: int
     subs: list[_Sub]
     started_ms: int = 0
     first_token_ms: int = 0
     cached_tokens: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    matcher: object = None
+    order: int = 0
+    admitted: bool = False
+    preemptions: int = 0
+
+    def live_subs(self) -> list[_Sub]:
+        return [s for s in self.subs if s.live]
+
+    def view(self) -> preemption.JobView:
+        request = self.request
+        return preemption.JobView(
+            request_id=request.request_id,
+            traffic_class=request.traffic_class,
+            sequences=len(self.live_subs()),
+            generated=sum(len(s.resumed) + s.seen for s in self.subs),
+            tokens_left=max(self.tokens_left(), default=0),
+            deadline_ms=request.deadline_ms,
+            preemptions=self.preemptions,
+            resumable=resumable(request),
+            order=self.order,
+        )
 
     def choice_ends(self) -> list[ChoiceEnd]:
         return [
@@ -98,7 +156,7 @@ class _Job:
         return [s.max_tokens - s.seen for s in self.subs if not s.done]
 
 
-class TransformersEngine(SequenceEngine):
+class TransformersEngine(QueueingEngine):
     """The worker's continuous batching engine. Create it inside the running event loop (``from_args`` or directly)."""
 
     def __init__(
@@ -113,13 +171,17 @@ class TransformersEngine(SequenceEngine):
         max_result_bytes: int = MAX_RESULT_BYTES,
         constrained_decoding: bool = True,
         prefix_ledger: PrefixLedger | None = None,
+        max_preemptions: int = 2,
+        preemption_min_slack_ms: int = 60_000,
     ) -> None:
         """``max_concurrent_sequences``: sequences per step (and the engine's slots); ``max_batched_tokens``: tokens per
         step (prefill chunks + decodes), None lets the library size it (on GPU). ``context_window`` in tokens;
         ``max_result_bytes``: UTF-8 bytes of all choices' text of one request, where its generation stops;
         ``constrained_decoding``: structured outputs (Settings.worker.constrained_decoding); ``prefix_ledger``: prefix
-        caching on (the library's block sharing, scoped and sized as the ledger is; :mod:`cb_prefix`), None: off."""
+        caching on (the library's block sharing, scoped and sized as the ledger is; :mod:`cb_prefix`), None: off;
+        ``max_preemptions`` (0: never) and ``preemption_min_slack_ms``: :mod:`llmq_worker.preemption`'s limits."""
         super().__init__(max_sequences=max_concurrent_sequences, clock=clock, prefix_ledger=prefix_ledger)
+        self._init_queue(max_preemptions, preemption_min_slack_ms)
         if prefix_ledger is not None:
             cb_prefix.install(prefix_ledger.budget_tokens)
         self.context_window = context_window or model.config.max_position_embeddings
@@ -159,31 +221,23 @@ class TransformersEngine(SequenceEngine):
         torch_threads: int = 0,
         constrained_decoding: bool = True,
         prefix_ledger: PrefixLedger | None = None,
+        max_preemptions: int = 2,
+        preemption_min_slack_ms: int = 60_000,
     ) -> TransformersEngine:
         """llmq-tiny (built in code), the HF causal-LM checkpoint at ``model_path``, or the GGUF file ``gguf_file`` in
         it (dequantized to float32), on ``device`` (default: cuda if available). On CPU torch runs ``torch_threads``
         intra-op threads (0: CPU_TORCH_THREADS). Raises OSError when the checkpoint cannot be loaded."""
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cpu":
-            torch.set_num_threads(torch_threads or CPU_TORCH_THREADS)
-        context_window = None
-        if model_path is None:
-            model, tokenizer = build_llmq_tiny()
-            context_window = LLMQ_TINY.context_window
-        elif gguf_file is not None:
-            model, tokenizer = load_gguf(Path(model_path) / gguf_file)
-        else:
-            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model, tokenizer, context_window = _load(model_path, gguf_file, device, torch_threads)
         return cls(
-            model.to(device),
+            model,
             tokenizer,
             max_concurrent_sequences=max_concurrent_sequences,
             max_batched_tokens=max_batched_tokens,
             context_window=context_window,
             constrained_decoding=constrained_decoding,
             prefix_ledger=prefix_ledger,
+            max_preemptions=max_preemptions,
+            preemption_min_slack_ms=preemption_min_slack_ms,
         )
 
     # --- Engine interface --------------------------------------------------------------------------------------------
@@ -226,14 +280,12 @@ class TransformersEngine(SequenceEngine):
     def _queue(self, request: GenerationRequest, ids: list[int], matcher) -> None:
         if self.prefix_ledger is not None:
             self.prefix_ledger.record(self.prefix_ledger.chain(request), tokens_per_block(request, len(ids)))
-        for _ in range(2):  # a manager that refuses is dying: fail what it held, then one try on a fresh one
-            self._ensure_manager()
-            job, replays = _new_job(request, len(ids), self._codec, self._max_result_bytes, self._eos_ids)
-            if self._add(job, ids, matcher):
-                self._resume(job, replays)
-                return
-            self._retire("the generation loop stopped accepting requests")
-        self._fail(job, "the generation loop is not accepting requests")
+        job, replays = _new_job(request, len(ids), self._codec, self._max_result_bytes, self._eos_ids)
+        job.prompt_ids, job.matcher = ids, matcher
+        self._jobs[request.request_id] = job
+        self._resume(job, replays)
+        if self._jobs.get(request.request_id) is job:  # not ended by its continuation alone
+            self._enqueue(job)
 
     def _resume(self, job: _Job, replays: list[str] | None) -> None:
         """A continued job just added: each choice's first event is its continuation's text; one with nothing left to
@@ -248,21 +300,19 @@ class TransformersEngine(SequenceEngine):
             if sub.over and not sub.done:
                 self._end_sub(job, sub)
 
-    def _add(self, job: _Job, ids: list[int], matcher=None) -> bool:
-        """Add every choice of ``job`` to the manager; False (nothing of it left there) when the manager refuses."""
-        self._jobs[job.request.request_id] = job
-        for sub in job.subs:
-            if sub.over:
-                continue  # a continued choice with nothing left to generate (:meth:`_resume` ends it)
-            sub_id = _sub_id(job.request.request_id, sub.index)
+    def _add(self, job: _Job) -> bool:
+        """Add every live choice of ``job`` to the manager; False (nothing of it left there) when the manager refuses."""
+        matcher = job.matcher
+        for sub in job.live_subs():
+            sub_id = _sub_id(job.request.request_id, sub)
             if self.prefix_ledger is not None and self.prefix_ledger.tenant_scoped:
                 cb_prefix.SALTS[sub_id] = cb_prefix.salt_of(job.request.tenant_id)
             self._manager.register_result_handler(
-                sub_id, lambda output, job=job, sub=sub: self._on_output(job, sub, output)
+                sub_id, lambda output, job=job, sub=sub, run=sub.run: self._on_output(job, sub, run, output)
             )
             # A seeded choice's generator restarts at a seam (it cannot resume its stream): see the module docstring.
             added = self._manager.add_request(
-                ids + sub.resumed,
+                job.prompt_ids + sub.resumed,
                 request_id=sub_id,
                 max_new_tokens=sub.max_tokens,
                 streaming=True,
@@ -270,8 +320,7 @@ class TransformersEngine(SequenceEngine):
                 **({"grammar": SequenceGrammar(matcher.deep_copy())} if matcher is not None else {}),
             )
             if added is None:
-                del self._jobs[job.request.request_id]
-                self._stop(job)
+                self._withdraw(job)
                 return False
         return True
 
@@ -280,27 +329,29 @@ class TransformersEngine(SequenceEngine):
         for job in list(self._jobs.values()):
             self._stop(job)
         self._jobs.clear()
+        self._waitlist.waiting.clear()
         if self._manager is not None:
             manager, self._manager = self._manager, None
             await asyncio.to_thread(manager.stop, block=True, timeout=30)
 
     # --- manager outputs (on the event loop thread) ------------------------------------------------------------------
 
-    def _on_output(self, job: _Job, sub: _Sub, output) -> None:
-        if sub.done or self._jobs.get(job.request.request_id) is not job:
-            return
+    def _on_output(self, job: _Job, sub: _Sub, run: int, output) -> None:
+        if sub.done or sub.run != run or self._jobs.get(job.request.request_id) is not job:
+            return  # ended, or the output of a run preempted since
         if output.status == RequestStatus.FAILED:
             # A crashing loop stops accepting before it fails its requests: then none of them will ever finish.
             if self._accepting():
                 self._fail(job, output.error or "generation failed")
             else:
                 self._retire(output.error or "the generation loop crashed")
+            self._schedule()
             return
         self._take_tokens(job, sub, output.generated_tokens, output.logprobs)
         if not job.started_ms and output.lifespan[0] > 0:
             job.started_ms = int(output.lifespan[0] * 1000 + self._perf_to_epoch_ms)
         if sub.text.done:  # a stop string or the result's byte cap: generating more would be wasted
-            self._manager.cancel_request(_sub_id(job.request.request_id, sub.index))
+            self._manager.cancel_request(_sub_id(job.request.request_id, sub))
             self._end_sub(job, sub)
         elif output.status == RequestStatus.FINISHED:
             self._end_sub(job, sub)
@@ -315,7 +366,7 @@ class TransformersEngine(SequenceEngine):
             raws = raw_logprobs[sub.seen : len(generated)]
             raws += [cb_logprobs.UNKNOWN] * (len(new_ids) - len(raws))
             entries = [logprobs.entry(self._codec.token_bytes, t, r) for t, r in zip(new_ids, raws, strict=True)]
-        sub.seen = len(generated)
+        sub.generated += new_ids
         sub.eos = new_ids[-1] in self._eos_ids
         self._rate.add(len(new_ids))
         if not job.first_token_ms:
@@ -331,12 +382,18 @@ class TransformersEngine(SequenceEngine):
             del self._jobs[job.request.request_id]
             job.cached_tokens = _forget_prefix(job)
             self._events.final(job, Outcome.SUCCEEDED)
+        self._schedule()
 
     def _retire(self, message: str) -> None:
-        """The manager is dying: fail every request it holds (shared failures) and replace it on the next submit."""
+        """The manager is dying: fail every request it holds (shared failures) and replace it on the next admission;
+        waiting requests stay queued for the fresh one."""
         self._manager_dead = True
-        for job in list(self._jobs.values()):
-            self._fail(job, message)
+        scheduling, self._scheduling = self._scheduling, True  # what they free is scheduled by the caller
+        try:
+            for job in [job for job in self._jobs.values() if job.admitted]:
+                self._fail(job, message)
+        finally:
+            self._scheduling = scheduling
 
     def _fail(self, job: _Job, message: str) -> None:
         log.warning(
@@ -346,18 +403,30 @@ class TransformersEngine(SequenceEngine):
         self._stop(job)
         error = ErrorInfo(type=ErrorType.ENGINE, message=message, retryable=True)
         self._events.final(job, Outcome.ERRORED, error=error, shared_failure=True)
+        self._schedule()
 
     def _stop(self, job: _Job) -> None:
-        """Abort the job's unfinished sequences in the manager."""
+        """Abort the job: its unfinished sequences leave the manager (or its queue) for good."""
         job.cached_tokens = _forget_prefix(job)
+        self._waitlist.discard(job)
+        if job.admitted:
+            self._withdraw(job)
+        for sub in job.subs:
+            sub.done = True
+
+    def _withdraw(self, job: _Job) -> None:
+        """Cancel the manager requests of the job's unfinished sequences."""
+        if self._manager is None:
+            return
         for sub in job.subs:
             if not sub.done:
-                sub.done = True
-                sub_id = _sub_id(job.request.request_id, sub.index)
-                if self._manager is not None:
-                    self._manager.cancel_request(sub_id)
-                    # A cancelled request never finishes, so its handler would never be cleaned up (dict.pop is atomic).
-                    self._manager.output_router.result_handlers.pop(sub_id, None)
+                sub_id = _sub_id(job.request.request_id, sub)
+                self._manager.cancel_request(sub_id)
+                # A cancelled request never finishes, so its handler would never be cleaned up (dict.pop is atomic).
+                self._manager.output_router.result_handlers.pop(sub_id, None)
+
+    def _forget_prefix(self, job: _Job) -> int:
+        return _forget_prefix(job)
 
     def _chunk(self, job: _Job, sub: _Sub, text: str, token_ids: tuple[int, ...] = ()) -> None:
         if text or token_ids:
@@ -389,6 +458,24 @@ class TransformersEngine(SequenceEngine):
         return self._manager.background_thread_status.can_accept_new_requests() is None
 
 
+def _load(model_path: str | None, gguf_file: str | None, device: str | None, torch_threads: int) -> tuple:
+    """(model on its device, tokenizer, context window or None: the model's) of :meth:`TransformersEngine.from_args`."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        torch.set_num_threads(torch_threads or CPU_TORCH_THREADS)
+    context_window = None
+    if model_path is None:
+        model, tokenizer = build_llmq_tiny()
+        context_window = LLMQ_TINY.context_window
+    elif gguf_file is not None:
+        model, tokenizer = load_gguf(Path(model_path) / gguf_file)
+    else:
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return model.to(device), tokenizer, context_window
+
+
 def route_library_logs(level: str = "WARNING") -> None:
     """Send the manager's own logger (which prints plain text to stderr) through the root handlers (JSON lines)."""
     library_logger = logging.getLogger("ContinuousBatchingLogger")
@@ -413,17 +500,19 @@ def _new_job(
     return _Job(request, prompt_tokens, subs), replays
 
 
-def _sub_id(request_id: str, index: int) -> str:
-    return f"{request_id}#{index}"
+def _sub_id(request_id: str, sub: _Sub) -> str:
+    """The manager's id of the choice's current run: ``<request_id>#<index>``, then ``.<run>`` after a preemption (a
+    cancelled run's late outputs must not reach the next)."""
+    return f"{request_id}#{sub.index}" if not sub.run else f"{request_id}#{sub.index}.{sub.run}"
 
 
 def _forget_prefix(job: _Job) -> int:
     """Drop the job's entries in :mod:`cb_prefix`'s tables; returns the prompt tokens its first choice found cached
     (the prompt is counted once, as usage counts it; a continued choice's own ids are no prompt tokens), or what was
     known before."""
-    hits = [cb_prefix.HITS.pop(_sub_id(job.request.request_id, s.index), None) for s in job.subs]
+    hits = [cb_prefix.HITS.pop(_sub_id(job.request.request_id, s), None) for s in job.subs]
     for sub in job.subs:
-        cb_prefix.SALTS.pop(_sub_id(job.request.request_id, sub.index), None)
+        cb_prefix.SALTS.pop(_sub_id(job.request.request_id, sub), None)
     return min(hits[0], job.prompt_tokens) if hits and hits[0] is not None else job.cached_tokens
 
 
