@@ -24,6 +24,7 @@ import jsonschema
 import openai
 import pytest
 
+from llmq_cli.batchrun.api import OpenAIBatchApi
 from tests import ports
 from tests.stacks import private_stack
 
@@ -176,3 +177,17 @@ def test_a_job_of_five_batches_runs_resumes_after_a_kill_and_ends_with_one_outco
     print(
         json.dumps({k: report[k] for k in ("accepted", "dead_lettered", "outcomes_by_round", "rounds_used", "shards")})
     )
+
+
+def test_an_upload_whose_answer_was_lost_is_found_on_the_target_by_its_name_and_size(stack):
+    """What a rerun does for a shard left ``uploading``, against llmq's ``GET /v1/files``."""
+    api = OpenAIBatchApi(f"http://127.0.0.1:{API_PORTS[0]}/v1", "llmq-dev-key")
+    name, data = "lost-answer-shard-0.jsonl", b'{"custom_id": "a"}\n'
+    file_id = api.upload(name, data)
+    try:
+        assert api.find_upload(name, len(data)) == file_id
+        assert api.find_upload(name, len(data) + 1) is None  # another shard's plan: not this upload
+        assert api.find_upload("lost-answer-shard-1.jsonl", len(data)) is None
+    finally:
+        assert api.delete(file_id)
+    assert api.find_upload(name, len(data)) is None
