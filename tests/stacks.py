@@ -183,6 +183,15 @@ async def simulated_worker(
     ``prefix_ledger``, if one, as often), running for the ``async with`` block: yields its task. ``clients``: its
     ``consumer``, ``producer`` and ``redis``. Stopped after, and its engine closed."""
     engine = SimulatedEngine(max_batch_size=8, batch_time_ms=batch_time_ms, prefix_ledger=prefix_ledger)
+    async with engine_worker(engine, worker_id, partition, model, names=names, **clients) as task:
+        yield task
+
+
+@contextlib.asynccontextmanager
+async def engine_worker(
+    engine, worker_id: str, partition: int, model: str, *, names: Names = Names(), **clients
+) -> AsyncIterator[asyncio.Task]:
+    """A worker loop in-process on ``engine``, heartbeating every 100 ms, as :func:`simulated_worker`."""
     settings = Settings(
         worker={"heartbeat_interval_ms": 100, "prefix_summary_interval_ms": 100}, runtime={"shutdown_grace_s": 5}
     )
