@@ -19,7 +19,7 @@ from llmq_batcher.entries import DISPATCHED, Entry, EntryTable, Flight
 from llmq_batcher.fleet import ModelState
 from llmq_batcher.flights import BatchDispatch, Flights
 from llmq_batcher.prefix_index import PrefixIndex
-from llmq_batcher.prefix_route import PrefixRouter
+from llmq_batcher.prefix_route import PrefixRouter, RouteReason
 from llmq_batcher.workers import WorkerView
 from llmq_core import wire
 
@@ -51,13 +51,9 @@ class BatchFormer:
                 reason, due_ms = self._due(model, room, 0, now_ms, False, drain)
                 if reason is None:
                     return _earliest(due_ms, model.pool.next_ready_ms())
-                flight, full = self._take(model, worker, room, 0, worker.open_classes(now_ms))
-                if not flight.live:
-                    return None  # every queued tenant is at its in-flight cap: results will wake us
-                if reason != "drain" and full:
-                    reason = "size"
-                self._router.dispatched(worker, flight.entries, now_ms)
-                out.append(self._flights.dispatch(model, worker, flight, reason, now_ms, preempting=True))
+                rooms = (room, 0, worker.open_classes(now_ms))
+                if not self._send(model, worker, rooms, reason, now_ms, out, preempting=True):
+                    return None
                 continue
             if worker.roll(now_ms):
                 model.pool.touch(worker)
@@ -73,14 +69,33 @@ class BatchFormer:
                 reason, due_ms = self._due(model, room, deferred_room, now_ms, worker.fixed, drain)
             if reason is None:
                 return due_ms
-            flight, full = self._take(model, worker, room, deferred_room, opened)
-            if not flight.live:
-                return None  # every queued tenant is at its in-flight cap: results will wake us
-            if reason != "drain" and full:
-                reason = "size"
-            self._router.dispatched(worker, flight.entries, now_ms)
-            out.append(self._flights.dispatch(model, worker, flight, reason, now_ms, route))
+            if not self._send(model, worker, (room, deferred_room, opened), reason, now_ms, out, route):
+                return None
         return None
+
+    def _send(
+        self,
+        model: ModelState,
+        worker: WorkerView,
+        rooms: tuple[int, int, int],
+        reason: wire.FlushReason,
+        now_ms: int,
+        out: list[BatchDispatch],
+        route: RouteReason | None = None,
+        preempting: bool = False,
+    ) -> bool:
+        """Take a batch for ``worker`` (``rooms``: room, deferred room, classes opened) and dispatch it to ``out``
+        (``preempting``: into its preemptible room). False: nothing could be taken (every queued tenant is at its
+        in-flight cap: results will wake us)."""
+        room, deferred_room, opened = rooms
+        flight, full = self._take(model, worker, room, deferred_room, opened)
+        if not flight.live:
+            return False
+        if reason != "drain" and full:
+            reason = "size"
+        self._router.dispatched(worker, flight.entries, now_ms)
+        out.append(self._flights.dispatch(model, worker, flight, reason, now_ms, route, preempting=preempting))
+        return True
 
     def _head(self, model: ModelState) -> Entry | None:
         """The entry a batch of ``model`` would take first (as :meth:`_take` does with every class open)."""
