@@ -98,8 +98,8 @@ async def test_a_worker_full_of_deferred_work_is_sent_an_interactive_request_and
             formed_ms=SYSTEM_CLOCK.now_ms(),
             flush_reason="size",
         )
+        loop, metrics = await stack.enter_async_context(_batcher(settings, tag, redis))  # first: it hears the fill
         await kafka.send_message(producer, names.batches_topic, batch, key=batch.batch_id, partition=0)
-        loop, metrics = await stack.enter_async_context(_batcher(settings, tag, redis))
         view = lambda: loop.policy._fleet.workers.get(worker_id)  # noqa: E731  (the batcher's view of the worker)
         await _until(
             lambda: view() is not None and view().hb_free == 0 and view().hb_preemptible == SLOTS,
