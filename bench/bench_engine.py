@@ -44,6 +44,15 @@ def load(name: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
 
 
+def emit(result: dict, out: str | None) -> None:
+    """Print ``result`` as a JSON line, and write it to ``out`` when given."""
+    line = json.dumps(result)
+    print(line)
+    if out:
+        with open(out, "w") as handle:
+            handle.write(line + "\n")
+
+
 def real_workload(count: int, seed: int) -> list[tuple[str, int]]:
     return [(p.prompt, p.max_tokens) for p in cut_prompts(count, seed=seed, max_chars=800, max_tokens=(16, 32, 48))]
 
@@ -218,11 +227,7 @@ def main() -> None:
         )
     if "worker_engine_vs_bare_manager" in result:
         print(f"worker engine / bare manager: {result['worker_engine_vs_bare_manager']:.2f}")
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(line + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 
 import torch
-from bench_engine import load  # noqa: E402  (a sibling script: run from bench/ or with it on sys.path)
+from bench_engine import emit, load  # noqa: E402  (a sibling script: run from bench/ or with it on sys.path)
 
 from llmq_bench.prompts import cut_prompts
 from llmq_core.constants import DEFERRED, INTERACTIVE
@@ -218,11 +217,7 @@ def main() -> None:
             f" {max(phase['deferred_done_s']):.1f} | {phase['preemptions']} | {phase['recomputed_tokens']} |"
         )
     print(f"goal (preempt p99 <= idle p99 + one step): {'met' if result['goal_met'] else 'NOT met'}")
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(line + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
