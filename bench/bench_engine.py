@@ -57,9 +57,11 @@ def real_workload(count: int, seed: int) -> list[tuple[str, int]]:
     return [(p.prompt, p.max_tokens) for p in cut_prompts(count, seed=seed, max_chars=800, max_tokens=(16, 32, 48))]
 
 
-def request(i: int, prompt: str, max_tokens: int) -> GenerationRequest:
+def request(i: int | str, prompt: str, max_tokens: int, traffic_class: str = "interactive") -> GenerationRequest:
+    """A greedy request ``i`` of ``max_tokens`` (ids: str(i))."""
     return GenerationRequest(
         request_id=str(i),
+        traffic_class=traffic_class,
         model="bench",
         prompt=prompt,
         created_ms=0,

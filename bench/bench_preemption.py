@@ -27,30 +27,17 @@ import statistics
 import time
 
 import torch
-from bench_engine import emit, load  # noqa: E402  (a sibling script: run from bench/ or with it on sys.path)
+from bench_engine import emit, load, request  # noqa: E402  (a sibling script: run from bench/ or with it on sys.path)
 
 from llmq_bench.prompts import cut_prompts
 from llmq_core.constants import DEFERRED, INTERACTIVE
 from llmq_core.settings import WorkerSettings
-from llmq_core.wire import GenerationRequest, HttpReply, SamplingParams
+from llmq_core.wire import GenerationRequest
 from llmq_worker.engine import ChunkEvent, FinalEvent
 from llmq_worker.engines import transformers_engine
 from llmq_worker.engines.transformers_engine import TransformersEngine, route_library_logs
 
 DEFAULT_MAX_PREEMPTIONS = WorkerSettings.model_fields["max_preemptions"].default
-
-
-def request(request_id: str, prompt: str, max_tokens: int, traffic_class: str) -> GenerationRequest:
-    return GenerationRequest(
-        request_id=request_id,
-        traffic_class=traffic_class,
-        model="bench",
-        prompt=prompt,
-        created_ms=0,
-        deadline_ms=1 << 62,
-        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-        reply_to=HttpReply(instance_id="bench"),
-    )
 
 
 class Watch:
