@@ -16,7 +16,7 @@ step. Also reported: the deferred requests' completion times (from their submit)
 prefilled again. Prints a table and a JSON line (also written to ``--out``).
 
     .venv/bin/python bench/bench_preemption.py [--model smollm2-135m-instruct] [--slots 4] [--arrivals 8]
-        [--gap-ms 1500] [--deferred-tokens 256] [--interactive-tokens 8] [--max-batched-tokens N] [--out FILE]
+        [--gap-ms 1500] [--deferred-tokens 256] [--interactive-tokens 8] [--max-batched-tokens N] [--no-prefix-cache] [--out FILE]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from llmq_core.wire import GenerationRequest
 from llmq_worker.engine import ChunkEvent, FinalEvent
 from llmq_worker.engines import transformers_engine
 from llmq_worker.engines.transformers_engine import TransformersEngine, route_library_logs
+from llmq_worker.prefix_cache import PrefixLedger
 
 DEFAULT_MAX_PREEMPTIONS = WorkerSettings.model_fields["max_preemptions"].default
 
@@ -144,6 +145,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             max_concurrent_sequences=args.slots,
             max_batched_tokens=args.max_batched_tokens,
             max_preemptions=max_preemptions,
+            prefix_ledger=PrefixLedger.from_settings(WorkerSettings(prefix_cache=args.prefix_cache)),
         )
 
     prompts = cut_prompts(args.slots + args.arrivals, seed=args.seed, max_chars=600)
@@ -165,6 +167,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "deferred_tokens": args.deferred_tokens,
         "interactive_tokens": args.interactive_tokens,
         "max_batched_tokens": args.max_batched_tokens or transformers_engine.CPU_MAX_BATCHED_TOKENS,
+        "prefix_cache": args.prefix_cache,
         "idle_ttfts_ms": idle,
         "idle_ttft_ms": {"p50": percentile(idle, 0.5), "p99": percentile(idle, 0.99)},
         "step_ms": step_ms,
@@ -183,6 +186,12 @@ def main() -> None:
     parser.add_argument("--deferred-tokens", type=int, default=256)
     parser.add_argument("--interactive-tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=WorkerSettings.model_fields["prefix_cache"].default,
+        help="the engine's prefix cache (block sharing), as the worker's setting (default: on)",
+    )
     parser.add_argument(
         "--max-batched-tokens",
         type=int,
