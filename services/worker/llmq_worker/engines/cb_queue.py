@@ -115,19 +115,23 @@ class QueueingEngine(SequenceEngine):
         self._schedule()
 
     def _schedule(self) -> None:
-        """Carry out the queue's plan (:meth:`JobQueue.plan`). Re-entrant calls (from a failure while admitting)
-        return: the outer call goes on, and what a failure frees is admitted at the next event."""
-        if self._scheduling or not self._waitlist.waiting:
+        """Carry out the queue's plans (:meth:`JobQueue.plan`) until one has nothing to do: a failure while admitting
+        (a dying manager fails what it held) frees room the next plan fills. Re-entrant calls return: the outer call
+        goes on."""
+        if self._scheduling:
             return
         self._scheduling = True
         try:
-            plan = self._waitlist.plan(self._admitted(), self._clock.now_ms(), self._rate.tokens_per_s)
-            for job in plan.victims:
-                self._preempt(job, plan.cause)
-            for job in plan.admit:
-                if job in self._waitlist.waiting:  # not failed while an earlier one was admitted
-                    self._waitlist.discard(job)
-                    self._admit(job)
+            while self._waitlist.waiting:
+                plan = self._waitlist.plan(self._admitted(), self._clock.now_ms(), self._rate.tokens_per_s)
+                if not plan.victims and not plan.admit:
+                    return
+                for job in plan.victims:
+                    self._preempt(job, plan.cause)
+                for job in plan.admit:
+                    if job in self._waitlist.waiting:  # not failed while an earlier one was admitted
+                        self._waitlist.discard(job)
+                        self._admit(job)
         finally:
             self._scheduling = False
 
