@@ -28,7 +28,7 @@ from llmq_worker.engines.transformers_engine import TransformersEngine  # noqa: 
 pytestmark = pytest.mark.integration
 
 SLOTS = 2
-DEFERRED_TOKENS = 3000  # seconds of decoding on llmq-tiny (its end token banned): running when the person arrives
+DEFERRED_TOKENS = 1200  # seconds of decoding on llmq-tiny (its end token banned): running when the person arrives
 
 
 def _deferred(request_id: str) -> wire.GenerationRequest:
@@ -40,7 +40,7 @@ def _deferred(request_id: str) -> wire.GenerationRequest:
     )
 
 
-async def _results(settings: Settings, topic: str, wanted: set[str], timeout_s: float = 120) -> list[wire.FinalResult]:
+async def _results(settings: Settings, topic: str, wanted: set[str], timeout_s: float = 600) -> list[wire.FinalResult]:
     """Every FinalResult of ``wanted`` on ``topic`` (one partition: in the order they were produced)."""
     reader = kafka.make_consumer(settings, topic, group_id=None)
     await reader.start()
