@@ -59,21 +59,21 @@ class JobQueue:
         """Given the ``admitted`` jobs (their sequences in the manager) and the engine's rate: the deferred jobs to
         preempt for waiting people, then the waiting jobs to admit, in admission order while their sequences fit (one
         too big for every slot runs alone). A job preempted this round is not admitted in it."""
-        views = [job.view() for job in admitted]
-        in_manager = sum(v.sequences for v in views)
-        waiting = {job.view().request_id: job for job in self.waiting}
-        order = preemption.admission_order([job.view() for job in self.waiting])
+        running = {view.request_id: (view, job) for job in admitted for view in [job.view()]}
+        waiting = {view.request_id: (view, job) for job in self.waiting for view in [job.view()]}
+        in_manager = sum(view.sequences for view, _ in running.values())
+        order = preemption.admission_order([view for view, _ in waiting.values()])
         limits = self._limits(in_manager, tokens_per_s)
-        victim_ids = preemption.choose_victims(views, order, self._max_sequences - in_manager, now_ms, **limits)
-        victims = [job for job in admitted if job.view().request_id in victim_ids]
-        in_manager -= sum(v.sequences for v in views if v.request_id in victim_ids)
+        running_views = [view for view, _ in running.values()]
+        victim_ids = preemption.choose_victims(running_views, order, self._max_sequences - in_manager, now_ms, **limits)
+        in_manager -= sum(running[i][0].sequences for i in victim_ids)
         admit = []
         for view in order:
             if in_manager and in_manager + view.sequences > self._max_sequences:
                 break
-            admit.append(waiting[view.request_id])
+            admit.append(waiting[view.request_id][1])
             in_manager += view.sequences
-        return Plan(victims, admit, order[0].traffic_class if victims else "")
+        return Plan([running[i][1] for i in victim_ids], admit, order[0].traffic_class if victim_ids else "")
 
     def preemptible(self, admitted: list, now_ms: int, tokens_per_s: float) -> int:
         """Sequences of the ``admitted`` jobs it would preempt now for people's work."""

@@ -44,13 +44,7 @@ from llmq_core.telemetry import request_fields
 from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker import logprobs, preemption
 from llmq_worker.checkpoints import load_gguf
-from llmq_worker.engine import (
-    ChoiceEnd,
-    ChunkEvent,
-    InvalidRequest,
-    check_request,
-    continued_ids,
-)
+from llmq_worker.engine import ChoiceEnd, ChunkEvent, InvalidRequest, check_request, continued_ids
 from llmq_worker.engines import cb_logprobs, cb_prefix, cb_processors
 from llmq_worker.engines.cb_queue import QueueingEngine
 from llmq_worker.engines.codec import TextCodec
