@@ -411,6 +411,8 @@ class DevStack:
     def _spawn(self, spec: ProcSpec) -> None:
         if self._running_pid(spec.name):
             return
+        if (earlier := self._record(spec.name)) is not None:  # killed and still exiting: its ports are not free yet
+            _wait_gone(earlier["pid"], earlier["marker"], 10)
         env = {
             "LLMQ_FILES_URL": str(self.state / "files"),  # batch files stay in the state folder unless set
             **os.environ,
@@ -458,12 +460,13 @@ class DevStack:
             return []
         return [(path.stem, json.loads(path.read_text())) for path in sorted(self.pids.glob("*.json"))]
 
-    def _running_pid(self, name: str) -> int | None:
+    def _record(self, name: str) -> dict | None:
         path = self.pids / f"{name}.json"
-        if not path.exists():
-            return None
-        record = json.loads(path.read_text())
-        return record["pid"] if _is_ours(record["pid"], record["marker"]) else None
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _running_pid(self, name: str) -> int | None:
+        record = self._record(name)
+        return record["pid"] if record is not None and _is_ours(record["pid"], record["marker"]) else None
 
     def status(self) -> list[dict]:
         """One row per process started here: name, kind, model, pid, port, metrics_port, health (healthy | starting |
@@ -536,14 +539,34 @@ class DevStack:
 # --- helpers -----------------------------------------------------------------------------------------------------
 
 
+PF_EXITING = 0x4  # /proc/<pid>/stat flags (include/linux/sched.h): the process has begun to exit
+
+
 def _is_ours(pid: int, marker: str) -> bool:
+    """``pid`` runs and is the process started with ``marker``: not a zombie, and not exiting (a kill -9 of a
+    process with gigabytes mapped, a worker, takes hundreds of ms to tear down; it must not pass for running, or an
+    ``up`` right after the kill would leave it dead)."""
+    found = _proc(pid, marker)
+    return found is not None and found[0] != "Z" and not found[1] & PF_EXITING
+
+
+def _present(pid: int, marker: str) -> bool:
+    """``pid`` (started with ``marker``) has not finished exiting: it may still hold its ports and files."""
+    found = _proc(pid, marker)
+    return found is not None and found[0] != "Z"
+
+
+def _proc(pid: int, marker: str) -> tuple[str, int] | None:
+    """The state letter and flags of ``pid`` from /proc, or None when it is gone or another program."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
     except OSError:
-        return False
-    # An empty command line is a child between fork and exec: still ours.
-    return (not cmdline or marker in cmdline) and stat.split(")")[-1].split()[0] != "Z"
+        return None
+    # An empty command line is a child between fork and exec, or a process whose memory is being released: ours.
+    if cmdline and marker not in cmdline:
+        return None
+    return fields[0], int(fields[6])
 
 
 LOG_TAIL_BYTES = 64 * 1024  # of a log, read for its last error
@@ -575,7 +598,7 @@ def _metrics_port(record: dict) -> int:
 
 def _wait_gone(pid: int, marker: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while _is_ours(pid, marker):
+    while _present(pid, marker):
         if time.monotonic() > deadline:
             os.killpg(pid, signal.SIGKILL)
             deadline = time.monotonic() + 5
