@@ -137,12 +137,12 @@ demo: setup
 # then the system tier (real processes: faults, regions, secure mode, the real model). Both run their files in two
 # worker processes, each file whole in one of them (its fixtures are module-scoped), each worker on its own broker and
 # Redis; then `test` runs the files that assert latency bounds under load (marked `alone`) in one process, with the
-# machine to themselves.
+# machine to themselves. In the system tier the longest files (marked `long`) start first (tests/conftest.py).
 check: setup
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests/unit tests/inprocess
 
 test: check
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not alone" tests/system
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests/system
 	$(VENV)/bin/pytest -q -m alone tests/system
 
 down:

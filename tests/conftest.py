@@ -30,6 +30,9 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 def pytest_collection_modifyitems(config, items):
     needs_infra = any(item.get_closest_marker("integration") for item in items)
     config._llmq_needs_infra = needs_infra
+    # Longest files first (`--dist loadfile --no-loadscope-reorder` hands files out in this order): one started last
+    # would end the lane alone.
+    items.sort(key=lambda item: -(long.args[0] if (long := item.get_closest_marker("long")) else 0))
 
 
 def _state_dir(name: str) -> Path:

@@ -34,7 +34,7 @@ from tests.infra import infra_kind
 from tests.stacks import private_stack
 from tests.system.test_stack_e2e import sim_answer
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long(120)]
 
 BASE = ports.block()
 API_PORTS = (BASE, BASE + 1)  # metrics: result-router +10, batcher +11, workers +12, +13

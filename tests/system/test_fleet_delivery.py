@@ -26,7 +26,7 @@ from tests.stacks import standalone_stack
 from tests.system.faults.loadgen import Ending, HttpLoad, KafkaLoad, Tally
 from tests.system.faults.stack import FaultStack, Tap
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long(50)]
 
 BASE = ports.block()
 BATCHERS = ROUTERS = 3

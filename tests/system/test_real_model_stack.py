@@ -27,7 +27,7 @@ from tests import ports
 from tests.stacks import private_stack
 from tests.system.faults.stack import FaultStack
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long(75)]
 
 # the stack's metrics ports are derived from these (API port + 10 and up): the whole block is allocated
 BASE = ports.block()
