@@ -10,24 +10,25 @@ import json
 import jsonschema
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from llmq_core import structured  # noqa: E402
-from llmq_core.constants import JSON_OBJECT, TOOL_CHOICE_REQUIRED  # noqa: E402
-from llmq_core.models import SMOLLM2_135M_INSTRUCT  # noqa: E402
-from llmq_core.settings import Settings  # noqa: E402
-from llmq_core.wire import Outcome, Structured, Tool  # noqa: E402
-from llmq_worker import checkpoints  # noqa: E402
-from llmq_worker.engine import FinalEvent  # noqa: E402
-from llmq_worker.engines.transformers_engine import TransformersEngine  # noqa: E402
-from tests.structured_cases import SCHEMAS, chat  # noqa: E402
+from llmq_core import structured
+from llmq_core.constants import JSON_OBJECT, TOOL_CHOICE_REQUIRED
+from llmq_core.models import SMOLLM2_135M_INSTRUCT
+from llmq_core.settings import Settings
+from llmq_core.wire import Outcome, Structured, Tool
+from llmq_worker import checkpoints
+from llmq_worker.engine import FinalEvent
+from tests.structured_cases import SCHEMAS, chat
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 async def engine():
+    # torch and transformers (seconds to import) only when these tests run, not in every collection of the tier
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from llmq_worker.engines.transformers_engine import TransformersEngine
+
     try:
         path = checkpoints.installed_path(SMOLLM2_135M_INSTRUCT, checkpoints.models_root(Settings().models.dir))
     except checkpoints.CheckpointError as exc:
