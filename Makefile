@@ -142,8 +142,8 @@ check: setup
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests/unit tests/inprocess
 
 test: check
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" tests/system
-	$(VENV)/bin/pytest -q -m alone tests/system
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -m "not alone" tests/system
+	$(VENV)/bin/pytest -q --durations=15 -m alone tests/system
 
 down:
 	$(VENV)/bin/llmq dev down
