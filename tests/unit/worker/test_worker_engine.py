@@ -37,6 +37,24 @@ def test_token_rate_measures_windows_and_smooths_with_its_half_life():
     assert rate.tokens_per_s == pytest.approx(200.0)
 
 
+@pytest.mark.parametrize("idle_s", [30.0, 600.0])
+def test_token_rate_after_idle_keeps_the_rate_measured_while_busy(idle_s):
+    now = [100.0]
+    rate = TokenRate(half_life_s=2.0, window_s=0.25, monotonic=lambda: now[0])
+    for _ in range(20):  # busy: 200 tokens/s
+        now[0] += 0.05
+        rate.add(10)
+    assert rate.tokens_per_s == pytest.approx(200.0)
+    now[0] += idle_s  # idle, then a burst's first tokens: the idle time is no part of a window
+    rate.add(16)
+    assert rate.tokens_per_s == pytest.approx(200.0)
+    for _ in range(10):
+        now[0] += 0.05
+        rate.add(10)
+    assert rate.tokens_per_s == pytest.approx(200.0)
+    assert rate.drain_ms(16 * 24) == pytest.approx(1920, abs=1)  # 16 sequences x 24 tokens: under 2 s, not minutes
+
+
 @pytest.mark.parametrize(
     "bias, ok",
     [
