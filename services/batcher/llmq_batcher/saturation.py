@@ -21,6 +21,7 @@ from llmq_core import constants, wire
 
 DRAIN_TAU_MS = 5000  # time constant of the drain rate's smoothing: a burst's effect halves in about 3.5 s
 MIN_RATE_PER_S = 0.001  # slower than this reads 0 and is forgotten
+BACKLOG_TAU_MS = 20_000  # backlog time over which the backlog drain rate forgets (idle time does not count)
 # A backlog's drain is measured over intervals at least this long: a shorter one (a drain's forced report, the first
 # after start) holds too few batches, so one batch more or less could set the rate; its dispatches count in the next.
 MIN_BACKLOG_INTERVAL_MS = constants.SATURATION_REPORT_INTERVAL_MS
@@ -70,14 +71,17 @@ class BacklogDrain:
     window) holds the arrival rate, which under light load is far below the drain rate; and a backlog's last interval
     is left out, where this batcher may have had the workers to itself while the other batchers had run dry (their
     rates are summed: each must be its share of the fleet's). The rate is kept per slot of the model's live workers and
-    reported times the slots live now, so a fleet that shrank or grew since drains at its own rate. The first such
-    interval sets it, later ones smooth it (time constant ``tau_ms``); between backlogs, idle included, the last value
-    stands. Intervals shorter than :data:`MIN_BACKLOG_INTERVAL_MS` are joined to the next."""
+    reported times the slots live now, so a fleet that shrank or grew since drains at its own rate. It is the ratio of
+    the requests dispatched to the time over those intervals, both forgotten with time constant ``tau_ms`` of backlog
+    time: a fixed-time fleet dispatches a whole window at once, so one interval holds a window more or less (a 500 ms
+    window in a 1 s interval: 50% off), and a ratio over many is off by that one window over all of them. Between
+    backlogs, idle included, the last value stands. Intervals shorter than :data:`MIN_BACKLOG_INTERVAL_MS` are joined
+    to the next."""
 
-    def __init__(self, start_ms: int, tau_ms: int = DRAIN_TAU_MS) -> None:
+    def __init__(self, start_ms: int, tau_ms: int = BACKLOG_TAU_MS) -> None:
         self._tau_ms = tau_ms
         self._counts: Counter[tuple[str, str]] = Counter()
-        self._per_slot: dict[tuple[str, str], float] = {}  # requests/s per live slot
+        self._sums: dict[tuple[str, str], tuple[float, float]] = {}  # (dispatched per live slot, seconds), forgotten
         self._last_ms = start_ms
 
     def dispatched(self, batches: Iterable[BatchDispatch]) -> None:
@@ -88,19 +92,18 @@ class BacklogDrain:
         the previous call and how long the oldest queued request has waited now."""
         elapsed_ms = now_ms - self._last_ms
         if elapsed_ms >= MIN_BACKLOG_INTERVAL_MS:
-            alpha = 1 - math.exp(-elapsed_ms / self._tau_ms)
             for model, state in models.items():
-                self._measure(model, state, elapsed_ms, alpha)
+                self._measure(model, state, elapsed_ms)
             self._counts.clear()
             self._last_ms = now_ms
         nested: dict[str, dict[str, float]] = {}
-        for (model, key), per_slot in self._per_slot.items():
+        for (model, key), (per_slot, seconds) in self._sums.items():
             state = models.get(model)
             if state is not None and state.slots:
-                nested.setdefault(model, {})[key] = per_slot * state.slots
+                nested.setdefault(model, {})[key] = per_slot / seconds * state.slots
         return nested
 
-    def _measure(self, model: str, state: wire.ModelLoad, elapsed_ms: int, alpha: float) -> None:
+    def _measure(self, model: str, state: wire.ModelLoad, elapsed_ms: int) -> None:
         oldest_ms = queued = dispatched = 0
         for key in CLASS_KEYS:  # most important first: each class adds to the ones above it
             load = state.classes.get(key)
@@ -109,9 +112,12 @@ class BacklogDrain:
                 queued += load.depth
             dispatched += self._counts[(model, key)]
             if oldest_ms >= elapsed_ms and queued >= dispatched and state.slots:
-                measured = dispatched * 1000 / elapsed_ms / state.slots
-                old = self._per_slot.get((model, key))
-                self._per_slot[(model, key)] = measured if old is None else old + alpha * (measured - old)
+                keep = math.exp(-elapsed_ms / self._tau_ms)
+                per_slot, seconds = self._sums.get((model, key), (0.0, 0.0))
+                self._sums[(model, key)] = (
+                    per_slot * keep + dispatched / state.slots,
+                    seconds * keep + elapsed_ms / 1000,
+                )
 
 
 def _count(counts: Counter[tuple[str, str]], batches: Iterable[BatchDispatch]) -> None:
