@@ -134,8 +134,8 @@ class Saturation:
         queues, ahead, slots = self.queues.get(model, EMPTY), _ahead(priority_class), self.slots.get(model, 0)
         queued = self.queued(model, ahead)
         total_per_s = self.backlog_rate_per_s(model, priority_class)
-        rate_per_s = self.drain_rate_per_s(model, priority_class)
-        running = self.running(model)
+        rate_per_s = self.drain_rate_per_s(model, priority_class, total_per_s)
+        running = self.running(model, priority_class)
         share = rate_per_s / total_per_s if total_per_s else 1.0
         next_batch = queued < (slots - running) * share
         if rate_per_s <= 0:
@@ -156,12 +156,14 @@ class Saturation:
         held = sum(self.unfinished.get((model, c), 0) for c in classes) - self.slots.get(model, 0)
         return max(round(reported), held, 0)
 
-    def running(self, model: str) -> int:
-        """Requests of ``model`` running on its workers: all its slots while a request of it has waited longer than
-        :data:`SATURATED_AGE_MS` (no batch window holds one that long: no slot was free), else the pods' unfinished
-        ones not queued (at most the slots)."""
+    def running(self, model: str, priority_class: str = DEFERRED) -> int:
+        """Requests of ``model`` running on its workers as a request of ``priority_class`` finds them: all the slots
+        while a request of it has waited longer than :data:`SATURATED_AGE_MS` (no batch window holds one that long: no
+        slot was free; deferred work counts only for deferred, as the others preempt it or keep a share from it), else
+        the pods' unfinished requests not queued (at most the slots)."""
         queues, slots = self.queues.get(model, EMPTY), self.slots.get(model, 0)
-        if max(queues.oldest_age_ms.values(), default=0) >= SATURATED_AGE_MS:
+        ages = (age for c, age in queues.oldest_age_ms.items() if c != DEFERRED or priority_class == DEFERRED)
+        if max(ages, default=0) >= SATURATED_AGE_MS:
             return slots
         unfinished = sum(n for (m, _), n in self.unfinished.items() if m == model)
         return min(max(unfinished - self.queued(model, PRIORITY_CLASSES), 0), slots)
@@ -179,11 +181,11 @@ class Saturation:
         rate = next((measured[c] for c in nearest if measured.get(c, 0.0) > 0), 0.0)
         return rate or self.capacity_per_s.get(model, 0.0) * UNMEASURED_SHARE
 
-    def drain_rate_per_s(self, model: str, priority_class: str) -> float:
+    def drain_rate_per_s(self, model: str, priority_class: str, total: float | None = None) -> float:
         """Requests/s the work ahead of a new request of ``priority_class`` drains at: the backlog rate (mu), less
         the rate the classes above are dispatched at (lambda: they keep arriving and go first, so the request waits
-        queued / (mu - lambda), not queued / mu), at least :data:`MIN_CLASS_SHARE` of mu."""
-        total = self.backlog_rate_per_s(model, priority_class)
+        queued / (mu - lambda), not queued / mu), at least :data:`MIN_CLASS_SHARE` of mu (``total``: mu, if known)."""
+        total = self.backlog_rate_per_s(model, priority_class) if total is None else total
         dispatched = self.queues.get(model, EMPTY).dispatched_per_s
         above = sum(dispatched.get(c, 0.0) for c in _ahead(priority_class)[:-1])
         return max(total - above, total * MIN_CLASS_SHARE)
