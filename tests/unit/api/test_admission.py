@@ -538,3 +538,14 @@ def test_work_ahead_is_taken_in_cycles(queued, free, busy, ms):
 )
 def test_a_prediction_holds_within_half_the_measured_wait_or_250_ms(predicted, measured, verdict):
     assert prediction_verdict(predicted, measured) == verdict
+
+
+def test_deferred_work_waiting_long_leaves_the_classes_above_it_their_slots():
+    queues = Queues({DEFERRED: 500}, {DEFERRED: 30_000}, {DEFERRED: 100.0})
+    sat = Saturation({SIM: queues}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS}, {SIM: CAPACITY_PER_S})
+    assert sat.running(SIM, DEFERRED) == SLOTS  # behind its own backlog: no slot free
+    assert sat.running(SIM, PAID) == 0  # paid preempts it (continuous batching) or has its reserved share
+    assert sat.predict(SIM, PAID) == Prediction(0, 0, True)
+    waited = Saturation({SIM: Queues({FREE: 5}, {FREE: 1500}, {FREE: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
+    assert waited.running(SIM, PAID) == SLOTS  # a free request waited 1.5 s: the workers had no slot for it
+    assert waited.predict(SIM, PAID) == Prediction(0, 640, False)  # half a cycle of 128 / 100 s
