@@ -112,7 +112,8 @@ class Saturation:
     sees: they all hear the same heartbeats); the newest heartbeat of each model's workers; since when the batchers
     have been watching (the earliest start among them; None without a fresh report, when nothing is known); per model
     the slots and requests/s of its workers (the most any batcher sees); (model, class) -> requests this pod
-    admitted since the reports were sent; and (model, class) -> admitted requests of every live pod not ended yet."""
+    admitted since the reports were sent (each report's share: :meth:`Admitted.after`); (model, class) -> admitted
+    requests of every live pod not ended yet; and the reports' mean age (ms)."""
 
     queues: Mapping[str, Queues] = field(default_factory=dict)
     workers: Mapping[str, int] = field(default_factory=dict)
@@ -123,7 +124,7 @@ class Saturation:
     capacity_per_s: Mapping[str, float] = field(default_factory=dict)
     admitted: Mapping[tuple[str, str], float] = field(default_factory=dict)
     unfinished: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    report_age_ms: int = 0  # the fresh reports' mean age: what their queues have drained since counts as gone
+    report_age_ms: int = 0  # what the reported queues were dispatched at over this long counts as gone
 
     def predict(self, model: str, priority_class: str) -> Prediction:
         """The wait of a new request of ``priority_class`` for ``model``: the work queued ahead of it (its class and
@@ -158,9 +159,9 @@ class Saturation:
 
     def running(self, model: str, priority_class: str = DEFERRED) -> int:
         """Requests of ``model`` running on its workers as a request of ``priority_class`` finds them: all the slots
-        while a request of it has waited longer than :data:`SATURATED_AGE_MS` (no batch window holds one that long: no
-        slot was free; deferred work counts only for deferred, as the others preempt it or keep a share from it), else
-        the pods' unfinished requests not queued (at most the slots)."""
+        while a queued request of the model has waited longer than :data:`SATURATED_AGE_MS` (no batch window holds one
+        that long: no slot was free; deferred work counts only for deferred, as the other classes preempt it or keep a
+        share from it), else the pods' unfinished requests not queued (at most the slots)."""
         queues, slots = self.queues.get(model, EMPTY), self.slots.get(model, 0)
         ages = (age for c, age in queues.oldest_age_ms.items() if c != DEFERRED or priority_class == DEFERRED)
         if max(ages, default=0) >= SATURATED_AGE_MS:
@@ -324,8 +325,8 @@ def merge_reports(
     Each batcher's backlog drain rate is its share of the fleet's: they add up, and a batcher that has measured none
     yet (its queue never waited a whole report interval) counts as the mean of those that have.
     ``heard_ms``: model -> the last worker heartbeat this pod heard itself, which knows of a new worker up to a report
-    interval sooner than the batchers' reports do. ``admitted``: this pod's admissions; those after the oldest fresh
-    report count as queued (without a fresh report, those within ``stale_ms``). ``unfinished``: every live pod's
+    interval sooner than the batchers' reports do. ``admitted``: this pod's admissions; those after each fresh report
+    count as queued for its share (without a fresh report, those within ``stale_ms``). ``unfinished``: every live pod's
     admitted requests not ended yet (:func:`all_unfinished`)."""
     depth: dict[str, dict[str, int]] = {}
     oldest: dict[str, dict[str, int]] = {}
