@@ -22,9 +22,10 @@ workers are busy (a request of m has waited over :data:`SATURATED_AGE_MS`, or th
 the queued ones), else one cycle and the batch window from now. The rate is the backlog drain rate the batchers
 measured (``llmq_batcher.saturation.BacklogDrain``: only while a request waited a whole report interval, per live slot,
 kept through idle time; a class with none of its own takes the nearest class's; a batcher with none counts as the
-others' mean), or until one is measured, half the heartbeats' capacity (the pipeline, not the nominal rate, may be the
-limit: on a 2-core machine two llmq-sim workers promising 256 requests/s delivered about 128). The capacity bounds no
-measured rate: a continuous-batching worker's falls with its drain estimate. Of that rate, class c gets what the
+others' mean), or until one is measured, what the workers are dispatched now plus half the rest of the heartbeats'
+capacity (the pipeline, not the nominal rate, may be the limit: on a 2-core machine two llmq-sim workers promising 256
+requests/s delivered about 128); never less than what they are dispatched now. The capacity bounds no measured rate: a
+continuous-batching worker's falls with its drain estimate. Of that rate, class c gets what the
 classes above it leave: they keep arriving and go first, so the rate they are dispatched at is taken off (a request of
 c waits W / (mu - lambda_above), not W / mu: under sustained overload of paid and free traffic free requests were
 admitted at a 5 s prediction and waited 10 s and more), down to :data:`MIN_CLASS_SHARE` of it.
@@ -173,14 +174,19 @@ class Saturation:
         """Requests/s of ``priority_class`` and above that ``model``'s workers drain a backlog at: what the batchers
         measured (through idle time, per live slot: ``llmq_batcher.saturation.BacklogDrain``), else the rate measured
         for the nearest class that has one (below first: its backlogs include this class's; the workers drain any
-        backlog about as fast), or until one is measured :data:`UNMEASURED_SHARE` of the heartbeats' capacity. The
-        heartbeats' capacity bounds no measured rate: a continuous-batching worker's falls with its drain estimate
-        (a hundredfold in the seconds after idle, before the worker measured its token rate over busy time only)."""
-        measured = self.queues.get(model, EMPTY).drain_per_s
+        backlog about as fast), or until one is measured :data:`UNMEASURED_SHARE` of the heartbeats' capacity beyond
+        what the workers are dispatched now; never less than that (they demonstrably take it). The heartbeats'
+        capacity bounds no measured rate: a continuous-batching worker's falls with its drain estimate (a hundredfold
+        in the seconds after idle, before the worker measured its token rate over busy time only)."""
+        queues = self.queues.get(model, EMPTY)
+        measured, dispatched = queues.drain_per_s, sum(queues.dispatched_per_s.values())
         index = PRIORITY_CLASSES.index(priority_class)
         nearest = (*PRIORITY_CLASSES[index:], *reversed(PRIORITY_CLASSES[:index]))
         rate = next((measured[c] for c in nearest if measured.get(c, 0.0) > 0), 0.0)
-        return rate or self.capacity_per_s.get(model, 0.0) * UNMEASURED_SHARE
+        if not rate:
+            capacity = self.capacity_per_s.get(model, 0.0)
+            rate = dispatched + UNMEASURED_SHARE * max(capacity - dispatched, 0.0)
+        return max(rate, dispatched)
 
     def drain_rate_per_s(self, model: str, priority_class: str, total: float | None = None) -> float:
         """Requests/s the work ahead of a new request of ``priority_class`` drains at: the backlog rate (mu), less

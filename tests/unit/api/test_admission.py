@@ -468,7 +468,7 @@ def test_a_class_drains_at_what_the_classes_above_leave_it():
     assert sat.backlog_rate_per_s(SIM, FREE) == 256.0 and sat.drain_rate_per_s(SIM, FREE) == 106.0
     assert sat.drain_rate_per_s(SIM, PAID) == 256.0  # nothing above paid; its own rate is free's (none of its own)
     starved = Saturation({SIM: Queues({}, {}, {FREE: 100.0}, {PAID: 400.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
-    assert starved.drain_rate_per_s(SIM, FREE) == pytest.approx(5.0)  # at least MIN_CLASS_SHARE of it
+    assert starved.drain_rate_per_s(SIM, FREE) == pytest.approx(20.0)  # MIN_CLASS_SHARE of the 400/s paid gets
     # the next batch is what the classes above leave of the slots: 128 x 106 / 256 = 53
     assert sat.predict(SIM, FREE).next_batch is False
     assert (
@@ -549,3 +549,17 @@ def test_deferred_work_waiting_long_leaves_the_classes_above_it_their_slots():
     waited = Saturation({SIM: Queues({FREE: 5}, {FREE: 1500}, {FREE: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
     assert waited.running(SIM, PAID) == SLOTS  # a free request waited 1.5 s: the workers had no slot for it
     assert waited.predict(SIM, PAID) == Prediction(0, 640, False)  # half a cycle of 128 / 100 s
+
+
+def test_the_workers_take_at_least_what_they_are_dispatched_now():
+    # Nothing ever waited a whole report interval (no rate measured): paid and free take 195/s of the promised 256/s,
+    # so the prior is half of what is left beyond them, not half of all (which near_interactive would then never get).
+    dispatched = {PAID: 100.0, FREE: 95.0}
+    sat = Saturation({SIM: Queues({}, {}, {}, dispatched)}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS}, {SIM: 256.0})
+    assert sat.backlog_rate_per_s(SIM, NEAR) == pytest.approx(195 + 0.5 * 61)
+    assert sat.drain_rate_per_s(SIM, NEAR) == pytest.approx(0.5 * 61)
+    assert Saturation({SIM: Queues({}, {}, {}, {})}, {}, {}, 0, NOW, {SIM: SLOTS}, {SIM: 256.0}).backlog_rate_per_s(
+        SIM, NEAR
+    ) == pytest.approx(128.0)  # idle: half the promise
+    stale = Saturation({SIM: Queues({}, {}, {FREE: 100.0}, {FREE: 150.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
+    assert stale.backlog_rate_per_s(SIM, FREE) == 150.0  # a measured rate below what goes out now
