@@ -5,7 +5,10 @@ Every request is launched at the same moment (max_tokens 64, a share of them str
 An admitted request carries its prediction in ``x-llmq-predicted-wait-ms``; the client measures its latency to the
 last byte. Reported: admitted and 429 counts, when the first 429 came, the prediction error (latency - prediction:
 p50/p95 of the absolute error, and the median signed error, which includes the service time), admitted latency p50/p99,
-and each 429's Retry-After range.
+and each 429's Retry-After range. With the pods' /metrics (``--metrics-url``; ``--start-stack`` knows its own), also
+``prediction_verdicts``: the burst's admitted requests by how their measured queue wait (their result's
+``timings.queued_ms``, free of the client and of the service time) matched the prediction, as the pods counted them in
+``llmq_api_admission_predictions_total`` (issue 28's rule: ``within`` max(0.5 x measured, 250 ms); 95% should be).
 
     llmq bench admission --start-stack --count 3000   # its own stack: two llmq-sim workers x 64 per 500 ms
     llmq bench admission --url http://127.0.0.1:8000 --url http://127.0.0.1:8001   # a running stack
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import httpx
@@ -142,7 +146,43 @@ async def warm_up(urls: list[str]) -> None:
         await asyncio.sleep(3)  # the warm-up's own work has left the queues and the reports
 
 
-async def run(urls: list[str], count: int, stream_share: float, max_tokens: int, key: str) -> dict:
-    """Warm every pod up, launch the burst, and return its figures."""
+PREDICTIONS_METRIC = "llmq_api_admission_predictions_total"
+
+
+def prediction_verdicts(text: str) -> Counter[str]:
+    """verdict -> admitted requests counted in a pod's /metrics ``text`` (Prometheus' text format), every class."""
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith(PREDICTIONS_METRIC + "{") and 'verdict="' in line:
+            verdict = line.split('verdict="', 1)[1].split('"', 1)[0]
+            counts[verdict] += round(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def verdict_figures(before: Counter[str], after: Counter[str]) -> dict:
+    """The verdicts counted between two scrapes, and the share of them ``within``."""
+    delta = {v: after[v] - before[v] for v in ("within", "under", "over")}
+    total = sum(delta.values())
+    return {**delta, "within_share": round(delta["within"] / total, 3) if total else None}
+
+
+async def scrape(metrics_urls: list[str]) -> Counter[str]:
+    """The pods' verdict counts, summed."""
+    counts: Counter[str] = Counter()
+    async with httpx.AsyncClient(timeout=10) as client:
+        for url in metrics_urls:
+            counts += prediction_verdicts((await client.get(f"{url}/metrics")).text)
+    return counts
+
+
+async def run(
+    urls: list[str], count: int, stream_share: float, max_tokens: int, key: str, metrics_urls: list[str] = ()
+) -> dict:
+    """Warm every pod up, launch the burst, and return its figures (with ``metrics_urls``, the pods' verdicts on
+    their predictions: a result is counted when it arrives, before its response ends)."""
     await warm_up(urls)
-    return summary(await burst(urls, count, stream_share, max_tokens, key))
+    before = await scrape(list(metrics_urls))
+    figures = summary(await burst(urls, count, stream_share, max_tokens, key))
+    if metrics_urls:
+        figures["prediction_verdicts"] = verdict_figures(before, await scrape(list(metrics_urls)))
+    return figures

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from llmq_bench import prompts as prompts_mod
 from llmq_cli.console import make_console
-from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.devstack import DevStack, StackConfig, service_specs
 from llmq_cli.options import BatchTimeMs, MaxBatch, PortBase, Seed, Systems
 from llmq_core.constants import STATS_BATCHER
 from llmq_core.settings import Settings
@@ -231,6 +231,9 @@ def bench_admission(
     stream_share: float = typer.Option(1 / 3, help="Share of them streamed."),
     max_tokens: int = typer.Option(64),
     key: str = typer.Option("llmq-dev-free-key"),
+    metrics_url: list[str] = typer.Option(
+        [], help="An API pod's /metrics base URL (repeat for each pod): adds the pods' prediction verdicts."
+    ),
 ) -> None:
     """N concurrent completions at once, and how well admission's predicted queue wait matched the wait that followed."""
     from llmq_bench import admission
@@ -241,11 +244,13 @@ def bench_admission(
         stack = private_stack(
             Path("var/bench-admission"), sim_workers=2, extra_env=admission.LOAD_GENERATOR_ENV, **ports
         )
+        pods = [spec for spec in service_specs(stack.cfg) if spec.kind == "api"]
+        metrics_url = metrics_url or [f"http://127.0.0.1:{spec.metrics_port}" for spec in pods]
     urls = url or [f"http://127.0.0.1:{p}" for p in admission.STACK_PORTS["api_ports"]]
     try:
         if stack is not None:
             stack.up(timeout_s=300, log=lambda *_: None)
-        report = asyncio.run(admission.run(urls, count, stream_share, max_tokens, key))
+        report = asyncio.run(admission.run(urls, count, stream_share, max_tokens, key, metrics_url))
     finally:
         if stack is not None:
             stack.down()
@@ -256,7 +261,7 @@ def bench_admission(
 _CHECKOUT_STACK = """
 import json, sys
 from pathlib import Path
-from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.devstack import DevStack, StackConfig, service_specs
 cfg = json.loads(sys.argv[2])
 stack = DevStack(StackConfig(**{**cfg, "state_dir": Path(cfg["state_dir"]), "api_ports": tuple(cfg["api_ports"])}))
 try:

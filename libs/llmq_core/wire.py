@@ -437,8 +437,9 @@ class QueueLoad(_Struct, kw_only=True):
     depth: Count = 0
     oldest_age_ms: Int64 = 0
     drained_per_s: float = 0.0
-    # requests of this class and the classes above dispatched per second while some of them were queued: the rate a
-    # backlog drains at (smoothed; between backlogs the last one measured; 0: never measured)
+    # requests of this class and the classes above dispatched per second while some of them waited a whole report
+    # interval: the rate a backlog drains at, scaled to the slots live now (smoothed; between backlogs the last one
+    # measured; 0: never measured, or no live worker)
     backlog_drained_per_s: float = 0.0
 
 

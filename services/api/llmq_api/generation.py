@@ -58,10 +58,13 @@ class Ask:
 
 @dataclass(frozen=True)
 class Admitted:
-    """What an admitted request settles when it ends, and the response headers admission adds (predicted wait)."""
+    """What an admitted request settles when it ends, the response headers admission adds (predicted wait), and what
+    its measured queue wait is compared with: its priority class and predicted wait (ms; None: not predicted)."""
 
     charge: Charge
     headers: dict[str, str]
+    priority_class: str = ""
+    predicted_ms: int | None = None
 
 
 @dataclass(eq=False, kw_only=True)
@@ -109,6 +112,8 @@ class Generation:
         return Admitted(
             Charge(self.limiter, principal, estimate, on_end=end),
             {constants.HTTP_PREDICTED_WAIT_MS: str(predicted_ms)},
+            priority_class,
+            predicted_ms,
         )
 
     async def submit_or_join(self, ask: Ask) -> PendingRequest:
@@ -216,9 +221,21 @@ class Generation:
             valid,
             publish_cancel,
             on_gave_up=on_gave_up,
-            on_resolved=admitted.charge.settle,
+            on_resolved=self._settler(admitted),
             headers=admitted.headers,
         )
+
+    def _settler(self, admitted: Admitted) -> Callable[[Resolution], None]:
+        """What settles ``admitted`` by its resolution and compares its measured queue wait (a result's
+        ``timings.queued_ms``: created to engine start) with admission's prediction."""
+
+        def settle(resolution: Resolution) -> None:
+            admitted.charge.settle(resolution)
+            timings = resolution.timings if isinstance(resolution, wire.FinalResult) else None
+            if admitted.predicted_ms is not None and timings is not None and timings.total_ms:
+                self.metrics.predicted(admitted.priority_class, admitted.predicted_ms, timings.queued_ms)
+
+        return settle
 
     def _resumes(self, request: wire.GenerationRequest) -> bool:
         """Whether ``request`` is a stream another connection may resume here."""

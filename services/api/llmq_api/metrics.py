@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from llmq_api.admission import prediction_verdict
 from llmq_core.labels import LabelSet
 from llmq_core.metrics import CLASS_MODEL, _Metrics
 
@@ -45,6 +46,19 @@ class ApiMetrics(_Metrics):
             "429s before any work: overload (queue_wait, queue_depth, pod_in_flight) "
             "or tenant limits (tenant_requests, tenant_tokens), by priority class",
             ("priority_class", "reason"),
+        )
+        self.admission_prediction_error = self.histogram(
+            "llmq_api_admission_prediction_error_seconds",
+            "|predicted - measured queue wait| of an admitted request (x-llmq-predicted-wait-ms against its result's "
+            "timings.queued_ms), by priority class",
+            ("priority_class",),
+            _LATENCY_BUCKETS_S,
+        )
+        self.admission_predictions = self.counter(
+            "llmq_api_admission_predictions",
+            "Admitted requests by how their queue wait matched the prediction: within max(0.5 x measured, 250 ms), "
+            "under (waited longer), over (shorter), by priority class",
+            ("priority_class", "verdict"),
         )
         self.idempotent_replays = self.counter(
             "llmq_api_idempotent_replays", "Retries answered from an earlier request (stored result or joined)"
@@ -101,6 +115,11 @@ class ApiMetrics(_Metrics):
         self.child(self.requests, endpoint, outcome, str(status)).inc()
         if duration_s is not None:
             self.child(self.latency, endpoint).observe(duration_s)
+
+    def predicted(self, priority_class: str, predicted_ms: int, measured_ms: int) -> None:
+        """An admitted request's queue wait (ms) against admission's prediction of it."""
+        self.child(self.admission_prediction_error, priority_class).observe(abs(predicted_ms - measured_ms) / 1000)
+        self.child(self.admission_predictions, priority_class, prediction_verdict(predicted_ms, measured_ms)).inc()
 
     def answered(
         self,

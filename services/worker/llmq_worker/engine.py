@@ -231,7 +231,12 @@ class EventQueue:
 
 
 class TokenRate:
-    """Generated tokens/s, smoothed with a half-life (measured over windows of at least ``window_s``), for est_drain_ms."""
+    """Generated tokens/s, smoothed with a half-life (measured over windows of at least ``window_s``), for est_drain_ms.
+
+    Time the engine spent idle (:meth:`idle`: nothing to generate) is no part of a window: the next tokens start a new
+    one and the rate stands. Measured across it, the first tokens after 30 s idle read as a fraction of a token per
+    second, and est_drain_ms (so the heartbeat's capacity, and the wait API pods predicted from it) grew a hundredfold
+    until the half-life smoothed it away."""
 
     def __init__(
         self, half_life_s: float = 2.0, window_s: float = 0.25, monotonic: Callable[[], float] = time.monotonic
@@ -241,12 +246,20 @@ class TokenRate:
         self._monotonic = monotonic
         self._tokens = 0
         self._mark = (monotonic(), 0)
+        self._idle = False
         self.tokens_per_s = 0.0
+
+    def idle(self) -> None:
+        """Nothing is left to generate now: the window restarts with the next tokens."""
+        self._idle = True
 
     def add(self, count: int) -> None:
         """``count`` more tokens were generated now."""
         self._tokens += count
         now = self._monotonic()
+        if self._idle:
+            self._idle, self._mark = False, (now, self._tokens)
+            return
         mark_s, mark_tokens = self._mark
         if now - mark_s < self._window_s:
             return
@@ -290,8 +303,10 @@ class SequenceEngine:
 
     def capacity(self) -> Capacity:
         """Slots are sequences (the first ``max_sequences`` live ones run); est_drain_ms from the tokens they have left
-        and the recent tokens/s."""
+        and the recent tokens/s (measured over busy time only)."""
         left = [tokens for job in self._jobs.values() for tokens in job.tokens_left()]
+        if not left:  # heartbeats ask while idle: the idle time stays out of the token rate
+            self._rate.idle()
         running = min(len(left), self._max_sequences)
         return Capacity(
             max_slots=self._max_sequences,

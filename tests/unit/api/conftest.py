@@ -30,6 +30,7 @@ class FakeWorker:
         self.error: wire.ErrorInfo | None = None
         self.outcome: wire.Outcome | None = None  # set: every result's outcome (else succeeded, or errored)
         self.choice: wire.Choice | None = None  # set: the one choice of every result (e.g. one a stop string ended)
+        self.timings: wire.Timings | None = None  # set: every result's timings
 
     async def run(self) -> None: ...
 
@@ -58,6 +59,8 @@ class FakeWorker:
         result = fake_result(request, outcome, text, error=self.error)
         if self.choice is not None:
             result = msgspec.structs.replace(result, choices=[self.choice])
+        if self.timings is not None:
+            result = msgspec.structs.replace(result, timings=self.timings)
         self.pod.registry.dispatch(result)
         self.pod.redis.data[constants.result_key(request.request_id)] = wire.encode(result)  # the result-router
 

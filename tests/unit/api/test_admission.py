@@ -15,7 +15,9 @@ from llmq_api.admission import (
     ShedPolicy,
     Unfinished,
     all_unfinished,
+    cycles_wait_ms,
     merge_reports,
+    prediction_verdict,
     retry_after_s,
 )
 from llmq_core import wire
@@ -80,11 +82,14 @@ def test_reports_merge_fresh_ones_per_model_and_age_them():
     merged = merge_reports(reports, now_ms=10_500, stale_ms=5000)
     # b2's 100 ms + 1.5 s; drain rates add up (each batcher drains its share), workers' slots and capacity do not
     assert merged.queues[SIM] == Queues(
-        {PAID: 5, DEFERRED: 10}, {PAID: 1600, DEFERRED: 9500}, {PAID: 50.0, DEFERRED: 0.0}
+        {PAID: 5, DEFERRED: 10}, {PAID: 1600, DEFERRED: 9500}, {PAID: 50.0, DEFERRED: 0.0}, {PAID: 0.0, DEFERRED: 0.0}
     )
     assert (merged.slots[SIM], merged.capacity_per_s[SIM]) == (16, 200.0)
-    assert merged.predict(SIM, PAID) == Prediction(5, 100, True)  # 5 at the measured 50/s
-    assert merged.predict(SIM, DEFERRED) == Prediction(15, 150, True)  # no measured rate: at half the promised 200/s
+    assert merged.report_age_ms == 1000  # b1's 500 ms and b2's 1.5 s
+    # A request waited 1.6 s: every slot is busy. Cycles of 80 ms (16 slots at the promised 200/s) take 4 each at the
+    # measured 50/s: 5 ahead wait half a cycle, then one more.
+    assert merged.predict(SIM, PAID) == Prediction(5, 120, False)
+    assert merged.predict(SIM, DEFERRED) == Prediction(15, 280, False)  # no rate of its own: paid's, not a guess
     assert merged.predict(TINY, DEFERRED) == Prediction(4, 1550, False)  # no worker, no rate: the oldest age
     assert merged.predict(TINY, FREE) == Prediction(0, 0, False)
     assert merged.predict("never-reported", DEFERRED) == IDLE.predict(SIM, DEFERRED) == Prediction(0, 0, False)
@@ -216,23 +221,25 @@ def test_a_worker_heartbeat_the_pod_heard_itself_counts_before_the_batchers_repo
 SLOTS, CAPACITY_PER_S = 128, 256.0  # two llmq-sim workers x 64 per 500 ms
 UNFINISHED = {(SIM, FREE): 300, (SIM, PAID): 78}  # llmq-sim requests the pods hold, per class
 
-# Prediction of two llmq-sim workers (SLOTS, CAPACITY_PER_S): (reported depth per class, backlog drain rate per class,
-# admitted here, unfinished in all pods) -> (queued, ms)
+# Prediction of two llmq-sim workers (SLOTS, CAPACITY_PER_S: cycles of 500 ms): (reported depth per class, backlog drain
+# rate per class, admitted here, unfinished in all pods) -> (queued, ms, next batch). Idle workers (no unfinished
+# request) take a cycle's worth (the rate x 500 ms) at once and the next cycle 550 ms on; busy ones half a cycle on.
 PREDICTIONS = [
-    pytest.param({FREE: 300}, {}, {}, {}, FREE, (300, 2344), id="half-the-capacity-until-measured"),
-    pytest.param({FREE: 300}, {FREE: 60.0}, {}, {}, FREE, (300, 5000), id="measured-rate-wins"),
-    pytest.param({FREE: 300}, {FREE: 300.0}, {}, {}, FREE, (300, 1172), id="measured-rate-never-above-capacity"),
+    pytest.param({FREE: 300}, {}, {}, {}, FREE, (300, 2050, False), id="half-the-capacity-until-measured"),
+    pytest.param({FREE: 300}, {FREE: 60.0}, {}, {}, FREE, (300, 5050, False), id="measured-rate-wins"),
+    # 300/s over the promised 256/s: a cycle is 128 / 300 s, and the heartbeats' capacity bounds no measured rate
+    pytest.param({FREE: 300}, {FREE: 300.0}, {}, {}, FREE, (300, 904, False), id="measured-rate-over-capacity-stands"),
     pytest.param(
         {PAID: 100, FREE: 200},
         {PAID: 50.0, FREE: 50.0},
         {},
         {},
         PAID,
-        (100, 2000),
+        (100, 2050, True),
         id="lower-classes-do-not-delay-paid",
     ),
     pytest.param(
-        {PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, {}, {}, FREE, (300, 6000), id="free-waits-behind-paid"
+        {PAID: 100, FREE: 200}, {PAID: 50.0, FREE: 50.0}, {}, {}, FREE, (300, 6050, False), id="free-waits-behind-paid"
     ),
     pytest.param(
         {FREE: 100},
@@ -240,21 +247,27 @@ PREDICTIONS = [
         {(SIM, FREE): 150, (TINY, FREE): 99, (SIM, NEAR): 7},
         {},
         FREE,
-        (250, 5000),
+        (250, 5050, False),
         id="this-pods-admissions-since-the-report-count",
     ),
-    # Still in Kafka or admitted by another pod: the batcher reported 10, the pods hold 378 (128 may be running).
+    # Still in Kafka or admitted by another pod: the batcher reported 10, the pods hold 378 (128 running: busy).
     pytest.param(
         {FREE: 10},
         {FREE: 50.0},
         {},
         {**UNFINISHED, (TINY, FREE): 999},
         FREE,
-        (250, 5000),
+        (250, 5250, False),
         id="unfinished-in-all-pods-less-the-slots-bound-it-from-below",
     ),
     pytest.param(
-        {PAID: 10}, {PAID: 50.0}, {}, UNFINISHED, PAID, (10, 200), id="unfinished-lower-classes-do-not-delay-paid"
+        {PAID: 10},
+        {PAID: 50.0},
+        {},
+        UNFINISHED,
+        PAID,
+        (10, 250, False),
+        id="unfinished-lower-classes-do-not-delay-paid",
     ),
 ]
 
@@ -264,9 +277,7 @@ def test_predicted_wait_is_the_work_ahead_over_its_drain_rate(depth, drain, admi
     sat = Saturation(
         {SIM: Queues(depth, {}, drain)}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS}, {SIM: CAPACITY_PER_S}, admitted, unfinished
     )
-    predicted = sat.predict(SIM, cls)
-    assert (predicted.queued, predicted.wait_ms) == expected
-    assert predicted.next_batch == (expected[0] < SLOTS)
+    assert sat.predict(SIM, cls) == Prediction(*expected)
 
 
 def test_an_idle_stack_never_refuses_for_a_wait_whatever_the_threshold():
@@ -276,7 +287,8 @@ def test_an_idle_stack_never_refuses_for_a_wait_whatever_the_threshold():
     queued = Saturation(
         {SIM: Queues({FREE: 127}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128}, {SIM: 256.0}
     )
-    assert queued.predict(SIM, DEFERRED) == Prediction(127, 1270, True)  # over deferred's 1 s, but in the next batch
+    # over deferred's 1 s (a cycle's 50 at once, the next cycle 550 ms on, then one more), but in the next batch
+    assert queued.predict(SIM, DEFERRED) == Prediction(127, 1050, True)
     assert POLICY.check(DEFERRED, SIM, queued, 0) is None
     full = Saturation({SIM: Queues({FREE: 128}, {}, {DEFERRED: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: 128}, {SIM: 256.0})
     assert POLICY.check(DEFERRED, SIM, full, 0).reason == "queue_wait"
@@ -339,9 +351,10 @@ def test_a_burst_is_shed_as_soon_as_the_predicted_wait_crosses_the_limit_and_pai
     outcomes = burst(clock, admitted, NOW, {}, arrivals)
     free = [(p, r) for cls, p, r in outcomes if cls == FREE]
     refused_at = next(i for i, (_, r) in enumerate(free) if r is not None)
-    # paid requests queue ahead of free ones: the 501st piece of work (ahead: 375 free + 125 paid) is the first over 5 s
+    # paid requests queue ahead of free ones: with 500 ahead (375 free + 125 paid) a request is the first over 5 s:
+    # cycles of 500 ms (64 slots at the promised 128/s) take 50 each at the measured 100/s, and its is the 11th
     ahead_limit = int(BURST_LIMIT_MS * BURST_RATE_PER_S / 1000)
-    assert free[refused_at][0].queued == ahead_limit + 1
+    assert free[refused_at][0].queued == ahead_limit and free[refused_at][0].wait_ms == 5050
     assert all(r is None for p, r in free[:refused_at]) and all(r is not None for p, r in free[refused_at:])
     assert all(p.wait_ms <= BURST_LIMIT_MS for p, r in free if r is None)
     for predicted, rejection in free[refused_at:]:
@@ -446,3 +459,107 @@ def test_a_burst_on_two_pods_faster_than_reports_admits_only_what_drains_within_
     assert max(t for t, _ in admissions) < 1000
     # Without the other pod's counts each pod lets in a whole limit's worth: twice as much.
     assert len(two_pod_burst(arrivals_per_pod=1500, kafka_lag_report_ms=300, share=False)) > 2 * fits - PUBLISH_MS
+
+
+def test_a_class_drains_at_what_the_classes_above_leave_it():
+    # 256/s measured; paid is dispatched at 150/s (it keeps arriving and goes first): free gets 106/s
+    queues = Queues({FREE: 300}, {}, {FREE: 256.0}, {PAID: 150.0, FREE: 100.0})
+    sat = Saturation({SIM: queues}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS}, {SIM: CAPACITY_PER_S})
+    assert sat.backlog_rate_per_s(SIM, FREE) == 256.0 and sat.drain_rate_per_s(SIM, FREE) == 106.0
+    assert sat.drain_rate_per_s(SIM, PAID) == 256.0  # nothing above paid; its own rate is free's (none of its own)
+    starved = Saturation({SIM: Queues({}, {}, {FREE: 100.0}, {PAID: 400.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
+    assert starved.drain_rate_per_s(SIM, FREE) == pytest.approx(20.0)  # MIN_CLASS_SHARE of the 400/s paid gets
+    # the next batch is what the classes above leave of the slots: 128 x 106 / 256 = 53
+    assert sat.predict(SIM, FREE).next_batch is False
+    assert (
+        Saturation({SIM: Queues({FREE: 52}, {}, {FREE: 256.0}, {PAID: 150.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
+        .predict(SIM, FREE)
+        .next_batch
+    )
+
+
+def test_the_reports_age_counts_what_the_queues_were_dispatched_at_since():
+    reports = [
+        report(
+            "b",
+            NOW - 1000,
+            llmq_sim=wire.ModelLoad(
+                classes={FREE: wire.QueueLoad(depth=600, oldest_age_ms=3000, drained_per_s=200.0)},
+                workers=2,
+                slots=SLOTS,
+                worker_seen_ms=NOW,
+            ),
+        )
+    ]
+    sat = merge_reports(reports, NOW, 5000)
+    assert sat.report_age_ms == 1000 and sat.queued(SIM, [FREE]) == 400  # 600 reported, 200 gone since
+    assert sat.running(SIM) == SLOTS  # a request waited 4 s: no slot is free
+
+
+def test_a_batcher_without_a_measured_rate_counts_as_the_others_mean():
+    def load(rate: float) -> wire.ModelLoad:
+        return wire.ModelLoad(
+            classes={FREE: wire.QueueLoad(backlog_drained_per_s=rate)}, workers=2, slots=SLOTS, worker_seen_ms=NOW
+        )
+
+    reports = [report("b1", NOW, llmq_sim=load(80.0)), report("b2", NOW, llmq_sim=load(90.0))]
+    assert merge_reports(reports, NOW, 5000).queues[SIM].drain_per_s[FREE] == 170.0
+    reports.append(report("b3", NOW, llmq_sim=load(0.0)))  # its partition never held a backlog
+    assert merge_reports(reports, NOW, 5000).queues[SIM].drain_per_s[FREE] == 255.0
+
+
+def test_admissions_count_after_each_batchers_report_for_its_share():
+    admitted = Admitted()
+    for t in range(100, 1100, 100):  # 10 admissions, one every 100 ms
+        admitted.add(SIM, FREE, t)
+    # three batchers reported at 200, 500 and 800 ms: each has a third of those before it (8, 5, 2 after)
+    assert admitted.after([200, 500, 800]) == {(SIM, FREE): pytest.approx(5.0)}
+    assert admitted.after([500]) == {(SIM, FREE): 5.0}  # the ones up to 200 ms are forgotten
+    assert admitted.since(1000) == {}
+
+
+CYCLES = [  # (queued ahead, free slots, busy) -> ms, for 100/s in cycles of 500 ms (50 a cycle)
+    pytest.param(49, 128, False, 0, id="in-the-first-cycle"),
+    pytest.param(50, 128, False, 550, id="the-next-cycle-after-the-batch-window"),
+    pytest.param(149, 128, False, 1050, id="two-cycles-on"),
+    pytest.param(0, 0, True, 250, id="busy-half-a-cycle-on-average"),
+    pytest.param(120, 0, True, 1250, id="busy-two-more-cycles"),
+]
+
+
+@pytest.mark.parametrize("queued,free,busy,ms", CYCLES)
+def test_work_ahead_is_taken_in_cycles(queued, free, busy, ms):
+    assert cycles_wait_ms(queued, free, busy, 100.0, 0.5) == ms
+
+
+@pytest.mark.parametrize(
+    "predicted,measured,verdict",
+    [(0, 250, "within"), (0, 251, "under"), (1000, 2000, "within"), (999, 2000, "under"), (3001, 2000, "over")],
+)
+def test_a_prediction_holds_within_half_the_measured_wait_or_250_ms(predicted, measured, verdict):
+    assert prediction_verdict(predicted, measured) == verdict
+
+
+def test_deferred_work_waiting_long_leaves_the_classes_above_it_their_slots():
+    queues = Queues({DEFERRED: 500}, {DEFERRED: 30_000}, {DEFERRED: 100.0})
+    sat = Saturation({SIM: queues}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS}, {SIM: CAPACITY_PER_S})
+    assert sat.running(SIM, DEFERRED) == SLOTS  # behind its own backlog: no slot free
+    assert sat.running(SIM, PAID) == 0  # paid preempts it (continuous batching) or has its reserved share
+    assert sat.predict(SIM, PAID) == Prediction(0, 0, True)
+    waited = Saturation({SIM: Queues({FREE: 5}, {FREE: 1500}, {FREE: 100.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
+    assert waited.running(SIM, PAID) == SLOTS  # a free request waited 1.5 s: the workers had no slot for it
+    assert waited.predict(SIM, PAID) == Prediction(0, 640, False)  # half a cycle of 128 / 100 s
+
+
+def test_the_workers_take_at_least_what_they_are_dispatched_now():
+    # Nothing ever waited a whole report interval (no rate measured): paid and free take 195/s of the promised 256/s,
+    # so the prior is half of what is left beyond them, not half of all (which near_interactive would then never get).
+    dispatched = {PAID: 100.0, FREE: 95.0}
+    sat = Saturation({SIM: Queues({}, {}, {}, dispatched)}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS}, {SIM: 256.0})
+    assert sat.backlog_rate_per_s(SIM, NEAR) == pytest.approx(195 + 0.5 * 61)
+    assert sat.drain_rate_per_s(SIM, NEAR) == pytest.approx(0.5 * 61)
+    assert Saturation({SIM: Queues({}, {}, {}, {})}, {}, {}, 0, NOW, {SIM: SLOTS}, {SIM: 256.0}).backlog_rate_per_s(
+        SIM, NEAR
+    ) == pytest.approx(128.0)  # idle: half the promise
+    stale = Saturation({SIM: Queues({}, {}, {FREE: 100.0}, {FREE: 150.0})}, {SIM: 2}, {}, 0, NOW, {SIM: SLOTS})
+    assert stale.backlog_rate_per_s(SIM, FREE) == 150.0  # a measured rate below what goes out now

@@ -197,8 +197,35 @@ async def test_an_admitted_request_carries_its_predicted_wait_and_counts_as_queu
         json={"model": "llmq-sim", "prompt": "abc", "max_tokens": 5},
         headers={"authorization": "Bearer llmq-dev-key"},
     )
-    assert response.status_code == 200 and response.headers[constants.HTTP_PREDICTED_WAIT_MS] == "1500"  # 30 at 20/s
+    # 30 ahead at 20/s in cycles of 250 ms (8 slots at the promised 32/s): 5 at once, then 6 cycles from 50 ms on
+    assert response.status_code == 200 and response.headers[constants.HTTP_PREDICTED_WAIT_MS] == "1550"
     assert pod.saturation.current.predict("llmq-sim", "interactive:paid").queued == 31
+
+
+async def test_each_admitted_requests_measured_queue_wait_is_compared_with_its_prediction(setup):
+    client, pod, worker, _ = setup
+    load = wire.ModelLoad(
+        classes={"interactive:paid": wire.QueueLoad(depth=30, backlog_drained_per_s=20.0)},
+        workers=1,
+        slots=8,
+        worker_seen_ms=pod.clock.now_ms(),
+        capacity_per_s=32.0,
+    )
+    pod.saturation.reports = [
+        wire.BatcherSaturation(batcher_id="b", sent_ms=pod.clock.now_ms() - 1, models={"llmq-sim": load})
+    ]
+    body = {"model": "llmq-sim", "prompt": "abc", "max_tokens": 5}
+    for queued_ms in (1200, 4000):  # predicted 1550 ms both times: within 50% of 1.2 s, then 2450 ms under 4 s
+        worker.timings = wire.Timings(queued_ms=queued_ms, ttft_ms=queued_ms + 10, total_ms=queued_ms + 50)
+        assert (await client.post("/v1/completions", json=body)).headers[constants.HTTP_PREDICTED_WAIT_MS] == "1550"
+    worker.timings = None  # a result without timings (answered without an engine's): nothing to compare
+    assert (await client.post("/v1/completions", json=body)).status_code == 200
+    text = pod.metrics.render().decode()
+    labels = 'priority_class="interactive:paid",region="local"'
+    for verdict in ("within", "under"):
+        assert f'llmq_api_admission_predictions_total{{{labels},verdict="{verdict}"}} 1.0' in text
+    assert f"llmq_api_admission_prediction_error_seconds_count{{{labels}}} 2.0" in text
+    assert f"llmq_api_admission_prediction_error_seconds_sum{{{labels}}} 2.8" in text
 
 
 async def test_a_pod_whose_files_url_names_no_known_filesystem_is_refused_before_it_serves(make_app):

@@ -97,25 +97,71 @@ def test_capacity_from_heartbeats_is_slots_per_batch_time(heartbeat, per_s):
     assert policy.model_states(clock.now_ms())[MODEL].capacity_per_s == pytest.approx(2 * per_s)
 
 
-def state(**depths: int) -> dict[str, wire.ModelLoad]:
+def state(slots: int = 8, **loads: tuple[int, int]) -> dict[str, wire.ModelLoad]:
+    """class=(depth, oldest queued age ms) of MODEL, whose live workers have ``slots``."""
     classes = {
-        k.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(depth=d) for k, d in depths.items()
+        k.replace("_paid", ":paid").replace("_free", ":free"): wire.QueueLoad(depth=d, oldest_age_ms=age)
+        for k, (d, age) in loads.items()
     }
-    return {MODEL: wire.ModelLoad(classes=classes, workers=1, slots=8, worker_seen_ms=T0)}
+    return {MODEL: wire.ModelLoad(classes=classes, workers=1 if slots else 0, slots=slots, worker_seen_ms=T0)}
 
 
 def test_backlog_drain_rate_is_measured_only_while_work_waits_and_covers_the_classes_above():
-    meter = BacklogDrain(T0, tau_ms=5000)
+    meter = BacklogDrain(T0)
     meter.dispatched([batch(MODEL, *["paid"] * 3)])
-    assert meter.rates(T0 + 1000, state(interactive_paid=0)) == {}  # room to spare: an arrival rate, not a drain rate
-    assert meter.rates(T0 + 2000, state(interactive_paid=50, deferred=7)) == {}  # waiting since now only
+    assert meter.rates(T0 + 1000, state(interactive_paid=(0, 0))) == {}  # room to spare: an arrival rate
+    assert meter.rates(T0 + 2000, state(interactive_paid=(50, 300), deferred=(7, 900))) == {}  # waiting since lately
     meter.dispatched([batch(MODEL, *["paid"] * 30, *["free"] * 10)])
-    rates = meter.rates(T0 + 3000, state(interactive_paid=20, deferred=7))[MODEL]
+    rates = meter.rates(T0 + 3000, state(interactive_paid=(50, 1300), deferred=(7, 1900)))[MODEL]
     # paid waited throughout: 30 paid/s; free and near drain behind paid: 40/s; deferred too (nothing of it went out)
     assert rates == {"interactive:paid": 30.0, "interactive:free": 40.0, "near_interactive": 40.0, "deferred": 40.0}
     meter.dispatched([batch(MODEL, *["paid"] * 10)])
-    rates = meter.rates(T0 + 4000, state(interactive_paid=1))[MODEL]  # smoothed from the first measurement on
-    alpha = 1 - math.exp(-0.2)
-    assert rates["interactive:paid"] == pytest.approx(30 + alpha * (10 - 30))
-    assert rates["deferred"] == pytest.approx(40 + alpha * (10 - 40))  # paid above it still waited
+    rates = meter.rates(T0 + 4000, state(interactive_paid=(15, 2300)))[MODEL]
+    keep = math.exp(-1 / 20)  # requests over seconds of backlog, the older forgotten over 20 s of it
+    assert rates["interactive:paid"] == pytest.approx((30 * keep + 10) / (keep + 1))
+    assert rates["deferred"] == pytest.approx((40 * keep + 10) / (keep + 1))  # paid above it still waited
     assert meter.rates(T0 + 60_000, state())[MODEL] == rates  # no backlog: the last measured rates stand
+    assert meter.rates(T0 + 660_000, state())[MODEL] == rates  # after 10 min idle too
+
+
+def test_a_fixed_time_fleets_windows_average_out_over_the_backlog():
+    # 64 requests per 500 ms window: a 1 s interval holds 2 windows or 3 (as they fall), the rate is 128/s
+    meter = BacklogDrain(T0)
+    for second, windows in enumerate([3, 2, 2, 1, 2, 3, 2, 2, 1, 2], start=1):
+        meter.dispatched([batch(MODEL, *["paid"] * 64 * windows)])
+        rates = meter.rates(T0 + second * 1000, state(interactive_paid=(1000, 5000)))
+        if second == 1:
+            assert rates[MODEL]["interactive:paid"] == 192.0  # one interval: a window off
+    assert rates[MODEL]["interactive:paid"] == pytest.approx(128, rel=0.03)
+
+
+def test_a_backlogs_last_interval_and_a_short_one_measure_nothing():
+    meter = BacklogDrain(T0)
+    meter.rates(T0 + 1000, state(interactive_paid=(100, 900)))
+    meter.dispatched([batch(MODEL, *["paid"] * 40)])
+    # the backlog's end: fewer wait than went out (this batcher may have had the workers while the others ran dry)
+    assert meter.rates(T0 + 2000, state(interactive_paid=(39, 1900))) == {}
+    meter.dispatched([batch(MODEL, *["paid"] * 8)])
+    assert meter.rates(T0 + 2010, state(interactive_paid=(60, 2910))) == {}  # 10 ms: no batch, or one, is no rate
+    meter.dispatched([batch(MODEL, *["paid"] * 32)])
+    assert meter.rates(T0 + 3000, state(interactive_paid=(60, 2900)))[MODEL]["interactive:paid"] == 40.0  # 1 s
+
+
+def test_a_queue_never_empty_at_a_report_but_never_waiting_a_whole_interval_is_no_backlog():
+    # Light load on a fixed-time worker: each report finds a few requests waiting for its next 500 ms window, and 20/s
+    # go out (the arrival rate, far below what the workers drain a backlog at): no rate is measured from that.
+    meter = BacklogDrain(T0)
+    for second in range(1, 30):
+        meter.dispatched([batch(MODEL, *["free"] * 20)])
+        assert meter.rates(T0 + second * 1000, state(interactive_free=(3, 450))) == {}
+
+
+def test_the_backlog_rate_follows_the_slots_live_now():
+    meter = BacklogDrain(T0)
+    meter.rates(T0 + 1000, state(interactive_paid=(80, 500)))
+    meter.dispatched([batch(MODEL, *["paid"] * 40)])
+    assert meter.rates(T0 + 2000, state(interactive_paid=(60, 1500)))[MODEL]["interactive:paid"] == 40.0  # 8 slots
+    assert meter.rates(T0 + 3000, state(slots=16))[MODEL]["interactive:paid"] == 80.0  # a second worker joined
+    assert meter.rates(T0 + 4000, state(slots=4))[MODEL]["interactive:paid"] == 20.0  # half the slots left
+    assert meter.rates(T0 + 5000, state(slots=0)) == {}  # no worker: nothing drains
+    assert meter.rates(T0 + 6000, state(slots=8))[MODEL]["interactive:paid"] == 40.0  # back: the rate per slot stands

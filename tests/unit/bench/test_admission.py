@@ -1,6 +1,9 @@
-"""llmq_bench.admission.summary: counts, prediction error against the measured latency, admitted percentiles."""
+"""llmq_bench.admission.summary: counts, prediction error against the measured latency, admitted percentiles; the pods'
+verdicts on their predictions, read from their /metrics."""
 
-from llmq_bench.admission import Outcome, summary
+from collections import Counter
+
+from llmq_bench.admission import Outcome, prediction_verdicts, summary, verdict_figures
 
 
 def test_summary_compares_each_admitted_prediction_with_its_latency():
@@ -44,3 +47,21 @@ def test_a_streams_wait_after_its_headers_is_compared_with_its_prediction_free_o
         "latency_ms": {"p50": 3000, "p99": 3000},
     }
     assert figures["answered_429_ms"] == {"p50": 7000, "max": 7000}
+
+
+METRICS = """# HELP llmq_api_admission_predictions_total Admitted requests by how their queue wait matched the prediction
+# TYPE llmq_api_admission_predictions_total counter
+llmq_api_admission_predictions_total{priority_class="interactive:free",region="local",verdict="within"} 40.0
+llmq_api_admission_predictions_total{priority_class="interactive:free",region="local",verdict="under"} 3.0
+llmq_api_admission_predictions_total{priority_class="interactive:paid",region="local",verdict="within"} 7.0
+llmq_api_admission_predictions_created{priority_class="interactive:free",region="local",verdict="within"} 1.7e+09
+llmq_api_requests_total{endpoint="completions",outcome="ok",region="local",status="200"} 50.0
+"""
+
+
+def test_the_pods_verdicts_on_their_predictions_are_read_from_metrics_and_counted_between_scrapes():
+    after = prediction_verdicts(METRICS)
+    assert after == {"within": 47, "under": 3}
+    before = Counter({"within": 7})
+    assert verdict_figures(before, after) == {"within": 40, "under": 3, "over": 0, "within_share": 0.93}
+    assert verdict_figures(after, after)["within_share"] is None  # nothing admitted in between

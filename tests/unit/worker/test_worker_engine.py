@@ -37,6 +37,28 @@ def test_token_rate_measures_windows_and_smooths_with_its_half_life():
     assert rate.tokens_per_s == pytest.approx(200.0)
 
 
+@pytest.mark.parametrize("idle_s", [30.0, 600.0])
+def test_token_rate_after_idle_keeps_the_rate_measured_while_busy(idle_s):
+    now = [100.0]
+    rate = TokenRate(half_life_s=2.0, window_s=0.25, monotonic=lambda: now[0])
+    for _ in range(20):  # busy: 200 tokens/s
+        now[0] += 0.05
+        rate.add(10)
+    assert rate.tokens_per_s == pytest.approx(200.0)
+    rate.idle()  # nothing left (a heartbeat's capacity() says so), then a burst's first tokens after the idle time
+    now[0] += idle_s
+    rate.add(16)
+    assert rate.tokens_per_s == pytest.approx(200.0)
+    for _ in range(10):
+        now[0] += 0.05
+        rate.add(10)
+    assert rate.tokens_per_s == pytest.approx(200.0)
+    assert rate.drain_ms(16 * 24) == pytest.approx(1920, abs=1)  # 16 sequences x 24 tokens: under 2 s, not minutes
+    now[0] += 2.0  # busy, not idle: a 2 s step (a long prefill) is part of the rate
+    rate.add(10)
+    assert rate.tokens_per_s < 150  # down from 200: the slow step counts
+
+
 @pytest.mark.parametrize(
     "bias, ok",
     [
@@ -113,6 +135,11 @@ def test_sequence_engine_capacity_runs_the_first_max_sequences_live_sequences():
     capacity = engine.capacity()
     assert (capacity.running, capacity.queued, capacity.free_slots) == (2, 1, 0)
     assert capacity.est_drain_ms == 2500  # (6 + 9 + 10) tokens left at 10 tokens/s
+    engine._jobs.clear()
+    engine._rate.add(1)  # tokens: busy
+    assert not engine._rate._idle
+    engine.capacity()  # a heartbeat while nothing runs: the idle time stays out of the token rate
+    assert engine._rate._idle
 
 
 async def test_sequence_engine_cancel_stops_the_job_and_ends_it_canceled_once():
