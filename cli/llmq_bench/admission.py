@@ -11,6 +11,8 @@ and each 429's Retry-After range. With the pods' /metrics (``--metrics-url``; ``
 ``llmq_api_admission_predictions_total`` (issue 28's rule: ``within`` max(0.5 x measured, 250 ms); 95% should be).
 
     llmq bench admission --start-stack --count 3000   # its own stack: two llmq-sim workers x 64 per 500 ms
+    llmq bench admission --start-stack --batchers 3 --idle-s 30   # three batchers, after 30 s idle
+    llmq bench admission --start-stack --model llmq-tiny --key llmq-dev-key --count 120 --max-tokens 24 --idle-s 30
     llmq bench admission --url http://127.0.0.1:8000 --url http://127.0.0.1:8001   # a running stack
 
 Every connection comes from this one address: a stack's pods cap that at ``LLMQ_API_MAX_CONNECTIONS_PER_CLIENT``
@@ -25,6 +27,7 @@ Not part of ``make test``: a load run, sized by ``--count`` for the machine at h
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import time
 from collections import Counter
@@ -101,11 +104,24 @@ def summary(outcomes: list[Outcome]) -> dict:
     }
 
 
-async def one(client: httpx.AsyncClient, url: str, key: str, stream: bool, max_tokens: int, start: float) -> Outcome:
-    body = {"model": "llmq-sim", "prompt": "a burst of free-tier work", "max_tokens": max_tokens, "stream": stream}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Burst:
+    """What each request of the burst asks: ``count`` at once, every ``1 / stream_share``-th streamed, from ``key``;
+    ``idle_s`` seconds after the warm-up left the queues (the meters' rates are measured from what ran before)."""
+
+    count: int = 3000
+    stream_share: float = 1 / 3
+    max_tokens: int = 64
+    key: str = "llmq-dev-free-key"
+    model: str = "llmq-sim"
+    idle_s: float = 3.0
+
+
+async def one(client: httpx.AsyncClient, url: str, spec: Burst, stream: bool, start: float) -> Outcome:
+    body = {"model": spec.model, "prompt": "a burst of work", "max_tokens": spec.max_tokens, "stream": stream}
     try:
         async with client.stream(
-            "POST", f"{url}/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}
+            "POST", f"{url}/v1/completions", json=body, headers={"authorization": f"Bearer {spec.key}"}
         ) as response:
             headers_ms = (time.monotonic() - start) * 1000
             await response.aread()
@@ -122,28 +138,26 @@ async def one(client: httpx.AsyncClient, url: str, key: str, stream: bool, max_t
     )
 
 
-async def burst(urls: list[str], count: int, stream_share: float, max_tokens: int, key: str) -> list[Outcome]:
-    every = round(1 / stream_share) if stream_share else 0
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=count + 10)) as client:
+async def burst(urls: list[str], spec: Burst) -> list[Outcome]:
+    every = round(1 / spec.stream_share) if spec.stream_share else 0
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=spec.count + 10)) as client:
         start = time.monotonic()
         return await asyncio.gather(
-            *(
-                one(client, urls[i % len(urls)], key, bool(every) and i % every == 0, max_tokens, start)
-                for i in range(count)
-            )
+            *(one(client, urls[i % len(urls)], spec, bool(every) and i % every == 0, start) for i in range(spec.count))
         )
 
 
-async def warm_up(urls: list[str]) -> None:
-    """Until every pod serves a request (workers heard, reports read)."""
-    async with httpx.AsyncClient(timeout=30) as client:
+async def warm_up(urls: list[str], spec: Burst) -> None:
+    """Until every pod serves a paid request of the burst's model (workers heard, reports read), then ``idle_s``."""
+    probe = Burst(count=1, stream_share=0, max_tokens=1, key="llmq-dev-key", model=spec.model)
+    async with httpx.AsyncClient(timeout=60) as client:
         for url in urls:
             deadline = time.monotonic() + 120
-            while (await one(client, url, "llmq-dev-key", False, 1, time.monotonic())).status != 200:
+            while (await one(client, url, probe, False, time.monotonic())).status != 200:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"{url} never served a request")
                 await asyncio.sleep(1)
-        await asyncio.sleep(3)  # the warm-up's own work has left the queues and the reports
+    await asyncio.sleep(spec.idle_s)
 
 
 PREDICTIONS_METRIC = "llmq_api_admission_predictions_total"
@@ -175,14 +189,12 @@ async def scrape(metrics_urls: list[str]) -> Counter[str]:
     return counts
 
 
-async def run(
-    urls: list[str], count: int, stream_share: float, max_tokens: int, key: str, metrics_urls: list[str] = ()
-) -> dict:
-    """Warm every pod up, launch the burst, and return its figures (with ``metrics_urls``, the pods' verdicts on
-    their predictions: a result is counted when it arrives, before its response ends)."""
-    await warm_up(urls)
+async def run(urls: list[str], spec: Burst, metrics_urls: list[str] = ()) -> dict:
+    """Warm every pod up, wait ``spec.idle_s``, launch the burst, and return its figures (with ``metrics_urls``, the
+    pods' verdicts on their predictions: a result is counted when it arrives, before its response ends)."""
+    await warm_up(urls, spec)
     before = await scrape(list(metrics_urls))
-    figures = summary(await burst(urls, count, stream_share, max_tokens, key))
+    figures = {"burst": dataclasses.asdict(spec), **summary(await burst(urls, spec))}
     if metrics_urls:
         figures["prediction_verdicts"] = verdict_figures(before, await scrape(list(metrics_urls)))
     return figures

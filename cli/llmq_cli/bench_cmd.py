@@ -217,8 +217,8 @@ def bench_curve(
 
 
 def private_stack(state_dir: Path, **shape) -> DevStack:
-    """A benchmark's own stack of ``llmq-sim`` workers (no transformers worker) under ``state_dir``."""
-    return DevStack(StackConfig(state_dir=state_dir, tiny_workers=0, **shape))
+    """A benchmark's own stack under ``state_dir``: ``llmq-sim`` workers, no transformers worker unless ``shape`` asks."""
+    return DevStack(StackConfig(state_dir=state_dir, **{"tiny_workers": 0, **shape}))
 
 
 @bench.command("admission")
@@ -227,10 +227,13 @@ def bench_admission(
     start_stack: bool = typer.Option(
         False, help="Start a private stack (two llmq-sim workers x 64 per 500 ms, two API pods) for the run."
     ),
+    batchers: int = typer.Option(1, min=1, help="--start-stack: batcher processes in its consumer group."),
     count: int = typer.Option(3000, help="Requests launched at once."),
     stream_share: float = typer.Option(1 / 3, help="Share of them streamed."),
     max_tokens: int = typer.Option(64),
     key: str = typer.Option("llmq-dev-free-key"),
+    model: str = typer.Option("llmq-sim", help="llmq-tiny: --start-stack adds one transformers worker of it."),
+    idle_s: float = typer.Option(3.0, min=0, help="Seconds between the warm-up's last answer and the burst."),
     metrics_url: list[str] = typer.Option(
         [], help="An API pod's /metrics base URL (repeat for each pod): adds the pods' prediction verdicts."
     ),
@@ -240,17 +243,24 @@ def bench_admission(
 
     stack = None
     if start_stack:
-        ports = admission.STACK_PORTS
         stack = private_stack(
-            Path("var/bench-admission"), sim_workers=2, extra_env=admission.LOAD_GENERATOR_ENV, **ports
+            Path("var/bench-admission"),
+            sim_workers=2,
+            batchers=batchers,
+            tiny_workers=int(model == "llmq-tiny"),
+            extra_env=admission.LOAD_GENERATOR_ENV,
+            **admission.STACK_PORTS,
         )
         pods = [spec for spec in service_specs(stack.cfg) if spec.kind == "api"]
         metrics_url = metrics_url or [f"http://127.0.0.1:{spec.metrics_port}" for spec in pods]
     urls = url or [f"http://127.0.0.1:{p}" for p in admission.STACK_PORTS["api_ports"]]
+    spec = admission.Burst(
+        count=count, stream_share=stream_share, max_tokens=max_tokens, key=key, model=model, idle_s=idle_s
+    )
     try:
         if stack is not None:
             stack.up(timeout_s=300, log=lambda *_: None)
-        report = asyncio.run(admission.run(urls, count, stream_share, max_tokens, key, metrics_url))
+        report = asyncio.run(admission.run(urls, spec, metrics_url))
     finally:
         if stack is not None:
             stack.down()
