@@ -109,12 +109,12 @@ class Burst:
     """What each request of the burst asks: ``count`` at once, every ``1 / stream_share``-th streamed, from ``key``;
     ``idle_s`` seconds after the warm-up left the queues (the meters' rates are measured from what ran before)."""
 
-    count: int = 3000
-    stream_share: float = 1 / 3
-    max_tokens: int = 64
-    key: str = "llmq-dev-free-key"
-    model: str = "llmq-sim"
-    idle_s: float = 3.0
+    count: int
+    stream_share: float
+    max_tokens: int
+    key: str
+    model: str
+    idle_s: float
 
 
 async def one(client: httpx.AsyncClient, url: str, spec: Burst, stream: bool, start: float) -> Outcome:
@@ -149,7 +149,7 @@ async def burst(urls: list[str], spec: Burst) -> list[Outcome]:
 
 async def warm_up(urls: list[str], spec: Burst) -> None:
     """Until every pod serves a paid request of the burst's model (workers heard, reports read), then ``idle_s``."""
-    probe = Burst(count=1, stream_share=0, max_tokens=1, key="llmq-dev-key", model=spec.model)
+    probe = dataclasses.replace(spec, count=1, stream_share=0, max_tokens=1, key="llmq-dev-key")
     async with httpx.AsyncClient(timeout=60) as client:
         for url in urls:
             deadline = time.monotonic() + 120
