@@ -17,12 +17,10 @@ of their own (their tests stop, restart and reconfigure them).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import shutil
 import socket
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -30,7 +28,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from llmq_cli.devstack import DevStack, StackConfig, redis_server_argv
-from llmq_cli.kafka_dist import server_properties
+from llmq_cli.kafka_dist import cluster_id, server_properties
 from tests import ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,11 +152,6 @@ def compose_image(service: str) -> str:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"][service]["image"]
 
 
-def kafka_cluster_id() -> str:
-    """A new KRaft cluster id (StorageTool's form: a UUID's 16 bytes, URL-safe base64, no padding)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
-
 @contextlib.contextmanager
 def containers(
     docker_host: str | None, label: str, kafka_port: int, redis_port: int, redis_maxmemory_bytes: int
@@ -186,7 +179,7 @@ def containers(
     properties = server_properties(CONTAINER_KAFKA_DATA, kafka_port, kafka_port + 1)
     kafka = (
         DockerContainer(compose_image("kafka"))
-        .with_envs(**property_env(properties), CLUSTER_ID=kafka_cluster_id(), KAFKA_HEALTH_PORT=str(kafka_port))
+        .with_envs(**property_env(properties), CLUSTER_ID=cluster_id(), KAFKA_HEALTH_PORT=str(kafka_port))
         .with_kwargs(**options)
     )
     argv = redis_server_argv(redis_port, CONTAINER_REDIS_DIR, redis_maxmemory_bytes)

@@ -8,13 +8,21 @@ every later clone reuses them.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import logging
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 from llmq_core.constants import KAFKA_MAX_MESSAGE_BYTES
+
+log = logging.getLogger(__name__)
 
 KAFKA_VERSION = os.environ.get("LLMQ_KAFKA_VERSION", "4.1.2")
 LOG4J_VERSION = "2.24.3"
@@ -86,11 +94,14 @@ def mirror_libs_dir(version: str = KAFKA_VERSION) -> Path:
 
 
 def ensure_installed(version: str = KAFKA_VERSION) -> Path:
-    """Resolve the broker's jars with Maven unless cached. Returns the folder of jars.
+    """Resolve the broker's jars with Maven unless cached, and archive the classes a broker loads
+    (:func:`ensure_class_archive`). Returns the folder of jars.
 
     Raises RuntimeError when Maven is missing or the resolution fails.
     """
-    return _resolve(POM, libs_dir(version), version)
+    libs = _resolve(POM, libs_dir(version), version)
+    ensure_class_archive(libs)
+    return libs
 
 
 def ensure_mirror_installed(version: str = KAFKA_VERSION) -> Path:
@@ -207,7 +218,93 @@ JVM_FLAGS = ("-Xms256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
 
 def java_command(libs: Path, *args: str, heap: str = "-Xmx512m") -> list[str]:
-    return ["java", *JVM_FLAGS, heap, "-cp", f"{libs}/*", *args]
+    """``java`` with :data:`JVM_FLAGS` on the jars of ``libs``, mapping their class archive when it was made."""
+    archive = class_archive(libs)
+    share = (f"-XX:SharedArchiveFile={archive}",) if archive is not None and archive.exists() else ()
+    return ["java", *JVM_FLAGS, *share, heap, "-cp", f"{libs}/*", *args]
+
+
+# Class data sharing (AppCDS): the classes a broker loads, archived once per machine and JVM by a short training run;
+# every JVM on the same jars (brokers, StorageTool) maps them instead of reading and verifying them from the jars again.
+# Measured here (2 cores): a broker listens after 1.9 s instead of 3.3 s and has spent 3.1 instead of 4.6 CPU s 8 s
+# after its start; a StorageTool run takes 0.6 s instead of 1.1 s. A test run starts dozens of them.
+TRAINING_TIMEOUT_S = 120
+
+
+def class_archive(libs: Path) -> Path | None:
+    """Where the class archive of ``libs`` for this machine's JVM lives (None without a ``java``): named by the
+    JVM's library, so that another JDK trains its own (a JVM refuses an archive of another build anyway)."""
+    java = shutil.which("java")
+    if java is None:
+        return None
+    home = Path(java).resolve().parent.parent
+    libjvm = home / "lib" / "server" / "libjvm.so"
+    stat = (libjvm if libjvm.exists() else Path(java).resolve()).stat()
+    key = hashlib.sha256(f"{home}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return libs.parent / f"classes-{key}.jsa"
+
+
+def ensure_class_archive(libs: Path) -> None:
+    """Make :func:`class_archive` of ``libs`` unless it exists: a broker on free ports in a scratch folder, stopped
+    once it listens, dumps the classes it loaded at exit. Best effort: without the archive JVMs load their classes
+    from the jars, as before."""
+    archive = class_archive(libs)
+    if archive is None or archive.exists():
+        return
+    partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
+    with tempfile.TemporaryDirectory(prefix="llmq-kafka-training-") as scratch:
+        work = Path(scratch)
+        port, controller_port = _free_port(), _free_port()
+        config = work / "server.properties"
+        config.write_text(server_properties(work / "data", port, controller_port))
+        log4j = work / "log4j2.yaml"
+        log4j.write_text(LOG4J2_YAML)
+        format_storage(libs, config, work / "data")
+        argv = java_command(
+            libs,
+            f"-XX:ArchiveClassesAtExit={partial}",
+            f"-Dlog4j2.configurationFile={log4j}",
+            "kafka.Kafka",
+            str(config),
+        )
+        broker = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            listening = _wait_listening(port, broker, TRAINING_TIMEOUT_S)
+        finally:
+            broker.terminate()  # a clean exit: the JVM writes the archive after the broker's shutdown
+            broker.wait(TRAINING_TIMEOUT_S)
+    if listening and partial.exists():
+        os.replace(partial, archive)  # whole or not at all: another JVM may be starting beside this one
+    else:
+        partial.unlink(missing_ok=True)
+        log.warning(
+            "no class archive for %s: the training broker did not start (JVMs load classes from the jars)", libs
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_listening(port: int, process: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def cluster_id() -> str:
+    """A new KRaft cluster id as ``StorageTool random-uuid`` makes it (without a JVM): a random UUID's 16 bytes,
+    URL-safe base64 without padding, never starting with "-" (a command line would read it as an option)."""
+    while (new := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return new
 
 
 def format_storage(libs: Path, config: Path, data_dir: Path, scram_users: dict[str, str] | None = None) -> None:
@@ -215,20 +312,13 @@ def format_storage(libs: Path, config: Path, data_dir: Path, scram_users: dict[s
     ``scram_users`` (name -> password): SCRAM-SHA-512 credentials written into the metadata at this step."""
     if (data_dir / "meta.properties").exists():
         return
-    cluster_id = (
-        subprocess.run(
-            java_command(libs, "kafka.tools.StorageTool", "random-uuid"), check=True, capture_output=True, text=True
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
     subprocess.run(
         java_command(
             libs,
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            cluster_id,
+            cluster_id(),
             "-c",
             str(config),
             "--ignore-formatted",

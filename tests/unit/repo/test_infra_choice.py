@@ -3,6 +3,7 @@ answers never decides it); containers run the images ``make images`` builds, con
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from llmq_cli import kafka_dist
 from llmq_cli.devstack import DevStack
 from llmq_cli.kafka_dist import BROKER_TUNING, KAFKA_VERSION, server_properties
 from tests import infra
@@ -132,6 +134,30 @@ def test_property_names_with_underscores_and_dashes_survive():
     assert infra.property_env("a.b_c-d=1") == {"KAFKA_A_B__C___D": "1"}
 
 
-def test_a_kraft_cluster_id_is_a_uuid_in_url_safe_base64():
-    ids = {infra.kafka_cluster_id() for _ in range(3)}
-    assert len(ids) == 3 and all(len(i) == 22 and "=" not in i for i in ids)
+def test_a_kraft_cluster_id_is_a_uuid_in_url_safe_base64_that_reads_as_no_option():
+    ids = {kafka_dist.cluster_id() for _ in range(500)}  # about 8 of 500 random ids start with "-": each drawn again
+    assert len(ids) == 500 and all(len(i) == 22 and "=" not in i and not i.startswith("-") for i in ids)
+    assert all(base64.urlsafe_b64decode(i + "==") for i in ids)
+
+
+def test_a_jvm_maps_the_class_archive_of_its_jars_once_it_was_made(tmp_path, monkeypatch):
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("PATH", str(java.parent))
+    libs = tmp_path / "kafka" / "libs"
+    archive = kafka_dist.class_archive(libs)
+    assert archive is not None and archive.parent == libs.parent
+    assert not any(flag.startswith("-XX:SharedArchiveFile") for flag in kafka_dist.java_command(libs, "Main"))
+    libs.mkdir(parents=True)
+    archive.write_bytes(b"")
+    argv = kafka_dist.java_command(libs, "Main")
+    assert argv[argv.index(f"-XX:SharedArchiveFile={archive}") + 1 :] == ["-Xmx512m", "-cp", f"{libs}/*", "Main"]
+    java.write_text("#!/bin/sh\n# another build\n")  # another JVM: an archive of its own, trained again
+    assert kafka_dist.class_archive(libs) != archive
+
+
+def test_without_java_there_is_no_class_archive(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert kafka_dist.class_archive(tmp_path / "libs") is None
