@@ -1,6 +1,6 @@
 """One generation per stream, on a real stack: a worker killed with SIGKILL mid-stream and started again continues the
 stream from the tokens its previous process generated (docs/workers.md#continuation), and the client sees one
-uninterrupted generation; an API pod killed mid-stream leaves a stream sent with an Idempotency-Key running, and its
+uninterrupted generation, and its tenant's token bucket is charged each token once; an API pod killed mid-stream leaves a stream sent with an Idempotency-Key running, and its
 client resumes it at the other pod after its Last-Event-ID (docs/api.md#resuming-a-stream).
 
 Two API pods, the batcher, the result-router and one llmq-sim worker whose fixed 6 s batches stream their tokens over
@@ -15,11 +15,14 @@ import json
 import signal
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from llmq_api.ratelimit import MINUTE_MS, TOKENS_BUCKET
+from llmq_core.constants import ratelimit_key
 from tests import ports
 from tests.stacks import standalone_stack
 from tests.system.faults.stack import FaultStack
@@ -30,9 +33,17 @@ ROOT = Path(__file__).resolve().parents[2]
 BATCH_TIME_MS = 6000
 API_PORT = ports.block()  # an allocated block: the restarted worker gets its metrics port (+12) back
 DEV = {"authorization": "Bearer llmq-dev-key", "x-llmq-timeout-ms": "60000"}
-PROMPT = "one generation per stream. "
+PROMPT = "one generation per stream, continued across a killed worker or pod. "
 MAX_TOKENS = 64
-GENERATION = (PROMPT * 3)[:MAX_TOKENS]  # llmq-sim's completion: the prompt's bytes, cycled
+GENERATION = (PROMPT * 3)[:MAX_TOKENS]  # llmq-sim's completion: the prompt's bytes, cycled (a token a byte)
+# The killed stream stops at STOP, well after the kill: its tenant's bucket is charged the estimate (prompt + max_tokens)
+# at admission and gets back what the stop left unused, so a token counted twice or not at all shows in the bucket.
+STOP = " killed"
+STOPPED = GENERATION[: GENERATION.index(STOP)]
+STOPPED_TOKENS = len(STOPPED) + len(STOP)  # the stop string's tokens were generated: usage counts them, as OpenAI's
+ESTIMATE = len(PROMPT) + MAX_TOKENS
+QUOTA_TENANT = f"quota-{uuid.uuid4().hex[:8]}"  # the suite's Redis outlives this module: a bucket of its own
+QUOTA = {"authorization": f"Bearer k-{QUOTA_TENANT}", "x-llmq-timeout-ms": "60000"}
 KILL_AFTER_CHARS = 12
 STREAM = {
     "model": "llmq-sim",
@@ -44,17 +55,22 @@ STREAM = {
 # A killed pod is gone to the batcher (its key expired, then the grace of two intervals) within about 3.5 s, well before
 # the stream ends: only the resume window keeps a resumable stream of it running. The defaults' ratios, halved.
 POD_HEARTBEATS = {"LLMQ_API_POD_HEARTBEAT_INTERVAL_MS": "500", "LLMQ_API_POD_HEARTBEAT_TTL_MS": "2000"}
+# The plain request and the stream sent just after it share one batch (the killed one): the batch window, 20 ms by
+# default, holds well over the time between their admissions (the stream's takes from its tenant's bucket first).
+ONE_BATCH = {"LLMQ_BATCHER_FIXED_ENGINE_MAX_WAIT_MS": "1500"}
 
 
 @pytest.fixture(scope="module")
-def stack(infra):
+def stack(infra, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys") / "keys.yaml"  # the bucket holds one estimate: no cap hides a refund
+    keys.write_text(f"keys:\n  - {{tenant: {QUOTA_TENANT}, key: k-{QUOTA_TENANT}, tokens_per_min: {ESTIMATE}}}\n")
     shape = dict(
         api_ports=(API_PORT, API_PORT + 1),
         tiny_workers=0,
         sim_workers=1,
         sim_batch_time_ms=BATCH_TIME_MS,
         sim_max_batch_size=8,
-        extra_env=POD_HEARTBEATS,
+        extra_env=POD_HEARTBEATS | ONE_BATCH | {"LLMQ_API_KEYS_FILE": str(keys)},
     )
     own = dict(
         state_dir=ROOT / "var" / f"test-stream-{uuid.uuid4().hex[:6]}",
@@ -65,13 +81,16 @@ def stack(infra):
         yield FaultStack(running.cfg)
 
 
-async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> tuple[str, str, dict, float]:
-    """Stream a completion, SIGKILL the worker once KILL_AFTER_CHARS arrived, start it again; returns the request id,
-    the text the client got, the stream's last JSON event (its usage) and when the kill was sent (monotonic)."""
+async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> tuple[str, str, dict, float, Bucket]:
+    """Stream a completion that stops at STOP as the quota tenant, SIGKILL the worker once KILL_AFTER_CHARS arrived,
+    start it again; returns the request id, the text the client got, the stream's last JSON event (its usage), when
+    the kill was sent (monotonic) and the tenant's token bucket as admission left it."""
     text, events, killed = "", [], 0.0
-    async with client.stream("POST", "/v1/completions", json=STREAM) as response:
+    body = STREAM | {"stop": STOP}
+    async with client.stream("POST", "/v1/completions", json=body, headers=QUOTA) as response:
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
+        admitted = await Bucket.read(stack)  # taken before the request was queued; settled only once it ends
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -85,13 +104,45 @@ async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> t
                 await stack.heal()  # the same worker comes back and reads its uncommitted batches again
     assert killed, f"the stream ended before {KILL_AFTER_CHARS} characters: {text!r}"
     assert events[-1] == "[DONE]", events[-3:]
-    return request_id, text, json.loads(events[-2]), killed
+    return request_id, text, json.loads(events[-2]), killed, admitted
 
 
-async def stored(client: httpx.AsyncClient, request_id: str) -> dict:
-    """GET /v1/requests/{id} once the result-router has stored the outcome (polled with a deadline)."""
+@dataclass(frozen=True)
+class Bucket:
+    """The quota tenant's token bucket in Redis (llmq_api/ratelimit.py): its level in tokens x ms of its period (a
+    minute) and the ms of its last change; it refills ESTIMATE tokens a minute."""
+
+    level: int
+    ms: int
+
+    @classmethod
+    async def read(cls, stack: FaultStack) -> Bucket:
+        redis = stack.redis()
+        try:
+            level, ms = await redis.hmget(ratelimit_key(QUOTA_TENANT, TOKENS_BUCKET), ["level", "ms"])
+        finally:
+            await redis.aclose()
+        assert level is not None, "the quota tenant's request took nothing from its bucket"
+        return cls(int(level), int(ms))
+
+    def tokens_given_back(self, later: Bucket) -> float:
+        """Tokens returned to the bucket between this state and ``later``: the change less the refill."""
+        return (later.level - self.level - (later.ms - self.ms) * ESTIMATE) / MINUTE_MS
+
+
+async def settled(stack: FaultStack, admitted: Bucket) -> Bucket:
+    """The bucket once the pod gave back what the request left unused (polled with a deadline)."""
     async with asyncio.timeout(20):
-        while (response := await client.get(f"/v1/requests/{request_id}")).status_code == 404:
+        while (bucket := await Bucket.read(stack)).ms == admitted.ms:
+            await asyncio.sleep(0.1)
+    return bucket
+
+
+async def stored(client: httpx.AsyncClient, request_id: str, headers: dict | None = None) -> dict:
+    """GET /v1/requests/{id} (as its tenant: ``headers``, else the client's) once the result-router has stored the
+    outcome (polled with a deadline)."""
+    async with asyncio.timeout(20):
+        while (response := await client.get(f"/v1/requests/{request_id}", headers=headers)).status_code == 404:
             await asyncio.sleep(0.1)
     assert response.status_code == 200, response.text
     return response.json()
@@ -103,15 +154,20 @@ async def test_a_stream_whose_worker_dies_continues_on_its_restart_and_a_plain_r
         plain = asyncio.create_task(client.post("/v1/completions", json=body))
         plain_done: list[float] = []
         plain.add_done_callback(lambda _: plain_done.append(time.monotonic()))
-        stream_id, text, last, killed_s = await stream_until_killed(client, stack)
-        assert text == GENERATION  # no text repeated or missing across the seam
-        assert "error" not in last and last["usage"]["completion_tokens"] == MAX_TOKENS  # each token counted once
+        stream_id, text, last, killed_s, admitted = await stream_until_killed(client, stack)
+        assert text == STOPPED  # no text repeated or missing across the seam, the stop found across it
+        usage = last["usage"]
+        assert "error" not in last and usage["completion_tokens"] == STOPPED_TOKENS  # each token counted once
+        assert admitted.level == 0  # a fresh bucket of ESTIMATE tokens, all taken at admission
+        bucket = await settled(stack, admitted)
+        assert bucket.level < ESTIMATE * MINUTE_MS, "the bucket refilled to its cap: the refund cannot be told apart"
+        assert admitted.tokens_given_back(bucket) == ESTIMATE - usage["total_tokens"]  # settled on each token once
 
-        outcome = await stored(client, stream_id)
+        outcome = await stored(client, stream_id, QUOTA)
         assert outcome["status"] == "succeeded", outcome
         assert (outcome["response"]["choices"][0]["text"], outcome["usage"]["completion_tokens"]) == (
-            GENERATION,
-            MAX_TOKENS,
+            STOPPED,
+            STOPPED_TOKENS,
         )
 
         response = await plain
