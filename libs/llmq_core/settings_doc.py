@@ -32,7 +32,10 @@ warning per process; the new name wins where both are set. Per-process flags (`-
 CLI_VARIABLES = {
     "LLMQ_API_URL": ("http://127.0.0.1:8000/v1", "`llmq batch`: the API pod's base URL (`--base-url`)."),
     "LLMQ_API_KEY": ("llmq-dev-key", "`llmq batch`: the API key it sends as `Bearer` (`--api-key`)."),
-    "LLMQ_CACHE_DIR": ("~/.cache/llmq", "`llmq dev install`: where the Kafka and MirrorMaker 2 jars are cached."),
+    "LLMQ_CACHE_DIR": (
+        "~/.cache/llmq",
+        "`llmq dev install`: where the Kafka and MirrorMaker 2 jars (and the broker's class archive) are cached.",
+    ),
     "LLMQ_KAFKA_VERSION": ("4.1.2", "`llmq dev install`: the Kafka release assembled from Maven Central."),
 }
 
