@@ -1,7 +1,8 @@
 # The two commands of README.md: `make demo` and `make test` (`make check`: its fast lane). Each installs what is
 # missing first (idempotent):
 # a .venv with exactly the Python packages uv.lock pins (uv, cached under ~/.cache/uv), redis-server and kcat (apt), the
-# Kafka broker's jars (Maven Central, cached under ~/.cache/llmq, with the class archive its JVMs map) and the real model's checkpoint (~/.cache/llmq/models).
+# Kafka broker's jars (Maven Central, cached under ~/.cache/llmq, with the class archive its JVMs map) and the real
+# model's checkpoint (~/.cache/llmq/models).
 # `make lock` after changing pyproject's requirements; `make audit` checks the locked versions against advisories.
 # helm (the chart checks of tests/unit/deploy/test_helm_chart.py): a pinned release built by `go install` through the
 # Go module proxy into ~/.cache/llmq/helm/<version> (modules and build cache in ~/.cache/llmq/go).

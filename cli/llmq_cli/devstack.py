@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -324,7 +323,7 @@ class DevStack:
             self._start_kafka()
         admin = self.cfg.settings()
         _wait(lambda: _redis_ping(admin), deadline, "redis")
-        _wait(lambda: _tcp_open(self.cfg.kafka_port), deadline, "kafka")
+        _wait(lambda: kafka_dist.tcp_open(self.cfg.kafka_port), deadline, "kafka")
         _wait(lambda: _try(lambda: _run_in_thread(self._prepare_kafka(admin))), deadline, "kafka topics")
         for spec in service_specs(self.cfg) if services else ():
             self._spawn(spec)
@@ -610,7 +609,7 @@ def _healthy(record: dict, cfg: StackConfig, client: redis_sync.Redis) -> bool:
     if kind == "redis":
         return _redis_ping(cfg.settings())
     if kind == "kafka":
-        return _tcp_open(record["port"])
+        return kafka_dist.tcp_open(record["port"])
     if kind == "mirror":  # nothing to ask it: it is up while it runs (the multi-region tests watch it replicate)
         return True
     if kind == "api":
@@ -624,12 +623,6 @@ def _sync_redis(settings: Settings) -> redis_sync.Redis:
 
 def _redis_ping(settings: Settings) -> bool:
     return _try(lambda: _sync_redis(settings).ping())
-
-
-def _tcp_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _run_in_thread(coro) -> bool:

@@ -234,12 +234,13 @@ TRAINING_TIMEOUT_S = 120
 def class_archive(libs: Path) -> Path | None:
     """Where the class archive of ``libs`` for this machine's JVM lives (None without a ``java``): named by the
     JVM's library, so that another JDK trains its own (a JVM refuses an archive of another build anyway)."""
-    java = shutil.which("java")
-    if java is None:
+    found = shutil.which("java")
+    if found is None:
         return None
-    home = Path(java).resolve().parent.parent
+    java = Path(found).resolve()
+    home = java.parent.parent
     libjvm = home / "lib" / "server" / "libjvm.so"
-    stat = (libjvm if libjvm.exists() else Path(java).resolve()).stat()
+    stat = (libjvm if libjvm.exists() else java).stat()
     key = hashlib.sha256(f"{home}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     return libs.parent / f"classes-{key}.jsa"
 
@@ -288,14 +289,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def tcp_open(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port`` (a broker listening)."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _wait_listening(port: int, process: subprocess.Popen, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        if tcp_open(port):
             return True
-        except OSError:
-            time.sleep(0.1)
+        time.sleep(0.1)
     return False
 
 

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from llmq_api.pod import Pod
-from llmq_cli.devstack import DevStack, StackConfig, _tcp_open
+from llmq_cli.devstack import DevStack, StackConfig
+from llmq_cli.kafka_dist import tcp_open
 from llmq_core.kafka import ensure_topics
 from llmq_core.names import Names
 from llmq_core.settings import Settings
@@ -37,7 +38,7 @@ def free_port_pair() -> int:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        if port < 65535 and not _tcp_open(port + 1):
+        if port < 65535 and not tcp_open(port + 1):
             return port
     raise RuntimeError("no free port pair")
 
@@ -54,7 +55,7 @@ class PrivateBroker:
 
     async def start(self) -> None:
         self.stack._start_kafka()  # noqa: SLF001 - Kafka alone: the suite's Redis serves this test
-        await until(lambda: _tcp_open(self.stack.cfg.kafka_port), BROKER_START_S, "the private broker's port")
+        await until(lambda: tcp_open(self.stack.cfg.kafka_port), BROKER_START_S, "the private broker's port")
 
     def kill(self) -> None:
         os.killpg(self.stack._running_pid("kafka"), signal.SIGKILL)  # noqa: SLF001
@@ -100,7 +101,7 @@ async def test_kafka_outage_opens_the_breaker_reports_degraded_and_recovers_with
                 assert (await client.get("/dependencies")).status_code == 200
 
                 broker.kill()
-                await until(lambda: not _tcp_open(broker.stack.cfg.kafka_port), 10, "the broker's exit")
+                await until(lambda: not tcp_open(broker.stack.cfg.kafka_port), 10, "the broker's exit")
                 first, first_s = await post(client)
                 # at most the produce timeout (plus HTTP on a loaded machine); at once if the pod's check saw it first
                 assert first.status_code == 503 and first_s <= settings.api.produce_timeout_ms / 1000 + 1

@@ -1,7 +1,8 @@
 """One generation per stream, on a real stack: a worker killed with SIGKILL mid-stream and started again continues the
-stream from the tokens its previous process generated (docs/workers.md#continuation), and the client sees one
-uninterrupted generation, and its tenant's token bucket is charged each token once; an API pod killed mid-stream leaves a stream sent with an Idempotency-Key running, and its
-client resumes it at the other pod after its Last-Event-ID (docs/api.md#resuming-a-stream).
+stream from the tokens its previous process generated (docs/workers.md#continuation): the client sees one
+uninterrupted generation and its tenant's token bucket is charged each token once; an API pod killed mid-stream leaves
+a stream sent with an Idempotency-Key running, and its client resumes it at the other pod after its Last-Event-ID
+(docs/api.md#resuming-a-stream).
 
 Two API pods, the batcher, the result-router and one llmq-sim worker whose fixed 6 s batches stream their tokens over
 the whole batch time, so "mid-stream" is deterministic. llmq-sim replays the prompt's bytes, so every generation of a
