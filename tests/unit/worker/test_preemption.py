@@ -63,6 +63,14 @@ def test_ties_on_generated_tokens_go_to_the_latest_deadline_then_the_latest_arri
     assert choose_victims(running, [job("i", INTERACTIVE)], 0, NOW_MS, **LIMITS) == ["late-b"]
 
 
+def test_a_job_preempted_fewer_times_goes_before_one_with_fewer_generated_tokens():
+    """The oldest waiting job resumes first, so by generated tokens alone the job just resumed would be the next
+    victim again and again, spending its preemptions while the others keep theirs."""
+    running = [job("resumed", generated=40, preemptions=1), job("never", generated=300, order=1)]
+    assert choose_victims(running, [job("i", INTERACTIVE)], 0, NOW_MS, **LIMITS) == ["never"]
+    assert choose_victims(running, [job("i", INTERACTIVE, sequences=2)], 0, NOW_MS, **LIMITS) == ["never", "resumed"]
+
+
 @pytest.mark.parametrize(
     "victim, why",
     [

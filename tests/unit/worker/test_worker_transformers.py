@@ -22,6 +22,7 @@ from llmq_core.wire import (  # noqa: E402
     SamplingParams,
 )
 from llmq_worker.engine import ChunkEvent, FinalEvent, InvalidRequest  # noqa: E402
+from llmq_worker.engines import cb_scheduler  # noqa: E402
 from llmq_worker.engines.tiny_model import build_llmq_tiny, tiny_tokenizer  # noqa: E402
 from llmq_worker.engines.transformers_engine import TransformersEngine  # noqa: E402
 from llmq_worker.prefix_cache import PrefixLedger  # noqa: E402
@@ -636,3 +637,50 @@ async def test_a_preempted_request_cancelled_while_it_waits_ends_canceled_and_fr
     assert {f.request_id: f.outcome for f in finals} == {"long": Outcome.CANCELED, "person": Outcome.SUCCEEDED}
     capacity = engine.capacity()
     assert (capacity.running, capacity.queued, capacity.preemptible, engine.preemption_stats.resumes) == (0, 0, 0, 0)
+
+
+@pytest.fixture
+def steps(monkeypatch) -> list[list[tuple[str, int]]]:
+    """Each step the engines' scheduler plans: (manager request id, query tokens) per sequence."""
+    planned: list[list[tuple[str, int]]] = []
+    schedule = cb_scheduler.PeopleFirstScheduler.schedule_batch
+
+    def recording(self, token_budget, cache_budget):
+        out = schedule(self, token_budget, cache_budget)
+        planned.append([(f.state.request_id, f.query_length) for f in out[0] or ()])
+        return out
+
+    monkeypatch.setattr(cb_scheduler.PeopleFirstScheduler, "schedule_batch", recording)
+    return planned
+
+
+def prefill_step(steps: list[list[tuple[str, int]]], manager_id: str) -> list[str]:
+    """The sequences of the step that prefilled ``manager_id``'s prompt (its first step)."""
+    return next([rid for rid, _ in step] for step in steps if any(rid == manager_id for rid, _ in step))
+
+
+async def test_a_persons_prompt_is_prefilled_in_a_step_without_the_deferred_sequences_which_decode_on_after(
+    tiny, steps
+):
+    """Two slots, one decoding a deferred generation: the interactive prompt's step holds only it (on the library's
+    FIFO scheduler it would hold the deferred decode too); the deferred sequence decodes in the steps before and after.
+    A deferred prompt arriving the same way shares its step, as FIFO plans it."""
+    model, tokenizer = tiny
+    engine = TransformersEngine(model, tokenizer, max_concurrent_sequences=2, context_window=8192)
+    try:
+        for person, traffic_class in (("person", "interactive"), ("late", "deferred")):
+            seen: list = []
+            long = deferred(request(f"long-{person}", "The quick brown fox", max_tokens=80))
+            engine.submit(long)
+            await until_tokens(engine, long.request_id, 5, seen)
+            prompt = request(person, "a prompt of a person " * 4, max_tokens=4)
+            engine.submit(msgspec.structs.replace(prompt, traffic_class=traffic_class))
+            finals = {f.request_id: f for f in await rest_of(engine, 2, seen)}
+            step = prefill_step(steps, f"{person}#0")
+            assert step == ([f"{person}#0"] if person == "person" else [f"{long.request_id}#0", f"{person}#0"])
+            held = [i for i, s in enumerate(steps) if any(rid == f"{long.request_id}#0" for rid, _ in s)]
+            assert held[-1] > steps.index(next(s for s in steps if [rid for rid, _ in s] == step))
+            assert {f.outcome for f in finals.values()} == {Outcome.SUCCEEDED}
+    finally:
+        await engine.close()
+    assert cb_scheduler.PEOPLE == set()  # every id the engine added left with its request

@@ -36,7 +36,7 @@ from transformers.generation.continuous_batching import RequestStatus
 
 from llmq_core import tokenizer as byte_tokenizer
 from llmq_core.clock import SYSTEM_CLOCK, Clock
-from llmq_core.constants import MAX_RESULT_BYTES
+from llmq_core.constants import DEFERRED, MAX_RESULT_BYTES
 from llmq_core.continuation import resumable
 from llmq_core.models import LLMQ_TINY
 from llmq_core.status import ErrorType
@@ -45,7 +45,7 @@ from llmq_core.wire import ErrorInfo, GenerationRequest, Outcome
 from llmq_worker import logprobs, preemption
 from llmq_worker.checkpoints import load_gguf
 from llmq_worker.engine import ChoiceEnd, ChunkEvent, InvalidRequest, check_request, continued_ids
-from llmq_worker.engines import cb_logprobs, cb_prefix, cb_processors
+from llmq_worker.engines import cb_logprobs, cb_prefix, cb_processors, cb_scheduler
 from llmq_worker.engines.cb_queue import QueueingEngine
 from llmq_worker.engines.codec import TextCodec
 from llmq_worker.engines.tiny_model import build_llmq_tiny
@@ -301,6 +301,8 @@ class TransformersEngine(QueueingEngine):
             sub_id = _sub_id(job.request.request_id, sub)
             if self.prefix_ledger is not None and self.prefix_ledger.tenant_scoped:
                 cb_prefix.SALTS[sub_id] = cb_prefix.salt_of(job.request.tenant_id)
+            if job.request.traffic_class != DEFERRED:
+                cb_scheduler.PEOPLE.add(sub_id)
             self._manager.register_result_handler(
                 sub_id, lambda output, job=job, sub=sub, run=sub.run: self._on_output(job, sub, run, output)
             )
@@ -501,12 +503,13 @@ def _sub_id(request_id: str, sub: _Sub) -> str:
 
 
 def _forget_prefix(job: _Job) -> int:
-    """Drop the job's entries in :mod:`cb_prefix`'s tables; returns the prompt tokens its first choice found cached
-    (the prompt is counted once, as usage counts it; a continued choice's own ids are no prompt tokens), or what was
-    known before."""
+    """Drop the job's entries in :mod:`cb_prefix`'s and :mod:`cb_scheduler`'s tables; returns the prompt tokens its
+    first choice found cached (the prompt is counted once, as usage counts it; a continued choice's own ids are no
+    prompt tokens), or what was known before."""
     hits = [cb_prefix.HITS.pop(_sub_id(job.request.request_id, s), None) for s in job.subs]
     for sub in job.subs:
         cb_prefix.SALTS.pop(_sub_id(job.request.request_id, sub), None)
+        cb_scheduler.PEOPLE.discard(_sub_id(job.request.request_id, sub))
     return min(hits[0], job.prompt_tokens) if hits and hits[0] is not None else job.cached_tokens
 
 
@@ -552,10 +555,12 @@ def _cb_config(
     """The library's knobs. On CPU the paged KV cache is sized for every slot at a quarter context (at least one full
     context) plus the prefix-cache budget, within CPU_KV_CACHE_BYTES: a cache that holds only a few sequences leaves
     the other slots waiting. Block sharing (prefix caching) is on with a ledger."""
+    cb_scheduler.install()
     config = ContinuousBatchingConfig(
         max_requests_per_batch=max_sequences,
         max_batch_tokens=max_batched_tokens,
         per_request_processors=True,
+        scheduler_type=cb_scheduler.NAME,  # people's prompts in steps of their own
         allow_block_sharing=prefix_ledger is not None,
         # The grammar mask (structured outputs) needs each step's tokens before the next step is prepared, which the
         # library's asynchronous batching (two steps in flight, with CUDA graphs) does not give; None: its choice.
