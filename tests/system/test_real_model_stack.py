@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import uuid
 
 import httpx
 import msgspec
@@ -26,6 +27,7 @@ from llmq_worker import checkpoints
 from tests import ports
 from tests.stacks import private_stack
 from tests.system.faults.stack import FaultStack
+from tests.system.token_bucket import TokenBucket
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long(75)]
 
@@ -35,6 +37,15 @@ API_PORTS = (BASE, BASE + 1)
 MODEL = SMOLLM2_135M_INSTRUCT.name
 TIMEOUT_MS = 180_000  # a loaded 2-core machine can be slow; no test waits this long when it works
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+POEM = "Write a short poem about the sea."
+POEM_MAX_TOKENS = 32
+QUOTA_TENANT = f"quota-{uuid.uuid4().hex[:8]}"  # the suite's Redis outlives this module: a bucket of its own
+
+
+def poem_estimate(model_dir) -> int:
+    """The pods' estimate of the poem request: the model's own count of its chat prompt + max_tokens."""
+    counted = TokenizerCounter.from_path(model_dir).chat([wire.ChatMessage(role="user", content=POEM)])
+    return counted + POEM_MAX_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +57,13 @@ def model_dir():
 
 
 @pytest.fixture(scope="module")
-def stack(infra, model_dir):
+def stack(infra, model_dir, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys") / "keys.yaml"  # beside the dev key: a tenant whose bucket is one poem
+    tokens = poem_estimate(model_dir)
+    keys.write_text(f"keys:\n  - {{tenant: {QUOTA_TENANT}, key: k-{QUOTA_TENANT}, tokens_per_min: {tokens}}}\n")
+    env = {"LLMQ_API_KEYS_FILE": str(keys)}
     with private_stack(
-        infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=0, smollm2_workers=1, timeout_s=240
+        infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=0, smollm2_workers=1, timeout_s=240, extra_env=env
     ) as running:
         yield running
 
@@ -238,10 +253,11 @@ def test_models_lists_the_real_context_window(clients):
     assert listed[MODEL].model_extra["context_window"] == 8192
 
 
-async def _stream_chat(client: httpx.AsyncClient, body: dict, on_text=None) -> tuple[str, dict]:
-    """Stream a chat completion to its end: its text and its usage (``on_text(text so far)`` after each chunk)."""
+async def _stream_chat(client: httpx.AsyncClient, body: dict, on_text=None, **request) -> tuple[str, dict]:
+    """Stream a chat completion to its end: its text and its usage (``on_text(text so far)`` after each chunk;
+    ``request``: more of httpx's arguments, e.g. ``headers``)."""
     text, usage = "", None
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+    async with client.stream("POST", "/v1/chat/completions", json=body, **request) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -255,31 +271,56 @@ async def _stream_chat(client: httpx.AsyncClient, body: dict, on_text=None) -> t
     return text, usage
 
 
-async def test_a_stream_whose_real_model_worker_is_killed_continues_on_its_restart_with_the_same_text(stack):
+def first_found_at_or_after(text: str, chars: int, length: int = 6) -> str:
+    """A piece of ``text`` of ``length`` characters whose first occurrence starts at ``chars`` or later."""
+    for start in range(chars, len(text) - length + 1):
+        if text.find(text[start : start + length]) == start:
+            return text[start : start + length]
+    raise AssertionError(f"nothing of {text!r} past {chars} characters is new")
+
+
+KILL_AFTER_CHARS = 12
+
+
+async def test_a_stream_whose_real_model_worker_is_killed_continues_on_its_restart_with_the_same_text(stack, model_dir):
     """kill -9 of the transformers worker mid-stream: restarted, it prefills the prompt and the tokens already sent and
     generates only the rest (docs/workers.md#continuation). At temperature 0, alone on the worker both times, the text
-    is the uninterrupted run's, and usage counts each token once."""
+    is the uninterrupted run's up to a stop string found well after the kill, usage counts each token once, and the
+    tenant's token bucket, charged the estimate (prompt + max_tokens) at admission, gets back exactly what the usage
+    left unused: a token counted twice or not at all shows in it."""
     faults = FaultStack(stack.cfg)
     headers = {"authorization": "Bearer llmq-dev-key", HTTP_TIMEOUT_MS: str(TIMEOUT_MS)}
     body = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
-        "max_tokens": 32,
+        "messages": [{"role": "user", "content": POEM}],
+        "max_tokens": POEM_MAX_TOKENS,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    killed = []
+    estimate = poem_estimate(model_dir)
+    killed, admitted = [], []
 
     async def kill_once_begun(text: str) -> None:
-        if not killed and len(text) >= 12:
+        if not admitted:  # taken before the request was queued; settled only once it ends
+            admitted.append(await TokenBucket.read(faults, QUOTA_TENANT, estimate))
+        if not killed and len(text) >= KILL_AFTER_CHARS:
             killed.append(faults.send(f"worker-{MODEL}-0", signal.SIGKILL))
             await faults.heal()  # the same worker comes back and reads its uncommitted batch again
 
     port = stack.cfg.api_ports[0]
+    quota = {"authorization": f"Bearer k-{QUOTA_TENANT}", HTTP_TIMEOUT_MS: str(TIMEOUT_MS)}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=TIMEOUT_MS) as client:
+        whole, whole_usage = await _stream_chat(client, body)
+        assert whole_usage["completion_tokens"] == POEM_MAX_TOKENS
+        body["stop"] = first_found_at_or_after(whole, KILL_AFTER_CHARS + 48)
         reference, reference_usage = await _stream_chat(client, body)
-        text, usage = await _stream_chat(client, body, kill_once_begun)
-    assert killed, f"the stream ended before 12 characters: {text!r}"
-    assert reference_usage["completion_tokens"] == 32  # it ran to max_tokens: the kill came mid-generation
+        text, usage = await _stream_chat(client, body, kill_once_begun, headers=quota)
+        bucket = await admitted[0].settled(faults)
+    assert killed, f"the stream ended before {KILL_AFTER_CHARS} characters: {text!r}"
+    assert reference == whole[: whole.index(body["stop"])]  # it stopped well after the kill point
+    assert reference_usage["completion_tokens"] < POEM_MAX_TOKENS
     assert text == reference and usage == reference_usage
+    assert admitted[0].empty  # a bucket of one estimate, all taken at admission
+    assert bucket.below_cap(), "the bucket refilled to its cap: the refund cannot be told apart"
+    assert admitted[0].tokens_given_back(bucket) == estimate - usage["total_tokens"]  # settled on each token once

@@ -16,17 +16,15 @@ import json
 import signal
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from llmq_api.ratelimit import MINUTE_MS, TOKENS_BUCKET
-from llmq_core.constants import ratelimit_key
 from tests import ports
 from tests.stacks import standalone_stack
 from tests.system.faults.stack import FaultStack
+from tests.system.token_bucket import TokenBucket
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -82,7 +80,9 @@ def stack(infra, tmp_path_factory):
         yield FaultStack(running.cfg)
 
 
-async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> tuple[str, str, dict, float, Bucket]:
+async def stream_until_killed(
+    client: httpx.AsyncClient, stack: FaultStack
+) -> tuple[str, str, dict, float, TokenBucket]:
     """Stream a completion that stops at STOP as the quota tenant, SIGKILL the worker once KILL_AFTER_CHARS arrived,
     start it again; returns the request id, the text the client got, the stream's last JSON event (its usage), when
     the kill was sent (monotonic) and the tenant's token bucket as admission left it."""
@@ -91,7 +91,9 @@ async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> t
     async with client.stream("POST", "/v1/completions", json=body, headers=QUOTA) as response:
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
-        admitted = await Bucket.read(stack)  # taken before the request was queued; settled only once it ends
+        admitted = await TokenBucket.read(
+            stack, QUOTA_TENANT, ESTIMATE
+        )  # taken before the request was queued; settled only once it ends
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -106,37 +108,6 @@ async def stream_until_killed(client: httpx.AsyncClient, stack: FaultStack) -> t
     assert killed, f"the stream ended before {KILL_AFTER_CHARS} characters: {text!r}"
     assert events[-1] == "[DONE]", events[-3:]
     return request_id, text, json.loads(events[-2]), killed, admitted
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """The quota tenant's token bucket in Redis (llmq_api/ratelimit.py): its level in tokens x ms of its period (a
-    minute) and the ms of its last change; it refills ESTIMATE tokens a minute."""
-
-    level: int
-    ms: int
-
-    @classmethod
-    async def read(cls, stack: FaultStack) -> Bucket:
-        redis = stack.redis()
-        try:
-            level, ms = await redis.hmget(ratelimit_key(QUOTA_TENANT, TOKENS_BUCKET), ["level", "ms"])
-        finally:
-            await redis.aclose()
-        assert level is not None, "the quota tenant's request took nothing from its bucket"
-        return cls(int(level), int(ms))
-
-    def tokens_given_back(self, later: Bucket) -> float:
-        """Tokens returned to the bucket between this state and ``later``: the change less the refill."""
-        return (later.level - self.level - (later.ms - self.ms) * ESTIMATE) / MINUTE_MS
-
-
-async def settled(stack: FaultStack, admitted: Bucket) -> Bucket:
-    """The bucket once the pod gave back what the request left unused (polled with a deadline)."""
-    async with asyncio.timeout(20):
-        while (bucket := await Bucket.read(stack)).ms == admitted.ms:
-            await asyncio.sleep(0.1)
-    return bucket
 
 
 async def stored(client: httpx.AsyncClient, request_id: str, headers: dict | None = None) -> dict:
@@ -159,9 +130,9 @@ async def test_a_stream_whose_worker_dies_continues_on_its_restart_and_a_plain_r
         assert text == STOPPED  # no text repeated or missing across the seam, the stop found across it
         usage = last["usage"]
         assert "error" not in last and usage["completion_tokens"] == STOPPED_TOKENS  # each token counted once
-        assert admitted.level == 0  # a fresh bucket of ESTIMATE tokens, all taken at admission
-        bucket = await settled(stack, admitted)
-        assert bucket.level < ESTIMATE * MINUTE_MS, "the bucket refilled to its cap: the refund cannot be told apart"
+        assert admitted.empty  # a fresh bucket of ESTIMATE tokens, all taken at admission
+        bucket = await admitted.settled(stack)
+        assert bucket.below_cap(), "the bucket refilled to its cap: the refund cannot be told apart"
         assert admitted.tokens_given_back(bucket) == ESTIMATE - usage["total_tokens"]  # settled on each token once
 
         outcome = await stored(client, stream_id, QUOTA)
