@@ -178,3 +178,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    runtime.exit_at_once()
