@@ -299,10 +299,7 @@ class TransformersEngine(QueueingEngine):
         matcher = job.matcher
         for sub in job.live_subs():
             sub_id = _sub_id(job.request.request_id, sub)
-            if self.prefix_ledger is not None and self.prefix_ledger.tenant_scoped:
-                cb_prefix.SALTS[sub_id] = cb_prefix.salt_of(job.request.tenant_id)
-            if job.request.traffic_class != DEFERRED:
-                cb_scheduler.PEOPLE.add(sub_id)
+            _tag(job, sub_id, tenant_scoped=self.prefix_ledger is not None and self.prefix_ledger.tenant_scoped)
             self._manager.register_result_handler(
                 sub_id, lambda output, job=job, sub=sub, run=sub.run: self._on_output(job, sub, run, output)
             )
@@ -500,6 +497,15 @@ def _sub_id(request_id: str, sub: _Sub) -> str:
     """The manager's id of the choice's current run: ``<request_id>#<index>``, then ``.<run>`` after a preemption (a
     cancelled run's late outputs must not reach the next)."""
     return f"{request_id}#{sub.index}" if not sub.run else f"{request_id}#{sub.index}.{sub.run}"
+
+
+def _tag(job: _Job, sub_id: str, tenant_scoped: bool) -> None:
+    """Enter the run ``sub_id`` of ``job`` in :mod:`cb_prefix`'s and :mod:`cb_scheduler`'s tables before the manager
+    gets it: its tenant's salt (``tenant_scoped``), and whether it is people's work. :func:`_forget_prefix` drops them."""
+    if tenant_scoped:
+        cb_prefix.SALTS[sub_id] = cb_prefix.salt_of(job.request.tenant_id)
+    if job.request.traffic_class != DEFERRED:
+        cb_scheduler.PEOPLE.add(sub_id)
 
 
 def _forget_prefix(job: _Job) -> int:
