@@ -40,12 +40,7 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 POEM = "Write a short poem about the sea."
 POEM_MAX_TOKENS = 32
 QUOTA_TENANT = f"quota-{uuid.uuid4().hex[:8]}"  # the suite's Redis outlives this module: a bucket of its own
-
-
-def poem_estimate(model_dir) -> int:
-    """The pods' estimate of the poem request: the model's own count of its chat prompt + max_tokens."""
-    counted = TokenizerCounter.from_path(model_dir).chat([wire.ChatMessage(role="user", content=POEM)])
-    return counted + POEM_MAX_TOKENS
+KILL_AFTER_CHARS = 12
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +52,17 @@ def model_dir():
 
 
 @pytest.fixture(scope="module")
-def stack(infra, model_dir, tmp_path_factory):
+def poem_estimate(model_dir) -> int:
+    """The pods' estimate of the poem request: the model's own count of its chat prompt + max_tokens."""
+    counted = TokenizerCounter.from_path(model_dir).chat([wire.ChatMessage(role="user", content=POEM)])
+    return counted + POEM_MAX_TOKENS
+
+
+@pytest.fixture(scope="module")
+def stack(infra, poem_estimate, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"  # beside the dev key: a tenant whose bucket is one poem
-    tokens = poem_estimate(model_dir)
-    keys.write_text(f"keys:\n  - {{tenant: {QUOTA_TENANT}, key: k-{QUOTA_TENANT}, tokens_per_min: {tokens}}}\n")
+    quota = f"{{tenant: {QUOTA_TENANT}, key: k-{QUOTA_TENANT}, tokens_per_min: {poem_estimate}}}"
+    keys.write_text(f"keys:\n  - {quota}\n")
     env = {"LLMQ_API_KEYS_FILE": str(keys)}
     with private_stack(
         infra, api_ports=API_PORTS, tiny_workers=0, sim_workers=0, smollm2_workers=1, timeout_s=240, extra_env=env
@@ -279,10 +281,9 @@ def first_found_at_or_after(text: str, chars: int, length: int = 6) -> str:
     raise AssertionError(f"nothing of {text!r} past {chars} characters is new")
 
 
-KILL_AFTER_CHARS = 12
-
-
-async def test_a_stream_whose_real_model_worker_is_killed_continues_on_its_restart_with_the_same_text(stack, model_dir):
+async def test_a_stream_whose_real_model_worker_is_killed_continues_on_its_restart_with_the_same_text(
+    stack, poem_estimate
+):
     """kill -9 of the transformers worker mid-stream: restarted, it prefills the prompt and the tokens already sent and
     generates only the rest (docs/workers.md#continuation). At temperature 0, alone on the worker both times, the text
     is the uninterrupted run's up to a stop string found well after the kill, usage counts each token once, and the
@@ -298,12 +299,11 @@ async def test_a_stream_whose_real_model_worker_is_killed_continues_on_its_resta
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    estimate = poem_estimate(model_dir)
     killed, admitted = [], []
 
     async def kill_once_begun(text: str) -> None:
         if not admitted:  # taken before the request was queued; settled only once it ends
-            admitted.append(await TokenBucket.read(faults, QUOTA_TENANT, estimate))
+            admitted.append(await TokenBucket.read(faults, QUOTA_TENANT, poem_estimate))
         if not killed and len(text) >= KILL_AFTER_CHARS:
             killed.append(faults.send(f"worker-{MODEL}-0", signal.SIGKILL))
             await faults.heal()  # the same worker comes back and reads its uncommitted batch again
@@ -322,5 +322,5 @@ async def test_a_stream_whose_real_model_worker_is_killed_continues_on_its_resta
     assert reference_usage["completion_tokens"] < POEM_MAX_TOKENS
     assert text == reference and usage == reference_usage
     assert admitted[0].empty  # a bucket of one estimate, all taken at admission
-    assert bucket.below_cap(), "the bucket refilled to its cap: the refund cannot be told apart"
-    assert admitted[0].tokens_given_back(bucket) == estimate - usage["total_tokens"]  # settled on each token once
+    assert bucket.below_cap, "the bucket refilled to its cap: the refund cannot be told apart"
+    assert admitted[0].tokens_given_back(bucket) == poem_estimate - usage["total_tokens"]  # settled on each token once

@@ -91,9 +91,8 @@ async def stream_until_killed(
     async with client.stream("POST", "/v1/completions", json=body, headers=QUOTA) as response:
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
-        admitted = await TokenBucket.read(
-            stack, QUOTA_TENANT, ESTIMATE
-        )  # taken before the request was queued; settled only once it ends
+        # taken before the request was queued; settled only once it ends
+        admitted = await TokenBucket.read(stack, QUOTA_TENANT, ESTIMATE)
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -132,7 +131,7 @@ async def test_a_stream_whose_worker_dies_continues_on_its_restart_and_a_plain_r
         assert "error" not in last and usage["completion_tokens"] == STOPPED_TOKENS  # each token counted once
         assert admitted.empty  # a fresh bucket of ESTIMATE tokens, all taken at admission
         bucket = await admitted.settled(stack)
-        assert bucket.below_cap(), "the bucket refilled to its cap: the refund cannot be told apart"
+        assert bucket.below_cap, "the bucket refilled to its cap: the refund cannot be told apart"
         assert admitted.tokens_given_back(bucket) == ESTIMATE - usage["total_tokens"]  # settled on each token once
 
         outcome = await stored(client, stream_id, QUOTA)

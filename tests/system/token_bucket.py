@@ -36,6 +36,7 @@ class TokenBucket:
     def empty(self) -> bool:
         return self.level == 0
 
+    @property
     def below_cap(self) -> bool:
         return self.level < self.tokens_per_min * MINUTE_MS
 
